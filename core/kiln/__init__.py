@@ -1,0 +1,20 @@
+"""Kiln: a deep-learning compiler for PyTorch that generates its own kernels.
+
+`import kiln` loads no plugin; the first use of `kiln.ops`, of the torch mapping registry or of
+the torch.compile backend discovers them.
+"""
+from kiln import dtypes, ops
+from kiln.device import Device, device
+from kiln.dtypes import DataType, data_type
+from kiln.graph import FlowGraph, operator, trace_from
+from kiln.tensor import (
+    Tensor, asarray, empty, from_torch, full, ones, randn, symbol, symbol_like, zeros,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataType", "Device", "FlowGraph", "Tensor", "asarray", "data_type", "device", "dtypes",
+    "empty", "from_torch", "full", "ones", "operator", "ops", "randn", "symbol", "symbol_like",
+    "trace_from", "zeros",
+]

@@ -1,0 +1,77 @@
+"""The C dialect: the prelude of helpers every CPU kernel starts with."""
+from __future__ import annotations
+
+from kiln.codegen.emitter import Dialect
+
+C_PRELUDE = r"""
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float kiln_h2f(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline uint16_t kiln_f2h(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
+static inline float kiln_bf2f(uint16_t b) { uint32_t u = ((uint32_t)b) << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#define KILN_FLOAT_HELPERS(T, K, S)                                                   \
+static inline T kiln_max_##K(T a, T b) { return (a > b || a != a) ? a : b; }          \
+static inline T kiln_min_##K(T a, T b) { return (a < b || a != a) ? a : b; }          \
+static inline T kiln_mod_##K(T a, T b) {                                              \
+    T m = fmod##S(a, b);                                                              \
+    if (m != 0 && ((b < 0) != (m < 0))) m += b;                                       \
+    return m;                                                                         \
+}                                                                                     \
+static inline T kiln_floordiv_##K(T a, T b) {                                         \
+    if (b == 0) return a / b;                                                         \
+    T m = fmod##S(a, b);                                                              \
+    T d = (a - m) / b;                                                                \
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;                                       \
+    if (d == 0) return copysign##S((T)0, a / b);                                      \
+    T f = floor##S(d);                                                                \
+    if (d - f > (T)0.5) f += 1;                                                       \
+    return f;                                                                         \
+}
+KILN_FLOAT_HELPERS(float, f, f)
+KILN_FLOAT_HELPERS(double, d, )
+
+static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    int64_t q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
+}
+static inline int64_t kiln_mod_i64(int64_t a, int64_t b) {
+    if (b == 0 || b == -1) return 0;
+    int64_t m = a % b;
+    if (m != 0 && ((b < 0) != (m < 0))) m += b;
+    return m;
+}
+static inline int64_t kiln_div_i64(int64_t a, int64_t b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int64_t)(0 - (uint64_t)a);
+    return a / b;
+}
+static inline int64_t kiln_fmod_i64(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
+static inline int64_t kiln_pow_i64(int64_t a, int64_t b) {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    int64_t r = 1;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
+}
+static inline int64_t kiln_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t kiln_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+"""
+
+
+class CDialect(Dialect):
+    """C99 for gcc or clang, with OpenMP."""
+
+    prelude = C_PRELUDE

@@ -1,0 +1,126 @@
+"""FlowGraph: a data-flow graph of operators, traced from symbolic tensors."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kiln.graph.operator import Operator, OperatorError, compiled_task
+from kiln.tensor import Tensor, from_torch
+
+
+class FlowGraph:
+    """Operators in topological order between graph inputs and outputs.
+
+    Tensors that no operator of the graph produces and that are not inputs are constants.
+    Calling the graph with tensors runs it.
+    """
+
+    def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], nodes: Sequence[Operator]):
+        self.outputs = list(outputs)
+        self.inputs = list(inputs)
+        self.nodes = list(nodes)
+
+    @property
+    def constants(self) -> list[Tensor]:
+        seen, out = set(), []
+        inputs = {id(t) for t in self.inputs}
+        for node in self.nodes:
+            for t in node.inputs:
+                if t.trace is None and id(t) not in inputs and id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
+    def __call__(self, *inputs):
+        outs = self.run(list(inputs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, inputs: Sequence) -> list[Tensor]:
+        """Run the graph on concrete tensors (Kiln or torch); return the outputs."""
+        if len(inputs) != len(self.inputs):
+            raise OperatorError(f"graph takes {len(self.inputs)} inputs, got {len(inputs)}")
+        values: dict[int, torch.Tensor] = {}
+        for sym, value in zip(self.inputs, inputs):
+            t = value.torch() if isinstance(value, Tensor) else value
+            if tuple(t.shape) != sym.shape or t.dtype != sym.dtype.torch_dtype:
+                raise OperatorError(f"graph input expects {sym.signature()}, got "
+                                    f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}")
+            values[id(sym)] = t
+        for node in self.nodes:
+            args = [values[id(t)] if id(t) in values else t.torch() for t in node.inputs]
+            outs = compiled_task(node.task, node.device)([a.contiguous() for a in args])
+            for sym, out in zip(node.outputs, outs):
+                values[id(sym)] = out
+        return [from_torch(values[id(t)]) if id(t) in values else t for t in self.outputs]
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"FlowGraph({', '.join(n.name for n in self.nodes)})"
+
+
+def format_graph(graph: FlowGraph) -> str:
+    """The graph in Kiln's text format (inputs, constants, one line per operator, return)."""
+    names: dict[int, str] = {}
+    counter = {"x": 0, "c": 0}
+
+    def fresh(base: str) -> str:
+        n = counter[base]
+        counter[base] += 1
+        return base if n == 0 else f"{base}_{n}"
+
+    for t in graph.inputs:
+        names[id(t)] = fresh("x")
+    lines = []
+    for c in graph.constants:
+        names[id(c)] = fresh("c")
+        lines.append(f"  {names[id(c)]} = Constant({c.signature()})")
+    for node in graph.nodes:
+        outs = []
+        for t in node.outputs:
+            names[id(t)] = fresh("x")
+            outs.append(f"{names[id(t)]}: {t.signature()}")
+        args = [names[id(t)] for t in node.inputs]
+        args += [f"{k}={v!r}" for k, v in node.attrs.items()]
+        lines.append(f"  {', '.join(outs)} = {node.name}({', '.join(args)})")
+    ins = ", ".join(f"{names[id(t)]}: {t.signature()}" for t in graph.inputs)
+    ret = ", ".join(names.get(id(t), "?") for t in graph.outputs)
+    return f"Graph({ins}){{\n" + "\n".join(lines) + f"\n  return {ret}\n}}"
+
+
+def trace_from(outputs, inputs=None) -> FlowGraph:
+    """The FlowGraph computing the symbolic tensor(s) `outputs` from `inputs`.
+
+    Without `inputs`, the graph's inputs are the symbolic tensors the outputs depend on, in the
+    order a depth-first walk from the outputs meets them.
+    """
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    nodes, seen, found_inputs = [], set(), []
+
+    def visit(t: Tensor):
+        if t.trace is None:
+            if t.is_symbolic and id(t) not in seen:
+                seen.add(id(t))
+                found_inputs.append(t)
+            return
+        op = t.trace[0]
+        if id(op) in seen:
+            return
+        seen.add(id(op))
+        for x in op.inputs:
+            visit(x)
+        nodes.append(op)
+
+    for t in outputs:
+        visit(t)
+    if inputs is None:
+        inputs = found_inputs
+    else:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        missing = [t for t in found_inputs if all(t is not i for i in inputs)]
+        if missing:
+            raise ValueError(f"the outputs depend on {len(missing)} symbolic tensor(s) not given "
+                             f"as inputs: {', '.join(t.signature() for t in missing)}")
+    return FlowGraph(outputs, inputs, nodes)

@@ -1,0 +1,178 @@
+"""Operators: a name and a compute definition, called on tensors.
+
+    @operator("relu")
+    def relu(x):
+        return compute(x.shape, lambda *i: maximum(x[i], 0))
+
+The definition receives a `TensorInput` for each tensor argument (a list of them for a list of
+tensors) and every other argument as it was given (an attribute). Called with concrete tensors
+an operator runs at once; called with a symbolic one it records a node of a graph.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from typing import Callable
+
+import torch
+
+from kiln.device import Device, device as as_device
+from kiln.ir.compute import Task, TensorInput, TensorNode
+from kiln.tensor import Tensor, from_torch
+
+
+class OperatorError(ValueError):
+    """An operator was called with arguments it does not support."""
+
+
+def _camel(name: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[_\W]+", name) if p)
+
+
+class OperatorDef:
+    """An operator definition: its name and the function that builds its Task."""
+
+    def __init__(self, name: str, definition: Callable, display_name: str | None = None,
+                 override: bool = False):
+        self.name = name
+        self.definition = definition
+        self.display_name = display_name or _camel(name)
+        self.override = override
+        self.signature = inspect.signature(definition)
+        self.__doc__ = definition.__doc__
+        self._tasks: dict = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<operator {self.name}>"
+
+    def bind(self, args, kwargs) -> dict:
+        """Arguments by parameter name, defaults applied; torch tensors become Kiln tensors."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise OperatorError(f"{self.name}: {exc}; signature is {self.name}{self.signature}") from None
+        bound.apply_defaults()
+        out = {}
+        for k, v in bound.arguments.items():
+            if isinstance(v, torch.Tensor):
+                v = from_torch(v)
+            elif isinstance(v, (list, tuple)) and any(isinstance(x, (Tensor, torch.Tensor)) for x in v):
+                v = [from_torch(x) if isinstance(x, torch.Tensor) else x for x in v]
+            out[k] = v
+        return out
+
+    def task(self, arguments: dict) -> tuple[Task, list[Tensor], dict]:
+        """The Task for these arguments (cached by input shapes, dtypes and attributes),
+        with the tensor inputs in task order and the attributes."""
+        tensors, attrs, call, key = [], {}, {}, [self.name]
+        for name, v in arguments.items():
+            if isinstance(v, Tensor):
+                tensors.append(v)
+                call[name] = TensorInput(name, v.shape, v.dtype)
+                key.append((name, v.shape, v.dtype.name))
+            elif isinstance(v, list) and v and all(isinstance(x, Tensor) for x in v):
+                tensors.extend(v)
+                call[name] = [TensorInput(f"{name}{k}", x.shape, x.dtype) for k, x in enumerate(v)]
+                key.append((name, tuple((x.shape, x.dtype.name) for x in v)))
+            elif isinstance(v, list) and any(isinstance(x, Tensor) for x in v):
+                raise OperatorError(f"{self.name}: argument '{name}' mixes tensors and other values")
+            else:
+                attrs[name] = call[name] = v
+                key.append((name, repr(v)))
+        key = tuple(key)
+        with self._lock:
+            cached = self._tasks.get(key)
+        if cached is None:
+            result = self.definition(**call)
+            outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+            if not outputs or not all(isinstance(o, TensorNode) for o in outputs):
+                raise TypeError(f"operator '{self.name}' must return computes, got {result!r}")
+            inputs = [t for v in call.values() for t in (v if isinstance(v, list) else [v])
+                      if isinstance(t, TensorInput)]
+            cached = Task(self.name, inputs, outputs, attrs)
+            with self._lock:
+                self._tasks[key] = cached
+        return cached, tensors, attrs
+
+    def __call__(self, *args, **kwargs):
+        arguments = self.bind(args, kwargs)
+        task, tensors, attrs = self.task(arguments)
+        dev = _device_of(self.name, tensors, attrs)
+        op = Operator(self, tensors, attrs, task, dev)
+        outs = op.outputs
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _device_of(name: str, tensors: list[Tensor], attrs: dict) -> Device:
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise OperatorError(f"{name}: inputs are on different devices ({', '.join(map(str, devices))})")
+    if devices:
+        return devices.pop()
+    return as_device(attrs.get("device") or "cpu")
+
+
+def operator(name: str, *, display_name: str | None = None, override: bool = False):
+    """Decorator making a compute definition into an operator definition.
+
+    The result is not registered anywhere: a plugin returns it from its `kiln_operators` hook.
+    `override=True` lets it replace another plugin's operator of the same name.
+    """
+    def wrap(fn):
+        return OperatorDef(name, fn, display_name, override)
+    return wrap
+
+
+class Operator:
+    """A node of a graph: an operator applied to input tensors with attributes."""
+
+    def __init__(self, definition: OperatorDef, inputs: list[Tensor], attrs: dict, task: Task,
+                 device: Device):
+        self.definition = definition
+        self.inputs = list(inputs)
+        self.attrs = dict(attrs)
+        self.task = task
+        self.device = device
+        if any(t.is_symbolic for t in inputs):
+            self.outputs = [Tensor(o.shape, o.dtype, device, trace=(self, k))
+                            for k, o in enumerate(task.outputs)]
+        else:
+            results = run_task(task, device, [t.torch() for t in inputs])
+            self.outputs = [from_torch(r) for r in results]
+
+    @property
+    def name(self) -> str:
+        return self.definition.display_name
+
+    def __repr__(self) -> str:
+        return f"<{self.name} operator>"
+
+
+_compiled: dict = {}
+_compiled_lock = threading.Lock()
+
+
+def compiled_task(task: Task, device: Device):
+    """The built kernel of `task` on `device`, built on first use."""
+    from kiln.schedule import build_task
+    key = (id(task), device)
+    with _compiled_lock:
+        found = _compiled.get(key)
+    if found is None:
+        found = build_task(task, device)
+        with _compiled_lock:
+            _compiled[key] = (task, found)
+        return found
+    return found[1]
+
+
+def run_task(task: Task, device: Device, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run `task` on `device` with torch tensors; return its outputs."""
+    for t, spec in zip(inputs, task.inputs):
+        if tuple(t.shape) != spec.shape:
+            raise OperatorError(f"{task.name}: input '{spec.name}' has shape {tuple(t.shape)}, "
+                                f"the compiled task expects {spec.shape}")
+    inputs = [t.contiguous() for t in inputs]
+    return compiled_task(task, device)(inputs)

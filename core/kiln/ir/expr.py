@@ -1,0 +1,330 @@
+"""Scalar expressions of the compute IR.
+
+An expression computes one element: it reads tensor elements (`Load`), combines them with
+arithmetic (`Unary`, `Binary`), converts types (`Cast`), chooses (`Select`) and reduces over
+reduction axes (`Reduce`). Python operators build expressions; Python scalars in them take the
+type of the expression beside them, as in PyTorch.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Sequence
+
+from kiln import dtypes
+from kiln.dtypes import DataType
+
+UNARY_OPS = frozenset(
+    "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan tanh asin acos atan sinh cosh "
+    "asinh acosh atanh erf floor ceil round trunc sign not bitnot isnan isinf".split()
+)
+BINARY_OPS = frozenset(
+    "add sub mul div floordiv mod fmod pow max min atan2 lt le gt ge eq ne and or "
+    "bitand bitor bitxor shl shr".split()
+)
+COMPARISONS = frozenset("lt le gt ge eq ne".split())
+LOGICAL = frozenset(("and", "or", "not"))
+REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
+
+_ids = itertools.count()
+
+
+class Expr:
+    """A scalar expression with a data type."""
+
+    __slots__ = ("dtype", "_key")
+
+    def __init__(self, dtype: DataType):
+        self.dtype = dtype
+        self._key = None
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+    def key(self) -> tuple:
+        """A structural key: equal keys mean the same computation."""
+        if self._key is None:
+            self._key = self._make_key()
+        return self._key
+
+    def _make_key(self) -> tuple:
+        raise NotImplementedError
+
+    # arithmetic
+    def __add__(self, o): return binary("add", self, o)
+    def __radd__(self, o): return binary("add", o, self)
+    def __sub__(self, o): return binary("sub", self, o)
+    def __rsub__(self, o): return binary("sub", o, self)
+    def __mul__(self, o): return binary("mul", self, o)
+    def __rmul__(self, o): return binary("mul", o, self)
+    def __truediv__(self, o): return binary("div", self, o)
+    def __rtruediv__(self, o): return binary("div", o, self)
+    def __floordiv__(self, o): return binary("floordiv", self, o)
+    def __rfloordiv__(self, o): return binary("floordiv", o, self)
+    def __mod__(self, o): return binary("mod", self, o)
+    def __rmod__(self, o): return binary("mod", o, self)
+    def __pow__(self, o): return binary("pow", self, o)
+    def __rpow__(self, o): return binary("pow", o, self)
+    def __neg__(self): return unary("neg", self)
+    def __lt__(self, o): return binary("lt", self, o)
+    def __le__(self, o): return binary("le", self, o)
+    def __gt__(self, o): return binary("gt", self, o)
+    def __ge__(self, o): return binary("ge", self, o)
+    def __and__(self, o): return binary("and" if self.dtype.is_bool else "bitand", self, o)
+    def __or__(self, o): return binary("or" if self.dtype.is_bool else "bitor", self, o)
+    def __xor__(self, o): return binary("ne" if self.dtype.is_bool else "bitxor", self, o)
+    def __invert__(self): return unary("not" if self.dtype.is_bool else "bitnot", self)
+
+    def __bool__(self):
+        raise TypeError("a Kiln expression has no truth value; use select(cond, a, b)")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}{self.key()}"
+
+
+class Var(Expr):
+    """An index variable ranging over [0, extent)."""
+
+    __slots__ = ("name", "extent", "uid")
+
+    def __init__(self, name: str, extent):
+        super().__init__(dtypes.int64)
+        self.name = name
+        self.extent = extent
+        self.uid = next(_ids)
+
+    def _make_key(self):
+        return ("var", self.uid)
+
+
+class Const(Expr):
+    """A constant of a given type."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value, dtype: DataType):
+        super().__init__(dtype)
+        if dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_integer:
+            value = int(value)
+        else:
+            value = float(value)
+        self.value = value
+
+    def _make_key(self):
+        return ("const", self.dtype.name, repr(self.value))
+
+
+class Load(Expr):
+    """The element of a tensor node at the given indices."""
+
+    __slots__ = ("tensor", "indices")
+
+    def __init__(self, tensor, indices: Sequence[Expr]):
+        super().__init__(tensor.dtype)
+        if len(indices) != len(tensor.shape):
+            raise IndexError(
+                f"tensor '{tensor.name}' of rank {len(tensor.shape)} indexed with {len(indices)} indices"
+            )
+        self.tensor = tensor
+        self.indices = tuple(as_expr(i, dtypes.int64) for i in indices)
+
+    def children(self):
+        return self.indices
+
+    def _make_key(self):
+        return ("load", id(self.tensor)) + tuple(i.key() for i in self.indices)
+
+
+class Unary(Expr):
+    __slots__ = ("op", "a")
+
+    def __init__(self, op: str, a: Expr, dtype: DataType):
+        super().__init__(dtype)
+        self.op, self.a = op, a
+
+    def children(self):
+        return (self.a,)
+
+    def _make_key(self):
+        return ("unary", self.op, self.a.key())
+
+
+class Binary(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr, dtype: DataType):
+        super().__init__(dtype)
+        self.op, self.a, self.b = op, a, b
+
+    def children(self):
+        return (self.a, self.b)
+
+    def _make_key(self):
+        return ("binary", self.op, self.a.key(), self.b.key())
+
+
+class Cast(Expr):
+    __slots__ = ("a",)
+
+    def __init__(self, a: Expr, dtype: DataType):
+        super().__init__(dtype)
+        self.a = a
+
+    def children(self):
+        return (self.a,)
+
+    def _make_key(self):
+        return ("cast", self.dtype.name, self.a.key())
+
+
+class Select(Expr):
+    """`a` where `cond` holds, else `b`; only the chosen side is evaluated."""
+
+    __slots__ = ("cond", "a", "b")
+
+    def __init__(self, cond: Expr, a: Expr, b: Expr):
+        super().__init__(a.dtype)
+        self.cond, self.a, self.b = cond, a, b
+
+    def children(self):
+        return (self.cond, self.a, self.b)
+
+    def _make_key(self):
+        return ("select", self.cond.key(), self.a.key(), self.b.key())
+
+
+class Reduce(Expr):
+    """A reduction of `body` over the reduction axes `axes`.
+
+    `op` is one of REDUCE_OPS. argmax and argmin give the position of the first extreme
+    element, as an int64 counted row-major over the reduction axes.
+    """
+
+    __slots__ = ("op", "axes", "body")
+
+    def __init__(self, op: str, axes: Sequence[Var], body: Expr, dtype: DataType):
+        super().__init__(dtype)
+        self.op, self.axes, self.body = op, tuple(axes), body
+
+    def children(self):
+        return (self.body,) + tuple(as_expr(a.extent, dtypes.int64) for a in self.axes)
+
+    def _make_key(self):
+        return ("reduce", self.op, self.dtype.name, tuple(a.key() for a in self.axes), self.body.key())
+
+
+# ---------------------------------------------------------------- constructors
+
+def as_expr(value, dtype: DataType | None = None) -> Expr:
+    """Wrap a Python scalar as a Const (of `dtype`, or its default type); keep an Expr."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, (bool, int, float)):
+        return Const(value, dtype or dtypes.scalar_type(value))
+    raise TypeError(f"cannot use {type(value).__name__} {value!r} in a Kiln expression")
+
+
+def _operands(a, b) -> tuple[Expr, Expr]:
+    if isinstance(a, Expr) and isinstance(b, Expr):
+        if a.dtype != b.dtype:
+            t = dtypes.promote(a.dtype, b.dtype)
+            a, b = cast(a, t), cast(b, t)
+        return a, b
+    if isinstance(a, Expr):
+        t = dtypes.promote_with_scalar(a.dtype, b)
+        return cast(a, t), Const(b, t)
+    if isinstance(b, Expr):
+        t = dtypes.promote_with_scalar(b.dtype, a)
+        return Const(a, t), cast(b, t)
+    return as_expr(a), as_expr(b)
+
+
+def binary(op: str, a, b) -> Expr:
+    """A binary expression, promoting the operand types as PyTorch does."""
+    assert op in BINARY_OPS, op
+    a, b = _operands(a, b)
+    if op in LOGICAL:
+        a, b = cast(a, dtypes.boolean), cast(b, dtypes.boolean)
+    dtype = dtypes.boolean if op in COMPARISONS or op in LOGICAL else a.dtype
+    return Binary(op, a, b, dtype)
+
+
+def unary(op: str, a) -> Expr:
+    assert op in UNARY_OPS, op
+    a = as_expr(a)
+    if op == "not":
+        a = cast(a, dtypes.boolean)
+    dtype = dtypes.boolean if op in ("not", "isnan", "isinf") else a.dtype
+    return Unary(op, a, dtype)
+
+
+def cast(a, dtype) -> Expr:
+    """Convert `a` to `dtype` (a no-op if it already has it)."""
+    dtype = dtypes.data_type(dtype)
+    a = as_expr(a, dtype)
+    return a if a.dtype == dtype else Cast(a, dtype)
+
+
+def select(cond, a, b) -> Expr:
+    """`a` where `cond` is true, else `b` (the operand types are promoted together)."""
+    a, b = _operands(a, b)
+    return Select(cast(cond, dtypes.boolean), a, b)
+
+
+def reduce(extents: Sequence, fbody: Callable[..., Expr], op: str = "sum", dtype=None) -> Expr:
+    """Reduce `fbody(*r)` over axes r with the given extents.
+
+    `dtype` is the accumulator and result type (by default the body's type; int64 for
+    argmax/argmin). An extent may itself be an expression of outer index variables.
+    """
+    if op not in REDUCE_OPS:
+        raise ValueError(f"unknown reduction '{op}'; expected one of {', '.join(REDUCE_OPS)}")
+    axes = [Var(f"r{k}", e) for k, e in enumerate(extents)]
+    body = as_expr(fbody(*axes))
+    if op in ("argmax", "argmin"):
+        return Reduce(op, axes, body, dtypes.int64)
+    acc = dtypes.data_type(dtype) if dtype is not None else body.dtype
+    return Reduce(op, axes, cast(body, acc), acc)
+
+
+def _unary_fn(op):
+    def fn(x):
+        return unary(op, x)
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise `{op}` of a scalar expression."
+    return fn
+
+
+def _binary_fn(op):
+    def fn(a, b):
+        return binary(op, a, b)
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise `{op}` of two scalar expressions."
+    return fn
+
+
+exp, expm1, log, log1p, log2 = map(_unary_fn, ("exp", "expm1", "log", "log1p", "log2"))
+sqrt, rsqrt, sin, cos, tan, tanh = map(_unary_fn, ("sqrt", "rsqrt", "sin", "cos", "tan", "tanh"))
+asin, acos, atan, sinh, cosh = map(_unary_fn, ("asin", "acos", "atan", "sinh", "cosh"))
+asinh, acosh, atanh, erf = map(_unary_fn, ("asinh", "acosh", "atanh", "erf"))
+floor, ceil, round_even, trunc, sign = map(_unary_fn, ("floor", "ceil", "round", "trunc", "sign"))
+abs_, isnan, isinf, logical_not = map(_unary_fn, ("abs", "isnan", "isinf", "not"))
+maximum, minimum, fmod, atan2 = map(_binary_fn, ("max", "min", "fmod", "atan2"))
+eq, ne, logical_and, logical_or = map(_binary_fn, ("eq", "ne", "and", "or"))
+bitwise_and, bitwise_or, bitwise_xor = map(_binary_fn, ("bitand", "bitor", "bitxor"))
+shift_left, shift_right = map(_binary_fn, ("shl", "shr"))
+
+
+def walk(expr: Expr):
+    """Every distinct sub-expression of `expr` (including Loads' tensors' own bodies: no)."""
+    seen, stack = set(), [expr]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(e.children())

@@ -1,0 +1,208 @@
+"""Simplification of index arithmetic.
+
+Index expressions come out of shape operators as flatten/unflatten chains such as
+`((i0 * 12 + i1) // 12, (i0 * 12 + i1) % 12)`. `simplify` rewrites them to `(i0, i1)` using
+the ranges of the index variables: linear terms divisible by a divisor move out of `//` and `%`,
+and a `//` or `%` whose operand provably lies in [0, c) folds away.
+"""
+from __future__ import annotations
+
+from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+
+
+def bounds(e: Expr) -> tuple[int, int] | None:
+    """Inclusive integer bounds of `e`, or None when unknown."""
+    if isinstance(e, Const) and e.dtype.is_integer:
+        return (e.value, e.value)
+    if isinstance(e, Var):
+        return (0, e.extent - 1) if isinstance(e.extent, int) else None
+    if isinstance(e, Cast) and e.dtype.is_integer and e.a.dtype.is_integer:
+        return bounds(e.a)
+    if not isinstance(e, Binary) or not e.dtype.is_integer:
+        return None
+    a, b = bounds(e.a), bounds(e.b)
+    if a is None or b is None:
+        if e.op == "mod" and b is not None and b[0] > 0:
+            return (0, b[1] - 1)
+        return None
+    if e.op == "add":
+        return (a[0] + b[0], a[1] + b[1])
+    if e.op == "sub":
+        return (a[0] - b[1], a[1] - b[0])
+    if e.op == "mul":
+        products = [x * y for x in a for y in b]
+        return (min(products), max(products))
+    if e.op == "floordiv" and b[0] > 0:
+        return (min(a[0] // b[0], a[0] // b[1]), max(a[1] // b[0], a[1] // b[1]))
+    if e.op == "mod" and b[0] > 0:
+        return (a[0], a[1]) if a[0] >= 0 and a[1] < b[0] else (0, b[1] - 1)
+    if e.op == "max":
+        return (max(a[0], b[0]), max(a[1], b[1]))
+    if e.op == "min":
+        return (min(a[0], b[0]), min(a[1], b[1]))
+    return None
+
+
+def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
+    """Split an integer expression into sum(coeff * term) + constant."""
+    if isinstance(e, Const):
+        return [], e.value
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        ta, ca = _linear(e.a)
+        tb, cb = _linear(e.b)
+        sign = 1 if e.op == "add" else -1
+        return ta + [(t, sign * c) for t, c in tb], ca + sign * cb
+    if isinstance(e, Binary) and e.op == "mul":
+        if isinstance(e.b, Const):
+            terms, c = _linear(e.a)
+            return [(t, k * e.b.value) for t, k in terms], c * e.b.value
+        if isinstance(e.a, Const):
+            terms, c = _linear(e.b)
+            return [(t, k * e.a.value) for t, k in terms], c * e.a.value
+    return [(e, 1)], 0
+
+
+def _merge_div_mod(merged: dict) -> None:
+    """Fold (x // c) * c*k + (x % c) * k into x * k."""
+    for key, (t, k) in list(merged.items()):
+        if not (isinstance(t, Binary) and t.op == "floordiv" and isinstance(t.b, Const)) or key not in merged:
+            continue
+        c = t.b.value
+        mod_key = ("binary", "mod", t.a.key(), t.b.key())
+        if mod_key in merged and k % c == 0 and merged[mod_key][1] == k // c:
+            del merged[key], merged[mod_key]
+            prev = merged.get(t.a.key())
+            merged[t.a.key()] = (t.a, (prev[1] if prev else 0) + k // c)
+
+
+def _rebuild(terms: list[tuple[Expr, int]], const: int, like: Expr) -> Expr:
+    merged: dict = {}
+    for t, k in terms:
+        key = t.key()
+        prev = merged.get(key)
+        merged[key] = (t, (prev[1] if prev else 0) + k)
+    _merge_div_mod(merged)
+    out = None
+    for t, k in merged.values():
+        if k == 0:
+            continue
+        term = t if k == 1 else Binary("mul", t, Const(k, like.dtype), like.dtype)
+        out = term if out is None else Binary("add", out, term, like.dtype)
+    if out is None:
+        return Const(const, like.dtype)
+    if const:
+        out = Binary("add", out, Const(const, like.dtype), like.dtype)
+    return out
+
+
+def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
+    t = e.dtype
+    if isinstance(a, Const) and isinstance(b, Const):
+        x, y = a.value, b.value
+        fold = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
+                "max": lambda: max(x, y), "min": lambda: min(x, y)}
+        if e.op in fold:
+            return Const(fold[e.op](), t)
+        if e.op == "floordiv" and y != 0:
+            return Const(x // y, t)
+        if e.op == "mod" and y != 0:
+            return Const(x % y, t)
+    if e.op in ("add", "sub", "mul"):
+        terms, const = _linear(Binary(e.op, a, b, t))
+        return _rebuild(terms, const, e)
+    if e.op in ("floordiv", "mod") and isinstance(b, Const) and b.value > 0:
+        c = b.value
+        if c == 1:
+            return a if e.op == "floordiv" else Const(0, t)
+        terms, const = _linear(a)
+        whole = [(x, k // c) for x, k in terms if k % c == 0]
+        rest = [(x, k) for x, k in terms if k % c != 0]
+        rest_expr = _rebuild(rest, const % c, e)
+        whole_const = const // c
+        rb = bounds(rest_expr)
+        if e.op == "floordiv":
+            if rb is not None and 0 <= rb[0] and rb[1] < c:
+                return _rebuild(whole, whole_const, e)
+            inner = rest_expr
+            if isinstance(inner, Binary) and inner.op == "floordiv" and isinstance(inner.b, Const) and inner.b.value > 0:
+                inner = Binary("floordiv", inner.a, Const(inner.b.value * c, t), t)
+            elif isinstance(inner, Binary) and inner.op == "mod" and isinstance(inner.b, Const) \
+                    and inner.b.value % c == 0:
+                inner = Binary("mod", Binary("floordiv", inner.a, b, t), Const(inner.b.value // c, t), t)
+            else:
+                inner = Binary("floordiv", inner, b, t)
+            return _rebuild(whole + [(inner, 1)], whole_const, e)
+        if rb is not None and 0 <= rb[0] and rb[1] < c:
+            return rest_expr
+        if isinstance(rest_expr, Binary) and rest_expr.op == "mod" and isinstance(rest_expr.b, Const) \
+                and rest_expr.b.value % c == 0:
+            rest_expr = rest_expr.a
+        return Binary("mod", rest_expr, b, t)
+    if e.op in ("max", "min"):
+        ba, bb = bounds(a), bounds(b)
+        if ba is not None and bb is not None:
+            if ba[1] <= bb[0]:
+                return b if e.op == "max" else a
+            if bb[1] <= ba[0]:
+                return a if e.op == "max" else b
+    return e if (a is e.a and b is e.b) else Binary(e.op, a, b, t)
+
+
+def simplify(expr: Expr, memo: dict | None = None) -> Expr:
+    """Return an equivalent, simpler expression (index arithmetic folded)."""
+    memo = {} if memo is None else memo
+    found = memo.get(id(expr))
+    if found is not None:
+        return found[1]
+    result = _simplify(expr, memo)
+    memo[id(expr)] = (expr, result)
+    return result
+
+
+def _simplify(e: Expr, memo) -> Expr:
+    s = lambda x: simplify(x, memo)  # noqa: E731
+    if isinstance(e, (Const, Var)):
+        return e
+    if isinstance(e, Load):
+        idx = tuple(s(i) for i in e.indices)
+        return e if all(x is y for x, y in zip(idx, e.indices)) else Load(e.tensor, idx)
+    if isinstance(e, Cast):
+        a = s(e.a)
+        if isinstance(a, Const):
+            return Const(a.value, e.dtype) if not (e.dtype.is_integer and a.dtype.is_float) else Cast(a, e.dtype)
+        if a.dtype == e.dtype:
+            return a
+        return e if a is e.a else Cast(a, e.dtype)
+    if isinstance(e, Select):
+        c, a, b = s(e.cond), s(e.a), s(e.b)
+        if isinstance(c, Const):
+            return a if c.value else b
+        return e if (c is e.cond and a is e.a and b is e.b) else Select(c, a, b)
+    if isinstance(e, Unary):
+        a = s(e.a)
+        return e if a is e.a else Unary(e.op, a, e.dtype)
+    if isinstance(e, Binary):
+        a, b = s(e.a), s(e.b)
+        if e.dtype.is_integer and a.dtype.is_integer and b.dtype.is_integer:
+            return _simplify_int(e, a, b)
+        if e.op in ("lt", "le", "gt", "ge") and a.dtype.is_integer:
+            ba, bb = bounds(a), bounds(b)
+            if ba is not None and bb is not None:
+                lo, hi = ba[0] - bb[1], ba[1] - bb[0]  # range of a - b
+                truth = {"lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0),
+                         "gt": (lo > 0, hi <= 0), "ge": (lo >= 0, hi < 0)}[e.op]
+                if truth[0] or truth[1]:
+                    return Const(truth[0], e.dtype)
+        if e.op in ("and", "or") and isinstance(a, Const):
+            if e.op == "and":
+                return b if a.value else a
+            return a if a.value else b
+        if e.op in ("and", "or") and isinstance(b, Const):
+            if e.op == "and":
+                return a if b.value else b
+            return b if b.value else a
+        return e if (a is e.a and b is e.b) else Binary(e.op, a, b, e.dtype)
+    if isinstance(e, Reduce):
+        body = s(e.body)
+        return e if body is e.body else Reduce(e.op, e.axes, body, e.dtype)
+    raise TypeError(f"cannot simplify {type(e).__name__}")

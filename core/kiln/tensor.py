@@ -1,0 +1,177 @@
+"""Kiln tensors: concrete ones hold a torch tensor as storage; symbolic ones record a trace.
+
+Storage is a torch tensor, so `from_torch` and `Tensor.torch()` share memory and Kiln allocates
+through PyTorch's caching allocator.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from kiln import dtypes
+from kiln.device import Device, device as as_device
+from kiln.dtypes import DataType
+
+
+class Tensor:
+    """An n-dimensional array with a shape, dtype and device.
+
+    `storage` is None for a symbolic tensor; `trace` is `(operator, index)` for a tensor an
+    operator produced in a traced graph, None otherwise.
+    """
+
+    def __init__(self, shape: Sequence[int], dtype, device, storage: torch.Tensor | None = None,
+                 trace=None):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype: DataType = dtypes.data_type(dtype)
+        self.device: Device = as_device(device)
+        self.storage = storage
+        self.trace = trace
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_symbolic(self) -> bool:
+        return self.storage is None
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def torch(self) -> torch.Tensor:
+        """The torch tensor holding this tensor's values (shares memory)."""
+        if self.storage is None:
+            raise ValueError("a symbolic tensor has no values; run the graph it belongs to")
+        return self.storage
+
+    def numpy(self) -> np.ndarray:
+        """The values as a NumPy array (bfloat16 becomes float32, which NumPy lacks)."""
+        t = self.torch().detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+
+    def signature(self) -> str:
+        dev = self.device.kind
+        return f"{self.dtype}{list(self.shape)}[{dev}]"
+
+    def __repr__(self) -> str:
+        head = f"Tensor(shape={self.shape}, dtype='{self.dtype}', device='{self.device}')"
+        if self.storage is None:
+            return head if self.trace is None else f"{head}\nfrom {self.trace}"
+        return head + "\n" + np.array2string(self.numpy(), precision=2, suppress_small=True)
+
+    def trace_graph(self):
+        """The FlowGraph that computes this symbolic tensor."""
+        from kiln.graph import trace_from
+        return trace_from(self)
+
+    # Python operators dispatch to kiln.ops
+    def _op(self, name, *args):
+        from kiln import ops
+        return getattr(ops, name)(*args)
+
+    def __add__(self, o): return self._op("add", self, o)
+    def __radd__(self, o): return self._op("add", o, self)
+    def __sub__(self, o): return self._op("sub", self, o)
+    def __rsub__(self, o): return self._op("sub", o, self)
+    def __mul__(self, o): return self._op("mul", self, o)
+    def __rmul__(self, o): return self._op("mul", o, self)
+    def __truediv__(self, o): return self._op("div", self, o)
+    def __rtruediv__(self, o): return self._op("div", o, self)
+    def __floordiv__(self, o): return self._op("floor_divide", self, o)
+    def __mod__(self, o): return self._op("remainder", self, o)
+    def __pow__(self, o): return self._op("pow", self, o)
+    def __matmul__(self, o): return self._op("matmul", self, o)
+    def __neg__(self): return self._op("neg", self)
+    def __abs__(self): return self._op("abs", self)
+    def __invert__(self): return self._op("bitwise_not", self)
+    def __and__(self, o): return self._op("bitwise_and", self, o)
+    def __or__(self, o): return self._op("bitwise_or", self, o)
+    def __xor__(self, o): return self._op("bitwise_xor", self, o)
+    def __lt__(self, o): return self._op("lt", self, o)
+    def __le__(self, o): return self._op("le", self, o)
+    def __gt__(self, o): return self._op("gt", self, o)
+    def __ge__(self, o): return self._op("ge", self, o)
+    def __eq__(self, o): return self._op("eq", self, o)
+    def __ne__(self, o): return self._op("ne", self, o)
+    __hash__ = object.__hash__
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+
+def from_torch(t: torch.Tensor) -> Tensor:
+    """A Kiln tensor sharing memory with the torch tensor `t`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"from_torch expects a torch.Tensor, got {type(t).__name__}")
+    return Tensor(t.shape, dtypes.data_type(t.dtype), as_device(t.device), storage=t)
+
+
+def _full(shape, value, dtype, device) -> Tensor:
+    d = dtypes.data_type(dtype)
+    return from_torch(torch.full(tuple(shape), value, dtype=d.torch_dtype, device=as_device(device).torch()))
+
+
+def empty(shape, dtype="float32", device="cpu") -> Tensor:
+    """An uninitialized tensor."""
+    d = dtypes.data_type(dtype)
+    return from_torch(torch.empty(tuple(shape), dtype=d.torch_dtype, device=as_device(device).torch()))
+
+
+def zeros(shape, dtype="float32", device="cpu") -> Tensor:
+    """A tensor of zeros."""
+    return _full(shape, 0, dtype, device)
+
+
+def ones(shape, dtype="float32", device="cpu") -> Tensor:
+    """A tensor of ones."""
+    return _full(shape, 1, dtype, device)
+
+
+def full(shape, fill_value, dtype="float32", device="cpu") -> Tensor:
+    """A tensor filled with `fill_value`."""
+    return _full(shape, fill_value, dtype, device)
+
+
+def randn(shape, dtype="float32", device="cpu", mean=0.0, stddev=1.0) -> Tensor:
+    """A tensor of normally distributed random values."""
+    d = dtypes.data_type(dtype)
+    if not d.is_float:
+        raise TypeError(f"randn makes floating-point tensors, not {d}")
+    t = torch.randn(tuple(shape), dtype=d.torch_dtype, device=as_device(device).torch())
+    return from_torch(t * stddev + mean)
+
+
+def asarray(data, dtype=None, device="cpu") -> Tensor:
+    """A tensor from a Python list, a NumPy array, a scalar or a torch tensor (copied)."""
+    if isinstance(data, Tensor):
+        data = data.torch()
+    torch_dtype = dtypes.data_type(dtype).torch_dtype if dtype is not None else None
+    if isinstance(data, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(data)).clone()
+    elif isinstance(data, torch.Tensor):
+        t = data.clone()
+    else:
+        t = torch.tensor(data)
+    if torch_dtype is not None:
+        t = t.to(torch_dtype)
+    return from_torch(t.to(as_device(device).torch()))
+
+
+def symbol(shape, dtype="float32", device="cpu") -> Tensor:
+    """A symbolic tensor: operators on it record a graph instead of computing."""
+    return Tensor(shape, dtype, device)
+
+
+def symbol_like(t: Tensor) -> Tensor:
+    """A symbolic tensor with the shape, dtype and device of `t`."""
+    return Tensor(t.shape, t.dtype, t.device)

@@ -1,0 +1,1 @@
+"""Kiln's built-in torch -> Kiln mapping rules, as a plugin."""

@@ -1,0 +1,1 @@
+"""The entry point of kiln-mappings-builtin."""

@@ -1,0 +1,1 @@
+"""Kiln's built-in operators (compute definitions) and schedule templates, as a plugin."""

@@ -1,0 +1,44 @@
+"""Helpers shared by the tests: random inputs and comparison with PyTorch."""
+from __future__ import annotations
+
+import torch
+
+import kiln
+
+FLOAT_TOL = {
+    torch.float64: (1e-9, 1e-9),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def rand(shape, dtype=torch.float32, low=-3, high=3, nonzero=False, generator=None):
+    """Fresh random values of any dtype (never all zeros); `nonzero` avoids zeros entirely."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        t = torch.empty(shape, dtype=torch.float32).uniform_(low, high, generator=generator)
+        if nonzero:
+            t = torch.where(t.abs() < 0.1, torch.full_like(t, 0.5), t)
+        return t.to(dtype)
+    lo = 0 if dtype == torch.uint8 else low
+    t = torch.randint(lo, high + 1, shape, generator=generator)
+    if nonzero:
+        t = torch.where(t == 0, torch.ones_like(t), t)
+    return t.to(dtype)
+
+
+def assert_close(actual, expected, atol=None, rtol=None):
+    """Compare a Kiln result (Tensor, tuple of them) with PyTorch's, dtype included."""
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, atol, rtol)
+        return
+    a = actual.torch() if isinstance(actual, kiln.Tensor) else actual
+    assert a.dtype == expected.dtype, f"dtype {a.dtype} != expected {expected.dtype}"
+    assert tuple(a.shape) == tuple(expected.shape), f"shape {tuple(a.shape)} != {tuple(expected.shape)}"
+    default = FLOAT_TOL.get(expected.dtype, (0, 0))
+    torch.testing.assert_close(a, expected, atol=default[0] if atol is None else atol,
+                               rtol=default[1] if rtol is None else rtol, equal_nan=True)
