@@ -6,15 +6,19 @@ the torch.compile backend discovers them.
 from kiln import dtypes, ops
 from kiln.device import Device, device
 from kiln.dtypes import DataType, data_type
+from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.graph import FlowGraph, operator, trace_from
+from kiln.passes import PassContext
 from kiln.tensor import (
     Tensor, asarray, empty, from_torch, full, ones, randn, symbol, symbol_like, zeros,
 )
 
+from kiln import torch  # noqa: E402  (kiln.torch: the PyTorch frontend; loads no plugin)
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataType", "Device", "FlowGraph", "Tensor", "asarray", "data_type", "device", "dtypes",
+    "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",
     "empty", "from_torch", "full", "ones", "operator", "ops", "randn", "symbol", "symbol_like",
-    "trace_from", "zeros",
+    "trace_from", "zeros", "torch", "UnmappedOperatorError",
 ]

@@ -1,12 +1,74 @@
-"""Matrix multiplication."""
+"""Matrix products: matmul (with torch.matmul's 1-D and batched broadcasting rules) and linear.
+
+Float32/float64 and integers accumulate in their own type; float16/bfloat16 accumulate in
+float32 and round once to their type.
+"""
+from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import compute, reduce
+from kiln.ir import cast, compute, reduce
+
+from kiln_ops_builtin.common import accumulator_type, broadcast_load, broadcast_shape, check_dtype
+
+DTYPES = dtypes.FLOATS + dtypes.INTEGERS
+
+
+def _check_operands(op: str, *tensors) -> None:
+    for t in tensors:
+        check_dtype(op, t, DTYPES, "a floating-point or integer type")
+        if t.ndim == 0:
+            raise OperatorError(f"{op}: input '{t.name}' is 0-dimensional; expected at least 1 dimension")
+    if len({t.dtype for t in tensors}) > 1:
+        raise OperatorError(f"{op}: expected inputs of one dtype, got "
+                            f"{', '.join(str(t.dtype) for t in tensors)}")
 
 
 @operator("matmul")
 def matmul(x, y):
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[0]:
-        raise OperatorError(f"matmul: cannot multiply {x.shape} by {y.shape}")
-    acc = "float32" if x.dtype.is_16bit_float else x.dtype
-    return compute((x.shape[0], y.shape[1]),
-                   lambda i, j: reduce([x.shape[1]], lambda k: x[i, k] * y[k, j], dtype=acc), dtype=x.dtype)
+    """torch.matmul: dot product (1-D x 1-D), matrix-vector, vector-matrix, and matrix
+    products with the batch dimensions broadcast."""
+    _check_operands("matmul", x, y)
+    k = x.shape[-1]
+    ky = y.shape[0] if y.ndim == 1 else y.shape[-2]
+    if k != ky:
+        raise OperatorError(f"matmul: cannot multiply shapes {x.shape} and {y.shape} "
+                            f"(inner dimensions {k} and {ky} differ)")
+    batch = broadcast_shape("matmul", x.shape[:-2], y.shape[:-2])
+    rows = x.shape[-2:-1] if x.ndim > 1 else ()
+    cols = y.shape[-1:] if y.ndim > 1 else ()
+    nb, nr = len(batch), len(rows)
+    x_shape, y_shape = batch + rows + (k,), batch + (k,) + cols
+    acc = accumulator_type(x.dtype)
+
+    def element(*idx):
+        b, i, j = idx[:nb], idx[nb:nb + nr], idx[nb + nr:]
+        return reduce([k], lambda r: cast(broadcast_load(x, b + i + (r,), x_shape), acc)
+                      * cast(broadcast_load(y, b + (r,) + j, y_shape), acc), dtype=acc)
+
+    return compute(batch + rows + cols, element, dtype=x.dtype)
+
+
+@operator("linear")
+def linear(x, weight, bias=None):
+    """torch.nn.functional.linear: x @ weight^T + bias, for x of shape (..., in_features),
+    weight of shape (out_features, in_features) and bias of shape (out_features,)."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    _check_operands("linear", *tensors)
+    if weight.ndim != 2:
+        raise OperatorError("linear: weight must be 2-D (out_features, in_features), "
+                            f"got shape {weight.shape}")
+    out_features, in_features = weight.shape
+    if x.shape[-1] != in_features:
+        raise OperatorError(f"linear: input of shape {x.shape} does not end with in_features = "
+                            f"{in_features} of weight {weight.shape}")
+    if bias is not None and bias.shape != (out_features,):
+        raise OperatorError(f"linear: bias of shape {bias.shape} does not match "
+                            f"out_features = {out_features}")
+    acc = accumulator_type(x.dtype)
+
+    def element(*idx):
+        lead, o = idx[:-1], idx[-1]
+        total = reduce([in_features], lambda r: cast(x[lead + (r,)], acc) * cast(weight[o, r], acc),
+                       dtype=acc)
+        return total if bias is None else total + cast(bias[o], acc)
+
+    return compute(x.shape[:-1] + (out_features,), element, dtype=x.dtype)

@@ -2,11 +2,17 @@
 from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
-from kiln_ops_builtin import elementwise, linalg
+from kiln_ops_builtin import activations, conv, elementwise, linalg, pool, resize, normalization, reduce, shape, indexing, creation
 
-OPERATOR_MODULES = (elementwise, linalg)
+OPERATOR_MODULES = (elementwise, activations, linalg, conv, pool, resize, reduce, normalization, shape, indexing, creation)
 
 
 @hookimpl
 def kiln_operators():
     return [v for m in OPERATOR_MODULES for v in vars(m).values() if isinstance(v, OperatorDef)]
+
+
+@hookimpl
+def kiln_schedules():
+    from kiln_ops_builtin.templates import TEMPLATES
+    return list(TEMPLATES)

@@ -90,7 +90,8 @@ class Dialect:
         if op == "sign":
             if t.is_bool:
                 return a
-            return f"(({a} > 0) ? ({self.value_type(t)})1 : (({a} < 0) ? ({self.value_type(t)})-1 : {a}))"
+            vt = self.value_type(t)  # NaN and -0.0 give 0, as in PyTorch
+            return f"(({a} > 0) ? ({vt})1 : (({a} < 0) ? ({vt})-1 : ({vt})0))"
         if not t.is_float:
             if op == "abs":
                 return self.narrow(t, f"({a} < 0 ? -{a} : {a})")

@@ -1,6 +1,7 @@
 """FlowGraph: a data-flow graph of operators, traced from symbolic tensors."""
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -54,6 +55,17 @@ class FlowGraph:
                 values[id(sym)] = out
         return [from_torch(values[id(t)]) if id(t) in values else t for t in self.outputs]
 
+    def cuda_graph(self, example_inputs: Sequence | None = None):
+        """This graph's kernels captured in a CUDA graph: an object whose `run(inputs)` replays
+        them (see `kiln.runtime.cuda_graph`). The graph's inputs must be on a CUDA device;
+        `example_inputs` (random by default) are only used for the capture."""
+        from kiln.runtime.cuda_graph import CapturedGraph
+        if example_inputs is None:
+            example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
+                              for t in self.inputs]
+        examples = [t.torch() if isinstance(t, Tensor) else t for t in example_inputs]
+        return CapturedGraph(lambda ins: [t.torch() for t in self.run(ins)], examples, wrap=from_torch)
+
     def __str__(self) -> str:
         return format_graph(self)
 
@@ -61,8 +73,22 @@ class FlowGraph:
         return f"FlowGraph({', '.join(n.name for n in self.nodes)})"
 
 
+def shown_attrs(node: Operator) -> dict:
+    """The attributes of `node` that differ from its definition's defaults (which printing omits)."""
+    params = node.definition.signature.parameters
+    out = {}
+    for k, v in node.attrs.items():
+        default = params[k].default if k in params else inspect.Parameter.empty
+        if not (type(v) is type(default) and v == default):
+            out[k] = v
+    return out
+
+
 def format_graph(graph: FlowGraph) -> str:
-    """The graph in Kiln's text format (inputs, constants, one line per operator, return)."""
+    """The graph in Kiln's text format (inputs, constants, one line per operator, return).
+
+    Each operator line shows its tensor arguments and the attributes not left at their default.
+    """
     names: dict[int, str] = {}
     counter = {"x": 0, "c": 0}
 
@@ -83,7 +109,7 @@ def format_graph(graph: FlowGraph) -> str:
             names[id(t)] = fresh("x")
             outs.append(f"{names[id(t)]}: {t.signature()}")
         args = [names[id(t)] for t in node.inputs]
-        args += [f"{k}={v!r}" for k, v in node.attrs.items()]
+        args += [f"{k}={v!r}" for k, v in shown_attrs(node).items()]
         lines.append(f"  {', '.join(outs)} = {node.name}({', '.join(args)})")
     ins = ", ".join(f"{names[id(t)]}: {t.signature()}" for t in graph.inputs)
     ret = ", ".join(names.get(id(t), "?") for t in graph.outputs)

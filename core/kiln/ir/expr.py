@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Sequence
 
+import torch
+
 from kiln import dtypes
 from kiln.dtypes import DataType
 
@@ -111,6 +113,8 @@ class Const(Expr):
             value = int(value)
         else:
             value = float(value)
+            if dtype.is_16bit_float:  # a value of the type itself, as PyTorch converts scalars
+                value = torch.tensor(value).to(dtype.torch_dtype).item()
         self.value = value
 
     def _make_key(self):

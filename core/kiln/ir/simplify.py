@@ -63,16 +63,25 @@ def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
 
 
 def _merge_div_mod(merged: dict) -> None:
-    """Fold (x // c) * c*k + (x % c) * k into x * k."""
-    for key, (t, k) in list(merged.items()):
-        if not (isinstance(t, Binary) and t.op == "floordiv" and isinstance(t.b, Const)) or key not in merged:
-            continue
-        c = t.b.value
-        mod_key = ("binary", "mod", t.a.key(), t.b.key())
-        if mod_key in merged and k % c == 0 and merged[mod_key][1] == k // c:
-            del merged[key], merged[mod_key]
-            prev = merged.get(t.a.key())
-            merged[t.a.key()] = (t.a, (prev[1] if prev else 0) + k // c)
+    """Fold (x // c) * c*k + (x % c) * k into x * k, also where x is y // d and its quotient
+    appears as y // (c*d): the offsets of unflatten-then-flatten chains collapse step by step."""
+    changed = True
+    while changed:
+        changed = False
+        for key, (m, k) in list(merged.items()):
+            if not (isinstance(m, Binary) and m.op == "mod" and isinstance(m.b, Const) and m.b.value > 0):
+                continue
+            x, c = m.a, m.b.value
+            quotients = [Binary("floordiv", x, m.b, m.dtype)]
+            if isinstance(x, Binary) and x.op == "floordiv" and isinstance(x.b, Const) and x.b.value > 0:
+                quotients.append(Binary("floordiv", x.a, Const(x.b.value * c, m.dtype), m.dtype))
+            q = next((q for q in quotients if merged.get(q.key(), (None, None))[1] == k * c), None)
+            if q is not None:
+                del merged[key], merged[q.key()]
+                prev = merged.get(x.key())
+                merged[x.key()] = (x, (prev[1] if prev else 0) + k)
+                changed = True
+                break
 
 
 def _rebuild(terms: list[tuple[Expr, int]], const: int, like: Expr) -> Expr:

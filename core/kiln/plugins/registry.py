@@ -75,7 +75,12 @@ class Registry:
         if found is None:
             providers = [p.distribution for p in self.plugins if "operators" in p.contributions]
             hint = (f"installed operator plugins: {', '.join(providers)}" if providers else
-                    "no installed plugin provides operators; install kiln-ops-builtin")
+                    "no installed plugin provides operators")
+            if all(p.distribution != "kiln-ops-builtin" for p in self.plugins):
+                hint += "; the built-in operators come with kiln-ops-builtin, which is not installed"
+            disabled = [p.distribution for p in self.plugins if p.disabled]
+            if disabled:
+                hint += f"; disabled by KILN_DISABLE_PLUGINS: {', '.join(disabled)}"
             raise OperatorNotFoundError(f"no installed Kiln plugin provides operator '{name}' ({hint})")
         return found.item
 

@@ -18,12 +18,19 @@ from typing import Callable
 
 
 def cache_dir() -> Path:
-    """The cache root: $KILN_CACHE_DIR, else ~/.cache/kiln."""
+    """The cache root: $KILN_CACHE_DIR, else ~/.cache/kiln; created private (mode 0700).
+
+    A root that belongs to another user is refused: whoever owns it could swap kernels.
+    """
     root = os.environ.get("KILN_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_uid == os.getuid() and (path.stat().st_mode & 0o077):
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"the kernel cache {path} belongs to another user; "
+                              "set KILN_CACHE_DIR to a directory of your own")
+    if info.st_mode & 0o077:
         path.chmod(0o700)
     return path
 
@@ -84,12 +91,18 @@ def _valid(target: Path, record: Path) -> bool:
         return False
 
 
+def _entries(folder: Path) -> list[Path]:
+    """The built files under `folder`: no records, no temporary files of builds in progress."""
+    return [f for f in folder.rglob("*")
+            if f.is_file() and not f.name.endswith(".json") and not f.name.startswith(".")]
+
+
 def status() -> dict:
     """Counts and sizes of the cache's entries, by kind."""
     root = cache_dir()
     out = {"path": str(root), "kinds": {}}
     for kind in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = [f for f in kind.rglob("*") if f.is_file() and not f.name.endswith(".json")]
+        files = _entries(kind)
         out["kinds"][kind.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return out
 
@@ -99,6 +112,6 @@ def clear() -> int:
     root = cache_dir()
     removed = 0
     for kind in [p for p in root.iterdir() if p.is_dir()]:
-        removed += sum(1 for f in kind.rglob("*") if f.is_file() and not f.name.endswith(".json"))
-        shutil.rmtree(kind)
+        removed += len(_entries(kind))
+        shutil.rmtree(kind, ignore_errors=True)
     return removed

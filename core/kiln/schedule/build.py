@@ -1,6 +1,7 @@
 """Building a Task for a device, with an in-memory cache of built kernels."""
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -27,7 +28,7 @@ class CompiledTask:
         if outputs is None:
             outputs = [torch.empty(o.shape, dtype=o.dtype.torch_dtype, device=self.device.torch())
                        for o in self.task.outputs]
-        if all(o.numel() > 0 for o in outputs):
+        if any(o.numel() > 0 for o in outputs):
             self._launch(self.kernel, inputs, outputs)
         return outputs
 
@@ -39,6 +40,9 @@ def _cpu_launch(kernel, inputs, outputs):
 def build_task(task: Task, device: Device) -> CompiledTask:
     """The kernel computing `task` on `device` (built once per source and device)."""
     if device.kind == "cpu":
+        if os.environ.get("KILN_NVRTC_CHECK"):
+            from kiln.schedule.cuda import check_nvrtc
+            check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
         from kiln.runtime.cpu import CpuKernel
         from kiln.schedule.cpu_auto import schedule_cpu
         source, nargs = schedule_cpu(task)

@@ -9,9 +9,12 @@ from typing import Callable
 class Template:
     """A schedule template for some operators on one target.
 
-    `render(task, **knobs)` returns `(source, kernel_name, launch)` for the target; `space(level)`
-    lists the knob settings to try at tuning level 0, 1 or 2 (level 0: one default).
-    `applies(task)` may decline a task (a dtype or shape the template does not handle).
+    `render(task, **knobs)` returns the target's program (for 'cuda', a
+    `kiln.schedule.cuda_program.CudaProgram`); `space(level)` lists the knob settings to try at
+    tuning level 0, 1 or 2 (level 0: one default, 1: a few, 2: many). `applies(task)` may
+    decline a task (a dtype, layout or shape the template does not handle). `min_arch` is the
+    lowest GPU architecture it runs on (90 for Hopper-only instructions), 0 for any.
+    Higher `priority` wins among the templates that apply.
     """
 
     name: str
@@ -21,3 +24,4 @@ class Template:
     priority: int = 0
     applies: Callable = lambda task: True
     space: Callable[[int], list[dict]] = field(default=lambda level: [{}])
+    min_arch: int = 0

@@ -1,0 +1,45 @@
+# Set-up and entry points. `make demo` and `make test` each create .venv, install what they
+# need (once: a stamp file records the install and is redone only when a pyproject.toml or this
+# Makefile changes) and run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+
+# Every distribution of the repository that the default install includes (editable).
+DISTRIBUTIONS := core[cuda] ops_builtin mappings_builtin .
+PYPROJECTS := pyproject.toml core/pyproject.toml ops_builtin/pyproject.toml mappings_builtin/pyproject.toml
+# The test environment adds every further plugin under plugins/, so that their tests run too.
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+TEST_REQUIREMENTS := pytest pytest-xdist transformers expecttest
+
+# Test workers (CI's machine has 2 cores); worksteal balances tests of uneven length.
+JOBS ?= 2
+
+.PHONY: demo test install install-test clean
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/kiln demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -q --durations=10 $(PYTEST_ARGS)
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, so that nothing later pulls another build of it; CPU machines take the CPU build.
+$(VENV)/.installed: $(PYPROJECTS) Makefile | $(PY)
+	$(PIP) torch==2.13.0
+	$(PIP) $(addprefix -e ,$(DISTRIBUTIONS))
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed $(addsuffix /pyproject.toml,$(PLUGINS))
+	$(PIP) $(TEST_REQUIREMENTS) $(addprefix -e ,$(PLUGINS))
+	touch $@
+
+clean:
+	rm -rf $(VENV)

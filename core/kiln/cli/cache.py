@@ -1,0 +1,45 @@
+"""Show or clear Kiln's on-disk kernel cache ($KILN_CACHE_DIR, else ~/.cache/kiln)."""
+from __future__ import annotations
+
+HELP = "show (status) or empty (clear) the on-disk kernel cache"
+
+
+def configure(parser) -> None:
+    parser.add_argument("action", nargs="?", choices=("status", "clear"), default="status",
+                        help="status (default): entries and sizes by kind; clear: delete every entry")
+
+
+def human_size(n: int) -> str:
+    """`n` bytes as a short human-readable size."""
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def format_status(status: dict) -> str:
+    """The report of `kiln cache status` for `kiln.runtime.cache.status()`."""
+    kinds = status["kinds"]
+    rows = [(kind, str(v["entries"]), human_size(v["bytes"])) for kind, v in kinds.items()]
+    rows.append(("total", str(sum(v["entries"] for v in kinds.values())),
+                 human_size(sum(v["bytes"] for v in kinds.values()))))
+    header = ("kind", "entries", "size")
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(3)]
+    lines = [f"kernel cache: {status['path']}"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from kiln.runtime import cache
+
+    if args.action == "clear":
+        removed = cache.clear()
+        print(f"removed {removed} entries from {cache.cache_dir()}")
+    else:
+        print(format_status(cache.status()))
+    return 0

@@ -1,0 +1,90 @@
+"""The CUDA C++ dialect: types, the prelude every kernel starts with, and warp/block reductions.
+
+Kernels compile with NVRTC and no include path, so the prelude defines the fixed-width integer
+types itself and converts 16-bit floats with PTX instructions (they are stored as raw
+`uint16_t` bits, as in the C dialect). The arithmetic helpers are the C dialect's, made device
+functions, so both backends compute the same values.
+"""
+from __future__ import annotations
+
+from kiln.codegen.c import C_PRELUDE
+from kiln.codegen.emitter import Dialect, reduce_combine
+from kiln.dtypes import DataType
+from kiln.ir.expr import Expr, Reduce
+
+_SHARED_HELPERS = C_PRELUDE[C_PRELUDE.index("#define KILN_FLOAT_HELPERS"):].replace(
+    "static inline", "static __device__ __forceinline__")
+
+CUDA_PRELUDE = r"""
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#ifndef INT64_MIN
+#define INT64_MIN (-9223372036854775807LL - 1)
+#endif
+
+static __device__ __forceinline__ float kiln_h2f(uint16_t h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+static __device__ __forceinline__ uint16_t kiln_f2h(float f) {
+    uint16_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+static __device__ __forceinline__ float kiln_bf2f(uint16_t b) { return __uint_as_float(((uint32_t)b) << 16); }
+static __device__ __forceinline__ uint16_t kiln_f2bf(float f) {
+    uint16_t h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+""" + _SHARED_HELPERS
+
+
+class CudaDialect(Dialect):
+    """CUDA C++ for NVRTC."""
+
+    prelude = CUDA_PRELUDE
+
+    def shuffle_xor(self, t: DataType, value: str, lane_mask: int) -> str:
+        """`value` of the lane whose id differs by `lane_mask` (all 32 lanes take part)."""
+        vt = self.value_type(t)
+        if t.is_float or t.nbytes >= 4:
+            return f"__shfl_xor_sync(0xffffffffu, {value}, {lane_mask})"
+        return f"(({vt})__shfl_xor_sync(0xffffffffu, (int){value}, {lane_mask}))"
+
+    def combine(self, op: str, t: DataType, acc: str, other: str) -> str:
+        """The statement folding a partial result `other` into `acc` (sum, prod, max, min)."""
+        return reduce_combine(op, t, acc, other, self)
+
+    def arg_better(self, op: str, t: DataType, v: str, acc: str) -> str:
+        """Whether `v` beats `acc` for argmax/argmin (NaN beats any number, as in PyTorch)."""
+        cmp = ">" if op == "argmax" else "<"
+        nan = f" || ({v} != {v} && {acc} == {acc})" if t.is_float else ""
+        return f"({v} {cmp} {acc}{nan})"
+
+    def arg_tie(self, t: DataType, v: str, acc: str) -> str:
+        """Whether `v` and `acc` are equal for argmax/argmin (two NaNs are)."""
+        nan = f" || ({v} != {v} && {acc} != {acc})" if t.is_float else ""
+        return f"({v} == {acc}{nan})"
+
+
+def top_reduces(e: Expr) -> list[Reduce]:
+    """The reductions of `e` that are not inside another reduction (each spread over lanes)."""
+    found, seen, stack = [], set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Reduce):
+            found.append(x)
+            continue
+        stack.extend(x.children())
+    return found

@@ -1,0 +1,1 @@
+"""Frontends: how models written for other frameworks reach Kiln (`kiln.frontend.torch`)."""

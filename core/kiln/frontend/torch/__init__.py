@@ -1,0 +1,24 @@
+"""Kiln's PyTorch frontend (also `kiln.torch`): the torch.compile backend "kiln" and its parts.
+
+- `register_function`, `register_method`, `register_module`, `KilnModule`: mapping rules;
+- `dynamo_config`: the backend's settings;
+- `unmapped_operators(model, *inputs)`: what no rule maps yet;
+- `kiln_backend`: the backend itself (`torch.compile(model, backend="kiln")` finds it by
+  entry point, without `import kiln`).
+"""
+from kiln.frontend.torch.backend import KilnFunction, kiln_backend
+from kiln.frontend.torch.config import DynamoConfig, dynamo_config
+from kiln.frontend.torch.errors import UnmappedOperator, UnmappedOperatorError
+from kiln.frontend.torch.interpreter import Interpreter, MappingError
+from kiln.frontend.torch.registry import (
+    KilnModule, MappingRegistry, Rule, mapping_registry, register_function, register_method,
+    register_module, rules_of,
+)
+from kiln.frontend.torch.unmapped import unmapped_operators
+
+__all__ = [
+    "DynamoConfig", "Interpreter", "KilnFunction", "KilnModule", "MappingError", "MappingRegistry",
+    "Rule", "UnmappedOperator", "UnmappedOperatorError", "dynamo_config", "kiln_backend",
+    "mapping_registry", "register_function", "register_method", "register_module", "rules_of",
+    "unmapped_operators",
+]

@@ -1,0 +1,61 @@
+"""`UnmappedOperatorError` and how torch targets are named in messages."""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+GUIDE = "CONTRIBUTING.md, section 'Mapping rules' (adding a torch mapping rule)"
+
+_NAMESPACES = ("torch.nn.functional", "torch.nn", "torch.special", "torch.linalg", "torch.fft",
+               "torch", "torch.Tensor", "operator", "math")
+
+
+@functools.cache
+def _public_names() -> dict[int, str]:
+    """Public names of the objects in torch's namespaces, by id (the first namespace wins)."""
+    names = {}
+    for prefix in reversed(_NAMESPACES):
+        namespace = importlib.import_module(prefix) if prefix != "torch.Tensor" else torch.Tensor
+        for attr in dir(namespace):
+            if not attr.startswith("_"):
+                names[id(getattr(namespace, attr, None))] = f"{prefix}.{attr}"
+    return names
+
+
+def target_name(kind: str, target) -> str:
+    """A readable, stable name of a torch target: 'torch.nn.functional.gelu', 'torch.Tensor.view',
+    'operator.add', 'torch.nn.Conv2d'."""
+    if kind == "method":
+        return f"torch.Tensor.{target}"
+    public = _public_names().get(id(target))
+    if public:
+        return public
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{getattr(target, '__module__', None) or ''}.{name}".lstrip(".")
+
+
+@dataclass(frozen=True)
+class UnmappedOperator:
+    """A torch target no rule maps: its name, kind, how many nodes use it, and one of them."""
+
+    name: str
+    kind: str
+    count: int
+    example: str
+
+
+class UnmappedOperatorError(NotImplementedError):
+    """The graph uses torch operators that no Kiln mapping rule handles (all of them listed)."""
+
+    def __init__(self, operators: list[UnmappedOperator]):
+        self.operators = list(operators)
+        width = max(len(o.name) for o in self.operators)
+        lines = [f"  {o.name:<{width}}  {o.kind:<8}  {o.count} node{'s' if o.count > 1 else ''}"
+                 for o in self.operators]
+        super().__init__(
+            "The following torch operators are not mapped to Kiln yet:\n" + "\n".join(lines) +
+            f"\nTo add the conversion rules, see {GUIDE}.\n"
+            "To run them in PyTorch instead: kiln.torch.dynamo_config.fallback_to_eager(True)")

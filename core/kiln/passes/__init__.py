@@ -1,0 +1,26 @@
+"""The pass manager: PassContext, instruments, graph passes, rewrite patterns, fusion.
+
+`kiln.graph.optimize(graph)` runs `default_pipeline()` under the current `PassContext`.
+"""
+from kiln.passes.context import DEFAULT_CONFIG, PassContext
+from kiln.passes.cse import EliminateCommonSubexpressions
+from kiln.passes.dce import EliminateDeadCode
+from kiln.passes.fold_constants import FoldConstants
+from kiln.passes.fp16 import ConvertToFloat16
+from kiln.passes.fused import FusedOperator
+from kiln.passes.fusion import FuseOperators
+from kiln.passes.graph_pass import FunctionPass, GraphPass, Sequential, graph_pass
+from kiln.passes.instruments import DumpGraph, PassInstrument, PassTiming, PrintGraph
+from kiln.passes.pattern import (
+    Match, OpPattern, Pattern, RewritePattern, Wildcard, constant, op, rewrite_pattern, wildcard,
+)
+from kiln.passes.pipeline import default_pipeline, optimize
+from kiln.passes.subgraph_rewrite import RewriteSubgraphs
+
+__all__ = [
+    "DEFAULT_CONFIG", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
+    "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
+    "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
+    "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "Wildcard", "constant",
+    "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
+]

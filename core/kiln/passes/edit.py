@@ -1,0 +1,72 @@
+"""Editing helpers shared by the passes: users of tensors, re-applying an operator to new
+inputs, and rebuilding a graph node by node."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from kiln.graph import FlowGraph, Operator, trace_from
+from kiln.tensor import Tensor
+
+
+def users(graph: FlowGraph) -> dict[int, list[Operator]]:
+    """The nodes reading each tensor (by id), each node once, in graph order."""
+    out: dict[int, list[Operator]] = {}
+    for node in graph.nodes:
+        for t in {id(t): t for t in node.inputs}.values():
+            out.setdefault(id(t), []).append(node)
+    return out
+
+
+def arguments_of(node: Operator) -> dict:
+    """The arguments, by parameter name, that re-create `node` with its definition."""
+    inputs = dict(zip((spec.name for spec in node.task.inputs), node.inputs))
+    args = {}
+    for name in node.definition.signature.parameters:
+        if name in node.attrs:
+            args[name] = node.attrs[name]
+        elif name in inputs:
+            args[name] = inputs[name]
+        else:
+            args[name] = [t for spec_name, t in inputs.items()
+                          if spec_name.startswith(name) and spec_name[len(name):].isdigit()]
+    return args
+
+
+def reapply(node: Operator, inputs: Sequence[Tensor]) -> list[Tensor]:
+    """The outputs of `node` computed from `inputs` instead of its own inputs: the node
+    itself where nothing changed, a new node otherwise (run at once where every input is
+    concrete, which is how constant folding happens)."""
+    if all(a is b for a, b in zip(inputs, node.inputs)):
+        return node.outputs
+    if hasattr(node, "with_inputs"):
+        return node.with_inputs(inputs).outputs
+    same = all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(inputs, node.inputs))
+    if same:
+        return Operator(node.definition, inputs, node.attrs, node.task, node.device).outputs
+    args = arguments_of(node)
+    swap = {id(old): new for old, new in zip(node.inputs, inputs)}
+    for k, v in args.items():
+        if isinstance(v, Tensor):
+            args[k] = swap.get(id(v), v)
+        elif isinstance(v, list) and v and all(isinstance(x, Tensor) for x in v):
+            args[k] = [swap.get(id(x), x) for x in v]
+    outs = node.definition(**args)
+    return list(outs) if isinstance(outs, tuple) else [outs]
+
+
+Rewrite = Callable[[Operator, list[Tensor]], "Sequence[Tensor] | None"]
+
+
+def rebuild(graph: FlowGraph, rewrite: Rewrite | None = None) -> FlowGraph:
+    """A new graph with each node (in order) replaced by `rewrite(node, new_inputs)`'s outputs,
+    or re-applied to its new inputs where `rewrite` returns None. Graph inputs and the order
+    of outputs are kept; nodes nothing uses any more are dropped."""
+    mapping: dict[int, Tensor] = {}
+    for node in graph.nodes:
+        inputs = [mapping.get(id(t), t) for t in node.inputs]
+        outs = rewrite(node, inputs) if rewrite is not None else None
+        if outs is None:
+            outs = reapply(node, inputs)
+        for old, new in zip(node.outputs, outs):
+            mapping[id(old)] = new
+    return trace_from([mapping.get(id(t), t) for t in graph.outputs], graph.inputs)

@@ -1,0 +1,132 @@
+"""`FusedOperator`: a group of operators run as one kernel.
+
+Its Task is composed from the members' computes: where a member reads a tensor another member
+produces, it reads that member's compute instead, so the schedule inlines injective members
+and the group compiles to one kernel. Where the anchor's reduction can be folded into the
+group's single output, the Task is shaped like the anchor's own (one compute: the epilogue
+around the reduction) and carries its name, so the anchor's templates render the epilogue
+through their hooks (`kiln.codegen.hooks`). The node keeps its members as a FlowGraph
+(`fused_graph`) and the position of its anchor, the reduction or template-scheduled member:
+
+    x_1: float32[2, 2][cpu] = FusedMatmul(x, c, c_1, fused_graph=FlowGraph(Matmul, Add), anchor=0)
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from kiln.graph import FlowGraph, Operator
+from kiln.ir import Compute, Const, Expr, Load, Task, TensorInput, Var, substitute
+from kiln.ir.inline import _own_children, _rebuild
+from kiln.tensor import Tensor
+
+
+class _NotFoldable(Exception):
+    pass
+
+
+def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
+    """`out` with the injective computes it reads inlined and every read of `anchor` replaced
+    by the anchor's value (its reduction), so that one compute holds the reduction and the
+    epilogue around it, as a template's epilogue hook renders it. None unless the result
+    reads the anchor at one index only (and no other reduction)."""
+    found: dict[tuple, Expr] = {}
+    memo: dict[int, tuple] = {}
+
+    def visit(e: Expr) -> Expr:
+        hit = memo.get(id(e))
+        if hit is not None:
+            return hit[1]
+        if isinstance(e, (Var, Const)):
+            out_e = e
+        elif isinstance(e, Load):
+            idx = [visit(i) for i in e.indices]
+            t = e.tensor
+            key = (id(t),) + tuple(i.key() for i in idx)
+            if not isinstance(t, Compute):
+                out_e = Load(t, idx)
+            elif key in found:
+                out_e = found[key]
+            else:
+                if t is not anchor and t.has_reduce:
+                    raise _NotFoldable
+                value = substitute(t.value, {id(a): i for a, i in zip(t.axes, idx)})
+                out_e = found[key] = value if t is anchor else visit(value)
+        else:
+            out_e = _rebuild(e, [visit(c) for c in _own_children(e)])
+        memo[id(e)] = (e, out_e)
+        return out_e
+
+    try:
+        value = visit(out.value)
+    except _NotFoldable:
+        return None
+    if [k[0] for k in found].count(id(anchor)) != 1:
+        return None
+    return Compute(out.name, out.axes, value)
+
+
+def compose_task(name: str, nodes: Sequence[Operator], inputs: Sequence[Tensor],
+                 outputs: Sequence[Tensor], anchor: Operator) -> Task:
+    """One Task computing `outputs` of the member `nodes` (in order) from `inputs`.
+
+    Where the group has one output and the anchor one output holding a reduction, the anchor
+    is folded into that output (see `fold_anchor`) and the task takes the anchor operator's
+    name, so the anchor's templates may take it; otherwise it is named `name`."""
+    nodes_of: dict[int, object] = {id(t): TensorInput(f"in{k}", t.shape, t.dtype)
+                                   for k, t in enumerate(inputs)}
+    for node in nodes:
+        loads = {id(spec): nodes_of[id(t)] for spec, t in zip(node.task.inputs, node.inputs)}
+        for tn in node.task.nodes():
+            if isinstance(tn, Compute):
+                axes = [Var(a.name, a.extent) for a in tn.axes]
+                value = substitute(tn.value, {id(a): b for a, b in zip(tn.axes, axes)}, loads=loads)
+                loads[id(tn)] = Compute(tn.name, axes, value)
+        for out, spec in zip(node.outputs, node.task.outputs):
+            nodes_of[id(out)] = loads[id(spec)]
+    task_inputs = [nodes_of[id(t)] for t in inputs]
+    task_outputs = [nodes_of[id(t)] for t in outputs]
+    reduction = nodes_of[id(anchor.outputs[0])]
+    if (len(task_outputs) == 1 and len(anchor.outputs) == 1 and task_outputs[0] is not reduction
+            and isinstance(reduction, Compute) and reduction.has_reduce):
+        folded = fold_anchor(task_outputs[0], reduction)
+        if folded is not None:
+            return Task(anchor.definition.name, task_inputs, [folded])
+    return Task(name, task_inputs, task_outputs)
+
+
+class FusedOperator(Operator):
+    """Operators `nodes` (in graph order) fused into one node with one Task.
+
+    `inputs` are the tensors the group reads from outside, `outputs` the member tensors used
+    outside it (in the given order); `anchor` is the index in `nodes` of the member the group
+    is built around. `definition` is the anchor's: schedules dispatch on it.
+    """
+
+    def __init__(self, nodes: Sequence[Operator], inputs: Sequence[Tensor],
+                 outputs: Sequence[Tensor], anchor: int):
+        nodes = list(nodes)
+        anchor_node = nodes[anchor]
+        self.fused_graph = FlowGraph(outputs, inputs, nodes)
+        self.anchor = anchor
+        self.definition = anchor_node.definition
+        self.inputs = list(inputs)
+        self.attrs = {"fused_graph": self.fused_graph, "anchor": anchor}
+        self.device = anchor_node.device
+        self.task = compose_task(f"fused_{anchor_node.definition.name}", nodes, inputs, outputs,
+                                 anchor_node)
+        self.task.attrs.update(anchor_node.task.attrs)     # what the anchor's templates read
+        self.task.attrs.update(anchor=anchor, anchor_operator=anchor_node.definition.name)
+        self.outputs = [Tensor(t.shape, t.dtype, self.device, trace=(self, k)) for k, t in enumerate(outputs)]
+
+    @property
+    def name(self) -> str:
+        return "Fused" + self.definition.display_name
+
+    def with_inputs(self, inputs: Sequence[Tensor]) -> "FusedOperator":
+        """The same group reading `inputs` (of the same shapes and types) instead."""
+        fused = FusedOperator.__new__(FusedOperator)
+        fused.__dict__.update(self.__dict__)
+        fused.inputs = list(inputs)
+        fused.outputs = [Tensor(t.shape, t.dtype, self.device, trace=(fused, k))
+                         for k, t in enumerate(self.outputs)]
+        return fused

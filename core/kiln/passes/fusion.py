@@ -1,0 +1,173 @@
+"""Operator fusion: injective operators join their neighbours, so each group is one kernel.
+
+An *anchor* is an operator whose task reduces or that a schedule template handles (matmul,
+conv2d, softmax, ...); every other operator is injective. Groups grow from single nodes:
+
+- epilogue: an injective node joins the group producing one of its inputs, where that input
+  has no other user and is not a graph output;
+- prologue: an injective node joins the group that uses all of its outputs (none of them a
+  graph output), unless that group's anchor is template-scheduled.
+
+A group never gets two anchors and never a cycle through another group, and a group is not
+formed where the anchor's schedule template would take the anchor alone but not the group
+(templates read plain inputs and render epilogues through their hooks: see
+`kiln.codegen.hooks`). Element-wise chains without an anchor become one auto-scheduled
+kernel; groups with one become `FusedOperator`s recording their anchor.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from kiln.graph import Operator, trace_from
+from kiln.passes.edit import reapply, users
+from kiln.passes.fused import FusedOperator
+from kiln.passes.graph_pass import GraphPass
+
+
+def templates_for(node: Operator) -> list:
+    """The schedule templates for `node`'s operator on its device's target."""
+    from kiln.plugins import registry
+    from kiln.schedule import Template
+    return [t for t in registry().items("schedules") if isinstance(t, Template)
+            and t.target == node.device.kind and node.definition.name in t.operators]
+
+
+def is_anchor(node: Operator) -> bool:
+    """Whether `node` is a reduction or template-scheduled operator (or an existing group)."""
+    return isinstance(node, FusedOperator) or not node.task.is_injective or bool(templates_for(node))
+
+
+def keeps_templates(anchor: Operator, fused: FusedOperator) -> bool:
+    """False where a template takes the anchor's own task but none takes the fused one."""
+    templates = templates_for(anchor)
+    return (not any(t.applies(anchor.task) for t in templates)
+            or any(fused.task.name in t.operators and t.applies(fused.task) for t in templates))
+
+
+class _Groups:
+    """Union of node groups over a graph, with the checks that keep a merge legal."""
+
+    def __init__(self, graph):
+        self.nodes = graph.nodes
+        self.users = users(graph)
+        self.outputs = {id(t) for t in graph.outputs}
+        self.producer = {id(t): n for n in self.nodes for t in n.outputs}
+        self.group = {id(n): k for k, n in enumerate(self.nodes)}
+        self.members = {k: [n] for k, n in enumerate(self.nodes)}
+        self.anchor_nodes = {id(n) for n in self.nodes if is_anchor(n)}
+        self.templated = {self.group[id(n)] for n in self.nodes if templates_for(n)}
+        self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
+        self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
+
+    def successors(self, g: int) -> set[int]:
+        return {self.group[id(u)] for n in self.members[g] for t in n.outputs
+                for u in self.users.get(id(t), ())} - {g}
+
+    def _reaches(self, start: set[int], target: int) -> bool:
+        seen, todo = set(start), deque(start)
+        while todo:
+            g = todo.popleft()
+            if g == target:
+                return True
+            for s in self.successors(g) - seen:
+                seen.add(s)
+                todo.append(s)
+        return False
+
+    def merge(self, a: int, b: int) -> bool:
+        """Merge groups a and b if the result has at most one anchor and no cycle."""
+        if (a == b or a in self.frozen or b in self.frozen
+                or self.anchors[a] + self.anchors[b] > 1
+                or self._reaches(self.successors(a) - {b}, b)
+                or self._reaches(self.successors(b) - {a}, a)):
+            return False
+        for n in self.members[b]:
+            self.group[id(n)] = a
+        self.members[a] += self.members.pop(b)
+        self.anchors[a] += self.anchors.pop(b)
+        if b in self.templated:
+            self.templated.add(a)
+        return True
+
+    def fuse_epilogues(self) -> None:
+        """Each injective node joins the group producing an input only it reads."""
+        for node in self.nodes:
+            if id(node) in self.anchor_nodes:
+                continue
+            for t in node.inputs:
+                p = self.producer.get(id(t))
+                if (p is not None and id(t) not in self.outputs
+                        and self.users[id(t)] == [node]
+                        and self.merge(self.group[id(p)], self.group[id(node)])):
+                    break
+
+    def fuse_prologues(self) -> None:
+        """Each anchor-free group joins the one group that reads all outputs of its last node,
+        unless that group's anchor is template-scheduled (templates read plain inputs)."""
+        for node in reversed(self.nodes):
+            g = self.group[id(node)]
+            if self.anchors[g] or any(id(t) in self.outputs for t in node.outputs):
+                continue
+            consumers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())} - {g}
+            if len(consumers) == 1 and not consumers & self.templated:
+                self.merge(consumers.pop(), g)
+
+    def ordered(self) -> list[list[Operator]]:
+        """The groups (members in graph order), producers before consumers."""
+        preds = {g: 0 for g in self.members}
+        succ = {g: self.successors(g) for g in self.members}
+        for g in self.members:
+            for s in succ[g]:
+                preds[s] += 1
+        index = {id(n): k for k, n in enumerate(self.nodes)}
+        ready = deque(sorted(g for g, c in preds.items() if c == 0))
+        out = []
+        while ready:
+            g = ready.popleft()
+            out.append(sorted(self.members[g], key=lambda n: index[id(n)]))
+            for s in sorted(succ[g]):
+                preds[s] -= 1
+                if preds[s] == 0:
+                    ready.append(s)
+        return out
+
+
+def _fused(members: list[Operator], groups: _Groups, outputs: set[int]) -> FusedOperator | None:
+    """The FusedOperator of a group of several members, or None where fusing would cost
+    the anchor its template."""
+    inside = {id(t) for n in members for t in n.outputs}
+    member_ids = {id(n) for n in members}
+    inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
+    used = [t for n in members for t in n.outputs
+            if id(t) in outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
+    anchor = next((k for k, n in enumerate(members) if id(n) in groups.anchor_nodes), 0)
+    fused = FusedOperator(members, inputs, used, anchor)
+    return fused if keeps_templates(members[anchor], fused) else None
+
+
+class FuseOperators(GraphPass):
+    """Group operators into kernels (see the module docs); each group of several operators
+    becomes one FusedOperator."""
+
+    name = "fuse_operators"
+    opt_level = 1
+
+    def transform(self, graph, ctx):
+        groups = _Groups(graph)
+        groups.fuse_epilogues()
+        groups.fuse_prologues()
+        outputs = {id(t) for t in graph.outputs}
+        mapping: dict = {}
+
+        def new(t):
+            return mapping.get(id(t), t)
+
+        for members in groups.ordered():
+            fused = _fused(members, groups, outputs) if len(members) > 1 else None
+            if fused is None:
+                for node in members:
+                    mapping.update(zip(map(id, node.outputs), reapply(node, [new(t) for t in node.inputs])))
+            else:
+                placed = fused.with_inputs([new(t) for t in fused.inputs])
+                mapping.update(zip(map(id, fused.fused_graph.outputs), placed.outputs))
+        return trace_from([new(t) for t in graph.outputs], graph.inputs)

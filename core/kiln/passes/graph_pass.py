@@ -1,0 +1,77 @@
+"""Graph passes: a name, an opt level and a transformation of a FlowGraph.
+
+Subclass `GraphPass` and implement `transform`, or decorate a function with `graph_pass`;
+compose passes with `Sequential`, as TVM's tutorial composes its pipelines:
+
+    @graph_pass("drop_relu", opt_level=1)
+    def drop_relu(graph, ctx):
+        ...
+        return graph
+
+    pipeline = Sequential([fold_constants(), drop_relu, fuse_operators()])
+    with PassContext(opt_level=2):
+        graph = pipeline(graph)
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from kiln.graph import FlowGraph
+from kiln.passes.context import PassContext
+
+
+class GraphPass:
+    """A transformation of a FlowGraph; calling it runs it under the current PassContext
+    (skipped where the context disables it, watched by the context's instruments)."""
+
+    name: str = ""
+    opt_level: int = 0
+
+    def transform(self, graph: FlowGraph, ctx: PassContext) -> FlowGraph:
+        """Return the transformed graph (never modify `graph` in place)."""
+        raise NotImplementedError
+
+    def __call__(self, graph: FlowGraph) -> FlowGraph:
+        ctx = PassContext.current()
+        if not ctx.pass_enabled(self):
+            return graph
+        for inst in ctx.instruments:
+            inst.run_before_pass(graph, self)
+        graph = self.transform(graph, ctx)
+        for inst in ctx.instruments:
+            inst.run_after_pass(graph, self)
+        return graph
+
+    def __repr__(self) -> str:
+        return f"<graph pass {self.name} (opt level {self.opt_level})>"
+
+
+class FunctionPass(GraphPass):
+    """A pass made of a function `fn(graph, ctx) -> graph`."""
+
+    def __init__(self, fn: Callable, name: str, opt_level: int):
+        self.fn, self.name, self.opt_level = fn, name, opt_level
+        self.__doc__ = fn.__doc__
+
+    def transform(self, graph, ctx):
+        return self.fn(graph, ctx)
+
+
+def graph_pass(name: str | None = None, opt_level: int = 0):
+    """Decorator making `fn(graph, ctx) -> graph` a GraphPass."""
+    def wrap(fn):
+        return FunctionPass(fn, name or fn.__name__, opt_level)
+    return wrap
+
+
+class Sequential(GraphPass):
+    """Passes run one after the other; each is still enabled or not on its own."""
+
+    def __init__(self, passes: Sequence[GraphPass], name: str = "sequential", opt_level: int = 0):
+        self.passes = list(passes)
+        self.name, self.opt_level = name, opt_level
+
+    def transform(self, graph, ctx):
+        for p in self.passes:
+            graph = p(graph)
+        return graph

@@ -1,0 +1,10 @@
+"""The rewrite patterns shipped with the core. Each matches operators by name and uses only
+operators some plugin provides, declining a match otherwise."""
+from kiln.passes.patterns.attention import ATTENTION_PATTERNS
+from kiln.passes.patterns.fold_batch_norm import BATCH_NORM_PATTERNS
+from kiln.passes.patterns.matmul_bias import matmul_bias
+from kiln.passes.patterns.shape_chains import SHAPE_PATTERNS
+
+SHIPPED = (*BATCH_NORM_PATTERNS, matmul_bias, *SHAPE_PATTERNS, *ATTENTION_PATTERNS)
+
+__all__ = ["SHIPPED"]

@@ -1,0 +1,74 @@
+"""The subgraph-rewrite pass: apply rewrite patterns until none matches."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from kiln.passes.edit import rebuild, users
+from kiln.passes.graph_pass import GraphPass
+from kiln.passes.pattern import RewritePattern
+from kiln.tensor import Tensor
+
+MAX_ROUNDS = 100
+
+
+def available_patterns() -> list[RewritePattern]:
+    """The shipped patterns, then those of the installed plugins."""
+    from kiln.passes.patterns import SHIPPED
+    from kiln.plugins import registry
+    return list(SHIPPED) + registry().items("rewrite_patterns")
+
+
+class RewriteSubgraphs(GraphPass):
+    """Replace every match of the enabled patterns (the shipped ones and the plugins', or
+    `patterns` when given) by its rewrite, round after round until nothing matches."""
+
+    name = "rewrite_subgraphs"
+    opt_level = 1
+
+    def __init__(self, patterns: Sequence[RewritePattern] | None = None):
+        self.patterns = None if patterns is None else list(patterns)
+
+    def transform(self, graph, ctx):
+        patterns = [p for p in (self.patterns if self.patterns is not None else available_patterns())
+                    if ctx.pass_enabled(p)]
+        for _ in range(MAX_ROUNDS):
+            replacements = self._round(graph, patterns)
+            if not replacements:
+                break
+            graph = rebuild(graph, lambda node, inputs: replacements.get(id(node)))
+        return graph
+
+    @staticmethod
+    def _round(graph, patterns) -> dict[int, list[Tensor]]:
+        """Replacements (by node id) for non-overlapping matches, in graph order. A match
+        reading a tensor that depends on a root replaced in this round waits for the next
+        round, so that no replacement reads a tensor that is about to be replaced."""
+        us, outputs = users(graph), {id(t) for t in graph.outputs}
+        claimed: set[int] = set()
+        tainted: set[int] = set()
+        replacements: dict[int, list[Tensor]] = {}
+        for node in graph.nodes:
+            for pattern in patterns:
+                m = pattern.match(node, us, outputs)
+                if (m is None or any(id(n) in claimed for n in m.nodes)
+                        or any(id(t) in tainted for t in m.tensors)):
+                    continue
+                new = pattern.rewrite(m)
+                if new is None:
+                    continue
+                new = [new] if isinstance(new, Tensor) else list(new)
+                _check(pattern, node, new)
+                replacements[id(node)] = new
+                claimed.update(id(n) for n in m.nodes)
+                break
+            if id(node) in replacements or any(id(t) in tainted for t in node.inputs):
+                tainted.update(id(t) for t in node.outputs)
+        return replacements
+
+
+def _check(pattern: RewritePattern, node, new: list[Tensor]) -> None:
+    old = node.outputs
+    if len(new) != len(old) or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(new, old)):
+        raise ValueError(
+            f"rewrite pattern '{pattern.name}' replaced {', '.join(t.signature() for t in old)} "
+            f"by {', '.join(t.signature() for t in new)}; a replacement must keep shapes and dtypes")

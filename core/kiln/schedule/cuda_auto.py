@@ -1,0 +1,417 @@
+"""The CUDA auto-scheduler: any task of injective and reduction computes, as CUDA C++.
+
+Each materialized compute of the task (see `kiln.ir.inline`) becomes one kernel, launched in
+order; temporaries come from PyTorch's allocator. A kernel walks its output elements with a
+grid-stride loop, the grid sized from the multiprocessor count at launch. How one element's
+reductions run depends on their length:
+
+- `thread`: one thread per element, reducing sequentially (injective computes and short
+  reductions over many elements);
+- `warp`: one warp per element, lanes striding over the reduction, combined by warp shuffles;
+- `block`: one block per element, warps combined through shared memory (long rows).
+
+A task whose temporaries are per-row statistics of its output (softmax's max and sum,
+layer_norm's mean and variance: each read only at its consumers' own leading indices) runs as
+one row kernel instead: a block per row computes the statistics into registers, then writes
+the row, so the input is read from DRAM about once.
+
+A full reduction (few elements, each reducing very many values) runs in two passes: the first
+splits each element's reduction across many blocks writing partial results, the second reduces
+the partials (an ordinary reduction buffer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.emitter import Emitter, reduce_init, row_major_strides
+from kiln.ir.compute import Compute, TensorInput
+from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.inline import Lowered, _own_children, _rebuild, inline_task, substitute
+from kiln.ir.simplify import bounds, simplify
+from kiln.schedule.cuda_program import CudaProgram, Launch
+
+BLOCK = 256
+ROW_WARP_MAX = 1024             # row kernels give a row to a warp up to this length, else a block
+# where each thread's grid-stride loop over work items starts, and its step, by mode
+_ITEM_LOOP = {
+    "thread": ("(int64_t)blockIdx.x * blockDim.x + threadIdx.x", "(int64_t)gridDim.x * blockDim.x"),
+    "warp": ("((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((int64_t)gridDim.x * blockDim.x) >> 5"),
+    "block": ("(int64_t)blockIdx.x", "(int64_t)gridDim.x"),
+}
+SPLIT_MIN_EXTENT = 1 << 16      # a reduction this long over few elements is split
+SPLIT_PARTS = 512
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def reduce_extent(r: Reduce) -> int:
+    """An upper bound of the number of values `r` reduces (dynamic extents by their bounds)."""
+    n = 1
+    for axis in r.axes:
+        if isinstance(axis.extent, Expr):
+            b = bounds(axis.extent)
+            n *= max(int(b[1]), 1) if b is not None else 1 << 20
+        else:
+            n *= axis.extent
+    return n
+
+
+def choose_mode(numel: int, extent: int) -> str:
+    """How to run one element's reductions: 'thread', 'warp' or 'block'."""
+    if extent == 0 or (extent <= 32 and numel >= 8192):
+        return "thread"
+    if extent <= 2048 and numel >= 512:
+        return "warp"
+    return "block"
+
+
+class CudaEmitter(Emitter):
+    """An emitter whose outermost reductions are spread over the lanes of a warp or block.
+
+    `mode` is 'thread' (sequential reductions), 'warp' or 'block'. In `split` form the lanes
+    cover only the slice `[split_lo, split_hi)` of the flattened reduction.
+    """
+
+    def __init__(self, dialect, names, strides, mode: str, indent: int = 1, split: tuple[str, str] | None = None):
+        super().__init__(dialect, names, strides, indent)
+        self.mode = mode
+        self.depth = 0
+        self.split = split
+
+    def _reduce(self, e: Reduce, key) -> str:
+        if self.depth > 0 or self.mode == "thread":
+            self.depth += 1
+            try:
+                return super()._reduce(e, key)
+            finally:
+                self.depth -= 1
+        self.depth += 1
+        try:
+            return self._parallel_reduce(e, key)
+        finally:
+            self.depth -= 1
+
+    def _parallel_reduce(self, e: Reduce, key) -> str:
+        d = self.dialect
+        t = e.body.dtype
+        vt = d.value_type(t)
+        arg = e.op in ("argmax", "argmin")
+        acc = self.fresh("acc")
+        self.line(f"{vt} {acc} = {reduce_init(e.op, t, d)};")
+        pos = self.fresh("pos")
+        if arg:
+            self.line(f"int64_t {pos} = 0;")
+        extents = [self.emit(as_expr(a.extent, dtypes.int64)) for a in e.axes]
+        total = " * ".join(f"(int64_t)({x})" for x in extents) or "1"
+        lane, width = ("(threadIdx.x & 31)", "32") if self.mode == "warp" else ("threadIdx.x", "blockDim.x")
+        flat = self.fresh("f")
+        lo, hi = (self.split if self.split else ("0", total))
+        self.line("#pragma unroll 4")
+        self.open(f"for (int64_t {flat} = {lo} + {lane}; {flat} < {hi}; {flat} += {width})")
+        inner = 1
+        for axis, extent in reversed(list(zip(e.axes, extents))):
+            name = self.fresh("r")
+            self.names[id(axis)] = name
+            if len(e.axes) == 1:
+                self.line(f"const int64_t {name} = {flat};")
+            elif inner == 1:
+                self.line(f"const int64_t {name} = {flat} % ({extent});")
+            else:
+                self.line(f"const int64_t {name} = ({flat} / ({inner})) % ({extent});")
+            inner = f"{inner} * ({extent})" if inner != 1 else f"({extent})"
+        v = self.emit(e.body)
+        if arg:
+            self.open(f"if ({d.arg_better(e.op, t, v, acc)})")
+            self.line(f"{acc} = {v}; {pos} = {flat};")
+            self.close()
+        else:
+            self.line(d.combine(e.op, t, acc, v))
+        self.close()
+        self._combine_lanes(e.op, t, acc, pos if arg else None)
+        result = pos if arg else acc
+        self.scopes[-1][key] = result
+        return result
+
+    def _combine_lanes(self, op: str, t, acc: str, pos: str | None) -> None:
+        """Leave the combination of every lane's (acc, pos) in every lane."""
+        d = self.dialect
+        vt = d.value_type(t)
+
+        def fold(other: str, other_pos: str | None) -> None:
+            if pos is None:
+                self.line(d.combine(op, t, acc, other))
+                return
+            better = d.arg_better(op, t, other, acc)
+            tie = d.arg_tie(t, other, acc)
+            self.open(f"if ({better} || ({tie} && {other_pos} < {pos}))")
+            self.line(f"{acc} = {other}; {pos} = {other_pos};")
+            self.close()
+
+        self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
+        other = self.fresh("o")
+        self.line(f"const {vt} {other} = {d.shuffle_xor(t, acc, 'kiln_m')};")
+        other_pos = None
+        if pos is not None:
+            other_pos = self.fresh("op")
+            self.line(f"const int64_t {other_pos} = __shfl_xor_sync(0xffffffffu, {pos}, kiln_m);")
+        fold(other, other_pos)
+        self.close()
+        if self.mode != "block":
+            return
+        sh = self.fresh("sh")
+        self.line(f"__shared__ {vt} {sh}[32];")
+        sp = None
+        if pos is not None:
+            sp = self.fresh("sp")
+            self.line(f"__shared__ int64_t {sp}[32];")
+        self.line("__syncthreads();")
+        store = f"{sh}[threadIdx.x >> 5] = {acc};" + (f" {sp}[threadIdx.x >> 5] = {pos};" if sp else "")
+        self.line(f"if ((threadIdx.x & 31) == 0) {{ {store} }}")
+        self.line("__syncthreads();")
+        self.line(f"{acc} = {sh}[0];" + (f" {pos} = {sp}[0];" if sp else ""))
+        self.open("for (int kiln_w = 1; kiln_w < (int)(blockDim.x >> 5); ++kiln_w)")
+        fold(f"{sh}[kiln_w]", f"{sp}[kiln_w]" if sp else None)
+        self.close()
+
+
+@dataclass
+class _Kernel:
+    source: str
+    launch: Launch
+
+
+def _signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
+    params = []
+    for name, t, const in args:
+        qual = "const " if const else ""
+        params.append(f"{qual}{d.storage_type(t.dtype)}* __restrict__ {name}")
+    return ", ".join(params)
+
+
+def _buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
+                   kernel_name: str, split: tuple[int, int] | None = None) -> _Kernel:
+    """The kernel writing every element of `buf` (or, with `split` = (parts, extent), the
+    partial reductions of its single outermost reduction)."""
+    d = CudaDialect()
+    numel = _numel(buf.shape)
+    reduces = top_reduces(buf.value)
+    extent = max((reduce_extent(r) for r in reduces), default=0)
+    mode = "block" if split else choose_mode(numel, extent)
+    o = Var("o", numel)
+    index, stride = {}, 1
+    for axis, size in reversed(list(zip(buf.axes, buf.shape))):
+        index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+        stride *= size
+    value = simplify(substitute(buf.value, index))
+    names = dict(lowered_names)
+    names[id(o)] = "o"
+    split_bounds = None
+    if split:
+        parts, total = split
+        chunk = -(-total // parts)
+        split_bounds = (f"(int64_t)blockIdx.y * {chunk}", f"min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){total})")
+        value = top_reduces(value)[0]
+    em = CudaEmitter(d, names, strides, mode, indent=2, split=split_bounds)
+    start, step = _ITEM_LOOP[mode]
+    per_block = {"thread": BLOCK, "warp": BLOCK // 32, "block": 1}[mode]
+    v = em.emit(value)
+    if split:
+        store = f"{out_name}[o * {split[0]} + blockIdx.y] = {d.store(value.dtype, v)};"
+    else:
+        store = f"{out_name}[o] = {d.store(buf.dtype, v)};"
+    if mode != "thread":
+        store = f"if ({'(threadIdx.x & 31)' if mode == 'warp' else 'threadIdx.x'} == 0) {store}"
+    body = "\n".join(em.lines)
+    start, step = _ITEM_LOOP[mode]
+    source = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {kernel_name}({_signature(d, args)}) {{\n'
+              f"    for (int64_t o = {start}; o < {numel}; o += {step}) {{\n{body}\n        {store}\n    }}\n}}\n")
+    if split:
+        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), grid=(numel, split[0], 1))
+    else:
+        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=numel,
+                        per_block=per_block, waves=2048 // BLOCK * 4 if mode == "thread" else 64)
+    return _Kernel(source, launch)
+
+
+def _split_plan(buf: Compute):
+    """(parts, extent) when `buf` is a full reduction worth splitting, else None."""
+    reduces = top_reduces(buf.value)
+    if len(reduces) != 1 or _numel(buf.shape) > 64:
+        return None
+    r = reduces[0]
+    if r.op in ("argmax", "argmin") or any(isinstance(a.extent, Expr) for a in r.axes):
+        return None
+    extent = reduce_extent(r)
+    if extent < SPLIT_MIN_EXTENT:
+        return None
+    return (SPLIT_PARTS, extent)
+
+
+def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
+    """`e` with the node `target` replaced by `replacement`."""
+    memo = {}
+
+    def visit(x):
+        if x is target:
+            return replacement
+        if id(x) in memo:
+            return memo[id(x)]
+        kids = _own_children(x) if not isinstance(x, (Var, Load)) else None
+        if isinstance(x, Load):
+            out = Load(x.tensor, [visit(i) for i in x.indices])
+        elif kids:
+            out = _rebuild(x, [visit(k) for k in kids])
+        else:
+            out = x
+        memo[id(x)] = out
+        return out
+
+    return visit(e)
+
+
+def _row_prefix(lowered: Lowered) -> int | None:
+    """The number p of leading axes such that every temporary has the shape of the output's
+    first p axes and is read only at its reader's own first p indices; None if there is none."""
+    temps = lowered.temporaries
+    if not temps or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    p = len(temps[0].shape)
+    if top_reduces(out.value) or p == 0 or p >= len(out.shape) or any(t.shape != out.shape[:p] for t in temps):
+        return None
+    temp_ids = {id(t) for t in temps}
+    for buf in lowered.buffers:
+        for e in walk(buf.value):
+            if isinstance(e, Load) and id(e.tensor) in temp_ids:
+                if len(e.indices) != p or any(i is not a for i, a in zip(e.indices, buf.axes[:p])):
+                    return None
+    if _numel(out.shape[:p]) < 64:
+        return None
+    return p
+
+
+def _row_kernel(lowered: Lowered, names: dict, strides: dict, args: list, p: int, kernel_name: str) -> _Kernel:
+    """One kernel, a block per row: the temporaries in registers, then the row of the output."""
+    d = CudaDialect()
+    out = lowered.outputs[0]
+    rows, row_len = _numel(out.shape[:p]), _numel(out.shape[p:])
+    o, e = Var("o", rows), Var("e", row_len)
+    names = dict(names)
+    names.update({id(o): "o", id(e): "e"})
+    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in lowered.temporaries}
+
+    def row_index(axes, inner: bool) -> dict:
+        index, stride = {}, 1
+        for axis, size in reversed(list(zip(axes[:p], out.shape[:p]))):
+            index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+            stride *= size
+        stride = 1
+        for axis, size in reversed(list(zip(axes[p:], out.shape[p:])) if inner else []):
+            index[id(axis)] = simplify((e // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+            stride *= size
+        return index
+
+    def value_of(buf, inner: bool) -> Expr:
+        value = substitute(buf.value, row_index(buf.axes, inner))
+        return simplify(_scalar_loads(value, scalars))
+
+    mode = "warp" if row_len <= ROW_WARP_MAX else "block"
+    lane, width = ("(threadIdx.x & 31)", "32") if mode == "warp" else ("threadIdx.x", "blockDim.x")
+    em = CudaEmitter(d, names, strides, mode, indent=2)
+    for t in lowered.temporaries:
+        v = em.emit(value_of(t, False))
+        held = em.fresh("row")
+        em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
+        em.scopes[-1][Load(scalars[id(t)], ()).key()] = held
+    em.line("#pragma unroll 4")
+    em.open(f"for (int64_t e = {lane}; e < {row_len}; e += {width})")
+    v = em.emit(value_of(out, True))
+    em.line(f"{names[id(out)]}[o * {row_len} + e] = {d.store(out.dtype, v)};")
+    em.close()
+    body = "\n".join(em.lines)
+    start, step = _ITEM_LOOP[mode]
+    source = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {kernel_name}({_signature(d, args)}) {{\n'
+              f"    for (int64_t o = {start}; o < {rows}; o += {step}) {{\n{body}\n    }}\n}}\n")
+    launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=rows,
+                    per_block=BLOCK // 32 if mode == "warp" else 1, waves=64)
+    return _Kernel(source, launch)
+
+
+def _scalar_loads(value: Expr, scalars: dict) -> Expr:
+    """Loads of a temporary (now of its row scalar) with their indices dropped."""
+    memo = {}
+
+    def visit(x):
+        if id(x) in memo:
+            return memo[id(x)]
+        if isinstance(x, Load):
+            out = Load(scalars[id(x.tensor)], ()) if id(x.tensor) in scalars else Load(x.tensor, [visit(i) for i in x.indices])
+        elif isinstance(x, (Var,)) or not x.children():
+            out = x
+        else:
+            out = _rebuild(x, [visit(k) for k in _own_children(x)])
+        memo[id(x)] = out
+        return out
+
+    return visit(value)
+
+
+def render_cuda(lowered: Lowered) -> CudaProgram:
+    """The CUDA program computing a lowered task: one kernel per materialized buffer."""
+    d = CudaDialect()
+    names, strides, buffer_args = {}, {}, []
+    for k, t in enumerate(lowered.inputs):
+        names[id(t)] = f"in{k}"
+        buffer_args.append((f"in{k}", t, True))
+    for k, t in enumerate(lowered.outputs):
+        names[id(t)] = f"out{k}"
+    temporaries = []
+    for k, t in enumerate(lowered.temporaries):
+        names[id(t)] = f"tmp{k}"
+        temporaries.append((t.shape, t.dtype))
+    for t in lowered.inputs + lowered.buffers:
+        strides[id(t)] = row_major_strides(t.shape)
+    p = _row_prefix(lowered)
+    if p is not None:
+        out = lowered.outputs[0]
+        kernel = _row_kernel(lowered, names, strides, buffer_args + [("out0", out, False)], p, "kiln_row")
+        return CudaProgram(d.prelude + "\n" + kernel.source, [kernel.launch], [])
+    kernels = []
+    available = list(buffer_args)
+    for n, buf in enumerate(lowered.buffers):
+        if _numel(buf.shape) == 0:
+            continue
+        out_name = names[id(buf)]
+        plan = _split_plan(buf)
+        if plan:
+            r = top_reduces(buf.value)[0]
+            partial = TensorInput(f"tmp{len(temporaries)}", (_numel(buf.shape), plan[0]), r.dtype)
+            names[id(partial)] = partial.name
+            strides[id(partial)] = row_major_strides(partial.shape)
+            temporaries.append((partial.shape, partial.dtype))
+            args = available + [(partial.name, partial, False)]
+            kernels.append(_buffer_kernel(names, strides, args, buf, partial.name, f"kiln_k{n}_split", plan))
+            flat = 0
+            for axis, size in zip(buf.axes, buf.shape):
+                flat = flat * size + axis
+            part = Var("s", plan[0])
+            second = Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)
+            buf = Compute(buf.name, buf.axes, _replace(buf.value, r, second))
+            available = available + [(partial.name, partial, True)]
+        own = [(out_name, buf, False)]
+        kernels.append(_buffer_kernel(names, strides, available + own, buf, out_name, f"kiln_k{n}"))
+        available = available + [(out_name, buf, True)]
+    source = d.prelude + "\n" + "\n".join(k.source for k in kernels)
+    return CudaProgram(source, [k.launch for k in kernels], temporaries)
+
+
+def schedule_cuda(task) -> CudaProgram:
+    """The auto-scheduled CUDA program of `task`."""
+    return render_cuda(inline_task(task))

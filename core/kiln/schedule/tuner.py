@@ -1,0 +1,96 @@
+"""The tuner: picks a template's knobs for a task on a GPU by timing candidates.
+
+Level 0 takes the template's default. At levels 1 and 2 every candidate of the template's
+space is compiled in parallel (NVRTC threads), loaded, and timed with CUDA events on fresh
+random inputs; the winner is cached on disk per task, template sources and GPU model, so a
+second process does not tune again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+from kiln.device import Device
+from kiln.ir.compute import Task
+from kiln.runtime import cuda as rt
+from kiln.runtime.cache import cache_dir, content_key
+from kiln.schedule.template import Template
+
+
+def _random_inputs(task: Task, device: Device) -> list[torch.Tensor]:
+    out = []
+    for t in task.inputs:
+        dt = t.dtype.torch_dtype
+        if dt.is_floating_point:
+            out.append(torch.randn(t.shape, device=device.torch()).to(dt))
+        elif dt == torch.bool:
+            out.append(torch.randint(0, 2, t.shape, device=device.torch()).bool())
+        else:
+            out.append(torch.randint(0, 8, t.shape, device=device.torch()).to(dt))
+    return out
+
+
+def time_runner(runner, task: Task, device: Device, repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of one run of `runner` on fresh random inputs."""
+    inputs = _random_inputs(task, device)
+    outputs = [torch.empty(o.shape, dtype=o.dtype.torch_dtype, device=device.torch()) for o in task.outputs]
+    for _ in range(warmup):
+        runner(inputs, outputs)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner(inputs, outputs)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _record_path(key: str):
+    folder = cache_dir() / "tuning"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder / f"{key}.json"
+
+
+def tune(task: Task, template: Template, device: Device, level: int) -> dict:
+    """The best knobs of `template` for `task` on `device` at tuning `level` (cached on disk)."""
+    space = template.space(level)
+    if level == 0 or len(space) == 1:
+        return dict(space[0])
+    from kiln.schedule.cuda import arch_for, load_program
+    info = rt.device_info(device.index)
+    programs = [template.render(task, **knobs) for knobs in space]
+    key = content_key("tune", template.name, repr(task), repr(sorted(task.attrs.items())), info["name"],
+                      rt.nvrtc_version(), *(p.source for p in programs))
+    record = _record_path(key)
+    try:
+        return json.loads(record.read_text())["knobs"]
+    except (OSError, ValueError, KeyError):
+        pass
+    rt.compile_many([(p.source, p.kernel_names[0], arch_for(p, info["arch"])) for p in programs])
+    results = []
+    for n, (knobs, program) in enumerate(zip(space, programs), 1):
+        print(f"\rkiln: tuning {template.name} for {task!r}: {n}/{len(space)}", end="", file=sys.stderr)
+        try:
+            ms = time_runner(load_program(program, device), task, device)
+        except rt.CudaError as exc:      # a candidate the GPU cannot launch (too much shared memory)
+            print(f"\nkiln: candidate {knobs} failed: {exc}", file=sys.stderr)
+            continue
+        results.append((ms, n, knobs))
+    print(file=sys.stderr)
+    if not results:
+        raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")
+    best_ms, _, best = min(results)
+    print(f"kiln: {template.name} winner {best} at {best_ms:.4f} ms (of {len(results)} timed)", file=sys.stderr)
+    fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"knobs": best, "template": template.name, "gpu": info["name"],
+                   "times_ms": [[r[2], r[0]] for r in results]}, f)
+    os.replace(tmp, record)
+    return best

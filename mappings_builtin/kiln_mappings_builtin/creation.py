@@ -1,0 +1,66 @@
+"""Creation functions: arange, full, zeros, ones, the *_like functions and new_* methods."""
+import torch
+
+from kiln import ops
+from kiln.frontend.torch import register_function, register_method
+from kiln.tensor import asarray
+
+from kiln_mappings_builtin.common import dims_arg
+
+
+@register_function(torch.arange)
+def arange(start, end=None, step=1, *, dtype=None, device=None, layout=None, requires_grad=False,
+           pin_memory=False, out=None):
+    return ops.arange(start, end, step, dtype=dtype, device=device)
+
+
+def _filled(value):
+    def rule(*size, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False,
+             memory_format=None, out=None):
+        return ops.full(dims_arg(size), value, dtype=dtype or torch.get_default_dtype(), device=device)
+    return rule
+
+
+zeros = register_function(torch.zeros)(_filled(0))
+ones = register_function(torch.ones)(_filled(1))
+empty = register_function(torch.empty)(_filled(0))
+
+
+@register_function(torch.full)
+def full(size, fill_value, *, dtype=None, device=None, layout=None, requires_grad=False,
+         pin_memory=False, out=None):
+    return ops.full(tuple(size), fill_value, dtype=dtype, device=device)
+
+
+def _like(value):
+    def rule(input, *fill, dtype=None, device=None, layout=None, requires_grad=False,
+             memory_format=None, pin_memory=False):
+        return ops.full(input.shape, fill[0] if fill else value, dtype=dtype or input.dtype,
+                        device=device or input.device)
+    return rule
+
+
+zeros_like = register_function(torch.zeros_like)(_like(0))
+ones_like = register_function(torch.ones_like)(_like(1))
+empty_like = register_function(torch.empty_like)(_like(0))
+full_like = register_function(torch.full_like)(_like(None))
+
+
+def _new(value):
+    def rule(self, *size, dtype=None, device=None, layout=None, requires_grad=False,
+             pin_memory=False):
+        size, fill = (size[0], size[1:]) if value is None else (dims_arg(size), ())
+        return ops.full(tuple(size), fill[0] if fill else value, dtype=dtype or self.dtype,
+                        device=device or self.device)
+    return rule
+
+
+new_zeros = register_method("new_zeros")(_new(0))
+new_ones = register_method("new_ones")(_new(1))
+new_empty = register_method("new_empty")(_new(0))
+new_full = register_method("new_full")(_new(None))
+
+
+@register_function(torch.tensor, torch.as_tensor, torch.scalar_tensor)
+def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    return asarray(torch.as_tensor(data, dtype=dtype), device=device or "cpu")

@@ -1,0 +1,159 @@
+"""torch.nn.functional and linear algebra: linear, matmul, convolution, pooling, normalization,
+dropout, embedding, padding, interpolation and scaled_dot_product_attention."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kiln import dtypes, ops
+from kiln.frontend.torch import register_function, register_method
+
+from kiln_mappings_builtin.common import direct
+from kiln_mappings_builtin.reduce import vector_norm
+
+
+def _torch_and_functional(name: str) -> list:
+    """torch.nn.functional.NAME and torch.NAME, once each (some are one object)."""
+    return list(dict.fromkeys(f for f in (getattr(F, name, None), getattr(torch, name, None))
+                              if callable(f)))
+
+
+direct("matmul", [torch.matmul, torch.mm, torch.bmm], ["matmul", "mm", "bmm"])
+for _name in ("linear", "conv1d", "conv2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
+              "adaptive_avg_pool2d", "interpolate", "conv_transpose2d"):
+    direct(_name, _torch_and_functional(_name))
+
+
+def _no_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False) -> bool:
+    return not return_indices
+
+
+@register_function(*_torch_and_functional("max_pool1d"), check=_no_indices)
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return ops.max_pool1d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+
+
+@register_function(*_torch_and_functional("max_pool2d"), check=_no_indices)
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return ops.max_pool2d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+
+
+def _no_adaptive_indices(input, output_size, return_indices=False) -> bool:
+    return not return_indices
+
+
+@register_function(F.adaptive_max_pool1d, check=_no_adaptive_indices)
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    return ops.adaptive_max_pool1d(input, output_size)
+
+
+@register_function(F.adaptive_max_pool2d, check=_no_adaptive_indices)
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    return ops.adaptive_max_pool2d(input, output_size)
+
+
+@register_function(torch.addmm)
+@register_method("addmm")
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    product = ops.matmul(mat1, mat2)
+    product = product if alpha == 1 else ops.mul(product, alpha)
+    return ops.add(product, input if beta == 1 else ops.mul(input, beta))
+
+
+register_function(torch.baddbmm)(register_method("baddbmm")(addmm))
+
+
+@register_function(F.softmax)
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return ops.softmax(input, dim, dtype)
+
+
+@register_function(F.log_softmax)
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return ops.log_softmax(input, dim, dtype)
+
+
+def _inference(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5) -> bool:
+    return not training and running_mean is not None
+
+
+@register_function(F.batch_norm, check=_inference)
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    return ops.batch_norm(input, running_mean, running_var, weight, bias, eps)
+
+
+@register_function(F.layer_norm, torch.layer_norm)
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return ops.layer_norm(input, tuple(normalized_shape), weight, bias, eps)
+
+
+@register_function(F.group_norm, torch.group_norm)
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return ops.group_norm(input, num_groups, weight, bias, eps)
+
+
+@register_function(F.rms_norm, torch.rms_norm)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    return ops.rms_norm(input, tuple(normalized_shape), weight, eps)
+
+
+@register_function(F.normalize)
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    return ops.div(input, ops.clamp(vector_norm(input, p, dim, True), min=eps))
+
+
+@register_function(F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
+                   torch.dropout, check=lambda input, p=0.5, training=True, inplace=False:
+                   not training or p == 0)
+def dropout(input, p=0.5, training=True, inplace=False):
+    return input
+
+
+@register_function(F.embedding, check=lambda input, weight, padding_idx=None, max_norm=None, *a,
+                   **k: max_norm is None)
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    return ops.embedding(input, weight)
+
+
+@register_function(F.pad, torch._C._nn.pad, check=lambda input, pad, mode="constant", value=None:
+                   mode in ("constant", "reflect", "replicate"))
+def pad(input, pad, mode="constant", value=None):
+    return ops.pad(input, list(pad), mode, 0 if value is None else value)
+
+
+@register_function(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """softmax(q k^T * scale + mask) v, composed from matmul, where and softmax; a bool mask
+    keeps where True, a float mask is added, is_causal keeps the lower triangle. A query whose
+    keys are all masked gets zeros, as in PyTorch (not NaN)."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = (_repeat_heads(t, groups) for t in (key, value))
+    length, source = query.shape[-2], key.shape[-2]
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
+    if is_causal:
+        causal = ops.tril(ops.full((length, source), True, dtype=dtypes.boolean, device=query.device))
+        scores = ops.where(causal, scores, float("-inf"))
+    if attn_mask is not None and attn_mask.dtype == dtypes.boolean:
+        scores = ops.where(attn_mask, scores, float("-inf"))
+    elif attn_mask is not None:
+        scores = ops.add(scores, attn_mask)
+    probs = ops.softmax(scores, -1)
+    if is_causal or attn_mask is not None:
+        masked_row = ops.all(ops.eq(scores, float("-inf")), -1, True)
+        probs = ops.where(masked_row, 0.0, probs)
+    return ops.matmul(probs, value)
+
+
+def _repeat_heads(t, groups: int):
+    shape = list(t.shape)
+    wide = ops.expand(ops.unsqueeze(t, -3), shape[:-2] + [groups] + shape[-2:])
+    return ops.reshape(wide, shape[:-3] + [shape[-3] * groups] + shape[-2:])

@@ -1,0 +1,161 @@
+"""Direct convolutions: conv1d, conv2d, conv_transpose1d and conv_transpose2d, as
+torch.nn.functional defines them.
+
+Inputs are (N, C, *spatial) or unbatched (C, *spatial). Each output element sums x * weight
+over the input channels of its group and the kernel window; zero padding is a select on the
+bounds, so out-of-range elements are never read. 16-bit floats accumulate in float32.
+"""
+from kiln import dtypes
+from kiln.graph import OperatorError, operator
+from kiln.ir import cast, compute, eq, reduce, select
+
+from kiln_ops_builtin.common import (
+    accumulator_type, check_dtype, check_spatial_input, in_bounds, int_tuple,
+)
+
+
+def _out_channels(op: str, x, weight, bias, groups: int, nd: int, transposed: bool) -> int:
+    """Validate the operands; return the number of output channels."""
+    for t in (x, weight) if bias is None else (x, weight, bias):
+        check_dtype(op, t, dtypes.FLOATS)
+    if len({t.dtype for t in (x, weight, bias) if t is not None}) > 1:
+        raise OperatorError(f"{op}: input, weight and bias must have one dtype, got "
+                            f"{x.dtype}, {weight.dtype}" + ("" if bias is None else f", {bias.dtype}"))
+    check_spatial_input(op, x, nd)
+    if weight.ndim != nd + 2:
+        raise OperatorError(f"{op}: expected a {nd + 2}-D weight, got shape {weight.shape}")
+    if not isinstance(groups, int) or groups < 1:
+        raise OperatorError(f"{op}: groups must be a positive int, got {groups!r}")
+    channels = x.shape[-nd - 1]
+    if transposed:
+        if weight.shape[0] != channels:
+            raise OperatorError(f"{op}: input has {channels} channels but weight {weight.shape} "
+                                f"expects {weight.shape[0]}")
+        out_channels = weight.shape[1] * groups
+    else:
+        if weight.shape[1] * groups != channels:
+            raise OperatorError(f"{op}: input has {channels} channels but weight {weight.shape} with "
+                                f"groups={groups} expects {weight.shape[1] * groups}")
+        out_channels = weight.shape[0]
+    if channels % groups or out_channels % groups:
+        raise OperatorError(f"{op}: groups={groups} must divide the input channels ({channels}) "
+                            f"and the output channels ({out_channels})")
+    if bias is not None and bias.shape != (out_channels,):
+        raise OperatorError(f"{op}: bias of shape {bias.shape} does not match {out_channels} output channels")
+    return out_channels
+
+
+def _steps(op: str, nd: int, stride, dilation) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    stride, dilation = int_tuple(op, "stride", stride, nd), int_tuple(op, "dilation", dilation, nd)
+    if min(stride + dilation) < 1:
+        raise OperatorError(f"{op}: stride {stride} and dilation {dilation} must be positive")
+    return stride, dilation
+
+
+def _window_sums(op: str, x, weight, bias, groups: int, out_channels: int, out_spatial,
+                 transposed: bool, tap):
+    """The output compute. `tap(o, r)` gives, for the spatial output index `o` and kernel
+    offset `r`, the condition for a contribution and the input position it reads."""
+    if any(s <= 0 for s in out_spatial):
+        raise OperatorError(f"{op}: input of shape {x.shape} gives an empty output {tuple(out_spatial)}")
+    nd = len(out_spatial)
+    batch, kernel = x.shape[:-nd - 1], weight.shape[2:]
+    cin, cout = x.shape[-nd - 1] // groups, out_channels // groups
+    nb, acc = len(batch), accumulator_type(x.dtype)
+
+    def element(*idx):
+        b, oc, o = idx[:nb], idx[nb], idx[nb + 1:]
+
+        def term(c, *r):
+            ic = oc // cout * cin + c
+            cond, pos = tap(o, r)
+            w = weight[(ic, oc % cout) + r] if transposed else weight[(oc, c) + r]
+            return select(cond, cast(x[b + (ic,) + tuple(pos)], acc) * cast(w, acc), 0)
+
+        total = reduce([cin, *kernel], term, dtype=acc)
+        return total if bias is None else total + cast(bias[oc], acc)
+
+    return compute(batch + (out_channels,) + tuple(out_spatial), element, dtype=x.dtype)
+
+
+def _conv(op: str, nd: int, x, weight, bias, stride, padding, dilation, groups):
+    out_channels = _out_channels(op, x, weight, bias, groups, nd, transposed=False)
+    kernel, size = weight.shape[2:], x.shape[-nd:]
+    stride, dilation = _steps(op, nd, stride, dilation)
+    if padding == "valid":
+        before = after = (0,) * nd
+    elif padding == "same":
+        if stride != (1,) * nd:
+            raise OperatorError(f"{op}: padding='same' is not supported for strided convolutions "
+                                f"(stride {stride})")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        before = tuple(t // 2 for t in total)
+        after = tuple(t - b for t, b in zip(total, before))
+    elif isinstance(padding, str):
+        raise OperatorError(f"{op}: padding must be 'same', 'valid', an int or {nd} ints, got {padding!r}")
+    else:
+        before = after = int_tuple(op, "padding", padding, nd)
+        if min(before) < 0:
+            raise OperatorError(f"{op}: padding {before} must be non-negative")
+    out_spatial = [(n + b + a - d * (k - 1) - 1) // s + 1
+                   for n, b, a, d, k, s in zip(size, before, after, dilation, kernel, stride)]
+
+    def tap(o, r):
+        pos = [o[d] * stride[d] - before[d] + r[d] * dilation[d] for d in range(nd)]
+        return in_bounds(pos, size), pos
+
+    return _window_sums(op, x, weight, bias, groups, out_channels, out_spatial, False, tap)
+
+
+def _conv_transpose(op: str, nd: int, x, weight, bias, stride, padding, output_padding, groups, dilation):
+    out_channels = _out_channels(op, x, weight, bias, groups, nd, transposed=True)
+    kernel, size = weight.shape[2:], x.shape[-nd:]
+    stride, dilation = _steps(op, nd, stride, dilation)
+    padding = int_tuple(op, "padding", padding, nd)
+    output_padding = int_tuple(op, "output_padding", output_padding, nd)
+    if min(padding + output_padding) < 0:
+        raise OperatorError(f"{op}: padding {padding} and output_padding {output_padding} "
+                            "must be non-negative")
+    if any(p >= s and p >= d for p, s, d in zip(output_padding, stride, dilation)):
+        raise OperatorError(f"{op}: output_padding {output_padding} must be smaller than either "
+                            f"stride {stride} or dilation {dilation}")
+    out_spatial = [(n - 1) * s - 2 * p + d * (k - 1) + q + 1
+                   for n, s, p, d, k, q in zip(size, stride, padding, dilation, kernel, output_padding)]
+
+    def tap(o, r):
+        # output o receives input i through kernel offset r where i * stride = o + padding - r * dilation
+        offset = [o[d] + padding[d] - r[d] * dilation[d] for d in range(nd)]
+        pos = [offset[d] // stride[d] for d in range(nd)]
+        cond = in_bounds(pos, size)
+        for d in range(nd):
+            if stride[d] > 1:
+                cond = cond & eq(offset[d] % stride[d], 0)
+        return cond, pos
+
+    return _window_sums(op, x, weight, bias, groups, out_channels, out_spatial, True, tap)
+
+
+@operator("conv1d")
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv1d; padding is an int, a 1-tuple, 'valid' or 'same'."""
+    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups)
+
+
+@operator("conv2d")
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d; padding is an int, a pair, 'valid' or 'same'."""
+    return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups)
+
+
+@operator("conv_transpose1d")
+def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose1d, weight of shape (C_in, C_out / groups, kW)."""
+    return _conv_transpose("conv_transpose1d", 1, x, weight, bias, stride, padding, output_padding,
+                           groups, dilation)
+
+
+@operator("conv_transpose2d")
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose2d, weight of shape (C_in, C_out / groups, kH, kW)."""
+    return _conv_transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding,
+                           groups, dilation)

@@ -1,0 +1,169 @@
+"""Indexing operators: slicing, padding, reading elements at positions held in index tensors,
+and triangular masks.
+
+Index tensors are int64 or int32. Generated code clamps every loaded index into the valid range,
+so a kernel never reads out of bounds; out-of-range (and negative) indices are not detected.
+"""
+from __future__ import annotations
+
+import math
+
+from kiln import dtypes
+from kiln.graph import OperatorError, operator
+from kiln.ir import TensorNode, cast, compute, maximum, minimum, select
+
+from kiln_ops_builtin.common import broadcast_shape, clamp_index, in_bounds, normalize_dim, unravel
+from kiln_ops_builtin.shape import dim_of, narrowed, reshaped
+
+INDEX_TYPES = (dtypes.int64, dtypes.int32)
+
+
+def _check_index(op: str, index: TensorNode, size: int, numel: int) -> None:
+    """An index tensor must be integer, and must have somewhere to point if it is used."""
+    if index.dtype not in INDEX_TYPES:
+        raise OperatorError(f"{op}: index tensor must be int64 or int32, got {index.dtype}")
+    if size == 0 and numel:
+        raise OperatorError(f"{op}: cannot index a dim of size 0")
+
+
+@operator("slice")
+def slice_(x, dim=0, start=None, end=None, step=1):
+    """Elements start, start + step, ... before `end` of `x` along `dim`, with Python's slicing
+    rules for negative and out-of-range bounds (`step` must be positive)."""
+    d = dim_of("slice", dim, x)
+    if not isinstance(step, int) or step <= 0:
+        raise OperatorError(f"slice: step must be a positive int, got {step!r}")
+    begin, stop, step = slice(start, end, step).indices(x.shape[d])
+    return narrowed(x, d, begin, len(range(begin, stop, step)), step)
+
+
+def _pad_source(mode: str, j, n: int):
+    """The source position of padded position `j` (which may lie outside [0, n))."""
+    if mode == "replicate":
+        return minimum(maximum(j, 0), n - 1)
+    j = select(j < 0, -j, j)  # reflect
+    return select(j > n - 1, 2 * (n - 1) - j, j)
+
+
+@operator("pad")
+def pad(x, pad, mode="constant", value=0):
+    """`x` padded as torch.nn.functional.pad does: `pad` holds (before, after) pairs for the
+    last dim first, then the one before it, ...; negative amounts crop. Modes: 'constant' (with
+    `value`), 'reflect' (mirror without repeating the edge), 'replicate' (repeat the edge)."""
+    if mode not in ("constant", "reflect", "replicate"):
+        raise OperatorError(f"pad: mode must be 'constant', 'reflect' or 'replicate', got {mode!r}")
+    if (not isinstance(pad, (list, tuple)) or len(pad) % 2 or len(pad) > 2 * x.ndim
+            or not all(isinstance(p, int) for p in pad)):
+        raise OperatorError(f"pad: pad must be an even number (at most {2 * x.ndim}) of ints for "
+                            f"shape {x.shape}, got {pad!r}")
+    before, after = [0] * x.ndim, [0] * x.ndim
+    for k in range(len(pad) // 2):
+        before[x.ndim - 1 - k], after[x.ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    shape = [n + b + a for n, b, a in zip(x.shape, before, after)]
+    for k, n in enumerate(x.shape):
+        if shape[k] < 0:
+            raise OperatorError(f"pad: padding {pad} gives a negative size in dim {k} of shape {x.shape}")
+        if mode == "reflect" and max(before[k], after[k]) >= n and (before[k] or after[k]):
+            raise OperatorError(f"pad: reflect padding ({before[k]}, {after[k]}) must be smaller "
+                                f"than the size {n} of dim {k}")
+        if mode == "replicate" and n == 0 and shape[k]:
+            raise OperatorError(f"pad: replicate padding of dim {k} needs a non-empty dim, shape {x.shape}")
+    fill = cast(0 if value is None else value, x.dtype)
+
+    def element(*i):
+        src = [i[k] - before[k] for k in range(x.ndim)]
+        if mode != "constant":
+            return x[[_pad_source(mode, j, n) if before[k] > 0 or after[k] > 0 else j
+                      for k, (j, n) in enumerate(zip(src, x.shape))]]
+        inside = in_bounds(src, x.shape)  # true where nothing is padded: simplification drops it
+        return x[src] if inside is None else select(inside, x[src], fill)
+
+    return compute(shape, element)
+
+
+@operator("gather")
+def gather(x, dim, index):
+    """out[i] = x[i with i[dim] replaced by index[i]] (`index` has the rank of `x`, and no
+    larger size than `x` outside `dim`)."""
+    d = normalize_dim("gather", dim, x.ndim)
+    if index.ndim != x.ndim or any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != d):
+        raise OperatorError(f"gather: index of shape {index.shape} must have the rank of input shape "
+                            f"{x.shape} and no larger size outside dim {dim}")
+    _check_index("gather", index, x.shape[d] if x.ndim else 1, math.prod(index.shape))
+    return _gathered(x, d, index, index.shape)
+
+
+def _gathered(x: TensorNode, d: int, index: TensorNode, shape) -> TensorNode:
+    """out[i] = x[i with i[d] replaced by index[i]], both read with broadcasting to `shape`."""
+    def load(t, i):
+        return t[[0 if t.shape[k] == 1 else i[k] for k in range(t.ndim)]]
+
+    if x.ndim == 0:
+        return compute(shape, lambda *i: x[()])
+    return compute(shape, lambda *i: load(x, [clamp_index(load(index, i), x.shape[d]) if k == d else i[k]
+                                              for k in range(x.ndim)]))
+
+
+@operator("take_along_dim")
+def take_along_dim(x, indices, dim=None):
+    """Elements of `x` at `indices` along `dim`, the other dims broadcast (torch.take_along_dim;
+    dim None: both flattened)."""
+    if dim is None:
+        n = math.prod(x.shape)
+        _check_index("take_along_dim", indices, n, math.prod(indices.shape))
+        return compute((math.prod(indices.shape),), lambda i: x[unravel(
+            clamp_index(indices[unravel(i, indices.shape)], n), x.shape)])
+    d = normalize_dim("take_along_dim", dim, x.ndim)
+    if indices.ndim != x.ndim:
+        raise OperatorError(f"take_along_dim: input of shape {x.shape} and indices of shape "
+                            f"{indices.shape} must have the same number of dims")
+    outer = broadcast_shape("take_along_dim", *[[1 if k == d else s for k, s in enumerate(t.shape)]
+                                                 for t in (x, indices)])
+    shape = [indices.shape[d] if k == d else s for k, s in enumerate(outer)]
+    _check_index("take_along_dim", indices, x.shape[d] if x.ndim else 1, math.prod(shape))
+    return _gathered(x, d, indices, shape)
+
+
+@operator("index_select")
+def index_select(x, dim, index):
+    """The slices of `x` along `dim` at the positions in the 1-d (or 0-d) `index`."""
+    d = normalize_dim("index_select", dim, x.ndim)
+    if index.ndim > 1:
+        raise OperatorError(f"index_select: index must be 1-d, got shape {index.shape}")
+    count = math.prod(index.shape)
+    shape = list(x.shape)
+    if x.ndim:
+        shape[d] = count
+    _check_index("index_select", index, x.shape[d] if x.ndim else 1, math.prod(shape))
+    positions = reshaped(index, [count if k == d else 1 for k in range(x.ndim)])
+    return _gathered(x, d, positions, shape)
+
+
+@operator("embedding")
+def embedding(input, weight):
+    """Rows of the 2-d `weight` at the positions in `input` (torch.nn.functional.embedding)."""
+    if weight.ndim != 2:
+        raise OperatorError(f"embedding: weight must be 2-d, got shape {weight.shape}")
+    shape = input.shape + weight.shape[1:]
+    _check_index("embedding", input, weight.shape[0], math.prod(shape))
+    return compute(shape, lambda *i: weight[clamp_index(input[i[:-1]], weight.shape[0]), i[-1]])
+
+
+def _triangle(op: str, x: TensorNode, diagonal: int, keep) -> TensorNode:
+    if x.ndim < 2:
+        raise OperatorError(f"{op}: input must have at least 2 dims, got shape {x.shape}")
+    if not isinstance(diagonal, int):
+        raise OperatorError(f"{op}: diagonal must be an int, got {diagonal!r}")
+    return compute(x.shape, lambda *i: select(keep(i[-1] - i[-2]), x[i], cast(0, x.dtype)))
+
+
+@operator("tril")
+def tril(x, diagonal=0):
+    """`x` with the elements above diagonal `diagonal` of its last two dims set to zero."""
+    return _triangle("tril", x, diagonal, lambda offset: offset <= diagonal)
+
+
+@operator("triu")
+def triu(x, diagonal=0):
+    """`x` with the elements below diagonal `diagonal` of its last two dims set to zero."""
+    return _triangle("triu", x, diagonal, lambda offset: offset >= diagonal)

@@ -1,0 +1,194 @@
+"""Matmul, batched matmul and linear in float16/bfloat16 with Hopper's wgmma (sm_90a).
+
+Each of WG warpgroups computes MI slabs of 64 rows x BN columns with
+`wgmma.mma_async.m64n{BN}k16`, both operands read by the tensor cores straight from shared
+memory through descriptors. Tiles are BK = 64 elements (128 bytes) deep in the 128-byte-swizzled
+K-major layout wgmma expects, filled STAGES deep by `cp.async` (zero-filled past the edges).
+A row-major [K, N] operand is first transposed to [N, K] by a small kernel into a temporary,
+so both operands are K-major. Outputs go through the core's epilogue hooks.
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln.codegen.hooks import Contraction, match_contraction
+from kiln.schedule import Template
+from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln_ops_builtin.templates.matmul_tc import HELPERS
+
+BK = 64
+MAX_SMEM = 227 * 1024
+DEFAULT = {"BN": 128, "WG": 2, "MI": 1, "STAGES": 4}
+
+WGMMA_HELPERS = r"""
+static __device__ __forceinline__ uint64_t kiln_desc(const void* smem) {
+    const uint64_t addr = (uint64_t)__cvta_generic_to_shared(smem);
+    return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+"""
+
+TRANSPOSE = r"""
+// out[z][n][k] = in[z-th batch offset + k * LD + n]: a [K, N] operand made K-major
+extern "C" __global__ void __launch_bounds__(256) kiln_transpose(const uint16_t* __restrict__ src,
+                                                                 uint16_t* __restrict__ dst) {
+    __shared__ uint16_t tile[32][33];
+    const int64_t z = blockIdx.z;
+    const uint16_t* in = src + (SRC_BATCH);
+    const int64_t k0 = (int64_t)blockIdx.y * 32, n0 = (int64_t)blockIdx.x * 32;
+    for (int r = threadIdx.y; r < 32; r += 8) {
+        const int64_t k = k0 + r, n = n0 + threadIdx.x;
+        tile[r][threadIdx.x] = (k < K && n < N) ? in[k * LD + n] : (uint16_t)0;
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < 32; r += 8) {
+        const int64_t n = n0 + r, k = k0 + threadIdx.x;
+        if (n < N && k < K) dst[(z * N + n) * K + k] = tile[threadIdx.x][r];
+    }
+}
+"""
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, const uint16_t* __restrict__ BT) {
+    extern __shared__ unsigned char kiln_smem_raw[];
+    uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
+    uint16_t* Bs = As + STAGES * BM * BK;
+    const int tid = threadIdx.x, wg = tid / 128, t = tid % 128, w = t / 32, lane = t % 32;
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int pid = blockIdx.x, group = pid / (8 * tiles_n);
+    const int first_m = group * 8, rows = min(tiles_m - first_m, 8);
+    const int tm = first_m + (pid % (8 * tiles_n)) % rows, tn = (pid % (8 * tiles_n)) / rows;
+    const int64_t m0 = (int64_t)tm * BM, n0 = (int64_t)tn * BN, bz = blockIdx.z;
+    const uint16_t* A = (const uint16_t*)A_PARAM + (A_BATCH);
+    const uint16_t* B = B_SOURCE + (B_BATCH);
+    float acc[MI][BN / 2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+    const int KT = (K + BK - 1) / BK;
+    auto load = [&](int stage, int kt) {
+        uint16_t* as = As + stage * BM * BK;
+        uint16_t* bs = Bs + stage * BN * BK;
+#pragma unroll
+        for (int i = 0; i < BM * 8 / NT; ++i) {
+            const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
+            const int64_t gm = m0 + r, gk = (int64_t)kt * BK + c * 8;
+            const bool ok = gm < M && gk < K;
+            kiln_cp_async16(as + r * BK + (c ^ (r & 7)) * 8, A + (ok ? gm * A_XS + gk : 0), ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < BN * 8 / NT; ++i) {
+            const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
+            const int64_t gn = n0 + r, gk = (int64_t)kt * BK + c * 8;
+            const bool ok = gn < N && gk < K;
+            kiln_cp_async16(bs + r * BK + (c ^ (r & 7)) * 8, B + (ok ? gn * B_XS + gk : 0), ok ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load(s, s);
+        asm volatile("cp.async.commit_group;\n");
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        asm volatile("cp.async.commit_group;\n");
+        const uint16_t* as = As + (kt % STAGES) * BM * BK;
+        const uint16_t* bs = Bs + (kt % STAGES) * BN * BK;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            const uint64_t db = kiln_desc(bs) + 2 * kk;
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const uint64_t da = kiln_desc(as + (wg * MI + i) * 64 * BK) + 2 * kk;
+                WGMMA(acc[i], da, db);
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+    asm volatile("cp.async.wait_group 0;\n");
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t m = m0 + (wg * MI + i) * 64 + w * 16 + lane / 4 + h * 8;
+                const int64_t n = n0 + j * 8 + (lane % 4) * 2;
+                if (m < M && n + 1 < N) kiln_epilogue2(ARGS, bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
+                else if (m < M && n < N) kiln_epilogue(ARGS, bz, m, n, acc[i][j * 4 + h * 2]);
+            }
+}
+"""
+
+
+def _wgmma_macro(bn: int, ab: str) -> str:
+    """`WGMMA(acc, da, db)`: one m64n{bn}k16 product accumulated into the array `acc`."""
+    regs = bn // 2
+    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
+    slots = ",".join(f"%{k}" for k in range(regs))
+    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
+            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
+
+
+def smem_bytes(k: dict) -> int:
+    return k["STAGES"] * (64 * k["WG"] * k["MI"] + k["BN"]) * BK * 2 + 1024
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: 128x128 on two warpgroups, 4 stages; 1 and 2: wider tiles and other depths."""
+    if level == 0:
+        return [dict(DEFAULT)]
+    shapes = [(128, 2, 1, 4), (256, 2, 1, 3), (128, 1, 2, 4), (256, 1, 1, 4)]
+    if level == 2:
+        shapes += [(128, 2, 1, 5), (256, 2, 1, 4), (128, 2, 2, 3), (128, 1, 1, 6), (256, 1, 2, 3), (128, 2, 2, 4)]
+    out = [dict(zip(DEFAULT, s)) for s in shapes]
+    return [k for k in out if smem_bytes(k) <= MAX_SMEM]
+
+
+def applies(task) -> bool:
+    c = match_contraction(task)
+    return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
+            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or c.b.x_contiguous))
+
+
+def render(task, BN, WG, MI, STAGES) -> CudaProgram:
+    c: Contraction = match_contraction(task)
+    bm, nt = 64 * WG * MI, 128 * WG
+    transposed = not c.b.k_contiguous
+    defines = {
+        "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "M": c.M, "N": c.N, "K": c.K,
+        "A_XS": f"(int64_t){c.a.x_stride}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
+        "B_SOURCE": "BT" if transposed else f"(const uint16_t*){c.b.param}",
+        "B_XS": f"(int64_t){c.K if transposed else c.b.x_stride}",
+        "B_BATCH": f"bz * (int64_t){c.N * c.K}" if transposed else c.batch_offset(c.b, "bz"),
+        "PARAMS": c.params, "ARGS": c.args, "LD": f"(int64_t){c.b.k_stride}",
+        "SRC_BATCH": c.batch_offset(c.b, "z"),
+    }
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    ab = "f16" if c.a.dtype == dtypes.float16 else "bf16"
+    source = (CUDA_PRELUDE + HELPERS + WGMMA_HELPERS + c.epilogue + head + _wgmma_macro(BN, ab)
+              + (TRANSPOSE if transposed else "") + KERNEL)
+    args = tuple(c.args.split(", "))
+    tiles = -(-c.M // bm) * -(-c.N // BN)
+    k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}
+    launches, temporaries = [], []
+    if transposed:
+        temporaries.append(((c.batch_count, c.N, c.K), c.b.dtype))
+        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0"), (32, 8, 1),
+                               grid=(-(-c.N // 32), -(-c.K // 32), c.batch_count)))
+        args = args + ("tmp0",)
+    else:
+        args = args + (c.b.param,)
+    launches.append(Launch("kiln_matmul_wgmma", args, (nt, 1, 1), grid=(tiles, 1, c.batch_count),
+                           smem=smem_bytes(k)))
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90)
+
+
+TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,
+                    space=space, min_arch=90)

@@ -1,0 +1,49 @@
+"""Every knob setting of every CUDA template (tuning level 1) that applies on this GPU, run
+against PyTorch: matmul with tile edges, batched matmul with broadcasting, linear with bias."""
+import pytest
+import torch
+
+import kiln
+from kiln.plugins.registry import registry
+from tests.support import assert_close, rand
+
+pytestmark = pytest.mark.cuda
+
+CALLS = {
+    "matmul_edges": ("matmul", lambda dt: [rand((130, 72), dt), rand((72, 136), dt)], torch.matmul),
+    "matmul_batched": ("matmul", lambda dt: [rand((2, 3, 70, 64), dt), rand((3, 64, 40), dt)], torch.matmul),
+    "linear": ("linear", lambda dt: [rand((5, 7, 96), dt), rand((50, 96), dt), rand((50,), dt)],
+               torch.nn.functional.linear),
+}
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _programs():
+    from kiln.schedule.cuda import cuda_templates
+    for call, (op, make, _) in CALLS.items():
+        for dtype in DTYPES:
+            definition = registry().operator(op)
+            args = [kiln.from_torch(t) for t in make(dtype)]
+            task = definition.task(definition.bind(args, {}))[0]
+            for template in cuda_templates(task):
+                for knobs in template.space(1):
+                    yield pytest.param(call, dtype, template, knobs,
+                                       id=f"{template.name}-{call}-{str(dtype)[6:]}-{'-'.join(map(str, knobs.values()))}")
+
+
+@pytest.mark.parametrize("call,dtype,template,knobs", list(_programs()))
+def test_template_matches_torch(call, dtype, template, knobs):
+    from kiln.runtime.cuda import device_info
+    from kiln.schedule.cuda import load_program
+    if template.min_arch > int(device_info(0)["arch"][3:5]):
+        pytest.skip(f"{template.name} needs sm_{template.min_arch}")
+    op, make, reference = CALLS[call]
+    inputs = [t.cuda() for t in make(dtype)]
+    definition = registry().operator(op)
+    task = definition.task(definition.bind([kiln.from_torch(t) for t in inputs], {}))[0]
+    runner = load_program(template.render(task, **knobs), kiln.device("cuda"))
+    out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
+    runner(inputs, [out])
+    expected = reference(*[t.double() for t in inputs]).to(dtype)
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    assert_close(out, expected, atol=tol, rtol=tol)

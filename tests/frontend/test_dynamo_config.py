@@ -1,0 +1,90 @@
+"""kiln.torch.dynamo_config: the correctness report, the input graph table, float16, and the
+settings' validation."""
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.frontend.torch.report import node_error
+
+from frontend_support import compile_and_compare
+
+
+@pytest.fixture
+def config():
+    yield kiln.torch.dynamo_config
+    kiln.torch.dynamo_config.reset()
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+
+
+def test_kiln_torch_is_the_frontend():
+    import kiln.frontend.torch as frontend
+    assert kiln.torch is frontend
+    assert kiln.torch.dynamo_config is frontend.dynamo_config
+
+
+def test_node_error_is_the_harmonic_mean_of_absolute_and_relative_error():
+    expected = torch.tensor([0.0, 3.0])
+    assert node_error(torch.tensor([0.5, 3.0]), expected) == pytest.approx(1.0)  # 2*0.5/(1+0)
+    assert node_error(torch.tensor([0.0, 3.4]), expected) == pytest.approx(0.2)  # 2*0.4/(1+3)
+    assert node_error(3, 3) is None
+
+
+def test_correctness_report_prints_one_row_per_node(config, capsys):
+    config.correctness_report()
+    compile_and_compare(_model(), torch.randn(2, 4))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["kind", "operator", "dtype", "error", "attention"]
+    rows = [line.split() for line in lines[2:]]
+    kinds = [r[1] for r in rows]
+    assert kinds.count("placeholder") == 5 and kinds.count("call_function") == 3
+    linear = next(r for r in rows if r[2] == "torch.nn.functional.linear")
+    assert linear[3] == "float32" and float(linear[4]) < 1e-5 and "<------" not in linear
+
+
+def test_print_input_graph(config, capsys):
+    config.print_input_graph()
+    compile_and_compare(_model(), torch.randn(2, 4))
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["opcode", "name", "target", "args", "kwargs"]
+    assert lines[2].startswith("placeholder") and lines[-1].startswith("output")
+
+
+def test_use_fp16_keeps_the_callers_dtype(config):
+    config.use_fp16(True)
+    _, out = compile_and_compare(_model(), torch.randn(2, 4), atol=1e-2, rtol=1e-2)
+    assert out.dtype == torch.float32
+
+
+def test_settings_are_validated_and_read_at_first_run(config):
+    with pytest.raises(ValueError):
+        config.search_space(3)
+    assert config.search_space(1).use_cuda_graph(False).settings.search_space == 1
+    assert config.resolve().use_cuda_graph is False
+
+
+def test_search_space_is_the_tuning_level_of_the_first_run(config, monkeypatch):
+    import os
+
+    from kiln.graph import FlowGraph
+
+    levels, run = [], FlowGraph.run
+
+    def spy(self, inputs):
+        levels.append(os.environ.get("KILN_TUNE_LEVEL"))
+        return run(self, inputs)
+
+    monkeypatch.delenv("KILN_TUNE_LEVEL", raising=False)
+    monkeypatch.setattr(FlowGraph, "run", spy)
+    config.search_space(2)
+    model, x = _model(), torch.randn(2, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)  # a later run: nothing to build, no tuning
+    assert levels == ["2", None] and "KILN_TUNE_LEVEL" not in os.environ

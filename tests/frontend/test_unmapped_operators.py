@@ -1,0 +1,66 @@
+"""Unmapped operators: one error listing all of them, the listing API and CLI, and
+fallback_to_eager running them in PyTorch."""
+import io
+import warnings
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+import kiln
+from kiln.cli import main
+from kiln.frontend.torch import dynamo_config, unmapped_operators
+
+from frontend_support import Capture, compile_and_compare
+from unmapped_model import example
+
+EXPECTED = [("torch.Tensor.cumprod", "method", 1), ("torch.special.bessel_j0", "function", 2),
+            ("torch.special.i0", "function", 1)]
+
+
+def test_one_error_lists_every_unmapped_target_sorted_with_kind_and_count():
+    model, inputs = example()
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(model, backend="kiln")(*inputs)
+    error = getattr(info.value, "inner_exception", info.value)  # dynamo wraps backend errors
+    assert isinstance(error, kiln.UnmappedOperatorError), repr(info.value)
+    assert isinstance(error, NotImplementedError)
+    assert [(o.name, o.kind, o.count) for o in error.operators] == EXPECTED
+    lines = str(error).splitlines()
+    assert "torch.special.bessel_j0  function  2 nodes" in [line.strip() for line in lines]
+    assert "CONTRIBUTING.md" in str(error)
+
+
+def test_unmapped_operators_lists_without_compiling():
+    model, inputs = example()
+    found = unmapped_operators(model, *inputs)
+    assert [(o.name, o.kind, o.count) for o in found] == EXPECTED
+    assert "bessel_j0" in found[1].example
+
+
+def test_cli_prints_the_table():
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = main(["unmapped", f"{Path(__file__).parent / 'unmapped_model.py'}:example"])
+    lines = out.getvalue().splitlines()
+    assert status == 1
+    assert lines[0].split() == ["operator", "kind", "count", "example", "node"]
+    assert lines[2].split()[:3] == ["torch.Tensor.cumprod", "method", "1"]
+
+
+def test_fallback_to_eager_runs_unmapped_nodes_in_torch():
+    model, inputs = example()
+    dynamo_config.fallback_to_eager(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            capture, _ = compile_and_compare(model, *inputs)
+    finally:
+        dynamo_config.fallback_to_eager(False)
+    assert any("torch.special.i0" in str(w.message) for w in caught)
+    split = capture.compiled[0]
+    compiled = [m for m in vars(split).values() if isinstance(m, kiln.torch.KilnFunction)]
+    assert compiled, "the mapped parts should run in Kiln"
+    assert all(f.graphs for f in compiled)

@@ -1,0 +1,231 @@
+"""The on-disk kernel cache: corrupt entries, concurrent builders, privacy, and `kiln cache`."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import multiprocessing
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln.cli import main
+from kiln.runtime import cache
+from kiln.runtime.cpu import build_shared_library
+
+# A kernel whose result shows it ran: out[i] = 2 * in[i] + 1.
+SOURCE = """
+void kiln_test_kernel(const float* in, float* out, long n) {
+    for (long i = 0; i < n; ++i) out[i] = 2.0f * in[i] + 1.0f;
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def cache_root(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "kiln-cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    return root
+
+
+def check_kernel(path: Path, tag: str = "") -> None:
+    """Load the built library at `path` and check that its kernel computes 2x + 1."""
+    lib = ctypes.CDLL(str(path))
+    fn = getattr(lib, "kiln_test_kernel" + tag)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    values = (ctypes.c_float * 4)(1.0, -2.0, 0.5, 3.0)
+    out = (ctypes.c_float * 4)()
+    fn(values, out, 4)
+    assert list(out) == [3.0, -3.0, 2.0, 7.0]
+
+
+def entry_files(root: Path, suffix: str) -> list[Path]:
+    return sorted(p for p in root.rglob(f"*{suffix}") if not p.name.startswith("."))
+
+
+def record_of(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def fresh_source(tag: str) -> str:
+    """A kernel source unique to one test (ctypes caches libraries by path within a process)."""
+    return SOURCE.replace("kiln_test_kernel", f"kiln_test_kernel{tag}")
+
+
+def test_build_is_cached_with_a_checksum_record(cache_root):
+    source = fresh_source("_cached")
+    path = build_shared_library(source, "kiln_test_kernel_cached")
+    assert path.parent.parent.parent == cache_root and path.suffix == ".so"
+    record = json.loads(record_of(path).read_text())
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    mtime = path.stat().st_mtime_ns
+    assert build_shared_library(source, "kiln_test_kernel_cached") == path
+    assert path.stat().st_mtime_ns == mtime, "a valid entry is reused, not rebuilt"
+    check_kernel(path, "_cached")
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+def break_record(path: Path) -> None:
+    record_of(path).write_text("{not json")
+
+
+def drop_record(path: Path) -> None:
+    record_of(path).unlink()
+
+
+def foreign_record(path: Path) -> None:
+    record_of(path).write_text(json.dumps({"sha256": "0" * 64}))
+
+
+@pytest.mark.parametrize("damage", [truncate, garble, break_record, drop_record, foreign_record])
+def test_corrupt_entry_is_rebuilt(damage):
+    tag = f"_{damage.__name__}"
+    source = fresh_source(tag)
+    path = build_shared_library(source, "k")
+    good = path.read_bytes()
+    damage(path)
+    rebuilt = build_shared_library(source, "k")
+    assert rebuilt == path
+    assert len(rebuilt.read_bytes()) == len(good)
+    assert json.loads(record_of(path).read_text())["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    check_kernel(rebuilt, tag)
+
+
+def _slow_build(out: Path) -> None:
+    """Write a payload in many small pieces (a window for torn reads), ending in its own hash."""
+    payload = os.urandom(64 * 1024)
+    with open(out, "wb") as f:
+        for k in range(0, len(payload), 1024):
+            f.write(payload[k:k + 1024])
+            f.flush()
+            time.sleep(0.0005)
+        f.write(hashlib.sha256(payload).digest())
+
+
+def _builder(root: str, barrier, rounds: int, results) -> None:
+    os.environ["KILN_CACHE_DIR"] = root
+    barrier.wait()
+    for _ in range(rounds):
+        data = cache.lookup_or_build("test", "ab" * 32, ".bin", _slow_build).read_bytes()
+        results.put(hashlib.sha256(data[:-32]).digest() == data[-32:] and len(data) == 64 * 1024 + 32)
+
+
+def _corrupter(root: str, barrier, rounds: int) -> None:
+    """Keep damaging the entry, so that builders see invalid entries and rebuild concurrently."""
+    os.environ["KILN_CACHE_DIR"] = root
+    barrier.wait()
+    target = Path(root) / "test" / "ab" / ("ab" * 32 + ".json")
+    for _ in range(rounds):
+        try:
+            target.write_text("{}")
+        except OSError:
+            pass
+        time.sleep(0.01)
+
+
+def test_concurrent_builders_never_see_a_torn_file(cache_root):
+    ctx = multiprocessing.get_context("fork")
+    builders, rounds = 4, 5
+    barrier, results = ctx.Barrier(builders + 1), ctx.Queue()
+    procs = [ctx.Process(target=_builder, args=(str(cache_root), barrier, rounds, results))
+             for _ in range(builders)]
+    procs.append(ctx.Process(target=_corrupter, args=(str(cache_root), barrier, 30)))
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in range(builders * rounds)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert outcomes == [True] * (builders * rounds)
+    leftovers = [p.name for p in (cache_root / "test").rglob(".*")]
+    assert leftovers == [], "temporary files are cleaned up"
+
+
+def _build_and_run(root: str, barrier, results) -> None:
+    os.environ["KILN_CACHE_DIR"] = root
+    barrier.wait()
+    try:
+        path = build_shared_library(fresh_source("_concurrent"), "k")
+        check_kernel(path, "_concurrent")
+        results.put("ok")
+    except Exception as exc:  # report any failure to the parent
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_concurrent_compilers_of_one_kernel_all_succeed(cache_root):
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_build_and_run, args=(str(cache_root), barrier, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=180) for _ in range(n)]
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes == ["ok"] * n
+    assert len(entry_files(cache_root, ".so")) == 1
+
+
+def test_cache_directory_is_private(tmp_path, monkeypatch):
+    root = tmp_path / "a" / "b" / "cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    old = os.umask(0o022)
+    try:
+        path = build_shared_library(fresh_source("_private"), "k")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_existing_cache_directory_is_made_private(tmp_path, monkeypatch):
+    root = tmp_path / "open"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    assert cache.cache_dir() == root
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another user needs root")
+def test_cache_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "theirs"
+    root.mkdir(mode=0o700)
+    os.chown(root, 65534, 65534)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    with pytest.raises(PermissionError, match="belongs to another user; set KILN_CACHE_DIR"):
+        build_shared_library(fresh_source("_theirs"), "k")
+
+
+def test_kiln_cache_status_and_clear(cache_root, capsys):
+    for tag in ("_s1", "_s2"):
+        build_shared_library(fresh_source(tag), "k")
+    (next(cache_root.rglob("*.so")).parent / ".build-leftover.so").write_bytes(b"partial")
+    size = sum(p.stat().st_size for p in entry_files(cache_root, ".so"))
+
+    assert main(["cache", "status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"kernel cache: {cache_root}"
+    assert lines[1].split() == ["kind", "entries", "size"]
+    assert lines[2].split()[:2] == ["cpu", "2"] and lines[3].split()[:2] == ["total", "2"]
+    assert cache.status()["kinds"]["cpu"] == {"entries": 2, "bytes": size}
+
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.strip() == f"removed 2 entries from {cache_root}"
+    assert entry_files(cache_root, ".so") == [] and cache_root.is_dir()
+
+    assert main(["cache"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split() == ["total", "0", "0", "B"]
+    check_kernel(build_shared_library(fresh_source("_s1"), "k"), "_s1")

@@ -1,0 +1,242 @@
+"""Plugin discovery: throwaway plugin distributions made in a temporary directory.
+
+Each fake distribution is a module plus a `.dist-info` folder (METADATA and entry_points.txt)
+on a directory that a subprocess gets on its PYTHONPATH: importlib.metadata finds it there
+exactly as it finds a pip-installed one, and the test's own environment stays untouched.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kiln.cli.plugins import format_table
+from kiln.plugins import registry
+
+# An operator plugin module; {name} is the operator, {factor} what it multiplies by.
+OPERATOR_PLUGIN = """
+from kiln.graph import operator
+from kiln.ir import compute
+from kiln.plugins import hookimpl
+
+
+@operator("{name}", override={override})
+def scaled(x):
+    return compute(x.shape, lambda *i: x[i] * {factor})
+
+
+@hookimpl
+def kiln_operators():
+    return [scaled]
+"""
+
+
+def make_distribution(root, dist: str, source: str, version: str = "1.0") -> None:
+    """Write a distribution `dist` (module `dist` with - as _) with one `kiln` entry point."""
+    module = dist.replace("-", "_")
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[kiln]\n{module} = {module}\n")
+
+
+def operator_plugin(root, dist: str, op: str, factor: int, override: bool = False) -> None:
+    make_distribution(root, dist, OPERATOR_PLUGIN.format(name=op, factor=factor, override=override))
+
+
+def run_python(code: str, path=None, **env) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with `path` on its PYTHONPATH and extra `env`."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("KILN_DISABLE_PLUGINS", "PYTHONPATH")}
+    if path is not None:
+        environ["PYTHONPATH"] = str(path)
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=environ, timeout=120)
+
+
+def check_output(code: str, path=None, **env) -> str:
+    proc = run_python(code, path, **env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    """One temporary kernel cache for the module's subprocesses (they build the same kernels)."""
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, kernel_cache):
+    """A directory for fake distributions, seen by subprocesses with a temporary kernel cache."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(kernel_cache))
+    folder = tmp_path / "site"
+    folder.mkdir()
+    return folder
+
+
+RUN_TRIPLE = """
+    import sys
+    import kiln
+    from kiln.plugins import registry
+    assert "kiln_test_triple" not in sys.modules
+    print(kiln.ops.triple(kiln.asarray([1.0, -2.0, 0.5])).numpy().tolist())
+    info = next(p for p in registry().plugins if p.distribution == "kiln-test-triple")
+    print(info.name, info.version, [op.name for op in info.contributions["operators"]])
+"""
+
+
+def test_installed_plugin_is_discovered_and_its_operator_runs(site):
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    out = check_output(RUN_TRIPLE, site).splitlines()
+    assert out == ["[3.0, -6.0, 1.5]", "kiln_test_triple 1.0 ['triple']"]
+
+
+def test_broken_plugin_is_reported_and_the_others_load(site):
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    make_distribution(site, "kiln-test-broken", "raise RuntimeError('broken on purpose')\n")
+    out = check_output("""
+        import kiln
+        from kiln.plugins import registry
+        print(kiln.ops.triple(kiln.asarray([2.0])).numpy().tolist())
+        print(kiln.ops.add(kiln.asarray([1.0]), kiln.asarray([2.0])).numpy().tolist())
+        for p in registry().errors:
+            print(p.distribution, "|", p.error)
+    """, site)
+    assert out.splitlines() == ["[6.0]", "[3.0]",
+                                "kiln-test-broken | RuntimeError: broken on purpose"]
+    table = run_python("from kiln.cli import main; raise SystemExit(main(['plugins']))", site)
+    assert table.returncode == 1, "kiln plugins exits 1 when a plugin failed to load"
+    broken = [ln for ln in table.stdout.splitlines() if ln.startswith("kiln_test_broken")]
+    assert len(broken) == 1 and "kiln-test-broken" in broken[0] and "failed to load" in broken[0]
+    assert "error: RuntimeError: broken on purpose" in table.stdout
+
+
+def test_duplicate_operator_is_an_error_naming_both_distributions(site):
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    operator_plugin(site, "kiln-test-other", "triple", 4)
+    proc = run_python("""
+        import kiln
+        print(kiln.ops.add(kiln.asarray([1.0]), kiln.asarray([2.0])).numpy().tolist())
+        kiln.ops.triple
+    """, site)
+    assert proc.stdout.splitlines() == ["[3.0]"], "other operators still work"
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kiln.plugins.registry.PluginError: operator 'triple'")
+    assert "kiln-test-other" in last and "kiln-test-triple" in last
+    table = run_python("from kiln.cli import main; raise SystemExit(main(['plugins']))", site)
+    assert table.returncode == 1
+    assert "conflicts:" in table.stdout and "operator 'triple' is defined by two plugins" in table.stdout
+
+
+@pytest.mark.parametrize("overriding", ["kiln-test-triple", "kiln-test-other"])
+def test_override_wins(site, overriding):
+    operator_plugin(site, "kiln-test-triple", "triple", 3, override=overriding == "kiln-test-triple")
+    operator_plugin(site, "kiln-test-other", "triple", 4, override=overriding == "kiln-test-other")
+    out = check_output("import kiln; print(kiln.ops.triple(kiln.asarray([1.0])).numpy().tolist())", site)
+    assert out.strip() == ("[3.0]" if overriding == "kiln-test-triple" else "[4.0]")
+
+
+@pytest.mark.parametrize("name", ["kiln_test_triple", "kiln-test-triple"])
+def test_disable_by_entry_point_or_distribution_name(site, name):
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    out = check_output("""
+        import sys
+        import kiln
+        from kiln.plugins import OperatorNotFoundError, registry
+        try:
+            kiln.ops.triple
+        except OperatorNotFoundError as exc:
+            print("not found:", exc)
+        info = next(p for p in registry().plugins if p.distribution == "kiln-test-triple")
+        print("disabled:", info.disabled, "imported:", "kiln_test_triple" in sys.modules)
+    """, site, KILN_DISABLE_PLUGINS=f"someother,{name}")
+    lines = out.splitlines()
+    assert lines[0].startswith("not found: no installed Kiln plugin provides operator 'triple'")
+    assert lines[1] == "disabled: True imported: False"
+
+
+def test_import_kiln_scans_nothing():
+    out = check_output("""
+        import sys
+        import torch
+        from importlib import metadata
+        groups = []
+        real = metadata.entry_points
+        metadata.entry_points = lambda **kw: groups.append(kw.get("group")) or real(**kw)
+        import kiln
+        print(sorted(m for m in sys.modules if m.startswith("kiln_")), groups.count("kiln"))
+        kiln.ops.add
+        print("kiln_ops_builtin" in sys.modules, groups.count("kiln"))
+    """)
+    assert out.splitlines() == ["[] 0", "True 1"]
+
+
+def test_without_ops_builtin_kiln_imports_and_operators_fail_clearly():
+    # Uninstalled: its entry point is gone and its package cannot be imported.
+    out = check_output("""
+        import sys
+        from importlib import metadata
+        sys.modules["kiln_ops_builtin"] = None
+        real = metadata.entry_points
+        metadata.entry_points = lambda **kw: [ep for ep in real(**kw)
+                                              if not (ep.dist and ep.dist.name == "kiln-ops-builtin")]
+        import kiln
+        print(kiln.randn([2]).shape)
+        try:
+            kiln.ops.add
+        except AttributeError as exc:
+            print(f"{type(exc).__name__}: {exc}")
+    """)
+    shape, error = out.splitlines()
+    assert shape == "(2,)"
+    assert error.startswith("OperatorNotFoundError: no installed Kiln plugin provides operator 'add'")
+    assert error.endswith("the built-in operators come with kiln-ops-builtin, which is not installed)")
+
+
+def test_ops_builtin_disabled_gives_a_clear_error():
+    proc = run_python("import kiln\nkiln.ops.add", KILN_DISABLE_PLUGINS="ops_builtin")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no installed Kiln plugin provides operator 'add'" in last
+    assert last.endswith("disabled by KILN_DISABLE_PLUGINS: kiln-ops-builtin)")
+
+
+def test_kiln_plugins_lists_ops_builtin_with_its_operator_count(capsys):
+    from kiln.cli import main
+
+    info = next(p for p in registry().plugins if p.distribution == "kiln-ops-builtin")
+    count = len(info.contributions["operators"])
+    assert count >= 2
+    main(["plugins"])
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("ops_builtin "))
+    assert row.split()[:4] == ["ops_builtin", "kiln-ops-builtin", info.version, str(count)]
+    assert row.split()[4].startswith("operator")
+    listed = out[out.index(row):].split("operators:", 1)[1]
+    assert "matmul" in listed and "add" in listed
+
+
+def test_plugin_table_shows_disabled_plugins_and_hides_names_on_request():
+    from kiln.plugins import PluginInfo, Registry
+
+    reg = Registry()
+    reg.plugins.append(PluginInfo("off", "kiln-off", "2.0", disabled=True))
+    reg.add_plugin("inline", type("P", (), {}), "kiln-inline", "0.3")
+    lines = format_table(reg, names=False).splitlines()
+    assert lines[0].split() == ["plugin", "distribution", "version", "contributes"]
+    assert lines[1].split() == ["off", "kiln-off", "2.0", "disabled", "(KILN_DISABLE_PLUGINS)"]
+    assert lines[2].split() == ["inline", "kiln-inline", "0.3", "nothing"]
+    assert len(lines) == 3
+
+
+def test_contribution_counts_read_naturally():
+    from kiln.cli.plugins import count
+
+    assert [count(1, "operators"), count(2, "operators"), count(1, "graph passes"),
+            count(0, "torch mappings")] == ["1 operator", "2 operators", "1 graph pass", "0 torch mappings"]
