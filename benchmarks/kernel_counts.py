@@ -1,11 +1,11 @@
 """Kernels launched per forward pass, without and with Kiln's graph optimization.
 
-For ResNet-50 and BERT-base with random weights, compiled by torch.compile(backend="kiln") on
-the CPU: one run under `kiln.PassContext(opt_level=0)` (the graph as traced: only level-0
+For ResNet-50 and BERT-base with random weights, compiled by torch.compile(backend="kiln") (on
+the CPU unless --device cuda, where CUDA graphs are turned off so every launch counts): one run under `kiln.PassContext(opt_level=0)` (the graph as traced: only level-0
 passes run) and one with the default pipeline (constant folding, subgraph rewrites, fusion).
 Each run's outputs are checked against eager PyTorch.
 
-    python benchmarks/kernel_counts.py [--models resnet50 bert] [--image 64] [--seq 16]
+    python benchmarks/kernel_counts.py [--models resnet50 bert] [--image 64] [--seq 16] [--device cpu]
 
 Kernel counts do not depend on the image size or the sequence length; small ones keep the run
 short.
@@ -121,7 +121,11 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "bert"])
     parser.add_argument("--image", type=int, default=64, help="ResNet-50 input height and width")
     parser.add_argument("--seq", type=int, default=16, help="BERT sequence length")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    if args.device == "cuda":
+        from kiln.frontend.torch import dynamo_config
+        dynamo_config.use_cuda_graph(False)
     torch.manual_seed(0)
     cases = {
         "resnet50": lambda: (resnet50(), (torch.randn(1, 3, args.image, args.image),)),
@@ -131,7 +135,8 @@ def main() -> None:
     for name in args.models:
         model, inputs = cases[name]()
         randomize_batch_norm(model)
-        model.eval()
+        model = model.to(args.device).eval()
+        inputs = tuple(x.to(args.device) for x in inputs)
         plain, _, err0 = measure(model, inputs, opt_level=0)
         fused, seconds, err = measure(model, inputs, opt_level=None)
         print(f"{name:<10} {plain:>16} {fused:>20} {seconds:>10.1f} {max(err0, err):>9.1e}", flush=True)

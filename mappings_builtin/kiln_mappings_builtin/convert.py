@@ -38,6 +38,14 @@ def to(self, *args, **kwargs):
     return _cast(self, _conversion(self, *args, **kwargs)[0])
 
 
+@register_method("cpu", check=lambda self, *args, **kwargs: not self.device.is_cuda)
+@register_method("cuda", check=lambda self, *args, **kwargs: self.device.is_cuda)
+def already_there(self, *args, **kwargs):
+    """`x.cpu()` of a CPU tensor, `x.cuda()` of a CUDA one: the tensor itself (moving between
+    devices inside a graph is not mapped)."""
+    return self
+
+
 @register_method("type", check=lambda self, dtype=None, **_: isinstance(dtype, torch.dtype))
 def type_(self, dtype=None, non_blocking=False):
     return _cast(self, dtype)

@@ -35,8 +35,8 @@ OPERATORS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul",
 
 def _torch_functions(name: str) -> list:
     """torch.NAME, torch.special.NAME and torch.nn.functional.NAME, once each."""
-    return list(dict.fromkeys(f for f in (getattr(torch, name, None), getattr(torch.special, name, None),
-                                          getattr(F, name, None)) if callable(f)))
+    found = (getattr(namespace, name, None) for namespace in (torch, torch.special, F))
+    return list(dict.fromkeys(f for f in found if callable(f)))
 
 
 def _operator_rule(op: str):

@@ -24,6 +24,22 @@ for _name in ("linear", "conv1d", "conv2d", "avg_pool1d", "avg_pool2d", "adaptiv
     direct(_name, _torch_and_functional(_name))
 
 
+def _area(input, size=None, scale_factor=None, mode="nearest", *args, **kwargs) -> bool:
+    return mode == "area"
+
+
+@register_function(F.interpolate, priority=1, check=_area)
+def interpolate_area(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                     recompute_scale_factor=None, antialias=False):
+    """Area interpolation is adaptive average pooling to the output size."""
+    spatial = input.shape[2:]
+    if size is None:
+        scales = scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * len(spatial)
+        size = [math.floor(n * s) for n, s in zip(spatial, scales)]
+    pool = ops.adaptive_avg_pool1d if len(spatial) == 1 else ops.adaptive_avg_pool2d
+    return pool(input, size if isinstance(size, int) else tuple(size))
+
+
 def _no_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                 return_indices=False) -> bool:
     return not return_indices
@@ -121,10 +137,26 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     return ops.embedding(input, weight)
 
 
-@register_function(F.pad, torch._C._nn.pad, check=lambda input, pad, mode="constant", value=None:
-                   mode in ("constant", "reflect", "replicate"))
+def _pad_mode(input, pad, mode="constant", value=None) -> bool:
+    return mode in ("constant", "reflect", "replicate") or mode == "circular" and min(pad) >= 0
+
+
+@register_function(F.pad, torch._C._nn.pad, check=_pad_mode)
 def pad(input, pad, mode="constant", value=None):
+    if mode == "circular":
+        return _circular_pad(input, pad)
     return ops.pad(input, list(pad), mode, 0 if value is None else value)
+
+
+def _circular_pad(input, pad):
+    """Wrap-around padding: the last elements before, the first ones after, last dim first."""
+    for k in range(len(pad) // 2):
+        d, before, after = input.ndim - 1 - k, pad[2 * k], pad[2 * k + 1]
+        n = input.shape[d]
+        parts = ([ops.slice(input, d, n - before, n)] if before else []) + [input] + \
+            ([ops.slice(input, d, 0, after)] if after else [])
+        input = ops.cat(parts, d) if len(parts) > 1 else input
+    return input
 
 
 @register_function(F.scaled_dot_product_attention)

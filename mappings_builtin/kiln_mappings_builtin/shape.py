@@ -116,7 +116,7 @@ def repeat_interleave(input, repeats, dim=None, *, output_size=None):
     return ops.reshape(expanded, shape[:d] + [shape[d] * repeats] + shape[d + 1:])
 
 
-@register_method("contiguous", "clone", "detach", "requires_grad_", "cpu")
+@register_method("contiguous", "clone", "detach", "requires_grad_")
 @register_function(torch.clone, torch.detach)
 def identity(input, *args, **kwargs):
     return input

@@ -26,6 +26,7 @@ class Case:
     make: Callable
     reference: Callable
     dtypes: tuple = (torch.float32,)
+    tol: dict | None = None      # assert_close tolerances where the default is too tight
 
 
 def _r(*shape, **kw):
@@ -54,7 +55,7 @@ CASES = [
     Case("clamp", "clamp", args(_r(100), min=-1.0, max=0.5), torch.clamp),
     Case("cast", "cast", args(_r(30, 3), torch.float16), lambda x, d: x.to(d)),
     Case("sum_dim", "sum", args(_r(37, 129), dim=1), torch.sum, FLOAT),
-    Case("sum_all_large", "sum", args(_r(300, 1000)), torch.sum),
+    Case("sum_all_large", "sum", args(_r(300, 1000)), torch.sum, tol={"atol": 1e-3, "rtol": 1e-4}),
     Case("mean_keepdim", "mean", args(_r(6, 50, 7), dim=1, keepdim=True), torch.mean, FLOAT),
     Case("amax_long_row", "amax", args(_r(3, 5000), dim=-1), torch.amax, FLOAT),
     Case("argmax", "argmax", args(_r(33, 70), dim=1), torch.argmax, (torch.float32, torch.int64)),

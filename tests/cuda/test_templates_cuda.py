@@ -1,5 +1,6 @@
 """Every knob setting of every CUDA template (tuning level 1) that applies on this GPU, run
-against PyTorch: matmul with tile edges, batched matmul with broadcasting, linear with bias."""
+against PyTorch: matmul with tile edges, batched matmul with broadcasting, linear with bias,
+convolutions as implicit GEMM."""
 import pytest
 import torch
 
@@ -14,6 +15,10 @@ CALLS = {
     "matmul_batched": ("matmul", lambda dt: [rand((2, 3, 70, 64), dt), rand((3, 64, 40), dt)], torch.matmul),
     "linear": ("linear", lambda dt: [rand((5, 7, 96), dt), rand((50, 96), dt), rand((50,), dt)],
                torch.nn.functional.linear),
+    "conv2d_pad_stride": ("conv2d", lambda dt: [rand((2, 5, 17, 15), dt), rand((12, 5, 3, 3), dt), rand((12,), dt), 2, 1],
+                          torch.nn.functional.conv2d),
+    "conv_transpose2d": ("conv_transpose2d", lambda dt: [rand((2, 6, 7, 7), dt), rand((6, 4, 3, 3), dt), None, 2],
+                         torch.nn.functional.conv_transpose2d),
 }
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -23,7 +28,7 @@ def _programs():
     for call, (op, make, _) in CALLS.items():
         for dtype in DTYPES:
             definition = registry().operator(op)
-            args = [kiln.from_torch(t) for t in make(dtype)]
+            args = [kiln.from_torch(t) if isinstance(t, torch.Tensor) else t for t in make(dtype)]
             task = definition.task(definition.bind(args, {}))[0]
             for template in cuda_templates(task):
                 for knobs in template.space(1):
@@ -38,12 +43,13 @@ def test_template_matches_torch(call, dtype, template, knobs):
     if template.min_arch > int(device_info(0)["arch"][3:5]):
         pytest.skip(f"{template.name} needs sm_{template.min_arch}")
     op, make, reference = CALLS[call]
-    inputs = [t.cuda() for t in make(dtype)]
+    args = [t.cuda() if isinstance(t, torch.Tensor) else t for t in make(dtype)]
+    inputs = [t for t in args if isinstance(t, torch.Tensor)]
     definition = registry().operator(op)
-    task = definition.task(definition.bind([kiln.from_torch(t) for t in inputs], {}))[0]
+    task = definition.task(definition.bind([kiln.from_torch(t) if isinstance(t, torch.Tensor) else t for t in args], {}))[0]
     runner = load_program(template.render(task, **knobs), kiln.device("cuda"))
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
     runner(inputs, [out])
-    expected = reference(*[t.double() for t in inputs]).to(dtype)
+    expected = reference(*[t.double() if isinstance(t, torch.Tensor) else t for t in args]).to(dtype)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
     assert_close(out, expected, atol=tol, rtol=tol)

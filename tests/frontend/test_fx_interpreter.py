@@ -94,3 +94,18 @@ def test_interpreter_records_a_flow_graph_from_symbolic_inputs():
     graph = kiln.trace_from(out, [x])
     assert [n.name for n in graph.nodes] == ["Linear", "Relu"]
     assert operator.getitem not in [n.target for n in gm.graph.nodes]
+
+
+def test_inputs_changed_in_place_are_written_back():
+    def fn(x, y):
+        x.add_(y)
+        x[0] = 0.0
+        return x * 2
+
+    x, y = torch.randn(3, 4), torch.randn(4)
+    expected_x = x.clone()
+    expected = fn(expected_x, y)
+    torch._dynamo.reset()
+    actual = torch.compile(fn, backend="kiln", fullgraph=True)(x, y)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(x, expected_x)

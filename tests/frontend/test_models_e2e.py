@@ -7,7 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import KilnModule, mapping_registry, register_function, register_method, register_module
+from kiln.frontend.torch import (
+    KilnModule, mapping_registry, register_function, register_method, register_module,
+)
 
 from frontend_support import compile_and_compare, run_traced
 

@@ -9,8 +9,13 @@ output element is made from `acc`, nor where it goes: it calls the epilogue hook
 which the core renders from the output's compute definition (the element's value with its
 reduction replaced by `acc`: a bias, an activation, a cast, whatever fusion put there) and
 which stores the element; `kiln_epilogue2(KILN_PARAMS, b, m, n, acc0, acc1)` does the same
-for the neighbours n and n + 1, with one packed store where alignment allows. Operands are described by `Operand` (buffer and strides), which
-a template reads with its own vectorized copies when they are plain loads.
+for the neighbours n and n + 1, with one packed store where alignment allows.
+
+Operands come two ways. `match_contraction` describes plain loads of inputs by `Operand`
+(buffer and strides), which a template reads with its own vectorized copies (cp.async,
+float4). `match_hooked_gemm` takes any sum of a product (convolutions, with their padding)
+and also renders the load hooks `kiln_load_a(KILN_PARAMS, m, k)` and
+`kiln_load_b(KILN_PARAMS, k, n)`, where a prologue would go.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, row_major_strides
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
-from kiln.ir.expr import Cast, Const, Expr, Load, Var
+from kiln import dtypes
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, as_expr, cast, select, walk
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify
 
@@ -136,52 +142,163 @@ def match_contraction(task: Task) -> Contraction | None:
     decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
     decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
     names = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
+    def index_of(bvar, mvar, nvar):
+        return {**_unravel(bvar, axes[:nbatch], out.shape[:nbatch]), id(axes[-2]): mvar, id(axes[-1]): nvar}
+
     return Contraction(out.shape[:-2], out.shape[-2], out.shape[-1], r.axes[0].extent, a, b, r.dtype,
-                       out.dtype, ", ".join(decl), ", ".join(names), _epilogue(lowered, out, decl))
+                       out.dtype, ", ".join(decl), ", ".join(names), _epilogue(lowered, out, decl, index_of, True))
 
 
-def _epilogue(lowered, out, decl: list[str]) -> str:
+def _epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool) -> str:
     """Two device functions computing and storing output elements from accumulators:
-    `kiln_epilogue(params, b, m, n, acc)` for out[b..., m, n], and
-    `kiln_epilogue2(params, b, m, n, acc0, acc1)` for out[b..., m, n] and out[b..., m, n + 1]
-    (n + 1 < N; one packed store where N is even and n is)."""
+    `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
+    `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
+    with one packed store where n is the output's innermost, contiguous index and alignment
+    allows. `index_of(bvar, mvar, nvar)` maps the output's axes (by id) to expressions of them."""
     d = CudaDialect()
-    M, N = out.shape[-2], out.shape[-1]
-    bvar, mvar = Var("b", 1 << 62), Var("m", M)
-    nvars = [Var("n", N), Var("n1", N)]
-    index, inner = {}, 1
-    for axis, size in reversed(list(zip(out.axes[:-2], out.shape[:-2]))):
-        index[id(axis)] = simplify((bvar // inner) % size)
-        inner *= size
-    index[id(out.axes[-2])] = mvar
+    N = out.shape[-1]
+    bvar, mvar = Var("b", 1 << 62), Var("m", 1 << 62)
+    nvars = [Var("n", 1 << 62), Var("n1", 1 << 62)]
     names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
     names.update({id(bvar): "b", id(mvar): "m", id(nvars[0]): "n", id(nvars[1]): "n1"})
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
-    head = f"static __device__ __forceinline__ void"
+    out_strides = row_major_strides(out.shape)
+    head = "static __device__ __forceinline__ void"
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
-    flat = f"(b * {M} + m) * {N} + n"
     functions = []
     for count in (1, 2):
         em = Emitter(d, names, strides)
-        values = []
+        values, offsets = [], []
         for k in range(count):
-            value = simplify(substitute(out.value, {**index, id(out.axes[-1]): nvars[k]}))
+            index = index_of(bvar, mvar, nvars[k])
+            value = simplify(substitute(out.value, index))
             em.scopes[0][top_reduces(value)[0].key()] = f"acc{k}" if count == 2 else "acc"
             values.append(d.store(out.dtype, em.emit(value)))
+            flat = sum(index[id(a)] * s for a, s in zip(out.axes, out_strides) if s and out.shape[out.axes.index(a)] > 1) \
+                if any(sz > 1 for sz in out.shape) else 0
+            offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
         acc_type = d.value_type(top_reduces(out.value)[0].dtype)
         if count == 1:
-            em.line(f"out0[{flat}] = {values[0]};")
+            em.line(f"out0[{offsets[0]}] = {values[0]};")
             functions.append(f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(em.lines) + "\n}\n")
             continue
         size = out.dtype.nbytes
-        if N % 2 == 0 and size in (2, 4):
+        if n_contiguous and N % 2 == 0 and size in (2, 4):
             word = "uint32_t" if size == 2 else "uint64_t"
             as_bits = (lambda v: f"(uint32_t)(uint16_t)({v})") if size == 2 else (lambda v: f"(uint64_t)__float_as_uint({v})") \
                 if out.dtype.is_float else (lambda v: f"(uint64_t)(uint32_t)({v})")
-            em.line(f"*({word}*)&out0[{flat}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});")
+            em.line(f"*({word}*)&out0[{offsets[0]}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});")
         else:
-            em.line(f"out0[{flat}] = {values[0]};")
-            em.line(f"out0[{flat} + 1] = {values[1]};")
+            em.line(f"out0[{offsets[0]}] = {values[0]};")
+            em.line(f"out0[{offsets[1]}] = {values[1]};")
         functions.append(f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n"
                          f"    const int64_t n1 = n + 1;\n" + "\n".join(em.lines) + "\n}\n")
     return "".join(functions)
+
+
+def _unravel(var: Var, axes, extents) -> dict:
+    """Index expressions of `axes` (row-major over `extents`) from the flat index `var`."""
+    index, inner = {}, 1
+    for axis, size in reversed(list(zip(axes, extents))):
+        index[id(axis)] = simplify((var // inner) % size) if size != 1 else as_expr(0, dtypes.int64)
+        inner *= size
+    return index
+
+
+@dataclass
+class HookedGemm:
+    """Any task out[...] = epilogue(sum_r A(...) * B(...)) seen as a GEMM through hooks: GEMM
+    row m enumerates the output axes only A's factor uses (row-major), column n those only B's
+    uses, and k the reduction axes. The core renders `kiln_load_a(params, m, k)`,
+    `kiln_load_b(params, k, n)` (each factor's value, in the accumulator type, padding and
+    index arithmetic included) and the epilogues; the template only tiles."""
+
+    M: int
+    N: int
+    K: int
+    acc_dtype: DataType
+    params: str
+    args: str
+    hooks: str
+
+
+def _vars(e: Expr) -> set[int]:
+    return {id(x) for x in walk(e) if isinstance(x, Var)}
+
+
+def _factors(body: Expr, out_axes: set[int]):
+    """(a, b) with body == a * b; a guard `select(c, x * y, 0)` (zero padding) moves onto the
+    factor whose output axes cover the condition's. None when body is neither."""
+    if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
+        inner = _strip_cast(body.a)
+        if getattr(inner, "op", None) != "mul":
+            return None
+        cond = _vars(body.cond) & out_axes
+        x, y = inner.a, inner.b
+        if cond <= _vars(x):
+            return select(body.cond, x, 0), y
+        if cond <= _vars(y):
+            return x, select(body.cond, y, 0)
+        return None
+    return (body.a, body.b) if getattr(body, "op", None) == "mul" else None
+
+
+def match_hooked_gemm(task: Task) -> HookedGemm | None:
+    """`task` as a GEMM through load hooks (convolutions, matmul), or None when its single
+    output is not one sum of a product whose factors use disjoint output axes."""
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    reduces = top_reduces(out.value)
+    if len(reduces) != 1 or reduces[0].op != "sum" or any(not isinstance(a.extent, int) for a in reduces[0].axes):
+        return None
+    r = reduces[0]
+    axes = list(out.axes)
+    factors = _factors(_strip_cast(r.body), {id(a) for a in axes})
+    if factors is None or any(isinstance(x, Reduce) for x in walk(r.body) if x is not r):
+        return None
+    fa, fb = factors
+    uses_a, uses_b = _vars(fa), _vars(fb)
+    if any(id(a) in uses_a and id(a) in uses_b for a in axes):
+        return None
+    n_axes = [a for a in axes if id(a) in uses_b]
+    m_axes = [a for a in axes if id(a) not in uses_b]
+    if not n_axes or not any(id(a) in uses_a for a in axes):
+        return None
+    shape = dict(zip(map(id, axes), out.shape))
+    m_ext, n_ext = [shape[id(a)] for a in m_axes], [shape[id(a)] for a in n_axes]
+    k_ext = [a.extent for a in r.axes]
+    M, N, K = (_prod(m_ext), _prod(n_ext), _prod(k_ext))
+    d = CudaDialect()
+    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
+    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
+    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    mvar, nvar, kvar = Var("m", M), Var("n", N), Var("k", K)
+    k_index = _unravel(kvar, r.axes, k_ext)
+    loads = []
+    for name, factor, own_axes, own_ext, own_var, order in (
+            ("kiln_load_a", fa, m_axes, m_ext, mvar, "m, k"), ("kiln_load_b", fb, n_axes, n_ext, nvar, "k, n")):
+        index = {**_unravel(own_var, own_axes, own_ext), **k_index}
+        value = simplify(cast(substitute(factor, index), r.dtype))
+        em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides)
+        v = em.emit(value)
+        loads.append(f"static __device__ __forceinline__ {d.value_type(r.dtype)} {name}({', '.join(decl)}, "
+                     f"int64_t {order.split(', ')[0]}, int64_t {order.split(', ')[1]}) {{\n"
+                     + "\n".join(em.lines) + f"\n    return {v};\n}}\n")
+
+    def index_of(bvar, mv, nv):
+        return {**_unravel(mv, m_axes, m_ext), **_unravel(nv, n_axes, n_ext)}
+
+    n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
+    hooks = "".join(loads) + _epilogue(lowered, out, decl, index_of, n_contiguous)
+    return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
+                      ", ".join([f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]), hooks)
+
+
+def _prod(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n

@@ -68,6 +68,14 @@ class CudaRunner:
         self.kernels = {name: rt.CudaKernel(cubin, name, device.index, smem[name]) for name in program.kernel_names}
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        align = self.program.alignment
+        if align > 1 and any(t.data_ptr() % align for t in outputs):
+            staged = [torch.empty_like(t) for t in outputs]
+            self(inputs, staged)
+            for dst, src in zip(outputs, staged):
+                dst.copy_(src)
+            return
+        inputs = [t.clone() if t.data_ptr() % align else t for t in inputs]
         buffers = {f"in{k}": t.data_ptr() for k, t in enumerate(inputs)}
         buffers.update({f"out{k}": t.data_ptr() for k, t in enumerate(outputs)})
         temps = [torch.empty(shape, dtype=t.torch_dtype, device=self.device.torch())

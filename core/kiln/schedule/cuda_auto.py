@@ -12,8 +12,8 @@ reductions run depends on their length:
 
 A task whose temporaries are per-row statistics of its output (softmax's max and sum,
 layer_norm's mean and variance: each read only at its consumers' own leading indices) runs as
-one row kernel instead: a block per row computes the statistics into registers, then writes
-the row, so the input is read from DRAM about once.
+one row kernel instead: a warp (rows up to ROW_WARP_MAX long) or a block per row computes the
+statistics into registers, then writes the row, so the input is read from DRAM about once.
 
 A full reduction (few elements, each reducing very many values) runs in two passes: the first
 splits each element's reduction across many blocks writing partial results, the second reduces
@@ -229,7 +229,6 @@ def _buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute,
     if mode != "thread":
         store = f"if ({'(threadIdx.x & 31)' if mode == 'warp' else 'threadIdx.x'} == 0) {store}"
     body = "\n".join(em.lines)
-    start, step = _ITEM_LOOP[mode]
     source = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {kernel_name}({_signature(d, args)}) {{\n'
               f"    for (int64_t o = {start}; o < {numel}; o += {step}) {{\n{body}\n        {store}\n    }}\n}}\n")
     if split:
@@ -298,7 +297,7 @@ def _row_prefix(lowered: Lowered) -> int | None:
 
 
 def _row_kernel(lowered: Lowered, names: dict, strides: dict, args: list, p: int, kernel_name: str) -> _Kernel:
-    """One kernel, a block per row: the temporaries in registers, then the row of the output."""
+    """One kernel, a warp or a block per row: the temporaries in registers, then the output row."""
     d = CudaDialect()
     out = lowered.outputs[0]
     rows, row_len = _numel(out.shape[:p]), _numel(out.shape[p:])

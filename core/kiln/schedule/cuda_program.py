@@ -38,13 +38,16 @@ class Launch:
 
 @dataclass
 class CudaProgram:
-    """CUDA C++ source with its launches; `arch_suffix` 'a' asks for sm_90a-only features."""
+    """CUDA C++ source with its launches; `arch_suffix` 'a' asks for sm_90a-only features.
+    Inputs and outputs at addresses that are not multiples of `alignment` (a view at an odd
+    offset, say) go through aligned copies."""
 
     source: str
     launches: list[Launch]
     temporaries: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)
     arch_suffix: str = ""
     min_arch: int = 80
+    alignment: int = 1       # bytes every input and output pointer must be a multiple of
 
     @property
     def kernel_names(self) -> list[str]:

@@ -1,17 +1,20 @@
-"""Matmul, batched matmul and linear in float32 on the CUDA cores (no TF32).
+"""GEMM-shaped tasks in float32 on the CUDA cores (no TF32): matmul, batched matmul, linear,
+and convolutions as implicit GEMM.
 
 A block of 256 threads computes a BM x BN output tile, each thread a TM x TN sub-tile made of
 four 4-row x 4-column pieces spread half a tile apart (conflict-free 16-byte shared-memory
 reads). K advances BK at a time through two shared-memory buffers: the next tile is read from
-global memory into registers while the current one is multiplied. Both operands are stored
+global memory into registers (as float4s where sizes allow) while the current one is multiplied. Both operands are stored
 k-major in shared memory; an operand that is k-contiguous in memory (A, or B of `linear`) is
-transposed on the way in. Outputs go through the core's epilogue hook.
+transposed on the way in. A convolution's operands are read through the core's load hooks
+(`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included).
+Outputs go through the core's epilogue hook.
 """
 from __future__ import annotations
 
 from kiln import dtypes
 from kiln.codegen.cuda import CUDA_PRELUDE
-from kiln.codegen.hooks import Contraction, Operand, match_contraction
+from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
 from kiln.schedule import Template
 from kiln.schedule.cuda_program import CudaProgram, Launch
 
@@ -23,59 +26,84 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     __shared__ __align__(16) float As[2][BK][BM];
     __shared__ __align__(16) float Bs[2][BK][BN];
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    // grouped rasterization: 8 row-tiles share B's column tiles in L2
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x, group = pid / (8 * tiles_n);
-    const int first_m = group * 8, rows = min(tiles_m - first_m, 8);
-    const int64_t m0 = (int64_t)(first_m + (pid % (8 * tiles_n)) % rows) * BM;
-    const int64_t n0 = (int64_t)((pid % (8 * tiles_n)) / rows) * BN;
+    const int tiles_n = (N + BN - 1) / BN;
+    const int64_t m0 = (int64_t)(blockIdx.x / tiles_n) * BM, n0 = (int64_t)(blockIdx.x % tiles_n) * BN;
     const int64_t bz = blockIdx.z;
+#if !HOOKS
     const float* A = A_PARAM + (A_BATCH);
     const float* B = B_PARAM + (B_BATCH);
-    // operand X's tile is BK x BX; each thread copies LX elements of it per k-step
+#endif
+    // operand X's tile is BK x BX; each thread copies LX elements of it per k-step, four at a
+    // time along the operand's contiguous dimension when VEC
+#if VEC
+    float4 ra[LA / 4], rb[LB / 4];
+#else
     float ra[LA], rb[LB];
+#endif
     auto fetch = [&](int64_t k0) {
 #pragma unroll
-        for (int i = 0; i < LA; ++i) {
+        for (int i = 0; i < LA / W; ++i) {
             const int idx = tid + i * 256;
 #if A_K_CONTIGUOUS
-            const int x = idx / BK, k = idx % BK;
+            const int x = idx / (BK / W), k = idx % (BK / W) * W;
 #else
-            const int k = idx / BM, x = idx % BM;
+            const int k = idx / (BM / W), x = idx % (BM / W) * W;
 #endif
             const int64_t gx = m0 + x, gk = k0 + k;
-            ra[i] = (gx < M && gk < K) ? A[gx * A_XS + gk * A_KS] : 0.f;
+            const bool ok = gx < M && gk < K;
+#if VEC
+            ra[i] = ok ? *(const float4*)&A[gx * A_XS + gk * A_KS] : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+            ra[i] = ok ? LOAD_A(gx, gk) : 0.f;
+#endif
         }
 #pragma unroll
-        for (int i = 0; i < LB; ++i) {
+        for (int i = 0; i < LB / W; ++i) {
             const int idx = tid + i * 256;
 #if B_K_CONTIGUOUS
-            const int x = idx / BK, k = idx % BK;
+            const int x = idx / (BK / W), k = idx % (BK / W) * W;
 #else
-            const int k = idx / BN, x = idx % BN;
+            const int k = idx / (BN / W), x = idx % (BN / W) * W;
 #endif
             const int64_t gx = n0 + x, gk = k0 + k;
-            rb[i] = (gx < N && gk < K) ? B[gx * B_XS + gk * B_KS] : 0.f;
+            const bool ok = gx < N && gk < K;
+#if VEC
+            rb[i] = ok ? *(const float4*)&B[gx * B_XS + gk * B_KS] : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+            rb[i] = ok ? LOAD_B(gx, gk) : 0.f;
+#endif
         }
     };
+    // element e of the value a thread copied (a float4 when VEC)
+#if VEC
+#define KILN_PART(v, e) ((e) == 0 ? (v).x : (e) == 1 ? (v).y : (e) == 2 ? (v).z : (v).w)
+#else
+#define KILN_PART(v, e) (v)
+#endif
     auto stash = [&](int buf) {
 #pragma unroll
-        for (int i = 0; i < LA; ++i) {
+        for (int i = 0; i < LA / W; ++i) {
             const int idx = tid + i * 256;
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
 #if A_K_CONTIGUOUS
-            As[buf][idx % BK][idx / BK] = ra[i];
+                As[buf][idx % (BK / W) * W + e][idx / (BK / W)] = KILN_PART(ra[i], e);
 #else
-            As[buf][idx / BM][idx % BM] = ra[i];
+                As[buf][idx / (BM / W)][idx % (BM / W) * W + e] = KILN_PART(ra[i], e);
 #endif
+            }
         }
 #pragma unroll
-        for (int i = 0; i < LB; ++i) {
+        for (int i = 0; i < LB / W; ++i) {
             const int idx = tid + i * 256;
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
 #if B_K_CONTIGUOUS
-            Bs[buf][idx % BK][idx / BK] = rb[i];
+                Bs[buf][idx % (BK / W) * W + e][idx / (BK / W)] = KILN_PART(rb[i], e);
 #else
-            Bs[buf][idx / BN][idx % BN] = rb[i];
+                Bs[buf][idx / (BN / W)][idx % (BN / W) * W + e] = KILN_PART(rb[i], e);
 #endif
+            }
         }
     };
     float acc[TM][TN];
@@ -130,31 +158,63 @@ def space(level: int) -> list[dict]:
     return [dict(zip(DEFAULT, s)) for s in shapes]
 
 
-def applies(task) -> bool:
-    c = match_contraction(task)
-    return c is not None and c.a.dtype == dtypes.float32 and c.b.dtype == dtypes.float32
-
-
 def _layout(prefix: str, op: Operand) -> dict:
     return {f"{prefix}_XS": f"(int64_t){op.x_stride}", f"{prefix}_KS": f"(int64_t){op.k_stride}",
-            f"{prefix}_K_CONTIGUOUS": int(op.k_contiguous and not op.x_contiguous)}
+            f"{prefix}_K_CONTIGUOUS": int(op.k_contiguous and not op.x_contiguous),
+            f"LOAD_{prefix}(x, k)": f"{prefix}[(x) * {prefix}_XS + (k) * {prefix}_KS]"}
+
+
+def _vectorizable(c: Contraction, BM: int, BN: int, BK: int) -> bool:
+    """Whether both operands can be copied as aligned float4s along their contiguous dimension."""
+    def ok(op: Operand, x_extent: int) -> bool:
+        extent = c.K if op.k_contiguous and not op.x_contiguous else x_extent
+        return extent % 4 == 0 and all(s % 4 == 0 for s in op.batch_strides)
+    return ok(c.a, c.M) and ok(c.b, c.N) and (BM * BK) % 1024 == 0 and (BN * BK) % 1024 == 0
+
+
+def _plain_defines(c: Contraction, BM: int, BN: int, BK: int) -> dict:
+    """Operands read straight from memory (float32 matmul, batched matmul, linear)."""
+    vec = int(_vectorizable(c, BM, BN, BK))
+    return {"HOOKS": 0, "VEC": vec, "W": 4 if vec else 1, "A_PARAM": c.a.param, "B_PARAM": c.b.param,
+            "A_BATCH": c.batch_offset(c.a, "bz"), "B_BATCH": c.batch_offset(c.b, "bz"),
+            **_layout("A", c.a), **_layout("B", c.b)}
+
+
+def _hook_defines(g: HookedGemm) -> dict:
+    """Operands read through the core's load hooks (convolutions: im2col on the fly). Threads
+    walk A along m (neighbouring output pixels) and B along k (a filter's contiguous taps)."""
+    return {"HOOKS": 1, "VEC": 0, "W": 1, "A_K_CONTIGUOUS": 0, "B_K_CONTIGUOUS": 1,
+            "LOAD_A(x, k)": f"kiln_load_a({g.args}, (x), (k))", "LOAD_B(x, k)": f"kiln_load_b({g.args}, (k), (x))"}
+
+
+def applies(task) -> bool:
+    c = match_contraction(task)
+    if c is not None:
+        return c.a.dtype == dtypes.float32 and c.b.dtype == dtypes.float32
+    g = match_hooked_gemm(task)
+    return g is not None and g.acc_dtype == dtypes.float32
 
 
 def render(task, BM, BN, BK, MIN_BLOCKS=1) -> CudaProgram:
-    c: Contraction = match_contraction(task)
     tm, tn = BM // 16, BN // 16
     if tm % 4 or tn % 4 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}")
-    defines = {"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn, "LA": BM * BK // NT, "LB": BN * BK // NT,
-               "M": c.M, "N": c.N, "K": c.K, "A_PARAM": c.a.param, "B_PARAM": c.b.param,
-               "A_BATCH": c.batch_offset(c.a, "bz"), "B_BATCH": c.batch_offset(c.b, "bz"),
-               "PARAMS": c.params, "ARGS": c.args, **_layout("A", c.a), **_layout("B", c.b)}
+    c = match_contraction(task)
+    if c is not None and c.a.dtype == dtypes.float32:
+        sizes, batch, hooks, params, args = (c.M, c.N, c.K), c.batch_count, c.epilogue, c.params, c.args
+        defines = _plain_defines(c, BM, BN, BK)
+    else:
+        g = match_hooked_gemm(task)
+        sizes, batch, hooks, params, args = (g.M, g.N, g.K), 1, g.hooks, g.params, g.args
+        defines = _hook_defines(g)
+    defines.update({"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn,
+                    "LA": BM * BK // NT, "LB": BN * BK // NT, "M": sizes[0], "N": sizes[1], "K": sizes[2],
+                    "PARAMS": params, "ARGS": args})
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    source = CUDA_PRELUDE + c.epilogue + head + KERNEL
-    tiles = -(-c.M // BM) * -(-c.N // BN)
-    launch = Launch("kiln_matmul_simt", tuple(c.args.split(", ")), (NT, 1, 1), grid=(tiles, 1, c.batch_count))
-    return CudaProgram(source, [launch])
+    tiles = -(-sizes[0] // BM) * -(-sizes[1] // BN)
+    launch = Launch("kiln_matmul_simt", tuple(args.split(", ")), (NT, 1, 1), grid=(tiles, 1, batch))
+    return CudaProgram(CUDA_PRELUDE + hooks + head + KERNEL, [launch], alignment=16)
 
 
-TEMPLATE = Template("matmul_simt", ("matmul", "linear"), "cuda", render, priority=10, applies=applies,
-                    space=space)
+TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
+                    render, priority=10, applies=applies, space=space)

@@ -207,7 +207,7 @@ def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8) -> CudaProgram:
     smem = smem_bytes(k)
     launch = Launch("kiln_matmul_tc", tuple(c.args.split(", ")), (nt, 1, 1), grid=(tiles, 1, c.batch_count),
                     smem=smem)
-    return CudaProgram(source, [launch])
+    return CudaProgram(source, [launch], alignment=16)
 
 
 TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies, space=space)

@@ -84,16 +84,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
             kiln_cp_async16(bs + r * BK + (c ^ (r & 7)) * 8, B + (ok ? gn * B_XS + gk : 0), ok ? 16 : 0);
         }
     };
+    // Tiles are fetched AHEAD = STAGES - 2 steps early, and one wgmma group stays in flight
+    // while the next is issued: the stage being refilled was last read two groups ago.
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < KT) load(s, s);
         asm volatile("cp.async.commit_group;\n");
     }
     for (int kt = 0; kt < KT; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(AHEAD - 1));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, kt + AHEAD);
         asm volatile("cp.async.commit_group;\n");
         const uint16_t* as = As + (kt % STAGES) * BM * BK;
         const uint16_t* bs = Bs + (kt % STAGES) * BN * BK;
@@ -108,8 +110,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     asm volatile("cp.async.wait_group 0;\n");
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -144,9 +147,9 @@ def space(level: int) -> list[dict]:
     """Level 0: 128x128 on two warpgroups, 4 stages; 1 and 2: wider tiles and other depths."""
     if level == 0:
         return [dict(DEFAULT)]
-    shapes = [(128, 2, 1, 4), (256, 2, 1, 3), (128, 1, 2, 4), (256, 1, 1, 4)]
+    shapes = [(128, 2, 1, 4), (256, 2, 1, 4), (128, 1, 2, 4), (256, 2, 1, 5)]
     if level == 2:
-        shapes += [(128, 2, 1, 5), (256, 2, 1, 4), (128, 2, 2, 3), (128, 1, 1, 6), (256, 1, 2, 3), (128, 2, 2, 4)]
+        shapes += [(128, 2, 1, 5), (256, 2, 1, 3), (128, 2, 2, 3), (128, 1, 1, 6), (128, 2, 2, 4), (128, 2, 1, 6)]
     out = [dict(zip(DEFAULT, s)) for s in shapes]
     return [k for k in out if smem_bytes(k) <= MAX_SMEM]
 
@@ -162,7 +165,7 @@ def render(task, BN, WG, MI, STAGES) -> CudaProgram:
     bm, nt = 64 * WG * MI, 128 * WG
     transposed = not c.b.k_contiguous
     defines = {
-        "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "M": c.M, "N": c.N, "K": c.K,
+        "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "AHEAD": STAGES - 2, "M": c.M, "N": c.N, "K": c.K,
         "A_XS": f"(int64_t){c.a.x_stride}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_SOURCE": "BT" if transposed else f"(const uint16_t*){c.b.param}",
         "B_XS": f"(int64_t){c.K if transposed else c.b.x_stride}",
@@ -187,7 +190,7 @@ def render(task, BN, WG, MI, STAGES) -> CudaProgram:
         args = args + (c.b.param,)
     launches.append(Launch("kiln_matmul_wgmma", args, (nt, 1, 1), grid=(tiles, 1, c.batch_count),
                            smem=smem_bytes(k)))
-    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90)
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
 
 
 TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,

@@ -44,7 +44,8 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None, *
     key = tuple(o.name for o in unmapped)
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"Kiln runs these unmapped operators in PyTorch: {', '.join(key)}", stacklevel=2)
+        warnings.warn(f"Kiln runs these unmapped operators in PyTorch: {', '.join(key)}",
+                      stacklevel=2)
     return _split(gm, settings, constants)
 
 
@@ -114,23 +115,30 @@ class KilnFunction:
             else:
                 v = a
             values.append(v)
-        result = Interpreter(self.gm).run(values)
+        interpreter = Interpreter(self.gm)
+        result = interpreter.run(values)
         leaves = []
         map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
-        graph = _optimize(trace_from(leaves, inputs), self.settings)
+        writeback = list(interpreter.mutated_inputs)
+        graph = _optimize(trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs),
+                          self.settings)
         examples = [args[p] for p in positions]
-        use_cuda_graph = self.settings.use_cuda_graph and examples and all(t.is_cuda for t in examples)
-        return _Compiled(graph, positions, result, examples if use_cuda_graph else None)
+        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        return _Compiled(graph, positions, result, writeback,
+                         examples if self.settings.use_cuda_graph and on_cuda else None)
 
 
 class _Compiled:
-    """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs) and how to
-    put its outputs back into the graph's output structure."""
+    """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs), how to put
+    its outputs back into the graph's output structure, and the inputs its last outputs are
+    written back to (inputs the graph changes in place)."""
 
-    def __init__(self, graph: FlowGraph, positions: list[int], structure, cuda_examples=None):
+    def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
+                 cuda_examples=None):
         self.graph = graph
         self.positions = positions
         self.structure = structure
+        self.writeback = writeback
         self.run = graph.run
         if cuda_examples is not None:
             captured = graph.cuda_graph(cuda_examples)
@@ -138,14 +146,20 @@ class _Compiled:
             self.run = lambda inputs: [from_torch(t.torch().clone()) for t in captured.run(inputs)]
 
     def __call__(self, args):
-        outs = iter(self.run([args[p] for p in self.positions]))
+        outs = self.run([args[p] for p in self.positions])
+        if self.writeback:
+            changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
+            for position, value in zip(self.writeback, changed):
+                args[position].copy_(value.torch())
+        outs = iter(outs)
         return map_aggregate(self.structure,
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else v)
 
 
 def _signature(arg, constant: bool):
     if isinstance(arg, torch.Tensor):
-        return (tuple(arg.shape), arg.dtype, arg.device) + ((id(arg), arg.data_ptr()) if constant else ())
+        identity = (id(arg), arg.data_ptr()) if constant else ()
+        return (tuple(arg.shape), arg.dtype, arg.device) + identity
     try:
         hash(arg)
         return arg
@@ -171,7 +185,11 @@ def _tuning_level(level: int):
 
 
 def _optimize(graph: FlowGraph, settings: Settings) -> FlowGraph:
-    """The graph after Kiln's graph passes (float16 conversion among them, when asked)."""
-    with PassContext(config={"use_fp16": settings.use_fp16,
-                             "use_fp16_reduction": settings.use_fp16_reduction}):
+    """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
+    instruments), with dynamo_config's float16 settings."""
+    outer = PassContext.current()
+    config = {**outer.config, "use_fp16": settings.use_fp16,
+              "use_fp16_reduction": settings.use_fp16_reduction}
+    with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
+                     outer.instruments):
         return optimize(graph)

@@ -8,7 +8,8 @@ symbolic inputs it records a FlowGraph; given concrete ones it runs each operato
 Values between nodes are Kiln tensors or plain Python values (ints, tuples, dtypes). In-place
 methods and functions (`x.add_(y)`, `operator.iadd`, `inplace=True`, `x[i] = v`) compute a new
 tensor and rebind the mutated node and the nodes that alias it through in-place calls, so later
-nodes read the updated value. Views (`y = x[0]; y.add_(1)` changing x) are not tracked.
+nodes read the updated value; `mutated_inputs` tells the caller which inputs to write back.
+Views (`y = x[0]; y.add_(1)` changing x) are not tracked.
 """
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ class Interpreter:
         self.gm = gm
         self.registry = registry or mapping_registry()
         self._wrappers: dict[str, object] = {}
+        # after `run`: the final values of inputs changed in place, by placeholder position
+        self.mutated_inputs: dict[int, object] = {}
 
     def kind_and_target(self, node: Node) -> tuple[str, object]:
         """The rule kind and the target a call node is looked up by."""
@@ -125,6 +128,8 @@ class Interpreter:
             elif node.op == "get_attr":
                 value = self._attribute(node.target)
             elif node.op == "output":
+                positions = {n: k for k, n in enumerate(self.gm.graph.find_nodes(op="placeholder"))}
+                self.mutated_inputs = {positions[n]: env[n] for n in aliases if n in positions}
                 return map_arg(node.args[0], env.__getitem__)
             else:
                 args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)

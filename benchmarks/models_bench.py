@@ -1,0 +1,126 @@
+"""End-to-end latency of whole models: eager PyTorch, torch.compile's default backend and Kiln.
+
+ResNet-50 (batch 1, 224x224), BERT-base and GPT-2 (batch 1, 128 tokens), random weights, in one
+process on one GPU. Each compiled model is checked against eager before it is timed. Times are
+medians of CUDA-event timings of single forward passes after warm-up (Kiln replays its CUDA graph;
+eager and inductor launch as they normally do). TF32 is off everywhere, so float32 means float32.
+
+    python benchmarks/models_bench.py [--models resnet50 bert gpt2] [--dtype float32 float16]
+        [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from kernel_counts import bert_base, randomize_batch_norm, resnet50
+
+
+def gpt2() -> torch.nn.Module:
+    """GPT-2 (124M) from transformers, randomly initialized, returning logits only."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = GPT2LMHeadModel(GPT2Config(attn_implementation="eager", use_cache=False))
+
+        def forward(self, ids):
+            return self.model(ids).logits
+
+    return Logits()
+
+
+CASES = {
+    "resnet50": lambda: (resnet50(), lambda dt: (torch.randn(1, 3, 224, 224, dtype=dt),)),
+    "bert": lambda: (bert_base(), lambda dt: (torch.randint(0, 30522, (1, 128)),)),
+    "gpt2": lambda: (gpt2(), lambda dt: (torch.randint(0, 50257, (1, 128)),)),
+}
+
+
+def timed(fn, inputs, repeats: int = 50) -> float:
+    """Median milliseconds of one call, after warm-up."""
+    for _ in range(5):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def max_error(got, want) -> float:
+    """Largest absolute difference over the tensors of two outputs, relative to the reference scale."""
+    worst = 0.0
+    for g, w in zip(tree_leaves(got), tree_leaves(want)):
+        if isinstance(w, torch.Tensor) and w.is_floating_point():
+            scale = w.float().abs().max().item() or 1.0
+            worst = max(worst, (g.float() - w.float()).abs().max().item() / scale)
+    return worst
+
+
+def run_case(name: str, dtype: torch.dtype) -> dict:
+    torch.manual_seed(0)
+    model, make_inputs = CASES[name]()
+    randomize_batch_norm(model)
+    model = model.to("cuda", dtype).eval()
+    inputs = tuple(x.cuda() for x in make_inputs(dtype))
+    row = {"model": name, "dtype": str(dtype).replace("torch.", "")}
+    with torch.no_grad():
+        want = model(*inputs)
+        row["eager_ms"] = timed(model, inputs)
+        for backend in ("kiln", "inductor"):
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend=backend)
+            start = time.perf_counter()
+            got = compiled(*inputs)
+            torch.cuda.synchronize()
+            row[f"{backend}_compile_s"] = time.perf_counter() - start
+            row[f"{backend}_rel_err"] = max_error(got, want)
+            row[f"{backend}_ms"] = timed(compiled, inputs)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--dtype", nargs="+", default=["float32", "float16"])
+    parser.add_argument("--json", help="write the rows to this file")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    head = (f"{'model':<9} {'dtype':<8} {'eager ms':>9} {'inductor ms':>12} {'kiln ms':>8} "
+            f"{'vs eager':>9} {'vs inductor':>12} {'kiln compile s':>15} {'kiln rel err':>13}")
+    print(head)
+    rows = []
+    for name in args.models:
+        for dt in args.dtype:
+            try:
+                r = run_case(name, getattr(torch, dt))
+            except Exception as exc:  # report the failure in the table and go on
+                print(f"{name:<9} {dt:<8} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                rows.append({"model": name, "dtype": dt, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            rows.append(r)
+            print(f"{name:<9} {r['dtype']:<8} {r['eager_ms']:>9.3f} {r['inductor_ms']:>12.3f} "
+                  f"{r['kiln_ms']:>8.3f} {r['eager_ms'] / r['kiln_ms']:>8.2f}x "
+                  f"{r['inductor_ms'] / r['kiln_ms']:>11.2f}x {r['kiln_compile_s']:>15.1f} "
+                  f"{r['kiln_rel_err']:>13.1e}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
