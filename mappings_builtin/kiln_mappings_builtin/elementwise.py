@@ -52,8 +52,10 @@ for _alias, _op in ALIASES.items():
     direct(_op, _torch_functions(_alias), [_alias])
 for _target, _op in OPERATORS.items():
     _inplace = getattr(operator, f"i{_target.__name__.rstrip('_')}", None)
+    _rule = _operator_rule(_op)
     register_function(_target, *([_inplace] if _inplace else []),
-                      check=lambda *a: any(map(is_tensor, a)))(_operator_rule(_op))
+                      check=lambda *a: any(map(is_tensor, a)))(_rule)
+    register_method(f"__{_target.__name__.rstrip('_')}__")(_rule)
 
 
 @register_function(operator.pos)
@@ -118,3 +120,15 @@ def addcmul(input, tensor1, tensor2, *, value=1):
 @register_method(torch.Tensor.addcdiv)
 def addcdiv(input, tensor1, tensor2, *, value=1):
     return ops.add(input, ops.mul(ops.div(tensor1, tensor2), value))
+
+
+@register_function(torch.diff)
+@register_method("diff")
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """The n-th forward difference along `dim` (`!=` for bool tensors, as torch does)."""
+    parts = [t for t in (prepend, input, append) if t is not None]
+    x = ops.concat(parts, dim) if len(parts) > 1 else input
+    for _ in range(n):
+        later, earlier = ops.slice(x, dim, 1, None), ops.slice(x, dim, 0, -1)
+        x = ops.ne(later, earlier) if x.dtype.is_bool else ops.sub(later, earlier)
+    return x

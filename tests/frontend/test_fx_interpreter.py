@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import Interpreter
+from kiln.frontend.torch import Interpreter, kiln_backend
 
 from frontend_support import compile_and_compare
 
@@ -109,3 +109,24 @@ def test_inputs_changed_in_place_are_written_back():
     actual = torch.compile(fn, backend="kiln", fullgraph=True)(x, y)
     torch.testing.assert_close(actual, expected)
     torch.testing.assert_close(x, expected_x)
+
+
+def test_dunder_methods_and_diff_as_transformers_uses_them():
+    """transformers' mask code calls `Tensor.__eq__` and `torch.diff` (bool and float)."""
+    class Masks(nn.Module):
+        def forward(self, x, ids):
+            same = ids.__eq__(ids.flip(-1)).__and__(ids.__gt__(1))
+            steps = torch.diff(ids > 2, dim=-1).float().sum(-1, keepdim=True)
+            return torch.diff(x, n=2, dim=1, prepend=x[:, :1]) * same[:, 1:] + steps
+
+    ids = torch.randint(0, 5, (3, 6))
+    compile_and_compare(Masks(), torch.randn(3, 6), ids)
+
+    graph = torch.fx.Graph()                # dynamo records some as call_method nodes
+    x, i = graph.placeholder("x"), graph.placeholder("ids")
+    same = graph.call_method("__and__", (graph.call_method("__eq__", (i, 2)),
+                                         graph.call_method("__gt__", (i, 1))))
+    graph.output(graph.call_method("__mul__", (x, graph.call_method("float", (same,)))))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    inputs = [torch.randn(3, 6), ids]
+    torch.testing.assert_close(kiln_backend(gm, inputs)(*inputs), gm(*inputs))
