@@ -39,3 +39,11 @@ def test_compile_error_shows_numbered_source():
         rt.compile_cubin('extern "C" __global__ void k() {\n  undeclared_thing = 1;\n}\n', "broken", "sm_80")
     message = str(info.value)
     assert "undeclared_thing" in message and "    2 |   undeclared_thing = 1;" in message
+
+
+def test_compiling_leaves_python_singletons_intact(tmp_path, monkeypatch):
+    """NVRTC writes its (here empty, one-byte) log into the buffer it is given: a buffer that
+    is CPython's shared one-byte object would turn every later space into a NUL."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    rt.compile_cubin('extern "C" __global__ void k() {}\n', "empty_log", "sm_80")
+    assert b" " == bytes([32]) and " ".encode() == bytes([32])

@@ -95,16 +95,16 @@ def _compile(source: str, name: str, arch: str, options: Sequence[str]) -> bytes
         opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
         status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        log = bytearray(size)  # never `b" " * size`: at size 1 that is CPython's shared b" "
         nvrtc.nvrtcGetProgramLog(prog, log)
         if int(status) != 0:
             text = log.decode(errors="replace").rstrip("\x00 \n")
             raise CudaBuildError(f"NVRTC {nvrtc_version()} failed to compile kernel '{name}' for {arch}:\n"
                                  f"{text}\n--- source ---\n{_numbered(source)}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
