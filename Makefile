@@ -21,6 +21,10 @@ JOBS ?= 2
 demo: $(VENV)/.installed
 	$(VENV)/bin/kiln demo
 
+# Every task the CPU tests build is also compiled with NVRTC for these GPU architectures, so CI
+# (no GPU) proves that every CUDA kernel Kiln generates for them compiles.
+export KILN_NVRTC_CHECK ?= sm_80,sm_90
+
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -n $(JOBS) --dist worksteal -q --durations=10 $(PYTEST_ARGS)
 
