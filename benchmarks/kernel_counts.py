@@ -3,7 +3,9 @@
 For ResNet-50 and BERT-base with random weights, compiled by torch.compile(backend="kiln") (on
 the CPU unless --device cuda, where CUDA graphs are turned off so every launch counts): one run under `kiln.PassContext(opt_level=0)` (the graph as traced: only level-0
 passes run) and one with the default pipeline (constant folding, subgraph rewrites, fusion).
-Each run's outputs are checked against eager PyTorch.
+Each run's outputs are checked against eager PyTorch. For the optimized graphs, it also prints
+the CompiledGraphs' workspace (all intermediates, placed by the memory plan) against the sum of
+the intermediates' sizes (what allocating each one would take).
 
     python benchmarks/kernel_counts.py [--models resnet50 bert] [--image 64] [--seq 16] [--device cpu]
 
@@ -21,6 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 import kiln
+from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.schedule.build import CompiledTask
 
 
@@ -96,8 +99,26 @@ def counting_launches():
         CompiledTask.__call__ = original
 
 
+@contextlib.contextmanager
+def recording_graphs():
+    """Collect every CompiledGraph run inside the block (each once)."""
+    graphs = {}
+    original = CompiledGraph.run
+
+    def run(self, *args, **kwargs):
+        graphs[id(self)] = self
+        return original(self, *args, **kwargs)
+
+    CompiledGraph.run = run
+    try:
+        yield graphs
+    finally:
+        CompiledGraph.run = original
+
+
 def measure(model: nn.Module, inputs: tuple, opt_level: int | None):
-    """(kernels per forward, compile seconds, max abs error vs eager) for one opt level."""
+    """(kernels per forward, compile seconds, max abs error vs eager, workspace bytes, bytes of
+    intermediates) for one opt level."""
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="kiln")
     with torch.no_grad():
@@ -105,7 +126,7 @@ def measure(model: nn.Module, inputs: tuple, opt_level: int | None):
         with kiln.PassContext(opt_level=opt_level):
             compiled(*inputs)                     # traces, optimizes and builds the kernels
         seconds = time.perf_counter() - start
-        with counting_launches() as launches:
+        with counting_launches() as launches, recording_graphs() as graphs:
             got = compiled(*inputs)
         want = model(*inputs)
     errors = [(g.float() - w.float()).abs().max().item()
@@ -113,7 +134,9 @@ def measure(model: nn.Module, inputs: tuple, opt_level: int | None):
     for g, w in zip(tree_leaves(got), tree_leaves(want)):
         if isinstance(w, torch.Tensor):
             torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
-    return launches[0], seconds, max(errors)
+    workspace = sum(g.workspace_bytes for g in graphs.values())
+    intermediates = sum(g.intermediate_bytes for g in graphs.values())
+    return launches[0], seconds, max(errors), workspace, intermediates
 
 
 def main() -> None:
@@ -131,15 +154,17 @@ def main() -> None:
         "resnet50": lambda: (resnet50(), (torch.randn(1, 3, args.image, args.image),)),
         "bert": lambda: (bert_base(), (torch.randint(0, 30522, (1, args.seq)),)),
     }
-    print(f"{'model':<10} {'kernels (opt 0)':>16} {'kernels (optimized)':>20} {'compile s':>10} {'max err':>9}")
+    print(f"{'model':<10} {'kernels (opt 0)':>16} {'kernels (optimized)':>20} {'compile s':>10} {'max err':>9} "
+          f"{'workspace MB':>13} {'intermediates MB':>17}")
     for name in args.models:
         model, inputs = cases[name]()
         randomize_batch_norm(model)
         model = model.to(args.device).eval()
         inputs = tuple(x.to(args.device) for x in inputs)
-        plain, _, err0 = measure(model, inputs, opt_level=0)
-        fused, seconds, err = measure(model, inputs, opt_level=None)
-        print(f"{name:<10} {plain:>16} {fused:>20} {seconds:>10.1f} {max(err0, err):>9.1e}", flush=True)
+        plain, _, err0, _, _ = measure(model, inputs, opt_level=0)
+        fused, seconds, err, workspace, intermediates = measure(model, inputs, opt_level=None)
+        print(f"{name:<10} {plain:>16} {fused:>20} {seconds:>10.1f} {max(err0, err):>9.1e} "
+              f"{workspace / 2**20:>13.2f} {intermediates / 2**20:>17.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ rotated over enough copies to exceed the L2 cache. It prints a table of times an
 (>1: Kiln faster) and writes the same as JSON.
 
     python benchmarks/ops_bench.py --suite all --json results.json
+
+`--suite skinny` times BERT-base/GPT-2 at batch 1 x 128 tokens: the linear layers (with bias,
+weight [N, K] as nn.Linear keeps it) and the per-head attention products; `--suite conv16`
+times ResNet-50's convolutions in float16/bfloat16 and depthwise convolutions; `--level` sets the
+tuning level of every case (0 is what models get by default).
 """
 from __future__ import annotations
 
@@ -70,8 +75,9 @@ def kiln_callable(op: str, args: list, kwargs: dict):
     return lambda inputs: compiled(inputs, outputs)
 
 
-def case_list(suite: str, quick: bool):
-    """(name, kiln op, make(dtype) -> (tensor args, extra args), torch fn, flops(args), bytes(args), dtype, level)."""
+def case_list(suite: str, quick: bool, tune_level: int | None = None):
+    """(name, kiln op, make(dtype) -> (tensor args, extra args), torch fn, flops(args), bytes(args), dtype, level);
+    `tune_level` overrides each case's tuning level."""
     cases = []
     if suite in ("matmul", "all"):
         shapes = [(1024, 1024, 1024), (4096, 4096, 4096), (128, 768, 768), (512, 768, 3072),
@@ -107,6 +113,48 @@ def case_list(suite: str, quick: bool):
                                    torch.randn(co, ci, kk, kk, device="cuda").to(dt) * 0.1],
                                   [None, s, kk // 2]),
                               F.conv2d, flops, None, torch.float32, 0))
+    if suite == "skinny":
+        for dt in (torch.float16, torch.bfloat16, torch.float32):
+            for m, k, n in ((128, 768, 768), (128, 768, 2304), (128, 768, 3072), (128, 3072, 768)):
+                cases.append((f"linear {m}x{k}x{n} +bias", "linear",
+                              lambda dt, m=m, k=k, n=n: ([torch.randn(m, k, device="cuda").to(dt),
+                                                          torch.randn(n, k, device="cuda").to(dt) * 0.05,
+                                                          torch.randn(n, device="cuda").to(dt)], []),
+                              F.linear, 2 * m * n * k, None, dt, 0))
+            for name, a, b in (("q@k^T 12x128x64x128", (12, 128, 64), (12, 64, 128)),
+                               ("p@v 12x128x128x64", (12, 128, 128), (12, 128, 64))):
+                cases.append((f"bmm {name}", "matmul",
+                              lambda dt, a=a, b=b: ([torch.randn(a, device="cuda").to(dt),
+                                                     torch.randn(b, device="cuda").to(dt)], []),
+                              torch.matmul, 2 * a[0] * a[1] * a[2] * b[2], None, dt, 0))
+    if suite == "conv16":
+        # ResNet-50's convolutions (stem, 1x1, 3x3, strided 1x1 downsample, 7x7 late layers) in
+        # 16-bit floats, then depthwise convolutions in float32 and float16
+        convs = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1),
+                 (256, 56, 512, 1, 2), (128, 28, 128, 3, 1), (512, 7, 512, 3, 1), (2048, 7, 512, 1, 1)]
+        for dt in (torch.float16, torch.bfloat16):
+            for batch in (1, 32):
+                for cin, hw, cout, ks, stride in convs:
+                    flops = 2 * batch * cout * cin * ks * ks * (-(-hw // stride)) ** 2
+                    cases.append((f"conv2d b{batch} {cin}x{hw}x{hw}->{cout} k{ks}s{stride}", "conv2d",
+                                  lambda dt, b=batch, ci=cin, h=hw, co=cout, kk=ks, s=stride: (
+                                      [torch.randn(b, ci, h, h, device="cuda").to(dt),
+                                       torch.randn(co, ci, kk, kk, device="cuda").to(dt) * 0.1],
+                                      [None, s, kk // 2]),
+                                  F.conv2d, flops, None, dt, 0))
+        for dt in (torch.float32, torch.float16):
+            for batch, c, hw, ks, stride in ((1, 96, 56, 7, 1), (32, 96, 56, 7, 1), (1, 384, 14, 7, 1),
+                                             (32, 144, 56, 3, 2), (32, 32, 112, 3, 1)):
+                out = -(-hw // stride)
+                nbytes = batch * c * (hw * hw + out * out) * torch.tensor([], dtype=dt).element_size()
+                cases.append((f"depthwise b{batch} {c}x{hw}x{hw} k{ks}s{stride}", "conv2d",
+                              lambda dt, b=batch, c=c, h=hw, kk=ks, s=stride: (
+                                  [torch.randn(b, c, h, h, device="cuda").to(dt),
+                                   torch.randn(c, 1, kk, kk, device="cuda").to(dt) * 0.1],
+                                  [None, s, kk // 2, 1, c]),
+                              F.conv2d, 2 * batch * c * ks * ks * out * out, nbytes, dt, 0))
+    if tune_level is not None:
+        cases = [c[:-1] + (tune_level,) for c in cases]
     return cases
 
 
@@ -171,11 +219,12 @@ def launch_overhead(kernels: int = 50, calls: int = 20) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="all", choices=("matmul", "norm", "conv", "all"))
+    parser.add_argument("--suite", default="all", choices=("matmul", "norm", "conv", "conv16", "skinny", "all"))
     parser.add_argument("--json", default="ops_bench.json")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile's default backend")
     parser.add_argument("--quick", action="store_true", help="only the headline shapes")
     parser.add_argument("--overhead", action="store_true", help="also measure host overhead per launch")
+    parser.add_argument("--level", type=int, choices=(0, 1, 2), help="tuning level of every case")
     args = parser.parse_args()
     gpu = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
@@ -184,7 +233,7 @@ def main():
     if args.overhead:
         extra["launch_overhead"] = launch_overhead()
         print(f"launch overhead: {extra['launch_overhead']}")
-    for case in case_list(args.suite, args.quick):
+    for case in case_list(args.suite, args.quick, args.level):
         try:
             row = run_case(case, args.compile)
         except Exception as exc:           # report and go on: one failing case must not hide the rest
