@@ -6,7 +6,9 @@ from typing import Sequence
 
 import torch
 
-from kiln.graph.operator import Operator, OperatorError, compiled_task
+from kiln.graph.compile import compile_graph
+from kiln.graph.operator import Operator, OperatorError
+from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.tensor import Tensor, from_torch
 
 
@@ -14,13 +16,15 @@ class FlowGraph:
     """Operators in topological order between graph inputs and outputs.
 
     Tensors that no operator of the graph produces and that are not inputs are constants.
-    Calling the graph with tensors runs it.
+    Calling the graph with tensors runs it through its CompiledGraph (built on first use; graphs
+    are not edited afterwards: passes build new ones).
     """
 
     def __init__(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], nodes: Sequence[Operator]):
         self.outputs = list(outputs)
         self.inputs = list(inputs)
         self.nodes = list(nodes)
+        self._compiled: CompiledGraph | None = None
 
     @property
     def constants(self) -> list[Tensor]:
@@ -37,34 +41,37 @@ class FlowGraph:
         outs = self.run(list(inputs))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def compile(self) -> CompiledGraph:
+        """This graph's CompiledGraph: every kernel built (in parallel) and a memory plan placing
+        the intermediates in one workspace per device. Built once, then cached."""
+        if self._compiled is None:
+            self._compiled = compile_graph(self)
+        return self._compiled
+
     def run(self, inputs: Sequence) -> list[Tensor]:
         """Run the graph on concrete tensors (Kiln or torch); return the outputs."""
         if len(inputs) != len(self.inputs):
             raise OperatorError(f"graph takes {len(self.inputs)} inputs, got {len(inputs)}")
-        values: dict[int, torch.Tensor] = {}
+        values: list[torch.Tensor] = []
         for sym, value in zip(self.inputs, inputs):
             t = value.torch() if isinstance(value, Tensor) else value
             if tuple(t.shape) != sym.shape or t.dtype != sym.dtype.torch_dtype:
                 raise OperatorError(f"graph input expects {sym.signature()}, got "
                                     f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}")
-            values[id(sym)] = t
-        for node in self.nodes:
-            args = [values[id(t)] if id(t) in values else t.torch() for t in node.inputs]
-            outs = compiled_task(node.task, node.device)([a.contiguous() for a in args])
-            for sym, out in zip(node.outputs, outs):
-                values[id(sym)] = out
-        return [from_torch(values[id(t)]) if id(t) in values else t for t in self.outputs]
+            values.append(t)
+        return [from_torch(t) for t in self.compile().run(values)]
 
     def cuda_graph(self, example_inputs: Sequence | None = None):
-        """This graph's kernels captured in a CUDA graph: an object whose `run(inputs)` replays
-        them (see `kiln.runtime.cuda_graph`). The graph's inputs must be on a CUDA device;
+        """This graph's CompiledGraph captured in a CUDA graph: an object whose `run(inputs)`
+        replays its steps over its fixed workspace (see `kiln.runtime.cuda_graph`). The graph's
+        inputs must be on a CUDA device;
         `example_inputs` (random by default) are only used for the capture."""
         from kiln.runtime.cuda_graph import CapturedGraph
         if example_inputs is None:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]
         examples = [t.torch() if isinstance(t, Tensor) else t for t in example_inputs]
-        return CapturedGraph(lambda ins: [t.torch() for t in self.run(ins)], examples, wrap=from_torch)
+        return CapturedGraph(self.compile().run, examples, wrap=from_torch)
 
     def __str__(self) -> str:
         return format_graph(self)

@@ -41,10 +41,14 @@ def cuda_templates(task: Task, arch: int | None = None) -> list[Template]:
     return sorted(found, key=lambda t: -t.priority)
 
 
-def candidate_programs(task: Task, level: int = 0) -> list[tuple[str, dict, CudaProgram]]:
+def candidate_programs(task: Task, level: int = 0, sm_count: int = 132) -> list[tuple[str, dict, CudaProgram]]:
     """Every program Kiln may build for `task` at a tuning level: (template name, knobs,
-    program) for each knob setting of each applicable template, and the auto-scheduler's."""
-    out = [(t.name, knobs, t.render(task, **knobs)) for t in cuda_templates(task) for knobs in t.space(level)]
+    program) for each knob setting the tuner tries (`kiln.schedule.tuner.candidates`, for a GPU
+    of `sm_count` multiprocessors: an H100/H200 by default) of each applicable template, and the
+    auto-scheduler's."""
+    from kiln.schedule.tuner import candidates
+    out = [(t.name, knobs, t.render(task, **knobs)) for t in cuda_templates(task)
+           for knobs in candidates(t, task, sm_count, level)]
     return out + [("auto", {}, schedule_cuda(task))]
 
 

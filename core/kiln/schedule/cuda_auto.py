@@ -12,8 +12,8 @@ reductions run depends on their length:
 
 A task whose temporaries are per-row statistics of its output (softmax's max and sum,
 layer_norm's mean and variance: each read only at its consumers' own leading indices) runs as
-one row kernel instead: a warp (rows up to ROW_WARP_MAX long) or a block per row computes the
-statistics into registers, then writes the row, so the input is read from DRAM about once.
+one row kernel instead (`kiln.schedule.cuda_rows`): a warp or a block per row reads the row in
+16-byte packs, computes the statistics from registers, then writes the row.
 
 A full reduction (few elements, each reducing very many values) runs in two passes: the first
 splits each element's reduction across many blocks writing partial results, the second reduces
@@ -27,13 +27,12 @@ from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, reduce_init, row_major_strides
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr
 from kiln.ir.inline import Lowered, _own_children, _rebuild, inline_task, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.schedule.cuda_program import CudaProgram, Launch
 
 BLOCK = 256
-ROW_WARP_MAX = 1024             # row kernels give a row to a warp up to this length, else a block
 # where each thread's grid-stride loop over work items starts, and its step, by mode
 _ITEM_LOOP = {
     "thread": ("(int64_t)blockIdx.x * blockDim.x + threadIdx.x", "(int64_t)gridDim.x * blockDim.x"),
@@ -275,93 +274,6 @@ def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
     return visit(e)
 
 
-def _row_prefix(lowered: Lowered) -> int | None:
-    """The number p of leading axes such that every temporary has the shape of the output's
-    first p axes and is read only at its reader's own first p indices; None if there is none."""
-    temps = lowered.temporaries
-    if not temps or len(lowered.outputs) != 1:
-        return None
-    out = lowered.outputs[0]
-    p = len(temps[0].shape)
-    if top_reduces(out.value) or p == 0 or p >= len(out.shape) or any(t.shape != out.shape[:p] for t in temps):
-        return None
-    temp_ids = {id(t) for t in temps}
-    for buf in lowered.buffers:
-        for e in walk(buf.value):
-            if isinstance(e, Load) and id(e.tensor) in temp_ids:
-                if len(e.indices) != p or any(i is not a for i, a in zip(e.indices, buf.axes[:p])):
-                    return None
-    if _numel(out.shape[:p]) < 64:
-        return None
-    return p
-
-
-def _row_kernel(lowered: Lowered, names: dict, strides: dict, args: list, p: int, kernel_name: str) -> _Kernel:
-    """One kernel, a warp or a block per row: the temporaries in registers, then the output row."""
-    d = CudaDialect()
-    out = lowered.outputs[0]
-    rows, row_len = _numel(out.shape[:p]), _numel(out.shape[p:])
-    o, e = Var("o", rows), Var("e", row_len)
-    names = dict(names)
-    names.update({id(o): "o", id(e): "e"})
-    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in lowered.temporaries}
-
-    def row_index(axes, inner: bool) -> dict:
-        index, stride = {}, 1
-        for axis, size in reversed(list(zip(axes[:p], out.shape[:p]))):
-            index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-            stride *= size
-        stride = 1
-        for axis, size in reversed(list(zip(axes[p:], out.shape[p:])) if inner else []):
-            index[id(axis)] = simplify((e // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-            stride *= size
-        return index
-
-    def value_of(buf, inner: bool) -> Expr:
-        value = substitute(buf.value, row_index(buf.axes, inner))
-        return simplify(_scalar_loads(value, scalars))
-
-    mode = "warp" if row_len <= ROW_WARP_MAX else "block"
-    lane, width = ("(threadIdx.x & 31)", "32") if mode == "warp" else ("threadIdx.x", "blockDim.x")
-    em = CudaEmitter(d, names, strides, mode, indent=2)
-    for t in lowered.temporaries:
-        v = em.emit(value_of(t, False))
-        held = em.fresh("row")
-        em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
-        em.scopes[-1][Load(scalars[id(t)], ()).key()] = held
-    em.line("#pragma unroll 4")
-    em.open(f"for (int64_t e = {lane}; e < {row_len}; e += {width})")
-    v = em.emit(value_of(out, True))
-    em.line(f"{names[id(out)]}[o * {row_len} + e] = {d.store(out.dtype, v)};")
-    em.close()
-    body = "\n".join(em.lines)
-    start, step = _ITEM_LOOP[mode]
-    source = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {kernel_name}({_signature(d, args)}) {{\n'
-              f"    for (int64_t o = {start}; o < {rows}; o += {step}) {{\n{body}\n    }}\n}}\n")
-    launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=rows,
-                    per_block=BLOCK // 32 if mode == "warp" else 1, waves=64)
-    return _Kernel(source, launch)
-
-
-def _scalar_loads(value: Expr, scalars: dict) -> Expr:
-    """Loads of a temporary (now of its row scalar) with their indices dropped."""
-    memo = {}
-
-    def visit(x):
-        if id(x) in memo:
-            return memo[id(x)]
-        if isinstance(x, Load):
-            out = Load(scalars[id(x.tensor)], ()) if id(x.tensor) in scalars else Load(x.tensor, [visit(i) for i in x.indices])
-        elif isinstance(x, (Var,)) or not x.children():
-            out = x
-        else:
-            out = _rebuild(x, [visit(k) for k in _own_children(x)])
-        memo[id(x)] = out
-        return out
-
-    return visit(value)
-
-
 def render_cuda(lowered: Lowered) -> CudaProgram:
     """The CUDA program computing a lowered task: one kernel per materialized buffer."""
     d = CudaDialect()
@@ -377,11 +289,10 @@ def render_cuda(lowered: Lowered) -> CudaProgram:
         temporaries.append((t.shape, t.dtype))
     for t in lowered.inputs + lowered.buffers:
         strides[id(t)] = row_major_strides(t.shape)
-    p = _row_prefix(lowered)
+    from kiln.schedule.cuda_rows import row_prefix, row_program   # it builds on this module
+    p = row_prefix(lowered)
     if p is not None:
-        out = lowered.outputs[0]
-        kernel = _row_kernel(lowered, names, strides, buffer_args + [("out0", out, False)], p, "kiln_row")
-        return CudaProgram(d.prelude + "\n" + kernel.source, [kernel.launch], [])
+        return row_program(lowered, names, strides, buffer_args + [("out0", lowered.outputs[0], False)], p)
     kernels = []
     available = list(buffer_args)
     for n, buf in enumerate(lowered.buffers):

@@ -1,9 +1,11 @@
 """The tuner: picks a template's knobs for a task on a GPU by timing candidates.
 
-Level 0 takes the template's default. At levels 1 and 2 every candidate of the template's
-space is compiled in parallel (NVRTC threads), loaded, and timed with CUDA events on fresh
-random inputs; the winner is cached on disk per task, template sources and GPU model, so a
-second process does not tune again.
+Level 0 takes the template's first suggestion for the task's shape on this GPU (its cost model:
+tile size and split-K from M, N, K and the SM count; `Template.suggest`), or its default where
+it suggests nothing. At levels 1 and 2 the template's space and its first SUGGESTED[level]
+suggestions are compiled in parallel (NVRTC threads), loaded, and timed with CUDA events on
+fresh random inputs; the winner is cached on disk per task, template sources and GPU model, so
+a second process does not tune again.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 
 import torch
 
@@ -20,6 +23,10 @@ from kiln.ir.compute import Task
 from kiln.runtime import cuda as rt
 from kiln.runtime.cache import cache_dir, content_key
 from kiln.schedule.template import Template
+
+SUGGESTED = {0: 1, 1: 3, 2: 6}       # suggestions taken at each level
+
+_timing = threading.Lock()   # one task timed at a time, even when kernels are built in parallel
 
 
 def _random_inputs(task: Task, device: Device) -> list[torch.Tensor]:
@@ -58,13 +65,26 @@ def _record_path(key: str):
     return folder / f"{key}.json"
 
 
+def candidates(template: Template, task: Task, sm_count: int, level: int) -> list[dict]:
+    """The knob settings to try at `level`: the template's first suggestions for `task` on a GPU
+    of `sm_count` multiprocessors, then its space (level 0: only the first of these)."""
+    suggested = template.suggest(task, sm_count)[:SUGGESTED[level]] if template.suggest else []
+    out, seen = [], set()
+    for knobs in suggested + ([] if level == 0 and suggested else template.space(level)):
+        key = tuple(sorted(knobs.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(knobs))
+    return out[:1] if level == 0 else out
+
+
 def tune(task: Task, template: Template, device: Device, level: int) -> dict:
     """The best knobs of `template` for `task` on `device` at tuning `level` (cached on disk)."""
-    space = template.space(level)
-    if level == 0 or len(space) == 1:
-        return dict(space[0])
-    from kiln.schedule.cuda import arch_for, load_program
     info = rt.device_info(device.index)
+    space = candidates(template, task, info["sm_count"], level)
+    if len(space) == 1:
+        return space[0]
+    from kiln.schedule.cuda import arch_for, load_program
     programs = [template.render(task, **knobs) for knobs in space]
     key = content_key("tune", template.name, repr(task), repr(sorted(task.attrs.items())), info["name"],
                       rt.nvrtc_version(), *(p.source for p in programs))
@@ -75,14 +95,15 @@ def tune(task: Task, template: Template, device: Device, level: int) -> dict:
         pass
     rt.compile_many([(p.source, p.kernel_names[0], arch_for(p, info["arch"])) for p in programs])
     results = []
-    for n, (knobs, program) in enumerate(zip(space, programs), 1):
-        print(f"\rkiln: tuning {template.name} for {task!r}: {n}/{len(space)}", end="", file=sys.stderr)
-        try:
-            ms = time_runner(load_program(program, device), task, device)
-        except rt.CudaError as exc:      # a candidate the GPU cannot launch (too much shared memory)
-            print(f"\nkiln: candidate {knobs} failed: {exc}", file=sys.stderr)
-            continue
-        results.append((ms, n, knobs))
+    with _timing:
+        for n, (knobs, program) in enumerate(zip(space, programs), 1):
+            print(f"\rkiln: tuning {template.name} for {task!r}: {n}/{len(space)}", end="", file=sys.stderr)
+            try:
+                ms = time_runner(load_program(program, device), task, device)
+            except rt.CudaError as exc:      # a candidate the GPU cannot launch (too much shared memory)
+                print(f"\nkiln: candidate {knobs} failed: {exc}", file=sys.stderr)
+                continue
+            results.append((ms, n, knobs))
     print(file=sys.stderr)
     if not results:
         raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")

@@ -3,10 +3,11 @@ and convolutions as implicit GEMM.
 
 A block of 256 threads computes a BM x BN output tile, each thread a TM x TN sub-tile made of
 four 4-row x 4-column pieces spread half a tile apart (conflict-free 16-byte shared-memory
-reads). K advances BK at a time through two shared-memory buffers: the next tile is read from
-global memory into registers (as float4s where sizes allow) while the current one is multiplied. Both operands are stored
-k-major in shared memory; an operand that is k-contiguous in memory (A, or B of `linear`) is
-transposed on the way in. A convolution's operands are read through the core's load hooks
+reads). K advances BK at a time (over a share of K with split-K,
+`kiln_ops_builtin.templates.split_k`) through two shared-memory buffers: the next tile is read
+from global memory into registers (as float4s where sizes allow) while the current one is
+multiplied. Both operands are stored k-major in shared memory; an operand that is k-contiguous
+in memory (A, or B of `linear`) is transposed on the way in. A convolution's operands are read through the core's load hooks
 (`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included).
 Outputs go through the core's epilogue hook.
 """
@@ -17,6 +18,7 @@ from kiln.codegen.cuda import CUDA_PRELUDE
 from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
 from kiln.schedule import Template
 from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln_ops_builtin.templates import grid_fit, split_k
 
 NT = 256
 DEFAULT = {"BM": 128, "BN": 128, "BK": 8, "MIN_BLOCKS": 1}
@@ -111,13 +113,13 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    fetch(0);
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
+    fetch((int64_t)KT0 * BK);
     stash(0);
     __syncthreads();
-    const int KT = (K + BK - 1) / BK;
     for (int kt = 0; kt < KT; ++kt) {
         const int cur = kt & 1;
-        if (kt + 1 < KT) fetch((int64_t)(kt + 1) * BK);
+        if (kt + 1 < KT) fetch((int64_t)(KT0 + kt + 1) * BK);
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
             float a[TM], b[TN];
@@ -141,21 +143,48 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
         for (int j = 0; j < TN; j += 2) {
             const int64_t m = m0 + (i / 4) * (BM / (TM / 4)) + ty * 4 + (i % 4);
             const int64_t n = n0 + (j / 4) * (BN / (TN / 4)) + tx * 4 + (j % 4);
-            if (m < M && n + 1 < N) kiln_epilogue2(ARGS, bz, m, n, acc[i][j], acc[i][j + 1]);
-            else if (m < M && n < N) kiln_epilogue(ARGS, bz, m, n, acc[i][j]);
+            if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j], acc[i][j + 1]);
+            else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j]);
         }
 }
 """
 
 
+SPLIT_PROBE = {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 2, "SPLIT": 2}
+
+
+def _fit_tile(bm: int, bn: int, bk: int, min_blocks: int) -> grid_fit.Tile:
+    """A tile for `suggest`: 128 FMAs per SM clock, less the shared-memory reads a thread's
+    TM x TN FMAs wait on (TM + TN per k)."""
+    tm, tn = bm // 16, bn // 16
+    return grid_fit.Tile(dict(zip(DEFAULT, (bm, bn, bk, min_blocks))), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn))
+
+
+FIT_TILES = [_fit_tile(*s) for s in [(128, 128, 8, 1), (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 16, 2)]]
+
+
 def space(level: int) -> list[dict]:
-    """Level 0: 128x128x8; levels 1 and 2 add other tile sizes and a deeper k-step."""
+    """Level 0: 128x128x8; levels 1 and 2 add other tile sizes, a deeper k-step and split-K."""
     shapes = [(128, 128, 8, 1)]
     if level >= 1:
         shapes += [(128, 128, 8, 2), (128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 16, 2)]
     if level >= 2:
         shapes += [(64, 64, 8, 2), (64, 64, 16, 2), (128, 64, 16, 2), (64, 128, 16, 2), (128, 128, 16, 1)]
-    return [dict(zip(DEFAULT, s)) for s in shapes]
+    return [dict(zip(DEFAULT, s)) for s in shapes] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
+
+
+def _sizes(task) -> tuple[int, int, int, int]:
+    """(M, N, K, batch) of the GEMM `task` computes."""
+    c = match_contraction(task)
+    if c is not None and c.a.dtype == dtypes.float32:
+        return c.M, c.N, c.K, c.batch_count
+    g = match_hooked_gemm(task)
+    return g.M, g.N, g.K, 1
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    return grid_fit.rank(FIT_TILES, *_sizes(task), sm_count, 4)
 
 
 def _layout(prefix: str, op: Operand) -> dict:
@@ -195,7 +224,7 @@ def applies(task) -> bool:
     return g is not None and g.acc_dtype == dtypes.float32
 
 
-def render(task, BM, BN, BK, MIN_BLOCKS=1) -> CudaProgram:
+def render(task, BM, BN, BK, MIN_BLOCKS=1, SPLIT=1) -> CudaProgram:
     tm, tn = BM // 16, BN // 16
     if tm % 4 or tn % 4 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}")
@@ -207,14 +236,17 @@ def render(task, BM, BN, BK, MIN_BLOCKS=1) -> CudaProgram:
         g = match_hooked_gemm(task)
         sizes, batch, hooks, params, args = (g.M, g.N, g.K), 1, g.hooks, g.params, g.args
         defines = _hook_defines(g)
+    names, temporaries = tuple(args.split(", ")), []
+    sk = split_k.plan(SPLIT, *sizes, BK, batch, params, names, temporaries)
     defines.update({"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn,
                     "LA": BM * BK // NT, "LB": BN * BK // NT, "M": sizes[0], "N": sizes[1], "K": sizes[2],
-                    "PARAMS": params, "ARGS": args})
+                    "ARGS": args, **sk.defines})
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     tiles = -(-sizes[0] // BM) * -(-sizes[1] // BN)
-    launch = Launch("kiln_matmul_simt", tuple(args.split(", ")), (NT, 1, 1), grid=(tiles, 1, batch))
-    return CudaProgram(CUDA_PRELUDE + hooks + head + KERNEL, [launch], alignment=16)
+    launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, batch))
+    return CudaProgram(CUDA_PRELUDE + hooks + head + KERNEL + sk.source, [launch, *sk.launches], temporaries,
+                       alignment=16)
 
 
 TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
-                    render, priority=10, applies=applies, space=space)
+                    render, priority=10, applies=applies, space=space, suggest=suggest)

@@ -5,7 +5,8 @@ time through a STAGES-deep ring of shared-memory tiles filled by `cp.async` (16-
 zero-filled past the matrix edges). Fragments load with `ldmatrix` (`.trans` for a row-major
 [K, N] operand) from XOR-swizzled tiles, so that neither the copies nor `ldmatrix` conflict on
 banks; `mma.sync.m16n8k16` accumulates in float32. Each output element goes through the core's
-epilogue hook (`kiln.codegen.hooks`), so bias, activation and the final cast are fused there.
+epilogue hook (`kiln.codegen.hooks`), so bias, activation and the final cast are fused there;
+with split-K (`kiln_ops_builtin.templates.split_k`) through the sum kernel's.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kiln.codegen.hooks import Contraction, match_contraction
 from kiln.schedule import Template
 from kiln.schedule.cuda_program import CudaProgram, Launch
 from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln_ops_builtin.templates import grid_fit, split_k
 
 MAX_SMEM = 227 * 1024
 DEFAULT = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4}
@@ -63,14 +65,14 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
         for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    const int KT = (K + BK - 1) / BK;
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
     auto load = [&](int stage, int kt) {
         uint16_t* as = As + stage * BM * BK;
         uint16_t* bs = Bs + stage * BN * BK;
 #pragma unroll
         for (int i = 0; i < BM * (BK / 8) / NT; ++i) {
             const int idx = tid + i * NT, r = idx / (BK / 8), c = idx % (BK / 8);
-            const int64_t gm = m0 + r, gk = (int64_t)kt * BK + c * 8;
+            const int64_t gm = m0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
             const bool ok = gm < M && gk < K;
             kiln_cp_async16(as + r * BK + kiln_swz(r, c, BK / 8) * 8, A + (ok ? gm * A_XS + gk : 0), ok ? 16 : 0);
         }
@@ -78,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
 #pragma unroll
         for (int i = 0; i < BN * (BK / 8) / NT; ++i) {
             const int idx = tid + i * NT, r = idx / (BK / 8), c = idx % (BK / 8);
-            const int64_t gn = n0 + r, gk = (int64_t)kt * BK + c * 8;
+            const int64_t gn = n0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
             const bool ok = gn < N && gk < K;
             kiln_cp_async16(bs + r * BK + kiln_swz(r, c, BK / 8) * 8, B + (ok ? gn * B_XS + gk : 0), ok ? 16 : 0);
         }
@@ -86,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
 #pragma unroll
         for (int i = 0; i < BK * (BN / 8) / NT; ++i) {
             const int idx = tid + i * NT, r = idx / (BN / 8), c = idx % (BN / 8);
-            const int64_t gk = (int64_t)kt * BK + r, gn = n0 + c * 8;
+            const int64_t gk = (int64_t)(KT0 + kt) * BK + r, gn = n0 + c * 8;
             const bool ok = gk < K && gn < N;
             kiln_cp_async16(bs + r * BN + kiln_swz(r, c, BN / 8) * 8, B + (ok ? gk * B_KS + gn : 0), ok ? 16 : 0);
         }
@@ -144,8 +146,8 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
             for (int h = 0; h < 2; ++h) {
                 const int64_t m = m0 + wm * WM + i * 16 + (lane >> 2) + h * 8;
                 const int64_t n = n0 + wn * WN + j * 8 + (lane & 3) * 2;
-                if (m < M && n + 1 < N) kiln_epilogue2(ARGS, bz, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                else if (m < M && n < N) kiln_epilogue(ARGS, bz, m, n, acc[i][j][2 * h]);
+                if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j][2 * h]);
             }
 }
 """
@@ -164,14 +166,21 @@ def valid(k: dict) -> bool:
             and smem_bytes(k) <= MAX_SMEM and k["STAGES"] >= 2)
 
 
+SPLIT_PROBE = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "STAGES": 4, "SPLIT": 2}
+FIT_TILES = [grid_fit.Tile(dict(zip(DEFAULT, s)), s[0], s[1], s[2], 1024)
+             for s in [(128, 128, 32, 64, 64, 4), (128, 64, 32, 64, 32, 4), (64, 128, 32, 32, 64, 4),
+                       (64, 64, 32, 32, 32, 4)]]
+"""`suggest`'s tiles, at mma.sync's 1024 float16 MACs per SM clock (half of wgmma's)."""
+
+
 def space(level: int) -> list[dict]:
-    """Level 0: the default; 1: a few tile shapes; 2: tiles x warp tiles x depths."""
+    """Level 0: the default; 1: a few tile shapes and split-K; 2: tiles x warp tiles x depths."""
     if level == 0:
         return [dict(DEFAULT)]
     if level == 1:
         shapes = [(128, 128, 32, 64, 64, 4), (128, 256, 32, 64, 64, 3), (256, 128, 32, 64, 64, 3),
                   (64, 128, 32, 32, 64, 4), (128, 128, 64, 64, 64, 3)]
-        return [dict(zip(DEFAULT, s)) for s in shapes]
+        return [dict(zip(DEFAULT, s)) for s in shapes] + [dict(SPLIT_PROBE)]
     out = []
     for bm, bn, bk, (wm, wn), st in itertools.product((64, 128, 256), (64, 128, 256), (32, 64),
                                                        ((64, 64), (32, 64), (64, 32)), (3, 4, 5)):
@@ -187,27 +196,35 @@ def applies(task) -> bool:
             and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or (c.b.x_contiguous and c.N % 8 == 0)))
 
 
-def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8) -> CudaProgram:
+def suggest(task, sm_count: int) -> list[dict]:
+    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    c = match_contraction(task)
+    return grid_fit.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+
+
+def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
     c: Contraction = match_contraction(task)
     k = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "STAGES": STAGES}
     if not valid(k):
         raise ValueError(f"invalid matmul_tc knobs {k}")
+    args, temporaries = tuple(c.args.split(", ")), []
+    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries)
     nt = (BM // WM) * (BN // WN) * 32
     defines = {
         "NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "STAGES": STAGES, "GROUP": GROUP,
         "M": c.M, "N": c.N, "K": c.K, "A_XS": f"(int64_t){c.a.x_stride}", "B_XS": f"(int64_t){c.b.x_stride}",
         "B_KS": f"(int64_t){c.b.k_stride}", "B_K_CONTIGUOUS": int(c.b.k_contiguous),
         "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_BATCH": c.batch_offset(c.a, "bz"),
-        "B_BATCH": c.batch_offset(c.b, "bz"), "PARAMS": c.params, "ARGS": c.args,
+        "B_BATCH": c.batch_offset(c.b, "bz"), "ARGS": c.args, **sk.defines,
     }
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     mma_type = "f16" if c.a.dtype == dtypes.float16 else "bf16"
-    source = CUDA_PRELUDE + HELPERS + c.epilogue + head + KERNEL.replace("MMA_TYPE", mma_type)
+    source = CUDA_PRELUDE + HELPERS + c.epilogue + head + KERNEL.replace("MMA_TYPE", mma_type) + sk.source
     tiles = -(-c.M // BM) * -(-c.N // BN)
-    smem = smem_bytes(k)
-    launch = Launch("kiln_matmul_tc", tuple(c.args.split(", ")), (nt, 1, 1), grid=(tiles, 1, c.batch_count),
-                    smem=smem)
-    return CudaProgram(source, [launch], alignment=16)
+    launch = Launch("kiln_matmul_tc", args + sk.args, (nt, 1, 1), grid=(tiles, SPLIT, c.batch_count),
+                    smem=smem_bytes(k))
+    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16)
 
 
-TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies, space=space)
+TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies, space=space,
+                    suggest=suggest)

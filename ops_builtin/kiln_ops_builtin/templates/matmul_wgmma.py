@@ -5,7 +5,8 @@ Each of WG warpgroups computes MI slabs of 64 rows x BN columns with
 memory through descriptors. Tiles are BK = 64 elements (128 bytes) deep in the 128-byte-swizzled
 K-major layout wgmma expects, filled STAGES deep by `cp.async` (zero-filled past the edges).
 A row-major [K, N] operand is first transposed to [N, K] by a small kernel into a temporary,
-so both operands are K-major. Outputs go through the core's epilogue hooks.
+so both operands are K-major. Outputs go through the core's epilogue hooks, or with split-K
+(`kiln_ops_builtin.templates.split_k`) through the sum kernel's.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kiln.codegen.cuda import CUDA_PRELUDE
 from kiln.codegen.hooks import Contraction, match_contraction
 from kiln.schedule import Template
 from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln_ops_builtin.templates import grid_fit, split_k
 from kiln_ops_builtin.templates.matmul_tc import HELPERS
 
 BK = 64
@@ -65,21 +67,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
-    const int KT = (K + BK - 1) / BK;
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
     auto load = [&](int stage, int kt) {
         uint16_t* as = As + stage * BM * BK;
         uint16_t* bs = Bs + stage * BN * BK;
 #pragma unroll
         for (int i = 0; i < BM * 8 / NT; ++i) {
             const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
-            const int64_t gm = m0 + r, gk = (int64_t)kt * BK + c * 8;
+            const int64_t gm = m0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
             const bool ok = gm < M && gk < K;
             kiln_cp_async16(as + r * BK + (c ^ (r & 7)) * 8, A + (ok ? gm * A_XS + gk : 0), ok ? 16 : 0);
         }
 #pragma unroll
         for (int i = 0; i < BN * 8 / NT; ++i) {
             const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
-            const int64_t gn = n0 + r, gk = (int64_t)kt * BK + c * 8;
+            const int64_t gn = n0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
             const bool ok = gn < N && gk < K;
             kiln_cp_async16(bs + r * BK + (c ^ (r & 7)) * 8, B + (ok ? gn * B_XS + gk : 0), ok ? 16 : 0);
         }
@@ -122,8 +124,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
             for (int h = 0; h < 2; ++h) {
                 const int64_t m = m0 + (wg * MI + i) * 64 + w * 16 + lane / 4 + h * 8;
                 const int64_t n = n0 + j * 8 + (lane % 4) * 2;
-                if (m < M && n + 1 < N) kiln_epilogue2(ARGS, bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
-                else if (m < M && n < N) kiln_epilogue(ARGS, bz, m, n, acc[i][j * 4 + h * 2]);
+                if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
+                else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j * 4 + h * 2]);
             }
 }
 """
@@ -143,15 +145,27 @@ def smem_bytes(k: dict) -> int:
     return k["STAGES"] * (64 * k["WG"] * k["MI"] + k["BN"]) * BK * 2 + 1024
 
 
+SPLIT_PROBE = {"BN": 64, "WG": 1, "MI": 1, "STAGES": 4, "SPLIT": 2}
+FIT_TILES = [grid_fit.Tile(dict(zip(DEFAULT, s)), 64 * s[1] * s[2], s[0], BK, 2048)
+             for s in [(128, 2, 1, 4), (64, 2, 1, 4), (128, 1, 1, 4), (64, 1, 1, 4)]]
+"""`suggest`'s tiles (128 or 64 rows by 128 or 64 columns), at wgmma's 2048 float16 MACs per SM clock."""
+
+
 def space(level: int) -> list[dict]:
-    """Level 0: 128x128 on two warpgroups, 4 stages; 1 and 2: wider tiles and other depths."""
+    """Level 0: 128x128 on two warpgroups, 4 stages; 1 and 2: wider tiles, other depths, split-K."""
     if level == 0:
         return [dict(DEFAULT)]
     shapes = [(128, 2, 1, 4), (256, 2, 1, 4), (128, 1, 2, 4), (256, 2, 1, 5)]
     if level == 2:
         shapes += [(128, 2, 1, 5), (256, 2, 1, 3), (128, 2, 2, 3), (128, 1, 1, 6), (128, 2, 2, 4), (128, 2, 1, 6)]
-    out = [dict(zip(DEFAULT, s)) for s in shapes]
+    out = [dict(zip(DEFAULT, s)) for s in shapes] + [dict(SPLIT_PROBE)]
     return [k for k in out if smem_bytes(k) <= MAX_SMEM]
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    c = match_contraction(task)
+    return grid_fit.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
 
 
 def applies(task) -> bool:
@@ -160,38 +174,36 @@ def applies(task) -> bool:
             and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or c.b.x_contiguous))
 
 
-def render(task, BN, WG, MI, STAGES) -> CudaProgram:
+def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
     c: Contraction = match_contraction(task)
     bm, nt = 64 * WG * MI, 128 * WG
     transposed = not c.b.k_contiguous
+    args, launches, temporaries = tuple(c.args.split(", ")), [], []
+    if transposed:
+        temporaries.append(((c.batch_count, c.N, c.K), c.b.dtype))
+        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0"), (32, 8, 1),
+                               grid=(-(-c.N // 32), -(-c.K // 32), c.batch_count)))
+    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries)
     defines = {
         "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "AHEAD": STAGES - 2, "M": c.M, "N": c.N, "K": c.K,
         "A_XS": f"(int64_t){c.a.x_stride}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_SOURCE": "BT" if transposed else f"(const uint16_t*){c.b.param}",
         "B_XS": f"(int64_t){c.K if transposed else c.b.x_stride}",
         "B_BATCH": f"bz * (int64_t){c.N * c.K}" if transposed else c.batch_offset(c.b, "bz"),
-        "PARAMS": c.params, "ARGS": c.args, "LD": f"(int64_t){c.b.k_stride}",
-        "SRC_BATCH": c.batch_offset(c.b, "z"),
+        "ARGS": c.args, "LD": f"(int64_t){c.b.k_stride}", "SRC_BATCH": c.batch_offset(c.b, "z"), **sk.defines,
     }
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     ab = "f16" if c.a.dtype == dtypes.float16 else "bf16"
     source = (CUDA_PRELUDE + HELPERS + WGMMA_HELPERS + c.epilogue + head + _wgmma_macro(BN, ab)
-              + (TRANSPOSE if transposed else "") + KERNEL)
-    args = tuple(c.args.split(", "))
+              + (TRANSPOSE if transposed else "") + KERNEL + sk.source)
     tiles = -(-c.M // bm) * -(-c.N // BN)
     k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}
-    launches, temporaries = [], []
-    if transposed:
-        temporaries.append(((c.batch_count, c.N, c.K), c.b.dtype))
-        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0"), (32, 8, 1),
-                               grid=(-(-c.N // 32), -(-c.K // 32), c.batch_count)))
-        args = args + ("tmp0",)
-    else:
-        args = args + (c.b.param,)
-    launches.append(Launch("kiln_matmul_wgmma", args, (nt, 1, 1), grid=(tiles, 1, c.batch_count),
-                           smem=smem_bytes(k)))
+    b_arg = "tmp0" if transposed else c.b.param
+    launches.append(Launch("kiln_matmul_wgmma", args + sk.args + (b_arg,), (nt, 1, 1),
+                           grid=(tiles, SPLIT, c.batch_count), smem=smem_bytes(k)))
+    launches += sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
 
 
 TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,
-                    space=space, min_arch=90)
+                    space=space, min_arch=90, suggest=suggest)

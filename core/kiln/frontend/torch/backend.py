@@ -139,6 +139,7 @@ class _Compiled:
         self.positions = positions
         self.structure = structure
         self.writeback = writeback
+        graph.compile()  # builds every kernel in parallel, under the caller's tuning level
         self.run = graph.run
         if cuda_examples is not None:
             captured = graph.cuda_graph(cuda_examples)

@@ -1,0 +1,55 @@
+"""Compiling a FlowGraph into a `kiln.runtime.compiled_graph.CompiledGraph`.
+
+Every tensor of the graph gets a numbered buffer slot; every node becomes a step calling its
+operator's built kernel. The kernels are built in parallel threads (gcc and NVRTC builds release
+the GIL), each distinct task once.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from kiln.graph.operator import compiled_task
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
+from kiln.tensor import Tensor
+
+if TYPE_CHECKING:
+    from kiln.graph.flow_graph import FlowGraph
+
+
+def build_kernels(graph: FlowGraph, workers: int | None = None) -> list:
+    """The built kernel of each node of `graph`, in node order, built by `workers` threads
+    (ThreadPoolExecutor's default number when None)."""
+    tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        built = dict(zip(tasks, pool.map(lambda key: compiled_task(tasks[key], key[1]), tasks)))
+    return [built[(id(node.task), node.device)] for node in graph.nodes]
+
+
+def compile_graph(graph: FlowGraph) -> CompiledGraph:
+    """`graph` as a CompiledGraph: its inputs, constants, outputs and intermediates as buffer
+    slots, its nodes as steps in order."""
+    slots: dict[int, int] = {}
+    buffers: list[Buffer] = []
+    constants = {}
+
+    def new_slot(t: Tensor) -> int:
+        slots[id(t)] = len(buffers)
+        buffers.append(Buffer(tuple(t.shape), t.dtype.torch_dtype, t.device.torch()))
+        return slots[id(t)]
+
+    def existing(t: Tensor) -> int:
+        """The slot of an input, a constant or an earlier node's output."""
+        if id(t) not in slots:
+            if t.is_symbolic:
+                raise ValueError(f"the graph uses a symbolic tensor {t.signature()} that is neither "
+                                 f"one of its inputs nor computed by one of its nodes")
+            constants[new_slot(t)] = t.torch()
+        return slots[id(t)]
+
+    inputs = [new_slot(t) for t in graph.inputs]
+    steps = []
+    for node, kernel in zip(graph.nodes, build_kernels(graph)):
+        ins = tuple(existing(t) for t in node.inputs)
+        steps.append(Step(kernel, ins, tuple(new_slot(t) for t in node.outputs)))
+    return CompiledGraph(steps, buffers, inputs, [existing(t) for t in graph.outputs], constants)

@@ -1,0 +1,151 @@
+"""CompiledGraph: a fixed sequence of kernel calls over numbered buffers, with a memory plan.
+
+The runtime sees kernels and buffers, not operators. Each step calls its kernel as
+`kernel(inputs, outputs)` with lists of torch tensors taken from numbered buffer slots. A slot
+holds a graph input (bound at each run), a constant (a fixed tensor), a graph output
+(allocated at each run, so results outlive the next run) or an intermediate.
+
+Intermediates live in one workspace per device: a uint8 buffer carved into views at
+256-byte-aligned offsets by a memory plan, so that buffers whose lifetimes do not overlap share
+memory and a run allocates nothing but its outputs. The plan is greedy first-fit: buffers in
+order of first use, each at the lowest offset where it overlaps no buffer live at the same time.
+
+Steps run in order (on a GPU, on the current stream). Runs of one CompiledGraph must not
+overlap in time on different streams or threads: they share the workspace.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+ALIGNMENT = 256
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """The shape, dtype and device of one slot's tensor."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel call: `kernel(inputs, outputs)` on the tensors of these slots."""
+    kernel: Callable
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Byte offsets of buffers in a workspace of `size` bytes."""
+    offsets: dict[int, int]
+    size: int
+
+
+def lifetimes(steps: Sequence[Step]) -> dict[int, tuple[int, int]]:
+    """For each slot that a step reads or writes: the (first, last) step index touching it."""
+    out: dict[int, tuple[int, int]] = {}
+    for k, step in enumerate(steps):
+        for slot in (*step.inputs, *step.outputs):
+            first = out.get(slot, (k, k))[0]
+            out[slot] = (first, k)
+    return out
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
+                alignment: int = ALIGNMENT) -> MemoryPlan:
+    """Offsets for buffers of `sizes` bytes live over the (first, last) step ranges `live`
+    (inclusive): two buffers whose ranges intersect never overlap in memory. Greedy first-fit,
+    buffers taken in order of first use (larger first among those starting together)."""
+    placed: list[tuple[int, int, int]] = []          # (offset, end, slot)
+    offsets, size = {}, 0
+    for slot in sorted(sizes, key=lambda s: (live[s][0], -sizes[s], s)):
+        first, last = live[slot]
+        need = _align(sizes[slot], alignment)
+        busy = sorted((o, e) for o, e, other in placed
+                      if live[other][0] <= last and first <= live[other][1])
+        offset = 0
+        for o, e in busy:
+            if offset + need <= o:
+                break
+            offset = max(offset, e)
+        offsets[slot] = offset
+        placed.append((offset, offset + need, slot))
+        size = max(size, offset + need)
+    return MemoryPlan(offsets, size)
+
+
+class CompiledGraph:
+    """Steps over numbered buffers: `buffers[slot]` describes each slot; `inputs` are the slots
+    bound by `run`, `outputs` the slots it returns, `constants` fixed tensors by slot. Every
+    other slot is an intermediate, placed in its device's workspace."""
+
+    def __init__(self, steps: Sequence[Step], buffers: Sequence[Buffer], inputs: Sequence[int],
+                 outputs: Sequence[int], constants: dict[int, torch.Tensor]):
+        self.steps = list(steps)
+        self.buffers = list(buffers)
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.lifetimes = lifetimes(self.steps)
+        external = set(self.inputs) | set(self.outputs) | set(constants)
+        intermediates = [s for s in range(len(self.buffers)) if s not in external]
+        self.plans: dict[torch.device, MemoryPlan] = {}
+        for device in dict.fromkeys(self.buffers[s].device for s in intermediates):
+            mine = [s for s in intermediates if self.buffers[s].device == device]
+            self.plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, self.lifetimes)
+        self.workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
+                           for device, plan in self.plans.items()}
+        self._slots: list = [None] * len(self.buffers)
+        for device, plan in self.plans.items():
+            for slot, offset in plan.offsets.items():
+                b = self.buffers[slot]
+                self._slots[slot] = self.workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
+        for slot, tensor in constants.items():
+            self._slots[slot] = tensor
+        # non-contiguous constants are made contiguous at each run, so they follow their source
+        self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
+        self._fresh = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of all workspaces together."""
+        return sum(plan.size for plan in self.plans.values())
+
+    @property
+    def intermediate_bytes(self) -> int:
+        """Bytes the intermediates would take, each in its own allocation."""
+        return sum(self.buffers[s].nbytes for plan in self.plans.values() for s in plan.offsets)
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run every step on `inputs` (torch tensors of the input slots' shapes and dtypes);
+        return the output tensors, freshly allocated (inputs and constants returned as such)."""
+        if len(inputs) != len(self.inputs):
+            raise ValueError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(inputs)}")
+        slots = list(self._slots)
+        for slot, tensor in zip(self.inputs, inputs):
+            slots[slot] = tensor.contiguous()
+        for slot, tensor in self._strided.items():
+            slots[slot] = tensor.contiguous()
+        for slot in self._fresh:
+            b = self.buffers[slot]
+            slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+        for step in self.steps:
+            step.kernel([slots[s] for s in step.inputs], [slots[s] for s in step.outputs])
+        return [slots[s] for s in self.outputs]
+
+    def __repr__(self) -> str:
+        return (f"CompiledGraph({len(self.steps)} steps, workspace {self.workspace_bytes} bytes "
+                f"for {self.intermediate_bytes} bytes of intermediates)")

@@ -1,0 +1,503 @@
+"""Row kernels of the CUDA auto-scheduler: tasks whose temporaries are per-row statistics.
+
+Softmax's max and sum, layer_norm's mean and variance: each temporary is read only at its
+consumers' own leading indices (`row_prefix`), so one kernel computes a row's statistics
+into registers and then writes the row. A warp takes a row of up to 32 * ROW_WARP_PACKS packs
+(several rows per block), a block a longer one (sized for about ROW_BLOCK_PACKS packs a thread).
+
+Every phase (each statistic's reduction, then the output) walks the same elements of the row
+per thread: chunks `c` of `V` consecutive elements at `(c * lanes + lane) * V`. A load that
+reads element `b + e` of its tensor (`e` the element of the row, `b` a multiple of V, in bounds
+for every row) is a *stream*, read as one aligned pack of V values (16 bytes for the narrowest
+type); the output is written the same way. Streams the statistics read are loaded once, at the
+start of the row, into registers when they fit in ROW_CACHE_BYTES a thread, so the input comes
+from DRAM once; other loads (broadcasts, transposed reads) stay scalar. V is 1 where the row
+length or an offset is not a multiple of the vector width; vector kernels ask the runtime for
+aligned pointers (`CudaProgram.alignment`).
+
+The output phase does as little arithmetic as it can, so that 16-bit rows stay memory-bound:
+what is the same for the whole row is computed once a row (a division by a statistic becomes a
+multiplication by its reciprocal), and costly values the statistics computed for each element
+(softmax's exp(x - max)) are kept in registers rather than recomputed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.emitter import reduce_init
+from kiln.ir.compute import TensorInput
+from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, as_expr, walk
+from kiln.ir.inline import Lowered, _own_children, _rebuild, substitute
+from kiln.ir.simplify import _linear, bounds, simplify
+from kiln.schedule.cuda_auto import _ITEM_LOOP, BLOCK, CudaEmitter, _numel, _signature
+from kiln.schedule.cuda_program import CudaProgram, Launch
+
+PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
+MAX_VECTOR = 8           # elements in a pack at most
+ROW_WARP_PACKS = 8       # a warp takes rows of up to 32 * this many packs, a block longer ones
+ROW_BLOCK_PACKS = 2      # a block per row has about this many packs per thread (<= 1024 threads)
+ROW_CACHE_BYTES = 256    # registers a thread may give the statistics' streams (values, 4 bytes each at least)
+ROW_KEEP_BYTES = 128     # registers a thread may give values kept for the output (exp(x - max))
+ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unroll fully)
+
+PACK_TYPE = ("template <typename T, int V>\n"
+             "struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) kiln_pack { T v[V]; };\n")
+
+
+def row_prefix(lowered: Lowered) -> int | None:
+    """The number p of leading axes such that every temporary has the shape of the output's
+    first p axes and is read only at its reader's own first p indices; None if there is none."""
+    temps = lowered.temporaries
+    if not temps or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    p = len(temps[0].shape)
+    if top_reduces(out.value) or p == 0 or p >= len(out.shape) or any(t.shape != out.shape[:p] for t in temps):
+        return None
+    temp_ids = {id(t) for t in temps}
+    for buf in lowered.buffers:
+        for e in walk(buf.value):
+            if isinstance(e, Load) and id(e.tensor) in temp_ids:
+                if len(e.indices) != p or any(i is not a for i, a in zip(e.indices, buf.axes[:p])):
+                    return None
+    if _numel(out.shape[:p]) < 64:
+        return None
+    return p
+
+
+@dataclass(eq=False)
+class Stream:
+    """Loads of elements `base + e` of `tensor` (e: the element of the row), read as packs."""
+
+    tensor: object
+    base: Expr
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How a row kernel covers a row: `lanes` threads (a warp or a block), `vector` elements
+    a pack, `chunks` packs a thread; `cached`: the statistics' streams stay in registers."""
+
+    row_len: int
+    vector: int
+    lanes: int
+    chunks: int
+    cached: bool
+
+    @property
+    def warp(self) -> bool:
+        return self.lanes == 32
+
+    @property
+    def lane(self) -> str:
+        return "(threadIdx.x & 31)" if self.warp else "threadIdx.x"
+
+    @property
+    def guarded(self) -> bool:
+        """Whether some chunk of some thread lies past the row's end."""
+        return self.row_len % (self.lanes * self.vector) != 0
+
+
+def plan_row(row_len: int, vector: int, cached_bytes: int) -> RowPlan:
+    """The plan for rows of `row_len` elements in packs of `vector`; `cached_bytes` is what one
+    pack of every stream the statistics read takes in registers."""
+    packs = -(-row_len // vector)
+    if packs <= 32 * ROW_WARP_PACKS:
+        lanes = 32
+    else:
+        lanes = min(1024, -(-packs // (32 * ROW_BLOCK_PACKS)) * 32)
+    chunks = -(-packs // lanes)
+    threads = BLOCK if lanes == 32 else lanes
+    budget = min(ROW_CACHE_BYTES, 2 * 65536 // threads)     # half the registers a thread may have
+    cached = chunks * cached_bytes <= budget and chunks * vector <= ROW_UNROLL_MAX
+    return RowPlan(row_len, vector, lanes, chunks, cached)
+
+
+def _stream_offset(load: Load, strides: dict, o: Var, e: Var) -> tuple[Expr, int] | None:
+    """(b, g) when `load` reads element b + e of its tensor, b a function of the row `o` only
+    and a multiple of g, in bounds for every row and element; else None."""
+    if id(load.tensor) not in strides or not load.indices:
+        return None
+    flat = None
+    for idx, stride in zip(load.indices, strides[id(load.tensor)]):
+        term = idx * stride if stride != 1 else idx
+        flat = term if flat is None else flat + term
+    flat = simplify(flat)
+    span = bounds(flat)
+    if span is None or span[0] < 0 or span[1] >= _numel(load.tensor.shape):
+        return None
+    terms, const = _linear(flat)
+    unit = sum(k for t, k in terms if t is e)
+    rest = [(t, k) for t, k in terms if t is not e]
+    if unit != 1 or any(isinstance(x, Var) and x is not o for t, _ in rest for x in walk(t)):
+        return None
+    base = simplify(substitute(flat, {id(e): as_expr(0, dtypes.int64)}))
+    return base, math.gcd(const, *(k for _, k in rest))
+
+
+class RowEmitter(CudaEmitter):
+    """Emits a row kernel's phases over the thread's elements of the row (see the module doc).
+
+    `streams` maps each vectorized load (by key) to its Stream; `cache` maps the streams kept
+    in registers to their pack arrays.
+    """
+
+    def __init__(self, dialect, names, strides, plan: RowPlan, e: Var, streams: dict, cache: dict):
+        super().__init__(dialect, names, strides, "warp" if plan.warp else "block", indent=2)
+        self.plan, self.e = plan, e
+        self.streams, self.cache = streams, cache
+        self.packs: dict = {}       # stream -> the C expression of its pack in the current chunk
+        self.kept: dict = {}        # key -> register array of a value the statistics computed
+        self.reuse = False          # whether emitting the output (which reads `kept`)
+
+    def pack_type(self, t) -> str:
+        return f"kiln_pack<{self.dialect.storage_type(t)}, {self.plan.vector}>"
+
+    def pack_at(self, stream, eb: str) -> str:
+        """The pack of `stream` starting at row element `eb`, read from memory."""
+        return (f"*reinterpret_cast<const {self.pack_type(stream.tensor.dtype)}*>("
+                f"{self.names[id(stream.tensor)]} + {self.emit(stream.base)} + {eb})")
+
+    def load_cache(self) -> None:
+        """Read every cached stream of this row into its register array, as values."""
+        if not self.cache:
+            return
+        d, plan = self.dialect, self.plan
+        for stream, array in self.cache.items():
+            self.line(f"{d.value_type(stream.tensor.dtype)} {array}[{plan.chunks}][{plan.vector}];")
+        self.open_chunk([])
+        for stream, array in self.cache.items():
+            pack = self.fresh("pk")
+            self.line(f"const {self.pack_type(stream.tensor.dtype)} {pack} = {self.pack_at(stream, 'kiln_eb')};")
+            self.line("#pragma unroll")
+            value = d.load(stream.tensor.dtype, f"{pack}.v[kiln_j]")
+            self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {array}[kiln_c][kiln_j] = {value};")
+        self.close_chunk()
+
+    def open_chunk(self, needed: list) -> None:
+        """Open the loop over this thread's chunks; load the packs of `needed` streams not cached."""
+        plan = self.plan
+        self.line("#pragma unroll" if plan.cached else "#pragma unroll 2")
+        self.open(f"for (int kiln_c = 0; kiln_c < {plan.chunks}; ++kiln_c)")
+        self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector};")
+        if plan.guarded:
+            self.open(f"if (kiln_eb < {plan.row_len})")
+        self.packs = {}
+        for stream in needed:
+            if stream not in self.cache:
+                name = self.fresh("pk")
+                self.line(f"const {self.pack_type(stream.tensor.dtype)} {name} = {self.pack_at(stream, 'kiln_eb')};")
+                self.packs[stream] = name
+
+    def close_chunk(self) -> None:
+        if self.plan.guarded:
+            self.close()
+        self.close()
+
+    def open_element(self) -> None:
+        """Open the loop over the chunk's elements, binding `e`."""
+        self.line("#pragma unroll")
+        self.open(f"for (int kiln_j = 0; kiln_j < {self.plan.vector}; ++kiln_j)")
+        self.line(f"const int64_t {self.names[id(self.e)]} = kiln_eb + kiln_j;")
+
+    def needed(self, e: Expr) -> list:
+        """The streams `e` reads, in order of first read."""
+        found = [self.streams[x.key()] for x in walk(e) if isinstance(x, Load) and x.key() in self.streams]
+        return list(dict.fromkeys(found))
+
+    def emit(self, e: Expr) -> str:
+        if isinstance(e, (Const, Var)):
+            return super().emit(e)
+        key = e.key()
+        kept = self.kept.get(key)
+        if kept is not None and self.reuse:
+            return f"{kept}[kiln_c][kiln_j]"
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        if isinstance(e, Load) and key in self.streams:
+            stream = self.streams[key]
+            if stream in self.cache:
+                return self.let(e.dtype, f"{self.cache[stream]}[kiln_c][kiln_j]", key)
+            return self.let(e.dtype, self.dialect.load(e.dtype, f"{self.packs[stream]}.v[kiln_j]"), key)
+        found = super().emit(e)
+        if kept is not None:
+            self.line(f"{kept}[kiln_c][kiln_j] = {found};")
+        return found
+
+    def keep(self, parts: list[Expr]) -> None:
+        """Keep the values of `parts` that the statistics compute for every element in
+        registers, for the output to reuse (the row's chunks loop fully unrolled)."""
+        for part in parts:
+            name = self.fresh("kiln_k")
+            self.line(f"{self.dialect.value_type(part.dtype)} {name}[{self.plan.chunks}][{self.plan.vector}];")
+            self.kept[part.key()] = name
+
+    def _parallel_reduce(self, r: Reduce, key) -> str:
+        if len(r.axes) != 1 or r.axes[0] is not self.e:
+            return super()._parallel_reduce(r, key)
+        d = self.dialect
+        t = r.body.dtype
+        arg = r.op in ("argmax", "argmin")
+        acc = self.fresh("acc")
+        self.line(f"{d.value_type(t)} {acc} = {reduce_init(r.op, t, d)};")
+        pos = self.fresh("pos")
+        if arg:
+            self.line(f"int64_t {pos} = 0;")
+        self.open_chunk(self.needed(r.body))
+        self.open_element()
+        v = self.emit(r.body)
+        if arg:
+            self.open(f"if ({d.arg_better(r.op, t, v, acc)})")
+            self.line(f"{acc} = {v}; {pos} = {self.names[id(self.e)]};")
+            self.close()
+        else:
+            self.line(d.combine(r.op, t, acc, v))
+        self.close()
+        self.close_chunk()
+        self._combine_lanes(r.op, t, acc, pos if arg else None)
+        result = pos if arg else acc
+        self.scopes[-1][key] = result
+        return result
+
+    def hoist(self, value: Expr) -> None:
+        """Emit here (once a row) the largest parts of `value` that are the same for every
+        element of the row and read no memory but the row statistics."""
+        seen = set()
+
+        def visit(x):
+            if id(x) in seen or isinstance(x, (Const, Var, Load)):
+                return
+            seen.add(id(x))
+            if _row_uniform(x, self.e):
+                self.emit(x)
+            else:
+                for k in x.children():
+                    visit(k)
+
+        visit(value)
+
+    def store_row(self, value: Expr, out, out_name: str) -> None:
+        """Write the output row: each chunk's values packed into one store (a final rounding
+        to the output's 16-bit type is the store's own)."""
+        d, plan = self.dialect, self.plan
+        self.hoist(value)
+        self.reuse = True
+        self.open_chunk(self.needed(value))
+        self.line(f"{self.pack_type(out.dtype)} kiln_st;")
+        self.open_element()
+        if isinstance(value, Cast) and value.dtype == out.dtype and out.dtype.is_16bit_float:
+            v = f"(float)({self.emit(value.a)})"
+        else:
+            v = self.emit(value)
+        self.line(f"kiln_st.v[kiln_j] = {d.store(out.dtype, v)};")
+        self.close()
+        target = f"{out_name} + o * {plan.row_len} + kiln_eb"
+        self.line(f"*reinterpret_cast<{self.pack_type(out.dtype)}*>({target}) = kiln_st;")
+        self.close_chunk()
+
+
+def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
+    """`value` with each top reduction over exactly the row's elements rewritten as a
+    reduction over `e` (its axes unflattened from `e`, row-major)."""
+    memo = {}
+
+    def over_row(r: Reduce) -> Expr:
+        extents = [a.extent for a in r.axes]
+        if any(not isinstance(x, int) for x in extents) or _numel(extents) != row_len:
+            return r
+        index, inner = {}, 1
+        for axis, size in reversed(list(zip(r.axes, extents))):
+            index[id(axis)] = e if size == row_len else (e // inner) % size if inner > 1 else e % size
+            inner *= size
+        return Reduce(r.op, [e], substitute(r.body, index), r.dtype)
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, Reduce):
+                memo[id(x)] = over_row(x)
+            elif isinstance(x, (Var, Load)) or not x.children():
+                memo[id(x)] = x
+            else:
+                memo[id(x)] = _rebuild(x, [visit(k) for k in _own_children(x)])
+        return memo[id(x)]
+
+    return visit(value)
+
+
+def _row_uniform(x: Expr, e: Var) -> bool:
+    """Whether `x` is the same for every element of a row and reads only row statistics."""
+    return not any(y is e or (isinstance(y, Load) and y.indices) or isinstance(y, Reduce) for y in walk(x))
+
+
+_CHEAP = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
+          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+
+
+def _shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
+    """The largest costly parts of the output that every row reduction's body computes for
+    the same element too (softmax's exp(x - max)): worth keeping instead of recomputing."""
+    in_stats, seen = set(), set()
+
+    def collect(x):
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        in_stats.add(x.key())
+        if isinstance(x, Select) and (_reads(x.a) or _reads(x.b)):
+            collect(x.cond)             # the branches run only for some elements
+        elif isinstance(x, Reduce):
+            if x.axes == (e,):          # other reductions loop on their own
+                collect(x.body)
+        elif not isinstance(x, (Var, Load)):
+            for k in x.children():
+                collect(k)
+
+    for value in stats:
+        collect(value)
+    found, visited = [], set()
+
+    def visit(x):
+        if id(x) in visited or isinstance(x, (Const, Var, Load)):
+            return
+        visited.add(id(x))
+        costly = any(isinstance(y, (Unary, Binary)) and y.op not in _CHEAP for y in walk(x))
+        if x.key() in in_stats and costly and any(y is e for y in walk(x)):
+            found.append(x)
+            return
+        for k in x.children():
+            visit(k)
+
+    visit(result)
+    return found
+
+
+def _reads(x: Expr) -> bool:
+    return any(isinstance(y, (Load, Reduce)) for y in walk(x))
+
+
+def _reciprocals(value: Expr, e: Var) -> Expr:
+    """`value` with each floating-point division by a row-uniform divisor (a row statistic)
+    made a multiplication by its reciprocal, which `RowEmitter.hoist` computes once a row."""
+    memo = {}
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, (Var, Load, Const)) or not x.children():
+                out = x
+            else:
+                kids = [visit(k) for k in _own_children(x)]
+                out = _rebuild(x, kids)
+                if (isinstance(x, Binary) and x.op == "div" and x.dtype.is_float and not isinstance(x.b, Const)
+                        and _row_uniform(x.b, e)):
+                    out = Binary("mul", kids[0], Binary("div", Const(1.0, x.dtype), kids[1], x.dtype), x.dtype)
+            memo[id(x)] = out
+        return memo[id(x)]
+
+    return visit(value)
+
+
+def _scalar_loads(value: Expr, scalars: dict) -> Expr:
+    """Loads of a temporary (now of its row scalar) with their indices dropped."""
+    memo = {}
+
+    def visit(x):
+        if id(x) in memo:
+            return memo[id(x)]
+        if isinstance(x, Load):
+            if id(x.tensor) in scalars:
+                out = Load(scalars[id(x.tensor)], ())
+            else:
+                out = Load(x.tensor, [visit(i) for i in x.indices])
+        elif isinstance(x, (Var,)) or not x.children():
+            out = x
+        else:
+            out = _rebuild(x, [visit(k) for k in _own_children(x)])
+        memo[id(x)] = out
+        return out
+
+    return visit(value)
+
+
+def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: int) -> tuple[int, dict]:
+    """The pack width and the streams (load key -> Stream) of a row kernel's values."""
+    found = {}
+    for value in values:
+        for x in walk(value):
+            if isinstance(x, Load) and x.key() not in found:
+                offset = _stream_offset(x, strides, o, e)
+                if offset is not None:
+                    found[x.key()] = (x, offset)
+    narrowest = min([x.tensor.dtype.nbytes for x, _ in found.values()] + [out.dtype.nbytes])
+    vector = min(MAX_VECTOR, max(1, PACK_BYTES // narrowest))
+    while row_len % vector:
+        vector //= 2
+    streams, keys = {}, {}
+    for key, (load, (base, multiple)) in found.items():
+        if multiple % vector == 0:
+            stream = keys.setdefault((id(load.tensor), base.key()), Stream(load.tensor, base))
+            streams[key] = stream
+    return vector, streams
+
+
+def row_program(lowered: Lowered, names: dict, strides: dict, args: list, p: int) -> CudaProgram:
+    """The one-kernel program of a row task (see the module doc)."""
+    d = CudaDialect()
+    out = lowered.outputs[0]
+    rows, row_len = _numel(out.shape[:p]), _numel(out.shape[p:])
+    o, e = Var("o", rows), Var("e", row_len)
+    names = dict(names)
+    names.update({id(o): "o", id(e): "e"})
+    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in lowered.temporaries}
+
+    def row_index(axes, inner: bool) -> dict:
+        index, stride = {}, 1
+        for axis, size in reversed(list(zip(axes[:p], out.shape[:p]))):
+            index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+            stride *= size
+        stride = 1
+        for axis, size in reversed(list(zip(axes[p:], out.shape[p:])) if inner else []):
+            index[id(axis)] = simplify((e // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+            stride *= size
+        return index
+
+    def value_of(buf, inner: bool) -> Expr:
+        value = substitute(buf.value, row_index(buf.axes, inner))
+        return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
+
+    stats = [value_of(t, False) for t in lowered.temporaries]
+    result = _reciprocals(value_of(out, True), e)
+    vector, streams = _streams(stats + [result], strides, o, e, out, row_len)
+    read_by_stats = []
+    for value in stats:
+        for x in walk(value):
+            if isinstance(x, Load) and x.key() in streams and streams[x.key()] not in read_by_stats:
+                read_by_stats.append(streams[x.key()])
+    pack_bytes = sum(max(4, s.tensor.dtype.nbytes) * vector for s in read_by_stats)
+    plan = plan_row(row_len, vector, pack_bytes)
+    cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
+    em = RowEmitter(d, names, strides, plan, e, streams, cache)
+    em.load_cache()
+    if plan.cached:
+        shared = _shared_parts(stats, result, e)
+        em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
+    for t, value in zip(lowered.temporaries, stats):
+        v = em.emit(value)
+        held = em.fresh("row")
+        em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
+        em.scopes[-1][Load(scalars[id(t)], ()).key()] = held
+    em.store_row(result, out, names[id(out)])
+    mode = "warp" if plan.warp else "block"
+    threads = BLOCK if plan.warp else plan.lanes
+    start, step = _ITEM_LOOP[mode]
+    body = "\n".join(em.lines)
+    source = (f'extern "C" __global__ void __launch_bounds__({threads}) kiln_row({_signature(d, args)}) {{\n'
+              f"    for (int64_t o = {start}; o < {rows}; o += {step}) {{\n{body}\n    }}\n}}\n")
+    launch = Launch("kiln_row", tuple(n for n, _, _ in args), (threads, 1, 1), items=rows,
+                    per_block=threads // 32 if plan.warp else 1, waves=64)
+    tensors = [s.tensor for s in streams.values()] + [out]
+    alignment = max(min(PACK_BYTES, t.dtype.nbytes * vector) for t in tensors) if vector > 1 else 1
+    return CudaProgram(d.prelude + "\n" + PACK_TYPE + "\n" + source, [launch], [], alignment=alignment)

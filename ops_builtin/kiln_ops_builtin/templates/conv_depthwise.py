@@ -1,0 +1,175 @@
+"""Depthwise conv2d (groups == in channels == out channels), any float dtype.
+
+A block of NT threads computes a TH x TW tile of one output plane (one image, one channel):
+it first copies the input window the tile reads (zero outside the image: the padding) and the
+channel's filter into shared memory, converted to the accumulator type (float32 for 16-bit and
+32-bit floats), then each thread computes RPT outputs of one column, rows NT / TW apart, from
+shared memory. Outputs go through the core's epilogue hook (bias, activation, cast), with GEMM
+row m the plane (image x channel) and column n the output pixel.
+
+Applies to kernels up to 7 x 7, strides 1 and 2, no dilation, and reads the input and filter
+straight from the task's inputs (a prologue fused into them declines the template).
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.codegen.cuda import CUDA_PRELUDE, CudaDialect, top_reduces
+from kiln.codegen.emitter import row_major_strides
+from kiln.codegen.hooks import _epilogue, _unravel
+from kiln.ir.expr import Cast, Load, Select
+from kiln.ir.inline import inline_task
+from kiln.schedule import Template
+from kiln.schedule.cuda_program import CudaProgram, Launch
+
+NT = 128
+MAX_KERNEL = 7
+DEFAULT = {"TW": 0, "RPT": 0}
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise(PARAMS) {
+    __shared__ ACC xs[IH_T * IW_T];
+    __shared__ ACC ws[KH * KW];
+    const int64_t plane = blockIdx.x;
+    const int c = (int)(plane % C);
+    const int oh0 = blockIdx.y * TH, ow0 = blockIdx.z * TW;
+    const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
+    const auto* xp = X + plane * (int64_t)(H * W);
+    for (int i = threadIdx.x; i < IH_T * IW_T; i += NT) {
+        const int ih = ih0 + i / IW_T, iw = iw0 + i % IW_T;
+        xs[i] = ih >= 0 && ih < H && iw >= 0 && iw < W ? (ACC)LOAD(xp[ih * W + iw]) : (ACC)0;
+    }
+    for (int i = threadIdx.x; i < KH * KW; i += NT) ws[i] = (ACC)LOAD(WT[(int64_t)c * (KH * KW) + i]);
+    __syncthreads();
+    const int tx = threadIdx.x % TW, ty = threadIdx.x / TW, ow = ow0 + tx;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const int oy = ty + r * (NT / TW), oh = oh0 + oy;
+        if (oh < OH && ow < OW) {
+            ACC acc = 0;
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh)
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) acc += xs[(oy * SH + kh) * IW_T + tx * SW + kw] * ws[kh * KW + kw];
+            kiln_epilogue(ARGS, 0, plane, (int64_t)oh * OW + ow, acc);
+        }
+    }
+}
+"""
+
+
+def _pair(value, what: str) -> tuple[int, int]:
+    value = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"conv_depthwise: {what} {value!r} is not an int pair")
+    return value
+
+
+def _strip_cast(e):
+    return e.a if isinstance(e, Cast) else e
+
+
+def _direct_loads(task):
+    """(lowered task, x's Load, weight's Load) when the task's sum is of x * weight read straight
+    from its inputs, padding select included; None otherwise."""
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    reduces = top_reduces(lowered.outputs[0].value)
+    if len(reduces) != 1 or reduces[0].op != "sum":
+        return None
+    body = _strip_cast(reduces[0].body)
+    if isinstance(body, Select):
+        body = _strip_cast(body.a)
+    if getattr(body, "op", None) != "mul":
+        return None
+    x, w = _strip_cast(body.a), _strip_cast(body.b)
+    inputs = {id(t) for t in lowered.inputs}
+    if not (isinstance(x, Load) and isinstance(w, Load)) or not {id(x.tensor), id(w.tensor)} <= inputs:
+        return None
+    return lowered, x, w
+
+
+def _geometry(task):
+    """(N, C, H, W, KH, KW, SH, SW, PH, PW) of a depthwise conv2d task, or None."""
+    a = task.attrs
+    found = _direct_loads(task)
+    if found is None or a.get("groups", 1) == 1:
+        return None
+    _, x, w = found
+    if len(x.tensor.shape) != 4 or len(w.tensor.shape) != 4:
+        return None
+    n, c, h, wd = x.tensor.shape
+    oc, one, kh, kw = w.tensor.shape
+    out = task.outputs[0].shape
+    if not (a["groups"] == c == oc and one == 1 and out[:2] == (n, c) and kh <= MAX_KERNEL and kw <= MAX_KERNEL):
+        return None
+    if _pair(a.get("dilation", 1), "dilation") != (1, 1):
+        return None
+    sh, sw = _pair(a.get("stride", 1), "stride")
+    padding = a.get("padding", 0)
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        padding = ((kh - 1) // 2, (kw - 1) // 2)
+    ph, pw = _pair(padding, "padding")
+    if sh not in (1, 2) or sw not in (1, 2):
+        return None
+    return n, c, h, wd, kh, kw, sh, sw, ph, pw
+
+
+def applies(task) -> bool:
+    try:
+        return _geometry(task) is not None
+    except (ValueError, KeyError):
+        return False
+
+
+def auto_tile(oh: int, ow: int) -> tuple[int, int]:
+    """(TW, RPT): tile columns as narrow as the plane allows, rows per thread to cover it (at most 4)."""
+    tw = 8 if ow <= 8 else 16 if ow <= 16 else 32
+    return tw, min(4, max(1, -(-oh // (NT // tw))))
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: tile from the plane's size; levels 1 and 2 add fixed tiles."""
+    out = [dict(DEFAULT)]
+    if level >= 1:
+        out += [{"TW": 32, "RPT": 4}, {"TW": 16, "RPT": 2}]
+    if level >= 2:
+        out += [{"TW": tw, "RPT": r} for tw in (8, 16, 32) for r in (1, 2, 4)]
+    return out
+
+
+def render(task, TW=0, RPT=0) -> CudaProgram:
+    n, c, h, w, kh, kw, sh, sw, ph, pw = _geometry(task)
+    lowered, x, wt = _direct_loads(task)
+    out = lowered.outputs[0]
+    oh, ow = out.shape[2:]
+    if TW == 0:
+        TW, RPT = auto_tile(oh, ow)
+    if NT % TW or RPT < 1:
+        raise ValueError(f"invalid conv_depthwise knobs TW={TW}, RPT={RPT}")
+    th = NT // TW * RPT
+    d = CudaDialect()
+    acc = top_reduces(out.value)[0].dtype
+    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
+    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
+    args = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
+
+    def index_of(bvar, mvar, nvar):
+        return {**_unravel(mvar, out.axes[:2], out.shape[:2]), **_unravel(nvar, out.axes[2:], out.shape[2:])}
+
+    epilogue = _epilogue(lowered, out, decl, index_of, False)
+    defines = {"NT": NT, "TW": TW, "TH": th, "RPT": RPT, "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
+               "KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw,
+               "IH_T": (th - 1) * sh + kh, "IW_T": (TW - 1) * sw + kw, "ACC": d.value_type(acc),
+               "X": names[id(x.tensor)], "WT": names[id(wt.tensor)], "LOAD(v)": d.load(x.tensor.dtype, "(v)"),
+               "PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    grid = (n * c, -(-oh // th), -(-ow // TW))
+    launch = Launch("kiln_conv_depthwise", tuple(args), (NT, 1, 1), grid=grid)
+    return CudaProgram(CUDA_PRELUDE + epilogue + head + KERNEL, [launch])
+
+
+TEMPLATE = Template("conv_depthwise", ("conv2d",), "cuda", render, priority=20, applies=applies, space=space)

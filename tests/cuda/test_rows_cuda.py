@@ -1,0 +1,146 @@
+"""Row kernels (`kiln.schedule.cuda_rows`): softmax, log_softmax, layer_norm, rms_norm and fused
+row epilogues. Without a GPU: the plans (pack width, warp or block, registers) and NVRTC
+compilation for sm_80 and sm_90. With a GPU (`cuda` marker): results against PyTorch for every
+row length class (1, odd, vectorized warp rows, block rows, rows too long to keep in
+registers), in float32, float16 and bfloat16."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.plugins.registry import registry
+from kiln.runtime import cuda as rt
+from kiln.schedule.cuda_auto import schedule_cuda
+from tests.support import assert_close, rand
+
+ops = kiln.ops
+needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
+                                 "not installed: pip install 'kiln-core[cuda]'")
+
+FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+LENGTHS = (1, 7, 768, 1000, 1001, 4096, 5000, 40000)   # 1001: not a multiple of 8 (scalar packs)
+ROWS = 70
+
+
+def _row_call(op: str, x: torch.Tensor):
+    """(Kiln's result, PyTorch's) of `op` over the last dimension of `x`."""
+    n = x.shape[-1]
+    if op in ("softmax", "log_softmax"):
+        return getattr(ops, op)(x, -1), getattr(torch, op)(x, -1)
+    if op == "layer_norm":
+        w, b = rand((n,), x.dtype).to(x.device), rand((n,), x.dtype).to(x.device)
+        return ops.layer_norm(x, (n,), w, b), F.layer_norm(x, (n,), w, b)
+    return ops.rms_norm(x, (n,), eps=1e-6), F.rms_norm(x, (n,), eps=1e-6)
+
+
+def _task(op: str, shape, dtype):
+    x = rand(shape, dtype)
+    n = shape[-1]
+    args = {"softmax": ((x, -1), {}), "log_softmax": ((x, -1), {}),
+            "layer_norm": ((x, (n,), rand((n,), dtype), rand((n,), dtype)), {}),
+            "rms_norm": ((x, (n,)), {"eps": 1e-6})}[op]
+    definition = registry().operator(op)
+    return definition.task(definition.bind(*args))[0]
+
+
+OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+
+
+@pytest.mark.parametrize("n,dtype,vector,lanes", [
+    (768, torch.float16, 8, 32), (768, torch.float32, 4, 32), (4096, torch.float16, 8, 256),
+    (4096, torch.float32, 4, 512), (1001, torch.float16, 1, 512), (7, torch.bfloat16, 1, 32)])
+def test_row_plan(n, dtype, vector, lanes):
+    program = schedule_cuda(_task("layer_norm", (ROWS, n), dtype))
+    assert program.kernel_names == ["kiln_row"]
+    assert f"kiln_pack<uint16_t, {vector}>" in program.source or f"kiln_pack<float, {vector}>" in program.source
+    assert program.launches[0].block[0] == (256 if lanes == 32 else lanes)
+    assert program.alignment == (16 if vector > 1 else 1)
+    assert ("kiln_x0[" in program.source) == (n <= 5000)     # the row stays in registers
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", FLOAT)
+def test_row_kernels_compile_with_nvrtc(op, dtype):
+    jobs = []
+    for n in (7, 768, 1001, 4096, 40000):
+        program = schedule_cuda(_task(op, (ROWS, n), dtype))
+        jobs += [(program.source, f"{op}_{n}", arch) for arch in ("sm_80", "sm_90")]
+    rt.compile_many(jobs, workers=2)
+
+
+def _fused_graph(n: int, dtype: str):
+    """Three fused row groups: softmax with a prologue and a per-row scale, layer_norm with a
+    residual add (a second stream read only by the output), softmax of a masked input (a bool
+    stream, and loads under a condition)."""
+    x, y = kiln.symbol([ROWS, n], dtype, "cuda"), kiln.symbol([ROWS, n], dtype, "cuda")
+    s, w = kiln.symbol([ROWS, 1], dtype, "cuda"), kiln.symbol([n], dtype, "cuda")
+    m = kiln.symbol([ROWS, n], "bool", "cuda")
+    soft = ops.mul(ops.exp(ops.softmax(ops.add(x, 1.0), -1)), s)
+    norm = ops.add(ops.layer_norm(x, (n,), w, w), y)
+    masked = ops.softmax(ops.where(m, x, -1e4), -1)
+    return kiln.trace_from([soft, norm, masked], [x, y, s, w, m])
+
+
+def _fused_reference(x, y, s, w, m):
+    n = x.shape[-1]
+    soft = torch.exp(torch.softmax(x + 1.0, -1)) * s
+    masked = torch.softmax(torch.where(m, x, torch.tensor(-1e4, dtype=x.dtype, device=x.device)), -1)
+    return soft, F.layer_norm(x, (n,), w, w) + y, masked
+
+
+@needs_nvrtc
+def test_fused_row_epilogues_use_the_row_kernel():
+    opt = kiln.graph.optimize(_fused_graph(768, "float16"))
+    fused = [n for n in opt.nodes if "kiln_row" in schedule_cuda(n.task).source]
+    assert len(fused) == 3
+    rt.compile_many([(schedule_cuda(n.task).source, n.name, arch) for n in fused for arch in ("sm_80", "sm_90")],
+                    workers=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("dtype", FLOAT, ids=lambda d: str(d).replace("torch.", ""))
+def test_row_ops_match_torch(op, n, dtype):
+    x = rand((ROWS, n), dtype).cuda()
+    actual, expected = _row_call(op, x)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 and op in ("layer_norm", "rms_norm") else {}
+    assert_close(actual, expected, **tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT, ids=lambda d: str(d).replace("torch.", ""))
+def test_row_ops_on_3d_inputs_and_misaligned_views(dtype):
+    x = rand((3, 40, 768), dtype).cuda()
+    for op in OPS:
+        actual, expected = _row_call(op, x)
+        assert_close(actual, expected, atol=1e-4 if dtype == torch.float32 else None,
+                     rtol=1e-4 if dtype == torch.float32 else None)
+    flat = rand((ROWS * 768 + 1,), dtype).cuda()
+    view = flat[1:].view(ROWS, 768)                  # 2 or 4 bytes past a 16-byte boundary
+    assert view.data_ptr() % 16
+    assert_close(ops.softmax(view, -1), torch.softmax(view, -1))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT, ids=lambda d: str(d).replace("torch.", ""))
+def test_layer_norm_over_two_axes(dtype):
+    """The row is two axes (12, 64): its reductions unflatten the row element; still packed."""
+    x, w, b = rand((ROWS, 12, 64), dtype).cuda(), rand((12, 64), dtype).cuda(), rand((12, 64), dtype).cuda()
+    tol = 1e-4 if dtype == torch.float32 else None
+    assert_close(ops.layer_norm(x, (12, 64), w, b), F.layer_norm(x, (12, 64), w, b), atol=tol, rtol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", (768, 1001, 4096))
+@pytest.mark.parametrize("dtype", FLOAT, ids=lambda d: str(d).replace("torch.", ""))
+def test_fused_row_epilogues_match_torch(n, dtype):
+    name = str(dtype).replace("torch.", "")
+    opt = kiln.graph.optimize(_fused_graph(n, name))
+    inputs = [rand(s, dtype).cuda() for s in ((ROWS, n), (ROWS, n), (ROWS, 1), (n,))]
+    inputs.append(rand((ROWS, n), torch.bool).cuda())
+    actual = opt(*inputs)
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for a, e in zip(actual, _fused_reference(*inputs)):
+        torch.testing.assert_close(a.torch(), e, atol=tol, rtol=tol)

@@ -1,0 +1,173 @@
+"""CompiledGraph: same values as node-by-node interpretation, a sound and compact memory plan,
+no workspace allocation after the first run, and CUDA graph replay over the fixed workspace."""
+import pytest
+import torch
+
+import kiln
+from kiln.graph import optimize, run_task
+from kiln.runtime.compiled_graph import ALIGNMENT, plan_memory
+from tests.support import assert_close
+
+
+def interpret(graph, inputs):
+    """The graph's outputs computed node by node, every intermediate allocated by torch."""
+    values = {id(s): t for s, t in zip(graph.inputs, inputs)}
+    for node in graph.nodes:
+        args = [values[id(t)] if id(t) in values else t.torch() for t in node.inputs]
+        for sym, out in zip(node.outputs, run_task(node.task, node.device, args)):
+            values[id(sym)] = out
+    return [values[id(t)] if id(t) in values else t.torch() for t in graph.outputs]
+
+
+def chain(n=8, shape=(64, 64), device="cpu"):
+    x = kiln.symbol(shape, "float32", device)
+    y = x
+    for k in range(n):
+        y = kiln.ops.add(kiln.ops.mul(y, 0.5), float(k)) if k % 2 else kiln.ops.tanh(y)
+    return kiln.trace_from(y, [x])
+
+
+def multi_output():
+    """Multi-output operators (split, max_dim), an unused output, a constant, an output that is
+    also an input, and the same output twice."""
+    x = kiln.symbol((6, 12), "float32", "cpu")
+    c = kiln.from_torch(torch.randn(6, 4))
+    a, b, _ = kiln.ops.split(x, 4, 1)
+    values, indices = kiln.ops.max_dim(kiln.ops.mul(a, b), 1)
+    y = kiln.ops.add(kiln.ops.relu(a), c)
+    return kiln.trace_from([y, values, indices, x, y], [x])
+
+
+def fused():
+    """A graph that the default pipeline fuses (elementwise chains into reductions)."""
+    x = kiln.symbol((16, 32), "float32", "cpu")
+    w = kiln.from_torch(torch.randn(32, 32) * 0.1)
+    h = kiln.ops.relu(kiln.ops.add(kiln.ops.matmul(x, w), 1.0))
+    s = kiln.ops.sum(kiln.ops.exp(kiln.ops.mul(h, 0.1)), 1)
+    return optimize(kiln.trace_from([s, kiln.ops.softmax(h, -1)], [x]))
+
+
+GRAPHS = {"chain": chain, "multi_output": multi_output, "fused": fused}
+
+
+def inputs_for(graph):
+    return [torch.randn(t.shape, device=t.device.torch()) for t in graph.inputs]
+
+
+def assert_plan_sound(compiled):
+    """No two intermediates whose lifetimes intersect share a byte; offsets are aligned."""
+    for plan in compiled.plans.values():
+        spans = [(s, plan.offsets[s], plan.offsets[s] + compiled.buffers[s].nbytes) for s in plan.offsets]
+        for s, start, end in spans:
+            assert start % ALIGNMENT == 0 and end <= plan.size
+            for t, other_start, other_end in spans:
+                if s < t and start < end and other_start < other_end:
+                    (a0, a1), (b0, b1) = compiled.lifetimes[s], compiled.lifetimes[t]
+                    if a0 <= b1 and b0 <= a1:
+                        assert end <= other_start or other_end <= start, (s, t)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_values_match_node_by_node_interpretation(name):
+    graph = GRAPHS[name]()
+    for _ in range(2):                          # the second run reuses the workspace
+        inputs = inputs_for(graph)
+        got = graph.run(inputs)
+        want = interpret(graph, inputs)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.torch().dtype == w.dtype and tuple(g.shape) == tuple(w.shape)
+            assert_close(g.torch(), w)
+
+
+def test_fused_graph_has_fused_nodes():
+    assert any(type(n).__name__ == "FusedOperator" for n in fused().nodes)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_plan_never_overlaps_live_buffers(name):
+    assert_plan_sound(GRAPHS[name]().compile())
+
+
+def test_outputs_inputs_and_constants_are_not_in_the_workspace():
+    graph = multi_output()
+    compiled = graph.compile()
+    placed = {s for plan in compiled.plans.values() for s in plan.offsets}
+    assert not placed & (set(compiled.inputs) | set(compiled.outputs))
+    x = torch.randn(6, 12)
+    outs = graph.run([x])
+    assert outs[3].torch() is x and outs[0].torch() is outs[4].torch()
+
+
+def test_workspace_is_smaller_than_the_intermediates_on_a_chain():
+    graph = chain(n=10)
+    compiled, one = graph.compile(), 64 * 64 * 4
+    assert compiled.intermediate_bytes == (len(graph.nodes) - 1) * one
+    assert compiled.workspace_bytes == 2 * one       # a chain needs two live buffers at a time
+
+
+def test_first_fit_reuses_freed_space():
+    # 0 and 1 live together, 2 starts after 0 died: it takes 0's place
+    plan = plan_memory({0: 1000, 1: 300, 2: 900}, {0: (0, 1), 1: (1, 2), 2: (2, 3)})
+    assert plan.offsets == {0: 0, 1: 1024, 2: 0} and plan.size == 1024 + 512
+
+
+def test_repeated_runs_allocate_only_the_outputs(monkeypatch):
+    graph = chain(n=6)
+    compiled = graph.compile()
+    workspace = compiled.workspaces[torch.device("cpu")]
+    x = torch.randn(64, 64)
+    first = compiled.run([x])[0]
+    allocations, empty = [], torch.empty
+
+    def counting(*args, **kwargs):
+        allocations.append(args)
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", counting)
+    second = compiled.run([x])[0]
+    monkeypatch.undo()
+    assert len(allocations) == 1                     # the one output
+    assert graph.compile() is compiled and compiled.workspaces[torch.device("cpu")] is workspace
+    assert second.data_ptr() != first.data_ptr()     # results outlive the next run
+    assert_close(second, first)
+
+
+def test_kernels_run_through_compiled_task(monkeypatch):
+    from kiln.schedule.build import CompiledTask
+    graph = chain(n=4)
+    graph.compile()
+    calls, original = [], CompiledTask.__call__
+
+    def call(self, *args, **kwargs):
+        calls.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompiledTask, "__call__", call)
+    graph.run([torch.randn(64, 64)])
+    assert len(calls) == len(graph.nodes) == 6
+
+
+def test_missing_input_is_reported():
+    x, y = kiln.symbol((4,), "float32", "cpu"), kiln.symbol((4,), "float32", "cpu")
+    z = kiln.ops.add(x, y)
+    graph = kiln.FlowGraph([z], [x], [z.trace[0]])
+    with pytest.raises(ValueError, match="neither one of its inputs"):
+        graph.compile()
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_through_compiled_graph_matches_plain_run():
+    graph = chain(n=8, shape=(256, 256), device="cuda")
+    compiled = graph.compile()
+    assert_plan_sound(compiled)
+    assert compiled.workspace_bytes < compiled.intermediate_bytes
+    workspace = compiled.workspaces[torch.device("cuda", 0)].data_ptr()
+    captured = graph.cuda_graph()
+    for _ in range(2):
+        x = torch.randn(256, 256, device="cuda")
+        replayed = captured.run([x])[0].torch().clone()
+        plain = graph.run([x])[0].torch()
+        assert_close(replayed, plain)
+        assert_close(replayed, interpret(graph, [x])[0])
+    assert compiled.workspaces[torch.device("cuda", 0)].data_ptr() == workspace
