@@ -22,7 +22,7 @@ from kiln.schedule import Template
 from kiln.schedule.cuda_program import CudaProgram, Launch
 
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.matmul_tc import HELPERS
+from kiln_ops_builtin.templates.matmul_tc import HELPERS, MMA_STEP
 
 BK = 32
 BLOCKS_WANTED = 128          # about one wave of blocks on current data-centre GPUs
@@ -95,32 +95,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_tc(PARAMS) {
         if (kt + 1 < kt1) fetch(kt + 1);
         const uint16_t* as = As[cur];
         const uint16_t* bs = Bs[cur];
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            unsigned af[WM / 16][4], bf[WN / 8][2];
-#pragma unroll
-            for (int i = 0; i < WM / 16; ++i) {
-                const int r = wm * WM + i * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
-                kiln_ldmatrix_x4(af[i], as + r * BK + kiln_swz(r, c, BK / 8) * 8);
-            }
-#pragma unroll
-            for (int j = 0; j < WN / 16; ++j) {
-                unsigned t[4];
-                const int r = wn * WN + j * 16 + (lane >> 4) * 8 + (lane & 7), c = kk * 2 + ((lane >> 3) & 1);
-                kiln_ldmatrix_x4(t, bs + r * BK + kiln_swz(r, c, BK / 8) * 8);
-                bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1]; bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
-            }
-#pragma unroll
-            for (int i = 0; i < WM / 16; ++i)
-#pragma unroll
-                for (int j = 0; j < WN / 8; ++j)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 "
-                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
-        }
-        if (kt + 1 < kt1) stash(cur ^ 1);
+""" + MMA_STEP + r"""        if (kt + 1 < kt1) stash(cur ^ 1);
         __syncthreads();
     }
 #pragma unroll
@@ -209,7 +184,7 @@ def render(task, BM=0, BN=0, WM=0, WN=0, SPLIT=0) -> CudaProgram:
     sk = split_k.plan(split, g.M, g.N, g.K, BK, 1, g.params, tuple(g.args.split(", ")), temporaries)
     is_f16 = _operand_dtype(task) == dtypes.float16
     defines = {"NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LA": BM * BK // 8 // nt,
-               "LB": BN * BK // 8 // nt, "M": g.M, "N": g.N, "K": g.K, "ARGS": g.args,
+               "LB": BN * BK // 8 // nt, "M": g.M, "N": g.N, "K": g.K, "ARGS": g.args, "B_K_CONTIGUOUS": 1,
                "TO16(x)": "kiln_f2h(x)" if is_f16 else "kiln_f2bf(x)", **sk.defines}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     source = (CUDA_PRELUDE + HELPERS + g.hooks + head + KERNEL.replace("MMA_TYPE", "f16" if is_f16 else "bf16")

@@ -43,6 +43,41 @@ static __device__ __forceinline__ int kiln_swz(int r, int c, int C) {
 }
 """
 
+# One BK-deep step of a warp's WM x WN tile: ldmatrix fragments of the swizzled k-major tiles
+# `as` and `bs` (`bs` k-major when B_K_CONTIGUOUS, else [BK, BN] row-major) into mma.sync.
+MMA_STEP = r"""
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            unsigned af[WM / 16][4], bf[WN / 8][2];
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i) {
+                const int r = wm * WM + i * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
+                kiln_ldmatrix_x4(af[i], as + r * BK + kiln_swz(r, c, BK / 8) * 8);
+            }
+#pragma unroll
+            for (int j = 0; j < WN / 16; ++j) {
+                unsigned t[4];
+#if B_K_CONTIGUOUS
+                const int r = wn * WN + j * 16 + (lane >> 4) * 8 + (lane & 7), c = kk * 2 + ((lane >> 3) & 1);
+                kiln_ldmatrix_x4(t, bs + r * BK + kiln_swz(r, c, BK / 8) * 8);
+#else
+                const int r = kk * 16 + (lane & 15), c = (wn * WN + j * 16) / 8 + (lane >> 4);
+                kiln_ldmatrix_x4_trans(t, bs + r * BN + kiln_swz(r, c, BN / 8) * 8);
+#endif
+                bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1]; bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+                for (int j = 0; j < WN / 8; ++j)
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 "
+                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                        : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+        }
+""".lstrip("\n")
+
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
     extern __shared__ __align__(128) unsigned char kiln_smem[];
@@ -106,37 +141,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
         asm volatile("cp.async.commit_group;\n");
         const uint16_t* as = As + (kt % STAGES) * BM * BK;
         const uint16_t* bs = Bs + (kt % STAGES) * BN * BK;
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            unsigned af[WM / 16][4], bf[WN / 8][2];
-#pragma unroll
-            for (int i = 0; i < WM / 16; ++i) {
-                const int r = wm * WM + i * 16 + (lane & 15), c = kk * 2 + (lane >> 4);
-                kiln_ldmatrix_x4(af[i], as + r * BK + kiln_swz(r, c, BK / 8) * 8);
-            }
-#pragma unroll
-            for (int j = 0; j < WN / 16; ++j) {
-                unsigned t[4];
-#if B_K_CONTIGUOUS
-                const int r = wn * WN + j * 16 + (lane >> 4) * 8 + (lane & 7), c = kk * 2 + ((lane >> 3) & 1);
-                kiln_ldmatrix_x4(t, bs + r * BK + kiln_swz(r, c, BK / 8) * 8);
-#else
-                const int r = kk * 16 + (lane & 15), c = (wn * WN + j * 16) / 8 + (lane >> 4);
-                kiln_ldmatrix_x4_trans(t, bs + r * BN + kiln_swz(r, c, BN / 8) * 8);
-#endif
-                bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1]; bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
-            }
-#pragma unroll
-            for (int i = 0; i < WM / 16; ++i)
-#pragma unroll
-                for (int j = 0; j < WN / 8; ++j)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 "
-                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
-        }
-    }
+""" + MMA_STEP + r"""    }
     asm volatile("cp.async.wait_group 0;\n");
 #pragma unroll
     for (int i = 0; i < WM / 16; ++i)
