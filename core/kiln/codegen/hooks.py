@@ -143,13 +143,13 @@ def match_contraction(task: Task) -> Contraction | None:
     decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
     names = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
     def index_of(bvar, mvar, nvar):
-        return {**_unravel(bvar, axes[:nbatch], out.shape[:nbatch]), id(axes[-2]): mvar, id(axes[-1]): nvar}
+        return {**unravel_index(bvar, axes[:nbatch], out.shape[:nbatch]), id(axes[-2]): mvar, id(axes[-1]): nvar}
 
     return Contraction(out.shape[:-2], out.shape[-2], out.shape[-1], r.axes[0].extent, a, b, r.dtype,
-                       out.dtype, ", ".join(decl), ", ".join(names), _epilogue(lowered, out, decl, index_of, True))
+                       out.dtype, ", ".join(decl), ", ".join(names), render_epilogue(lowered, out, decl, index_of, True))
 
 
-def _epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool) -> str:
+def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool) -> str:
     """Two device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
@@ -196,7 +196,7 @@ def _epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool) -> st
     return "".join(functions)
 
 
-def _unravel(var: Var, axes, extents) -> dict:
+def unravel_index(var: Var, axes, extents) -> dict:
     """Index expressions of `axes` (row-major over `extents`) from the flat index `var`."""
     index, inner = {}, 1
     for axis, size in reversed(list(zip(axes, extents))):
@@ -276,11 +276,11 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     mvar, nvar, kvar = Var("m", M), Var("n", N), Var("k", K)
-    k_index = _unravel(kvar, r.axes, k_ext)
+    k_index = unravel_index(kvar, r.axes, k_ext)
     loads = []
     for name, factor, own_axes, own_ext, own_var, order in (
             ("kiln_load_a", fa, m_axes, m_ext, mvar, "m, k"), ("kiln_load_b", fb, n_axes, n_ext, nvar, "k, n")):
-        index = {**_unravel(own_var, own_axes, own_ext), **k_index}
+        index = {**unravel_index(own_var, own_axes, own_ext), **k_index}
         value = simplify(cast(substitute(factor, index), r.dtype))
         em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides)
         v = em.emit(value)
@@ -289,10 +289,10 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
                      + "\n".join(em.lines) + f"\n    return {v};\n}}\n")
 
     def index_of(bvar, mv, nv):
-        return {**_unravel(mv, m_axes, m_ext), **_unravel(nv, n_axes, n_ext)}
+        return {**unravel_index(mv, m_axes, m_ext), **unravel_index(nv, n_axes, n_ext)}
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
-    hooks = "".join(loads) + _epilogue(lowered, out, decl, index_of, n_contiguous)
+    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
                       ", ".join([f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]), hooks)
 

@@ -35,7 +35,7 @@ def substitute(expr: Expr, mapping: dict[int, Expr], memo: dict | None = None,
             mapping.update({id(a): n for a, n in zip(e.axes, axes)})
             out = Reduce(e.op, axes, sub(e.body), e.dtype)
         else:
-            out = _rebuild(e, [sub(c) for c in _own_children(e)])
+            out = rebuild_expr(e, [sub(c) for c in own_children(e)])
         memo[id(e)] = (e, out)
         return out
 
@@ -83,7 +83,7 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
             elif isinstance(e, (Var, Const)):
                 out = e
             else:
-                out = _rebuild(e, [visit(c) for c in _own_children(e)])
+                out = rebuild_expr(e, [visit(c) for c in own_children(e)])
             memo[id(e)] = (e, out)
             return out
 
@@ -109,13 +109,15 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
     return Lowered(task, buffers, outputs)
 
 
-def _own_children(e: Expr) -> list[Expr]:
+def own_children(e: Expr) -> list[Expr]:
+    """The sub-expressions `rebuild_expr` takes back (a reduction's body, not its extents)."""
     if isinstance(e, Reduce):
         return [e.body]
     return list(e.children())
 
 
-def _rebuild(e: Expr, kids: list[Expr]) -> Expr:
+def rebuild_expr(e: Expr, kids: list[Expr]) -> Expr:
+    """A copy of the node `e` over new children `kids` (as `own_children(e)` lists them)."""
     if isinstance(e, Unary):
         return Unary(e.op, kids[0], e.dtype)
     if isinstance(e, Binary):

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from kiln.graph import FlowGraph, Operator
 from kiln.ir import Compute, Const, Expr, Load, Task, TensorInput, Var, substitute
-from kiln.ir.inline import _own_children, _rebuild
+from kiln.ir.inline import own_children, rebuild_expr
 from kiln.tensor import Tensor
 
 
@@ -52,7 +52,7 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
                 value = substitute(t.value, {id(a): i for a, i in zip(t.axes, idx)})
                 out_e = found[key] = value if t is anchor else visit(value)
         else:
-            out_e = _rebuild(e, [visit(c) for c in _own_children(e)])
+            out_e = rebuild_expr(e, [visit(c) for c in own_children(e)])
         memo[id(e)] = (e, out_e)
         return out_e
 

@@ -28,7 +28,7 @@ from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, reduce_init, row_major_strides
 from kiln.ir.compute import Compute, TensorInput
 from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr
-from kiln.ir.inline import Lowered, _own_children, _rebuild, inline_task, substitute
+from kiln.ir.inline import Lowered, own_children, rebuild_expr, inline_task, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.schedule.cuda_program import CudaProgram, Launch
 
@@ -261,11 +261,11 @@ def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
             return replacement
         if id(x) in memo:
             return memo[id(x)]
-        kids = _own_children(x) if not isinstance(x, (Var, Load)) else None
+        kids = own_children(x) if not isinstance(x, (Var, Load)) else None
         if isinstance(x, Load):
             out = Load(x.tensor, [visit(i) for i in x.indices])
         elif kids:
-            out = _rebuild(x, [visit(k) for k in kids])
+            out = rebuild_expr(x, [visit(k) for k in kids])
         else:
             out = x
         memo[id(x)] = out

@@ -30,7 +30,7 @@ from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import reduce_init
 from kiln.ir.compute import TensorInput
 from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, as_expr, walk
-from kiln.ir.inline import Lowered, _own_children, _rebuild, substitute
+from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
 from kiln.ir.simplify import _linear, bounds, simplify
 from kiln.schedule.cuda_auto import _ITEM_LOOP, BLOCK, CudaEmitter, _numel, _signature
 from kiln.schedule.cuda_program import CudaProgram, Launch
@@ -322,7 +322,7 @@ def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
             elif isinstance(x, (Var, Load)) or not x.children():
                 memo[id(x)] = x
             else:
-                memo[id(x)] = _rebuild(x, [visit(k) for k in _own_children(x)])
+                memo[id(x)] = rebuild_expr(x, [visit(k) for k in own_children(x)])
         return memo[id(x)]
 
     return visit(value)
@@ -389,8 +389,8 @@ def _reciprocals(value: Expr, e: Var) -> Expr:
             if isinstance(x, (Var, Load, Const)) or not x.children():
                 out = x
             else:
-                kids = [visit(k) for k in _own_children(x)]
-                out = _rebuild(x, kids)
+                kids = [visit(k) for k in own_children(x)]
+                out = rebuild_expr(x, kids)
                 if (isinstance(x, Binary) and x.op == "div" and x.dtype.is_float and not isinstance(x.b, Const)
                         and _row_uniform(x.b, e)):
                     out = Binary("mul", kids[0], Binary("div", Const(1.0, x.dtype), kids[1], x.dtype), x.dtype)
@@ -415,7 +415,7 @@ def _scalar_loads(value: Expr, scalars: dict) -> Expr:
         elif isinstance(x, (Var,)) or not x.children():
             out = x
         else:
-            out = _rebuild(x, [visit(k) for k in _own_children(x)])
+            out = rebuild_expr(x, [visit(k) for k in own_children(x)])
         memo[id(x)] = out
         return out
 

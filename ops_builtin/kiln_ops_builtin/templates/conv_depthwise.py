@@ -15,7 +15,7 @@ from __future__ import annotations
 from kiln import dtypes
 from kiln.codegen.cuda import CUDA_PRELUDE, CudaDialect, top_reduces
 from kiln.codegen.emitter import row_major_strides
-from kiln.codegen.hooks import _epilogue, _unravel
+from kiln.codegen.hooks import render_epilogue, unravel_index
 from kiln.ir.expr import Cast, Load, Select
 from kiln.ir.inline import inline_task
 from kiln.schedule import Template
@@ -158,9 +158,9 @@ def render(task, TW=0, RPT=0) -> CudaProgram:
     args = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
 
     def index_of(bvar, mvar, nvar):
-        return {**_unravel(mvar, out.axes[:2], out.shape[:2]), **_unravel(nvar, out.axes[2:], out.shape[2:])}
+        return {**unravel_index(mvar, out.axes[:2], out.shape[:2]), **unravel_index(nvar, out.axes[2:], out.shape[2:])}
 
-    epilogue = _epilogue(lowered, out, decl, index_of, False)
+    epilogue = render_epilogue(lowered, out, decl, index_of, False)
     defines = {"NT": NT, "TW": TW, "TH": th, "RPT": RPT, "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
                "KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw,
                "IH_T": (th - 1) * sh + kh, "IW_T": (TW - 1) * sw + kw, "ACC": d.value_type(acc),
