@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 import kiln
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.schedule.build import CompiledTask
+from kiln.runtime.backend import CompiledTask
 
 
 class Bottleneck(nn.Module):

@@ -134,7 +134,7 @@ def test_repeated_runs_allocate_only_the_outputs(monkeypatch):
 
 
 def test_kernels_run_through_compiled_task(monkeypatch):
-    from kiln.schedule.build import CompiledTask
+    from kiln.runtime.backend import CompiledTask
     graph = chain(n=4)
     graph.compile()
     calls, original = [], CompiledTask.__call__

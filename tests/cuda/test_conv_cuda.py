@@ -85,8 +85,8 @@ def _tolerance(dtype, k):
 
 
 def _templates(task):
-    from kiln.schedule.cuda import cuda_templates
-    return [t.name for t in cuda_templates(task)]
+    from kiln.schedule import schedules_for
+    return [t.name for t in schedules_for(task, "cuda")]
 
 
 # ---------------------------------------------------------------- without a GPU
@@ -146,10 +146,9 @@ def test_fused_bias_relu_residual_compiles_with_nvrtc():
 
 
 def _compile_all(template_name, task, level):
-    from kiln.schedule.cuda import arch_for
     template = next(t for t in registry().items("schedules") if getattr(t, "name", None) == template_name)
     programs = [template.render(task, **knobs) for knobs in template.space(level)]
-    rt.compile_many([(p.source, f"{task.name}_{template_name}_{k}", arch_for(p, arch))
+    rt.compile_many([(p.source, f"{task.name}_{template_name}_{k}", p.arch_for(arch))
                      for k, p in enumerate(programs) for arch in ARCHS])
 
 
@@ -193,9 +192,9 @@ def test_conv_tc_every_knob_setting(op, xs, ws, kw, dtype, knobs):
 
 def _run_template(template, op, tensors, kw, knobs, dtype, k):
     """`template` with `knobs` on `tensors` (NaN-filled output first) against float64 PyTorch."""
-    from kiln.schedule.cuda import load_program
+    from kiln.runtime.backend import backend_for
     task = _task(op, tensors, kw)
-    runner = load_program(template.render(task, **knobs), kiln.device("cuda"))
+    runner = backend_for(kiln.device("cuda")).load(template.render(task, **knobs), kiln.device("cuda"))
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
     runner([t for t in tensors if t is not None], [out])
     x, w, b = tensors

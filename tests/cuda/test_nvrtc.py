@@ -3,7 +3,7 @@
 and sm_90. Needs cuda-bindings and nvidia-cuda-nvrtc (the README's test command installs them).
 
 For full coverage, run any CPU tests with `KILN_NVRTC_CHECK=sm_80,sm_90`: every task the CPU
-backend builds then has its CUDA program compiled too (see `kiln.schedule.build`).
+backend builds then has its CUDA program compiled too (see `kiln.schedule.choose.build_task`).
 """
 import pytest
 
@@ -30,7 +30,7 @@ PARAMS = [pytest.param(c, d, id=f"{c.name}-{str(d).replace('torch.', '')}") for 
 
 @pytest.mark.parametrize("case,dtype", PARAMS)
 def test_compiles_for_sm80_and_sm90(case, dtype):
-    from kiln.schedule.cuda import check_nvrtc
+    from kiln.schedule.choose import check_nvrtc
     check_nvrtc(_task(case, dtype), ARCHS)
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import kiln
 from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
-from kiln.schedule.cuda_auto import schedule_cuda
+from kiln.schedule.choose import auto_program
 from tests.support import assert_close, rand
 
 ops = kiln.ops
@@ -50,7 +50,7 @@ OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
     (768, torch.float16, 8, 32), (768, torch.float32, 4, 32), (4096, torch.float16, 8, 256),
     (4096, torch.float32, 4, 512), (1001, torch.float16, 1, 512), (7, torch.bfloat16, 1, 32)])
 def test_row_plan(n, dtype, vector, lanes):
-    program = schedule_cuda(_task("layer_norm", (ROWS, n), dtype))
+    program = auto_program(_task("layer_norm", (ROWS, n), dtype), "cuda")
     assert program.kernel_names == ["kiln_row"]
     assert f"kiln_pack<uint16_t, {vector}>" in program.source or f"kiln_pack<float, {vector}>" in program.source
     assert program.launches[0].block[0] == (256 if lanes == 32 else lanes)
@@ -64,7 +64,7 @@ def test_row_plan(n, dtype, vector, lanes):
 def test_row_kernels_compile_with_nvrtc(op, dtype):
     jobs = []
     for n in (7, 768, 1001, 4096, 40000):
-        program = schedule_cuda(_task(op, (ROWS, n), dtype))
+        program = auto_program(_task(op, (ROWS, n), dtype), "cuda")
         jobs += [(program.source, f"{op}_{n}", arch) for arch in ("sm_80", "sm_90")]
     rt.compile_many(jobs, workers=2)
 
@@ -92,9 +92,9 @@ def _fused_reference(x, y, s, w, m):
 @needs_nvrtc
 def test_fused_row_epilogues_use_the_row_kernel():
     opt = kiln.graph.optimize(_fused_graph(768, "float16"))
-    fused = [n for n in opt.nodes if "kiln_row" in schedule_cuda(n.task).source]
+    fused = [n for n in opt.nodes if "kiln_row" in auto_program(n.task, "cuda").source]
     assert len(fused) == 3
-    rt.compile_many([(schedule_cuda(n.task).source, n.name, arch) for n in fused for arch in ("sm_80", "sm_90")],
+    rt.compile_many([(auto_program(n.task, "cuda").source, n.name, arch) for n in fused for arch in ("sm_80", "sm_90")],
                     workers=2)
 
 

@@ -77,14 +77,14 @@ def test_fused_bias_gelu_epilogue(m, k, n, dtype):
 
 def _every_template_suggestion():
     """(template, knobs) of each applicable template's first suggestion and first split-K one."""
-    from kiln.schedule.cuda import cuda_templates
+    from kiln.schedule import schedules_for
     calls = [((17, 1000), (1000, 50)), ((128, 3072), (3072, 768)), ((2, 3, 40, 192), (3, 192, 33))]
     for dtype in DTYPES:
         for shapes in calls:
             definition = registry().operator("matmul")
             zeros = [kiln.from_torch(torch.zeros(s, dtype=dtype)) for s in shapes]
             task = definition.task(definition.bind(zeros, {}))[0]
-            for template in cuda_templates(task):
+            for template in schedules_for(task, "cuda"):
                 ranked = template.suggest(task, 132)          # an H100/H200's SMs
                 picked = ranked[:1] + [k for k in ranked if k.get("SPLIT", 1) > 1][:2]
                 for knobs in [k for i, k in enumerate(picked) if k not in picked[:i]]:
@@ -97,12 +97,12 @@ def _every_template_suggestion():
 def test_every_template_split_k(shapes, dtype, template, knobs):
     """Each template's suggestions (matmul_tc too, which sm_90 would not pick) on the GPU."""
     from kiln.runtime.cuda import device_info
-    from kiln.schedule.cuda import load_program
+    from kiln.runtime.backend import backend_for
     if template.min_arch > int(device_info(0)["arch"][3:5]):
         pytest.skip(f"{template.name} needs sm_{template.min_arch}")
     a, b = (_rand(*s, dtype=dtype) for s in shapes)
     definition = registry().operator("matmul")
     task = definition.task(definition.bind([kiln.from_torch(a), kiln.from_torch(b)], {}))[0]
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
-    load_program(template.render(task, **knobs), kiln.device("cuda"))([a, b], [out])
+    backend_for(kiln.device("cuda")).load(template.render(task, **knobs), kiln.device("cuda"))([a, b], [out])
     _check(out, a.double() @ b.double(), dtype)

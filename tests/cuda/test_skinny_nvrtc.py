@@ -8,7 +8,7 @@ import torch
 import kiln
 from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
-from kiln.schedule.cuda import arch_for, cuda_templates
+from kiln.schedule import schedules_for
 
 ops = kiln.ops
 SMS = 132        # an H100/H200
@@ -31,10 +31,10 @@ def _blocks(program) -> int:
 
 def _compile(task, knob_sets):
     jobs = []
-    for template in cuda_templates(task):
+    for template in schedules_for(task, "cuda"):
         for knobs in knob_sets(template):
             program = template.render(task, **knobs)
-            jobs += [(program.source, f"{template.name}_{arch}", arch_for(program, arch))
+            jobs += [(program.source, f"{template.name}_{arch}", program.arch_for(arch))
                      for arch in ARCHS if program.min_arch <= int(arch[3:5])]
     assert jobs
     rt.compile_many(jobs)
@@ -43,7 +43,7 @@ def _compile(task, knob_sets):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_large_gemm_keeps_the_default_tile(dtype):
     task = _task("matmul", (4096, 4096), (4096, 4096), dtype=dtype)
-    for template in cuda_templates(task):
+    for template in schedules_for(task, "cuda"):
         assert template.suggest(task, SMS)[0] == template.space(0)[0], template.name
 
 
@@ -51,7 +51,7 @@ def test_large_gemm_keeps_the_default_tile(dtype):
 @pytest.mark.parametrize("m,k,n", [(128, 768, 768), (128, 768, 2304), (128, 768, 3072), (128, 3072, 768)])
 def test_bert_shapes_fill_the_gpu(m, k, n, dtype):
     task = _task("matmul", (m, k), (k, n), dtype=dtype)
-    for template in cuda_templates(task):
+    for template in schedules_for(task, "cuda"):
         best = template.suggest(task, SMS)[0]
         blocks = _blocks(template.render(task, **best))
         assert SMS // 2 <= blocks <= 2 * SMS, (template.name, best, blocks)
@@ -59,7 +59,7 @@ def test_bert_shapes_fill_the_gpu(m, k, n, dtype):
 
 def test_batched_attention_uses_small_tiles():
     task = _task("matmul", (12, 128, 64), (12, 64, 128))
-    for template in cuda_templates(task):
+    for template in schedules_for(task, "cuda"):
         assert _blocks(template.render(task, **template.suggest(task, SMS)[0])) >= 48, template.name
 
 
@@ -67,7 +67,7 @@ def test_split_k_program_shape():
     """A split-K program: the contraction on a (tiles, SPLIT, batch) grid, then the sum kernel
     over a float32 workspace [SPLIT][batch][M][N] that it passes as its last parameter."""
     task = _task("matmul", (17, 1000), (1000, 50), dtype=torch.float32)
-    template = cuda_templates(task)[0]
+    template = schedules_for(task, "cuda")[0]
     knobs = dict(template.suggest(task, SMS)[0])
     assert knobs.get("SPLIT", 1) > 1
     program = template.render(task, **knobs)
@@ -106,7 +106,7 @@ def test_fused_bias_gelu_split_k_compiles(dtype):
     (fused,) = kiln.graph.optimize(graph).nodes
     assert fused.task.name == "matmul"
     _compile(fused.task, lambda template: [template.suggest(fused.task, SMS)[0]])
-    assert all(t.suggest(fused.task, SMS)[0].get("SPLIT", 1) > 1 for t in cuda_templates(fused.task))
+    assert all(t.suggest(fused.task, SMS)[0].get("SPLIT", 1) > 1 for t in schedules_for(fused.task, "cuda"))
 
 
 def test_tuner_candidates_follow_the_suggestions():
@@ -114,7 +114,7 @@ def test_tuner_candidates_follow_the_suggestions():
     each knob setting once."""
     from kiln.schedule.tuner import SUGGESTED, candidates
     task = _task("matmul", (128, 768), (768, 768))
-    for template in cuda_templates(task):
+    for template in schedules_for(task, "cuda"):
         ranked = template.suggest(task, SMS)
         assert candidates(template, task, SMS, 0) == ranked[:1] and ranked[0].get("SPLIT", 1) > 1
         for level in (1, 2):

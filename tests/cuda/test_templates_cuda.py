@@ -24,13 +24,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _programs():
-    from kiln.schedule.cuda import cuda_templates
+    from kiln.schedule import schedules_for
     for call, (op, make, _) in CALLS.items():
         for dtype in DTYPES:
             definition = registry().operator(op)
             args = [kiln.from_torch(t) if isinstance(t, torch.Tensor) else t for t in make(dtype)]
             task = definition.task(definition.bind(args, {}))[0]
-            for template in cuda_templates(task):
+            for template in schedules_for(task, "cuda"):
                 for knobs in template.space(1):
                     yield pytest.param(call, dtype, template, knobs,
                                        id=f"{template.name}-{call}-{str(dtype)[6:]}-{'-'.join(map(str, knobs.values()))}")
@@ -39,7 +39,7 @@ def _programs():
 @pytest.mark.parametrize("call,dtype,template,knobs", list(_programs()))
 def test_template_matches_torch(call, dtype, template, knobs):
     from kiln.runtime.cuda import device_info
-    from kiln.schedule.cuda import load_program
+    from kiln.runtime.backend import backend_for
     if template.min_arch > int(device_info(0)["arch"][3:5]):
         pytest.skip(f"{template.name} needs sm_{template.min_arch}")
     op, make, reference = CALLS[call]
@@ -47,7 +47,7 @@ def test_template_matches_torch(call, dtype, template, knobs):
     inputs = [t for t in args if isinstance(t, torch.Tensor)]
     definition = registry().operator(op)
     task = definition.task(definition.bind([kiln.from_torch(t) if isinstance(t, torch.Tensor) else t for t in args], {}))[0]
-    runner = load_program(template.render(task, **knobs), kiln.device("cuda"))
+    runner = backend_for(kiln.device("cuda")).load(template.render(task, **knobs), kiln.device("cuda"))
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
     runner(inputs, [out])
     expected = reference(*[t.double() if isinstance(t, torch.Tensor) else t for t in args]).to(dtype)

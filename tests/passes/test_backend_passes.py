@@ -8,7 +8,7 @@ import torch
 import kiln
 from kiln.frontend.torch import dynamo_config
 from kiln.passes import PrintGraph
-from kiln.schedule.build import CompiledTask
+from kiln.runtime.backend import CompiledTask
 
 
 class Block(torch.nn.Module):

@@ -32,7 +32,7 @@ def _cuda_linear_block(dtype):
 
 @needs_nvrtc
 def test_fused_groups_compile_with_nvrtc():
-    from kiln.schedule.cuda import check_nvrtc
+    from kiln.schedule.choose import check_nvrtc
     fused = [n for n in apply(FuseOperators(), _cpu_groups()).nodes if isinstance(n, FusedOperator)]
     assert [n.name for n in fused] == ["FusedAdd", "FusedMatmul", "FusedSoftmax", "FusedConv2d"]
     for node in fused:
@@ -41,19 +41,19 @@ def test_fused_groups_compile_with_nvrtc():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_matmul_epilogue_keeps_its_templates(dtype):
-    from kiln.schedule.cuda import cuda_templates
+    from kiln.schedule import schedules_for
     a, b = kiln.symbol([64, 64], dtype, "cuda"), kiln.symbol([64, 64], dtype, "cuda")
-    plain = [t.name for t in cuda_templates(ops.matmul(a, b).trace[0].task)]
+    plain = [t.name for t in schedules_for(ops.matmul(a, b).trace[0].task, "cuda")]
     opt = kiln.graph.optimize(_cuda_linear_block(dtype))
     neg, fused = opt.nodes                       # a prologue would cost the templates: kept apart
     assert neg.name == "Neg" and repr(fused.fused_graph) == "FlowGraph(Matmul, Add, Relu)"
     assert fused.task.name == "matmul" and plain
-    assert [t.name for t in cuda_templates(fused.task)] == plain
+    assert [t.name for t in schedules_for(fused.task, "cuda")] == plain
 
 
 @needs_nvrtc
 def test_matmul_epilogue_renders_into_the_template_with_nvrtc():
-    from kiln.schedule.cuda import check_nvrtc
+    from kiln.schedule.choose import check_nvrtc
     fused = kiln.graph.optimize(_cuda_linear_block("float32")).nodes[1]
     check_nvrtc(fused.task, ("sm_80", "sm_90"))
 

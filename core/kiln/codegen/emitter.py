@@ -320,9 +320,65 @@ def _reads_memory(e: Expr) -> bool:
     return any(isinstance(x, (Load, Reduce)) for x in walk(e))
 
 
+def numel(shape) -> int:
+    """The number of elements of `shape`."""
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def row_major_strides(shape) -> tuple[int, ...]:
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
         acc *= s
     return tuple(reversed(strides))
+
+
+class KernelArgs:
+    """The one owner of kernel argument names.
+
+    A kernel's buffers are the task's inputs `in0, in1, ...`, its outputs `out0, ...` and the
+    temporaries its program allocates for each run, `tmp0, ...`; schedules and templates name
+    them through here, and the runtimes bind pointers to them through `bind`.
+    """
+
+    @staticmethod
+    def input(k: int) -> str:
+        return f"in{k}"
+
+    @staticmethod
+    def output(k: int) -> str:
+        return f"out{k}"
+
+    @staticmethod
+    def temporary(k: int) -> str:
+        return f"tmp{k}"
+
+    @classmethod
+    def names(cls, inputs=(), outputs=(), temporaries=()) -> dict[int, str]:
+        """Argument names by tensor id (inputs, outputs and temporaries, each numbered from 0)."""
+        found = {id(t): cls.input(k) for k, t in enumerate(inputs)}
+        found.update({id(t): cls.output(k) for k, t in enumerate(outputs)})
+        found.update({id(t): cls.temporary(k) for k, t in enumerate(temporaries)})
+        return found
+
+    @classmethod
+    def params(cls, dialect: Dialect, inputs, outputs) -> list[str]:
+        """The parameter declarations of a kernel over `inputs` (read-only) and `outputs`."""
+        return ([f"const {dialect.storage_type(t.dtype)}* __restrict__ {cls.input(k)}" for k, t in enumerate(inputs)]
+                + [f"{dialect.storage_type(t.dtype)}* __restrict__ {cls.output(k)}" for k, t in enumerate(outputs)])
+
+    @classmethod
+    def args(cls, num_inputs: int, num_outputs: int = 1) -> list[str]:
+        """The names of `num_inputs` inputs then `num_outputs` outputs, in parameter order."""
+        return [cls.input(k) for k in range(num_inputs)] + [cls.output(k) for k in range(num_outputs)]
+
+    @classmethod
+    def bind(cls, inputs, outputs, temporaries=()) -> dict[str, int]:
+        """Device pointers by argument name of the given torch tensors."""
+        found = {cls.input(k): t.data_ptr() for k, t in enumerate(inputs)}
+        found.update({cls.output(k): t.data_ptr() for k, t in enumerate(outputs)})
+        found.update({cls.temporary(k): t.data_ptr() for k, t in enumerate(temporaries)})
+        return found

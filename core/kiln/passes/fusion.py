@@ -26,10 +26,8 @@ from kiln.passes.graph_pass import GraphPass
 
 def templates_for(node: Operator) -> list:
     """The schedule templates for `node`'s operator on its device's target."""
-    from kiln.plugins import registry
-    from kiln.schedule import Template
-    return [t for t in registry().items("schedules") if isinstance(t, Template)
-            and t.target == node.device.kind and node.definition.name in t.operators]
+    from kiln.schedule import templates_for as contributed
+    return contributed(node.definition.name, node.device.kind)
 
 
 def is_anchor(node: Operator) -> bool:
@@ -39,9 +37,10 @@ def is_anchor(node: Operator) -> bool:
 
 def keeps_templates(anchor: Operator, fused: FusedOperator) -> bool:
     """False where a template takes the anchor's own task but none takes the fused one."""
-    templates = templates_for(anchor)
-    return (not any(t.applies(anchor.task) for t in templates)
-            or any(fused.task.name in t.operators and t.applies(fused.task) for t in templates))
+    from kiln.schedule import schedules_for
+    target = anchor.device.kind
+    return not schedules_for(anchor.task, target) or any(
+        t in templates_for(anchor) for t in schedules_for(fused.task, target))
 
 
 class _Groups:

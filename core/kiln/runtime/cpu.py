@@ -7,8 +7,12 @@ import os
 import platform
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cache import content_key, lookup_or_build
 
 FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fwrapv", "-fno-math-errno",
@@ -55,17 +59,32 @@ def build_shared_library(source: str, name: str) -> Path:
     return lookup_or_build("cpu", key, ".so", build)
 
 
+@dataclass(frozen=True)
+class CpuProgram:
+    """What a CPU schedule produces: C `source` defining `void entry(...)`, whose parameters
+    are pointers to the buffers named by `args` in order (kernel argument names of
+    `kiln.codegen.emitter.KernelArgs`: the task's inputs, then its outputs)."""
+
+    source: str
+    entry: str
+    args: tuple[str, ...]
+
+    def key(self) -> tuple:
+        """What identifies the loaded kernel in the runtime's in-memory cache."""
+        return (self.source, self.entry, self.args)
+
+
 class CpuKernel:
-    """A loaded CPU kernel: call it with raw pointers (ints) of its buffers in order."""
+    """A loaded CpuProgram: call it with the task's input and output tensors (contiguous)."""
 
-    def __init__(self, source: str, name: str, num_args: int):
-        self.source = source
-        self.name = name
-        self.path = build_shared_library(source, name)
+    def __init__(self, program: CpuProgram):
+        self.program = program
+        self.path = build_shared_library(program.source, program.entry)
         self._lib = ctypes.CDLL(str(self.path))
-        self._fn = getattr(self._lib, name)
+        self._fn = getattr(self._lib, program.entry)
         self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * num_args
+        self._fn.argtypes = [ctypes.c_void_p] * len(program.args)
 
-    def __call__(self, *pointers: int) -> None:
-        self._fn(*pointers)
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        buffers = KernelArgs.bind(inputs, outputs)
+        self._fn(*[buffers[name] for name in self.program.args])

@@ -13,13 +13,80 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from kiln.codegen.emitter import KernelArgs
+from kiln.dtypes import DataType
 from kiln.runtime.cache import content_key, lookup_or_build
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-diag-suppress=177")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a CudaProgram, its arguments named as in `KernelArgs`.
+
+    Either `grid` is fixed, or the grid covers `items` work items at `per_block` per block,
+    capped at `waves` blocks per multiprocessor (the kernel loops over what remains).
+    """
+
+    kernel: str
+    args: tuple[str, ...]
+    block: tuple[int, int, int]
+    grid: tuple[int, int, int] | None = None
+    items: int = 0
+    per_block: int = 1
+    waves: int = 16
+    smem: int = 0
+
+    def grid_for(self, sm_count: int) -> tuple[int, int, int]:
+        """The grid to launch on a GPU with `sm_count` multiprocessors."""
+        if self.grid is not None:
+            return self.grid
+        blocks = -(-self.items // self.per_block)
+        return (max(1, min(blocks, sm_count * self.waves)), 1, 1)
+
+
+@dataclass
+class CudaProgram:
+    """What a CUDA schedule produces: one source, the kernels to launch in order, and the
+    temporaries (shape, dtype) allocated from PyTorch's allocator for each run (`tmp0..`).
+
+    `arch_suffix` 'a' asks for sm_90a-only features; `min_arch` is the lowest architecture it
+    builds for. Inputs and outputs at addresses that are not multiples of `alignment` (a view at
+    an odd offset, say) go through aligned copies."""
+
+    source: str
+    launches: list[Launch]
+    temporaries: list[tuple[tuple[int, ...], DataType]] = field(default_factory=list)
+    arch_suffix: str = ""
+    min_arch: int = 80
+    alignment: int = 1       # bytes every input and output pointer must be a multiple of
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(dict.fromkeys(launch.kernel for launch in self.launches))
+
+    def key(self) -> tuple:
+        """What identifies the loaded program in the runtime's in-memory cache."""
+        return (self.source, tuple(self.launches), tuple(self.temporaries), self.arch_suffix, self.alignment)
+
+    def arch_for(self, device_arch: str) -> str:
+        """The NVRTC architecture to build for on a device of `device_arch` ('sm_90')."""
+        return device_arch + self.arch_suffix
+
+
+def arch_number(arch: str) -> int:
+    """The compute capability of an architecture name as a number: 'sm_90' and 'sm_90a' are
+    90, 'sm_100' is 100."""
+    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch.strip())
+    if found is None:
+        raise ValueError(f"not a CUDA architecture name: {arch!r} (expected e.g. 'sm_80', 'sm_90a', 'sm_100')")
+    return int(found.group(1))
 
 
 class CudaError(RuntimeError):
@@ -199,3 +266,37 @@ class CudaKernel:
             *[ctypes.addressof(values) + k * ctypes.sizeof(ctypes.c_void_p) for k in range(len(pointers))])
         _check(driver.cuLaunchKernel(self._fn, *grid, *block, smem, driver.CUstream(stream),
                                      ctypes.addressof(params), 0), f"cuLaunchKernel({self.name})")
+
+
+class CudaRunner:
+    """A CudaProgram compiled (through the kernel cache) and loaded on one device: call it with
+    input and output tensors."""
+
+    def __init__(self, program: CudaProgram, device_index: int):
+        info = device_info(device_index)
+        self.program = program
+        self.device_index = device_index
+        self.sm_count = info["sm_count"]
+        cubin = compile_cubin(program.source, program.kernel_names[0], program.arch_for(info["arch"]))
+        smem = {}
+        for launch in program.launches:
+            smem[launch.kernel] = max(smem.get(launch.kernel, 0), launch.smem)
+        self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name]) for name in program.kernel_names}
+
+    def __call__(self, inputs: list, outputs: list) -> None:
+        import torch
+        align = self.program.alignment
+        if align > 1 and any(t.data_ptr() % align for t in outputs):
+            staged = [torch.empty_like(t) for t in outputs]
+            self(inputs, staged)
+            for dst, src in zip(outputs, staged):
+                dst.copy_(src)
+            return
+        inputs = [t.clone() if t.data_ptr() % align else t for t in inputs]
+        temps = [torch.empty(shape, dtype=t.torch_dtype, device=f"cuda:{self.device_index}")
+                 for shape, t in self.program.temporaries]
+        buffers = KernelArgs.bind(inputs, outputs, temps)
+        stream = torch.cuda.current_stream(self.device_index).cuda_stream
+        for launch in self.program.launches:
+            self.kernels[launch.kernel].launch([buffers[a] for a in launch.args], launch.grid_for(self.sm_count),
+                                               launch.block, launch.smem, stream)

@@ -1,9 +1,10 @@
 """Choosing and building a kernel for a Task on a device.
 
 Templates contributed by plugins are tried by priority (highest first) where they apply to the
-task's operator and the device's kind; the auto-scheduler handles everything else.
+task's operator and the device's kind; the auto-scheduler's rules handle everything else (see
+`kiln.schedule.choose`).
 """
-from kiln.schedule.build import CompiledTask, build_task
-from kiln.schedule.template import Template
+from kiln.schedule.choose import (AUTO_RULES, BuildSettings, Template, build_task, choose, schedules_for,
+                                  templates_for)
 
-__all__ = ["CompiledTask", "Template", "build_task"]
+__all__ = ["AUTO_RULES", "BuildSettings", "Template", "build_task", "choose", "schedules_for", "templates_for"]

@@ -1,4 +1,4 @@
-"""The CPU auto-scheduler: any task of injective and reduction computes, as C with OpenMP.
+"""The CPU auto-scheduler's rule: any task of injective and reduction computes, as C with OpenMP.
 
 Each materialized compute (see `kiln.ir.inline`) becomes one loop nest. An injective compute
 loops over its outer dimensions in parallel and over its last dimension innermost, so the C
@@ -8,31 +8,25 @@ element running its reduction loop.
 from __future__ import annotations
 
 from kiln.codegen.c import CDialect
-from kiln.codegen.emitter import Emitter, row_major_strides
+from kiln.codegen.emitter import Emitter, KernelArgs, numel, row_major_strides
 from kiln.ir.compute import Compute
 from kiln.ir.expr import Var
-from kiln.ir.inline import Lowered, inline_task, substitute
+from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import simplify
+from kiln.runtime.cpu import CpuProgram
 
 PARALLEL_THRESHOLD = 1 << 15
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
     """Emit the loops writing every element of `buf` to the C array `name`."""
     shape = buf.shape
-    numel = _numel(shape)
-    if numel == 0:
+    items = numel(shape)
+    if items == 0:
         return
     heavy = buf.has_reduce
     last = 1 if (heavy or not shape) else shape[-1]
-    outer = numel // last
+    outer = items // last
     o, il = Var("o", outer), Var("il", last)
     flat = o * last + il if last > 1 else o
     index, stride = {}, 1
@@ -44,7 +38,7 @@ def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
         index[id(axis)] = simplify((o // stride) % size)
         stride *= size
     value = simplify(substitute(buf.value, index))
-    work = numel * (16 if heavy else 1)
+    work = items * (16 if heavy else 1)
     pragma = f"#pragma omp parallel for schedule(static) if({work} > {PARALLEL_THRESHOLD})"
     if outer > 1 or last == 1:
         em.line(pragma)
@@ -66,31 +60,23 @@ def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
 def render_cpu(lowered: Lowered, kernel_name: str) -> str:
     """C source of one function `kernel_name(inputs..., outputs...)` computing the task."""
     d = CDialect()
-    names, strides, params = {}, {}, []
-    for k, t in enumerate(lowered.inputs):
-        names[id(t)] = f"in{k}"
-        params.append(f"const {d.storage_type(t.dtype)}* __restrict__ in{k}")
-    for k, t in enumerate(lowered.outputs):
-        names[id(t)] = f"out{k}"
-        params.append(f"{d.storage_type(t.dtype)}* __restrict__ out{k}")
     temps = lowered.temporaries
-    for k, t in enumerate(temps):
-        names[id(t)] = f"tmp{k}"
-    for t in lowered.inputs + lowered.buffers:
-        strides[id(t)] = row_major_strides(t.shape)
+    names = KernelArgs.names(lowered.inputs, lowered.outputs, temps)
+    params = KernelArgs.params(d, lowered.inputs, lowered.outputs)
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
     em = Emitter(d, names, strides)
-    for k, t in enumerate(temps):
-        em.line(f"{d.storage_type(t.dtype)}* tmp{k} = ({d.storage_type(t.dtype)}*)malloc("
-                f"{max(_numel(t.shape), 1)} * sizeof({d.storage_type(t.dtype)}));")
+    for t in temps:
+        em.line(f"{d.storage_type(t.dtype)}* {names[id(t)]} = ({d.storage_type(t.dtype)}*)malloc("
+                f"{max(numel(t.shape), 1)} * sizeof({d.storage_type(t.dtype)}));")
     for buf in lowered.buffers:
         _loop_nest(em, buf, names[id(buf)])
-    for k in range(len(temps)):
-        em.line(f"free(tmp{k});")
+    for t in temps:
+        em.line(f"free({names[id(t)]});")
     body = "\n".join(em.lines)
     return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n"
 
 
-def schedule_cpu(task) -> tuple[str, int]:
-    """(C source, number of pointer arguments) for `task`."""
-    lowered = inline_task(task)
-    return render_cpu(lowered, "kiln_kernel"), len(lowered.inputs) + len(lowered.outputs)
+def schedule(lowered: Lowered) -> CpuProgram:
+    """The CPU program of `lowered` (it takes every task)."""
+    args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs))
+    return CpuProgram(render_cpu(lowered, "kiln_kernel"), "kiln_kernel", tuple(args))

@@ -1,4 +1,4 @@
-"""Row kernels of the CUDA auto-scheduler: tasks whose temporaries are per-row statistics.
+"""The auto-scheduler's row-kernel rule: tasks whose temporaries are per-row statistics.
 
 Softmax's max and sum, layer_norm's mean and variance: each temporary is read only at its
 consumers' own leading indices (`row_prefix`), so one kernel computes a row's statistics
@@ -15,10 +15,10 @@ from DRAM once; other loads (broadcasts, transposed reads) stay scalar. V is 1 w
 length or an offset is not a multiple of the vector width; vector kernels ask the runtime for
 aligned pointers (`CudaProgram.alignment`).
 
-The output phase does as little arithmetic as it can, so that 16-bit rows stay memory-bound:
-what is the same for the whole row is computed once a row (a division by a statistic becomes a
+The output phase does as little arithmetic as it can (16-bit rows stay memory-bound): what is
+the same for the whole row is computed once a row (a division by a statistic becomes a
 multiplication by its reciprocal), and costly values the statistics computed for each element
-(softmax's exp(x - max)) are kept in registers rather than recomputed.
+(softmax's exp(x - max)) stay in registers.
 """
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import reduce_init
+from kiln.codegen.hooks import unravel_index
 from kiln.ir.compute import TensorInput
 from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, as_expr, walk
 from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
 from kiln.ir.simplify import _linear, bounds, simplify
-from kiln.schedule.cuda_auto import _ITEM_LOOP, BLOCK, CudaEmitter, _numel, _signature
-from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.codegen.emitter import numel
+from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
 MAX_VECTOR = 8           # elements in a pack at most
@@ -63,7 +65,7 @@ def row_prefix(lowered: Lowered) -> int | None:
             if isinstance(e, Load) and id(e.tensor) in temp_ids:
                 if len(e.indices) != p or any(i is not a for i, a in zip(e.indices, buf.axes[:p])):
                     return None
-    if _numel(out.shape[:p]) < 64:
+    if numel(out.shape[:p]) < 64:
         return None
     return p
 
@@ -127,7 +129,7 @@ def _stream_offset(load: Load, strides: dict, o: Var, e: Var) -> tuple[Expr, int
         flat = term if flat is None else flat + term
     flat = simplify(flat)
     span = bounds(flat)
-    if span is None or span[0] < 0 or span[1] >= _numel(load.tensor.shape):
+    if span is None or span[0] < 0 or span[1] >= numel(load.tensor.shape):
         return None
     terms, const = _linear(flat)
     unit = sum(k for t, k in terms if t is e)
@@ -307,7 +309,7 @@ def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
 
     def over_row(r: Reduce) -> Expr:
         extents = [a.extent for a in r.axes]
-        if any(not isinstance(x, int) for x in extents) or _numel(extents) != row_len:
+        if any(not isinstance(x, int) for x in extents) or numel(extents) != row_len:
             return r
         index, inner = {}, 1
         for axis, size in reversed(list(zip(r.axes, extents))):
@@ -376,6 +378,7 @@ def _shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
 
 
 def _reads(x: Expr) -> bool:
+    """Whether `x` reads memory (a load or a reduction)."""
     return any(isinstance(y, (Load, Reduce)) for y in walk(x))
 
 
@@ -405,19 +408,14 @@ def _scalar_loads(value: Expr, scalars: dict) -> Expr:
     memo = {}
 
     def visit(x):
-        if id(x) in memo:
-            return memo[id(x)]
-        if isinstance(x, Load):
-            if id(x.tensor) in scalars:
-                out = Load(scalars[id(x.tensor)], ())
+        if id(x) not in memo:
+            if isinstance(x, Load):
+                found = scalars.get(id(x.tensor))
+                memo[id(x)] = Load(found, ()) if found is not None else Load(x.tensor, [visit(i) for i in x.indices])
             else:
-                out = Load(x.tensor, [visit(i) for i in x.indices])
-        elif isinstance(x, (Var,)) or not x.children():
-            out = x
-        else:
-            out = rebuild_expr(x, [visit(k) for k in own_children(x)])
-        memo[id(x)] = out
-        return out
+                memo[id(x)] = x if isinstance(x, Var) or not x.children() else \
+                    rebuild_expr(x, [visit(k) for k in own_children(x)])
+        return memo[id(x)]
 
     return visit(value)
 
@@ -443,26 +441,24 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
     return vector, streams
 
 
-def row_program(lowered: Lowered, names: dict, strides: dict, args: list, p: int) -> CudaProgram:
-    """The one-kernel program of a row task (see the module doc)."""
+def schedule(lowered: Lowered) -> CudaProgram | None:
+    """The one-kernel program of a row task (see the module doc); None for any other task."""
+    p = row_prefix(lowered)
+    if p is None:
+        return None
     d = CudaDialect()
     out = lowered.outputs[0]
-    rows, row_len = _numel(out.shape[:p]), _numel(out.shape[p:])
+    auto = AutoProgram(lowered)
+    names, strides = auto.names, auto.strides
+    args = auto.available + [(names[id(out)], out, False)]
+    rows, row_len = numel(out.shape[:p]), numel(out.shape[p:])
     o, e = Var("o", rows), Var("e", row_len)
-    names = dict(names)
     names.update({id(o): "o", id(e): "e"})
     scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in lowered.temporaries}
 
     def row_index(axes, inner: bool) -> dict:
-        index, stride = {}, 1
-        for axis, size in reversed(list(zip(axes[:p], out.shape[:p]))):
-            index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-            stride *= size
-        stride = 1
-        for axis, size in reversed(list(zip(axes[p:], out.shape[p:])) if inner else []):
-            index[id(axis)] = simplify((e // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-            stride *= size
-        return index
+        return {**unravel_index(o, axes[:p], out.shape[:p]),
+                **(unravel_index(e, axes[p:], out.shape[p:]) if inner else {})}
 
     def value_of(buf, inner: bool) -> Expr:
         value = substitute(buf.value, row_index(buf.axes, inner))
@@ -490,12 +486,8 @@ def row_program(lowered: Lowered, names: dict, strides: dict, args: list, p: int
         em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
         em.scopes[-1][Load(scalars[id(t)], ()).key()] = held
     em.store_row(result, out, names[id(out)])
-    mode = "warp" if plan.warp else "block"
     threads = BLOCK if plan.warp else plan.lanes
-    start, step = _ITEM_LOOP[mode]
-    body = "\n".join(em.lines)
-    source = (f'extern "C" __global__ void __launch_bounds__({threads}) kiln_row({_signature(d, args)}) {{\n'
-              f"    for (int64_t o = {start}; o < {rows}; o += {step}) {{\n{body}\n    }}\n}}\n")
+    source = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows, "\n".join(em.lines))
     launch = Launch("kiln_row", tuple(n for n, _, _ in args), (threads, 1, 1), items=rows,
                     per_block=threads // 32 if plan.warp else 1, waves=64)
     tensors = [s.tensor for s in streams.values()] + [out]

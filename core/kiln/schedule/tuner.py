@@ -21,8 +21,8 @@ import torch
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.runtime import cuda as rt
+from kiln.runtime.backend import backend_for
 from kiln.runtime.cache import cache_dir, content_key
-from kiln.schedule.template import Template
 
 SUGGESTED = {0: 1, 1: 3, 2: 6}       # suggestions taken at each level
 
@@ -65,7 +65,7 @@ def _record_path(key: str):
     return folder / f"{key}.json"
 
 
-def candidates(template: Template, task: Task, sm_count: int, level: int) -> list[dict]:
+def candidates(template, task: Task, sm_count: int, level: int) -> list[dict]:
     """The knob settings to try at `level`: the template's first suggestions for `task` on a GPU
     of `sm_count` multiprocessors, then its space (level 0: only the first of these)."""
     suggested = template.suggest(task, sm_count)[:SUGGESTED[level]] if template.suggest else []
@@ -78,13 +78,16 @@ def candidates(template: Template, task: Task, sm_count: int, level: int) -> lis
     return out[:1] if level == 0 else out
 
 
-def tune(task: Task, template: Template, device: Device, level: int) -> dict:
-    """The best knobs of `template` for `task` on `device` at tuning `level` (cached on disk)."""
+def tune(task: Task, template, device: Device, level: int) -> dict:
+    """The best knobs of `template` (a `kiln.schedule.Template`) for `task` on `device` at
+    tuning `level` (cached on disk). Only CUDA templates are timed: a CPU template runs with
+    its level-0 knobs for the machine's core count."""
+    if device.kind != "cuda":
+        return candidates(template, task, os.cpu_count() or 1, 0)[0]
     info = rt.device_info(device.index)
     space = candidates(template, task, info["sm_count"], level)
     if len(space) == 1:
         return space[0]
-    from kiln.schedule.cuda import arch_for, load_program
     programs = [template.render(task, **knobs) for knobs in space]
     key = content_key("tune", template.name, repr(task), repr(sorted(task.attrs.items())), info["name"],
                       rt.nvrtc_version(), *(p.source for p in programs))
@@ -93,13 +96,13 @@ def tune(task: Task, template: Template, device: Device, level: int) -> dict:
         return json.loads(record.read_text())["knobs"]
     except (OSError, ValueError, KeyError):
         pass
-    rt.compile_many([(p.source, p.kernel_names[0], arch_for(p, info["arch"])) for p in programs])
+    rt.compile_many([(p.source, p.kernel_names[0], p.arch_for(info["arch"])) for p in programs])
     results = []
     with _timing:
         for n, (knobs, program) in enumerate(zip(space, programs), 1):
             print(f"\rkiln: tuning {template.name} for {task!r}: {n}/{len(space)}", end="", file=sys.stderr)
             try:
-                ms = time_runner(load_program(program, device), task, device)
+                ms = time_runner(backend_for(device).load(program, device), task, device)
             except rt.CudaError as exc:      # a candidate the GPU cannot launch (too much shared memory)
                 print(f"\nkiln: candidate {knobs} failed: {exc}", file=sys.stderr)
                 continue

@@ -19,7 +19,7 @@ from kiln.codegen.hooks import render_epilogue, unravel_index
 from kiln.ir.expr import Cast, Load, Select
 from kiln.ir.inline import inline_task
 from kiln.schedule import Template
-from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln.runtime.cuda import CudaProgram, Launch
 
 NT = 128
 MAX_KERNEL = 7

@@ -17,7 +17,7 @@ from kiln import dtypes
 from kiln.codegen.cuda import CUDA_PRELUDE
 from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
 from kiln.schedule import Template
-from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln.runtime.cuda import CudaProgram, Launch
 from kiln_ops_builtin.templates import grid_fit, split_k
 
 NT = 256

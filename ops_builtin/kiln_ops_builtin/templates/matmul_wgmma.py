@@ -14,7 +14,7 @@ from kiln import dtypes
 from kiln.codegen.cuda import CUDA_PRELUDE
 from kiln.codegen.hooks import Contraction, match_contraction
 from kiln.schedule import Template
-from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln.runtime.cuda import CudaProgram, Launch
 from kiln_ops_builtin.templates import grid_fit, split_k
 from kiln_ops_builtin.templates.matmul_tc import HELPERS
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln import dtypes
-from kiln.schedule.cuda_program import Launch
+from kiln.runtime.cuda import Launch
 
 SUM_KERNEL = r"""
 // out[b, m, n] = epilogue(sum over s of kiln_ws[s][b][m][n]): a thread per two neighbouring columns

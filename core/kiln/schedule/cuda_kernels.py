@@ -1,23 +1,19 @@
-"""The CUDA auto-scheduler: any task of injective and reduction computes, as CUDA C++.
+"""Kernel-writing helpers shared by the rules of the CUDA auto-scheduler.
 
-Each materialized compute of the task (see `kiln.ir.inline`) becomes one kernel, launched in
-order; temporaries come from PyTorch's allocator. A kernel walks its output elements with a
-grid-stride loop, the grid sized from the multiprocessor count at launch. How one element's
-reductions run depends on their length:
+The auto-scheduler is an ordered list of rules (`kiln.schedule.choose.AUTO_RULES`): row kernels
+(`kiln.schedule.cuda_rows`), split reductions (`kiln.schedule.cuda_split`) and the general
+kernel (`kiln.schedule.cuda_general`); each takes a lowered task (see `kiln.ir.inline`) and
+returns its CudaProgram, or None where it does not apply. They share what is here:
 
-- `thread`: one thread per element, reducing sequentially (injective computes and short
-  reductions over many elements);
-- `warp`: one warp per element, lanes striding over the reduction, combined by warp shuffles;
-- `block`: one block per element, warps combined through shared memory (long rows).
-
-A task whose temporaries are per-row statistics of its output (softmax's max and sum,
-layer_norm's mean and variance: each read only at its consumers' own leading indices) runs as
-one row kernel instead (`kiln.schedule.cuda_rows`): a warp or a block per row reads the row in
-16-byte packs, computes the statistics from registers, then writes the row.
-
-A full reduction (few elements, each reducing very many values) runs in two passes: the first
-splits each element's reduction across many blocks writing partial results, the second reduces
-the partials (an ordinary reduction buffer).
+- `AutoProgram` collects a program's kernels, argument names, strides and temporaries;
+- `buffer_kernel` writes the kernel of one materialized compute: a grid-stride loop over its
+  output elements, the grid sized from the multiprocessor count at launch. How one element's
+  reductions run depends on their length (`choose_mode`):
+  `thread`: one thread per element, reducing sequentially (injective computes and short
+  reductions over many elements); `warp`: one warp per element, lanes striding over the
+  reduction, combined by warp shuffles; `block`: one block per element, warps combined through
+  shared memory (long rows);
+- `CudaEmitter` spreads an element's outermost reductions over the lanes of a warp or block.
 """
 from __future__ import annotations
 
@@ -25,29 +21,20 @@ from dataclasses import dataclass
 
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
-from kiln.codegen.emitter import Emitter, reduce_init, row_major_strides
+from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_init, row_major_strides
 from kiln.ir.compute import Compute, TensorInput
 from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr
-from kiln.ir.inline import Lowered, own_children, rebuild_expr, inline_task, substitute
+from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
-from kiln.schedule.cuda_program import CudaProgram, Launch
+from kiln.runtime.cuda import CudaProgram, Launch
 
 BLOCK = 256
 # where each thread's grid-stride loop over work items starts, and its step, by mode
-_ITEM_LOOP = {
+ITEM_LOOP = {
     "thread": ("(int64_t)blockIdx.x * blockDim.x + threadIdx.x", "(int64_t)gridDim.x * blockDim.x"),
     "warp": ("((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((int64_t)gridDim.x * blockDim.x) >> 5"),
     "block": ("(int64_t)blockIdx.x", "(int64_t)gridDim.x"),
 }
-SPLIT_MIN_EXTENT = 1 << 16      # a reduction this long over few elements is split
-SPLIT_PARTS = 512
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def reduce_extent(r: Reduce) -> int:
@@ -62,11 +49,11 @@ def reduce_extent(r: Reduce) -> int:
     return n
 
 
-def choose_mode(numel: int, extent: int) -> str:
+def choose_mode(elements: int, extent: int) -> str:
     """How to run one element's reductions: 'thread', 'warp' or 'block'."""
-    if extent == 0 or (extent <= 32 and numel >= 8192):
+    if extent == 0 or (extent <= 32 and elements >= 8192):
         return "thread"
-    if extent <= 2048 and numel >= 512:
+    if extent <= 2048 and elements >= 512:
         return "warp"
     return "block"
 
@@ -181,12 +168,15 @@ class CudaEmitter(Emitter):
 
 
 @dataclass
-class _Kernel:
+class Kernel:
+    """One kernel's source and its launch."""
+
     source: str
     launch: Launch
 
 
-def _signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
+def signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
+    """The parameter list of a kernel over `args`: (name, tensor, read-only) triples."""
     params = []
     for name, t, const in args:
         qual = "const " if const else ""
@@ -194,16 +184,24 @@ def _signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
     return ", ".join(params)
 
 
-def _buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
-                   kernel_name: str, split: tuple[int, int] | None = None) -> _Kernel:
+def item_loop_kernel(name: str, threads: int, args: list, mode: str, items: int, body: str) -> str:
+    """The source of kernel `name` over `args` running `body` for each work item `o` below
+    `items`: a thread, a warp or a block per item by `mode`, in a grid-stride loop."""
+    start, step = ITEM_LOOP[mode]
+    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}({signature(CudaDialect(), args)}) {{\n'
+            f"    for (int64_t o = {start}; o < {items}; o += {step}) {{\n{body}\n    }}\n}}\n")
+
+
+def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
+                   kernel_name: str, split: tuple[int, int] | None = None) -> Kernel:
     """The kernel writing every element of `buf` (or, with `split` = (parts, extent), the
     partial reductions of its single outermost reduction)."""
     d = CudaDialect()
-    numel = _numel(buf.shape)
+    items = numel(buf.shape)
     reduces = top_reduces(buf.value)
     extent = max((reduce_extent(r) for r in reduces), default=0)
-    mode = "block" if split else choose_mode(numel, extent)
-    o = Var("o", numel)
+    mode = "block" if split else choose_mode(items, extent)
+    o = Var("o", items)
     index, stride = {}, 1
     for axis, size in reversed(list(zip(buf.axes, buf.shape))):
         index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
@@ -218,7 +216,6 @@ def _buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute,
         split_bounds = (f"(int64_t)blockIdx.y * {chunk}", f"min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){total})")
         value = top_reduces(value)[0]
     em = CudaEmitter(d, names, strides, mode, indent=2, split=split_bounds)
-    start, step = _ITEM_LOOP[mode]
     per_block = {"thread": BLOCK, "warp": BLOCK // 32, "block": 1}[mode]
     v = em.emit(value)
     if split:
@@ -227,101 +224,48 @@ def _buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute,
         store = f"{out_name}[o] = {d.store(buf.dtype, v)};"
     if mode != "thread":
         store = f"if ({'(threadIdx.x & 31)' if mode == 'warp' else 'threadIdx.x'} == 0) {store}"
-    body = "\n".join(em.lines)
-    source = (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {kernel_name}({_signature(d, args)}) {{\n'
-              f"    for (int64_t o = {start}; o < {numel}; o += {step}) {{\n{body}\n        {store}\n    }}\n}}\n")
+    body = "\n".join(em.lines) + f"\n        {store}"
+    source = item_loop_kernel(kernel_name, BLOCK, args, mode, items, body)
     if split:
-        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), grid=(numel, split[0], 1))
+        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), grid=(items, split[0], 1))
     else:
-        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=numel,
+        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=items,
                         per_block=per_block, waves=2048 // BLOCK * 4 if mode == "thread" else 64)
-    return _Kernel(source, launch)
+    return Kernel(source, launch)
 
 
-def _split_plan(buf: Compute):
-    """(parts, extent) when `buf` is a full reduction worth splitting, else None."""
-    reduces = top_reduces(buf.value)
-    if len(reduces) != 1 or _numel(buf.shape) > 64:
-        return None
-    r = reduces[0]
-    if r.op in ("argmax", "argmin") or any(isinstance(a.extent, Expr) for a in r.axes):
-        return None
-    extent = reduce_extent(r)
-    if extent < SPLIT_MIN_EXTENT:
-        return None
-    return (SPLIT_PARTS, extent)
+class AutoProgram:
+    """The kernels of a lowered task as the auto-scheduler writes them, in order.
 
+    Every tensor has its kernel argument name (`names`, by id) and row-major strides;
+    `available` lists the (name, tensor, read-only) arguments a next kernel may take: the
+    task's inputs and every buffer already written.
+    """
 
-def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
-    """`e` with the node `target` replaced by `replacement`."""
-    memo = {}
+    def __init__(self, lowered: Lowered):
+        self.lowered = lowered
+        self.names = KernelArgs.names(lowered.inputs, lowered.outputs, lowered.temporaries)
+        self.strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
+        self.temporaries = [(t.shape, t.dtype) for t in lowered.temporaries]
+        self.available = [(self.names[id(t)], t, True) for t in lowered.inputs]
+        self.kernels: list[Kernel] = []
 
-    def visit(x):
-        if x is target:
-            return replacement
-        if id(x) in memo:
-            return memo[id(x)]
-        kids = own_children(x) if not isinstance(x, (Var, Load)) else None
-        if isinstance(x, Load):
-            out = Load(x.tensor, [visit(i) for i in x.indices])
-        elif kids:
-            out = rebuild_expr(x, [visit(k) for k in kids])
-        else:
-            out = x
-        memo[id(x)] = out
-        return out
+    def temporary(self, shape: tuple[int, ...], dtype) -> TensorInput:
+        """A new temporary buffer of the program, as a tensor its kernels can load."""
+        t = TensorInput(KernelArgs.temporary(len(self.temporaries)), shape, dtype)
+        self.names[id(t)] = t.name
+        self.strides[id(t)] = row_major_strides(shape)
+        self.temporaries.append((shape, dtype))
+        return t
 
-    return visit(e)
+    def write(self, n: int, buf: Compute, out_name: str | None = None) -> None:
+        """Add the kernel writing every element of `buf`, the task's n-th buffer (to `out_name`,
+        by default its own argument)."""
+        out_name = out_name or self.names[id(buf)]
+        self.kernels.append(buffer_kernel(self.names, self.strides, self.available + [(out_name, buf, False)],
+                                          buf, out_name, f"kiln_k{n}"))
+        self.available = self.available + [(out_name, buf, True)]
 
-
-def render_cuda(lowered: Lowered) -> CudaProgram:
-    """The CUDA program computing a lowered task: one kernel per materialized buffer."""
-    d = CudaDialect()
-    names, strides, buffer_args = {}, {}, []
-    for k, t in enumerate(lowered.inputs):
-        names[id(t)] = f"in{k}"
-        buffer_args.append((f"in{k}", t, True))
-    for k, t in enumerate(lowered.outputs):
-        names[id(t)] = f"out{k}"
-    temporaries = []
-    for k, t in enumerate(lowered.temporaries):
-        names[id(t)] = f"tmp{k}"
-        temporaries.append((t.shape, t.dtype))
-    for t in lowered.inputs + lowered.buffers:
-        strides[id(t)] = row_major_strides(t.shape)
-    from kiln.schedule.cuda_rows import row_prefix, row_program   # it builds on this module
-    p = row_prefix(lowered)
-    if p is not None:
-        return row_program(lowered, names, strides, buffer_args + [("out0", lowered.outputs[0], False)], p)
-    kernels = []
-    available = list(buffer_args)
-    for n, buf in enumerate(lowered.buffers):
-        if _numel(buf.shape) == 0:
-            continue
-        out_name = names[id(buf)]
-        plan = _split_plan(buf)
-        if plan:
-            r = top_reduces(buf.value)[0]
-            partial = TensorInput(f"tmp{len(temporaries)}", (_numel(buf.shape), plan[0]), r.dtype)
-            names[id(partial)] = partial.name
-            strides[id(partial)] = row_major_strides(partial.shape)
-            temporaries.append((partial.shape, partial.dtype))
-            args = available + [(partial.name, partial, False)]
-            kernels.append(_buffer_kernel(names, strides, args, buf, partial.name, f"kiln_k{n}_split", plan))
-            flat = 0
-            for axis, size in zip(buf.axes, buf.shape):
-                flat = flat * size + axis
-            part = Var("s", plan[0])
-            second = Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)
-            buf = Compute(buf.name, buf.axes, _replace(buf.value, r, second))
-            available = available + [(partial.name, partial, True)]
-        own = [(out_name, buf, False)]
-        kernels.append(_buffer_kernel(names, strides, available + own, buf, out_name, f"kiln_k{n}"))
-        available = available + [(out_name, buf, True)]
-    source = d.prelude + "\n" + "\n".join(k.source for k in kernels)
-    return CudaProgram(source, [k.launch for k in kernels], temporaries)
-
-
-def schedule_cuda(task) -> CudaProgram:
-    """The auto-scheduled CUDA program of `task`."""
-    return render_cuda(inline_task(task))
+    def program(self) -> CudaProgram:
+        source = CudaDialect().prelude + "\n" + "\n".join(k.source for k in self.kernels)
+        return CudaProgram(source, [k.launch for k in self.kernels], self.temporaries)

@@ -1,0 +1,95 @@
+"""The runtime backends: one per device kind, chosen by a table lookup on `Device.kind`.
+
+A backend compiles a schedule's program (`kiln.runtime.cpu.CpuProgram`,
+`kiln.runtime.cuda.CudaProgram`) through the on-disk kernel cache, loads it, and launches it;
+it keeps the loaded kernels in its in-memory cache, once per program and device, which is the
+only in-memory kernel cache of Kiln.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kiln.device import Device
+from kiln.ir.compute import Task
+from kiln.runtime import cpu, cuda
+
+
+class CompiledTask:
+    """A loaded kernel computing one Task on one device: call it with torch tensors."""
+
+    def __init__(self, task: Task, device: Device, kernel):
+        self.task = task
+        self.device = device
+        self.kernel = kernel
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Run on contiguous `inputs`, writing `outputs` (allocated when not given)."""
+        if outputs is None:
+            outputs = [torch.empty(o.shape, dtype=o.dtype.torch_dtype, device=self.device.torch())
+                       for o in self.task.outputs]
+        if any(o.numel() > 0 for o in outputs):
+            self.kernel(inputs, outputs)
+        return outputs
+
+
+@dataclass(eq=False)
+class Backend:
+    """The runtime of one device kind.
+
+    `program_type` is the program its schedules produce; `load_kernel(program, device)`
+    compiles it (through the on-disk cache) and loads it, returning a kernel called as
+    `kernel(inputs, outputs)` with torch tensors; `unavailable()` is None where the backend can
+    run here, else the reason it cannot (raised as `error`); `arch(device)` is the device's
+    architecture as a number (90 for sm_90, 100 for sm_100), None where templates do not
+    depend on one.
+    """
+
+    kind: str
+    program_type: type
+    load_kernel: Callable
+    unavailable: Callable[[], str | None] = lambda: None
+    arch: Callable[[Device], int | None] = lambda device: None
+    error: type = RuntimeError
+    _loaded: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def load(self, program, device: Device):
+        """The loaded kernel of `program` on `device`, compiled and loaded once per process."""
+        if not isinstance(program, self.program_type):
+            raise TypeError(f"the {self.kind} runtime runs a {self.program_type.__name__}, got "
+                            f"{type(program).__name__}")
+        key = (program.key(), device)
+        with self._lock:
+            found = self._loaded.get(key)
+        if found is None:
+            found = self.load_kernel(program, device)
+            with self._lock:
+                found = self._loaded.setdefault(key, found)
+        return found
+
+    def check_available(self, what: str) -> None:
+        """Raise, saying `what` failed and why, where this backend cannot run here."""
+        reason = self.unavailable()
+        if reason:
+            raise self.error(f"{what}: {self.kind.upper()} is unavailable: {reason}")
+
+
+BACKENDS: dict[str, Backend] = {
+    "cpu": Backend("cpu", cpu.CpuProgram, lambda program, device: cpu.CpuKernel(program)),
+    "cuda": Backend("cuda", cuda.CudaProgram, lambda program, device: cuda.CudaRunner(program, device.index),
+                    cuda.unavailable_reason, lambda device: cuda.arch_number(cuda.device_info(device.index)["arch"]),
+                    cuda.CudaError),
+}
+
+
+def backend_for(device: Device) -> Backend:
+    """The runtime backend of `device`'s kind."""
+    try:
+        return BACKENDS[device.kind]
+    except KeyError:
+        raise ValueError(f"no runtime backend for device {device}: Kiln runs on "
+                         f"{', '.join(BACKENDS)}") from None

@@ -1,0 +1,149 @@
+"""Choosing a schedule for a Task on a target, and building it for a device.
+
+One query consults everything, for every target: the templates that plugins contribute for
+the task's operator (`schedules_for`: those that apply, highest priority first), then the
+auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, split reductions, the
+general kernel; for the CPU one loop nest per buffer). `choose` returns the program of the
+first; `build_task` loads it on a device through the runtime backend of the device's kind.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kiln.device import Device
+from kiln.ir.compute import Task
+from kiln.ir.inline import inline_task
+from kiln.runtime import cuda as rt
+from kiln.runtime.backend import CompiledTask, backend_for
+import kiln.schedule.tuner as tuner
+from kiln.schedule.cpu_auto import schedule as cpu_loop_nests
+from kiln.schedule.cuda_general import schedule as cuda_general
+from kiln.schedule.cuda_rows import schedule as cuda_rows
+from kiln.schedule.cuda_split import schedule as cuda_split
+
+DEFAULT_SM_COUNT = 132       # what the knobs of a GPU-less build are fitted to (an H100/H200)
+
+
+@dataclass
+class Template:
+    """A schedule template for some operators on one target ('cpu' or 'cuda').
+
+    `render(task, **knobs)` returns the target's program: for 'cuda' a
+    `kiln.runtime.cuda.CudaProgram` (CUDA C++ source, its `Launch`es and temporaries); for 'cpu'
+    a `kiln.runtime.cpu.CpuProgram` (C source, the name of the `void` function to call and the
+    kernel argument names of its pointer parameters in order, `KernelArgs.args(inputs,
+    outputs)`). `space(level)` lists the knob settings to try at tuning level 0, 1 or 2
+    (level 0: one default, 1: a few, 2: many). `applies(task)` may decline a task (a dtype,
+    layout or shape the template does not handle). `min_arch` is the lowest GPU architecture
+    it runs on (90 for Hopper-only instructions), 0 for any. Higher `priority` wins among the
+    templates that apply. `suggest(task, sm_count)`, when given, ranks knob settings fitted to
+    the task's shape on a GPU of `sm_count` multiprocessors (best guess first): tuning level 0
+    takes its first instead of `space(0)`'s, and levels 1 and 2 time its first few alongside
+    `space(level)`. CPU templates are not timed: they run with their level-0 knobs.
+    """
+
+    name: str
+    operators: tuple[str, ...]
+    target: str
+    render: Callable
+    priority: int = 0
+    applies: Callable = lambda task: True
+    space: Callable[[int], list[dict]] = field(default=lambda level: [{}])
+    min_arch: int = 0
+    suggest: Callable | None = None
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How kernels are built: `tune_level` 0, 1 or 2 (see `Template.space`)."""
+
+    tune_level: int = 0
+
+    def __post_init__(self):
+        if self.tune_level not in (0, 1, 2):
+            raise ValueError(f"the tuning level must be 0, 1 or 2, got {self.tune_level!r}")
+
+    @staticmethod
+    def from_environment() -> "BuildSettings":
+        """The user's default: $KILN_TUNE_LEVEL (0 when unset)."""
+        level = os.environ.get("KILN_TUNE_LEVEL", "0")
+        if level not in ("0", "1", "2"):
+            raise ValueError(f"KILN_TUNE_LEVEL must be 0, 1 or 2, got {level!r}")
+        return BuildSettings(int(level))
+
+
+AUTO_RULES: dict[str, tuple[Callable, ...]] = {
+    "cpu": (cpu_loop_nests,),
+    "cuda": (cuda_rows, cuda_split, cuda_general),
+}
+"""The auto-scheduler of each target: rules tried in order on the lowered task, each returning
+its program or None; the last of each takes any task."""
+
+
+def templates_for(operator: str, target: str, arch: int | None = None) -> list[Template]:
+    """The templates contributed for `operator` on `target` (that run on a GPU of architecture
+    `arch`, e.g. 90, when given), highest priority first."""
+    from kiln.plugins.registry import registry
+    found = [t for t in registry().items("schedules")
+             if isinstance(t, Template) and t.target == target and operator in t.operators
+             and (arch is None or t.min_arch <= arch)]
+    return sorted(found, key=lambda t: -t.priority)
+
+
+def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Template]:
+    """The templates that take `task` on `target` (see `templates_for`), highest priority first."""
+    return [t for t in templates_for(task.name, target, arch) if t.applies(task)]
+
+
+def auto_program(task: Task, target: str):
+    """The auto-scheduler's program of `task` on `target`: its first rule's that applies."""
+    lowered = inline_task(task)
+    for rule in AUTO_RULES[target]:
+        program = rule(lowered)
+        if program is not None:
+            return program
+    raise AssertionError(f"the last {target} rule takes every task, but declined {task!r}")
+
+
+def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | None = None):
+    """The program computing `task` on `target`: the best template that takes it, rendered with
+    `knobs(template)` (its level-0 knobs for a GPU of DEFAULT_SM_COUNT multiprocessors when not
+    given), or the auto-scheduler's."""
+    templates = schedules_for(task, target, arch)
+    if not templates:
+        return auto_program(task, target)
+    template = templates[0]
+    chosen = knobs(template) if knobs else tuner.candidates(template, task, DEFAULT_SM_COUNT, 0)[0]
+    return template.render(task, **chosen)
+
+
+def build_task(task: Task, device: Device, settings: BuildSettings | None = None) -> CompiledTask:
+    """The kernel computing `task` on `device`, tuned at `settings.tune_level` (the user's
+    default, `BuildSettings.from_environment()`, when not given)."""
+    settings = settings or BuildSettings.from_environment()
+    backend = backend_for(device)
+    backend.check_available(f"cannot run '{task.name}' on {device}")
+    if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
+        check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
+    program = choose(task, device.kind, backend.arch(device),
+                     lambda template: tuner.tune(task, template, device, settings.tune_level))
+    return CompiledTask(task, device, backend.load(program, device))
+
+
+def candidate_programs(task: Task, level: int = 0, sm_count: int = DEFAULT_SM_COUNT) -> list[tuple[str, dict, object]]:
+    """Every CUDA program Kiln may build for `task` at a tuning level: (template name, knobs,
+    program) for each knob setting the tuner tries (`kiln.schedule.tuner.candidates`, for a GPU
+    of `sm_count` multiprocessors) of each applicable template, and the auto-scheduler's."""
+    out = [(t.name, knobs, t.render(task, **knobs)) for t in schedules_for(task, "cuda")
+           for knobs in tuner.candidates(t, task, sm_count, level)]
+    return out + [("auto", {}, auto_program(task, "cuda"))]
+
+
+def check_nvrtc(task: Task, archs) -> None:
+    """Compile every CUDA program Kiln may build for `task` (tuning level 1) for each of
+    `archs` ('sm_80', ...) with NVRTC; raises CudaBuildError on the first that fails. Needs no GPU."""
+    programs = candidate_programs(task, level=1)
+    rt.compile_many([(p.source, f"{task.name}_{name}", p.arch_for(arch.strip()))
+                     for name, _, p in programs for arch in archs if p.min_arch <= rt.arch_number(arch)])
