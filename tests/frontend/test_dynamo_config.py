@@ -70,21 +70,23 @@ def test_settings_are_validated_and_read_at_first_run(config):
 def test_search_space_is_the_tuning_level_of_the_first_run(config, monkeypatch):
     import os
 
-    from kiln.graph import FlowGraph
+    import kiln.schedule
 
-    levels, run = [], FlowGraph.run
+    levels, build = [], kiln.schedule.build_task
 
-    def spy(self, inputs):
-        levels.append(os.environ.get("KILN_TUNE_LEVEL"))
-        return run(self, inputs)
+    def spy(task, device, settings=None):
+        levels.append(settings.tune_level if settings else None)
+        return build(task, device, settings)
 
     monkeypatch.delenv("KILN_TUNE_LEVEL", raising=False)
-    monkeypatch.setattr(FlowGraph, "run", spy)
+    monkeypatch.setattr(kiln.schedule, "build_task", spy)
     config.search_space(2)
     model, x = _model(), torch.randn(2, 4)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="kiln")
     with torch.no_grad():
         compiled(x)
+        built = len(levels)
         compiled(x)  # a later run: nothing to build, no tuning
-    assert levels == ["2", None] and "KILN_TUNE_LEVEL" not in os.environ
+    assert built > 0 and levels == [2] * built  # the level travels as a setting, not the environment
+    assert "KILN_TUNE_LEVEL" not in os.environ

@@ -17,18 +17,18 @@ if TYPE_CHECKING:
     from kiln.graph.flow_graph import FlowGraph
 
 
-def build_kernels(graph: FlowGraph, workers: int | None = None) -> list:
+def build_kernels(graph: FlowGraph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph`, in node order, built by `workers` threads
-    (ThreadPoolExecutor's default number when None)."""
+    (ThreadPoolExecutor's default number when None) with `settings` (`kiln.schedule.BuildSettings`)."""
     tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        built = dict(zip(tasks, pool.map(lambda key: compiled_task(tasks[key], key[1]), tasks)))
+        built = dict(zip(tasks, pool.map(lambda key: compiled_task(tasks[key], key[1], settings), tasks)))
     return [built[(id(node.task), node.device)] for node in graph.nodes]
 
 
-def compile_graph(graph: FlowGraph) -> CompiledGraph:
+def compile_graph(graph: FlowGraph, settings=None) -> CompiledGraph:
     """`graph` as a CompiledGraph: its inputs, constants, outputs and intermediates as buffer
-    slots, its nodes as steps in order."""
+    slots, its nodes as steps in order, its kernels built with `settings` (see `build_kernels`)."""
     slots: dict[int, int] = {}
     buffers: list[Buffer] = []
     constants = {}
@@ -49,7 +49,7 @@ def compile_graph(graph: FlowGraph) -> CompiledGraph:
 
     inputs = [new_slot(t) for t in graph.inputs]
     steps = []
-    for node, kernel in zip(graph.nodes, build_kernels(graph)):
+    for node, kernel in zip(graph.nodes, build_kernels(graph, settings=settings)):
         ins = tuple(existing(t) for t in node.inputs)
         steps.append(Step(kernel, ins, tuple(new_slot(t) for t in node.outputs)))
     return CompiledGraph(steps, buffers, inputs, [existing(t) for t in graph.outputs], constants)

@@ -41,11 +41,12 @@ class FlowGraph:
         outs = self.run(list(inputs))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def compile(self) -> CompiledGraph:
-        """This graph's CompiledGraph: every kernel built (in parallel) and a memory plan placing
-        the intermediates in one workspace per device. Built once, then cached."""
+    def compile(self, settings=None) -> CompiledGraph:
+        """This graph's CompiledGraph: every kernel built (in parallel, with `settings`, a
+        `kiln.schedule.BuildSettings`) and a memory plan placing the intermediates in one
+        workspace per device. Built once, then cached."""
         if self._compiled is None:
-            self._compiled = compile_graph(self)
+            self._compiled = compile_graph(self, settings)
         return self._compiled
 
     def run(self, inputs: Sequence) -> list[Tensor]:

@@ -154,14 +154,15 @@ _compiled: dict = {}
 _compiled_lock = threading.Lock()
 
 
-def compiled_task(task: Task, device: Device):
-    """The built kernel of `task` on `device`, built on first use."""
+def compiled_task(task: Task, device: Device, settings=None):
+    """The built kernel of `task` on `device`, built on first use with `settings` (a
+    `kiln.schedule.BuildSettings`; the user's default when None)."""
     from kiln.schedule import build_task
-    key = (id(task), device)
+    key = (id(task), device, settings)
     with _compiled_lock:
         found = _compiled.get(key)
     if found is None:
-        found = build_task(task, device)
+        found = build_task(task, device, settings)
         with _compiled_lock:
             _compiled[key] = (task, found)
         return found

@@ -83,7 +83,7 @@ class CudaProgram:
 def arch_number(arch: str) -> int:
     """The compute capability of an architecture name as a number: 'sm_90' and 'sm_90a' are
     90, 'sm_100' is 100."""
-    found = re.fullmatch(r"sm_(\d+)[a-z]?", arch.strip())
+    found = re.fullmatch(r"sm_(\d{2,3})[af]?", arch.strip())
     if found is None:
         raise ValueError(f"not a CUDA architecture name: {arch!r} (expected e.g. 'sm_80', 'sm_90a', 'sm_100')")
     return int(found.group(1))

@@ -10,8 +10,6 @@ FlowGraph, sharing memory.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
 
 import torch
@@ -25,6 +23,7 @@ from kiln.frontend.torch.interpreter import Interpreter
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.graph import FlowGraph, optimize, trace_from
 from kiln.passes import PassContext
+from kiln.schedule import BuildSettings
 from kiln.tensor import Tensor, from_torch, symbol
 
 _warned: set[tuple] = set()
@@ -95,9 +94,7 @@ class KilnFunction:
         key = tuple(_signature(a, c) for a, c in zip(args, self.constant))
         compiled = self.graphs.get(key)
         if compiled is None:  # kernels are built (and tuned) by this first run
-            with _tuning_level(self.settings.search_space):
-                compiled = self.graphs[key] = self._compile(args)
-                return compiled(args)
+            compiled = self.graphs[key] = self._compile(args)
         return compiled(args)
 
     def _compile(self, args) -> _Compiled:
@@ -124,8 +121,10 @@ class KilnFunction:
                           self.settings)
         examples = [args[p] for p in positions]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        level = self.settings.search_space
         return _Compiled(graph, positions, result, writeback,
-                         examples if self.settings.use_cuda_graph and on_cuda else None)
+                         examples if self.settings.use_cuda_graph and on_cuda else None,
+                         BuildSettings(tune_level=level) if level else None)
 
 
 class _Compiled:
@@ -134,12 +133,12 @@ class _Compiled:
     written back to (inputs the graph changes in place)."""
 
     def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
-                 cuda_examples=None):
+                 cuda_examples=None, build_settings=None):
         self.graph = graph
         self.positions = positions
         self.structure = structure
         self.writeback = writeback
-        graph.compile()  # builds every kernel in parallel, under the caller's tuning level
+        graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
         self.run = graph.run
         if cuda_examples is not None:
             captured = graph.cuda_graph(cuda_examples)
@@ -166,23 +165,6 @@ def _signature(arg, constant: bool):
         return arg
     except TypeError:
         return repr(arg)
-
-
-@contextlib.contextmanager
-def _tuning_level(level: int):
-    """Build kernels at schedule-search `level` ($KILN_TUNE_LEVEL, which the tuner reads)."""
-    if not level:
-        yield
-        return
-    previous = os.environ.get("KILN_TUNE_LEVEL")
-    os.environ["KILN_TUNE_LEVEL"] = str(level)
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["KILN_TUNE_LEVEL"]
-        else:
-            os.environ["KILN_TUNE_LEVEL"] = previous
 
 
 def _optimize(graph: FlowGraph, settings: Settings) -> FlowGraph:

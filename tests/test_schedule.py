@@ -1,0 +1,120 @@
+"""Choosing schedules (`kiln.schedule`): one query over templates and the auto-scheduler's rules
+for every target, CPU templates included; the runtime backend table; build settings; the GPU
+architecture parsed as a number."""
+import pytest
+import torch
+
+import kiln
+from kiln.codegen.emitter import KernelArgs
+from kiln.plugins.registry import registry
+from kiln.runtime.backend import BACKENDS, backend_for
+from kiln.runtime.cpu import CpuProgram
+from kiln.runtime.cuda import CudaProgram, arch_number
+from kiln.schedule import AUTO_RULES, BuildSettings, Template, schedules_for, templates_for
+from kiln.schedule.choose import auto_program
+
+
+def _task(op, *args, **kwargs):
+    definition = registry().operator(op)
+    return definition.task(definition.bind(args, kwargs))[0]
+
+
+@pytest.mark.parametrize("name,number", [("sm_80", 80), ("sm_90", 90), ("sm_90a", 90), ("sm_100", 100),
+                                         ("sm_100a", 100), ("sm_120", 120), (" sm_86 ", 86)])
+def test_architecture_is_parsed_as_a_number(name, number):
+    assert arch_number(name) == number
+
+
+@pytest.mark.parametrize("name", ["90", "sm_", "compute_90", "sm_9x"])
+def test_a_malformed_architecture_is_refused(name):
+    with pytest.raises(ValueError, match="architecture"):
+        arch_number(name)
+
+
+def test_templates_for_newer_gpus_are_not_skipped():
+    task = _task("matmul", torch.randn(256, 128, dtype=torch.float16), torch.randn(128, 256, dtype=torch.float16))
+    names = [t.name for t in schedules_for(task, "cuda", arch_number("sm_100"))]
+    assert "matmul_wgmma" in names and names == [t.name for t in schedules_for(task, "cuda", 90)]
+    assert "matmul_wgmma" not in [t.name for t in schedules_for(task, "cuda", 80)]
+
+
+def test_backend_is_a_table_lookup_on_the_device_kind():
+    assert set(BACKENDS) == {"cpu", "cuda"}
+    assert backend_for(kiln.device("cpu")) is BACKENDS["cpu"]
+    assert backend_for(kiln.device("cuda")) is BACKENDS["cuda"]
+
+
+def test_backend_refuses_another_targets_program():
+    program = CudaProgram("", [])
+    with pytest.raises(TypeError, match="CpuProgram"):
+        BACKENDS["cpu"].load(program, kiln.device("cpu"))
+
+
+def test_a_program_is_loaded_once_per_process():
+    task = _task("relu", torch.randn(3, 5))
+    first, second = auto_program(task, "cpu"), auto_program(task, "cpu")
+    assert first == second and first is not second
+    cpu = kiln.device("cpu")
+    assert BACKENDS["cpu"].load(first, cpu) is BACKENDS["cpu"].load(second, cpu)
+
+
+def test_auto_rules_are_tried_in_order():
+    rules = [r.__module__ for r in AUTO_RULES["cuda"]]
+    assert rules == ["kiln.schedule.cuda_rows", "kiln.schedule.cuda_split", "kiln.schedule.cuda_general"]
+    softmax = auto_program(_task("softmax", torch.randn(256, 100), -1), "cuda")
+    assert [launch.kernel for launch in softmax.launches] == ["kiln_row"]
+    total = auto_program(_task("sum", torch.randn(1 << 17)), "cuda")
+    assert [launch.kernel for launch in total.launches] == ["kiln_k0_split", "kiln_k0"]
+    plain = auto_program(_task("relu", torch.randn(33, 7)), "cuda")
+    assert [launch.kernel for launch in plain.launches] == ["kiln_k0"]
+
+
+def test_build_settings_are_validated_and_default_to_the_environment(monkeypatch):
+    with pytest.raises(ValueError, match="0, 1 or 2"):
+        BuildSettings(3)
+    monkeypatch.setenv("KILN_TUNE_LEVEL", "2")
+    assert BuildSettings.from_environment() == BuildSettings(2)
+    monkeypatch.setenv("KILN_TUNE_LEVEL", "high")
+    with pytest.raises(ValueError, match="KILN_TUNE_LEVEL"):
+        BuildSettings.from_environment()
+    monkeypatch.delenv("KILN_TUNE_LEVEL")
+    assert BuildSettings.from_environment() == BuildSettings(0)
+
+
+def _doubling_relu(task, SCALE=2):
+    """A CPU template that computes SCALE * relu(x): visibly not the auto-scheduler's relu."""
+    (x,), (out,) = task.inputs, task.outputs
+    n = 1
+    for s in x.shape:
+        n *= s
+    params = ", ".join(KernelArgs.params(kiln.codegen.c.CDialect(), task.inputs, task.outputs))
+    source = (f"#include <stdint.h>\nvoid doubling_relu({params}) {{\n"
+              f"    for (int64_t i = 0; i < {n}; ++i) {KernelArgs.output(0)}[i] = "
+              f"{KernelArgs.input(0)}[i] > 0 ? {SCALE} * {KernelArgs.input(0)}[i] : 0;\n}}\n")
+    return CpuProgram(source, "doubling_relu", tuple(KernelArgs.args(1, 1)))
+
+
+@pytest.fixture
+def cpu_template(monkeypatch):
+    template = Template("doubling_relu", ("relu",), "cpu", _doubling_relu, priority=5,
+                        applies=lambda task: task.inputs[0].dtype == kiln.dtypes.float32,
+                        space=lambda level: [{"SCALE": 2}])
+    reg = registry()
+    items = reg.items
+    monkeypatch.setattr(reg, "items", lambda kind: items(kind) + ([template] if kind == "schedules" else []))
+    return template
+
+
+def test_cpu_templates_are_consulted(cpu_template):
+    x = torch.randn(6, 7)
+    task = _task("relu", x)
+    assert templates_for("relu", "cpu") == [cpu_template] and schedules_for(task, "cpu") == [cpu_template]
+    assert schedules_for(task, "cuda") == []
+    out = kiln.ops.relu(kiln.from_torch(x)).torch()
+    torch.testing.assert_close(out, 2 * torch.relu(x))
+
+
+def test_a_cpu_template_that_declines_leaves_the_task_to_the_auto_scheduler(cpu_template):
+    x = torch.randn(6, 7, dtype=torch.float64)
+    assert schedules_for(_task("relu", x), "cpu") == []
+    torch.testing.assert_close(kiln.ops.relu(kiln.from_torch(x)).torch(), torch.relu(x))
