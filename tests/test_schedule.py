@@ -118,3 +118,26 @@ def test_a_cpu_template_that_declines_leaves_the_task_to_the_auto_scheduler(cpu_
     x = torch.randn(6, 7, dtype=torch.float64)
     assert schedules_for(_task("relu", x), "cpu") == []
     torch.testing.assert_close(kiln.ops.relu(kiln.from_torch(x)).torch(), torch.relu(x))
+
+
+def test_kernel_args_own_the_argument_names():
+    x, y = torch.randn(2, 3), torch.randn(3)
+    assert KernelArgs.args(2, 1) == [KernelArgs.input(0), KernelArgs.input(1), KernelArgs.output(0)]
+    bound = KernelArgs.bind([x, y], [x], [y])
+    assert bound == {KernelArgs.input(0): x.data_ptr(), KernelArgs.input(1): y.data_ptr(),
+                     KernelArgs.output(0): x.data_ptr(), KernelArgs.temporary(0): y.data_ptr()}
+
+
+def test_template_source_puts_knobs_after_hooks_and_before_kernels():
+    from kiln.codegen import ptx
+    from kiln.codegen.cuda import CUDA_PRELUDE, template_source
+    source = template_source(["KERNEL_A", "KERNEL_B"], {"BM": 64, "LOAD(v)": "(v)"}, "HOOKS", (ptx.CP_ASYNC,))
+    assert source == CUDA_PRELUDE + ptx.CP_ASYNC + "HOOKS#define BM 64\n#define LOAD(v) (v)\nKERNEL_AKERNEL_B"
+
+
+def test_mma_wrapper_names_its_operand_type():
+    from kiln.codegen import ptx
+    assert ptx.mma_m16n8k16(kiln.dtypes.bfloat16) == "kiln_mma_m16n8k16_bf16"
+    assert "kiln_mma_m16n8k16_bf16(" in ptx.MMA and "kiln_mma_m16n8k16_f16(" in ptx.MMA
+    with pytest.raises(ValueError, match="float32"):
+        ptx.mma_m16n8k16(kiln.dtypes.float32)

@@ -1,5 +1,5 @@
 """Skinny matmuls without a GPU: the templates' shape-aware suggestions (tile size and split-K,
-`kiln_ops_builtin.templates.grid_fit`) fill the GPU for BERT/GPT-2 shapes at 128 tokens, keep
+`kiln_ops_builtin.templates.split_k`) fill the GPU for BERT/GPT-2 shapes at 128 tokens, keep
 the default tile for large GEMMs, and every suggested program (split-K sum kernel, fused
 bias + gelu epilogue included) compiles with NVRTC for sm_80 and sm_90."""
 import pytest

@@ -7,6 +7,8 @@ functions, so both backends compute the same values.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from kiln.codegen.c import C_PRELUDE
 from kiln.codegen.emitter import Dialect, reduce_combine
 from kiln.dtypes import DataType
@@ -73,6 +75,16 @@ class CudaDialect(Dialect):
         """Whether `v` and `acc` are equal for argmax/argmin (two NaNs are)."""
         nan = f" || ({v} != {v} && {acc} != {acc})" if t.is_float else ""
         return f"({v} == {acc}{nan})"
+
+
+def template_source(kernels: Sequence[str], knobs: dict, hooks: str = "", ptx: Sequence[str] = ()) -> str:
+    """The CUDA source of a template's program, in the one order every template uses: the
+    prelude, the PTX wrappers it uses (`kiln.codegen.ptx`), the fusion hooks the core rendered
+    for the task (`kiln.codegen.hooks`), its knobs as `#define NAME value` lines (a key may be a
+    function-like macro, `"LOAD(v)"`), then its kernels and device functions, which read the
+    knobs as macros."""
+    head = "".join(f"#define {name} {value}\n" for name, value in knobs.items())
+    return CUDA_PRELUDE + "".join(ptx) + hooks + head + "".join(kernels)
 
 
 def top_reduces(e: Expr) -> list[Reduce]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
-from kiln.codegen.emitter import Emitter, row_major_strides
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
@@ -132,16 +132,16 @@ def match_contraction(task: Task) -> Contraction | None:
     roles = {id(a): f"b{d}" for d, a in enumerate(axes[:nbatch])}
     roles.update({id(axes[-2]): "m", id(axes[-1]): "n", id(r.axes[0]): "k"})
     d = CudaDialect()
-    params = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    params = KernelArgs.names(lowered.inputs)
     a = _operand(x, roles, nbatch, "m", params)
     b = _operand(y, roles, nbatch, "n", params)
     if a is None or b is None:
         a, b = _operand(y, roles, nbatch, "m", params), _operand(x, roles, nbatch, "n", params)
     if a is None or b is None or not isinstance(r.axes[0].extent, int):
         return None
-    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
-    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
-    names = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
+    decl = KernelArgs.params(d, lowered.inputs, [out])
+    names = KernelArgs.args(len(lowered.inputs))
+
     def index_of(bvar, mvar, nvar):
         return {**unravel_index(bvar, axes[:nbatch], out.shape[:nbatch]), id(axes[-2]): mvar, id(axes[-1]): nvar}
 
@@ -159,11 +159,12 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool)
     N = out.shape[-1]
     bvar, mvar = Var("b", 1 << 62), Var("m", 1 << 62)
     nvars = [Var("n", 1 << 62), Var("n1", 1 << 62)]
-    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    names = KernelArgs.names(lowered.inputs)
     names.update({id(bvar): "b", id(mvar): "m", id(nvars[0]): "n", id(nvars[1]): "n1"})
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     out_strides = row_major_strides(out.shape)
     head = "static __device__ __forceinline__ void"
+    out0 = KernelArgs.output(0)
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
     functions = []
     for count in (1, 2):
@@ -179,7 +180,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool)
             offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
         acc_type = d.value_type(top_reduces(out.value)[0].dtype)
         if count == 1:
-            em.line(f"out0[{offsets[0]}] = {values[0]};")
+            em.line(f"{out0}[{offsets[0]}] = {values[0]};")
             functions.append(f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(em.lines) + "\n}\n")
             continue
         size = out.dtype.nbytes
@@ -187,10 +188,10 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool)
             word = "uint32_t" if size == 2 else "uint64_t"
             as_bits = (lambda v: f"(uint32_t)(uint16_t)({v})") if size == 2 else (lambda v: f"(uint64_t)__float_as_uint({v})") \
                 if out.dtype.is_float else (lambda v: f"(uint64_t)(uint32_t)({v})")
-            em.line(f"*({word}*)&out0[{offsets[0]}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});")
+            em.line(f"*({word}*)&{out0}[{offsets[0]}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});")
         else:
-            em.line(f"out0[{offsets[0]}] = {values[0]};")
-            em.line(f"out0[{offsets[1]}] = {values[1]};")
+            em.line(f"{out0}[{offsets[0]}] = {values[0]};")
+            em.line(f"{out0}[{offsets[1]}] = {values[1]};")
         functions.append(f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n"
                          f"    const int64_t n1 = n + 1;\n" + "\n".join(em.lines) + "\n}\n")
     return "".join(functions)
@@ -271,9 +272,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     k_ext = [a.extent for a in r.axes]
     M, N, K = (_prod(m_ext), _prod(n_ext), _prod(k_ext))
     d = CudaDialect()
-    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
-    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
-    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    decl = KernelArgs.params(d, lowered.inputs, [out])
+    names = KernelArgs.names(lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     mvar, nvar, kvar = Var("m", M), Var("n", N), Var("k", K)
     k_index = unravel_index(kvar, r.axes, k_ext)
@@ -294,7 +294,7 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
     hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join([f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]), hooks)
+                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
 
 
 def _prod(values) -> int:

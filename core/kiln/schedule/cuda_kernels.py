@@ -23,7 +23,7 @@ from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_init, row_major_strides
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr
+from kiln.ir.expr import Expr, Reduce, Var, as_expr
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cuda import CudaProgram, Launch

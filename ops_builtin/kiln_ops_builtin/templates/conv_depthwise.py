@@ -12,9 +12,8 @@ straight from the task's inputs (a prologue fused into them declines the templat
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.cuda import CUDA_PRELUDE, CudaDialect, top_reduces
-from kiln.codegen.emitter import row_major_strides
+from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
+from kiln.codegen.emitter import KernelArgs
 from kiln.codegen.hooks import render_epilogue, unravel_index
 from kiln.ir.expr import Cast, Load, Select
 from kiln.ir.inline import inline_task
@@ -152,10 +151,9 @@ def render(task, TW=0, RPT=0) -> CudaProgram:
     th = NT // TW * RPT
     d = CudaDialect()
     acc = top_reduces(out.value)[0].dtype
-    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
-    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
-    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
-    args = [f"in{k}" for k in range(len(lowered.inputs))] + ["out0"]
+    names = KernelArgs.names(lowered.inputs)
+    decl = KernelArgs.params(d, lowered.inputs, [out])
+    args = KernelArgs.args(len(lowered.inputs))
 
     def index_of(bvar, mvar, nvar):
         return {**unravel_index(mvar, out.axes[:2], out.shape[:2]), **unravel_index(nvar, out.axes[2:], out.shape[2:])}
@@ -166,10 +164,9 @@ def render(task, TW=0, RPT=0) -> CudaProgram:
                "IH_T": (th - 1) * sh + kh, "IW_T": (TW - 1) * sw + kw, "ACC": d.value_type(acc),
                "X": names[id(x.tensor)], "WT": names[id(wt.tensor)], "LOAD(v)": d.load(x.tensor.dtype, "(v)"),
                "PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     grid = (n * c, -(-oh // th), -(-ow // TW))
     launch = Launch("kiln_conv_depthwise", tuple(args), (NT, 1, 1), grid=grid)
-    return CudaProgram(CUDA_PRELUDE + epilogue + head + KERNEL, [launch])
+    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch])
 
 
 TEMPLATE = Template("conv_depthwise", ("conv2d",), "cuda", render, priority=20, applies=applies, space=space)

@@ -16,13 +16,15 @@ adds them and applies the epilogue). Knobs at 0 are chosen from the problem size
 from __future__ import annotations
 
 from kiln import dtypes
-from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
+from kiln.codegen.ptx import mma_m16n8k16
 from kiln.codegen.hooks import match_hooked_gemm
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
 
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.matmul_tc import HELPERS, MMA_STEP
+from kiln_ops_builtin.templates.matmul_tc import MMA_STEP
 
 BK = 32
 BLOCKS_WANTED = 128          # about one wave of blocks on current data-centre GPUs
@@ -95,7 +97,8 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_tc(PARAMS) {
         if (kt + 1 < kt1) fetch(kt + 1);
         const uint16_t* as = As[cur];
         const uint16_t* bs = Bs[cur];
-""" + MMA_STEP + r"""        if (kt + 1 < kt1) stash(cur ^ 1);
+        kiln_mma_step(acc, as, bs, wm, wn, lane);
+        if (kt + 1 < kt1) stash(cur ^ 1);
         __syncthreads();
     }
 #pragma unroll
@@ -186,9 +189,8 @@ def render(task, BM=0, BN=0, WM=0, WN=0, SPLIT=0) -> CudaProgram:
     defines = {"NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LA": BM * BK // 8 // nt,
                "LB": BN * BK // 8 // nt, "M": g.M, "N": g.N, "K": g.K, "ARGS": g.args, "B_K_CONTIGUOUS": 1,
                "TO16(x)": "kiln_f2h(x)" if is_f16 else "kiln_f2bf(x)", **sk.defines}
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    source = (CUDA_PRELUDE + HELPERS + g.hooks + head + KERNEL.replace("MMA_TYPE", "f16" if is_f16 else "bf16")
-              + sk.source)
+    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(_operand_dtype(task))},
+                             g.hooks, (ptx.LDMATRIX, ptx.MMA))
     launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1), grid=(tiles, split, 1))
     return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16)
 

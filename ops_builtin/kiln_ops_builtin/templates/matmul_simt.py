@@ -14,11 +14,11 @@ Outputs go through the core's epilogue hook.
 from __future__ import annotations
 
 from kiln import dtypes
-from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln.codegen.cuda import template_source
 from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln_ops_builtin.templates import grid_fit, split_k
+from kiln_ops_builtin.templates import split_k
 
 NT = 256
 DEFAULT = {"BM": 128, "BN": 128, "BK": 8, "MIN_BLOCKS": 1}
@@ -153,11 +153,11 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
 SPLIT_PROBE = {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 2, "SPLIT": 2}
 
 
-def _fit_tile(bm: int, bn: int, bk: int, min_blocks: int) -> grid_fit.Tile:
+def _fit_tile(bm: int, bn: int, bk: int, min_blocks: int) -> split_k.Tile:
     """A tile for `suggest`: 128 FMAs per SM clock, less the shared-memory reads a thread's
     TM x TN FMAs wait on (TM + TN per k)."""
     tm, tn = bm // 16, bn // 16
-    return grid_fit.Tile(dict(zip(DEFAULT, (bm, bn, bk, min_blocks))), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn))
+    return split_k.Tile(dict(zip(DEFAULT, (bm, bn, bk, min_blocks))), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn))
 
 
 FIT_TILES = [_fit_tile(*s) for s in [(128, 128, 8, 1), (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 16, 2)]]
@@ -183,8 +183,8 @@ def _sizes(task) -> tuple[int, int, int, int]:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
-    return grid_fit.rank(FIT_TILES, *_sizes(task), sm_count, 4)
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
+    return split_k.rank(FIT_TILES, *_sizes(task), sm_count, 4)
 
 
 def _layout(prefix: str, op: Operand) -> dict:
@@ -241,10 +241,9 @@ def render(task, BM, BN, BK, MIN_BLOCKS=1, SPLIT=1) -> CudaProgram:
     defines.update({"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn,
                     "LA": BM * BK // NT, "LB": BN * BK // NT, "M": sizes[0], "N": sizes[1], "K": sizes[2],
                     "ARGS": args, **sk.defines})
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     tiles = -(-sizes[0] // BM) * -(-sizes[1] // BN)
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, batch))
-    return CudaProgram(CUDA_PRELUDE + hooks + head + KERNEL + sk.source, [launch, *sk.launches], temporaries,
+    return CudaProgram(template_source([KERNEL, sk.source], defines, hooks), [launch, *sk.launches], temporaries,
                        alignment=16)
 
 

@@ -16,36 +16,19 @@ from kiln import dtypes
 from kiln.codegen.hooks import Contraction, match_contraction
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.codegen.cuda import CUDA_PRELUDE
-from kiln_ops_builtin.templates import grid_fit, split_k
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
+from kiln.codegen.ptx import mma_m16n8k16
+from kiln_ops_builtin.templates import split_k
 
 MAX_SMEM = 227 * 1024
 DEFAULT = {"BM": 128, "BN": 128, "BK": 32, "WM": 64, "WN": 64, "STAGES": 4}
 
-HELPERS = r"""
-static __device__ __forceinline__ void kiln_cp_async16(void* smem, const void* gmem, int bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(bytes));
-}
-static __device__ __forceinline__ void kiln_ldmatrix_x4(unsigned* r, const void* smem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void kiln_ldmatrix_x4_trans(unsigned* r, const void* smem) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-// the 16-byte chunk `c` of row `r` in a tile whose rows hold `C` chunks, XOR-swizzled
-static __device__ __forceinline__ int kiln_swz(int r, int c, int C) {
-    return C >= 8 ? (c ^ (r & 7)) : (C == 4 ? (c ^ ((r >> 1) & 3)) : (c ^ ((r >> 2) & 1)));
-}
-"""
-
-# One BK-deep step of a warp's WM x WN tile: ldmatrix fragments of the swizzled k-major tiles
-# `as` and `bs` (`bs` k-major when B_K_CONTIGUOUS, else [BK, BN] row-major) into mma.sync.
 MMA_STEP = r"""
+// One BK-deep step of a warp's WM x WN tile: ldmatrix fragments of the swizzled k-major tiles
+// `as` and `bs` (`bs` k-major when B_K_CONTIGUOUS, else [BK, BN] row-major) into mma.sync.
+static __device__ __forceinline__ void kiln_mma_step(float (*acc)[WN / 8][4], const uint16_t* as, const uint16_t* bs,
+                                                     int wm, int wn, int lane) {
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
             unsigned af[WM / 16][4], bf[WN / 8][2];
@@ -70,13 +53,12 @@ MMA_STEP = r"""
             for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
                 for (int j = 0; j < WN / 8; ++j)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.MMA_TYPE.MMA_TYPE.f32 "
-                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-                        : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]), "r"(bf[j][0]), "r"(bf[j][1]));
+                    MMA(acc[i][j], af[i], bf[j]);
         }
-""".lstrip("\n")
+}
+"""
+"""`kiln_mma_step(acc, as, bs, wm, wn, lane)`, shared with conv_tc; reads the knobs BK, BN, WM,
+WN, B_K_CONTIGUOUS and MMA (the `kiln.codegen.ptx.mma_m16n8k16` product of the operand type)."""
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
@@ -132,17 +114,18 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) load(s, s);
-        asm volatile("cp.async.commit_group;\n");
+        kiln_cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2));
+        kiln_cp_async_wait<STAGES - 2>();
         __syncthreads();
         if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-        asm volatile("cp.async.commit_group;\n");
+        kiln_cp_async_commit();
         const uint16_t* as = As + (kt % STAGES) * BM * BK;
         const uint16_t* bs = Bs + (kt % STAGES) * BN * BK;
-""" + MMA_STEP + r"""    }
-    asm volatile("cp.async.wait_group 0;\n");
+        kiln_mma_step(acc, as, bs, wm, wn, lane);
+    }
+    kiln_cp_async_wait<0>();
 #pragma unroll
     for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
@@ -172,7 +155,7 @@ def valid(k: dict) -> bool:
 
 
 SPLIT_PROBE = {"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "STAGES": 4, "SPLIT": 2}
-FIT_TILES = [grid_fit.Tile(dict(zip(DEFAULT, s)), s[0], s[1], s[2], 1024)
+FIT_TILES = [split_k.Tile(dict(zip(DEFAULT, s)), s[0], s[1], s[2], 1024)
              for s in [(128, 128, 32, 64, 64, 4), (128, 64, 32, 64, 32, 4), (64, 128, 32, 32, 64, 4),
                        (64, 64, 32, 32, 32, 4)]]
 """`suggest`'s tiles, at mma.sync's 1024 float16 MACs per SM clock (half of wgmma's)."""
@@ -202,9 +185,9 @@ def applies(task) -> bool:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
     c = match_contraction(task)
-    return grid_fit.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    return split_k.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
 
 
 def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
@@ -222,9 +205,8 @@ def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
         "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_BATCH": c.batch_offset(c.b, "bz"), "ARGS": c.args, **sk.defines,
     }
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    mma_type = "f16" if c.a.dtype == dtypes.float16 else "bf16"
-    source = CUDA_PRELUDE + HELPERS + c.epilogue + head + KERNEL.replace("MMA_TYPE", mma_type) + sk.source
+    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(c.a.dtype)},
+                             c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA))
     tiles = -(-c.M // BM) * -(-c.N // BN)
     launch = Launch("kiln_matmul_tc", args + sk.args, (nt, 1, 1), grid=(tiles, SPLIT, c.batch_count),
                     smem=smem_bytes(k))

@@ -11,23 +11,16 @@ so both operands are K-major. Outputs go through the core's epilogue hooks, or w
 from __future__ import annotations
 
 from kiln import dtypes
-from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
 from kiln.codegen.hooks import Contraction, match_contraction
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln_ops_builtin.templates import grid_fit, split_k
-from kiln_ops_builtin.templates.matmul_tc import HELPERS
+from kiln_ops_builtin.templates import split_k
 
 BK = 64
 MAX_SMEM = 227 * 1024
 DEFAULT = {"BN": 128, "WG": 2, "MI": 1, "STAGES": 4}
-
-WGMMA_HELPERS = r"""
-static __device__ __forceinline__ uint64_t kiln_desc(const void* smem) {
-    const uint64_t addr = (uint64_t)__cvta_generic_to_shared(smem);
-    return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-"""
 
 TRANSPOSE = r"""
 // out[z][n][k] = in[z-th batch offset + k * LD + n]: a [K, N] operand made K-major
@@ -91,17 +84,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
         if (s < KT) load(s, s);
-        asm volatile("cp.async.commit_group;\n");
+        kiln_cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(AHEAD - 1));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        kiln_cp_async_wait<AHEAD - 1>();
+        kiln_fence_proxy_async();
         __syncthreads();
         if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, kt + AHEAD);
-        asm volatile("cp.async.commit_group;\n");
+        kiln_cp_async_commit();
         const uint16_t* as = As + (kt % STAGES) * BM * BK;
         const uint16_t* bs = Bs + (kt % STAGES) * BN * BK;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        kiln_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
             const uint64_t db = kiln_desc(bs) + 2 * kk;
@@ -111,11 +104,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
                 WGMMA(acc[i], da, db);
             }
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        kiln_wgmma_commit();
+        kiln_wgmma_wait<1>();
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    asm volatile("cp.async.wait_group 0;\n");
+    kiln_wgmma_wait<0>();
+    kiln_cp_async_wait<0>();
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -131,22 +124,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
 """
 
 
-def _wgmma_macro(bn: int, ab: str) -> str:
-    """`WGMMA(acc, da, db)`: one m64n{bn}k16 product accumulated into the array `acc`."""
-    regs = bn // 2
-    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
-    slots = ",".join(f"%{k}" for k in range(regs))
-    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
-            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
-
-
 def smem_bytes(k: dict) -> int:
     return k["STAGES"] * (64 * k["WG"] * k["MI"] + k["BN"]) * BK * 2 + 1024
 
 
 SPLIT_PROBE = {"BN": 64, "WG": 1, "MI": 1, "STAGES": 4, "SPLIT": 2}
-FIT_TILES = [grid_fit.Tile(dict(zip(DEFAULT, s)), 64 * s[1] * s[2], s[0], BK, 2048)
+FIT_TILES = [split_k.Tile(dict(zip(DEFAULT, s)), 64 * s[1] * s[2], s[0], BK, 2048)
              for s in [(128, 2, 1, 4), (64, 2, 1, 4), (128, 1, 1, 4), (64, 1, 1, 4)]]
 """`suggest`'s tiles (128 or 64 rows by 128 or 64 columns), at wgmma's 2048 float16 MACs per SM clock."""
 
@@ -163,9 +146,9 @@ def space(level: int) -> list[dict]:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
     c = match_contraction(task)
-    return grid_fit.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    return split_k.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
 
 
 def applies(task) -> bool:
@@ -192,10 +175,8 @@ def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
         "B_BATCH": f"bz * (int64_t){c.N * c.K}" if transposed else c.batch_offset(c.b, "bz"),
         "ARGS": c.args, "LD": f"(int64_t){c.b.k_stride}", "SRC_BATCH": c.batch_offset(c.b, "z"), **sk.defines,
     }
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    ab = "f16" if c.a.dtype == dtypes.float16 else "bf16"
-    source = (CUDA_PRELUDE + HELPERS + WGMMA_HELPERS + c.epilogue + head + _wgmma_macro(BN, ab)
-              + (TRANSPOSE if transposed else "") + KERNEL + sk.source)
+    kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), TRANSPOSE if transposed else "", KERNEL, sk.source]
+    source = template_source(kernels, defines, c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.WGMMA))
     tiles = -(-c.M // bm) * -(-c.N // BN)
     k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}
     b_arg = "tmp0" if transposed else c.b.param

@@ -1,0 +1,94 @@
+"""PTX wrappers for CUDA templates: asynchronous copies, ldmatrix, mma.sync, wgmma, fences and
+shared-memory descriptors, each a device function (or macro) of CUDA C++ source.
+
+A template passes the groups it uses to `kiln.codegen.cuda.template_source(..., ptx=...)`,
+which places them after the prelude. Every wrapper is `static __device__ __forceinline__`, so
+it costs what the inline `asm` it wraps costs.
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.dtypes import DataType
+
+CP_ASYNC = r"""
+static __device__ __forceinline__ void kiln_cp_async16(void* smem, const void* gmem, int bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(gmem), "r"(bytes));
+}
+static __device__ __forceinline__ void kiln_cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+// wait until at most N committed groups of this thread's copies are in flight
+template <int N> static __device__ __forceinline__ void kiln_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+"""
+"""`kiln_cp_async16(smem, gmem, bytes)`: a 16-byte global-to-shared copy, zero-filled past
+`bytes`; `kiln_cp_async_commit()`, `kiln_cp_async_wait<N>()`."""
+
+LDMATRIX = r"""
+static __device__ __forceinline__ void kiln_ldmatrix_x4(unsigned* r, const void* smem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+static __device__ __forceinline__ void kiln_ldmatrix_x4_trans(unsigned* r, const void* smem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+// the 16-byte chunk `c` of row `r` in a tile whose rows hold `C` chunks, XOR-swizzled
+static __device__ __forceinline__ int kiln_swz(int r, int c, int C) {
+    return C >= 8 ? (c ^ (r & 7)) : (C == 4 ? (c ^ ((r >> 1) & 3)) : (c ^ ((r >> 2) & 1)));
+}
+"""
+"""`kiln_ldmatrix_x4(regs, smem)` and its `.trans` form; `kiln_swz(r, c, C)`, the XOR swizzle
+of 16-byte chunks that keeps both cp.async stores and ldmatrix free of bank conflicts."""
+
+MMA = "".join(f"""
+static __device__ __forceinline__ void kiln_mma_m16n8k16_{ab}(float* d, const unsigned* a, const unsigned* b) {{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 "
+                 "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}}
+""" for ab in ("f16", "bf16"))
+"""`kiln_mma_m16n8k16_f16(d, a, b)` and `_bf16`: d (4 floats) += a (4 registers) * b (2)."""
+
+WGMMA = r"""
+// the descriptor of a K-major, 128-byte-swizzled shared-memory tile for wgmma
+static __device__ __forceinline__ uint64_t kiln_desc(const void* smem) {
+    const uint64_t addr = (uint64_t)__cvta_generic_to_shared(smem);
+    return ((addr & 0x3FFFFull) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+static __device__ __forceinline__ void kiln_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void kiln_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void kiln_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// wait until at most N committed wgmma groups are in flight
+template <int N> static __device__ __forceinline__ void kiln_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+"""
+"""`kiln_desc(smem)`, `kiln_fence_proxy_async()`, `kiln_wgmma_fence()`, `kiln_wgmma_commit()`,
+`kiln_wgmma_wait<N>()` (sm_90a)."""
+
+
+def mma_m16n8k16(t: DataType) -> str:
+    """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""
+    if t not in (dtypes.float16, dtypes.bfloat16):
+        raise ValueError(f"mma.sync m16n8k16 takes float16 or bfloat16 operands, not {t.name}")
+    return "kiln_mma_m16n8k16_" + ("f16" if t == dtypes.float16 else "bf16")
+
+
+def wgmma_m64k16(bn: int, t: DataType) -> str:
+    """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k16 product of the tiles described by
+    `da` and `db` (operands of 16-bit float type `t`) accumulated into the float array `acc`."""
+    ab = mma_m16n8k16(t).rsplit("_", 1)[1]
+    regs = bn // 2
+    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
+    slots = ",".join(f"%{k}" for k in range(regs))
+    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
+            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
