@@ -67,11 +67,6 @@ class Tensor:
             return head if self.trace is None else f"{head}\nfrom {self.trace}"
         return head + "\n" + np.array2string(self.numpy(), precision=2, suppress_small=True)
 
-    def trace_graph(self):
-        """The FlowGraph that computes this symbolic tensor."""
-        from kiln.graph import trace_from
-        return trace_from(self)
-
     # Python operators dispatch to kiln.ops
     def _op(self, name, *args):
         from kiln import ops
