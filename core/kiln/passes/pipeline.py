@@ -1,8 +1,7 @@
 """The default optimization pipeline and `optimize` (also `kiln.graph.optimize`)."""
 from __future__ import annotations
 
-from kiln.graph import FlowGraph
-from kiln.graph.optimizer import use_pipeline
+from kiln.graph import FlowGraph, use_pipeline
 from kiln.passes.cse import EliminateCommonSubexpressions
 from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
