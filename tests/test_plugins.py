@@ -417,3 +417,20 @@ def test_disable_matches_case_and_separators_loosely(site, name):
         print([p.disabled for p in registry().plugins if p.distribution == "kiln-test-triple"])
     """, site, KILN_DISABLE_PLUGINS=name)
     assert out.strip() == "[True]"
+
+
+def test_every_builtin_rule_module_is_returned_by_the_mapping_hook():
+    """Rules are data a plugin returns: a rule module missing from the hook would be lost."""
+    import importlib
+    import pkgutil
+
+    import kiln_mappings_builtin
+    from kiln.frontend.torch import rules_of
+    from kiln_mappings_builtin import plugin
+
+    returned = {id(r) for r in plugin.kiln_torch_mappings()}
+    modules = [importlib.import_module(f"kiln_mappings_builtin.{m.name}")
+               for m in pkgutil.iter_modules(kiln_mappings_builtin.__path__)]
+    declared = [r for m in modules for r in rules_of(m)]
+    assert len(declared) > 400
+    assert [r.name for r in declared if id(r) not in returned] == []
