@@ -1,4 +1,5 @@
-"""The compute IR: building expressions and computes, and simplification of index arithmetic.
+"""The compute IR: building expressions and computes, simplification of index arithmetic, the
+expression rewriter, unravelling of flat indices and the operation enums.
 
 Every simplification is checked twice: against the expected simpler form, and by evaluating the
 original and simplified expressions at every point of the index space.
@@ -12,8 +13,9 @@ import pytest
 
 from kiln import dtypes
 from kiln.ir import (
-    Binary, Cast, Const, Select, Task, TensorInput, Var, bounds, cast, compute, maximum,
-    minimum, reduce, select, simplify,
+    Binary, BinaryOp, Cast, Const, Load, ReduceOp, Select, Task, TensorInput, UnaryOp, Var, binary,
+    bounds, cast, compute, exp, inline_task, maximum, minimum, reduce, rewrite, select, simplify,
+    substitute, unary, unravel,
 )
 
 INT_OPS = {
@@ -177,3 +179,95 @@ def test_compute_reduce_and_task():
         Task("bad", [x], [compute([4], lambda i: TensorInput("w", (4,), "float32")[i])])
     with pytest.raises(IndexError, match="rank 2 indexed with 1 indices"):
         compute([3], lambda i: x[i])
+
+
+def test_rewrite_visits_each_shared_node_once_and_keeps_sharing():
+    i = Var("i", 8)
+    shared = i * 3 + 1
+    expr = shared * shared + shared
+    visits = []
+
+    def double_consts(e):
+        visits.append(e)
+        return Const(e.value * 2, e.dtype) if isinstance(e, Const) else e
+
+    out = rewrite(expr, double_consts)
+    assert len(visits) == len({id(e) for e in visits}), "every node once"
+    assert out.a.a is out.a.b is out.b, "the shared sub-expression stays one node"
+    assert_equivalent(out, (i * 6 + 2) * (i * 6 + 2) + (i * 6 + 2), [i])
+    assert rewrite(expr, lambda e: e) is expr, "nothing changed: the same node back"
+
+
+def test_rewrite_pre_replaces_without_visiting_children_and_memo_is_shared():
+    i, j = Var("i", 4), Var("j", 5)
+    inner = i + j
+    expr = select(inner > 3, inner, j)
+    seen = []
+    out = rewrite(expr, lambda e: seen.append(e) or e, pre=lambda e: j if e is inner else None)
+    assert all(e is not i for e in seen), "the replaced node's children are not visited"
+    assert out.a is j and out.cond.a is j
+    memo = {}
+    first = rewrite(inner * 2, lambda e: e, pre=lambda e: Const(7, e.dtype) if e is i else None, memo=memo)
+    second = rewrite(inner * 3, lambda e: e, memo=memo)
+    assert first.a is second.a, "a shared memo rewrites a common sub-expression once"
+
+
+def test_rewrite_handles_chains_deeper_than_the_recursion_limit():
+    x = TensorInput("x", (4,), "float32")
+    value = x[Var("i", 4)]
+    for _ in range(5000):
+        value = value * 1.5 + 1.0
+    out = rewrite(value, lambda e: Const(2.5, e.dtype) if isinstance(e, Const) and e.value == 1.5 else e)
+    assert out.a.b.value == 2.5 and out.b.value == 1.0
+    substitute(value, {})     # substitution and simplification share the traversal
+    simplify(value)
+
+
+def test_substitute_and_inlining_through_the_rewriter():
+    x = TensorInput("x", (3, 4), "float32")
+    y = compute([3, 4], lambda a, b: exp(x[a, b]))
+    z = compute([4, 3], lambda a, b: y[b, a] * 2.0)
+    lowered = inline_task(Task("t", [x], [z]))
+    (out,) = lowered.buffers
+    load = out.value.a.a
+    assert isinstance(load, Load) and load.tensor is x, "y is inlined into z"
+    assert load.indices == (out.axes[1], out.axes[0])
+    k = Var("k", 4)
+    total = reduce([k + 1], lambda r: x[0, r])   # a reduction whose extent is an expression
+    moved = substitute(total, {id(k): Const(2, dtypes.int64)})
+    (axis,) = moved.axes
+    assert axis is not total.axes[0] and simplify(axis.extent).value == 3
+    assert moved.body.indices[1] is axis, "the body reads the new axis"
+
+
+@pytest.mark.parametrize("extents", [(3, 4, 5), (1, 6, 1, 2), (7,), (2, 1)])
+def test_unravel_gives_the_row_major_index(extents):
+    n = 1
+    for e in extents:
+        n *= e
+    flat = Var("o", n)
+    index = unravel(flat, extents)
+    assert len(index) == len(extents)
+    points = list(itertools.product(*(range(e) for e in extents)))
+    for o, point in enumerate(points):
+        assert tuple(evaluate(ix, {id(flat): o}) for ix in index) == point
+    assert all(isinstance(ix, Const) and ix.value == 0 for ix, e in zip(index, extents) if e == 1)
+    assert index[0] is flat or size(index[0]) <= 3, "the outermost index needs no modulo"
+
+
+def test_unravel_of_a_constant_folds():
+    assert [e.value for e in unravel(23, (2, 3, 4))] == [1, 2, 3]
+
+
+def test_operations_are_enums_that_equal_their_names():
+    i = Var("i", 4)
+    e = binary("floordiv", i, 2)
+    assert e.op is BinaryOp.FLOORDIV and e.op == "floordiv" and f"{e.op}" == "floordiv"
+    assert {"floordiv": 1}[e.op] == 1, "hashes like its name: string-keyed tables still work"
+    assert unary("exp", cast(i, "float32")).op is UnaryOp.EXP
+    assert reduce([4], lambda r: cast(i + r, "float32"), op="max").op is ReduceOp.MAX
+    assert Binary("add", i, i, dtypes.int64).op is BinaryOp.ADD
+    with pytest.raises(ValueError, match="unknown BinaryOp 'flordiv'; expected one of add, sub"):
+        binary("flordiv", i, 2)
+    with pytest.raises(ValueError, match="unknown ReduceOp 'mean'"):
+        reduce([4], lambda r: cast(r, "float32"), op="mean")

@@ -240,3 +240,197 @@ def test_contribution_counts_read_naturally():
 
     assert [count(1, "operators"), count(2, "operators"), count(1, "graph passes"),
             count(0, "torch mappings")] == ["1 operator", "2 operators", "1 graph pass", "0 torch mappings"]
+
+
+# A plugin whose hook returns {garbage} from {hook}.
+GARBAGE_PLUGIN = """
+from kiln.plugins import hookimpl
+
+
+def stray(x):
+    return x
+
+
+@hookimpl
+def {hook}():
+    return {garbage}
+"""
+
+
+@pytest.mark.parametrize("hook, garbage, expected", [
+    ("kiln_operators", "'relu'", "kiln_operators returned str 'relu'; expected a list of "
+                                 "kiln.graph.operator.OperatorDef"),
+    ("kiln_torch_mappings", "[object()]", "kiln_torch_mappings returned a list holding object <object"),
+    ("kiln_operators", "[stray]", "kiln_operators returned a list holding function <function stray"),
+    ("kiln_graph_passes", "[42]", "kiln_graph_passes returned a list holding int 42; expected only "
+                                  "kiln.passes.graph_pass.GraphPass"),
+])
+def test_plugin_returning_garbage_is_reported_by_name_and_the_others_load(site, hook, garbage, expected):
+    make_distribution(site, "kiln-test-garbage", GARBAGE_PLUGIN.format(hook=hook, garbage=garbage))
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    out = check_output("""
+        import torch
+        import kiln
+        from kiln.frontend.torch import mapping_registry
+        from kiln.plugins import registry
+        print(kiln.ops.triple(kiln.asarray([2.0])).numpy().tolist())
+        print(kiln.ops.add(kiln.asarray([1.0]), kiln.asarray([2.0])).numpy().tolist())
+        print(mapping_registry().has("function", torch.relu))
+        for p in registry().errors:
+            print(p.distribution, "|", p.error, "|", p.contributions)
+        print(sorted(name for name, _ in registry().manager.list_name_plugin()))
+    """, site)
+    lines = out.splitlines()
+    assert lines[:3] == ["[6.0]", "[3.0]", "True"]
+    dist, error, contributions = lines[3].split(" | ")
+    assert dist == "kiln-test-garbage" and error.startswith("ContributionError: " + expected), error
+    assert contributions == "{}"
+    assert len(lines) == 5, "only the garbage plugin failed"
+    assert "kiln_test_garbage" not in lines[4] and "kiln_test_triple" in lines[4], \
+        "one plugin manager holds every loaded plugin, not the failed one"
+    table = run_python("from kiln.cli import main; raise SystemExit(main(['plugins']))", site)
+    assert table.returncode == 1
+    row = next(ln for ln in table.stdout.splitlines() if ln.startswith("kiln_test_garbage"))
+    assert "kiln-test-garbage" in row and "failed to load" in row
+    assert "error: ContributionError: " + expected in table.stdout
+
+
+def test_hook_implementation_of_an_unknown_hook_is_reported(site):
+    make_distribution(site, "kiln-test-typo", """
+        from kiln.plugins import hookimpl
+
+        @hookimpl
+        def kiln_operator():
+            return []
+    """)
+    out = check_output("""
+        from kiln.plugins import registry
+        print([p.error for p in registry().errors])
+    """, site)
+    assert "unknown hook 'kiln_operator'" in out
+
+
+# A plugin whose relu rule doubles, declared at import; {tail} runs after it.
+DOUBLING_RELU_PLUGIN = """
+import torch
+from kiln import ops
+from kiln.frontend.torch import register_function, rules_of
+from kiln.plugins import hookimpl
+import sys
+
+
+@register_function(torch.relu, torch.nn.functional.relu, priority=100)
+def doubled(x, inplace=False):
+    return ops.mul(x, 2.0)
+
+
+@hookimpl
+def kiln_torch_mappings():
+    return rules_of(sys.modules[__name__])
+
+{tail}
+"""
+
+RUN_RELU = """
+    import sys
+    import torch
+    import kiln
+    from kiln.frontend.torch import mapping_registry
+    from kiln.plugins import registry
+    {before}
+    relu = torch.compile(torch.nn.functional.relu, backend="kiln")
+    print(relu(torch.tensor([-1.0, 2.0])).tolist())
+    print(sorted({{r.plugin for r in mapping_registry().candidates("function", torch.relu)}}))
+    print([(p.distribution, p.error) for p in registry().errors])
+"""
+
+
+def test_failed_plugin_contributes_no_mapping_rule(site):
+    make_distribution(site, "kiln-test-doubler", DOUBLING_RELU_PLUGIN.format(tail="raise RuntimeError('late failure')"))
+    lines = check_output(RUN_RELU.format(before=""), site).splitlines()
+    assert lines == ["[0.0, 2.0]", "['kiln-mappings-builtin']",
+                     "[('kiln-test-doubler', 'RuntimeError: late failure')]"]
+
+
+def test_disabled_plugin_imported_by_name_contributes_no_mapping_rule(site):
+    make_distribution(site, "kiln-test-doubler", DOUBLING_RELU_PLUGIN.format(tail=""))
+    lines = check_output(RUN_RELU.format(before="import kiln_test_doubler"), site,
+                         KILN_DISABLE_PLUGINS="Kiln_Test.Doubler").splitlines()
+    assert lines == ["[0.0, 2.0]", "['kiln-mappings-builtin']", "[]"]
+    # Enabled, the same plugin's rule is in effect: the checks above could fail.
+    lines = check_output(RUN_RELU.format(before=""), site).splitlines()
+    assert lines[:2] == ["[-2.0, 4.0]", "['kiln-mappings-builtin', 'kiln-test-doubler']"]
+
+
+@pytest.mark.parametrize("statement, error", [
+    ("import sys; sys.exit(3)", "SystemExit: 3"),
+    ("raise SystemExit", "SystemExit"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+])
+def test_plugin_exiting_at_import_does_not_end_the_process(site, statement, error):
+    make_distribution(site, "kiln-test-exit", statement + "\n")
+    out = check_output("""
+        import kiln
+        from kiln.plugins import registry
+        print(kiln.ops.add(kiln.asarray([1.0]), kiln.asarray([2.0])).numpy().tolist())
+        print([(p.distribution, p.error) for p in registry().errors])
+    """, site)
+    assert out.splitlines() == ["[3.0]", f"[('kiln-test-exit', '{error}')]"]
+
+
+def test_plugin_exiting_in_a_hook_is_reported(site):
+    make_distribution(site, "kiln-test-exit", """
+        import sys
+        from kiln.plugins import hookimpl
+
+        @hookimpl
+        def kiln_operators():
+            sys.exit("no operators today")
+    """)
+    out = check_output("""
+        from kiln.plugins import registry
+        print([(p.distribution, p.error) for p in registry().errors])
+    """, site)
+    assert out.strip() == "[('kiln-test-exit', 'SystemExit: no operators today')]"
+
+
+def test_real_ctrl_c_while_a_plugin_imports_still_interrupts(site):
+    make_distribution(site, "kiln-test-slow", """
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    """)
+    proc = run_python("""
+        import kiln
+        kiln.ops.add
+        print("survived")
+    """, site)
+    assert proc.returncode != 0 and "survived" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("name", ["KILN-TEST-TRIPLE", "Kiln_Test-Triple", "kiln.test.triple"])
+def test_disable_matches_case_and_separators_loosely(site, name):
+    operator_plugin(site, "kiln-test-triple", "triple", 3)
+    out = check_output("""
+        from kiln.plugins import registry
+        print([p.disabled for p in registry().plugins if p.distribution == "kiln-test-triple"])
+    """, site, KILN_DISABLE_PLUGINS=name)
+    assert out.strip() == "[True]"
+
+
+def test_every_builtin_rule_module_is_returned_by_the_mapping_hook():
+    """Rules are data a plugin returns: a rule module missing from the hook would be lost."""
+    import importlib
+    import pkgutil
+
+    import kiln_mappings_builtin
+    from kiln.frontend.torch import rules_of
+    from kiln_mappings_builtin import plugin
+
+    returned = {id(r) for r in plugin.kiln_torch_mappings()}
+    modules = [importlib.import_module(f"kiln_mappings_builtin.{m.name}")
+               for m in pkgutil.iter_modules(kiln_mappings_builtin.__path__)]
+    declared = [r for m in modules for r in rules_of(m)]
+    assert len(declared) > 400
+    assert [r.name for r in declared if id(r) not in returned] == []

@@ -14,6 +14,15 @@ from kiln.tensor import (
 )
 
 from kiln import torch  # noqa: E402  (kiln.torch: the PyTorch frontend; loads no plugin)
+from kiln.frontend.torch.registry import Rule as _Rule
+from kiln.graph import OperatorDef as _OperatorDef
+from kiln.passes import GraphPass as _GraphPass, RewritePattern as _RewritePattern
+from kiln.plugins import expect_contributions as _expect_contributions
+from kiln.schedule import Template as _Template
+
+# What each plugin hook must return: every contribution is checked against it when plugins load.
+_expect_contributions({"operators": _OperatorDef, "schedules": _Template, "torch_mappings": _Rule,
+                       "graph_passes": _GraphPass, "rewrite_patterns": _RewritePattern})
 
 __version__ = "0.1.0"
 

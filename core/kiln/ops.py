@@ -1,12 +1,23 @@
-"""`kiln.ops.NAME`: every operator the installed plugins define, resolved on first use."""
-from kiln.plugins import registry
+"""`kiln.ops.NAME`: every operator the installed plugins define, resolved on first use.
+
+Importing this module also makes Tensor's Python operators (`a + b`) apply these operators.
+"""
+from kiln.plugins import registry as _registry
+from kiln.tensor import use_operators as _use_operators
+
+
+def _operator_named(name: str):
+    return _registry().operator(name)
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    return registry().operator(name)
+    return _operator_named(name)
 
 
 def __dir__():
-    return sorted(registry().operators)
+    return sorted(_registry().operators)
+
+
+_use_operators(_operator_named)

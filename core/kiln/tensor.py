@@ -5,7 +5,7 @@ through PyTorch's caching allocator.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -67,15 +67,11 @@ class Tensor:
             return head if self.trace is None else f"{head}\nfrom {self.trace}"
         return head + "\n" + np.array2string(self.numpy(), precision=2, suppress_small=True)
 
-    def trace_graph(self):
-        """The FlowGraph that computes this symbolic tensor."""
-        from kiln.graph import trace_from
-        return trace_from(self)
-
-    # Python operators dispatch to kiln.ops
+    # Python operators apply the Kiln operator of that name (see `use_operators`)
     def _op(self, name, *args):
-        from kiln import ops
-        return getattr(ops, name)(*args)
+        if _operator_named is None:
+            raise RuntimeError(f"Tensor operators need kiln.ops: import kiln (to apply '{name}')")
+        return _operator_named(name)(*args)
 
     def __add__(self, o): return self._op("add", self, o)
     def __radd__(self, o): return self._op("add", o, self)
@@ -113,6 +109,19 @@ class Tensor:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+
+_operator_named: Callable[[str], Callable] | None = None
+
+
+def use_operators(operator_named: Callable[[str], Callable]) -> None:
+    """Make `operator_named(name)` what Tensor's Python operators (`a + b`, `a @ b`, ...) apply.
+
+    Operators come from plugins, a layer above tensors; `kiln.ops` installs its lookup here when
+    it is imported, which `import kiln` always does.
+    """
+    global _operator_named
+    _operator_named = operator_named
 
 
 def from_torch(t: torch.Tensor) -> Tensor:

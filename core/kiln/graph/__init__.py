@@ -1,13 +1,31 @@
-"""Operators and flow graphs: definitions, nodes, tracing, printing and execution."""
+"""Operators and flow graphs: definitions, nodes, tracing, printing and execution.
+
+`optimize(graph)` applies the optimization pipeline, which belongs to the pass manager, a layer
+above graphs (`kiln.passes` imports `kiln.graph`, never the reverse): `kiln.passes` installs its
+pipeline here with `use_pipeline` when it is imported, which `import kiln` always does.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
 from kiln.graph.flow_graph import FlowGraph, format_graph, trace_from
 from kiln.graph.operator import Operator, OperatorDef, OperatorError, operator, run_task
 
 __all__ = ["FlowGraph", "Operator", "OperatorDef", "OperatorError", "format_graph", "operator",
-           "optimize", "run_task", "trace_from"]
+           "optimize", "run_task", "trace_from", "use_pipeline"]
+
+_pipeline: Callable | None = None
 
 
-def optimize(graph: FlowGraph) -> FlowGraph:
-    """`graph` optimized by the default pass pipeline under the current `kiln.PassContext`
-    (see `kiln.passes`); inputs, outputs and their order are kept."""
-    from kiln.passes import optimize as run_pipeline  # passes import graph, never the reverse
-    return run_pipeline(graph)
+def use_pipeline(run: Callable) -> None:
+    """Make `run(graph) -> graph` the pipeline that `optimize` applies."""
+    global _pipeline
+    _pipeline = run
+
+
+def optimize(graph):
+    """`graph` (a FlowGraph) optimized by the default pass pipeline under the current
+    `kiln.PassContext` (see `kiln.passes`); inputs, outputs and their order are kept."""
+    if _pipeline is None:
+        raise RuntimeError("no optimization pipeline is installed: import kiln (or kiln.passes) first")
+    return _pipeline(graph)

@@ -7,28 +7,26 @@ the GIL), each distinct task once.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from kiln.graph.operator import compiled_task
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
 from kiln.tensor import Tensor
 
-if TYPE_CHECKING:
-    from kiln.graph.flow_graph import FlowGraph
 
-
-def build_kernels(graph: FlowGraph, workers: int | None = None, settings=None) -> list:
-    """The built kernel of each node of `graph`, in node order, built by `workers` threads
-    (ThreadPoolExecutor's default number when None) with `settings` (`kiln.schedule.BuildSettings`)."""
+def build_kernels(graph, workers: int | None = None, settings=None) -> list:
+    """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
+    threads (ThreadPoolExecutor's default number when None) with `settings`
+    (`kiln.schedule.BuildSettings`)."""
     tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         built = dict(zip(tasks, pool.map(lambda key: compiled_task(tasks[key], key[1], settings), tasks)))
     return [built[(id(node.task), node.device)] for node in graph.nodes]
 
 
-def compile_graph(graph: FlowGraph, settings=None) -> CompiledGraph:
-    """`graph` as a CompiledGraph: its inputs, constants, outputs and intermediates as buffer
-    slots, its nodes as steps in order, its kernels built with `settings` (see `build_kernels`)."""
+def compile_graph(graph, settings=None) -> CompiledGraph:
+    """`graph` (a FlowGraph: `FlowGraph.compile` calls this) as a CompiledGraph: its inputs,
+    constants, outputs and intermediates as buffer slots, its nodes as steps in order, its
+    kernels built with `settings` (see `build_kernels`)."""
     slots: dict[int, int] = {}
     buffers: list[Buffer] = []
     constants = {}

@@ -9,6 +9,7 @@ import torch
 from kiln.graph.compile import compile_graph
 from kiln.graph.operator import Operator, OperatorError
 from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.cuda_graph import CapturedGraph
 from kiln.tensor import Tensor, from_torch
 
 
@@ -67,7 +68,6 @@ class FlowGraph:
         replays its steps over its fixed workspace (see `kiln.runtime.cuda_graph`). The graph's
         inputs must be on a CUDA device;
         `example_inputs` (random by default) are only used for the capture."""
-        from kiln.runtime.cuda_graph import CapturedGraph
         if example_inputs is None:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]

@@ -1,4 +1,5 @@
-"""The compute IR: scalar expressions, tensor computes, reductions and tasks."""
+"""The compute IR: scalar expressions, tensor computes, reductions and tasks; rewriting,
+simplification and inlining of expressions; index arithmetic."""
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode, compute
 from kiln.ir.expr import (
     Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, abs_, acos, acosh, as_expr,
@@ -7,7 +8,10 @@ from kiln.ir.expr import (
     logical_not, logical_or, maximum, minimum, ne, reduce, round_even, rsqrt, select,
     shift_left, shift_right, sign, sin, sinh, sqrt, tan, tanh, trunc, unary,
 )
+from kiln.ir.index import unravel
 from kiln.ir.inline import Lowered, inline_task, substitute
+from kiln.ir.opcodes import BinaryOp, ReduceOp, UnaryOp
+from kiln.ir.rewrite import own_children, rebuild_expr, rewrite
 from kiln.ir.simplify import bounds, simplify
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from kiln import dtypes
 from kiln.dtypes import DataType
-from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, cast, walk
 
 _names = itertools.count()
 
@@ -78,7 +78,6 @@ def compute(shape: Sequence[int], fcompute: Callable[..., Expr], name: str | Non
     axes = [Var(f"i{k}", s) for k, s in enumerate(shape)]
     value = as_expr(fcompute(*axes))
     if dtype is not None:
-        from kiln.ir.expr import cast
         value = cast(value, dtype)
     return Compute(name or f"t{next(_names)}", axes, value)
 

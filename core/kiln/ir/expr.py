@@ -14,18 +14,7 @@ import torch
 
 from kiln import dtypes
 from kiln.dtypes import DataType
-
-UNARY_OPS = frozenset(
-    "neg abs exp expm1 log log1p log2 sqrt rsqrt sin cos tan tanh asin acos atan sinh cosh "
-    "asinh acosh atanh erf floor ceil round trunc sign not bitnot isnan isinf".split()
-)
-BINARY_OPS = frozenset(
-    "add sub mul div floordiv mod fmod pow max min atan2 lt le gt ge eq ne and or "
-    "bitand bitor bitxor shl shr".split()
-)
-COMPARISONS = frozenset("lt le gt ge eq ne".split())
-LOGICAL = frozenset(("and", "or", "not"))
-REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
+from kiln.ir.opcodes import ARG_REDUCTIONS, COMPARISONS, LOGICAL, BinaryOp, ReduceOp, UnaryOp, op_of
 
 _ids = itertools.count()
 
@@ -52,29 +41,29 @@ class Expr:
         raise NotImplementedError
 
     # arithmetic
-    def __add__(self, o): return binary("add", self, o)
-    def __radd__(self, o): return binary("add", o, self)
-    def __sub__(self, o): return binary("sub", self, o)
-    def __rsub__(self, o): return binary("sub", o, self)
-    def __mul__(self, o): return binary("mul", self, o)
-    def __rmul__(self, o): return binary("mul", o, self)
-    def __truediv__(self, o): return binary("div", self, o)
-    def __rtruediv__(self, o): return binary("div", o, self)
-    def __floordiv__(self, o): return binary("floordiv", self, o)
-    def __rfloordiv__(self, o): return binary("floordiv", o, self)
-    def __mod__(self, o): return binary("mod", self, o)
-    def __rmod__(self, o): return binary("mod", o, self)
-    def __pow__(self, o): return binary("pow", self, o)
-    def __rpow__(self, o): return binary("pow", o, self)
-    def __neg__(self): return unary("neg", self)
-    def __lt__(self, o): return binary("lt", self, o)
-    def __le__(self, o): return binary("le", self, o)
-    def __gt__(self, o): return binary("gt", self, o)
-    def __ge__(self, o): return binary("ge", self, o)
-    def __and__(self, o): return binary("and" if self.dtype.is_bool else "bitand", self, o)
-    def __or__(self, o): return binary("or" if self.dtype.is_bool else "bitor", self, o)
-    def __xor__(self, o): return binary("ne" if self.dtype.is_bool else "bitxor", self, o)
-    def __invert__(self): return unary("not" if self.dtype.is_bool else "bitnot", self)
+    def __add__(self, o): return binary(BinaryOp.ADD, self, o)
+    def __radd__(self, o): return binary(BinaryOp.ADD, o, self)
+    def __sub__(self, o): return binary(BinaryOp.SUB, self, o)
+    def __rsub__(self, o): return binary(BinaryOp.SUB, o, self)
+    def __mul__(self, o): return binary(BinaryOp.MUL, self, o)
+    def __rmul__(self, o): return binary(BinaryOp.MUL, o, self)
+    def __truediv__(self, o): return binary(BinaryOp.DIV, self, o)
+    def __rtruediv__(self, o): return binary(BinaryOp.DIV, o, self)
+    def __floordiv__(self, o): return binary(BinaryOp.FLOORDIV, self, o)
+    def __rfloordiv__(self, o): return binary(BinaryOp.FLOORDIV, o, self)
+    def __mod__(self, o): return binary(BinaryOp.MOD, self, o)
+    def __rmod__(self, o): return binary(BinaryOp.MOD, o, self)
+    def __pow__(self, o): return binary(BinaryOp.POW, self, o)
+    def __rpow__(self, o): return binary(BinaryOp.POW, o, self)
+    def __neg__(self): return unary(UnaryOp.NEG, self)
+    def __lt__(self, o): return binary(BinaryOp.LT, self, o)
+    def __le__(self, o): return binary(BinaryOp.LE, self, o)
+    def __gt__(self, o): return binary(BinaryOp.GT, self, o)
+    def __ge__(self, o): return binary(BinaryOp.GE, self, o)
+    def __and__(self, o): return binary(BinaryOp.AND if self.dtype.is_bool else BinaryOp.BITAND, self, o)
+    def __or__(self, o): return binary(BinaryOp.OR if self.dtype.is_bool else BinaryOp.BITOR, self, o)
+    def __xor__(self, o): return binary(BinaryOp.NE if self.dtype.is_bool else BinaryOp.BITXOR, self, o)
+    def __invert__(self): return unary(UnaryOp.NOT if self.dtype.is_bool else UnaryOp.BITNOT, self)
 
     def __bool__(self):
         raise TypeError("a Kiln expression has no truth value; use select(cond, a, b)")
@@ -145,9 +134,9 @@ class Load(Expr):
 class Unary(Expr):
     __slots__ = ("op", "a")
 
-    def __init__(self, op: str, a: Expr, dtype: DataType):
+    def __init__(self, op: UnaryOp | str, a: Expr, dtype: DataType):
         super().__init__(dtype)
-        self.op, self.a = op, a
+        self.op, self.a = op_of(UnaryOp, op), a
 
     def children(self):
         return (self.a,)
@@ -159,9 +148,9 @@ class Unary(Expr):
 class Binary(Expr):
     __slots__ = ("op", "a", "b")
 
-    def __init__(self, op: str, a: Expr, b: Expr, dtype: DataType):
+    def __init__(self, op: BinaryOp | str, a: Expr, b: Expr, dtype: DataType):
         super().__init__(dtype)
-        self.op, self.a, self.b = op, a, b
+        self.op, self.a, self.b = op_of(BinaryOp, op), a, b
 
     def children(self):
         return (self.a, self.b)
@@ -203,15 +192,15 @@ class Select(Expr):
 class Reduce(Expr):
     """A reduction of `body` over the reduction axes `axes`.
 
-    `op` is one of REDUCE_OPS. argmax and argmin give the position of the first extreme
-    element, as an int64 counted row-major over the reduction axes.
+    `op` is a `ReduceOp`. argmax and argmin give the position of the first extreme element,
+    as an int64 counted row-major over the reduction axes.
     """
 
     __slots__ = ("op", "axes", "body")
 
-    def __init__(self, op: str, axes: Sequence[Var], body: Expr, dtype: DataType):
+    def __init__(self, op: ReduceOp | str, axes: Sequence[Var], body: Expr, dtype: DataType):
         super().__init__(dtype)
-        self.op, self.axes, self.body = op, tuple(axes), body
+        self.op, self.axes, self.body = op_of(ReduceOp, op), tuple(axes), body
 
     def children(self):
         return (self.body,) + tuple(as_expr(a.extent, dtypes.int64) for a in self.axes)
@@ -246,9 +235,9 @@ def _operands(a, b) -> tuple[Expr, Expr]:
     return as_expr(a), as_expr(b)
 
 
-def binary(op: str, a, b) -> Expr:
+def binary(op: BinaryOp | str, a, b) -> Expr:
     """A binary expression, promoting the operand types as PyTorch does."""
-    assert op in BINARY_OPS, op
+    op = op_of(BinaryOp, op)
     a, b = _operands(a, b)
     if op in LOGICAL:
         a, b = cast(a, dtypes.boolean), cast(b, dtypes.boolean)
@@ -256,12 +245,13 @@ def binary(op: str, a, b) -> Expr:
     return Binary(op, a, b, dtype)
 
 
-def unary(op: str, a) -> Expr:
-    assert op in UNARY_OPS, op
+def unary(op: UnaryOp | str, a) -> Expr:
+    """A unary expression (`not` converts its operand to bool)."""
+    op = op_of(UnaryOp, op)
     a = as_expr(a)
-    if op == "not":
+    if op == UnaryOp.NOT:
         a = cast(a, dtypes.boolean)
-    dtype = dtypes.boolean if op in ("not", "isnan", "isinf") else a.dtype
+    dtype = dtypes.boolean if op in (UnaryOp.NOT, UnaryOp.ISNAN, UnaryOp.ISINF) else a.dtype
     return Unary(op, a, dtype)
 
 
@@ -278,17 +268,17 @@ def select(cond, a, b) -> Expr:
     return Select(cast(cond, dtypes.boolean), a, b)
 
 
-def reduce(extents: Sequence, fbody: Callable[..., Expr], op: str = "sum", dtype=None) -> Expr:
+def reduce(extents: Sequence, fbody: Callable[..., Expr], op: ReduceOp | str = ReduceOp.SUM,
+           dtype=None) -> Expr:
     """Reduce `fbody(*r)` over axes r with the given extents.
 
     `dtype` is the accumulator and result type (by default the body's type; int64 for
     argmax/argmin). An extent may itself be an expression of outer index variables.
     """
-    if op not in REDUCE_OPS:
-        raise ValueError(f"unknown reduction '{op}'; expected one of {', '.join(REDUCE_OPS)}")
+    op = op_of(ReduceOp, op)
     axes = [Var(f"r{k}", e) for k, e in enumerate(extents)]
     body = as_expr(fbody(*axes))
-    if op in ("argmax", "argmin"):
+    if op in ARG_REDUCTIONS:
         return Reduce(op, axes, body, dtypes.int64)
     acc = dtypes.data_type(dtype) if dtype is not None else body.dtype
     return Reduce(op, axes, cast(body, acc), acc)
@@ -297,7 +287,7 @@ def reduce(extents: Sequence, fbody: Callable[..., Expr], op: str = "sum", dtype
 def _unary_fn(op):
     def fn(x):
         return unary(op, x)
-    fn.__name__ = op
+    fn.__name__ = op.value
     fn.__doc__ = f"Elementwise `{op}` of a scalar expression."
     return fn
 
@@ -305,21 +295,25 @@ def _unary_fn(op):
 def _binary_fn(op):
     def fn(a, b):
         return binary(op, a, b)
-    fn.__name__ = op
+    fn.__name__ = op.value
     fn.__doc__ = f"Elementwise `{op}` of two scalar expressions."
     return fn
 
 
-exp, expm1, log, log1p, log2 = map(_unary_fn, ("exp", "expm1", "log", "log1p", "log2"))
-sqrt, rsqrt, sin, cos, tan, tanh = map(_unary_fn, ("sqrt", "rsqrt", "sin", "cos", "tan", "tanh"))
-asin, acos, atan, sinh, cosh = map(_unary_fn, ("asin", "acos", "atan", "sinh", "cosh"))
-asinh, acosh, atanh, erf = map(_unary_fn, ("asinh", "acosh", "atanh", "erf"))
-floor, ceil, round_even, trunc, sign = map(_unary_fn, ("floor", "ceil", "round", "trunc", "sign"))
-abs_, isnan, isinf, logical_not = map(_unary_fn, ("abs", "isnan", "isinf", "not"))
-maximum, minimum, fmod, atan2 = map(_binary_fn, ("max", "min", "fmod", "atan2"))
-eq, ne, logical_and, logical_or = map(_binary_fn, ("eq", "ne", "and", "or"))
-bitwise_and, bitwise_or, bitwise_xor = map(_binary_fn, ("bitand", "bitor", "bitxor"))
-shift_left, shift_right = map(_binary_fn, ("shl", "shr"))
+exp, expm1, log, log1p, log2 = map(_unary_fn, (UnaryOp.EXP, UnaryOp.EXPM1, UnaryOp.LOG, UnaryOp.LOG1P,
+                                                UnaryOp.LOG2))
+sqrt, rsqrt, sin, cos, tan, tanh = map(_unary_fn, (UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.SIN, UnaryOp.COS,
+                                                   UnaryOp.TAN, UnaryOp.TANH))
+asin, acos, atan, sinh, cosh = map(_unary_fn, (UnaryOp.ASIN, UnaryOp.ACOS, UnaryOp.ATAN, UnaryOp.SINH,
+                                               UnaryOp.COSH))
+asinh, acosh, atanh, erf = map(_unary_fn, (UnaryOp.ASINH, UnaryOp.ACOSH, UnaryOp.ATANH, UnaryOp.ERF))
+floor, ceil, round_even, trunc, sign = map(_unary_fn, (UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.ROUND,
+                                                       UnaryOp.TRUNC, UnaryOp.SIGN))
+abs_, isnan, isinf, logical_not = map(_unary_fn, (UnaryOp.ABS, UnaryOp.ISNAN, UnaryOp.ISINF, UnaryOp.NOT))
+maximum, minimum, fmod, atan2 = map(_binary_fn, (BinaryOp.MAX, BinaryOp.MIN, BinaryOp.FMOD, BinaryOp.ATAN2))
+eq, ne, logical_and, logical_or = map(_binary_fn, (BinaryOp.EQ, BinaryOp.NE, BinaryOp.AND, BinaryOp.OR))
+bitwise_and, bitwise_or, bitwise_xor = map(_binary_fn, (BinaryOp.BITAND, BinaryOp.BITOR, BinaryOp.BITXOR))
+shift_left, shift_right = map(_binary_fn, (BinaryOp.SHL, BinaryOp.SHR))
 
 
 def walk(expr: Expr):

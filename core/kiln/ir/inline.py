@@ -9,37 +9,36 @@ from __future__ import annotations
 from typing import Sequence
 
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from kiln.ir.expr import Expr, Load, Reduce, Var
+from kiln.ir.rewrite import rewrite
+# Re-exported: kiln.schedule's rewriters import them from here (they belong to kiln.ir.rewrite).
+from kiln.ir.rewrite import own_children, rebuild_expr  # noqa: F401,E402
 from kiln.ir.simplify import simplify
 
 
 def substitute(expr: Expr, mapping: dict[int, Expr], memo: dict | None = None,
                loads: dict[int, TensorNode] | None = None) -> Expr:
     """Replace variables (by id) with expressions and, if given, loaded tensors (by id)."""
-    memo = {} if memo is None else memo
     mapping = dict(mapping)
     loads = loads or {}
+    memo = {} if memo is None else memo
 
-    def sub(e: Expr) -> Expr:
-        hit = memo.get(id(e))
-        if hit is not None:
-            return hit[1]
+    def pre(e: Expr) -> Expr | None:
         if isinstance(e, Var):
-            out = mapping.get(id(e), e)
-        elif isinstance(e, Const):
-            out = e
-        elif isinstance(e, Load):
-            out = Load(loads.get(id(e.tensor), e.tensor), [sub(i) for i in e.indices])
-        elif isinstance(e, Reduce) and any(isinstance(a.extent, Expr) for a in e.axes):
-            axes = [Var(a.name, sub(a.extent)) if isinstance(a.extent, Expr) else a for a in e.axes]
+            return mapping.get(id(e), e)
+        if isinstance(e, Reduce) and any(isinstance(a.extent, Expr) for a in e.axes):
+            axes = [Var(a.name, rewrite(a.extent, post, pre, memo)) if isinstance(a.extent, Expr) else a
+                    for a in e.axes]
             mapping.update({id(a): n for a, n in zip(e.axes, axes)})
-            out = Reduce(e.op, axes, sub(e.body), e.dtype)
-        else:
-            out = rebuild_expr(e, [sub(c) for c in own_children(e)])
-        memo[id(e)] = (e, out)
-        return out
+            return Reduce(e.op, axes, rewrite(e.body, post, pre, memo), e.dtype)
+        return None
 
-    return sub(expr)
+    def post(e: Expr) -> Expr:
+        if isinstance(e, Load) and id(e.tensor) in loads:
+            return Load(loads[id(e.tensor)], e.indices)
+        return e
+
+    return rewrite(expr, post, pre, memo)
 
 
 class Lowered:
@@ -64,36 +63,20 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
     inlined: dict[int, Compute] = {}   # original materialized compute -> rewritten one
     buffers: list[Compute] = []
 
-    def rewrite(value: Expr) -> Expr:
-        """Substitute loads of injective computes by their (already rewritten) values."""
-        memo: dict = {}
-
-        def visit(e: Expr) -> Expr:
-            hit = memo.get(id(e))
-            if hit is not None:
-                return hit[1]
-            if isinstance(e, Load):
-                idx = [visit(i) for i in e.indices]
-                t = e.tensor
-                if isinstance(t, Compute) and id(t) not in inlined:
-                    body = injective[id(t)]
-                    out = substitute(body, {id(a): i for a, i in zip(t.axes, idx)})
-                else:
-                    out = Load(inlined.get(id(t), t), idx)
-            elif isinstance(e, (Var, Const)):
-                out = e
-            else:
-                out = rebuild_expr(e, [visit(c) for c in own_children(e)])
-            memo[id(e)] = (e, out)
-            return out
-
-        return visit(value)
+    def inlined_loads(e: Expr) -> Expr:
+        """A load of an injective compute becomes its (already rewritten) value."""
+        if not isinstance(e, Load):
+            return e
+        t = e.tensor
+        if isinstance(t, Compute) and id(t) not in inlined:
+            return substitute(injective[id(t)], {id(a): i for a, i in zip(t.axes, e.indices)})
+        return Load(inlined[id(t)], e.indices) if id(t) in inlined else e
 
     injective: dict[int, Expr] = {}
     for node in task.nodes():
         if not isinstance(node, Compute):
             continue
-        value = rewrite(node.value)
+        value = rewrite(node.value, inlined_loads)
         if id(node) in keep or node.has_reduce:
             new = Compute(node.name, node.axes, simplify(value))
             inlined[id(node)] = new
@@ -107,25 +90,3 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
                              "an operator's outputs must be computed")
         outputs.append(inlined[id(out)])
     return Lowered(task, buffers, outputs)
-
-
-def own_children(e: Expr) -> list[Expr]:
-    """The sub-expressions `rebuild_expr` takes back (a reduction's body, not its extents)."""
-    if isinstance(e, Reduce):
-        return [e.body]
-    return list(e.children())
-
-
-def rebuild_expr(e: Expr, kids: list[Expr]) -> Expr:
-    """A copy of the node `e` over new children `kids` (as `own_children(e)` lists them)."""
-    if isinstance(e, Unary):
-        return Unary(e.op, kids[0], e.dtype)
-    if isinstance(e, Binary):
-        return Binary(e.op, kids[0], kids[1], e.dtype)
-    if isinstance(e, Cast):
-        return Cast(kids[0], e.dtype)
-    if isinstance(e, Select):
-        return Select(*kids)
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.axes, kids[0], e.dtype)
-    raise TypeError(type(e).__name__)

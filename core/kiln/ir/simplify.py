@@ -7,7 +7,9 @@ and a `//` or `%` whose operand provably lies in [0, c) folds away.
 """
 from __future__ import annotations
 
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from kiln.ir.expr import Binary, Cast, Const, Expr, Select, Var
+from kiln.ir.opcodes import BinaryOp
+from kiln.ir.rewrite import rewrite
 
 
 def bounds(e: Expr) -> tuple[int, int] | None:
@@ -22,23 +24,23 @@ def bounds(e: Expr) -> tuple[int, int] | None:
         return None
     a, b = bounds(e.a), bounds(e.b)
     if a is None or b is None:
-        if e.op == "mod" and b is not None and b[0] > 0:
+        if e.op == BinaryOp.MOD and b is not None and b[0] > 0:
             return (0, b[1] - 1)
         return None
-    if e.op == "add":
+    if e.op == BinaryOp.ADD:
         return (a[0] + b[0], a[1] + b[1])
-    if e.op == "sub":
+    if e.op == BinaryOp.SUB:
         return (a[0] - b[1], a[1] - b[0])
-    if e.op == "mul":
+    if e.op == BinaryOp.MUL:
         products = [x * y for x in a for y in b]
         return (min(products), max(products))
-    if e.op == "floordiv" and b[0] > 0:
+    if e.op == BinaryOp.FLOORDIV and b[0] > 0:
         return (min(a[0] // b[0], a[0] // b[1]), max(a[1] // b[0], a[1] // b[1]))
-    if e.op == "mod" and b[0] > 0:
+    if e.op == BinaryOp.MOD and b[0] > 0:
         return (a[0], a[1]) if a[0] >= 0 and a[1] < b[0] else (0, b[1] - 1)
-    if e.op == "max":
+    if e.op == BinaryOp.MAX:
         return (max(a[0], b[0]), max(a[1], b[1]))
-    if e.op == "min":
+    if e.op == BinaryOp.MIN:
         return (min(a[0], b[0]), min(a[1], b[1]))
     return None
 
@@ -47,12 +49,12 @@ def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
     """Split an integer expression into sum(coeff * term) + constant."""
     if isinstance(e, Const):
         return [], e.value
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
+    if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB):
         ta, ca = _linear(e.a)
         tb, cb = _linear(e.b)
-        sign = 1 if e.op == "add" else -1
+        sign = 1 if e.op == BinaryOp.ADD else -1
         return ta + [(t, sign * c) for t, c in tb], ca + sign * cb
-    if isinstance(e, Binary) and e.op == "mul":
+    if isinstance(e, Binary) and e.op == BinaryOp.MUL:
         if isinstance(e.b, Const):
             terms, c = _linear(e.a)
             return [(t, k * e.b.value) for t, k in terms], c * e.b.value
@@ -69,12 +71,12 @@ def _merge_div_mod(merged: dict) -> None:
     while changed:
         changed = False
         for key, (m, k) in list(merged.items()):
-            if not (isinstance(m, Binary) and m.op == "mod" and isinstance(m.b, Const) and m.b.value > 0):
+            if not (isinstance(m, Binary) and m.op == BinaryOp.MOD and isinstance(m.b, Const) and m.b.value > 0):
                 continue
             x, c = m.a, m.b.value
-            quotients = [Binary("floordiv", x, m.b, m.dtype)]
-            if isinstance(x, Binary) and x.op == "floordiv" and isinstance(x.b, Const) and x.b.value > 0:
-                quotients.append(Binary("floordiv", x.a, Const(x.b.value * c, m.dtype), m.dtype))
+            quotients = [Binary(BinaryOp.FLOORDIV, x, m.b, m.dtype)]
+            if isinstance(x, Binary) and x.op == BinaryOp.FLOORDIV and isinstance(x.b, Const) and x.b.value > 0:
+                quotients.append(Binary(BinaryOp.FLOORDIV, x.a, Const(x.b.value * c, m.dtype), m.dtype))
             q = next((q for q in quotients if merged.get(q.key(), (None, None))[1] == k * c), None)
             if q is not None:
                 del merged[key], merged[q.key()]
@@ -95,12 +97,12 @@ def _rebuild(terms: list[tuple[Expr, int]], const: int, like: Expr) -> Expr:
     for t, k in merged.values():
         if k == 0:
             continue
-        term = t if k == 1 else Binary("mul", t, Const(k, like.dtype), like.dtype)
-        out = term if out is None else Binary("add", out, term, like.dtype)
+        term = t if k == 1 else Binary(BinaryOp.MUL, t, Const(k, like.dtype), like.dtype)
+        out = term if out is None else Binary(BinaryOp.ADD, out, term, like.dtype)
     if out is None:
         return Const(const, like.dtype)
     if const:
-        out = Binary("add", out, Const(const, like.dtype), like.dtype)
+        out = Binary(BinaryOp.ADD, out, Const(const, like.dtype), like.dtype)
     return out
 
 
@@ -108,110 +110,90 @@ def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
     t = e.dtype
     if isinstance(a, Const) and isinstance(b, Const):
         x, y = a.value, b.value
-        fold = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y,
-                "max": lambda: max(x, y), "min": lambda: min(x, y)}
+        fold = {BinaryOp.ADD: lambda: x + y, BinaryOp.SUB: lambda: x - y, BinaryOp.MUL: lambda: x * y,
+                BinaryOp.MAX: lambda: max(x, y), BinaryOp.MIN: lambda: min(x, y)}
         if e.op in fold:
             return Const(fold[e.op](), t)
-        if e.op == "floordiv" and y != 0:
+        if e.op == BinaryOp.FLOORDIV and y != 0:
             return Const(x // y, t)
-        if e.op == "mod" and y != 0:
+        if e.op == BinaryOp.MOD and y != 0:
             return Const(x % y, t)
-    if e.op in ("add", "sub", "mul"):
+    if e.op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL):
         terms, const = _linear(Binary(e.op, a, b, t))
         return _rebuild(terms, const, e)
-    if e.op in ("floordiv", "mod") and isinstance(b, Const) and b.value > 0:
+    if e.op in (BinaryOp.FLOORDIV, BinaryOp.MOD) and isinstance(b, Const) and b.value > 0:
         c = b.value
         if c == 1:
-            return a if e.op == "floordiv" else Const(0, t)
+            return a if e.op == BinaryOp.FLOORDIV else Const(0, t)
         terms, const = _linear(a)
         whole = [(x, k // c) for x, k in terms if k % c == 0]
         rest = [(x, k) for x, k in terms if k % c != 0]
         rest_expr = _rebuild(rest, const % c, e)
         whole_const = const // c
         rb = bounds(rest_expr)
-        if e.op == "floordiv":
+        if e.op == BinaryOp.FLOORDIV:
             if rb is not None and 0 <= rb[0] and rb[1] < c:
                 return _rebuild(whole, whole_const, e)
             inner = rest_expr
-            if isinstance(inner, Binary) and inner.op == "floordiv" and isinstance(inner.b, Const) and inner.b.value > 0:
-                inner = Binary("floordiv", inner.a, Const(inner.b.value * c, t), t)
-            elif isinstance(inner, Binary) and inner.op == "mod" and isinstance(inner.b, Const) \
+            if isinstance(inner, Binary) and inner.op == BinaryOp.FLOORDIV and isinstance(inner.b, Const) and inner.b.value > 0:
+                inner = Binary(BinaryOp.FLOORDIV, inner.a, Const(inner.b.value * c, t), t)
+            elif isinstance(inner, Binary) and inner.op == BinaryOp.MOD and isinstance(inner.b, Const) \
                     and inner.b.value % c == 0:
-                inner = Binary("mod", Binary("floordiv", inner.a, b, t), Const(inner.b.value // c, t), t)
+                inner = Binary(BinaryOp.MOD, Binary(BinaryOp.FLOORDIV, inner.a, b, t), Const(inner.b.value // c, t), t)
             else:
-                inner = Binary("floordiv", inner, b, t)
+                inner = Binary(BinaryOp.FLOORDIV, inner, b, t)
             return _rebuild(whole + [(inner, 1)], whole_const, e)
         if rb is not None and 0 <= rb[0] and rb[1] < c:
             return rest_expr
-        if isinstance(rest_expr, Binary) and rest_expr.op == "mod" and isinstance(rest_expr.b, Const) \
+        if isinstance(rest_expr, Binary) and rest_expr.op == BinaryOp.MOD and isinstance(rest_expr.b, Const) \
                 and rest_expr.b.value % c == 0:
             rest_expr = rest_expr.a
-        return Binary("mod", rest_expr, b, t)
-    if e.op in ("max", "min"):
+        return Binary(BinaryOp.MOD, rest_expr, b, t)
+    if e.op in (BinaryOp.MAX, BinaryOp.MIN):
         ba, bb = bounds(a), bounds(b)
         if ba is not None and bb is not None:
             if ba[1] <= bb[0]:
-                return b if e.op == "max" else a
+                return b if e.op == BinaryOp.MAX else a
             if bb[1] <= ba[0]:
-                return a if e.op == "max" else b
+                return a if e.op == BinaryOp.MAX else b
     return e if (a is e.a and b is e.b) else Binary(e.op, a, b, t)
 
 
 def simplify(expr: Expr, memo: dict | None = None) -> Expr:
-    """Return an equivalent, simpler expression (index arithmetic folded)."""
-    memo = {} if memo is None else memo
-    found = memo.get(id(expr))
-    if found is not None:
-        return found[1]
-    result = _simplify(expr, memo)
-    memo[id(expr)] = (expr, result)
-    return result
+    """Return an equivalent, simpler expression (index arithmetic folded).
+
+    `memo` may be shared between calls (see `kiln.ir.rewrite`)."""
+    return rewrite(expr, _simplified, memo=memo)
 
 
-def _simplify(e: Expr, memo) -> Expr:
-    s = lambda x: simplify(x, memo)  # noqa: E731
-    if isinstance(e, (Const, Var)):
-        return e
-    if isinstance(e, Load):
-        idx = tuple(s(i) for i in e.indices)
-        return e if all(x is y for x, y in zip(idx, e.indices)) else Load(e.tensor, idx)
+_ORDERINGS = (BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE)
+
+
+def _simplified(e: Expr) -> Expr:
+    """`e`, whose children are simplified already, simplified itself."""
     if isinstance(e, Cast):
-        a = s(e.a)
+        a = e.a
         if isinstance(a, Const):
-            return Const(a.value, e.dtype) if not (e.dtype.is_integer and a.dtype.is_float) else Cast(a, e.dtype)
-        if a.dtype == e.dtype:
-            return a
-        return e if a is e.a else Cast(a, e.dtype)
+            return Const(a.value, e.dtype) if not (e.dtype.is_integer and a.dtype.is_float) else e
+        return a if a.dtype == e.dtype else e
     if isinstance(e, Select):
-        c, a, b = s(e.cond), s(e.a), s(e.b)
-        if isinstance(c, Const):
-            return a if c.value else b
-        return e if (c is e.cond and a is e.a and b is e.b) else Select(c, a, b)
-    if isinstance(e, Unary):
-        a = s(e.a)
-        return e if a is e.a else Unary(e.op, a, e.dtype)
-    if isinstance(e, Binary):
-        a, b = s(e.a), s(e.b)
-        if e.dtype.is_integer and a.dtype.is_integer and b.dtype.is_integer:
-            return _simplify_int(e, a, b)
-        if e.op in ("lt", "le", "gt", "ge") and a.dtype.is_integer:
-            ba, bb = bounds(a), bounds(b)
-            if ba is not None and bb is not None:
-                lo, hi = ba[0] - bb[1], ba[1] - bb[0]  # range of a - b
-                truth = {"lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0),
-                         "gt": (lo > 0, hi <= 0), "ge": (lo >= 0, hi < 0)}[e.op]
-                if truth[0] or truth[1]:
-                    return Const(truth[0], e.dtype)
-        if e.op in ("and", "or") and isinstance(a, Const):
-            if e.op == "and":
-                return b if a.value else a
-            return a if a.value else b
-        if e.op in ("and", "or") and isinstance(b, Const):
-            if e.op == "and":
-                return a if b.value else b
-            return b if b.value else a
-        return e if (a is e.a and b is e.b) else Binary(e.op, a, b, e.dtype)
-    if isinstance(e, Reduce):
-        body = s(e.body)
-        return e if body is e.body else Reduce(e.op, e.axes, body, e.dtype)
-    raise TypeError(f"cannot simplify {type(e).__name__}")
+        return (e.a if e.cond.value else e.b) if isinstance(e.cond, Const) else e
+    if not isinstance(e, Binary):
+        return e
+    a, b = e.a, e.b
+    if e.dtype.is_integer and a.dtype.is_integer and b.dtype.is_integer:
+        return _simplify_int(e, a, b)
+    if e.op in _ORDERINGS and a.dtype.is_integer:
+        ba, bb = bounds(a), bounds(b)
+        if ba is not None and bb is not None:
+            lo, hi = ba[0] - bb[1], ba[1] - bb[0]  # range of a - b
+            truth = {BinaryOp.LT: (hi < 0, lo >= 0), BinaryOp.LE: (hi <= 0, lo > 0),
+                     BinaryOp.GT: (lo > 0, hi <= 0), BinaryOp.GE: (lo >= 0, hi < 0)}[e.op]
+            if truth[0] or truth[1]:
+                return Const(truth[0], e.dtype)
+    if e.op in (BinaryOp.AND, BinaryOp.OR):
+        for known, other in ((a, b), (b, a)):
+            if isinstance(known, Const):
+                # and: a true operand leaves the other, a false one decides; or: the reverse
+                return other if bool(known.value) == (e.op == BinaryOp.AND) else known
+    return e

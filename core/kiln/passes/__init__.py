@@ -1,6 +1,7 @@
 """The pass manager: PassContext, instruments, graph passes, rewrite patterns, fusion.
 
-`kiln.graph.optimize(graph)` runs `default_pipeline()` under the current `PassContext`.
+`optimize(graph)` (also `kiln.graph.optimize`) runs `default_pipeline()` under the current
+`PassContext`.
 """
 from kiln.passes.context import DEFAULT_CONFIG, PassContext
 from kiln.passes.cse import EliminateCommonSubexpressions

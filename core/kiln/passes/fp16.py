@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kiln import dtypes
 from kiln.graph import OperatorDef, OperatorError, trace_from
-from kiln.ir import Compute, Reduce, cast, compute
+from kiln.ir import Compute, Reduce, ReduceOp, cast, compute
 from kiln.ir.expr import walk
 from kiln.passes.edit import reapply
 from kiln.passes.graph_pass import GraphPass
@@ -31,7 +31,7 @@ def _reduces_in_16bit(tensors) -> bool:
             continue
         for tn in t.trace[0].task.nodes():
             if isinstance(tn, Compute) and any(
-                    isinstance(e, Reduce) and e.op in ("sum", "prod") and e.dtype.is_16bit_float
+                    isinstance(e, Reduce) and e.op in (ReduceOp.SUM, ReduceOp.PROD) and e.dtype.is_16bit_float
                     for e in walk(tn.value)):
                 return True
     return False

@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kiln.graph import FlowGraph, Operator
-from kiln.ir import Compute, Const, Expr, Load, Task, TensorInput, Var, substitute
-from kiln.ir.inline import own_children, rebuild_expr
+from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var, rewrite, substitute
 from kiln.tensor import Tensor
 
 
@@ -32,32 +31,20 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
     found: dict[tuple, Expr] = {}
     memo: dict[int, tuple] = {}
 
-    def visit(e: Expr) -> Expr:
-        hit = memo.get(id(e))
-        if hit is not None:
-            return hit[1]
-        if isinstance(e, (Var, Const)):
-            out_e = e
-        elif isinstance(e, Load):
-            idx = [visit(i) for i in e.indices]
-            t = e.tensor
-            key = (id(t),) + tuple(i.key() for i in idx)
-            if not isinstance(t, Compute):
-                out_e = Load(t, idx)
-            elif key in found:
-                out_e = found[key]
-            else:
-                if t is not anchor and t.has_reduce:
-                    raise _NotFoldable
-                value = substitute(t.value, {id(a): i for a, i in zip(t.axes, idx)})
-                out_e = found[key] = value if t is anchor else visit(value)
-        else:
-            out_e = rebuild_expr(e, [visit(c) for c in own_children(e)])
-        memo[id(e)] = (e, out_e)
-        return out_e
+    def fold(e: Expr) -> Expr:
+        if not (isinstance(e, Load) and isinstance(e.tensor, Compute)):
+            return e
+        t = e.tensor
+        key = (id(t),) + tuple(i.key() for i in e.indices)
+        if key not in found:
+            if t is not anchor and t.has_reduce:
+                raise _NotFoldable
+            value = substitute(t.value, {id(a): i for a, i in zip(t.axes, e.indices)})
+            found[key] = value if t is anchor else rewrite(value, fold, memo=memo)
+        return found[key]
 
     try:
-        value = visit(out.value)
+        value = rewrite(out.value, fold, memo=memo)
     except _NotFoldable:
         return None
     if [k[0] for k in found].count(id(anchor)) != 1:

@@ -3,14 +3,17 @@
 Subclass `GraphPass` and implement `transform`, or decorate a function with `graph_pass`;
 compose passes with `Sequential`, as TVM's tutorial composes its pipelines:
 
-    @graph_pass("drop_relu", opt_level=1)
-    def drop_relu(graph, ctx):
-        ...
-        return graph
+    @graph_pass("drop_dropout", opt_level=1)
+    def drop_dropout(graph, ctx):
+        return rebuild(graph, lambda node, inputs:
+                       inputs[:1] if node.definition.name == "dropout" else None)
 
-    pipeline = Sequential([fold_constants(), drop_relu, fuse_operators()])
+    pipeline = Sequential([drop_dropout, FoldConstants(), FuseOperators()])
     with PassContext(opt_level=2):
         graph = pipeline(graph)
+
+(`rebuild` is `kiln.passes.edit.rebuild`; `FoldConstants` and `FuseOperators` are in
+`kiln.passes`.)
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from typing import Sequence
 from kiln.passes.edit import rebuild, users
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.pattern import RewritePattern
+from kiln.passes.patterns import SHIPPED
+from kiln.plugins import registry
 from kiln.tensor import Tensor
 
 MAX_ROUNDS = 100
@@ -13,8 +15,6 @@ MAX_ROUNDS = 100
 
 def available_patterns() -> list[RewritePattern]:
     """The shipped patterns, then those of the installed plugins."""
-    from kiln.passes.patterns import SHIPPED
-    from kiln.plugins import registry
     return list(SHIPPED) + registry().items("rewrite_patterns")
 
 

@@ -1,7 +1,9 @@
 """Plugins: hook specifications, entry-point discovery, load diagnostics and conflict rules."""
+from kiln.plugins.contributions import ContributionError, expect_contributions
 from kiln.plugins.hookspecs import hookimpl, hookspec
 from kiln.plugins.registry import (
-    OperatorNotFoundError, PluginError, PluginInfo, Registry, registry, reload,
+    OperatorNotFoundError, PluginError, PluginInfo, Registry, is_plugin_module, registry, reload,
 )
 
-__all__ = ["OperatorNotFoundError", "hookimpl", "hookspec", "PluginError", "PluginInfo", "Registry", "registry", "reload"]
+__all__ = ["ContributionError", "OperatorNotFoundError", "PluginError", "PluginInfo", "Registry",
+           "expect_contributions", "hookimpl", "hookspec", "is_plugin_module", "registry", "reload"]

@@ -1,13 +1,17 @@
 """Plugin discovery: entry points of the group ``kiln``, loaded once, lazily.
 
 `registry()` imports every plugin's entry point on first use (never at ``import kiln``),
-collects what each contributes through the hooks, and records load errors with the
-distribution's name instead of failing. `KILN_DISABLE_PLUGINS=a,b` skips plugins by entry
-point or distribution name.
+collects what each contributes through the hooks of one pluggy manager, and checks every
+contribution's type. Whatever goes wrong inside a plugin (an import error, a hook raising or
+returning the wrong thing, even `sys.exit()`) is recorded with the distribution's name as that
+plugin's load error, and such a plugin contributes nothing; the others load.
+`KILN_DISABLE_PLUGINS=a,b` skips plugins by entry point or distribution name (case and
+`-`/`_`/`.` do not matter).
 """
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -15,15 +19,10 @@ from importlib import metadata
 import pluggy
 
 from kiln.plugins import hookspecs
+from kiln.plugins.boundary import guarded
+from kiln.plugins.contributions import HOOKS, checked
 
 GROUP = "kiln"
-HOOKS = {
-    "operators": "kiln_operators",
-    "schedules": "kiln_schedules",
-    "torch_mappings": "kiln_torch_mappings",
-    "graph_passes": "kiln_graph_passes",
-    "rewrite_patterns": "kiln_rewrite_patterns",
-}
 
 
 class PluginError(RuntimeError):
@@ -62,6 +61,8 @@ class Registry:
         self.contributions: dict[str, list[Contribution]] = {k: [] for k in HOOKS}
         self.operators: dict[str, Contribution] = {}
         self.conflicts: dict[str, str] = {}
+        self.manager = pluggy.PluginManager(GROUP)
+        self.manager.add_hookspecs(hookspecs)
 
     @property
     def errors(self) -> list[PluginInfo]:
@@ -89,26 +90,34 @@ class Registry:
         return [c.item for c in self.contributions[kind]]
 
     def add_plugin(self, name: str, obj, distribution: str = "", version: str = "") -> PluginInfo:
-        """Register a loaded plugin object (a module or any object with hook implementations)."""
+        """Register a loaded plugin object (a module or any object with hook implementations)
+        and collect its contributions; any failure becomes the plugin's `error`."""
         info = PluginInfo(name, distribution or name, version)
-        pm = pluggy.PluginManager("kiln")
-        pm.add_hookspecs(hookspecs)
-        try:
-            pm.register(obj, name=name)
-            for kind, hook in HOOKS.items():
-                results = getattr(pm.hook, hook)()
-                items = [x for r in results for x in (r or [])]
-                if items:
-                    info.contributions[kind] = items
-        except Exception as exc:  # a broken plugin must not take the others down
-            info.error = f"{type(exc).__name__}: {exc}"
-            info.contributions = {}
+        contributions, info.error = guarded(self._collect, name, obj)
         self.plugins.append(info)
-        if not info.error:
-            for kind, items in info.contributions.items():
+        if info.error is None:
+            info.contributions = contributions
+            for kind, items in contributions.items():
                 for item in items:
                     self._add(kind, Contribution(item, info))
         return info
+
+    def _collect(self, name: str, obj) -> dict[str, list]:
+        """What `obj`'s hooks return, checked; it stays registered only if all went well."""
+        self.manager.register(obj, name=name)
+        try:
+            self.manager.check_pending()   # a hook implementation of no known hook
+            found = {}
+            for kind, hook in HOOKS.items():
+                for impl in getattr(self.manager.hook, hook).get_hookimpls():
+                    if impl.plugin is obj:
+                        items = checked(kind, impl.function())
+                        if items:
+                            found.setdefault(kind, []).extend(items)
+            return found
+        except BaseException:
+            self.manager.unregister(obj, name=name)
+            raise
 
     def _add(self, kind: str, c: Contribution) -> None:
         self.contributions[kind].append(c)
@@ -131,31 +140,67 @@ class Registry:
             self.operators[name] = c
 
 
+def normalized(name: str) -> str:
+    """A plugin or distribution name compared as pip does: case-insensitive, `-_.` alike."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def disabled_names() -> set[str]:
-    return {n.strip() for n in os.environ.get("KILN_DISABLE_PLUGINS", "").split(",") if n.strip()}
+    """The names in KILN_DISABLE_PLUGINS, normalized."""
+    return {normalized(n.strip()) for n in os.environ.get("KILN_DISABLE_PLUGINS", "").split(",") if n.strip()}
+
+
+def entry_points() -> list[metadata.EntryPoint]:
+    """The installed entry points of the group ``kiln``, by name (read once per discovery)."""
+    return _installed()[0]
+
+
+def plugin_packages() -> frozenset[str]:
+    """The top-level import names of the installed plugins' code: each entry point's package
+    and the packages its distribution declares (``top_level.txt``)."""
+    return _installed()[1]
+
+
+def _installed() -> tuple[list[metadata.EntryPoint], frozenset[str]]:
+    global _found
+    with _lock:
+        if _found is None:
+            eps = sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
+            names = set()
+            for ep in eps:
+                names.add(ep.module.split(".")[0])
+                top_level = ep.dist.read_text("top_level.txt") if ep.dist else None
+                names.update(line.strip() for line in (top_level or "").splitlines() if line.strip())
+            _found = (eps, frozenset(names))
+        return _found
+
+
+def is_plugin_module(module_name: str) -> bool:
+    """Whether the module belongs to an installed plugin's code (enabled, disabled or broken)."""
+    return module_name.split(".")[0] in plugin_packages()
 
 
 def discover() -> Registry:
     """Load every installed plugin of the entry-point group ``kiln``."""
     reg = Registry()
     disabled = disabled_names()
-    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
+    for ep in entry_points():
         dist = ep.dist.name if ep.dist else ep.name
         version = ep.dist.version if ep.dist else ""
-        if ep.name in disabled or dist in disabled:
+        if normalized(ep.name) in disabled or normalized(dist) in disabled:
             reg.plugins.append(PluginInfo(ep.name, dist, version, disabled=True))
             continue
-        try:
-            obj = ep.load()
-        except Exception as exc:
-            reg.plugins.append(PluginInfo(ep.name, dist, version, error=f"{type(exc).__name__}: {exc}"))
+        obj, error = guarded(ep.load)
+        if error is not None:
+            reg.plugins.append(PluginInfo(ep.name, dist, version, error=error))
             continue
         reg.add_plugin(ep.name, obj, dist, version)
     return reg
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _registry: Registry | None = None
+_found: tuple[list[metadata.EntryPoint], frozenset[str]] | None = None
 
 
 def registry() -> Registry:
@@ -169,7 +214,7 @@ def registry() -> Registry:
 
 def reload() -> Registry:
     """Forget the loaded plugins and discover them again (after installing one, say)."""
-    global _registry
+    global _registry, _found
     with _lock:
-        _registry = None
+        _registry = _found = None
     return registry()

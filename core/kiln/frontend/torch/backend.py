@@ -21,8 +21,8 @@ from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter
 from kiln.frontend.torch.report import correctness_report, input_graph_table
-from kiln.graph import FlowGraph, optimize, trace_from
-from kiln.passes import PassContext
+from kiln.graph import FlowGraph, trace_from
+from kiln.passes import PassContext, optimize
 from kiln.schedule import BuildSettings
 from kiln.tensor import Tensor, from_torch, symbol
 

@@ -10,13 +10,16 @@ Decorators stack, and one rule may serve several torch aliases. A rule has a pri
 wins) and an optional `check(*args, **kwargs)` that declines arguments it cannot handle, so the
 next rule for the same target is tried; among equal priorities the latest declaration wins.
 
-Plugins contribute rules through the `kiln_torch_mappings` hook (`rules_of(module, ...)` lists
-those whose handlers a module defines); rules declared anywhere else (a user's script) take
-effect at once.
+A decorator only builds `Rule` objects and keeps them with the module that defines the
+handler (`rules_of(module, ...)` lists them). A plugin's rules take effect only by being
+returned from its `kiln_torch_mappings` hook, so importing a plugin's module (a disabled or
+broken plugin's included) puts no rule in effect. Rules declared outside any installed
+plugin's code (a user's script, a test) take effect at once.
 """
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -25,9 +28,11 @@ from typing import Callable
 import torch
 
 from kiln.frontend.torch.errors import target_name
+from kiln.plugins import is_plugin_module, registry
 from kiln.tensor import Tensor, from_torch
 
 FUNCTION, METHOD, MODULE = "function", "method", "module"
+RULES_ATTRIBUTE = "__kiln_rules__"   # a module's own rules, in declaration order
 
 _order = itertools.count()
 
@@ -158,7 +163,6 @@ def mapping_registry() -> MappingRegistry:
     Loads the plugins on first use; rebuilt when `kiln.plugins.reload()` rediscovers them.
     """
     global _live
-    from kiln.plugins import registry
     plugins = registry()
     with _lock:
         if _live is None or _live[0] is not plugins:
@@ -179,6 +183,12 @@ def _declare(kind: str, targets, handler, priority: int, check) -> None:
     if not targets:
         raise TypeError(f"register_{kind} needs at least one torch target")
     rules = [Rule(kind, t, handler, priority, check) for t in targets]
+    module_name = getattr(handler, "__module__", None)
+    module = sys.modules.get(module_name) if module_name else None
+    if module is not None:
+        vars(module).setdefault(RULES_ATTRIBUTE, []).extend(rules)
+    if module_name and is_plugin_module(module_name):
+        return      # a plugin's rule: in effect once the plugin's hook returns it
     with _lock:
         _declared.extend(rules)
         if _live is not None:
@@ -209,7 +219,6 @@ subclass, built from the torch module and called with the module's forward argum
 
 
 def rules_of(*modules) -> list[Rule]:
-    """The rules whose handlers are defined in `modules` (what a plugin's hook returns)."""
-    names = {m.__name__ for m in modules}
-    with _lock:
-        return [r for r in _declared if getattr(r.handler, "__module__", None) in names]
+    """The rules whose handlers `modules` define, in declaration order (what a plugin's
+    `kiln_torch_mappings` hook returns)."""
+    return [rule for m in modules for rule in vars(m).get(RULES_ATTRIBUTE, [])]
