@@ -188,14 +188,15 @@ class CudaKernel:
 
     def launch(self, pointers: Sequence[int], grid: tuple[int, int, int], block: tuple[int, int, int],
                smem: int = 0, stream: int | None = None) -> None:
-        """Launch with pointer arguments on `stream` (PyTorch's current stream by default)."""
+        """Launch on `stream` (PyTorch's current stream by default) with pointer arguments (ints)
+        and by-value ones (bytes, such as a tensor map's 128)."""
         import torch
         driver, _ = _bindings()
         if stream is None:
             stream = torch.cuda.current_stream(self.device_index).cuda_stream
         _make_current(self.device_index)
-        values = (ctypes.c_void_p * len(pointers))(*pointers)
-        params = (ctypes.c_void_p * len(pointers))(
-            *[ctypes.addressof(values) + k * ctypes.sizeof(ctypes.c_void_p) for k in range(len(pointers))])
+        values = [ctypes.create_string_buffer(p, len(p)) if isinstance(p, bytes) else ctypes.c_void_p(p)
+                  for p in pointers]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         _check(driver.cuLaunchKernel(self._fn, *grid, *block, smem, driver.CUstream(stream),
                                      ctypes.addressof(params), 0), f"cuLaunchKernel({self.name})")

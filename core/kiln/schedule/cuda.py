@@ -15,6 +15,7 @@ import torch
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.runtime import cuda as rt
+from kiln.runtime.tensor_map import resolve
 from kiln.schedule.cuda_auto import schedule_cuda
 from kiln.schedule.cuda_program import CudaProgram
 from kiln.schedule.template import Template
@@ -87,7 +88,7 @@ class CudaRunner:
         buffers.update({f"tmp{k}": t.data_ptr() for k, t in enumerate(temps)})
         stream = torch.cuda.current_stream(self.device.index).cuda_stream
         for launch in self.program.launches:
-            self.kernels[launch.kernel].launch([buffers[a] for a in launch.args], launch.grid_for(self.sm_count),
+            self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args], launch.grid_for(self.sm_count),
                                                launch.block, launch.smem, stream)
 
 
