@@ -66,8 +66,9 @@ def encode(arg: TensorMapArg, address: int) -> bytes:
                32: "CU_TENSOR_MAP_SWIZZLE_32B", 0: "CU_TENSOR_MAP_SWIZZLE_NONE"}[arg.swizzle]
     size = arg.dtype.nbytes
     tensor_map = _check(driver.cuTensorMapEncodeTiled(
-        names, len(arg.dims), address, list(arg.dims), [s * size for s in arg.strides[1:]], list(arg.box),
-        [1] * len(arg.dims), driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        names, len(arg.dims), address, [driver.cuuint64_t(d) for d in arg.dims],
+        [driver.cuuint64_t(s * size) for s in arg.strides[1:]], [driver.cuuint32_t(b) for b in arg.box],
+        [driver.cuuint32_t(1)] * len(arg.dims), driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(driver.CUtensorMapSwizzle, swizzle),
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),

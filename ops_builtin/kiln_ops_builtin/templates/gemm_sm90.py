@@ -33,7 +33,6 @@ from kiln_ops_builtin.templates import grid_fit, split_k
 
 BK = 64
 MAX_SMEM = 227 * 1024
-KNOBS = ("BN", "CW", "MI", "STAGES")
 DEFAULT = {"BN": 256, "CW": 2, "MI": 1, "STAGES": 4}
 MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (one 64 x 64 box)
 SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
@@ -93,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             kiln_bar_init(&full[s], 1);
-            kiln_bar_init(&empty[s], CW * 128);
+            kiln_bar_init(&empty[s], PP ? 128 : CW * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -122,9 +121,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, t = tid % 128, w = t / 32, lane = t % 32;
+    const int SLAB = PP ? 0 : c * MI;    // the consumer's first 64-row slab of the tile
     float acc[MI][BN / 2];
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    int local = 0;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++local) {
         UNIT_COORDS
+        if (PP && local % CW != c) {        // the other consumer's tile: skip its stages
+            const int passed = stage + (kt1 - kt0);
+            stage = passed % STAGES;
+            parity ^= (passed / STAGES) & 1;
+            continue;
+        }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -139,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
             for (int kk = 0; kk < BK / 16; ++kk) {
                 const uint64_t db = DESC_B(bs, kk);
 #pragma unroll
-                for (int i = 0; i < MI; ++i) WGMMA(acc[i], DESC_A(as + (c * MI + i) * 64 * BK, kk), db);
+                for (int i = 0; i < MI; ++i) WGMMA(acc[i], DESC_A(as + (SLAB + i) * 64 * BK, kk), db);
             }
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -155,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int64_t m = m0 + (c * MI + i) * 64 + w * 16 + lane / 4 + h * 8;
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + lane / 4 + h * 8;
                     const int64_t n = n0 + j * 8 + (lane % 4) * 2;
                     if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
                     else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j * 4 + h * 2]);
@@ -240,7 +247,7 @@ def _desc(trans: int) -> str:
 
 
 def smem_bytes(knobs: dict) -> int:
-    bm = 64 * knobs["CW"] * knobs["MI"]
+    bm = 64 * knobs["MI"] * (1 if knobs.get("PP") else knobs["CW"])
     return knobs["STAGES"] * ((bm + knobs["BN"]) * BK * 2 + 16) + 1024
 
 
@@ -248,13 +255,14 @@ def _fits(knobs: dict) -> bool:
     return knobs["BN"] // 2 * knobs["MI"] <= 128 and smem_bytes(knobs) <= MAX_SMEM
 
 
-def _k(bn, cw, mi, stages) -> dict:
-    return {"BN": bn, "CW": cw, "MI": mi, "STAGES": stages}
+def _k(bn, cw, mi, stages, pp=0) -> dict:
+    return {"BN": bn, "CW": cw, "MI": mi, "STAGES": stages, **({"PP": 1} if pp else {})}
 
 
 FIT_TILES = [grid_fit.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), grid_fit.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
-             grid_fit.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), grid_fit.Tile(_k(256, 1, 1, 6), 64, 256, BK, 2048),
-             grid_fit.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048)]
+             grid_fit.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), grid_fit.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
+             grid_fit.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), grid_fit.Tile(_k(128, 2, 2, 6, 1), 256, 128, BK, 2048),
+             grid_fit.Tile(_k(256, 2, 1, 5, 1), 128, 256, BK, 2048), grid_fit.Tile(_k(128, 2, 1, 8, 1), 128, 128, BK, 2048)]
 """`suggest`'s tiles, at wgmma's 2048 float16 MACs per SM clock."""
 
 
@@ -280,18 +288,18 @@ def applies(task) -> bool:
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, GROUP=8) -> CudaProgram:
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
     c: Contraction = match_contraction(task)
-    knobs = _k(BN, CW, MI, STAGES)
+    knobs = _k(BN, CW, MI, STAGES, PP)
     if not _fits(knobs):
         raise ValueError(f"gemm_sm90: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
                          f"(at most {MAX_SMEM}) or more than 128 accumulators per thread")
-    bm = 64 * CW * MI
+    bm = 64 * MI * (1 if PP else CW)
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
     args, temporaries = tuple(c.args.split(", ")), []
     sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, split_index="ks")
     defines = {
-        "BM": bm, "BN": BN, "BK": BK, "CW": CW, "MI": MI, "STAGES": STAGES, "GROUP": GROUP,
+        "BM": bm, "BN": BN, "BK": BK, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES, "GROUP": GROUP,
         "M": c.M, "N": c.N, "K": c.K, "ARGS": c.args, "STAGE_BYTES": (bm + BN) * BK * 2,
         "LOAD_A": "{ uint16_t* dst = as; " + load_a + " }", "LOAD_B": "{ uint16_t* dst = bs; " + load_b + " }",
         "UNIT_COORDS": UNIT_COORDS, "DESC_A(S, KK)": _desc(trans_a), "DESC_B(S, KK)": _desc(trans_b), **sk.defines,
