@@ -132,6 +132,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
             parity ^= (passed / STAGES) & 1;
             continue;
         }
+        // ping-pong: one consumer in its main loop at a time (each full barrier then waits on the
+        // phase right after the one last seen, so parities cannot alias); named barrier 1 + c
+        // means "consumer c may start"
+        if (PP && local > 0) asm volatile("bar.sync %0, 256;\n" :: "r"(1 + c) : "memory");
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -156,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (held >= 0) kiln_bar_arrive(&empty[held]);
+        if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -252,7 +257,8 @@ def smem_bytes(knobs: dict) -> int:
 
 
 def _fits(knobs: dict) -> bool:
-    return knobs["BN"] // 2 * knobs["MI"] <= 128 and smem_bytes(knobs) <= MAX_SMEM
+    return (knobs["BN"] // 2 * knobs["MI"] <= 128 and smem_bytes(knobs) <= MAX_SMEM
+            and (not knobs.get("PP") or knobs["CW"] == 2))
 
 
 def _k(bn, cw, mi, stages, pp=0) -> dict:
