@@ -273,7 +273,8 @@ FIT_TILES = [grid_fit.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), grid_fit.Tile(
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; 1 and 2 add other tiles and depths."""
+    """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; 1 and 2 add other tiles, depths,
+    ping-pong consumers and split-K."""
     if level == 0:
         return [dict(DEFAULT)]
     out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2)]
@@ -282,10 +283,25 @@ def space(level: int) -> list[dict]:
     return [dict(k) for k in out if _fits(k)]
 
 
+PING_PONG = _k(128, 2, 1, 8, 1)
+
+
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `grid_fit`'s cost model for this shape."""
+    """Knob settings for this shape, best guess first. Measured on an H200 (benchmarks/RESULTS.md):
+    128 x 256 cooperative tiles win from three waves of them up; below that, while 128 x 128
+    tiles still fill the GPU, ping-pong 128 x 128 (its epilogues hidden under the other
+    consumer's MMA); smaller grids go to `grid_fit`'s cost model over the cooperative tiles
+    and split-K."""
     c = match_contraction(task)
-    return grid_fit.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    ranked = grid_fit.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
+    if tiles(128, 256) >= 3 * sm_count:
+        first = dict(DEFAULT)
+    elif tiles(128, 128) >= sm_count:
+        first = dict(PING_PONG)
+    else:
+        return ranked
+    return [first] + [k for k in ranked if k != first]
 
 
 def applies(task) -> bool:
