@@ -36,6 +36,7 @@ MAX_SMEM = 227 * 1024
 DEFAULT = {"BN": 256, "CW": 2, "MI": 1, "STAGES": 4}
 MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (one 64 x 64 box)
 SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
+EPI_LD = 36          # floats per row of a warp's 16 x 32 epilogue staging block (padded against bank conflicts)
 
 DEVICE = r"""
 struct alignas(64) CUtensorMap { unsigned long long opaque[16]; };
@@ -88,6 +89,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
     uint16_t* Bs = As + STAGES * BM * BK;
     uint64_t* full = (uint64_t*)(Bs + STAGES * BN * BK);
     uint64_t* empty = full + STAGES;
+    float* epi = (float*)(empty + STAGES);      // CW * 4 warps x 16 x EPI_LD staged accumulators
     const int tid = threadIdx.x, wg = tid / 128;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -161,17 +163,30 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, cons
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (held >= 0) kiln_bar_arrive(&empty[held]);
         if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
+        // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
+        // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows
+        float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
+            for (int q = 0; q < BN / 32; ++q) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + lane / 4 + h * 8;
-                    const int64_t n = n0 + j * 8 + (lane % 4) * 2;
-                    if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
-                    else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j * 4 + h * 2]);
+                for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        *(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] =
+                            make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]);
+                __syncwarp();
+#pragma unroll
+                for (int rr = 0; rr < 8; ++rr) {
+                    const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
+                    const float2 v = *(const float2*)&staged[row * EPI_LD + col];
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
+                    if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, v.x, v.y);
+                    else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
                 }
+                __syncwarp();
+            }
     }
 }
 """
@@ -253,7 +268,7 @@ def _desc(trans: int) -> str:
 
 def smem_bytes(knobs: dict) -> int:
     bm = 64 * knobs["MI"] * (1 if knobs.get("PP") else knobs["CW"])
-    return knobs["STAGES"] * ((bm + knobs["BN"]) * BK * 2 + 16) + 1024
+    return knobs["STAGES"] * ((bm + knobs["BN"]) * BK * 2 + 16) + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4
 
 
 def _fits(knobs: dict) -> bool:
@@ -290,8 +305,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this shape, best guess first. Measured on an H200 (benchmarks/RESULTS.md):
     128 x 256 cooperative tiles win from three waves of them up; below that, while 128 x 128
     tiles still fill the GPU, ping-pong 128 x 128 (its epilogues hidden under the other
-    consumer's MMA); smaller grids go to `grid_fit`'s cost model over the cooperative tiles
-    and split-K."""
+    consumer's MMA); below that 64 x 64 (one or two k-tiles, or grids of half a wave) or
+    64 x 128 (grids of 0.7 waves) unsplit; smaller grids go to `grid_fit`'s cost model over
+    the cooperative tiles and split-K."""
     c = match_contraction(task)
     ranked = grid_fit.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
@@ -299,6 +315,10 @@ def suggest(task, sm_count: int) -> list[dict]:
         first = dict(DEFAULT)
     elif tiles(128, 128) >= sm_count:
         first = dict(PING_PONG)
+    elif -(-c.K // BK) <= 2 or (tiles(64, 128) < 0.7 * sm_count and tiles(64, 64) >= 0.5 * sm_count):
+        first = _k(64, 1, 1, 8)
+    elif tiles(64, 128) >= 0.7 * sm_count:
+        first = _k(128, 1, 1, 8)
     else:
         return ranked
     return [first] + [k for k in ranked if k != first]
@@ -321,7 +341,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
     args, temporaries = tuple(c.args.split(", ")), []
     sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, split_index="ks")
     defines = {
-        "BM": bm, "BN": BN, "BK": BK, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES, "GROUP": GROUP,
+        "BM": bm, "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES, "GROUP": GROUP,
         "M": c.M, "N": c.N, "K": c.K, "ARGS": c.args, "STAGE_BYTES": (bm + BN) * BK * 2,
         "LOAD_A": "{ uint16_t* dst = as; " + load_a + " }", "LOAD_B": "{ uint16_t* dst = bs; " + load_b + " }",
         "UNIT_COORDS": UNIT_COORDS, "DESC_A(S, KK)": _desc(trans_a), "DESC_B(S, KK)": _desc(trans_b), **sk.defines,
