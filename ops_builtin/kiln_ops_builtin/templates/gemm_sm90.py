@@ -82,7 +82,7 @@ def _tma_helpers() -> str:
 
 
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(384, 1) kiln_gemm_sm90(PARAMS, const __grid_constant__ CUtensorMap tmA,
+extern "C" __global__ void __launch_bounds__(384, 1) kiln_matmul_sm90(PARAMS, const __grid_constant__ CUtensorMap tmA,
                                                                    const __grid_constant__ CUtensorMap tmB) {
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
@@ -302,25 +302,30 @@ PING_PONG = _k(128, 2, 1, 8, 1)
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Knob settings for this shape, best guess first. Measured on an H200 (benchmarks/RESULTS.md):
-    128 x 256 cooperative tiles win from three waves of them up; below that, while 128 x 128
-    tiles still fill the GPU, ping-pong 128 x 128 (its epilogues hidden under the other
-    consumer's MMA); below that 64 x 64 (one or two k-tiles, or grids of half a wave) or
-    64 x 128 (grids of 0.7 waves) unsplit; smaller grids go to `grid_fit`'s cost model over
-    the cooperative tiles and split-K."""
+    """Knob settings for this shape, best guess first, then `grid_fit`'s ranking of the
+    cooperative tiles and split-K. The first follows the level-2 sweeps on an H200
+    (benchmarks/RESULTS.md), by how many tiles each size makes against the SM count: 128 x 256
+    cooperative from three waves; ping-pong 128 x 128 from one wave (its epilogues hide under
+    the other consumer's MMA); then cooperative 128 x 128, 64 x 128 and 64 x 64 while they fill
+    0.7, 0.7 and 0.5 of a wave; smaller grids 64 x 64 split over K up to a wave (at least four
+    k-tiles per split)."""
     c = match_contraction(task)
     ranked = grid_fit.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
+    k_tiles = -(-c.K // BK)
     if tiles(128, 256) >= 3 * sm_count:
         first = dict(DEFAULT)
     elif tiles(128, 128) >= sm_count:
         first = dict(PING_PONG)
-    elif -(-c.K // BK) <= 2 or (tiles(64, 128) < 0.7 * sm_count and tiles(64, 64) >= 0.5 * sm_count):
-        first = _k(64, 1, 1, 8)
+    elif tiles(128, 128) >= 0.7 * sm_count:
+        first = _k(128, 2, 1, 6)
     elif tiles(64, 128) >= 0.7 * sm_count:
         first = _k(128, 1, 1, 8)
     else:
-        return ranked
+        first = _k(64, 1, 1, 8)
+        split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
+        if tiles(64, 64) < 0.5 * sm_count and split > 1:
+            first["SPLIT"] = split
     return [first] + [k for k in ranked if k != first]
 
 
@@ -351,7 +356,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
     source = (CUDA_PRELUDE + DEVICE + _tma_helpers() + c.epilogue + head + _wgmma_macro(BN, ab, trans_a, trans_b)
               + KERNEL + sk.source)
     units = -(-c.M // bm) * -(-c.N // BN) * c.batch_count * SPLIT
-    launches = [Launch("kiln_gemm_sm90", args + sk.args + (map_a, map_b), (128 * (CW + 1), 1, 1),
+    launches = [Launch("kiln_matmul_sm90", args + sk.args + (map_a, map_b), (128 * (CW + 1), 1, 1),
                        items=units, per_block=1, waves=1, smem=smem_bytes(knobs))] + sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
 
