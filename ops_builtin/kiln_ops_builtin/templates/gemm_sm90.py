@@ -6,9 +6,13 @@ A persistent, warp-specialized kernel. One producer warpgroup (registers lowered
 memory; each slot has a *full* mbarrier (the copies' transaction bytes) and an *empty* one (the
 consumers' release). CW consumer warpgroups (`setmaxnreg.inc`) each own MI slabs of 64 rows x BN
 columns of the BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` straight from shared
-memory, one group in flight, then run the core's epilogue hooks from registers (`KILN_STORE2`)
-while the producer already fetches the next tile. Tiles are taken by a persistent grid of at most
-one CTA per SM, in groups of GROUP tile rows (grouped rasterization) for L2 reuse.
+memory, one group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the
+producer already fetches the next tile; each warp first stages 16 x 32 blocks of its
+accumulators in shared memory, so every store instruction writes two whole 128-byte rows.
+With PP = 1 (ping-pong) the two consumers take whole 64*MI x BN tiles in turn instead of sharing
+one: named barriers let one consumer at a time run its main loop, and its epilogue overlaps the
+other's MMA. Tiles are taken by a persistent grid of at most one CTA per SM, in groups of GROUP
+tile rows (grouped rasterization) for L2 reuse.
 
 Layouts are read as they are: a K-contiguous operand is loaded K-major, an M- or N-contiguous
 one MN-major (64-element boxes) and multiplied with wgmma's transpose bit, so x @ W and x @ W.T
