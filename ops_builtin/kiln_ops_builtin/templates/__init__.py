@@ -1,5 +1,6 @@
 """Kiln's built-in CUDA schedule templates, contributed through the `kiln_schedules` hook."""
-from kiln_ops_builtin.templates import conv_depthwise, conv_tc, matmul_simt, matmul_tc, matmul_wgmma
+from kiln_ops_builtin.templates import (conv_depthwise, conv_tc, gemm_sm90, matmul_simt, matmul_tc,
+                                       matmul_wgmma)
 
-TEMPLATES = [matmul_wgmma.TEMPLATE, matmul_tc.TEMPLATE, matmul_simt.TEMPLATE, conv_tc.TEMPLATE,
+TEMPLATES = [gemm_sm90.TEMPLATE, matmul_wgmma.TEMPLATE, matmul_tc.TEMPLATE, matmul_simt.TEMPLATE, conv_tc.TEMPLATE,
              conv_depthwise.TEMPLATE]

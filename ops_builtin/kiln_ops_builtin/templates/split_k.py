@@ -82,20 +82,22 @@ class SplitK:
 
 
 def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, args: tuple[str, ...],
-         temporaries: list) -> SplitK:
+         temporaries: list, split_index: str = "blockIdx.y") -> SplitK:
     """Split-K over `split` parts for a template computing a batch x M x N GEMM with k-tiles of
     BK; `params`/`args` are the epilogue hooks' parameters and arguments. The workspace is
-    appended to `temporaries` (the program's list)."""
+    appended to `temporaries` (the program's list). `split_index` is the kernel's expression of
+    the split a store belongs to."""
     k_tiles = -(-K // BK)
     defines = {"SPLIT": split, "KT_SPLIT": -(-k_tiles // split), "BATCH": batch}
     if split == 1:
         defines.update({"PARAMS": params, "KILN_STORE(b, m, n, v)": "kiln_epilogue(ARGS, b, m, n, v)",
                         "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)"})
         return SplitK(defines)
-    pair = (f"(*(float2*)&{STORE_PARTIAL} = make_float2(v0, v1))" if N % 2 == 0     # n even: 8-byte aligned
-            else f"({STORE_PARTIAL} = (v0), {STORE_PARTIAL.replace('(n)]', '(n) + 1]')} = (v1))")
+    partial = STORE_PARTIAL.replace("blockIdx.y", split_index)
+    pair = (f"(*(float2*)&{partial} = make_float2(v0, v1))" if N % 2 == 0     # n even: 8-byte aligned
+            else f"({partial} = (v0), {partial.replace('(n)]', '(n) + 1]')} = (v1))")
     defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws",
-                    "KILN_STORE(b, m, n, v)": f"({STORE_PARTIAL} = (v))",
+                    "KILN_STORE(b, m, n, v)": f"({partial} = (v))",
                     "KILN_STORE2(b, m, n, v0, v1)": pair})
     workspace = KernelArgs.temporary(len(temporaries))
     temporaries.append(((split, batch, M, N), dtypes.float32))

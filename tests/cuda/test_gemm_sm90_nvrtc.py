@@ -1,0 +1,95 @@
+"""The Hopper GEMM engine (`gemm_sm90`) without a GPU: which tasks it takes and declines, its
+tensor maps (layouts, batch broadcasting), its level-0 choices, and every knob setting of its
+level-2 space compiled with NVRTC for sm_90a (both B layouts, batched with broadcasting, fused
+bias, split-K)."""
+import pytest
+import torch
+
+import kiln
+from kiln import dtypes
+from kiln.plugins.registry import registry
+from kiln.runtime import cuda as rt
+from kiln.runtime.cuda import TensorMapArg
+from kiln_ops_builtin.templates import gemm_sm90
+
+SMS = 132
+needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
+                                 "not installed: pip install 'kiln-core[cuda]'")
+
+
+def _task(op, *shapes, dtype=torch.float16):
+    definition = registry().operator(op)
+    args = [kiln.from_torch(torch.ones(s, dtype=dtype)) for s in shapes]
+    return definition.task(definition.bind(args, {}))[0]
+
+
+def _maps(task, knobs):
+    main = gemm_sm90.render(task, **knobs).launches[0]
+    return [a for a in main.args if isinstance(a, TensorMapArg)]
+
+
+def test_declines_what_tma_cannot_describe():
+    assert gemm_sm90.applies(_task("matmul", (64, 72), (72, 64)))
+    assert not gemm_sm90.applies(_task("matmul", (64, 70), (70, 64)))               # K-major rows of 140 bytes
+    assert not gemm_sm90.applies(_task("matmul", (64, 72), (72, 45)))               # N-major rows of 90 bytes
+    assert gemm_sm90.applies(_task("linear", (64, 72), (45, 72)))                   # K-major B: N is free
+    assert not gemm_sm90.applies(_task("matmul", (64, 72), (72, 64), dtype=torch.float32))
+
+
+def test_b_layouts_map_k_major_and_n_major():
+    knobs = gemm_sm90.space(0)[0]
+    a, b = _maps(_task("linear", (1000, 776), (4104, 776)), knobs)
+    assert (a.dims, a.strides, a.box) == ((776, 1000), (1, 776), (64, 128))
+    assert (b.dims, b.strides, b.box) == ((776, 4104), (1, 776), (64, 256))
+    _, b = _maps(_task("matmul", (1000, 776), (776, 4104)), knobs)
+    assert (b.dims, b.strides, b.box) == ((4104, 776), (1, 4104), (64, 64))      # four 64-wide boxes a stage
+    program = gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **knobs)
+    assert "kiln_transpose" not in program.source and len(program.launches) == 1
+
+
+def test_batch_broadcast_gets_no_batch_dimension():
+    a, b = _maps(_task("matmul", (2, 3, 128, 64), (3, 64, 128)), gemm_sm90.space(0)[0])
+    assert a.dims == (64, 128, 6) and a.strides[2] == 128 * 64      # (2, 3) contiguous: one dim
+    assert b.dims == (128, 64, 3) and b.strides[2] == 64 * 128      # broadcast over the 2: absent
+    a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), gemm_sm90.space(0)[0])
+    assert len(a.dims) == 3 and len(b.dims) == 2
+
+
+def test_tensor_map_arg_rejects_bad_strides():
+    with pytest.raises(ValueError, match="16 bytes"):
+        TensorMapArg("in0", dtypes.float16, (70, 64), (1, 70), (64, 64))
+    with pytest.raises(ValueError, match="box"):
+        TensorMapArg("in0", dtypes.float16, (128, 64), (1, 128), (128, 64))
+
+
+@pytest.mark.parametrize("m,k,n,first", [
+    (4096, 4096, 4096, gemm_sm90.DEFAULT), (8192, 2048, 8192, gemm_sm90.DEFAULT),
+    (4096, 768, 2304, gemm_sm90.PING_PONG), (1024, 768, 3072, gemm_sm90.PING_PONG),
+    (1024, 768, 768, {"BN": 128, "CW": 1, "MI": 1, "STAGES": 8}),
+    (128, 768, 3072, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
+    (128, 3072, 768, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 6})])
+def test_level0_choice(m, k, n, first):
+    assert gemm_sm90.suggest(_task("linear", (m, k), (n, k)), SMS)[0] == first
+
+
+def test_space_fits_shared_memory():
+    for level in (0, 1, 2):
+        for knobs in gemm_sm90.space(level):
+            assert gemm_sm90.smem_bytes(knobs) <= gemm_sm90.MAX_SMEM, knobs
+
+
+CALLS = [("linear", (1000, 776), (4104, 776), (4104,)), ("matmul", (1000, 776), (776, 4104)),
+         ("matmul", (2, 3, 200, 136), (3, 136, 72))]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("call", CALLS, ids=lambda c: c[0] + "x".join("-".join(map(str, s)) for s in c[1:]))
+def test_every_knob_setting_compiles_for_sm90a(call, dtype):
+    task = _task(call[0], *call[1:], dtype=dtype)
+    settings = []
+    for knobs in gemm_sm90.space(2) + gemm_sm90.suggest(task, SMS)[:3]:
+        if knobs not in settings:
+            settings.append(knobs)
+    programs = [gemm_sm90.render(task, **knobs) for knobs in settings]
+    rt.compile_many([(p.source, p.kernel_names[0], "sm_90a") for p in programs])
