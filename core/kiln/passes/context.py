@@ -19,6 +19,8 @@ DEFAULT_CONFIG = {
     "use_fp16": False,
     # let operators that sum in float16 keep doing so under use_fp16 (otherwise they run in float32)
     "use_fp16_reduction": False,
+    # the schedule search level kernels are built at (0, 1, 2); torch.compile's modes set it
+    "tune_level": 0,
 }
 
 _local = threading.local()

@@ -1,12 +1,17 @@
 """The torch.compile backend "kiln" (registered through the `torch_dynamo_backends` entry point).
 
-`kiln_backend(gm, example_inputs, options=None)` checks that every operator of the graph is
-mapped (raising one `UnmappedOperatorError` listing all that are not, or, with
-`dynamo_config.fallback_to_eager(True)`, leaving them to PyTorch), and returns a `KilnFunction`.
-That traces a FlowGraph when it first sees an input signature, reading the settings then
-(search_space as the tuning level of the kernels built by that first run; use_cuda_graph to
-replay CUDA graphs), and runs it from then on. Parameters and buffers become constants of the
-FlowGraph, sharing memory.
+`kiln_backend(gm, example_inputs, options=None, mode=None)` takes torch.compile's `mode` and
+`options` (see `kiln.frontend.torch.config`) and returns a `KilnFunction`, which traces a
+FlowGraph when it first sees an input signature, reading the settings then (search_space as
+the tuning level of the kernels built by that first run; use_cuda_graph to replay CUDA
+graphs), and runs it from then on. Parameters and buffers become constants of the FlowGraph,
+sharing memory.
+
+Before that it finds what Kiln cannot compile (`kiln.frontend.torch.partition`): unmapped
+operators raise one `UnmappedOperatorError` listing them all, nodes whose rules all decline
+one `MappingError`; with `dynamo_config.fallback_to_eager(True)` both run in PyTorch instead,
+named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
+with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics.
 """
 from __future__ import annotations
 
@@ -17,36 +22,54 @@ import warnings
 import torch
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
-from torch.fx.passes.split_module import split_module
 
+from kiln.frontend.torch.aliasing import view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
+from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
-from kiln.frontend.torch.interpreter import Interpreter
+from kiln.frontend.torch.interpreter import Interpreter, MappingError
+from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.graph import FlowGraph, optimize, trace_from
+from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext
+from kiln.passes.instruments import DumpGraph
 from kiln.tensor import Tensor, from_torch, symbol
 
 _warned: set[tuple] = set()
 
 
-def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None, **_):
-    """Compile a dynamo graph with Kiln; `options` may carry torch.compile's mode or settings."""
-    settings = dynamo_config.resolve(options)
+def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
+                 mode: str | None = None):
+    """Compile a dynamo graph with Kiln under torch.compile's `mode` and `options`."""
+    settings = dynamo_config.resolve(options, mode)
     if settings.print_input_graph:
         print(input_graph_table(gm))
+    mutations = view_mutations(gm)
+    if mutations:
+        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
+                   "which Kiln does not model:\n  " + "\n  ".join(mutations))
+        return gm.forward
     constants = constant_placeholders(gm, example_inputs)
     unmapped = Interpreter(gm).unmapped()
-    if not unmapped:
-        return KilnFunction(gm, settings, constants)
-    if not settings.fallback_to_eager:
+    if unmapped and not settings.fallback_to_eager:
         raise UnmappedOperatorError(unmapped)
-    key = tuple(o.name for o in unmapped)
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(f"Kiln runs these unmapped operators in PyTorch: {', '.join(key)}",
-                      stacklevel=2)
-    return _split(gm, settings, constants)
+    with stage("check", f"{len(gm.graph.nodes)} fx nodes"):
+        for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
+    if not for_pytorch:
+        return KilnFunction(gm, settings, constants)
+    reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
+    if not settings.fallback_to_eager:
+        raise MappingError(f"Kiln cannot compile these nodes:\n  {reasons}\nTo run them in "
+                           "PyTorch instead: kiln.torch.dynamo_config.fallback_to_eager(True)")
+    _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
+    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants))
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
@@ -60,36 +83,17 @@ def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
     return names
 
 
-def _split(gm: GraphModule, settings: Settings, constants: set[str]) -> GraphModule:
-    """Partition the graph into runs of mapped nodes (compiled) and unmapped ones (eager)."""
-    interpreter = Interpreter(gm)
-    partition, mapped, current, previous = {}, {}, 0, None
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        ok = interpreter.is_mapped(node)
-        if ok != previous or not ok:  # each unmapped node runs alone
-            current += 1
-        partition[node], mapped[current], previous = current, ok, ok
-    split = split_module(gm, None, partition.__getitem__, keep_original_order=True)
-    for pid, ok in mapped.items():
-        name = f"submod_{pid}"
-        if ok and hasattr(split, name):
-            compiled = KilnFunction(getattr(split, name), settings, constants)
-            delattr(split, name)
-            setattr(split, name, compiled)
-    return split
-
-
 class KilnFunction:
-    """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use."""
+    """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
+
+    `graphs` maps each input signature seen to its `CompiledRun`."""
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset()):
         self.gm = gm
         self.settings = settings
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.constant = [n.name in constants for n in placeholders]
-        self.graphs: dict[tuple, _Compiled] = {}
+        self.graphs: dict[tuple, CompiledRun] = {}
 
     def __call__(self, *args):
         key = tuple(_signature(a, c) for a, c in zip(args, self.constant))
@@ -97,12 +101,12 @@ class KilnFunction:
         if compiled is None:  # kernels are built (and tuned) by this first run
             with _tuning_level(self.settings.search_space):
                 compiled = self.graphs[key] = self._compile(args)
-                return compiled(args)
         return compiled(args)
 
-    def _compile(self, args) -> _Compiled:
-        if self.settings.correctness_report:
-            print(correctness_report(self.gm, list(args)))
+    def _compile(self, args) -> CompiledRun:
+        logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
+                    ", ".join(_describe_arg(a) for a in args))
+        folder = dump_folder()
         values, inputs, positions = [], [], []
         for k, (a, constant) in enumerate(zip(args, self.constant)):
             if isinstance(a, torch.Tensor):
@@ -116,19 +120,28 @@ class KilnFunction:
                 v = a
             values.append(v)
         interpreter = Interpreter(self.gm)
-        result = interpreter.run(values)
-        leaves = []
-        map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
-        writeback = list(interpreter.mutated_inputs)
-        graph = _optimize(trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs),
-                          self.settings)
+        traced_values = {}
+        with stage("interpret"):
+            result = interpreter.run(values, on_node=traced_values.__setitem__)
+            leaves = []
+            map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
+            writeback = list(interpreter.mutated_inputs)
+            traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
+        with stage("optimize", f"{len(traced.nodes)} operators"):
+            graph = _optimize(traced, self.settings, folder)
         examples = [args[p] for p in positions]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
-        return _Compiled(graph, positions, result, writeback,
-                         examples if self.settings.use_cuda_graph and on_cuda else None)
+        with stage("build", f"{len(graph.nodes)} kernels"):
+            compiled = CompiledRun(graph, positions, result, writeback,
+                                   examples if self.settings.use_cuda_graph and on_cuda else None)
+        if folder is not None:
+            dump_compiled(folder, self.gm, graph)
+        if self.settings.correctness_report:
+            print(correctness_report(self.gm, list(args), traced_values, traced, graph))
+        return compiled
 
 
-class _Compiled:
+class CompiledRun:
     """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs), how to put
     its outputs back into the graph's output structure, and the inputs its last outputs are
     written back to (inputs the graph changes in place)."""
@@ -168,29 +181,38 @@ def _signature(arg, constant: bool):
         return repr(arg)
 
 
+def _describe_arg(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return f"{str(arg.dtype).replace('torch.', '')}{list(arg.shape)}"
+    return repr(arg)
+
+
 @contextlib.contextmanager
 def _tuning_level(level: int):
-    """Build kernels at schedule-search `level` ($KILN_TUNE_LEVEL, which the tuner reads)."""
-    if not level:
-        yield
-        return
+    """Build kernels at schedule-search `level`: PassContext config "tune_level", and
+    $KILN_TUNE_LEVEL while the schedule layer still reads the level from there."""
     previous = os.environ.get("KILN_TUNE_LEVEL")
-    os.environ["KILN_TUNE_LEVEL"] = str(level)
+    if level:
+        os.environ["KILN_TUNE_LEVEL"] = str(level)
     try:
-        yield
+        with PassContext(config={"tune_level": level}):
+            yield
     finally:
         if previous is None:
-            del os.environ["KILN_TUNE_LEVEL"]
+            os.environ.pop("KILN_TUNE_LEVEL", None)
         else:
             os.environ["KILN_TUNE_LEVEL"] = previous
 
 
-def _optimize(graph: FlowGraph, settings: Settings) -> FlowGraph:
+def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings."""
+    instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
     outer = PassContext.current()
     config = {**outer.config, "use_fp16": settings.use_fp16,
               "use_fp16_reduction": settings.use_fp16_reduction}
+    instruments = list(outer.instruments)
+    if folder is not None:
+        instruments.append(DumpGraph(str(folder / "passes")))
     with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
-                     outer.instruments):
+                     instruments):
         return optimize(graph)
