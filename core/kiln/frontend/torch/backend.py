@@ -101,6 +101,7 @@ class KilnFunction:
         if compiled is None:  # kernels are built (and tuned) by this first run
             with _tuning_level(self.settings.search_space):
                 compiled = self.graphs[key] = self._compile(args)
+                return compiled(args)
         return compiled(args)
 
     def _compile(self, args) -> CompiledRun:

@@ -182,7 +182,7 @@ def _kernel_table(traced, traced_values, expected, kiln_values, optimized, run_i
             same = [r for r in same if r[0] == f"kiln {maker}"] or same
             scored = [(node_error(value, ref), name) for name, ref in same]
             error, closest = min(scored, key=lambda s: s[0], default=(None, "(no value of this shape)"))
-            rows.append((len(rows), node.name, members, f"{t.dtype}{list(t.shape)}",
+            rows.append((len(rows), node.name, members, f"{t.dtype}[{','.join(map(str, t.shape))}]",
                          "" if error is None else f"{error:.1e}", closest,
                          "<------" if error is None or error > _limit(value) else ""))
     return format_table(("", "kernel", "fused operators", "output", "error", "closest reference",
