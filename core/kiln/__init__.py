@@ -1,7 +1,8 @@
 """Kiln: a deep-learning compiler for PyTorch that generates its own kernels.
 
 `import kiln` loads no plugin; the first use of `kiln.ops`, of the torch mapping registry or of
-the torch.compile backend discovers them.
+the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
+`kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`.
 """
 from kiln import dtypes, ops
 from kiln.device import Device, device
@@ -14,11 +15,12 @@ from kiln.tensor import (
 )
 
 from kiln import torch  # noqa: E402  (kiln.torch: the PyTorch frontend; loads no plugin)
+from kiln.frontend.torch.persist import load, save  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",
     "empty", "from_torch", "full", "ones", "operator", "ops", "randn", "symbol", "symbol_like",
-    "trace_from", "zeros", "torch", "UnmappedOperatorError",
+    "trace_from", "zeros", "torch", "UnmappedOperatorError", "save", "load",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+import weakref
 
 import torch
 from torch.fx import GraphModule
@@ -86,14 +87,29 @@ def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
 class KilnFunction:
     """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
 
-    `graphs` maps each input signature seen to its `CompiledRun`."""
+    `graphs` maps each input signature seen to its `CompiledRun`; `constant_ids` holds the
+    ids of the parameters and buffers it was called with (how `kiln.save` finds a model's
+    graphs among the `live()` ones) and `frame` the Python frame dynamo compiled it from."""
+
+    _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset()):
         self.gm = gm
         self.settings = settings
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.constant = [n.name in constants for n in placeholders]
+        # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
+        self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
+                        for n in placeholders]
         self.graphs: dict[tuple, CompiledRun] = {}
+        self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
+        self.constant_ids: set[int] = set()
+        KilnFunction._live.add(self)
+
+    @classmethod
+    def live(cls) -> list[KilnFunction]:
+        """The KilnFunctions of this process that are still referenced."""
+        return list(cls._live)
 
     def __call__(self, *args):
         key = tuple(_signature(a, c) for a, c in zip(args, self.constant))
@@ -108,6 +124,7 @@ class KilnFunction:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(_describe_arg(a) for a in args))
         folder = dump_folder()
+        self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
         for k, (a, constant) in enumerate(zip(args, self.constant)):
             if isinstance(a, torch.Tensor):
