@@ -4,6 +4,8 @@
 the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
 `kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`.
 """
+from importlib import metadata as _metadata
+
 from kiln import dtypes, ops
 from kiln.device import Device, device
 from kiln.dtypes import DataType, data_type
@@ -17,7 +19,10 @@ from kiln.tensor import (
 from kiln import torch  # noqa: E402  (kiln.torch: the PyTorch frontend; loads no plugin)
 from kiln.frontend.torch.persist import load, save  # noqa: E402
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("kiln-core")
+except _metadata.PackageNotFoundError:   # run from a source tree without installing
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",
