@@ -132,20 +132,18 @@ def test_a_rule_returning_the_wrong_shape_or_dtype_is_named():
         register_function(F.silu, priority=1000)(rule)
         try:
             torch._dynamo.reset()
-            with pytest.raises(Exception, match=rf"rule .*{rule.__name__} for "
-                                                rf"torch.nn.functional.silu \(declared in "
-                                                rf"{__name__}\) returned {expected}") as info:
+            with pytest.raises(RuleResultError, match=rf"rule .*{rule.__name__} for "
+                                                      rf"torch.nn.functional.silu \(declared in "
+                                                      rf"{__name__}\) returned {expected}"):
                 torch.compile(F.silu, backend="kiln")(torch.randn(4, 3))
-            assert RuleResultError.__name__ in str(info.value)
         finally:
             registry.remove(F.silu, handler=rule)
 
 
 def test_batch_norm_in_training_mode_says_so():
     model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)).train()
-    with pytest.raises(Exception, match="batch_norm.*training mode .* is not supported") as info:
+    with pytest.raises(MappingError, match="batch_norm.*training mode .* is not supported"):
         torch.compile(model, backend="kiln")(torch.randn(2, 2, 5, 5))
-    assert MappingError.__name__ in str(info.value)
 
 
 def test_training_mode_runs_in_pytorch_with_fallback():
@@ -202,14 +200,12 @@ def test_in_place_changes_without_views_still_compile():
         torch.testing.assert_close(torch.compile(fn, backend="kiln")(x, y), fn(x, y))
 
 
-def test_declined_nodes_are_all_named_in_one_error():
+def test_a_declined_node_is_named_with_the_way_to_run_it_in_pytorch():
     def fn(x):
-        a = F.interpolate(x, scale_factor=2, mode="bicubic")
-        return F.dropout(a, 0.5, training=True)
+        return F.interpolate(x, scale_factor=2, mode="bicubic") + 1
 
-    with pytest.raises(Exception, match="(?s)interpolate.*bicubic.*dropout.*training mode") as info:
+    with pytest.raises(MappingError, match="(?s)interpolate.*bicubic.*fallback_to_eager"):
         torch.compile(fn, backend="kiln")(torch.randn(1, 2, 4, 5))
-    assert "fallback_to_eager(True)" in str(info.value)
 
 
 def test_view_mutations_are_found_in_symbolically_traced_graphs():

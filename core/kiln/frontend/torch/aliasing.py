@@ -15,6 +15,8 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
+from kiln.frontend.torch.interpreter import mutates
+
 VIEW_METHODS = frozenset({
     "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "t", "T",
     "mT", "narrow", "select", "expand", "expand_as", "unsqueeze", "squeeze", "flatten",
@@ -40,14 +42,7 @@ def _is_view(node: Node) -> bool:
 
 def _mutated(node: Node) -> Node | None:
     """The node whose tensor `node` changes in place, or None."""
-    if not node.args or not isinstance(node.args[0], Node):
-        return None
-    if node.op == "call_method" and node.target.endswith("_") and not node.target.endswith("__"):
-        return node.args[0]
-    if node.op == "call_function" and (node.target is operator.setitem or
-                                       node.kwargs.get("inplace") is True or
-                                       getattr(node.target, "__name__", "").startswith("i") and
-                                       getattr(operator, node.target.__name__, None) is node.target):
+    if node.args and isinstance(node.args[0], Node) and mutates(node):
         return node.args[0]
     return None
 

@@ -7,10 +7,11 @@ the tuning level of the kernels built by that first run; use_cuda_graph to repla
 graphs), and runs it from then on. Parameters and buffers become constants of the FlowGraph,
 sharing memory.
 
-Before that it finds what Kiln cannot compile (`kiln.frontend.torch.partition`): unmapped
-operators raise one `UnmappedOperatorError` listing them all, nodes whose rules all decline
-one `MappingError`; with `dynamo_config.fallback_to_eager(True)` both run in PyTorch instead,
-named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
+Unmapped operators raise one `UnmappedOperatorError` listing them all; a node whose rules all
+decline its arguments raises a `MappingError` when the graph first runs. With
+`dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
+(`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
+PyTorch, named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
 with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kiln.frontend.torch.aliasing import view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
-from kiln.frontend.torch.interpreter import Interpreter, MappingError
+from kiln.frontend.torch.interpreter import Interpreter
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.graph import FlowGraph, optimize, trace_from
@@ -52,17 +53,16 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
                    "which Kiln does not model:\n  " + "\n  ".join(mutations))
         return gm.forward
     constants = constant_placeholders(gm, example_inputs)
-    unmapped = Interpreter(gm).unmapped()
-    if unmapped and not settings.fallback_to_eager:
-        raise UnmappedOperatorError(unmapped)
+    if not settings.fallback_to_eager:
+        unmapped = Interpreter(gm).unmapped()
+        if unmapped:
+            raise UnmappedOperatorError(unmapped)
+        return KilnFunction(gm, settings, constants)   # a declined node raises at first run
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"):
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
         return KilnFunction(gm, settings, constants)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
-    if not settings.fallback_to_eager:
-        raise MappingError(f"Kiln cannot compile these nodes:\n  {reasons}\nTo run them in "
-                           "PyTorch instead: kiln.torch.dynamo_config.fallback_to_eager(True)")
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants))
 
@@ -207,13 +207,13 @@ def _describe_arg(arg) -> str:
 
 @contextlib.contextmanager
 def _tuning_level(level: int):
-    """Build kernels at schedule-search `level`: PassContext config "tune_level", and
-    $KILN_TUNE_LEVEL while the schedule layer still reads the level from there."""
+    """Build kernels at schedule-search `level` (0 keeps the enclosing level): PassContext
+    config "tune_level", and $KILN_TUNE_LEVEL while the schedule layer reads it from there."""
     previous = os.environ.get("KILN_TUNE_LEVEL")
     if level:
         os.environ["KILN_TUNE_LEVEL"] = str(level)
     try:
-        with PassContext(config={"tune_level": level}):
+        with PassContext(config={"tune_level": level} if level else {}):
             yield
     finally:
         if previous is None:

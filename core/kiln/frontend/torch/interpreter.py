@@ -59,6 +59,9 @@ _SIZE_QUERIES = {
 }
 
 
+FALLBACK_HINT = "; to run it in PyTorch: kiln.torch.dynamo_config.fallback_to_eager(True)"
+
+
 class MappingError(NotImplementedError):
     """Every rule for a node declined its arguments (or a rule failed on them)."""
 
@@ -105,7 +108,9 @@ def _python_function(target) -> bool:
     return getattr(target, "__module__", None) in _PYTHON_MODULES or target in vars(builtins).values()
 
 
-def _mutates(node: Node) -> bool:
+def mutates(node: Node) -> bool:
+    """Whether the node changes its first argument in place (`add_`, `+=`, `inplace=True`,
+    `x[i] = v`)."""
     if node.op == "call_method":
         return node.target.endswith("_") and not node.target.endswith("__")
     return node.op == "call_function" and (node.target in _INPLACE_OPERATORS or
@@ -217,7 +222,7 @@ class Interpreter:
                     if on_error is None:
                         raise
                     value = on_error(node, exc)
-                if _mutates(node) and isinstance(node.args[0], Node):
+                if mutates(node) and isinstance(node.args[0], Node):
                     same = aliases.setdefault(node.args[0], [node.args[0]])
                     for alias in same:
                         env[alias] = value
@@ -292,7 +297,7 @@ class Interpreter:
         except Exception as exc:
             raise MappingError(f"the Kiln rule for {node.format_node()} failed on "
                                f"{_describe(args)} {_describe(kwargs) if kwargs else ''}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                               f"{type(exc).__name__}: {exc}{FALLBACK_HINT}") from exc
         self._check_result(node, rule, value)
         return value
 
@@ -300,7 +305,7 @@ class Interpreter:
         """Raise RuleResultError where the rule's tensors differ in shape or dtype from what
         dynamo recorded for the node (nodes without metadata are not checked)."""
         expected = _expected_meta(node)
-        if expected is None or _mutates(node):
+        if expected is None or mutates(node):
             return
         got, want = [], []
         map_aggregate(value, got.append)
@@ -325,7 +330,7 @@ class Interpreter:
         name = target_name(kind, target)
         if not self.registry.has(kind, target):
             return MappingError(f"no Kiln rule maps {name} ({node.format_node()})")
-        hint = ""
+        hint = FALLBACK_HINT
         if self._in_training_mode(node, kind, target, args, kwargs):
             hint = ("; training mode (training=True: batch statistics, random dropout) is not "
                     "supported by Kiln: call model.eval(), or run such operators in PyTorch with "
