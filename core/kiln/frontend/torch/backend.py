@@ -38,7 +38,7 @@ from kiln.passes import PassContext
 from kiln.passes.instruments import DumpGraph
 from kiln.tensor import Tensor, from_torch, symbol
 
-_warned: set[tuple] = set()
+_warned: set[str] = set()
 
 
 def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
