@@ -9,9 +9,9 @@ forward, that runs those kernels: no tracing, no graph passes, no compiler.
 
 Limits, each an error where it applies: the model must be an nn.Module with parameters (they
 identify its graphs) captured as one graph (no graph breaks, no fallback_to_eager split; the
-graphs of recompilations for new shapes are all kept), on the CPU. A loaded model runs only the input signatures that were compiled,
-and returns what the graph returns: its one output, or a tuple of them. Loading a file runs
-the machine code in it: load only files you trust (as with `torch.load(weights_only=False)`).
+graphs of recompilations for new shapes are all kept), on the CPU. A loaded model runs only
+the input signatures that were compiled, and returns what the graph returns: its one output,
+or a tuple of them. Loading a file runs the machine code in it: load only files you trust (as with `torch.load(weights_only=False)`).
 """
 from __future__ import annotations
 
