@@ -57,3 +57,33 @@ def test_demo_runs_the_quick_start_flow(capsys):
     assert "flow graph == imperative == PyTorch: True" in out
     assert "attention" in out and "call_function  torch.nn.functional.conv2d" in out
     assert out.rstrip().endswith("torch.compile(backend='kiln') == eager: True")
+
+
+def test_version_names_kiln_torch_and_the_plugins():
+    script = Path(sys.executable).parent / "kiln"
+    proc = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import kiln
+    import torch
+    assert proc.stdout.startswith(f"kiln {kiln.__version__} (torch {torch.__version__}, Python ")
+    assert "kiln-ops-builtin" in proc.stdout and "kiln-mappings-builtin" in proc.stdout
+    assert kiln.__version__ != "0.0.0+unknown"
+
+
+@pytest.mark.parametrize("folder,package", [
+    ("core", "kiln"), ("ops_builtin", "kiln_ops_builtin"),
+    ("mappings_builtin", "kiln_mappings_builtin"),
+    ("plugins/kiln_example_rmsnorm", "kiln_example_rmsnorm")])
+def test_each_distribution_ships_py_typed(folder, package, tmp_path):
+    import shutil
+    import zipfile
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"          # a copy: building leaves build/ folders behind
+    shutil.copytree(root / folder, source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    assert f"{package}/py.typed" in zipfile.ZipFile(wheel).namelist()

@@ -1,8 +1,11 @@
 """Kiln: a deep-learning compiler for PyTorch that generates its own kernels.
 
 `import kiln` loads no plugin; the first use of `kiln.ops`, of the torch mapping registry or of
-the torch.compile backend discovers them.
+the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
+`kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`.
 """
+from importlib import metadata as _metadata
+
 from kiln import dtypes, ops
 from kiln.device import Device, device
 from kiln.dtypes import DataType, data_type
@@ -23,11 +26,15 @@ from kiln.schedule import Template as _Template
 # What each plugin hook must return: every contribution is checked against it when plugins load.
 _expect_contributions({"operators": _OperatorDef, "schedules": _Template, "torch_mappings": _Rule,
                        "graph_passes": _GraphPass, "rewrite_patterns": _RewritePattern})
+from kiln.frontend.torch.persist import load, save  # noqa: E402
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("kiln-core")
+except _metadata.PackageNotFoundError:   # run from a source tree without installing
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",
     "empty", "from_torch", "full", "ones", "operator", "ops", "randn", "symbol", "symbol_like",
-    "trace_from", "zeros", "torch", "UnmappedOperatorError",
+    "trace_from", "zeros", "torch", "UnmappedOperatorError", "save", "load",
 ]

@@ -34,16 +34,52 @@ def test_node_error_is_the_harmonic_mean_of_absolute_and_relative_error():
     assert node_error(3, 3) is None
 
 
-def test_correctness_report_prints_one_row_per_node(config, capsys):
+def _tables(out: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The rows (split into cells) of the report's fx-node table and kernel table."""
+    nodes, kernels = out.split("kernels that run")
+    return ([line.split() for line in nodes.strip().splitlines()[3:]],
+            [line.split() for line in kernels.strip().splitlines()[3:]])
+
+
+def test_correctness_report_prints_one_row_per_node_and_kernel(config, capsys):
     config.correctness_report()
     compile_and_compare(_model(), torch.randn(2, 4))
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split() == ["kind", "operator", "dtype", "error", "attention"]
-    rows = [line.split() for line in lines[2:]]
-    kinds = [r[1] for r in rows]
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == ["kind", "operator", "dtype", "error", "attention"]
+    nodes, kernels = _tables(out)
+    kinds = [r[1] for r in nodes]
     assert kinds.count("placeholder") == 5 and kinds.count("call_function") == 3
-    linear = next(r for r in rows if r[2] == "torch.nn.functional.linear")
+    linear = next(r for r in nodes if r[2] == "torch.nn.functional.linear")
     assert linear[3] == "float32" and float(linear[4]) < 1e-5 and "<------" not in linear
+    assert kernels and all("<------" not in r for r in kernels)
+    assert any("Relu" in " ".join(r) for r in kernels)
+
+
+def test_correctness_report_flags_the_kernel_a_broken_rewrite_made(config, capsys, monkeypatch):
+    """A pass that changes values (relu(x) becomes relu(x) * 1.5) passes the per-node check of
+    the rules, but the kernel built from its rewrite is flagged."""
+    import kiln.passes.pipeline as pipeline
+    from kiln.passes import Sequential, graph_pass
+    from kiln.passes.edit import rebuild
+
+    @graph_pass("break_relu")
+    def break_relu(graph, ctx):
+        return rebuild(graph, lambda node, inputs: [kiln.ops.relu(inputs[0]) * 1.5]
+                       if node.name == "Relu" else None)
+
+    original = pipeline.default_pipeline
+    monkeypatch.setattr(pipeline, "default_pipeline",
+                        lambda *a, **k: Sequential([break_relu, original(*a, **k)]))
+    config.correctness_report()
+    model, x = _model(), torch.randn(2, 4)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend="kiln")(x)
+        assert not torch.allclose(out, model(x), atol=1e-3)
+    nodes, kernels = _tables(capsys.readouterr().out)
+    assert all("<------" not in r for r in nodes)
+    flagged = [r for r in kernels if "<------" in r]
+    assert flagged and "Relu" in " ".join(flagged[0]) and float(flagged[0][4]) > 0.1
 
 
 def test_print_input_graph(config, capsys):

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `kiln` with one subparser per module in COMMANDS."""
     parser = argparse.ArgumentParser(
         prog="kiln", description="Kiln: a deep-learning compiler for PyTorch.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"{__name__}.{name}")
@@ -29,6 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
         module.configure(command)
         command.set_defaults(run=module.run)
     return parser
+
+
+def version_text() -> str:
+    """'kiln X (torch Y, Python Z); plugins: A 1.0, B 2.0': the versions of kiln-core and of
+    the installed plugin distributions, read from their metadata (nothing is imported)."""
+    import platform
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    core = version("kiln-core")
+    plugins = sorted({f"{ep.dist.name} {ep.dist.version}" for ep in metadata.entry_points(group="kiln")
+                      if ep.dist is not None})
+    text = f"kiln {core} (torch {version('torch')}, Python {platform.python_version()})"
+    return text + (f"; plugins: {', '.join(plugins)}" if plugins else "; no plugins")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from kiln.log import logger
+
 
 def cache_dir() -> Path:
     """The cache root: $KILN_CACHE_DIR, else ~/.cache/kiln; created private (mode 0700).
@@ -63,7 +65,9 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
     target = folder / f"{key}{suffix}"
     record = folder / f"{key}.json"
     if _valid(target, record):
+        logger.debug("kernel cache hit: %s/%s", kind, target.name)
         return target
+    logger.info("kernel cache miss: building %s/%s", kind, target.name)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".build-", suffix=suffix)
     os.close(fd)
     try:

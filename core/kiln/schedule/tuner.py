@@ -20,6 +20,7 @@ import torch
 
 from kiln.device import Device
 from kiln.ir.compute import Task
+from kiln.log import logger
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import backend_for
 from kiln.runtime.cache import cache_dir, content_key
@@ -112,6 +113,8 @@ def tune(task: Task, template, device: Device, level: int) -> dict:
         raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")
     best_ms, _, best = min(results)
     print(f"kiln: {template.name} winner {best} at {best_ms:.4f} ms (of {len(results)} timed)", file=sys.stderr)
+    logger.info("tuned %s for %r: %s at %.4f ms (of %d timed)", template.name, task, best, best_ms,
+                len(results))
     fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         json.dump({"knobs": best, "template": template.name, "gpu": info["name"],

@@ -1,51 +1,75 @@
 """The torch.compile backend "kiln" (registered through the `torch_dynamo_backends` entry point).
 
-`kiln_backend(gm, example_inputs, options=None)` checks that every operator of the graph is
-mapped (raising one `UnmappedOperatorError` listing all that are not, or, with
-`dynamo_config.fallback_to_eager(True)`, leaving them to PyTorch), and returns a `KilnFunction`.
-That traces a FlowGraph when it first sees an input signature, reading the settings then
-(search_space as the tuning level of the kernels built by that first run; use_cuda_graph to
-replay CUDA graphs), and runs it from then on. Parameters and buffers become constants of the
-FlowGraph, sharing memory.
+`kiln_backend(gm, example_inputs, options=None, mode=None)` takes torch.compile's `mode` and
+`options` (see `kiln.frontend.torch.config`) and returns a `KilnFunction`, which traces a
+FlowGraph when it first sees an input signature, reading the settings then (search_space as
+the tuning level of the kernels built by that first run; use_cuda_graph to replay CUDA
+graphs), and runs it from then on. Parameters and buffers become constants of the FlowGraph,
+sharing memory.
+
+Unmapped operators raise one `UnmappedOperatorError` listing them all; a node whose rules all
+decline its arguments raises a `MappingError` when the graph first runs. With
+`dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
+(`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
+PyTorch, named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
+with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics.
 """
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
-from torch.fx.passes.split_module import split_module
 
+from kiln.frontend.torch.aliasing import view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
+from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter
+from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.graph import FlowGraph, trace_from
+from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
+from kiln.passes.instruments import DumpGraph
 from kiln.schedule import BuildSettings
 from kiln.tensor import Tensor, from_torch, symbol
 
-_warned: set[tuple] = set()
+_warned: set[str] = set()
 
 
-def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None, **_):
-    """Compile a dynamo graph with Kiln; `options` may carry torch.compile's mode or settings."""
-    settings = dynamo_config.resolve(options)
+def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
+                 mode: str | None = None):
+    """Compile a dynamo graph with Kiln under torch.compile's `mode` and `options`."""
+    settings = dynamo_config.resolve(options, mode)
     if settings.print_input_graph:
         print(input_graph_table(gm))
+    mutations = view_mutations(gm)
+    if mutations:
+        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
+                   "which Kiln does not model:\n  " + "\n  ".join(mutations))
+        return gm.forward
     constants = constant_placeholders(gm, example_inputs)
-    unmapped = Interpreter(gm).unmapped()
-    if not unmapped:
-        return KilnFunction(gm, settings, constants)
     if not settings.fallback_to_eager:
-        raise UnmappedOperatorError(unmapped)
-    key = tuple(o.name for o in unmapped)
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(f"Kiln runs these unmapped operators in PyTorch: {', '.join(key)}",
-                      stacklevel=2)
-    return _split(gm, settings, constants)
+        unmapped = Interpreter(gm).unmapped()
+        if unmapped:
+            raise UnmappedOperatorError(unmapped)
+        return KilnFunction(gm, settings, constants)   # a declined node raises at first run
+    with stage("check", f"{len(gm.graph.nodes)} fx nodes"):
+        for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
+    if not for_pytorch:
+        return KilnFunction(gm, settings, constants)
+    reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
+    _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
+    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants))
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
@@ -59,36 +83,32 @@ def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
     return names
 
 
-def _split(gm: GraphModule, settings: Settings, constants: set[str]) -> GraphModule:
-    """Partition the graph into runs of mapped nodes (compiled) and unmapped ones (eager)."""
-    interpreter = Interpreter(gm)
-    partition, mapped, current, previous = {}, {}, 0, None
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        ok = interpreter.is_mapped(node)
-        if ok != previous or not ok:  # each unmapped node runs alone
-            current += 1
-        partition[node], mapped[current], previous = current, ok, ok
-    split = split_module(gm, None, partition.__getitem__, keep_original_order=True)
-    for pid, ok in mapped.items():
-        name = f"submod_{pid}"
-        if ok and hasattr(split, name):
-            compiled = KilnFunction(getattr(split, name), settings, constants)
-            delattr(split, name)
-            setattr(split, name, compiled)
-    return split
-
-
 class KilnFunction:
-    """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use."""
+    """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
+
+    `graphs` maps each input signature seen to its `CompiledRun`; `constant_ids` holds the
+    ids of the parameters and buffers it was called with (how `kiln.save` finds a model's
+    graphs among the `live()` ones) and `frame` the Python frame dynamo compiled it from."""
+
+    _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset()):
         self.gm = gm
         self.settings = settings
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.constant = [n.name in constants for n in placeholders]
-        self.graphs: dict[tuple, _Compiled] = {}
+        # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
+        self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
+                        for n in placeholders]
+        self.graphs: dict[tuple, CompiledRun] = {}
+        self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
+        self.constant_ids: set[int] = set()
+        KilnFunction._live.add(self)
+
+    @classmethod
+    def live(cls) -> list[KilnFunction]:
+        """The KilnFunctions of this process that are still referenced."""
+        return list(cls._live)
 
     def __call__(self, *args):
         key = tuple(_signature(a, c) for a, c in zip(args, self.constant))
@@ -97,9 +117,11 @@ class KilnFunction:
             compiled = self.graphs[key] = self._compile(args)
         return compiled(args)
 
-    def _compile(self, args) -> _Compiled:
-        if self.settings.correctness_report:
-            print(correctness_report(self.gm, list(args)))
+    def _compile(self, args) -> CompiledRun:
+        logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
+                    ", ".join(_describe_arg(a) for a in args))
+        folder = dump_folder()
+        self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
         for k, (a, constant) in enumerate(zip(args, self.constant)):
             if isinstance(a, torch.Tensor):
@@ -113,21 +135,30 @@ class KilnFunction:
                 v = a
             values.append(v)
         interpreter = Interpreter(self.gm)
-        result = interpreter.run(values)
-        leaves = []
-        map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
-        writeback = list(interpreter.mutated_inputs)
-        graph = _optimize(trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs),
-                          self.settings)
+        traced_values = {}
+        with stage("interpret"):
+            result = interpreter.run(values, on_node=traced_values.__setitem__)
+            leaves = []
+            map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
+            writeback = list(interpreter.mutated_inputs)
+            traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
+        with stage("optimize", f"{len(traced.nodes)} operators"):
+            graph = _optimize(traced, self.settings, folder)
         examples = [args[p] for p in positions]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
         level = self.settings.search_space
-        return _Compiled(graph, positions, result, writeback,
-                         examples if self.settings.use_cuda_graph and on_cuda else None,
-                         BuildSettings(tune_level=level) if level else None)
+        with stage("build", f"{len(graph.nodes)} kernels"):
+            compiled = CompiledRun(graph, positions, result, writeback,
+                                   examples if self.settings.use_cuda_graph and on_cuda else None,
+                                   BuildSettings(tune_level=level) if level else None)
+        if folder is not None:
+            dump_compiled(folder, self.gm, graph)
+        if self.settings.correctness_report:
+            print(correctness_report(self.gm, list(args), traced_values, traced, graph))
+        return compiled
 
 
-class _Compiled:
+class CompiledRun:
     """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs), how to put
     its outputs back into the graph's output structure, and the inputs its last outputs are
     written back to (inputs the graph changes in place)."""
@@ -167,12 +198,21 @@ def _signature(arg, constant: bool):
         return repr(arg)
 
 
-def _optimize(graph: FlowGraph, settings: Settings) -> FlowGraph:
+def _describe_arg(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return f"{str(arg.dtype).replace('torch.', '')}{list(arg.shape)}"
+    return repr(arg)
+
+
+def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings."""
+    instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
     outer = PassContext.current()
     config = {**outer.config, "use_fp16": settings.use_fp16,
               "use_fp16_reduction": settings.use_fp16_reduction}
+    instruments = list(outer.instruments)
+    if folder is not None:
+        instruments.append(DumpGraph(str(folder / "passes")))
     with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
-                     outer.instruments):
+                     instruments):
         return optimize(graph)

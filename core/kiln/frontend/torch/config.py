@@ -1,5 +1,9 @@
 """`kiln.torch.dynamo_config`: the settings of the torch.compile backend.
 
+torch.compile's modes (`MODES`) set some of them: "max-autotune" builds kernels at tuning
+level 2 (the tuner times many candidates of each template), "reduce-overhead" replays CUDA
+graphs, "default" changes nothing.
+
 Each setter returns the config, so calls chain. Settings are read when a graph first runs
 (when its input shapes are known), not when torch.compile is called.
 """
@@ -76,10 +80,15 @@ class DynamoConfig:
         self.settings = Settings()
         return self
 
-    def resolve(self, options: dict | None = None) -> Settings:
-        """The settings for one compile: these, updated by torch.compile's mode or options."""
+    def resolve(self, options: dict | None = None, mode: str | None = None) -> Settings:
+        """The settings for one compile: these, updated by torch.compile's `mode` (given as
+        torch.compile's keyword or as options["mode"]) and `options`."""
         options = dict(options or {})
-        mode = options.pop("mode", None) or "default"
+        in_options = options.pop("mode", None)
+        if mode and in_options and mode != in_options:
+            raise ValueError(f"backend 'kiln' got two modes: {mode!r} and options['mode'] = "
+                             f"{in_options!r}")
+        mode = mode or in_options or "default"
         if mode not in MODES:
             raise ValueError(f"backend 'kiln' does not know mode {mode!r}; "
                              f"expected one of {', '.join(MODES)}")

@@ -9,11 +9,19 @@ Values between nodes are Kiln tensors or plain Python values (ints, tuples, dtyp
 methods and functions (`x.add_(y)`, `operator.iadd`, `inplace=True`, `x[i] = v`) compute a new
 tensor and rebind the mutated node and the nodes that alias it through in-place calls, so later
 nodes read the updated value; `mutated_inputs` tells the caller which inputs to write back.
-Views (`y = x[0]; y.add_(1)` changing x) are not tracked.
+Views (`y = x[0]; y.add_(1)` changing x) are not tracked: the backend hands graphs that change
+a tensor through a view to PyTorch (`kiln.frontend.torch.aliasing`).
+
+Calls with no effect on values (`NO_EFFECT_CALLS`: usage logging, grad mode) are skipped, and
+shape arithmetic (`SHAPE_FUNCTIONS`: torch.Size, sym_size and the sym_* helpers) runs in Python
+on the concrete sizes of the run, so a graph dynamo traced with SymInts runs, specialized, at
+each size. Each rule's result is checked against dynamo's metadata (`node.meta`): a tensor of
+another shape or dtype than PyTorch's is a `RuleResultError` naming the rule and its plugin.
 """
 from __future__ import annotations
 
 import builtins
+import inspect
 import math
 import operator
 from collections import Counter
@@ -32,8 +40,51 @@ _INPLACE_OPERATORS = {getattr(operator, n) for n in dir(operator) if n.startswit
                       n[1:] in dir(operator)}
 
 
+NO_EFFECT_CALLS = frozenset({
+    torch._C._log_api_usage_once,       # usage telemetry (torchvision, transformers)
+    torch._C._log_api_usage_metadata,
+    torch._C._set_grad_enabled,         # grad mode: Kiln computes no gradients either way
+})
+"""Calls that never change a value: the interpreter drops them and they are never unmapped."""
+
+SHAPE_FUNCTIONS = frozenset({
+    torch.Size, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not,
+    torch.sym_ite, torch.sym_sum, torch._sym_sqrt, torch._check, torch._check_is_size,
+})
+"""Shape arithmetic on Python ints and SymInts, run as Python at each concrete size."""
+
+_SIZE_QUERIES = {
+    torch.ops.aten.sym_size.int: lambda t, dim: t.shape[dim],
+    torch.ops.aten.sym_numel.default: lambda t: math.prod(t.shape),
+}
+
+
+FALLBACK_HINT = "; to run it in PyTorch: kiln.torch.dynamo_config.fallback_to_eager(True)"
+
+
 class MappingError(NotImplementedError):
     """Every rule for a node declined its arguments (or a rule failed on them)."""
+
+
+class Unrepresentable:
+    """A value Kiln cannot hold (a tensor of a dtype it does not support), standing in for it
+    where a graph is interpreted to find what Kiln can compile."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}: not representable in Kiln>"
+
+
+def _reads_unrepresentable(args, kwargs) -> bool:
+    found = []
+    map_aggregate((args, kwargs), lambda v: found.append(v) if isinstance(v, Unrepresentable) else v)
+    return bool(found)
+
+
+class RuleResultError(RuntimeError):
+    """A mapping rule returned a tensor whose shape or dtype differs from PyTorch's."""
 
 
 def _is_tensor(value) -> bool:
@@ -57,12 +108,30 @@ def _python_function(target) -> bool:
     return getattr(target, "__module__", None) in _PYTHON_MODULES or target in vars(builtins).values()
 
 
-def _mutates(node: Node) -> bool:
+def mutates(node: Node) -> bool:
+    """Whether the node changes its first argument in place (`add_`, `+=`, `inplace=True`,
+    `x[i] = v`)."""
     if node.op == "call_method":
         return node.target.endswith("_") and not node.target.endswith("__")
     return node.op == "call_function" and (node.target in _INPLACE_OPERATORS or
                                            node.target is operator.setitem or
                                            node.kwargs.get("inplace") is True)
+
+
+def _expected_meta(node: Node):
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _concrete(size, bindings: dict):
+    """An int for a dimension of dynamo's metadata (a SymInt resolved through `bindings`, the
+    run's sizes by symbol), or None where it cannot be resolved."""
+    if isinstance(size, int):
+        return size
+    try:
+        value = size.node.expr.xreplace(bindings)
+        return int(value) if value.is_number else None
+    except (AttributeError, TypeError):
+        return None
 
 
 def _describe(value) -> str:
@@ -99,6 +168,9 @@ class Interpreter:
         if node.op not in ("call_function", "call_method", "call_module"):
             return True
         kind, target = self.kind_and_target(node)
+        if kind == FUNCTION and (target in NO_EFFECT_CALLS or target in SHAPE_FUNCTIONS or
+                                 target in _SIZE_QUERIES):
+            return True
         if kind == METHOD:
             return any(self.registry.has(METHOD, t) for t in self._method_targets(target))
         if self.registry.has(kind, target):
@@ -117,14 +189,21 @@ class Interpreter:
         return [UnmappedOperator(name, kind, counts[(name, kind)], examples[(name, kind)])
                 for name, kind in sorted(counts)]
 
-    def run(self, inputs, on_node: Callable[[Node, object], None] | None = None):
-        """Interpret the graph on `inputs` (one per placeholder); return the output structure."""
+    def run(self, inputs, on_node: Callable[[Node, object], None] | None = None,
+            on_error: Callable[[Node, MappingError], object] | None = None):
+        """Interpret the graph on `inputs` (one per placeholder); return the output structure.
+
+        `on_node(node, value)` sees each node's value. Where a node cannot be translated (no
+        rule, every rule declines, or it reads an `Unrepresentable` value) `on_error(node,
+        error)` gives the value to go on with; without it the MappingError is raised."""
         env: dict[Node, object] = {}
         aliases: dict[Node, list[Node]] = {}  # nodes that are one tensor, mutated in place
         placeholders = iter(inputs)
+        self._bindings = {}
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 value = next(placeholders)
+                self._bind_sizes(_expected_meta(node), value)
             elif node.op == "get_attr":
                 value = self._attribute(node.target)
             elif node.op == "output":
@@ -134,8 +213,16 @@ class Interpreter:
             else:
                 args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
                 args, kwargs = map_aggregate((args, kwargs), _as_kiln)
-                value = self._call(node, args, kwargs)
-                if _mutates(node) and isinstance(node.args[0], Node):
+                try:
+                    if _reads_unrepresentable(args, kwargs):
+                        raise MappingError(f"{node.format_node()} reads a value Kiln cannot "
+                                           "represent (computed in PyTorch)")
+                    value = self._call(node, args, kwargs)
+                except MappingError as exc:
+                    if on_error is None:
+                        raise
+                    value = on_error(node, exc)
+                if mutates(node) and isinstance(node.args[0], Node):
                     same = aliases.setdefault(node.args[0], [node.args[0]])
                     for alias in same:
                         env[alias] = value
@@ -149,6 +236,20 @@ class Interpreter:
                 on_node(node, value)
         raise ValueError("the fx graph has no output node")
 
+    def _bind_sizes(self, meta, value) -> None:
+        """Record the run's size of each symbol of a placeholder's metadata (SymInt inputs,
+        symbolic dimensions of tensor inputs), to resolve later nodes' expected shapes."""
+        if isinstance(meta, torch.SymInt) and isinstance(value, int):
+            pairs = [(meta, value)]
+        elif isinstance(meta, torch.Tensor) and _is_tensor(value) and meta.dim() == len(value.shape):
+            pairs = list(zip(meta.shape, value.shape))
+        else:
+            return
+        for size, actual in pairs:
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is not None and expr.is_symbol:
+                self._bindings[expr] = actual
+
     def _attribute(self, path: str):
         value = self.gm
         for part in path.split("."):
@@ -159,11 +260,17 @@ class Interpreter:
         kind, target = self.kind_and_target(node)
         if kind == MODULE:
             return self._call_module(node, args, kwargs)
+        if kind == FUNCTION and target in NO_EFFECT_CALLS:
+            return None
+        if kind == FUNCTION and target in _SIZE_QUERIES:
+            return _SIZE_QUERIES[target](*args, **kwargs)
+        if kind == FUNCTION and target in SHAPE_FUNCTIONS:
+            return target(*args, **kwargs)
         targets = self._method_targets(target) if kind == METHOD else [target]
         for t in targets:
             rule = self.registry.resolve(kind, t, args, kwargs)
             if rule is not None:
-                return self._apply(node, rule.handler, args, kwargs)
+                return self._apply(node, rule, rule.handler, args, kwargs)
         if not _has_tensor(args, kwargs):
             if kind == METHOD:
                 return getattr(args[0], target)(*args[1:], **kwargs)
@@ -172,32 +279,77 @@ class Interpreter:
         raise self._declined(node, kind, target, args, kwargs)
 
     def _call_module(self, node: Node, args, kwargs):
-        wrapper = self._wrappers.get(node.target)
-        if wrapper is None:
+        found = self._wrappers.get(node.target)
+        if found is None:
             module = self.gm.get_submodule(node.target)
             rule = next((r for r in self.registry.candidates(MODULE, type(module))
                          if r.accepts((module, *args), kwargs)), None)
             if rule is None:
                 raise self._declined(node, MODULE, type(module), args, kwargs)
-            wrapper = self._wrappers[node.target] = rule.handler(module)
-        return self._apply(node, wrapper, args, kwargs)
+            found = self._wrappers[node.target] = (rule, rule.handler(module))
+        return self._apply(node, found[0], found[1], args, kwargs)
 
-    def _apply(self, node: Node, handler, args, kwargs):
+    def _apply(self, node: Node, rule, handler, args, kwargs):
         try:
-            return handler(*args, **kwargs)
+            value = handler(*args, **kwargs)
         except NotImplementedError:
             raise
         except Exception as exc:
             raise MappingError(f"the Kiln rule for {node.format_node()} failed on "
                                f"{_describe(args)} {_describe(kwargs) if kwargs else ''}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                               f"{type(exc).__name__}: {exc}{FALLBACK_HINT}") from exc
+        self._check_result(node, rule, value)
+        return value
+
+    def _check_result(self, node: Node, rule, value) -> None:
+        """Raise RuleResultError where the rule's tensors differ in shape or dtype from what
+        dynamo recorded for the node (nodes without metadata are not checked)."""
+        expected = _expected_meta(node)
+        if expected is None or mutates(node):
+            return
+        got, want = [], []
+        map_aggregate(value, got.append)
+        map_aggregate(expected, want.append)
+        for actual, meta in zip(got, want):
+            if not (isinstance(actual, Tensor) and isinstance(meta, torch.Tensor)):
+                continue
+            shape = tuple(_concrete(d, self._bindings) for d in meta.shape)
+            same_shape = len(shape) == len(actual.shape) and all(
+                e is None or e == a for e, a in zip(shape, actual.shape))
+            if not same_shape or actual.dtype.torch_dtype != meta.dtype:
+                source = (f"plugin '{rule.plugin}'" if rule.plugin else
+                          f"declared in {getattr(rule.handler, '__module__', '?')}")
+                torch_sig = (f"{str(meta.dtype).replace('torch.', '')}"
+                             f"{['?' if d is None else d for d in shape]}")
+                raise RuleResultError(
+                    f"the Kiln rule {getattr(rule.handler, '__qualname__', rule.handler)} for "
+                    f"{rule.name} ({source}) returned {actual.signature()} for "
+                    f"{node.format_node()}, where PyTorch gives {torch_sig}")
 
     def _declined(self, node: Node, kind: str, target, args, kwargs) -> MappingError:
         name = target_name(kind, target)
         if not self.registry.has(kind, target):
             return MappingError(f"no Kiln rule maps {name} ({node.format_node()})")
-        return MappingError(f"every Kiln rule for {name} declined the arguments "
-                            f"{_describe(args)} {_describe(kwargs) if kwargs else ''}")
+        hint = FALLBACK_HINT
+        if self._in_training_mode(node, kind, target, args, kwargs):
+            hint = ("; training mode (training=True: batch statistics, random dropout) is not "
+                    "supported by Kiln: call model.eval(), or run such operators in PyTorch with "
+                    "kiln.torch.dynamo_config.fallback_to_eager(True)")
+        arguments = f"{_describe(args)} {_describe(kwargs) if kwargs else ''}".rstrip()
+        return MappingError(f"every Kiln rule for {name} declined the arguments {arguments}{hint}")
+
+    def _in_training_mode(self, node: Node, kind: str, target, args, kwargs) -> bool:
+        """Whether the call asks for training-mode behaviour (`training=True`, or a module
+        in train mode)."""
+        if kind == MODULE:
+            return bool(getattr(self.gm.get_submodule(node.target), "training", False))
+        if kind != FUNCTION:
+            return False
+        try:
+            bound = inspect.signature(target).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return kwargs.get("training") is True
+        return bound.arguments.get("training") is True
 
 
 def _as_kiln(value):

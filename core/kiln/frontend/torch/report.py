@@ -1,19 +1,23 @@
 """Tables the backend prints: the input graph, and the correctness report against PyTorch.
 
-The error of a node is the largest, over its elements, harmonic mean of the absolute error
+The error of a value is the largest, over its elements, harmonic mean of the absolute error
 |a - e| and the relative error |a - e| / |e| of Kiln's value a against PyTorch's e, which is
 2 |a - e| / (1 + |e|). Both sides run the whole graph on the same inputs, so errors build up
-along the graph as they would in the compiled model.
+along the graph as they would in the compiled model. The report checks the fx nodes (the
+mapping rules) and each kernel of the optimized graph (what the graph passes made of them).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch.fx import GraphModule, Interpreter as TorchInterpreter, Node
 from torch.fx.node import map_aggregate
 
 from kiln.frontend.torch.errors import target_name
-from kiln.frontend.torch.interpreter import Interpreter
-from kiln.tensor import Tensor, from_torch
+from kiln.graph import FlowGraph
+from kiln.runtime.compiled_graph import Step
+from kiln.tensor import Tensor
 
 ATTENTION = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
 DEFAULT_ATTENTION = 1e-5
@@ -68,8 +72,29 @@ def _dtype_of(value) -> str:
     return ""
 
 
-def correctness_report(gm: GraphModule, inputs: list) -> str:
-    """Run the graph in Kiln (operator by operator) and in PyTorch on `inputs`; tabulate errors."""
+def run_steps(graph: FlowGraph, inputs: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Run `graph`'s CompiledGraph on `inputs`, kernel by kernel; return the value of every
+    tensor of the graph (inputs, constants and each node's outputs) by the tensor's id."""
+    compiled = graph.compile()
+    values = {id(t): v for t, v in zip(graph.inputs, inputs)}
+    values.update({id(t): t.torch() for t in graph.constants})
+    captured: list[list[torch.Tensor]] = []
+
+    def watch(kernel):
+        def call(ins, outs):
+            kernel(ins, outs)
+            captured.append([o.clone() for o in outs])
+        return call
+
+    stepwise = copy.copy(compiled)
+    stepwise.steps = [Step(watch(s.kernel), s.inputs, s.outputs) for s in compiled.steps]
+    stepwise.run(inputs)
+    for node, outs in zip(graph.nodes, captured):
+        values.update({id(t): v for t, v in zip(node.outputs, outs)})
+    return values
+
+
+def _pytorch_values(gm: GraphModule, inputs: list) -> dict[Node, object]:
     expected: dict[Node, object] = {}
 
     class Recorder(TorchInterpreter):
@@ -79,25 +104,86 @@ def correctness_report(gm: GraphModule, inputs: list) -> str:
 
     with torch.no_grad():
         Recorder(gm).run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
-    rows = []
+    return expected
 
-    def record(node: Node, value) -> None:
+
+def _limit(value) -> float:
+    return ATTENTION.get(value.dtype, DEFAULT_ATTENTION) if isinstance(value, torch.Tensor) \
+        else DEFAULT_ATTENTION
+
+
+def _flag(error, limit) -> str:
+    return "<------" if error is not None and error > limit else ""
+
+
+def correctness_report(gm: GraphModule, inputs: list, traced_values: dict[Node, object],
+                       traced: FlowGraph, optimized: FlowGraph) -> str:
+    """Two tables of errors against PyTorch on the same `inputs` (the graph's arguments):
+
+    - each fx node: Kiln's value, from the traced (unoptimized) graph run kernel by kernel;
+    - each kernel of the optimized graph, which is what runs: its outputs against the closest
+      reference of the same shape, a PyTorch value of an fx node or a value of the traced
+      graph (a rule may make several Kiln operators of one fx node). A kernel that matches
+      none is off; the first flagged kernel is where the error starts.
+
+    `traced_values` maps each fx node to its (symbolic) value in `traced`; `optimized` is
+    `traced` after the graph passes."""
+    expected = _pytorch_values(gm, inputs)
+    placeholders = [v for n, v in traced_values.items() if n.op == "placeholder"]
+    positions = {id(v): k for k, v in enumerate(placeholders)}
+    run_inputs = [inputs[positions[id(t)]] for t in traced.inputs]
+    kiln_values = run_steps(traced, run_inputs)
+    rows = []
+    for node, value in traced_values.items():
         if node.op == "output":
-            return
+            continue
         exp = expected.get(node)
         leaves_a, leaves_e = [], []
-        map_aggregate(value, leaves_a.append)
+        map_aggregate(value, lambda v: leaves_a.append(_concrete(v, kiln_values)))
         map_aggregate(exp, leaves_e.append)
         errors = [node_error(a, e) for a, e in zip(leaves_a, leaves_e)]
         errors = [x for x in errors if x is not None]
         error = max(errors) if errors else None
         dtype = next((d for d in map(_dtype_of, leaves_e) if d), "")
-        limit = next((ATTENTION.get(e.dtype, DEFAULT_ATTENTION) for e in leaves_e
-                      if isinstance(e, torch.Tensor)), DEFAULT_ATTENTION)
+        limit = next((_limit(e) for e in leaves_e if isinstance(e, torch.Tensor)), DEFAULT_ATTENTION)
         rows.append((len(rows), node.op, _operator_text(gm, node), dtype,
-                     "" if error is None else f"{error:.1e}",
-                     "<------" if error is not None and error > limit else ""))
+                     "" if error is None else f"{error:.1e}", _flag(error, limit)))
+    nodes_table = format_table(("", "kind", "operator", "dtype", "error", "attention"), rows)
+    return (f"fx nodes (Kiln's operators before the graph passes):\n{nodes_table}\n\n"
+            f"kernels that run (the optimized graph):\n"
+            f"{_kernel_table(traced, traced_values, expected, kiln_values, optimized, run_inputs)}")
 
-    concrete = [from_torch(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-    Interpreter(gm).run(concrete, on_node=record)
-    return format_table(("", "kind", "operator", "dtype", "error", "attention"), rows)
+
+def _concrete(value, values: dict[int, torch.Tensor]):
+    if isinstance(value, Tensor):
+        return value.torch() if not value.is_symbolic else values.get(id(value))
+    return value
+
+
+def _kernel_table(traced, traced_values, expected, kiln_values, optimized, run_inputs) -> str:
+    references: list[tuple[str, torch.Tensor]] = []
+    for node, value in traced_values.items():
+        leaves = []
+        map_aggregate(expected.get(node), leaves.append)
+        references += [(node.name, e) for e in leaves if isinstance(e, torch.Tensor)]
+    references += [(f"kiln {op.name}", kiln_values[id(t)]) for op in traced.nodes
+                   for t in op.outputs]
+    actual = run_steps(optimized, run_inputs)
+    rows = []
+    for node in optimized.nodes:
+        fused = getattr(node, "fused_graph", None)
+        members = "+".join(m.name for m in fused.nodes) if fused is not None else ""
+        made_by = [m.trace[0].name for m in fused.outputs] if fused is not None else \
+            [node.name] * len(node.outputs)
+        for t, maker in zip(node.outputs, made_by):
+            value = actual[id(t)]
+            same = [(name, ref) for name, ref in references if tuple(ref.shape) == tuple(value.shape)]
+            # a kernel is compared with the values of its own operator where there are some
+            same = [r for r in same if r[0] == f"kiln {maker}"] or same
+            scored = [(node_error(value, ref), name) for name, ref in same]
+            error, closest = min(scored, key=lambda s: s[0], default=(None, "(no value of this shape)"))
+            rows.append((len(rows), node.name, members, f"{t.dtype}[{','.join(map(str, t.shape))}]",
+                         "" if error is None else f"{error:.1e}", closest,
+                         "<------" if error is None or error > _limit(value) else ""))
+    return format_table(("", "kernel", "fused operators", "output", "error", "closest reference",
+                         "attention"), rows)

@@ -1,0 +1,96 @@
+"""What of a dynamo graph Kiln compiles, and splitting it between Kiln and PyTorch.
+
+`nodes_for_pytorch(gm, example_inputs)` interprets the graph symbolically on the example
+inputs' shapes (nothing is built) and names each node Kiln cannot translate, with why: no
+rule maps it, every rule declines its arguments (bicubic interpolation, training-mode dropout
+or batch_norm), or it reads or makes a tensor of a dtype Kiln does not support (complex64).
+Past such a node the interpretation goes on with a stand-in value made from dynamo's metadata.
+
+`split(gm, for_pytorch, compile_part)` cuts the graph into runs of nodes: each run Kiln can
+do is compiled by `compile_part(submodule)`, each other node runs alone in PyTorch.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.node import map_aggregate
+from torch.fx.passes.split_module import split_module
+
+from kiln.dtypes import data_type
+from kiln.frontend.torch.interpreter import Interpreter, MappingError, Unrepresentable
+from kiln.tensor import from_torch, symbol
+
+
+def _hint(value):
+    """A concrete int for a SymInt of dynamo's metadata or example inputs (its size hint)."""
+    if isinstance(value, torch.SymInt):
+        hint = getattr(value.node, "hint", None)
+        return int(hint) if hint is not None else Unrepresentable("a size without a hint")
+    return value
+
+
+def _supported(dtype: torch.dtype) -> bool:
+    try:
+        data_type(dtype)
+        return True
+    except TypeError:
+        return False
+
+
+def stand_in(example):
+    """A Kiln value like dynamo's example value `example`: a symbolic tensor of its shape and
+    dtype, or `Unrepresentable` where Kiln has no such dtype (or no example is known)."""
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            if not _supported(v.dtype):
+                return Unrepresentable(f"a {str(v.dtype).replace('torch.', '')} tensor")
+            shape = [_hint(d) for d in v.shape]
+            if any(isinstance(d, Unrepresentable) for d in shape):
+                return Unrepresentable("a tensor of unknown size")
+            return symbol(shape, v.dtype, v.device)
+        return _hint(v)
+    if example is None:
+        return Unrepresentable("a value dynamo recorded no example of")
+    return map_aggregate(example, one)
+
+
+def nodes_for_pytorch(gm: GraphModule, example_inputs, constants: set[str] = frozenset()
+                      ) -> dict[Node, str]:
+    """Each node of `gm` Kiln cannot compile on inputs like `example_inputs`, with the reason."""
+    found: dict[Node, str] = {}
+
+    def declined(node: Node, error: MappingError):
+        found[node] = str(error)
+        return stand_in(node.meta.get("example_value", node.meta.get("val")))
+
+    inputs = []
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
+        if isinstance(value, torch.Tensor) and node.name in constants and _supported(value.dtype):
+            inputs.append(from_torch(value))
+        else:
+            inputs.append(stand_in(value))
+    Interpreter(gm).run(inputs, on_error=declined)
+    return found
+
+
+def split(gm: GraphModule, for_pytorch: set[Node], compile_part: Callable) -> GraphModule:
+    """`gm` cut into runs of nodes Kiln compiles (`compile_part(submodule)` each) and single
+    nodes of `for_pytorch` left to PyTorch."""
+    partition, compiled, current, previous = {}, {}, 0, None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        ok = node not in for_pytorch
+        if ok != previous or not ok:  # each node for PyTorch runs alone
+            current += 1
+        partition[node], compiled[current], previous = current, ok, ok
+    parts = split_module(gm, None, partition.__getitem__, keep_original_order=True)
+    for pid, ok in compiled.items():
+        name = f"submod_{pid}"
+        if ok and hasattr(parts, name):
+            part = compile_part(getattr(parts, name))
+            delattr(parts, name)
+            setattr(parts, name, part)
+    return parts

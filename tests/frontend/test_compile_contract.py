@@ -1,0 +1,215 @@
+"""What torch.compile users rely on, through torch.compile itself: modes, calls with no effect
+on values, shape arithmetic at new sizes, rule results checked against dynamo's metadata,
+clear errors for training mode, and in-place changes through views never giving wrong values."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from torch import nn
+
+import kiln
+from kiln.frontend.torch import Interpreter, MappingError, register_function
+from kiln.frontend.torch.interpreter import NO_EFFECT_CALLS, RuleResultError
+from kiln.graph import FlowGraph
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    yield
+    kiln.torch.dynamo_config.reset()
+    torch._dynamo.reset()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).eval()
+
+
+@pytest.mark.parametrize("how", ["keyword", "options"])
+def test_max_autotune_builds_kernels_at_tuning_level_2(how, monkeypatch):
+    levels, compile_ = [], FlowGraph.compile
+
+    def spy(self, settings=None):
+        if self._compiled is None:          # the build, not a later run
+            levels.append(settings.tune_level if settings else 0)
+        return compile_(self, settings)
+
+    monkeypatch.setattr(FlowGraph, "compile", spy)
+    model, x = _mlp(), torch.randn(3, 5)
+    kwargs = {"mode": "max-autotune"} if how == "keyword" else {"options": {"mode": "max-autotune"}}
+    with torch.no_grad():
+        out = torch.compile(model, backend="kiln", **kwargs)(x)
+    torch.testing.assert_close(out, model(x))
+    assert levels and set(levels) == {2}
+
+
+def test_default_mode_builds_at_level_0(monkeypatch):
+    levels, compile_ = [], FlowGraph.compile
+    monkeypatch.setattr(FlowGraph, "compile",
+                        lambda self, settings=None: (self._compiled is None and levels.append(
+                            settings.tune_level if settings else 0)) or compile_(self, settings))
+    with torch.no_grad():
+        torch.compile(_mlp(), backend="kiln")(torch.randn(3, 5))
+    assert levels and set(levels) == {0}
+
+
+def test_an_unknown_mode_is_an_error_naming_the_valid_ones():
+    with pytest.raises(Exception, match="does not know mode 'max-autotun'.*max-autotune"):
+        torch.compile(_mlp(), backend="kiln", mode="max-autotun")(torch.randn(3, 5))
+
+
+def test_the_usage_logging_call_compiles_and_is_never_unmapped():
+    assert torch._C._log_api_usage_once in NO_EFFECT_CALLS
+
+    def fn(x):
+        torch._C._log_api_usage_once("kiln.test")
+        return x.relu() * 2
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return kiln.torch.kiln_backend(gm, inputs)
+
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(torch.compile(fn, backend=backend, fullgraph=True)(x), fn(x))
+    targets = [n.target for n in graphs[0].graph.nodes]
+    assert torch._C._log_api_usage_once in targets       # dynamo kept it: Kiln dropped it
+    assert Interpreter(graphs[0]).unmapped() == []
+    assert kiln.torch.unmapped_operators(fn, x) == []
+
+
+def test_tiny_gpt2_runs_at_new_sequence_lengths():
+    """After a second length dynamo re-traces with SymInts, torch.Size and shape arithmetic;
+    Kiln runs each length (one FlowGraph per size)."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return kiln.torch.kiln_backend(gm, inputs)
+
+    compiled = torch.compile(model, backend=backend)
+    for length in (5, 8, 11):
+        ids = torch.randint(0, 64, (2, length))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids, use_cache=False).logits,
+                                       model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    assert len(graphs) == 2                      # the static graph, then one with SymInts
+    dynamic = graphs[-1]
+    assert any(isinstance(n.meta.get("example_value"), torch.SymInt) for n in dynamic.graph.nodes)
+    assert Interpreter(dynamic).unmapped() == []
+
+
+def test_shape_arithmetic_with_dynamic_true():
+    def fn(x):
+        b, t, c = x.size()
+        return x.reshape(torch.Size([b * t, c])).sum(0) + torch.sym_max(t, 2)
+
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    for shape in ((2, 3, 4), (3, 5, 4)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_a_rule_returning_the_wrong_shape_or_dtype_is_named():
+    def transposed(x):
+        return kiln.ops.permute(kiln.ops.silu(x), (1, 0))
+
+    def widened(x):
+        return kiln.ops.cast(kiln.ops.silu(x), "float64")
+
+    registry = kiln.torch.mapping_registry()
+    for rule, expected in ((transposed, r"float32\[3, 4\].*PyTorch gives float32\[4, 3\]"),
+                           (widened, r"float64\[4, 3\].*PyTorch gives float32\[4, 3\]")):
+        register_function(F.silu, priority=1000)(rule)
+        try:
+            torch._dynamo.reset()
+            with pytest.raises(RuleResultError, match=rf"rule .*{rule.__name__} for "
+                                                      rf"torch.nn.functional.silu \(declared in "
+                                                      rf"{__name__}\) returned {expected}"):
+                torch.compile(F.silu, backend="kiln")(torch.randn(4, 3))
+        finally:
+            registry.remove(F.silu, handler=rule)
+
+
+def test_batch_norm_in_training_mode_says_so():
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)).train()
+    with pytest.raises(MappingError, match="batch_norm.*training mode .* is not supported"):
+        torch.compile(model, backend="kiln")(torch.randn(2, 2, 5, 5))
+
+
+def test_training_mode_runs_in_pytorch_with_fallback():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()).train()
+    reference = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()).train()
+    reference.load_state_dict(model.state_dict())
+    kiln.torch.dynamo_config.fallback_to_eager(True)
+    x = torch.randn(2, 2, 6, 7)
+    with pytest.warns(UserWarning, match="batch_norm"):
+        out = torch.compile(model, backend="kiln")(x)
+    torch.testing.assert_close(out, reference(x))
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+
+
+def _write_through_select(x):
+    y = x[0]
+    y.add_(1)
+    return x * 1
+
+
+def _write_through_view(x):
+    x.view(-1).mul_(2)
+    return x + 0
+
+
+def _view_read_after_base_changed(x):
+    v = x.view(-1)
+    x.mul_(2)
+    return v + 0
+
+
+@pytest.mark.parametrize("fn", [_write_through_select, _write_through_view,
+                                _view_read_after_base_changed], ids=lambda f: f.__name__)
+def test_in_place_changes_through_views_are_never_wrong(fn):
+    x = torch.randn(3, 4)
+    eager_x = x.clone()
+    expected = fn(eager_x)
+    with pytest.warns(UserWarning, match="through views"):
+        actual = torch.compile(fn, backend="kiln")(x)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(x, eager_x)
+
+
+def test_in_place_changes_without_views_still_compile():
+    def fn(x, y):
+        h = x * 1
+        h.add_(y)
+        return torch.max(h, 1)[0].relu_() + h.view(-1).sum()
+
+    x, y = torch.randn(3, 4), torch.randn(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(torch.compile(fn, backend="kiln")(x, y), fn(x, y))
+
+
+def test_a_declined_node_is_named_with_the_way_to_run_it_in_pytorch():
+    def fn(x):
+        return F.interpolate(x, scale_factor=2, mode="bicubic") + 1
+
+    with pytest.raises(MappingError, match="(?s)interpolate.*bicubic.*fallback_to_eager"):
+        torch.compile(fn, backend="kiln")(torch.randn(1, 2, 4, 5))
+
+
+def test_view_mutations_are_found_in_symbolically_traced_graphs():
+    from kiln.frontend.torch.aliasing import view_mutations
+
+    gm = torch.fx.symbolic_trace(_write_through_select)
+    assert len(view_mutations(gm)) == 1
+    assert view_mutations(torch.fx.symbolic_trace(lambda x: x.add_(1).view(-1) * 2)) == []

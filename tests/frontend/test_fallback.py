@@ -1,0 +1,87 @@
+"""fallback_to_eager covers every node Kiln cannot compile: unmapped operators, operators whose
+rules all decline the arguments, and tensors of dtypes Kiln does not support."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+
+
+@pytest.fixture(autouse=True)
+def fallback():
+    torch._dynamo.reset()
+    kiln.torch.dynamo_config.fallback_to_eager(True)
+    yield
+    kiln.torch.dynamo_config.reset()
+    torch._dynamo.reset()
+
+
+class Upsample(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = F.interpolate(self.conv(x), scale_factor=2, mode="bicubic", align_corners=False)
+        return torch.relu(y) * 2 + 1
+
+
+def _compiled_backends(model):
+    kinds = []
+
+    def backend(gm, inputs):
+        compiled = kiln.torch.kiln_backend(gm, inputs)
+        kinds.append(type(compiled).__name__)
+        return compiled
+
+    return torch.compile(model, backend=backend), kinds
+
+
+def test_bicubic_interpolate_runs_in_pytorch_and_the_rest_in_kiln():
+    torch.manual_seed(0)
+    model, x = Upsample().eval(), torch.randn(2, 3, 5, 7)
+    compiled, kinds = _compiled_backends(model)
+    with pytest.warns(UserWarning, match="(?s)Kiln runs these nodes in PyTorch.*interpolate.*bicubic"):
+        with torch.no_grad():
+            out = compiled(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+    assert kinds == ["GraphModule"]         # split: Kiln parts around the PyTorch node
+
+
+def test_a_complex_intermediate_runs_in_pytorch():
+    def rotate(x, angle):
+        c = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2) * 2)
+        turned = c * torch.polar(torch.ones_like(angle), angle)
+        return torch.view_as_real(turned).flatten(-2).relu() + x
+
+    x, angle = torch.randn(3, 8), torch.randn(4)
+    compiled, _ = _compiled_backends(rotate)
+    with pytest.warns(UserWarning, match="(?s)view_as_complex.*polar.*view_as_real"):
+        out = compiled(x, angle)
+    torch.testing.assert_close(out, rotate(x, angle))
+
+
+def test_a_complex_cast_is_named_with_its_dtype():
+    def fn(x):
+        c = (x * 2).to(torch.complex64)
+        return (c * c).abs() + 1
+
+    x = torch.randn(2, 5)
+    compiled, _ = _compiled_backends(fn)
+    with pytest.warns(UserWarning, match="complex64"):
+        out = compiled(x)
+    torch.testing.assert_close(out, fn(x))
+
+
+def test_train_mode_dropout_runs_in_pytorch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5), nn.ReLU()).train()
+    x = torch.randn(4, 6)
+    compiled, _ = _compiled_backends(model)
+    with pytest.warns(UserWarning, match="dropout"):
+        torch.manual_seed(1)
+        out = compiled(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, model(x))
