@@ -52,11 +52,13 @@ def _graph_time(fn) -> float:
 
 
 def _case(name, op, args, reference, flops):
-    from kiln.schedule.cuda import load_program, select_program, cuda_templates
-    task = _task(op, args)
-    program = select_program(task, kiln.device("cuda"))
-    template = cuda_templates(task, 90)[0].name
-    runner = load_program(program, kiln.device("cuda"))
+    from kiln.runtime.backend import backend_for
+    from kiln.schedule import choose, schedules_for
+    from kiln.schedule.tuner import tune
+    task, device = _task(op, args), kiln.device("cuda")
+    template = schedules_for(task, "cuda", 90)[0].name
+    program = choose(task, "cuda", 90, lambda t: tune(task, t, device, 0))
+    runner = backend_for(device).load(program, device)
     out = torch.empty(task.outputs[0].shape, dtype=args[0].dtype, device="cuda")
     runner(list(args), [out])
     ref = reference(*[a.double() for a in args])
@@ -72,7 +74,7 @@ def _sweep(op, args, reference, flops) -> list[tuple[float, dict]]:
     """TFLOP/s of every gemm_sm90 knob setting (level-2 space and the cost model's first six),
     best first; settings that compute wrong results are reported and left out."""
     from kiln.runtime import cuda as rt
-    from kiln.schedule.cuda import load_program
+    from kiln.runtime.backend import backend_for
     from kiln_ops_builtin.templates import gemm_sm90
     task = _task(op, args)
     settings = []
@@ -86,7 +88,7 @@ def _sweep(op, args, reference, flops) -> list[tuple[float, dict]]:
     out = torch.empty(task.outputs[0].shape, dtype=args[0].dtype, device="cuda")
     found = []
     for knobs, program in zip(settings, programs):
-        runner = load_program(program, kiln.device("cuda"))
+        runner = backend_for(kiln.device("cuda")).load(program, kiln.device("cuda"))
         out.fill_(float("nan"))
         runner(list(args), [out])
         err = ((out.double() - ref).norm() / ref.norm()).item()

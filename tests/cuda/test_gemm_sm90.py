@@ -56,15 +56,15 @@ def _check(out, expected):
 
 @pytest.mark.parametrize("call,dtype,knobs", list(_programs()))
 def test_gemm_sm90_matches_float64(call, dtype, knobs):
-    from kiln.runtime.cuda import device_info
-    from kiln.schedule.cuda import load_program
+    from kiln.runtime.backend import backend_for
+    from kiln.runtime.cuda import arch_number, device_info
     from kiln_ops_builtin.templates import gemm_sm90
-    if int(device_info(0)["arch"][3:5]) < 90:
+    if arch_number(device_info(0)["arch"]) < 90:
         pytest.skip("gemm_sm90 needs sm_90")
     op, make, reference = CALLS[call]
     args = [t.cuda() for t in make(dtype)]
     task = _task(op, args)
-    runner = load_program(gemm_sm90.render(task, **knobs), kiln.device("cuda"))
+    runner = backend_for(kiln.device("cuda")).load(gemm_sm90.render(task, **knobs), kiln.device("cuda"))
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
     runner(args, [out])
     torch.cuda.synchronize()
@@ -74,8 +74,8 @@ def test_gemm_sm90_matches_float64(call, dtype, knobs):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transposed_a_fused_into_gemm(dtype):
     """A transpose feeding a matmul is read column-major through the tensor map (no copy)."""
-    from kiln.runtime.cuda import device_info
-    if int(device_info(0)["arch"][3:5]) < 90:
+    from kiln.runtime.cuda import arch_number, device_info
+    if arch_number(device_info(0)["arch"]) < 90:
         pytest.skip("gemm_sm90 needs sm_90")
     a, b = rand((776, 1000), dtype).cuda(), rand((776, 520), dtype).cuda()
     compiled = torch.compile(lambda x, y: torch.relu(x.t() @ y), backend="kiln")

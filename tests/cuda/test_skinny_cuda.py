@@ -96,9 +96,9 @@ def _every_template_suggestion():
 @pytest.mark.parametrize("shapes,dtype,template,knobs", list(_every_template_suggestion()))
 def test_every_template_split_k(shapes, dtype, template, knobs):
     """Each template's suggestions (matmul_tc too, which sm_90 would not pick) on the GPU."""
-    from kiln.runtime.cuda import device_info
+    from kiln.runtime.cuda import arch_number, device_info
     from kiln.runtime.backend import backend_for
-    if template.min_arch > int(device_info(0)["arch"][3:5]):
+    if template.min_arch > arch_number(device_info(0)["arch"]):
         pytest.skip(f"{template.name} needs sm_{template.min_arch}")
     a, b = (_rand(*s, dtype=dtype) for s in shapes)
     definition = registry().operator("matmul")

@@ -35,7 +35,7 @@ def _compile(task, knob_sets):
         for knobs in knob_sets(template):
             program = template.render(task, **knobs)
             jobs += [(program.source, f"{template.name}_{arch}", program.arch_for(arch))
-                     for arch in ARCHS if program.min_arch <= int(arch[3:5])]
+                     for arch in ARCHS if program.min_arch <= rt.arch_number(arch)]
     assert jobs
     rt.compile_many(jobs)
 

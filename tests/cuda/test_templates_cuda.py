@@ -38,9 +38,9 @@ def _programs():
 
 @pytest.mark.parametrize("call,dtype,template,knobs", list(_programs()))
 def test_template_matches_torch(call, dtype, template, knobs):
-    from kiln.runtime.cuda import device_info
+    from kiln.runtime.cuda import arch_number, device_info
     from kiln.runtime.backend import backend_for
-    if template.min_arch > int(device_info(0)["arch"][3:5]):
+    if template.min_arch > arch_number(device_info(0)["arch"]):
         pytest.skip(f"{template.name} needs sm_{template.min_arch}")
     op, make, reference = CALLS[call]
     args = [t.cuda() if isinstance(t, torch.Tensor) else t for t in make(dtype)]

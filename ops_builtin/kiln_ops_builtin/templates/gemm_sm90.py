@@ -28,12 +28,11 @@ dimensions per operand.
 from __future__ import annotations
 
 from kiln import dtypes
-from kiln.codegen.cuda import CUDA_PRELUDE
+from kiln.codegen.cuda import template_source
 from kiln.codegen.hooks import Contraction, Operand, match_contraction
-from kiln.runtime.cuda import TensorMapArg
+from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.schedule import Template
-from kiln.schedule.cuda_program import CudaProgram, Launch
-from kiln_ops_builtin.templates import grid_fit, split_k
+from kiln_ops_builtin.templates import split_k
 
 BK = 64
 MAX_SMEM = 227 * 1024
@@ -284,10 +283,10 @@ def _k(bn, cw, mi, stages, pp=0) -> dict:
     return {"BN": bn, "CW": cw, "MI": mi, "STAGES": stages, **({"PP": 1} if pp else {})}
 
 
-FIT_TILES = [grid_fit.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), grid_fit.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
-             grid_fit.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), grid_fit.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
-             grid_fit.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), grid_fit.Tile(_k(128, 2, 2, 6, 1), 256, 128, BK, 2048),
-             grid_fit.Tile(_k(256, 2, 1, 5, 1), 128, 256, BK, 2048), grid_fit.Tile(_k(128, 2, 1, 8, 1), 128, 128, BK, 2048)]
+FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
+             split_k.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), split_k.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
+             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 2, 2, 6, 1), 256, 128, BK, 2048),
+             split_k.Tile(_k(256, 2, 1, 5, 1), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 8, 1), 128, 128, BK, 2048)]
 """`suggest`'s tiles, at wgmma's 2048 float16 MACs per SM clock."""
 
 
@@ -306,7 +305,7 @@ PING_PONG = _k(128, 2, 1, 8, 1)
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Knob settings for this shape, best guess first, then `grid_fit`'s ranking of the
+    """Knob settings for this shape, best guess first, then `split_k.rank`'s ranking of the
     cooperative tiles and split-K. The first follows the level-2 sweeps on an H200
     (benchmarks/RESULTS.md), by how many tiles each size makes against the SM count: 128 x 256
     cooperative from three waves; ping-pong 128 x 128 from one wave (its epilogues hide under
@@ -314,7 +313,7 @@ def suggest(task, sm_count: int) -> list[dict]:
     0.7, 0.7 and 0.5 of a wave; smaller grids 64 x 64 split over K up to a wave (at least four
     k-tiles per split)."""
     c = match_contraction(task)
-    ranked = grid_fit.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
     k_tiles = -(-c.K // BK)
     if tiles(128, 256) >= 3 * sm_count:
@@ -355,10 +354,9 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
         "LOAD_A": "{ uint16_t* dst = as; " + load_a + " }", "LOAD_B": "{ uint16_t* dst = bs; " + load_b + " }",
         "UNIT_COORDS": UNIT_COORDS, "DESC_A(S, KK)": _desc(trans_a), "DESC_B(S, KK)": _desc(trans_b), **sk.defines,
     }
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     ab = "f16" if c.a.dtype == dtypes.float16 else "bf16"
-    source = (CUDA_PRELUDE + DEVICE + _tma_helpers() + c.epilogue + head + _wgmma_macro(BN, ab, trans_a, trans_b)
-              + KERNEL + sk.source)
+    source = template_source([_wgmma_macro(BN, ab, trans_a, trans_b), KERNEL, sk.source], defines, c.epilogue,
+                             ptx=[DEVICE, _tma_helpers()])
     units = -(-c.M // bm) * -(-c.N // BN) * c.batch_count * SPLIT
     launches = [Launch("kiln_matmul_sm90", args + sk.args + (map_a, map_b), (128 * (CW + 1), 1, 1),
                        items=units, per_block=1, waves=1, smem=smem_bytes(knobs))] + sk.launches
