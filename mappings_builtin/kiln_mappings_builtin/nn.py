@@ -161,14 +161,28 @@ def _circular_pad(input, pad):
 
 def _attention_supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                          scale=None, enable_gqa=False) -> bool:
-    """What the attention operator computes: no dropout, not both a mask and is_causal, one
-    rank for q, k and v, and key/value heads equal to the query heads, one head, or (with
-    enable_gqa) a divisor of them."""
-    if dropout_p or (is_causal and attn_mask is not None) or not query.ndim == key.ndim == value.ndim:
+    """What the attention operator computes: no dropout, not both a mask and is_causal,
+    key/value heads equal to the query heads, one head, or (with enable_gqa) a divisor of
+    them, keys and values of one batch shape, and a mask that does not widen the scores."""
+    if dropout_p or (is_causal and attn_mask is not None) or min(query.ndim, key.ndim) < 2:
         return False
-    if query.ndim >= 3 and key.shape[-3] not in (1, query.shape[-3]):
-        return enable_gqa and query.shape[-3] % key.shape[-3] == 0
-    return True
+    if tuple(key.shape[:-2]) != tuple(value.shape[:-2]) or key.shape[-2] != value.shape[-2]:
+        return False
+    heads_q, heads_kv = (query.shape[-3] if query.ndim >= 3 else 1), (key.shape[-3] if key.ndim >= 3 else 1)
+    if heads_kv not in (1, heads_q) and not (enable_gqa and heads_q % heads_kv == 0):
+        return False
+    try:
+        scores = torch.broadcast_shapes(tuple(query.shape[:-3]), tuple(key.shape[:-3]))
+        scores += (max(heads_q, heads_kv), query.shape[-2], key.shape[-2])
+        return attn_mask is None or torch.broadcast_shapes(tuple(attn_mask.shape), scores) == scores
+    except RuntimeError:
+        return False
+
+
+def _same_rank(*tensors):
+    """The tensors with leading dims of size 1 added up to the largest rank."""
+    rank = max(t.ndim for t in tensors)
+    return [ops.reshape(t, [1] * (rank - t.ndim) + list(t.shape)) if t.ndim < rank else t for t in tensors]
 
 
 @register_function(F.scaled_dot_product_attention, check=_attention_supported)
@@ -176,4 +190,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None, enable_gqa=False):
     """One attention operator: a bool mask keeps where True, a float mask is added, is_causal
     keeps the lower triangle; a query whose keys are all masked gets zeros, as in PyTorch."""
+    query, key, value = _same_rank(query, key, value)
     return ops.attention(query, key, value, mask=attn_mask, scale=scale, is_causal=is_causal)

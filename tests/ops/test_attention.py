@@ -145,3 +145,21 @@ def test_sdpa_maps_to_one_attention_operator_and_declines_what_it_cannot_do():
     assert not _attention_supported(q, k, v, enable_gqa=False)
     assert not _attention_supported(q, k[:, :1], v[:, :1], attn_mask=torch.ones(5, 6, dtype=torch.bool),
                                     is_causal=True)
+
+
+def test_sdpa_with_queries_of_lower_rank_broadcasts_as_torch():
+    """OpInfo's sample: q [4, 3, 8] against k, v [4, 4, 6, 8] (q's leading dim is the heads)."""
+    q, k, v = rand((4, 3, 8)), rand((4, 4, 6, 8)), rand((4, 4, 6, 8))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                             backend="kiln", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               **TOL[f32])
+
+
+def test_sdpa_declines_what_the_operator_cannot_compute():
+    q, k, v = _qkv(2, 4, 4, 5, 6, 8, 8, f32)
+    assert not _attention_supported(q[:1, :1], k, v)                          # one query head, four kv heads
+    assert not _attention_supported(q, k, v[:1])                              # k and v batches differ
+    assert not _attention_supported(q[:1], k[:1], v[:1], attn_mask=rand((2, 1, 5, 6)))  # mask widens
+    assert _attention_supported(q, k, v, attn_mask=rand((2, 1, 1, 6)))
