@@ -6,6 +6,8 @@ its inverse); k^T is any transpose or permute (k is that permute with the last t
 swapped back); softmax runs over the last dim. The mask is added, or selected by `where` (or
 masked_fill) with a fill of -inf (a bool keep-mask) or of at most -1e30 (added: float32
 scores absorb it exactly). The mask must not widen the scores nor change their dtype.
+One difference remains: a query whose keys are all masked by -inf gets zeros from the
+operator (as scaled_dot_product_attention returns) where the written-out softmax gives NaN.
 """
 from __future__ import annotations
 
