@@ -138,3 +138,14 @@ def test_sdpa_with_padding_mask_in_16_bit(dtype):
     capture, _ = compile_and_compare(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep),
                                      q, k, v, atol=2e-2, rtol=2e-2)
     assert _uses_attention(capture)
+
+
+def test_a_bool_mask_added_to_the_scores_is_added_not_a_keep_mask():
+    q, k, v = kiln.symbol([2, 3, 4]), kiln.symbol([2, 5, 4]), kiln.symbol([2, 5, 6])
+    keep = kiln.from_torch(torch.rand(2, 3, 5) > 0.5)
+    scores = ops.add(ops.mul(ops.matmul(q, ops.transpose(k, -2, -1)), 0.5), keep)
+    graph = kiln.trace_from(ops.matmul(ops.softmax(scores, -1), v), [q, k, v])
+    with kiln.PassContext(disabled_passes=["fuse_operators"]):
+        opt = kiln.graph.optimize(graph)
+    assert "Attention" not in names(opt)
+    run_both(graph, opt, torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6))

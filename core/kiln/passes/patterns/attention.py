@@ -106,7 +106,9 @@ def attention(m):
 @rewrite_pattern("masked_attention", _with_mask)
 def masked_attention(m):
     """softmax(q @ k^T * scale + mask) @ v: one attention operator."""
-    return _attention(m, _with_mask, m[_mask]) if _same_scores(m, m[_masked]) else None
+    if not m[_mask].dtype.is_float or not _same_scores(m, m[_masked]):   # a bool added counts 1
+        return None
+    return _attention(m, _with_mask, m[_mask])
 
 
 def _filled_attention(m, root):
