@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kiln import dtypes, ops
+from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
 from kiln_mappings_builtin.common import direct
@@ -159,33 +159,36 @@ def _circular_pad(input, pad):
     return input
 
 
-@register_function(F.scaled_dot_product_attention)
+def _attention_supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False) -> bool:
+    """What the attention operator computes: no dropout, not both a mask and is_causal,
+    key/value heads equal to the query heads, one head, or (with enable_gqa) a divisor of
+    them, keys and values of one batch shape, and a mask that does not widen the scores."""
+    if dropout_p or (is_causal and attn_mask is not None) or min(query.ndim, key.ndim) < 2:
+        return False
+    if tuple(key.shape[:-2]) != tuple(value.shape[:-2]) or key.shape[-2] != value.shape[-2]:
+        return False
+    heads_q, heads_kv = (query.shape[-3] if query.ndim >= 3 else 1), (key.shape[-3] if key.ndim >= 3 else 1)
+    if heads_kv not in (1, heads_q) and not (enable_gqa and heads_q % heads_kv == 0):
+        return False
+    try:
+        scores = torch.broadcast_shapes(tuple(query.shape[:-3]), tuple(key.shape[:-3]))
+        scores += (max(heads_q, heads_kv), query.shape[-2], key.shape[-2])
+        return attn_mask is None or torch.broadcast_shapes(tuple(attn_mask.shape), scores) == scores
+    except RuntimeError:
+        return False
+
+
+def _same_rank(*tensors):
+    """The tensors with leading dims of size 1 added up to the largest rank."""
+    rank = max(t.ndim for t in tensors)
+    return [ops.reshape(t, [1] * (rank - t.ndim) + list(t.shape)) if t.ndim < rank else t for t in tensors]
+
+
+@register_function(F.scaled_dot_product_attention, check=_attention_supported)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, composed from matmul, where and softmax; a bool mask
-    keeps where True, a float mask is added, is_causal keeps the lower triangle. A query whose
-    keys are all masked gets zeros, as in PyTorch (not NaN)."""
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        groups = query.shape[-3] // key.shape[-3]
-        key, value = (_repeat_heads(t, groups) for t in (key, value))
-    length, source = query.shape[-2], key.shape[-2]
-    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = ops.mul(ops.matmul(query, ops.transpose(key, -2, -1)), scale)
-    if is_causal:
-        causal = ops.tril(ops.full((length, source), True, dtype=dtypes.boolean, device=query.device))
-        scores = ops.where(causal, scores, float("-inf"))
-    if attn_mask is not None and attn_mask.dtype == dtypes.boolean:
-        scores = ops.where(attn_mask, scores, float("-inf"))
-    elif attn_mask is not None:
-        scores = ops.add(scores, attn_mask)
-    probs = ops.softmax(scores, -1)
-    if is_causal or attn_mask is not None:
-        masked_row = ops.all(ops.eq(scores, float("-inf")), -1, True)
-        probs = ops.where(masked_row, 0.0, probs)
-    return ops.matmul(probs, value)
-
-
-def _repeat_heads(t, groups: int):
-    shape = list(t.shape)
-    wide = ops.expand(ops.unsqueeze(t, -3), shape[:-2] + [groups] + shape[-2:])
-    return ops.reshape(wide, shape[:-3] + [shape[-3] * groups] + shape[-2:])
+    """One attention operator: a bool mask keeps where True, a float mask is added, is_causal
+    keeps the lower triangle; a query whose keys are all masked gets zeros, as in PyTorch."""
+    query, key, value = _same_rank(query, key, value)
+    return ops.attention(query, key, value, mask=attn_mask, scale=scale, is_causal=is_causal)

@@ -2,13 +2,18 @@
 provides one taking `(q, k, v, mask=..., scale=...)`.
 
 The scale is a Python number or a one-element constant tensor, applied by `mul` (or `div` by
-its inverse); k^T is a transpose or permute swapping the last two dims; softmax runs over the
-last dim.
+its inverse); k^T is any transpose or permute (k is that permute with the last two dims
+swapped back); softmax runs over the last dim. The mask is added, or selected by `where` (or
+masked_fill) with a fill of -inf (a bool keep-mask) or of at most -1e30 (added: float32
+scores absorb it exactly). The mask must not widen the scores nor change their dtype.
+One difference remains: a query whose keys are all masked by -inf gets zeros from the
+operator (as scaled_dot_product_attention returns) where the written-out softmax gives NaN.
 """
 from __future__ import annotations
 
 import inspect
 
+from kiln.graph import OperatorError
 from kiln.passes.edit import arguments_of
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
 from kiln.passes.patterns.provided import provided
@@ -16,10 +21,15 @@ from kiln.passes.patterns.shape_chains import PERMUTES, permutation
 from kiln.tensor import Tensor
 
 
-def _last_dims_swapped(node) -> bool:
-    order = permutation(node)
-    n = len(order)
-    return n >= 2 and order == list(range(n - 2)) + [n - 1, n - 2]
+def _key(m):
+    """k, where k^T is the matched transpose or permute of `_k` (a permute of `_k` itself when
+    the transpose was composed with an earlier permute, as of heads split from a linear)."""
+    order = permutation(m[_kt])
+    order[-2:] = order[-1], order[-2]
+    if order == sorted(order):
+        return m[_k]
+    permute = provided("permute")
+    return None if permute is None else permute(m[_k], order)
 
 
 def _last_dim_softmax(node) -> bool:
@@ -47,17 +57,31 @@ def _scale(node) -> float | None:
 
 
 _q, _k, _v, _mask = wildcard(), wildcard(), wildcard(), wildcard()
-_scores = op("matmul", _q, op(PERMUTES, _k, where=_last_dims_swapped))
+_kt = op(PERMUTES, _k, where=lambda n: n.inputs[0].ndim >= 2)
+_scores = op("matmul", _q, _kt)
 _scaled = op(("mul", "div"), _scores)
 _masked = op("add", _scaled, _mask, commutative=True, where=lambda n: n.attrs.get("alpha", 1) == 1)
+_filled = op("where", _mask, _scaled, where=lambda n: len(n.inputs) == 2)
 _plain = op("matmul", op("softmax", _scaled, where=_last_dim_softmax), _v)
 _with_mask = op("matmul", op("softmax", _masked, where=_last_dim_softmax), _v)
+_with_fill = op("matmul", op("softmax", _filled, where=_last_dim_softmax), _v)
+_recast = op("cast", _filled, where=lambda n: n.outputs[0].dtype == n.inputs[0].dtype)   # masked_fill's
+_with_recast_fill = op("matmul", op("softmax", _recast, where=_last_dim_softmax), _v)
+
+ABSORBED_FILL = -1e30
 
 
-def _attention(m, mask):
-    attention = provided("attention")
-    scale = _scale(m[_scaled])
-    if attention is None or scale is None:
+def _same_scores(m, node) -> bool:
+    """Whether masking by `node` keeps the scores' shape and dtype."""
+    scores, masked = m[_scaled].outputs[0], node.outputs[0]
+    return masked.shape == scores.shape and masked.dtype == scores.dtype
+
+
+def _attention(m, root, mask):
+    """The attention operator replacing `root`, or None where none is provided or it does
+    not compute exactly what `root` does (its shapes, dtypes or signature differ)."""
+    attention, scale, key = provided("attention"), _scale(m[_scaled]), _key(m)
+    if attention is None or scale is None or key is None:
         return None
     params = inspect.signature(attention.definition).parameters
     kwargs = {"scale": scale}
@@ -65,19 +89,58 @@ def _attention(m, mask):
         kwargs["mask"] = mask
     if not set(kwargs) <= set(params):
         return None
-    return attention(m[_q], m[_k], m[_v], **kwargs)
+    try:
+        out = attention(m[_q], key, m[_v], **kwargs)
+    except OperatorError:
+        return None
+    want = m[root].outputs[0]
+    return out if out.shape == want.shape and out.dtype == want.dtype else None
 
 
 @rewrite_pattern("attention", _plain)
 def attention(m):
     """softmax(q @ k^T * scale) @ v: one attention operator."""
-    return _attention(m, None)
+    return _attention(m, _plain, None)
 
 
 @rewrite_pattern("masked_attention", _with_mask)
 def masked_attention(m):
     """softmax(q @ k^T * scale + mask) @ v: one attention operator."""
-    return _attention(m, m[_mask])
+    if not m[_mask].dtype.is_float or not _same_scores(m, m[_masked]):   # a bool added counts 1
+        return None
+    return _attention(m, _with_mask, m[_mask])
 
 
-ATTENTION_PATTERNS = (masked_attention, attention)
+def _filled_attention(m, root):
+    """softmax(where(keep, q @ k^T * scale, fill)) @ v (or masked_fill(scores, ~keep, fill)):
+    one attention operator with a bool keep-mask (fill -inf) or an additive one."""
+    node = m[_filled]
+    args = arguments_of(node)
+    keeps = args["input"] is m[_scaled].outputs[0]
+    fill = args["other"] if keeps else args["input"]
+    where, logical_not = provided("where"), provided("logical_not")
+    if not _same_scores(m, node) or not isinstance(fill, (int, float)) or where is None:
+        return None
+    if fill == float("-inf"):
+        if keeps:
+            return _attention(m, root, m[_mask])
+        return None if logical_not is None else _attention(m, root, logical_not(m[_mask]))
+    if fill > ABSORBED_FILL:
+        return None
+    additive = where(m[_mask], 0.0, fill) if keeps else where(m[_mask], fill, 0.0)
+    return _attention(m, root, additive)
+
+
+@rewrite_pattern("filled_attention", _with_fill)
+def filled_attention(m):
+    """softmax(where(keep, q @ k^T * scale, fill)) @ v: one attention operator."""
+    return _filled_attention(m, _with_fill)
+
+
+@rewrite_pattern("recast_filled_attention", _with_recast_fill)
+def recast_filled_attention(m):
+    """softmax(masked_fill(q @ k^T * scale, ~keep, fill)) @ v: one attention operator."""
+    return _filled_attention(m, _with_recast_fill)
+
+
+ATTENTION_PATTERNS = (masked_attention, filled_attention, recast_filled_attention, attention)
