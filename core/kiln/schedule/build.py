@@ -37,6 +37,20 @@ def _cpu_launch(kernel, inputs, outputs):
     kernel(*[t.data_ptr() for t in inputs], *[t.data_ptr() for t in outputs])
 
 
+def _cpu_source(task: Task) -> tuple[str, int]:
+    """(C source, pointer count) of `task`: the highest-priority CPU template that applies
+    renders it (its level-0 knobs), else the auto-scheduler."""
+    from kiln.plugins.registry import registry
+    from kiln.schedule.cpu_auto import schedule_cpu
+    from kiln.schedule.template import Template
+    found = [t for t in registry().items("schedules")
+             if isinstance(t, Template) and t.target == "cpu" and task.name in t.operators and t.applies(task)]
+    if not found:
+        return schedule_cpu(task)
+    template = max(found, key=lambda t: t.priority)
+    return template.render(task, **template.space(0)[0]), len(task.inputs) + len(task.outputs)
+
+
 def build_task(task: Task, device: Device) -> CompiledTask:
     """The kernel computing `task` on `device` (built once per source and device)."""
     if device.kind == "cpu":
@@ -44,8 +58,7 @@ def build_task(task: Task, device: Device) -> CompiledTask:
             from kiln.schedule.cuda import check_nvrtc
             check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
         from kiln.runtime.cpu import CpuKernel
-        from kiln.schedule.cpu_auto import schedule_cpu
-        source, nargs = schedule_cpu(task)
+        source, nargs = _cpu_source(task)
         key = ("cpu", content_key(source))
         with _lock:
             found = _built.get(key)

@@ -1,0 +1,160 @@
+"""The C hooks of the CPU GEMM templates, rendered from a task's compute definition.
+
+A task whose single output is `epilogue(sum_k fa * fb)` (matmul, batched matmul, linear,
+convolution; bias, activation, residual and casts fused around the sum) is seen as a batch of
+GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
+
+- n enumerates the output's innermost axes that only the factor `fb` uses (so consecutive n
+  are consecutive output elements), m the axes only `fa` uses, b every other output axis;
+  k enumerates the reduction axes;
+- `kiln_a(PARAMS, b, m, k)` and `kiln_b(PARAMS, b, k, n)` return the factors' values in float
+  (loads with any strides, 16-bit conversions, convolution padding), for the template's packing;
+- `kiln_epilogue_row(PARAMS, b, m, n0, count, acc)` computes and stores output elements
+  (b, m, n0 .. n0 + count - 1) from the float accumulators `acc[0 .. count - 1]`.
+
+The template owns tiling, packing and threads; these hooks own every index and dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.c import CDialect
+from kiln.codegen.cuda import top_reduces
+from kiln.codegen.emitter import Emitter, row_major_strides
+from kiln.ir import Cast, Const, Expr, Reduce, Select, Task, Var, cast, inline_task, select, simplify, substitute
+from kiln.ir.expr import walk
+
+FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+
+@dataclass
+class CpuGemm:
+    """A task seen as `batch` GEMMs of M x N x K through the C hooks in `hooks`."""
+
+    batch: int
+    M: int
+    N: int
+    K: int
+    params: str          # the kernel's parameter list: inputs in order, then out0
+    args: str            # the same names, to pass them on
+    hooks: str           # C source of kiln_a, kiln_b and kiln_epilogue_row
+
+
+def _strip_cast(e: Expr) -> Expr:
+    return e.a if isinstance(e, Cast) else e
+
+
+def _vars(e: Expr) -> set[int]:
+    return {id(x) for x in walk(e) if isinstance(x, Var)}
+
+
+def _factors(body: Expr, out_axes: set[int]):
+    """(fa, fb) with body == fa * fb; a zero-padding guard `select(c, x * y, 0)` moves onto the
+    factor whose variables cover the condition's output axes. None when body is neither."""
+    body = _strip_cast(body)
+    if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
+        inner = _strip_cast(body.a)
+        if getattr(inner, "op", None) != "mul":
+            return None
+        cond = _vars(body.cond) & out_axes
+        x, y = inner.a, inner.b
+        if cond <= _vars(x):
+            return select(body.cond, x, 0), y
+        if cond <= _vars(y):
+            return x, select(body.cond, y, 0)
+        return None
+    return (body.a, body.b) if getattr(body, "op", None) == "mul" else None
+
+
+def _unravel(var: Var, axes, extents) -> dict:
+    index, inner = {}, 1
+    for axis, size in reversed(list(zip(axes, extents))):
+        index[id(axis)] = simplify((var // inner) % size) if size != 1 else Const(0, dtypes.int64)
+        inner *= size
+    return index
+
+
+def _prod(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _reads(e: Expr, dtype_ok) -> bool:
+    from kiln.ir import Load
+    return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
+
+
+def match_cpu_gemm(task: Task) -> CpuGemm | None:
+    """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
+    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it)."""
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    if not out.shape or not all(isinstance(s, int) for s in out.shape):
+        return None
+    reduces = top_reduces(out.value)
+    if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
+        return None
+    r = reduces[0]
+    if any(not isinstance(a.extent, int) for a in r.axes) or any(
+            isinstance(x, Reduce) for x in walk(r.body) if x is not r):
+        return None
+    axes = list(out.axes)
+    factors = _factors(r.body, {id(a) for a in axes})
+    if factors is None or not _reads(r.body, lambda t: t in FACTOR_DTYPES):
+        return None
+    fa, fb = factors
+    last = id(axes[-1])
+    if last in _vars(fa) and last not in _vars(fb):
+        fa, fb = fb, fa
+    uses_a, uses_b = _vars(fa), _vars(fb)
+    if last not in uses_b or last in uses_a:
+        return None
+    n_count = 0
+    while n_count < len(axes) and id(axes[-1 - n_count]) in uses_b - uses_a:
+        n_count += 1
+    n_axes = axes[len(axes) - n_count:]
+    m_axes = [a for a in axes[:len(axes) - n_count] if id(a) in uses_a - uses_b]
+    b_axes = [a for a in axes[:len(axes) - n_count] if id(a) not in uses_a - uses_b]
+    extent = dict(zip(map(id, axes), out.shape))
+    b_ext, m_ext, n_ext = ([extent[id(a)] for a in group] for group in (b_axes, m_axes, n_axes))
+    k_ext = [a.extent for a in r.axes]
+    B, M, N, K = _prod(b_ext), _prod(m_ext), _prod(n_ext), _prod(k_ext)
+    d = CDialect()
+    decl = [f"const {d.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(lowered.inputs)]
+    decl.append(f"{d.storage_type(out.dtype)}* __restrict__ out0")
+    params = ", ".join(decl)
+    names = {id(t): f"in{k}" for k, t in enumerate(lowered.inputs)}
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    bv, mv, nv, kv = Var("b", max(B, 1)), Var("m", M), Var("n", N), Var("k", K)
+    b_index = _unravel(bv, b_axes, b_ext)
+    m_index, n_index = _unravel(mv, m_axes, m_ext), _unravel(nv, n_axes, n_ext)
+    k_index = _unravel(kv, r.axes, k_ext)
+    var_names = {id(bv): "b", id(mv): "m", id(nv): "n", id(kv): "k"}
+
+    hooks = []
+    for fname, factor, own, order in (("kiln_a", fa, m_index, "m, k"), ("kiln_b", fb, n_index, "k, n")):
+        value = simplify(cast(substitute(factor, {**b_index, **own, **k_index}), dtypes.float32))
+        em = Emitter(d, {**names, **var_names}, strides)
+        v = em.emit(value)
+        first, second = order.split(", ")
+        hooks.append(f"static inline float {fname}({params}, int64_t b, int64_t {first}, int64_t {second}) {{\n"
+                     + "\n".join(em.lines) + f"\n    return {v};\n}}\n")
+
+    index = {**b_index, **m_index, **n_index}
+    value = simplify(substitute(out.value, index))
+    out_strides = row_major_strides(out.shape)
+    flat = simplify(sum((index[id(a)] * s for a, s in zip(axes, out_strides)), Const(0, dtypes.int64)))
+    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    em.scopes[0][top_reduces(value)[0].key()] = "acc[n - n0]"
+    stored = d.store(out.dtype, em.emit(value))
+    em.line(f"out0[{em.emit(flat)}] = {stored};")
+    hooks.append(f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
+                 f"int64_t count, const float* __restrict__ acc) {{\n"
+                 f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
+    args = ", ".join([f"in{k}" for k in range(len(lowered.inputs))] + ["out0"])
+    return CpuGemm(B, M, N, K, params, args, "".join(hooks))

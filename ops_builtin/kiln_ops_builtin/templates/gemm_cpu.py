@@ -1,0 +1,186 @@
+"""GEMM-shaped tasks on the CPU in the BLIS style: matmul, batched matmul, linear and
+convolution (implicit GEMM), float32 accumulation of float32/float16/bfloat16 operands.
+
+The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any operand strides,
+transposes, 16-bit inputs and convolution windows are the hooks' business). For each batch,
+N is cut into NC-wide blocks, K into KC-deep ones and M into MC-tall ones. A KC x NC block of B
+is packed into NR-wide panels (k-major) and an MC x KC block of A into MR-tall panels, both
+zero-padded to whole panels, by all threads. Then the threads share the block's MR x NR tiles
+(B panels outer, so each thread keeps its B panel in L1 while A's panels stream from L2): the
+register-blocked micro-kernel multiplies one A panel by one B panel with GCC vector extensions
+(the host's widest vectors: AVX-512, AVX2 or 128-bit), and the tile is either added into a
+float32 workspace (K blocks before the last) or handed to the epilogue hook, which applies
+whatever fusion put there (bias, activation, residual, cast) and stores.
+"""
+from __future__ import annotations
+
+from kiln.codegen.c import C_PRELUDE
+from kiln.schedule import Template
+
+from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+
+KERNEL = r"""
+#include <omp.h>
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+#define NV 2
+#define NR (NV * VW)
+#ifndef MR
+#if VW == 16
+#define MR 14
+#elif VW == 8
+#define MR 6
+#else
+#define MR 8
+#endif
+#endif
+typedef float kiln_vf __attribute__((vector_size(VW * 4)));
+
+typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
+
+/* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
+   k-major) times b-panel (kc x NR, k-major) */
+static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
+                              const float* cin, int64_t ldin, float* cout, int64_t ldout) {
+    kiln_vf acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = cin ? *(const kiln_vfu*)(cin + i * ldin + j * VW) : (kiln_vf){0};
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_vf bv[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vf*)(b + k * NR + j * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const float av = a[k * MR + i];
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) *(kiln_vfu*)(cout + i * ldout + j * VW) = acc[i][j];
+}
+
+static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    for (int64_t k = 0; k < kc; ++k)
+        for (int64_t i = 0; i < MR; ++i)
+            dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
+}
+
+static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    for (int64_t k = 0; k < kc; ++k) {
+        if (cols == NR) {
+            for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = kiln_b(ARGS, b, k0 + k, n0 + j);
+        } else {
+            for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < cols ? kiln_b(ARGS, b, k0 + k, n0 + j) : 0.f;
+        }
+    }
+}
+
+#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
+
+/* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
+   packing buffers */
+static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
+                       float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws) {
+    for (int64_t jc = n_lo; jc < n_hi; jc += NC)
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
+        const int64_t npanels = KILN_PANELS(nc, NR);
+        const int first = pc == 0, last = pc + kc >= K;
+        for (int64_t p = 0; p < npanels; ++p)
+            kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
+        for (int64_t ic = m_lo; ic < m_hi; ic += MC) {
+            const int64_t mc = KILN_MIN(MC, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
+            for (int64_t p = 0; p < mpanels; ++p)
+                kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
+            for (int64_t jp = 0; jp < npanels; ++jp)
+                for (int64_t ip = 0; ip < mpanels; ++ip) {
+                    float tile[MR * NR] __attribute__((aligned(64)));
+                    const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
+                    const int64_t rows = KILN_MIN(MR, M - m0), cols = KILN_MIN(NR, N - n0);
+                    const int full = rows == MR && cols == NR;
+                    float* w = ws + (full ? m0 * N + n0 : 0);
+                    if (!first && !full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
+                    const float* cin = first ? NULL : full ? w : tile;
+                    const int to_ws = full && !last;
+                    kiln_micro(kc, apack + ip * MR * kc, bpack + jp * NR * kc, cin, full ? N : NR,
+                               to_ws ? w : tile, to_ws ? N : NR);
+                    if (last)
+                        for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+                    else if (!full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
+                }
+        }
+    }
+}
+
+/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
+   other: each packs its own operand blocks. */
+void kiln_kernel(PARAMS) {
+    const int64_t kcap = KILN_MIN(KC, K);
+    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        float* bpack = (float*)aligned_alloc(64, (size_t)(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap * 4 + 64));
+        float* apack = (float*)aligned_alloc(64, (size_t)(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap * 4 + 64));
+        if (lo < hi)
+            for (int64_t b = 0; b < BATCH; ++b) {
+                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            }
+        free(apack);
+        free(bpack);
+    }
+    free(ws);
+}
+"""
+
+DEFAULT = {"MC": 336, "KC": 256, "NC": 4096}
+
+
+def applies(task) -> bool:
+    return match_cpu_gemm(task) is not None
+
+
+def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> str:
+    """C source of `kiln_kernel(inputs..., out0)` for `task`; MR = 0 takes the ISA's default."""
+    g = match_cpu_gemm(task)
+    if g is None:
+        raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
+    defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
+               "MC": MC, "KC": KC, "NC": NC, **({"MR": MR} if MR else {})}
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return C_PRELUDE + g.hooks + head + KERNEL
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: the default blocking; higher levels add a shallower and a deeper K block."""
+    knobs = [dict(DEFAULT)]
+    if level >= 1:
+        knobs += [{**DEFAULT, "KC": 128}, {**DEFAULT, "KC": 384, "MC": 224}]
+    return knobs
+
+
+MATMUL = Template("gemm_cpu", ("matmul", "linear"), "cpu", render, priority=10, applies=applies, space=space)
+CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies, space=space)
