@@ -7,7 +7,10 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 from pathlib import Path
+
+import torch
 
 from kiln.runtime.cache import content_key, lookup_or_build
 
@@ -28,7 +31,22 @@ def compiler() -> tuple[str, str, str]:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     arch = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True, text=True).stdout
     march = next((ln.split()[-1] for ln in arch.splitlines() if ln.strip().startswith("-march=")), "")
-    return cc, version, f"{platform.machine()}-{march}"
+    return cc, version, f"{platform.machine()}-{march}-{cpu_model()}"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The host CPU's model name and a hash of its feature flags (from /proc/cpuinfo where
+    there is one), so that the kernel cache never serves code built for another CPU."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown-cpu"
+    fields = {}
+    for line in info:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', 'unknown-cpu')}/{content_key(fields.get('flags', ''))[:16]}"
 
 
 def _numbered(source: str) -> str:
@@ -55,8 +73,18 @@ def build_shared_library(source: str, name: str) -> Path:
     return lookup_or_build("cpu", key, ".so", build)
 
 
+_omp_threads = threading.local()
+
+
+@functools.lru_cache(maxsize=None)
+def _libgomp() -> ctypes.CDLL:
+    """The OpenMP runtime the kernels link (-fopenmp), loaded by its soname: the same instance."""
+    return ctypes.CDLL("libgomp.so.1")
+
+
 class CpuKernel:
-    """A loaded CPU kernel: call it with raw pointers (ints) of its buffers in order."""
+    """A loaded CPU kernel: call it with raw pointers (ints) of its buffers in order. Its
+    OpenMP regions use torch.get_num_threads() threads."""
 
     def __init__(self, source: str, name: str, num_args: int):
         self.source = source
@@ -68,4 +96,8 @@ class CpuKernel:
         self._fn.argtypes = [ctypes.c_void_p] * num_args
 
     def __call__(self, *pointers: int) -> None:
+        threads = torch.get_num_threads()
+        if getattr(_omp_threads, "count", None) != threads:
+            _libgomp().omp_set_num_threads(threads)
+            _omp_threads.count = threads
         self._fn(*pointers)
