@@ -7,8 +7,10 @@ GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
 - n enumerates the output's innermost axes that only the factor `fb` uses (so consecutive n
   are consecutive output elements), m the axes only `fa` uses, b every other output axis;
   k enumerates the reduction axes;
-- `kiln_a(PARAMS, b, m, k)` and `kiln_b(PARAMS, b, k, n)` return the factors' values in float
-  (loads with any strides, 16-bit conversions, convolution padding), for the template's packing;
+- `kiln_a(PARAMS, b, m, k)` returns A's value in float and `kiln_b_row(PARAMS, b, k, n0, count,
+  dst)` writes B's values for n0 .. n0 + count - 1 to `dst` (loads with any strides, 16-bit
+  conversions, convolution padding), for the template's packing. The row runs along the
+  innermost output axis without index division, so the C compiler vectorizes it;
 - `kiln_epilogue_row(PARAMS, b, m, n0, count, acc)` computes and stores output elements
   (b, m, n0 .. n0 + count - 1) from the float accumulators `acc[0 .. count - 1]`.
 
@@ -38,7 +40,7 @@ class CpuGemm:
     K: int
     params: str          # the kernel's parameter list: inputs in order, then out0
     args: str            # the same names, to pass them on
-    hooks: str           # C source of kiln_a, kiln_b and kiln_epilogue_row
+    hooks: str           # C source of kiln_a, kiln_b_row and kiln_epilogue_row
 
 
 def _strip_cast(e: Expr) -> Expr:
@@ -85,6 +87,26 @@ def _prod(values) -> int:
 def _reads(e: Expr, dtype_ok) -> bool:
     from kiln.ir import Load
     return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
+
+
+def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ext) -> str:
+    """`kiln_b_row`: B's values along n, in runs over the innermost n axis (the outer n axes'
+    indices are unravelled once per run)."""
+    d = CDialect()
+    outer, inner = Var("o", max(_prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
+    index = {**b_index, **k_index, **_unravel(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
+    value = simplify(cast(substitute(fb, index), dtypes.float32))
+    em = Emitter(d, {**names, **var_names, id(outer): "o", id(inner): "i"}, strides, indent=3)
+    v = em.emit(value)
+    extent = n_ext[-1]
+    return (f"static inline void kiln_b_row({params}, int64_t b, int64_t k, int64_t n0, int64_t count, "
+            f"float* __restrict__ dst) {{\n"
+            f"    for (int64_t n = n0, end = n0 + count; n < end;) {{\n"
+            f"        const int64_t o = n / {extent}, i0 = n % {extent};\n"
+            f"        const int64_t i1 = i0 + (end - n) < {extent} ? i0 + (end - n) : {extent};\n"
+            f"        float* __restrict__ row = dst + (n - n0) - i0;\n"
+            f"        for (int64_t i = i0; i < i1; ++i) {{\n" + "\n".join(em.lines) + "\n"
+            f"            row[i] = {v};\n        }}\n        n += i1 - i0;\n    }}\n}}\n")
 
 
 def match_cpu_gemm(task: Task) -> CpuGemm | None:
@@ -136,14 +158,12 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     k_index = _unravel(kv, r.axes, k_ext)
     var_names = {id(bv): "b", id(mv): "m", id(nv): "n", id(kv): "k"}
 
-    hooks = []
-    for fname, factor, own, order in (("kiln_a", fa, m_index, "m, k"), ("kiln_b", fb, n_index, "k, n")):
-        value = simplify(cast(substitute(factor, {**b_index, **own, **k_index}), dtypes.float32))
-        em = Emitter(d, {**names, **var_names}, strides)
-        v = em.emit(value)
-        first, second = order.split(", ")
-        hooks.append(f"static inline float {fname}({params}, int64_t b, int64_t {first}, int64_t {second}) {{\n"
-                     + "\n".join(em.lines) + f"\n    return {v};\n}}\n")
+    value = simplify(cast(substitute(fa, {**b_index, **m_index, **k_index}), dtypes.float32))
+    em = Emitter(d, {**names, **var_names}, strides)
+    v = em.emit(value)
+    hooks = [f"static inline float kiln_a({params}, int64_t b, int64_t m, int64_t k) {{\n"
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", _b_row(fb, params, names, strides, var_names,
+                                                                     b_index, k_index, n_axes, n_ext)]
 
     index = {**b_index, **m_index, **n_index}
     value = simplify(substitute(out.value, index))

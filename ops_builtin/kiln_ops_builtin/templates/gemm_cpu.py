@@ -79,11 +79,8 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     for (int64_t k = 0; k < kc; ++k) {
-        if (cols == NR) {
-            for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = kiln_b(ARGS, b, k0 + k, n0 + j);
-        } else {
-            for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < cols ? kiln_b(ARGS, b, k0 + k, n0 + j) : 0.f;
-        }
+        kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
+        for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
     }
 }
 
