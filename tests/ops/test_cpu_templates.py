@@ -19,7 +19,8 @@ def _task(op_name: str, *args, **kwargs):
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 100), (1, 257, 7), (100, 7, 1),
-                                     (257, 300, 129), (33, 600, 257), (65, 1000, 31)])
+                                     (257, 300, 129), (33, 600, 257), (65, 1000, 31),
+                                     (3, 300, 1100), (4, 17, 5)])   # few rows: no packing
 def test_matmul_odd_shapes(m, k, n):
     x, y = rand((m, k)), rand((k, n))
     # size-1 extents simplify away (a 1 x 1 x 1 "matmul" is one product): the auto-scheduler's
@@ -28,7 +29,7 @@ def test_matmul_odd_shapes(m, k, n):
 
 
 @pytest.mark.parametrize("xs, ys", [((3, 7, 33), (3, 33, 20)), ((7, 33), (2, 33, 41)),
-                                    ((2, 1, 5, 17), (3, 17, 9)), ((4, 130), (130,)), ((130,), (130, 6))])
+                                    ((2, 1, 5, 17), (3, 17, 9)), ((4, 2, 33), (4, 33, 600)), ((4, 130), (130,)), ((130,), (130, 6))])
 def test_matmul_batched_and_broadcast(xs, ys):
     x, y = rand(xs), rand(ys)
     assert_close(kiln.ops.matmul(x, y), torch.matmul(x, y), atol=1e-4, rtol=1e-4)
@@ -68,7 +69,8 @@ def test_linear_with_bias(xs):
     ((2, 5, 33, 7), (7, 5, 3, 2), dict(stride=2, padding=(1, 0))),
     ((1, 4, 10, 10), (5, 4, 3, 3), dict(dilation=2, padding=2)),
     ((1, 6, 9, 9), (4, 3, 1, 1), dict(groups=2)),
-    ((1, 16, 14, 14), (16, 1, 3, 3), dict(padding=1, groups=16)),
+    ((1, 16, 14, 14), (16, 1, 3, 3), dict(padding=1, groups=16)),         # depthwise: M = 1
+    ((2, 9, 33, 17), (9, 1, 3, 3), dict(stride=2, padding=1, groups=9)),
     ((1, 70, 15, 15), (33, 70, 1, 1), dict()),
 ])
 def test_conv2d(xs, ws, kw):

@@ -91,14 +91,21 @@ def _reads(e: Expr, dtype_ok) -> bool:
 
 def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ext) -> str:
     """`kiln_b_row`: B's values along n, in runs over the innermost n axis (the outer n axes'
-    indices are unravelled once per run)."""
+    indices are unravelled once per run), or in one run where B's index arithmetic over the
+    flat n has no division left (a 1x1 convolution reads its pixels contiguously)."""
     d = CDialect()
-    outer, inner = Var("o", max(_prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
-    index = {**b_index, **k_index, **_unravel(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
-    value = simplify(cast(substitute(fb, index), dtypes.float32))
+    flat = Var("i", _prod(n_ext))
+    value = simplify(cast(substitute(fb, {**b_index, **k_index, **_unravel(flat, n_axes, n_ext)}), dtypes.float32))
+    outer = Var("o", 1)
+    if any(getattr(x, "op", None) in ("floordiv", "mod") and id(flat) in _vars(x) for x in walk(value)):
+        outer, inner = Var("o", max(_prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
+        index = {**b_index, **k_index, **_unravel(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
+        value = simplify(cast(substitute(fb, index), dtypes.float32))
+    else:
+        inner = flat
     em = Emitter(d, {**names, **var_names, id(outer): "o", id(inner): "i"}, strides, indent=3)
     v = em.emit(value)
-    extent = n_ext[-1]
+    extent = inner.extent
     return (f"static inline void kiln_b_row({params}, int64_t b, int64_t k, int64_t n0, int64_t count, "
             f"float* __restrict__ dst) {{\n"
             f"    for (int64_t n = n0, end = n0 + count; n < end;) {{\n"

@@ -85,6 +85,8 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 }
 
 #define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SMALL_M 4
+#define CHUNK 512
 #define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
 
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
@@ -126,9 +128,35 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
     }
 }
 
+/* Few rows (M <= SMALL_M: depthwise convolutions, vector-matrix products): no packing; each
+   chunk of a B row, made once per k, is scaled into the M accumulator rows. */
+static void kiln_few_rows(PARAMS, int threads) {
+    const int64_t chunks = KILN_PANELS(N, CHUNK);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < BATCH * chunks; ++u) {
+        const int64_t b = u / chunks, n0 = u % chunks * CHUNK, count = KILN_MIN(CHUNK, N - n0);
+        float acc[M][CHUNK] __attribute__((aligned(64)));
+        float row[CHUNK] __attribute__((aligned(64)));
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < CHUNK; ++j) acc[m][j] = 0.f;
+        for (int64_t k = 0; k < K; ++k) {
+            kiln_b_row(ARGS, b, k, n0, count, row);
+            for (int64_t m = 0; m < M; ++m) {
+                const float a = kiln_a(ARGS, b, m, k);
+                for (int64_t j = 0; j < count; ++j) acc[m][j] += a * row[j];
+            }
+        }
+        for (int64_t m = 0; m < M; ++m) kiln_epilogue_row(ARGS, b, m, n0, count, acc[m]);
+    }
+}
+
 /* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
    other: each packs its own operand blocks. */
 void kiln_kernel(PARAMS) {
+    if (M <= SMALL_M) {
+        kiln_few_rows(ARGS, (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1);
+        return;
+    }
     const int64_t kcap = KILN_MIN(KC, K);
     float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
     const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;

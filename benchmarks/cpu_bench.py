@@ -1,0 +1,189 @@
+"""Latency on the CPU: eager PyTorch, torch.compile's default backend (Inductor) and Kiln.
+
+ResNet-18 and a MobileNetV2 (224x224), BERT-base (128 tokens), a tiny Llama-style decoder
+(128 tokens), all at batch 1 with random weights, and a 1024^3 float32 matmul, in one process
+with torch's thread count (torch.get_num_threads(); Kiln's kernels use the same). Each compiled
+model is checked against eager before it is timed. Times are medians of wall-clock timings of
+single calls after warm-up; the machine's load average is recorded, since other processes
+skew CPU timings.
+
+    python benchmarks/cpu_bench.py [--cases resnet18 mobilenet_v2 bert llama matmul]
+        [--backends eager inductor kiln] [--repeats 20] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+
+from kernel_counts import bert_base, randomize_batch_norm
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+def resnet18() -> nn.Module:
+    """torchvision's ResNet-18 architecture, defined here (torchvision is not required)."""
+    layers, cin = [], 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [BasicBlock(cin, width, stride), BasicBlock(width, width, 1)]
+        cin = width
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        layers = [] if expand == 1 else [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+                   nn.ReLU6(), nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def mobilenet_v2() -> nn.Module:
+    """torchvision's MobileNetV2 architecture (width 1.0), defined here."""
+    layers, cin = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()], 32
+    for expand, cout, repeats, stride in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                          (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+        for k in range(repeats):
+            layers.append(InvertedResidual(cin, cout, stride if k == 0 else 1, expand))
+            cin = cout
+    layers += [nn.Conv2d(cin, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6(),
+               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000)]
+    return nn.Sequential(*layers)
+
+
+class _Logits(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids).logits
+
+
+def tiny_llama() -> nn.Module:
+    """A Llama-style decoder from transformers: 4 layers, hidden 512, 8 heads (2 key-value
+    heads), SwiGLU 1376, vocabulary 8000; logits only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
+                         attn_implementation="eager", use_cache=False)
+    return _Logits(LlamaForCausalLM(config))
+
+
+class MatMul(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+class _Hidden(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids).last_hidden_state
+
+
+CASES = {
+    "resnet18": lambda: (resnet18(), (torch.randn(1, 3, 224, 224),)),
+    "mobilenet_v2": lambda: (mobilenet_v2(), (torch.randn(1, 3, 224, 224),)),
+    "bert": lambda: (_Hidden(bert_base()), (torch.randint(0, 30522, (1, 128)),)),
+    "llama": lambda: (tiny_llama(), (torch.randint(0, 8000, (1, 128)),)),
+    "matmul": lambda: (MatMul(), (torch.randn(1024, 1024), torch.randn(1024, 1024))),
+}
+
+
+def timed(fn, inputs, repeats: int) -> float:
+    """Median milliseconds of one call, after warm-up."""
+    for _ in range(3):
+        fn(*inputs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def relative_error(got, want) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def run_case(name: str, backends: list[str], repeats: int) -> dict:
+    torch.manual_seed(0)
+    model, inputs = CASES[name]()
+    randomize_batch_norm(model)
+    model.eval()
+    row = {"case": name}
+    with torch.no_grad():
+        expected = model(*inputs)
+        for backend in backends:
+            torch._dynamo.reset()
+            fn = model if backend == "eager" else torch.compile(model, backend=backend if backend == "kiln" else "inductor")
+            start = time.perf_counter()
+            got = fn(*inputs)
+            row[f"{backend}_compile_s"] = round(time.perf_counter() - start, 2)
+            row[f"{backend}_rel_error"] = relative_error(got, expected)
+            row[f"{backend}_ms"] = round(timed(fn, inputs, repeats), 3)
+            print(f"{name:13s} {backend:9s} {row[f'{backend}_ms']:9.2f} ms  (first call {row[f'{backend}_compile_s']} s, "
+                  f"rel. error {row[f'{backend}_rel_error']:.1e})", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"],
+                        choices=["eager", "inductor", "kiln"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    rows = [run_case(name, args.backends, args.repeats) for name in args.cases]
+    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": _cpu_name(),
+              "load_average_before": load_before, "load_average_after": os.getloadavg(), "rows": rows}
+    print(json.dumps(result, indent=1))
+    if "kiln" in args.backends and "eager" in args.backends:
+        ratios = [r["eager_ms"] / r["kiln_ms"] for r in rows if r["case"] != "matmul"]
+        if ratios:
+            print(f"Kiln vs eager, geometric mean over models: {math.prod(ratios) ** (1 / len(ratios)):.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
