@@ -58,7 +58,7 @@ def test_other_dtypes_go_to_the_auto_scheduler(dtype):
     assert_close(kiln.ops.matmul(x, y), x @ y)
 
 
-@pytest.mark.parametrize("xs", [(7, 33), (2, 3, 300), (1, 1)])
+@pytest.mark.parametrize("xs", [(7, 33), (2, 3, 300), (1, 1), (3, 130), (2, 1, 1300)])
 def test_linear_with_bias(xs):
     x, w, b = rand(xs), rand((100, xs[-1])), rand((100,))
     assert_close(kiln.ops.linear(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)

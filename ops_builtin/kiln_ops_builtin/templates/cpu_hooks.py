@@ -11,6 +11,8 @@ GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
   dst)` writes B's values for n0 .. n0 + count - 1 to `dst` (loads with any strides, 16-bit
   conversions, convolution padding), for the template's packing. The row runs along the
   innermost output axis without index division, so the C compiler vectorizes it;
+  `kiln_b_col(PARAMS, b, n, k0, count, dst, stride)` writes B's values for k0 .. k0 + count - 1
+  to dst[0], dst[stride], ..., for a B read along k (the weight of `linear`);
 - `kiln_epilogue_row(PARAMS, b, m, n0, count, acc)` computes and stores output elements
   (b, m, n0 .. n0 + count - 1) from the float accumulators `acc[0 .. count - 1]`.
 
@@ -24,7 +26,7 @@ from kiln import dtypes
 from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, row_major_strides
-from kiln.ir import Cast, Const, Expr, Reduce, Select, Task, Var, cast, inline_task, select, simplify, substitute
+from kiln.ir import Cast, Const, Expr, Load, Reduce, Select, Task, Var, cast, inline_task, select, simplify, substitute
 from kiln.ir.expr import walk
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -40,7 +42,8 @@ class CpuGemm:
     K: int
     params: str          # the kernel's parameter list: inputs in order, then out0
     args: str            # the same names, to pass them on
-    hooks: str           # C source of kiln_a, kiln_b_row and kiln_epilogue_row
+    hooks: str           # C source of kiln_a, kiln_b_row, kiln_b_col and kiln_epilogue_row
+    b_by_k: bool         # B is contiguous along k in memory: kiln_b_col packs it faster
 
 
 def _strip_cast(e: Expr) -> Expr:
@@ -85,7 +88,6 @@ def _prod(values) -> int:
 
 
 def _reads(e: Expr, dtype_ok) -> bool:
-    from kiln.ir import Load
     return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
 
 
@@ -171,6 +173,16 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     hooks = [f"static inline float kiln_a({params}, int64_t b, int64_t m, int64_t k) {{\n"
              + "\n".join(em.lines) + f"\n    return {v};\n}}\n", _b_row(fb, params, names, strides, var_names,
                                                                      b_index, k_index, n_axes, n_ext)]
+    value = simplify(cast(substitute(fb, {**b_index, **n_index, **k_index}), dtypes.float32))
+    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    v = em.emit(value)
+    hooks.append(f"static inline void kiln_b_col({params}, int64_t b, int64_t n, int64_t k0, int64_t count, "
+                 f"float* __restrict__ dst, int64_t stride) {{\n"
+                 f"    for (int64_t k = k0; k < k0 + count; ++k) {{\n" + "\n".join(em.lines)
+                 + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
+    load = _strip_cast(fb)
+    b_by_k = (isinstance(load, Load) and len(r.axes) == 1 and load.indices[-1] is r.axes[0]
+              and load.tensor.shape[-1] > 1)
 
     index = {**b_index, **m_index, **n_index}
     value = simplify(substitute(out.value, index))
@@ -184,4 +196,4 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
                  f"int64_t count, const float* __restrict__ acc) {{\n"
                  f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
     args = ", ".join([f"in{k}" for k in range(len(lowered.inputs))] + ["out0"])
-    return CpuGemm(B, M, N, K, params, args, "".join(hooks))
+    return CpuGemm(B, M, N, K, params, args, "".join(hooks), b_by_k)

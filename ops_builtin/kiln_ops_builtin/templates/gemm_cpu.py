@@ -78,6 +78,12 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
 
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
+    if (B_BY_K) {
+        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0, kc, dst + j, NR);
+        for (int64_t k = 0; k < kc; ++k)
+            for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+        return;
+    }
     for (int64_t k = 0; k < kc; ++k) {
         kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
         for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
@@ -150,11 +156,51 @@ static void kiln_few_rows(PARAMS, int threads) {
     }
 }
 
+/* Few rows with B read along k (vector-matrix products with a linear layer's weight): dot
+   products of A's rows with B's columns, each column copied once into a contiguous buffer. */
+static void kiln_few_rows_by_k(PARAMS, int threads) {
+    const int64_t chunks = KILN_PANELS(N, CHUNK);
+#pragma omp parallel num_threads(threads)
+    {
+        float* arows = (float*)aligned_alloc(64, (size_t)(M * K * 4 + 64));
+        float* col = (float*)aligned_alloc(64, (size_t)(K * 4 + 64));
+        int64_t loaded = -1;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < BATCH * chunks; ++u) {
+            const int64_t b = u / chunks, n0 = u % chunks * CHUNK, count = KILN_MIN(CHUNK, N - n0);
+            float acc[M][CHUNK] __attribute__((aligned(64)));
+            if (b != loaded) {
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t k = 0; k < K; ++k) arows[m * K + k] = kiln_a(ARGS, b, m, k);
+                loaded = b;
+            }
+            for (int64_t j = 0; j < count; ++j) {
+                kiln_b_col(ARGS, b, n0 + j, 0, K, col, 1);
+                for (int64_t m = 0; m < M; ++m) {
+                    const float* a = arows + m * K;
+                    kiln_vf sum = (kiln_vf){0};
+                    int64_t k = 0;
+                    for (; k + VW <= K; k += VW) sum += *(const kiln_vfu*)(a + k) * *(const kiln_vfu*)(col + k);
+                    float total = 0.f;
+                    for (int e = 0; e < VW; ++e) total += sum[e];
+                    for (; k < K; ++k) total += a[k] * col[k];
+                    acc[m][j] = total;
+                }
+            }
+            for (int64_t m = 0; m < M; ++m) kiln_epilogue_row(ARGS, b, m, n0, count, acc[m]);
+        }
+        free(col);
+        free(arows);
+    }
+}
+
 /* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
    other: each packs its own operand blocks. */
 void kiln_kernel(PARAMS) {
     if (M <= SMALL_M) {
-        kiln_few_rows(ARGS, (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1);
+        const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+        if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
+        else kiln_few_rows(ARGS, threads);
         return;
     }
     const int64_t kcap = KILN_MIN(KC, K);
@@ -194,7 +240,7 @@ def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> str:
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
-               "MC": MC, "KC": KC, "NC": NC, **({"MR": MR} if MR else {})}
+               "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return C_PRELUDE + g.hooks + head + KERNEL
 
