@@ -2,15 +2,19 @@
 convolution (implicit GEMM), float32 accumulation of float32/float16/bfloat16 operands.
 
 The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any operand strides,
-transposes, 16-bit inputs and convolution windows are the hooks' business). For each batch,
-N is cut into NC-wide blocks, K into KC-deep ones and M into MC-tall ones. A KC x NC block of B
-is packed into NR-wide panels (k-major) and an MC x KC block of A into MR-tall panels, both
-zero-padded to whole panels, by all threads. Then the threads share the block's MR x NR tiles
-(B panels outer, so each thread keeps its B panel in L1 while A's panels stream from L2): the
-register-blocked micro-kernel multiplies one A panel by one B panel with GCC vector extensions
-(the host's widest vectors: AVX-512, AVX2 or 128-bit), and the tile is either added into a
-float32 workspace (K blocks before the last) or handed to the epilogue hook, which applies
-whatever fusion put there (bias, activation, residual, cast) and stores.
+transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split
+N (or M, where N has too few panels) in whole panels and never wait on each other: each cuts
+its share into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide
+k-major panels (row by row along n, or column by column along k where B is contiguous in k)
+and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
+register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
+stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
+the host's widest vectors (AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
+into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
+applies whatever fusion put there (bias, activation, residual, cast) and stores.
+
+With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
+rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
 """
 from __future__ import annotations
 
@@ -40,7 +44,6 @@ KERNEL = r"""
 #endif
 #endif
 typedef float kiln_vf __attribute__((vector_size(VW * 4)));
-
 typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
 
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
