@@ -94,6 +94,8 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 }
 
 #define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
+static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
 #define SMALL_M 4
 #define CHUNK 512
 #define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
@@ -165,8 +167,8 @@ static void kiln_few_rows_by_k(PARAMS, int threads) {
     const int64_t chunks = KILN_PANELS(N, CHUNK);
 #pragma omp parallel num_threads(threads)
     {
-        float* arows = (float*)aligned_alloc(64, (size_t)(M * K * 4 + 64));
-        float* col = (float*)aligned_alloc(64, (size_t)(K * 4 + 64));
+        float* arows = kiln_alloc(M * K);
+        float* col = kiln_alloc(K);
         int64_t loaded = -1;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < BATCH * chunks; ++u) {
@@ -216,8 +218,8 @@ void kiln_kernel(PARAMS) {
         const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
-        float* bpack = (float*)aligned_alloc(64, (size_t)(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap * 4 + 64));
-        float* apack = (float*)aligned_alloc(64, (size_t)(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap * 4 + 64));
+        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap);
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
                 if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
