@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,22 @@ def compiler() -> tuple[str, str, str]:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     arch = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True, text=True).stdout
     march = next((ln.split()[-1] for ln in arch.splitlines() if ln.strip().startswith("-march=")), "")
-    return cc, version, f"{platform.machine()}-{march}"
+    return cc, version, f"{platform.machine()}-{march}-{cpu_model()}"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The host CPU's model name and a hash of its feature flags (from /proc/cpuinfo where
+    there is one), so that the kernel cache never serves code built for another CPU."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown-cpu"
+    fields = {}
+    for line in info:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', 'unknown-cpu')}/{content_key(fields.get('flags', ''))[:16]}"
 
 
 def _numbered(source: str) -> str:
@@ -74,8 +90,18 @@ class CpuProgram:
         return (self.source, self.entry, self.args)
 
 
+_omp_threads = threading.local()
+
+
+@functools.lru_cache(maxsize=None)
+def _libgomp() -> ctypes.CDLL:
+    """The OpenMP runtime the kernels link (-fopenmp), loaded by its soname: the same instance."""
+    return ctypes.CDLL("libgomp.so.1")
+
+
 class CpuKernel:
-    """A loaded CpuProgram: call it with the task's input and output tensors (contiguous)."""
+    """A loaded CpuProgram: call it with the task's input and output tensors (contiguous). Its
+    OpenMP regions use torch.get_num_threads() threads."""
 
     def __init__(self, program: CpuProgram):
         self.program = program
@@ -86,5 +112,9 @@ class CpuKernel:
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args)
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        threads = torch.get_num_threads()
+        if getattr(_omp_threads, "count", None) != threads:
+            _libgomp().omp_set_num_threads(threads)
+            _omp_threads.count = threads
         buffers = KernelArgs.bind(inputs, outputs)
         self._fn(*[buffers[name] for name in self.program.args])

@@ -1,0 +1,194 @@
+"""The C hooks of the CPU GEMM templates, rendered from a task's compute definition.
+
+A task whose single output is `epilogue(sum_k fa * fb)` (matmul, batched matmul, linear,
+convolution; bias, activation, residual and casts fused around the sum) is seen as a batch of
+GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
+
+- n enumerates the output's innermost axes that only the factor `fb` uses (so consecutive n
+  are consecutive output elements), m the axes only `fa` uses, b every other output axis;
+  k enumerates the reduction axes;
+- `kiln_a(PARAMS, b, m, k)` returns A's value in float and `kiln_b_row(PARAMS, b, k, n0, count,
+  dst)` writes B's values for n0 .. n0 + count - 1 to `dst` (loads with any strides, 16-bit
+  conversions, convolution padding), for the template's packing. The row runs along the
+  innermost output axis without index division, so the C compiler vectorizes it;
+  `kiln_b_col(PARAMS, b, n, k0, count, dst, stride)` writes B's values for k0 .. k0 + count - 1
+  to dst[0], dst[stride], ..., for a B read along k (the weight of `linear`);
+- `kiln_epilogue_row(PARAMS, b, m, n0, count, acc)` computes and stores output elements
+  (b, m, n0 .. n0 + count - 1) from the float accumulators `acc[0 .. count - 1]`.
+
+The template owns tiling, packing and threads; these hooks own every index and dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.c import CDialect
+from kiln.codegen.cuda import top_reduces
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.ir import Cast, Const, Expr, Load, Reduce, Select, Task, Var, cast, inline_task, select, simplify, substitute
+from kiln.ir.expr import walk
+from kiln.ir.index import unravel
+
+FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+
+@dataclass
+class CpuGemm:
+    """A task seen as `batch` GEMMs of M x N x K through the C hooks in `hooks`."""
+
+    batch: int
+    M: int
+    N: int
+    K: int
+    params: str          # the kernel's parameter list: inputs in order, then out0
+    args: str            # the same names, to pass them on
+    hooks: str           # C source of kiln_a, kiln_b_row, kiln_b_col and kiln_epilogue_row
+    b_by_k: bool         # B is contiguous along k in memory: kiln_b_col packs it faster
+
+
+def _strip_cast(e: Expr) -> Expr:
+    return e.a if isinstance(e, Cast) else e
+
+
+def _vars(e: Expr) -> set[int]:
+    return {id(x) for x in walk(e) if isinstance(x, Var)}
+
+
+def _factors(body: Expr, out_axes: set[int]):
+    """(fa, fb) with body == fa * fb; a zero-padding guard `select(c, x * y, 0)` moves onto the
+    factor whose variables cover the condition's output axes. None when body is neither."""
+    body = _strip_cast(body)
+    if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
+        inner = _strip_cast(body.a)
+        if getattr(inner, "op", None) != "mul":
+            return None
+        cond = _vars(body.cond) & out_axes
+        x, y = inner.a, inner.b
+        if cond <= _vars(x):
+            return select(body.cond, x, 0), y
+        if cond <= _vars(y):
+            return x, select(body.cond, y, 0)
+        return None
+    return (body.a, body.b) if getattr(body, "op", None) == "mul" else None
+
+
+def _unravel(var: Var, axes, extents) -> dict:
+    return dict(zip(map(id, axes), unravel(var, extents)))
+
+
+def _prod(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _reads(e: Expr, dtype_ok) -> bool:
+    return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
+
+
+def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ext) -> str:
+    """`kiln_b_row`: B's values along n, in runs over the innermost n axis (the outer n axes'
+    indices are unravelled once per run), or in one run where B's index arithmetic over the
+    flat n has no division left (a 1x1 convolution reads its pixels contiguously)."""
+    d = CDialect()
+    flat = Var("i", _prod(n_ext))
+    value = simplify(cast(substitute(fb, {**b_index, **k_index, **_unravel(flat, n_axes, n_ext)}), dtypes.float32))
+    outer = Var("o", 1)
+    if any(getattr(x, "op", None) in ("floordiv", "mod") and id(flat) in _vars(x) for x in walk(value)):
+        outer, inner = Var("o", max(_prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
+        index = {**b_index, **k_index, **_unravel(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
+        value = simplify(cast(substitute(fb, index), dtypes.float32))
+    else:
+        inner = flat
+    em = Emitter(d, {**names, **var_names, id(outer): "o", id(inner): "i"}, strides, indent=3)
+    v = em.emit(value)
+    extent = inner.extent
+    return (f"static inline void kiln_b_row({params}, int64_t b, int64_t k, int64_t n0, int64_t count, "
+            f"float* __restrict__ dst) {{\n"
+            f"    for (int64_t n = n0, end = n0 + count; n < end;) {{\n"
+            f"        const int64_t o = n / {extent}, i0 = n % {extent};\n"
+            f"        const int64_t i1 = i0 + (end - n) < {extent} ? i0 + (end - n) : {extent};\n"
+            f"        float* __restrict__ row = dst + (n - n0) - i0;\n"
+            f"        for (int64_t i = i0; i < i1; ++i) {{\n" + "\n".join(em.lines) + "\n"
+            f"            row[i] = {v};\n        }}\n        n += i1 - i0;\n    }}\n}}\n")
+
+
+def match_cpu_gemm(task: Task) -> CpuGemm | None:
+    """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
+    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it)."""
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    if not out.shape or not all(isinstance(s, int) for s in out.shape):
+        return None
+    reduces = top_reduces(out.value)
+    if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
+        return None
+    r = reduces[0]
+    if any(not isinstance(a.extent, int) for a in r.axes) or any(
+            isinstance(x, Reduce) for x in walk(r.body) if x is not r):
+        return None
+    axes = list(out.axes)
+    factors = _factors(r.body, {id(a) for a in axes})
+    if factors is None or not _reads(r.body, lambda t: t in FACTOR_DTYPES):
+        return None
+    fa, fb = factors
+    last = id(axes[-1])
+    if last in _vars(fa) and last not in _vars(fb):
+        fa, fb = fb, fa
+    uses_a, uses_b = _vars(fa), _vars(fb)
+    if last not in uses_b or last in uses_a:
+        return None
+    n_count = 0
+    while n_count < len(axes) and id(axes[-1 - n_count]) in uses_b - uses_a:
+        n_count += 1
+    n_axes = axes[len(axes) - n_count:]
+    m_axes = [a for a in axes[:len(axes) - n_count] if id(a) in uses_a - uses_b]
+    b_axes = [a for a in axes[:len(axes) - n_count] if id(a) not in uses_a - uses_b]
+    extent = dict(zip(map(id, axes), out.shape))
+    b_ext, m_ext, n_ext = ([extent[id(a)] for a in group] for group in (b_axes, m_axes, n_axes))
+    k_ext = [a.extent for a in r.axes]
+    B, M, N, K = _prod(b_ext), _prod(m_ext), _prod(n_ext), _prod(k_ext)
+    d = CDialect()
+    params = ", ".join(KernelArgs.params(d, lowered.inputs, [out]))
+    names = KernelArgs.names(lowered.inputs)
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    bv, mv, nv, kv = Var("b", max(B, 1)), Var("m", M), Var("n", N), Var("k", K)
+    b_index = _unravel(bv, b_axes, b_ext)
+    m_index, n_index = _unravel(mv, m_axes, m_ext), _unravel(nv, n_axes, n_ext)
+    k_index = _unravel(kv, r.axes, k_ext)
+    var_names = {id(bv): "b", id(mv): "m", id(nv): "n", id(kv): "k"}
+
+    value = simplify(cast(substitute(fa, {**b_index, **m_index, **k_index}), dtypes.float32))
+    em = Emitter(d, {**names, **var_names}, strides)
+    v = em.emit(value)
+    hooks = [f"static inline float kiln_a({params}, int64_t b, int64_t m, int64_t k) {{\n"
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", _b_row(fb, params, names, strides, var_names,
+                                                                     b_index, k_index, n_axes, n_ext)]
+    value = simplify(cast(substitute(fb, {**b_index, **n_index, **k_index}), dtypes.float32))
+    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    v = em.emit(value)
+    hooks.append(f"static inline void kiln_b_col({params}, int64_t b, int64_t n, int64_t k0, int64_t count, "
+                 f"float* __restrict__ dst, int64_t stride) {{\n"
+                 f"    for (int64_t k = k0; k < k0 + count; ++k) {{\n" + "\n".join(em.lines)
+                 + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
+    load = _strip_cast(fb)
+    b_by_k = (isinstance(load, Load) and len(r.axes) == 1 and load.indices[-1] is r.axes[0]
+              and load.tensor.shape[-1] > 1)
+
+    index = {**b_index, **m_index, **n_index}
+    value = simplify(substitute(out.value, index))
+    out_strides = row_major_strides(out.shape)
+    flat = simplify(sum((index[id(a)] * s for a, s in zip(axes, out_strides)), Const(0, dtypes.int64)))
+    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    em.scopes[0][top_reduces(value)[0].key()] = "acc[n - n0]"
+    stored = d.store(out.dtype, em.emit(value))
+    em.line(f"{KernelArgs.output(0)}[{em.emit(flat)}] = {stored};")
+    hooks.append(f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
+                 f"int64_t count, const float* __restrict__ acc) {{\n"
+                 f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
+    args = ", ".join(KernelArgs.args(len(lowered.inputs)))
+    return CpuGemm(B, M, N, K, params, args, "".join(hooks), b_by_k)

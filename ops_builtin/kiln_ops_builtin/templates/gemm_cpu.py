@@ -1,0 +1,264 @@
+"""GEMM-shaped tasks on the CPU in the BLIS style: matmul, batched matmul, linear and
+convolution (implicit GEMM), float32 accumulation of float32/float16/bfloat16 operands.
+
+The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any operand strides,
+transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split
+N (or M, where N has too few panels) in whole panels and never wait on each other: each cuts
+its share into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide
+k-major panels (row by row along n, or column by column along k where B is contiguous in k)
+and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
+register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
+stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
+the host's widest vectors (AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
+into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
+applies whatever fusion put there (bias, activation, residual, cast) and stores.
+
+With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
+rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+"""
+from __future__ import annotations
+
+from kiln.codegen.c import C_PRELUDE
+from kiln.codegen.emitter import KernelArgs
+from kiln.runtime.cpu import CpuProgram
+from kiln.schedule import Template
+
+from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+
+KERNEL = r"""
+#include <omp.h>
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+#define NV 2
+#define NR (NV * VW)
+#ifndef MR
+#if VW == 16
+#define MR 14
+#elif VW == 8
+#define MR 6
+#else
+#define MR 8
+#endif
+#endif
+typedef float kiln_vf __attribute__((vector_size(VW * 4)));
+typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
+
+/* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
+   k-major) times b-panel (kc x NR, k-major) */
+static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
+                              const float* cin, int64_t ldin, float* cout, int64_t ldout) {
+    kiln_vf acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = cin ? *(const kiln_vfu*)(cin + i * ldin + j * VW) : (kiln_vf){0};
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_vf bv[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vf*)(b + k * NR + j * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const float av = a[k * MR + i];
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) *(kiln_vfu*)(cout + i * ldout + j * VW) = acc[i][j];
+}
+
+static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    for (int64_t k = 0; k < kc; ++k)
+        for (int64_t i = 0; i < MR; ++i)
+            dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
+}
+
+static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    if (B_BY_K) {
+        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0, kc, dst + j, NR);
+        for (int64_t k = 0; k < kc; ++k)
+            for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+        return;
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
+        for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+    }
+}
+
+#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
+static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
+#define SMALL_M 4
+#define CHUNK 512
+#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
+
+/* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
+   packing buffers */
+static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
+                       float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws) {
+    for (int64_t jc = n_lo; jc < n_hi; jc += NC)
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
+        const int64_t npanels = KILN_PANELS(nc, NR);
+        const int first = pc == 0, last = pc + kc >= K;
+        for (int64_t p = 0; p < npanels; ++p)
+            kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
+        for (int64_t ic = m_lo; ic < m_hi; ic += MC) {
+            const int64_t mc = KILN_MIN(MC, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
+            for (int64_t p = 0; p < mpanels; ++p)
+                kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
+            for (int64_t jp = 0; jp < npanels; ++jp)
+                for (int64_t ip = 0; ip < mpanels; ++ip) {
+                    float tile[MR * NR] __attribute__((aligned(64)));
+                    const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
+                    const int64_t rows = KILN_MIN(MR, M - m0), cols = KILN_MIN(NR, N - n0);
+                    const int full = rows == MR && cols == NR;
+                    float* w = ws + (full ? m0 * N + n0 : 0);
+                    if (!first && !full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
+                    const float* cin = first ? NULL : full ? w : tile;
+                    const int to_ws = full && !last;
+                    kiln_micro(kc, apack + ip * MR * kc, bpack + jp * NR * kc, cin, full ? N : NR,
+                               to_ws ? w : tile, to_ws ? N : NR);
+                    if (last)
+                        for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+                    else if (!full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
+                }
+        }
+    }
+}
+
+/* Few rows (M <= SMALL_M: depthwise convolutions, vector-matrix products): no packing; each
+   chunk of a B row, made once per k, is scaled into the M accumulator rows. */
+static void kiln_few_rows(PARAMS, int threads) {
+    const int64_t chunks = KILN_PANELS(N, CHUNK);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < BATCH * chunks; ++u) {
+        const int64_t b = u / chunks, n0 = u % chunks * CHUNK, count = KILN_MIN(CHUNK, N - n0);
+        float acc[M][CHUNK] __attribute__((aligned(64)));
+        float row[CHUNK] __attribute__((aligned(64)));
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < CHUNK; ++j) acc[m][j] = 0.f;
+        for (int64_t k = 0; k < K; ++k) {
+            kiln_b_row(ARGS, b, k, n0, count, row);
+            for (int64_t m = 0; m < M; ++m) {
+                const float a = kiln_a(ARGS, b, m, k);
+                for (int64_t j = 0; j < count; ++j) acc[m][j] += a * row[j];
+            }
+        }
+        for (int64_t m = 0; m < M; ++m) kiln_epilogue_row(ARGS, b, m, n0, count, acc[m]);
+    }
+}
+
+/* Few rows with B read along k (vector-matrix products with a linear layer's weight): dot
+   products of A's rows with B's columns, each column copied once into a contiguous buffer. */
+static void kiln_few_rows_by_k(PARAMS, int threads) {
+    const int64_t chunks = KILN_PANELS(N, CHUNK);
+#pragma omp parallel num_threads(threads)
+    {
+        float* arows = kiln_alloc(M * K);
+        float* col = kiln_alloc(K);
+        int64_t loaded = -1;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < BATCH * chunks; ++u) {
+            const int64_t b = u / chunks, n0 = u % chunks * CHUNK, count = KILN_MIN(CHUNK, N - n0);
+            float acc[M][CHUNK] __attribute__((aligned(64)));
+            if (b != loaded) {
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t k = 0; k < K; ++k) arows[m * K + k] = kiln_a(ARGS, b, m, k);
+                loaded = b;
+            }
+            for (int64_t j = 0; j < count; ++j) {
+                kiln_b_col(ARGS, b, n0 + j, 0, K, col, 1);
+                for (int64_t m = 0; m < M; ++m) {
+                    const float* a = arows + m * K;
+                    kiln_vf sum = (kiln_vf){0};
+                    int64_t k = 0;
+                    for (; k + VW <= K; k += VW) sum += *(const kiln_vfu*)(a + k) * *(const kiln_vfu*)(col + k);
+                    float total = 0.f;
+                    for (int e = 0; e < VW; ++e) total += sum[e];
+                    for (; k < K; ++k) total += a[k] * col[k];
+                    acc[m][j] = total;
+                }
+            }
+            for (int64_t m = 0; m < M; ++m) kiln_epilogue_row(ARGS, b, m, n0, count, acc[m]);
+        }
+        free(col);
+        free(arows);
+    }
+}
+
+/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
+   other: each packs its own operand blocks. */
+void kiln_kernel(PARAMS) {
+    if (M <= SMALL_M) {
+        const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+        if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
+        else kiln_few_rows(ARGS, threads);
+        return;
+    }
+    const int64_t kcap = KILN_MIN(KC, K);
+    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap);
+        if (lo < hi)
+            for (int64_t b = 0; b < BATCH; ++b) {
+                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            }
+        free(apack);
+        free(bpack);
+    }
+    free(ws);
+}
+"""
+
+DEFAULT = {"MC": 336, "KC": 256, "NC": 4096}
+
+
+def applies(task) -> bool:
+    return match_cpu_gemm(task) is not None
+
+
+def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task`; MR = 0 takes the ISA's default."""
+    g = match_cpu_gemm(task)
+    if g is None:
+        raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
+    defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
+               "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return CpuProgram(C_PRELUDE + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: the default blocking; higher levels add a shallower and a deeper K block."""
+    knobs = [dict(DEFAULT)]
+    if level >= 1:
+        knobs += [{**DEFAULT, "KC": 128}, {**DEFAULT, "KC": 384, "MC": 224}]
+    return knobs
+
+
+MATMUL = Template("gemm_cpu", ("matmul", "linear"), "cpu", render, priority=10, applies=applies, space=space)
+CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies, space=space)

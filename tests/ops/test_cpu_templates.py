@@ -1,0 +1,176 @@
+"""The CPU GEMM templates (kiln_ops_builtin.templates.gemm_cpu) against PyTorch: odd shapes
+(no multiple of any block size), several K blocks, transposed and non-contiguous operands,
+batches, 16-bit inputs, convolutions, and epilogues fused through torch.compile."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln_ops_builtin.templates import gemm_cpu
+from tests.frontend.frontend_support import compile_and_compare
+from tests.support import assert_close, rand
+
+
+def _task(op_name: str, *args, **kwargs):
+    op = getattr(kiln.ops, op_name)
+    task, _, _ = op.task(op.bind(args, kwargs))
+    return task
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 33, 100), (1, 257, 7), (100, 7, 1),
+                                     (257, 300, 129), (33, 600, 257), (65, 1000, 31),
+                                     (3, 300, 1100), (4, 17, 5)])   # few rows: no packing
+def test_matmul_odd_shapes(m, k, n):
+    x, y = rand((m, k)), rand((k, n))
+    # size-1 extents simplify away (a 1 x 1 x 1 "matmul" is one product): the auto-scheduler's
+    assert (n > 1 and k > 1) == gemm_cpu.MATMUL.applies(_task("matmul", kiln.from_torch(x), kiln.from_torch(y)))
+    assert_close(kiln.ops.matmul(x, y), x @ y, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("xs, ys", [((3, 7, 33), (3, 33, 20)), ((7, 33), (2, 33, 41)),
+                                    ((2, 1, 5, 17), (3, 17, 9)), ((4, 2, 33), (4, 33, 600)), ((4, 130), (130,)), ((130,), (130, 6))])
+def test_matmul_batched_and_broadcast(xs, ys):
+    x, y = rand(xs), rand(ys)
+    assert_close(kiln.ops.matmul(x, y), torch.matmul(x, y), atol=1e-4, rtol=1e-4)
+
+
+def test_transposed_and_non_contiguous_operands():
+    x = rand((300, 37)).t()                  # 37 x 300, column-major
+    y = rand((129, 600))[:, ::2].t()         # 300 x 129, strided
+    assert not x.is_contiguous() and not y.is_contiguous()
+    assert_close(kiln.ops.matmul(x, y), x @ y, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_inputs(dtype):
+    x, y = rand((33, 257), dtype, -1, 1), rand((257, 45), dtype, -1, 1)
+    assert gemm_cpu.MATMUL.applies(_task("matmul", kiln.from_torch(x), kiln.from_torch(y)))
+    assert_close(kiln.ops.matmul(x, y), x @ y, atol=2e-2, rtol=2e-2)
+    w, b = rand((19, 257), dtype, -1, 1), rand((19,), dtype)
+    assert_close(kiln.ops.linear(x, w, b), F.linear(x, w, b), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32])
+def test_other_dtypes_go_to_the_auto_scheduler(dtype):
+    x, y = rand((7, 9), dtype), rand((9, 5), dtype)
+    assert not gemm_cpu.MATMUL.applies(_task("matmul", kiln.from_torch(x), kiln.from_torch(y)))
+    assert_close(kiln.ops.matmul(x, y), x @ y)
+
+
+@pytest.mark.parametrize("xs", [(7, 33), (2, 3, 300), (1, 1), (3, 130), (2, 1, 1300)])
+def test_linear_with_bias(xs):
+    x, w, b = rand(xs), rand((100, xs[-1])), rand((100,))
+    assert_close(kiln.ops.linear(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("xs, ws, kw", [
+    ((1, 3, 17, 23), (8, 3, 3, 3), dict(stride=1, padding=1)),
+    ((2, 5, 33, 7), (7, 5, 3, 2), dict(stride=2, padding=(1, 0))),
+    ((1, 4, 10, 10), (5, 4, 3, 3), dict(dilation=2, padding=2)),
+    ((1, 6, 9, 9), (4, 3, 1, 1), dict(groups=2)),
+    ((1, 16, 14, 14), (16, 1, 3, 3), dict(padding=1, groups=16)),         # depthwise: M = 1
+    ((2, 9, 33, 17), (9, 1, 3, 3), dict(stride=2, padding=1, groups=9)),
+    ((1, 70, 15, 15), (33, 70, 1, 1), dict()),
+])
+def test_conv2d(xs, ws, kw):
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    task = _task("conv2d", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
+    assert gemm_cpu.CONV.applies(task)
+    assert_close(kiln.ops.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
+
+
+def test_conv1d():
+    x, w = rand((2, 5, 41)), rand((3, 5, 4))
+    assert_close(kiln.ops.conv1d(x, w, None, 2, 1), F.conv1d(x, w, None, 2, 1), atol=1e-4, rtol=1e-4)
+
+
+def test_one_thread_gives_the_same_result():
+    x, y = rand((130, 257)), rand((257, 300))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kiln.ops.matmul(x, y).torch()
+    finally:
+        torch.set_num_threads(threads)
+    assert_close(kiln.ops.matmul(x, y), one, atol=0, rtol=0)
+    assert_close(one, x @ y, atol=1e-4, rtol=1e-4)
+
+
+def _fused_nodes(capture):
+    graph = next(iter(capture.compiled[0].graphs.values())).graph
+    return [n for n in graph.nodes if type(n).__name__ == "FusedOperator"]
+
+
+def test_mlp_epilogues_fuse_into_the_template():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(33, 100), nn.GELU(), nn.Linear(100, 7), nn.ReLU()).eval()
+    capture, _ = compile_and_compare(model, torch.randn(5, 33))
+    fused = _fused_nodes(capture)
+    assert len(fused) == 2 and all(gemm_cpu.MATMUL.applies(n.task) for n in fused)
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 13, 3, padding=1)
+        self.conv2 = nn.Conv2d(13, 13, 3, padding=1)
+        self.head = nn.Linear(13, 5)
+
+    def forward(self, x):
+        y = F.relu(self.conv1(x))
+        y = F.relu(self.conv2(y) + y)
+        return self.head(y.mean((2, 3)))
+
+
+def test_cnn_epilogues_fuse_into_the_template():
+    torch.manual_seed(0)
+    capture, _ = compile_and_compare(_Residual().eval(), torch.randn(2, 3, 19, 17))
+    convs = [n for n in _fused_nodes(capture) if n.task.name == "conv2d"]
+    assert len(convs) == 2 and all(gemm_cpu.CONV.applies(n.task) for n in convs)
+
+
+_ASAN_MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+void kiln_kernel(const float*, const float*, const float*, float*);
+int main(int argc, char** argv) {
+    long m = atol(argv[1]), k = atol(argv[2]), n = atol(argv[3]);
+    float *x = malloc(m * k * 4), *w = malloc(n * k * 4), *b = malloc(n * 4), *o = malloc(m * n * 4);
+    for (long i = 0; i < m * k; ++i) x[i] = (float)(i % 13) * 0.1f - 0.6f;
+    for (long i = 0; i < n * k; ++i) w[i] = (float)(i % 7) * 0.1f - 0.3f;
+    for (long i = 0; i < n; ++i) b[i] = (float)(i % 5);
+    kiln_kernel(x, w, b, o);
+    FILE* f = fopen(argv[4], "wb");
+    fwrite(o, 4, m * n, f);
+    fclose(f);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("m, k, n", [(3, 130, 50), (37, 300, 70)])
+def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n):
+    # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
+    import shutil
+    import subprocess
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs gcc")
+    x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
+    w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
+    b = (torch.arange(n) % 5).float()
+    task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
+    (tmp_path / "kernel.c").write_text(gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source)
+    (tmp_path / "main.c").write_text(_ASAN_MAIN)
+    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native",
+                            str(tmp_path / "kernel.c"), str(tmp_path / "main.c"), "-o", str(tmp_path / "run"), "-lm"],
+                           capture_output=True, text=True)
+    if build.returncode != 0 and "asan" in build.stderr:
+        pytest.skip("gcc has no AddressSanitizer runtime here")
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "run"), str(m), str(k), str(n), str(tmp_path / "out.bin")],
+                         capture_output=True, text=True, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
+    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
+    assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
