@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, Unary, Var
 from kiln.ir.simplify import simplify
 
 
@@ -128,4 +128,6 @@ def rebuild_expr(e: Expr, kids: list[Expr]) -> Expr:
         return Select(*kids)
     if isinstance(e, Reduce):
         return Reduce(e.op, e.axes, kids[0], e.dtype)
+    if isinstance(e, Check):
+        return Check(kids[0], kids[1], e.error, e.message, kids[2])
     raise TypeError(type(e).__name__)

@@ -7,7 +7,7 @@ and a `//` or `%` whose operand provably lies in [0, c) folds away.
 """
 from __future__ import annotations
 
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, Unary, Var
 
 
 def bounds(e: Expr) -> tuple[int, int] | None:
@@ -18,6 +18,8 @@ def bounds(e: Expr) -> tuple[int, int] | None:
         return (0, e.extent - 1) if isinstance(e.extent, int) else None
     if isinstance(e, Cast) and e.dtype.is_integer and e.a.dtype.is_integer:
         return bounds(e.a)
+    if isinstance(e, Check):
+        return bounds(e.value)
     if not isinstance(e, Binary) or not e.dtype.is_integer:
         return None
     a, b = bounds(e.a), bounds(e.b)
@@ -214,4 +216,11 @@ def _simplify(e: Expr, memo) -> Expr:
     if isinstance(e, Reduce):
         body = s(e.body)
         return e if body is e.body else Reduce(e.op, e.axes, body, e.dtype)
+    if isinstance(e, Check):
+        value, ok, reported = s(e.value), s(e.ok), s(e.reported)
+        if isinstance(ok, Const) and ok.value:
+            return value
+        if value is e.value and ok is e.ok and reported is e.reported:
+            return e
+        return Check(value, ok, e.error, e.message, reported)
     raise TypeError(f"cannot simplify {type(e).__name__}")

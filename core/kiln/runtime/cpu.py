@@ -8,8 +8,10 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 from kiln.runtime.cache import content_key, lookup_or_build
+from kiln.runtime.kernel_errors import KernelCheck, raise_failed
 
 FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fwrapv", "-fno-math-errno",
          "-march=native"]
@@ -56,16 +58,21 @@ def build_shared_library(source: str, name: str) -> Path:
 
 
 class CpuKernel:
-    """A loaded CPU kernel: call it with raw pointers (ints) of its buffers in order."""
+    """A loaded CPU kernel: call it with raw pointers (ints) of its buffers in order. The C
+    function takes a status buffer after them; a check that fails there raises its exception
+    (`checks`, by code; see `kiln.runtime.kernel_errors`)."""
 
-    def __init__(self, source: str, name: str, num_args: int):
+    def __init__(self, source: str, name: str, num_args: int, checks: Sequence[KernelCheck] = ()):
         self.source = source
         self.name = name
+        self.checks = list(checks)
         self.path = build_shared_library(source, name)
         self._lib = ctypes.CDLL(str(self.path))
         self._fn = getattr(self._lib, name)
         self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * num_args
+        self._fn.argtypes = [ctypes.c_void_p] * (num_args + 1)
 
     def __call__(self, *pointers: int) -> None:
-        self._fn(*pointers)
+        status = (ctypes.c_int64 * 2)()
+        self._fn(*pointers, ctypes.addressof(status))
+        raise_failed(self.checks, status[0], status[1], self.name)

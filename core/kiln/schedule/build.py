@@ -45,12 +45,12 @@ def build_task(task: Task, device: Device) -> CompiledTask:
             check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
         from kiln.runtime.cpu import CpuKernel
         from kiln.schedule.cpu_auto import schedule_cpu
-        source, nargs = schedule_cpu(task)
-        key = ("cpu", content_key(source))
+        source, nargs, checks = schedule_cpu(task)
+        key = ("cpu", content_key(source), tuple(checks))   # the messages are not in the source
         with _lock:
             found = _built.get(key)
         if found is None:
-            found = CompiledTask(task, device, CpuKernel(source, "kiln_kernel", nargs), _cpu_launch)
+            found = CompiledTask(task, device, CpuKernel(source, "kiln_kernel", nargs, checks), _cpu_launch)
             with _lock:
                 _built[key] = found
         return CompiledTask(task, device, found.kernel, _cpu_launch)

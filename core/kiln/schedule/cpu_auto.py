@@ -13,6 +13,7 @@ from kiln.ir.compute import Compute
 from kiln.ir.expr import Var
 from kiln.ir.inline import Lowered, inline_task, substitute
 from kiln.ir.simplify import simplify
+from kiln.runtime.kernel_errors import KernelCheck
 
 PARALLEL_THRESHOLD = 1 << 15
 
@@ -63,8 +64,9 @@ def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
         em.close()
 
 
-def render_cpu(lowered: Lowered, kernel_name: str) -> str:
-    """C source of one function `kernel_name(inputs..., outputs...)` computing the task."""
+def render_cpu(lowered: Lowered, kernel_name: str) -> tuple[str, list[KernelCheck]]:
+    """C source of one function `kernel_name(inputs..., outputs..., status)` computing the
+    task, and the checks whose codes it may write to `status` (see `kiln.runtime.kernel_errors`)."""
     d = CDialect()
     names, strides, params = {}, {}, []
     for k, t in enumerate(lowered.inputs):
@@ -73,6 +75,7 @@ def render_cpu(lowered: Lowered, kernel_name: str) -> str:
     for k, t in enumerate(lowered.outputs):
         names[id(t)] = f"out{k}"
         params.append(f"{d.storage_type(t.dtype)}* __restrict__ out{k}")
+    params.append("int64_t* __restrict__ kiln_status")
     temps = lowered.temporaries
     for k, t in enumerate(temps):
         names[id(t)] = f"tmp{k}"
@@ -87,10 +90,13 @@ def render_cpu(lowered: Lowered, kernel_name: str) -> str:
     for k in range(len(temps)):
         em.line(f"free(tmp{k});")
     body = "\n".join(em.lines)
-    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n"
+    checks = [KernelCheck(c.error, c.message) for c in em.checks]
+    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks
 
 
-def schedule_cpu(task) -> tuple[str, int]:
-    """(C source, number of pointer arguments) for `task`."""
+def schedule_cpu(task) -> tuple[str, int, list[KernelCheck]]:
+    """(C source, number of tensor pointer arguments, checks) for `task`; the kernel takes a
+    status buffer after its tensors."""
     lowered = inline_task(task)
-    return render_cpu(lowered, "kiln_kernel"), len(lowered.inputs) + len(lowered.outputs)
+    source, checks = render_cpu(lowered, "kiln_kernel")
+    return source, len(lowered.inputs) + len(lowered.outputs), checks
