@@ -43,7 +43,9 @@ def check_kernel(path: Path, tag: str = "") -> None:
 
 
 def entry_files(root: Path, suffix: str) -> list[Path]:
-    return sorted(p for p in root.rglob(f"*{suffix}") if not p.name.startswith("."))
+    """The shared entries: no temporary files, no private copies (all in '.'-named places)."""
+    return sorted(p for p in root.rglob(f"*{suffix}")
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def only_entry(root: Path, suffix: str = ".so") -> Path:
@@ -67,7 +69,7 @@ def test_build_is_cached_with_a_checksum_record(cache_root):
     path = build_shared_library(source, "kiln_test_kernel_cached")
     entry = only_entry(cache_root)
     assert entry.parent.parent.parent == cache_root and path.suffix == ".so"
-    assert cache_root not in path.parents, "the caller loads a private copy, not the shared entry"
+    assert path.parent == cache._private_dir(), "the caller loads a private copy, not the shared entry"
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and path.read_bytes() == entry.read_bytes()
     record = json.loads(record_of(entry).read_text())
     assert record == {"key": entry.stem, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}

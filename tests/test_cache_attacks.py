@@ -223,8 +223,21 @@ def test_cache_clear_reports_only_what_it_removed(cache_root, tmp_path, capsys, 
     assert not (cache_root / "linked").exists() and stuck.exists()
 
 
-def test_private_copies_load_and_are_not_under_the_shared_root(cache_root):
+def test_private_copies_load_and_are_not_in_the_shared_folders(cache_root):
     path = build_shared_library(fresh_source("_copy"), "k")
-    assert cache_root not in path.parents and path.parent == cache._private_dir()
+    private = cache._private_dir()
+    assert path.parent == private and private.parent == cache_root and private.name.startswith(".private-")
+    assert oct(private.stat().st_mode & 0o777) == oct(0o700)
     lib = ctypes.CDLL(str(path))
     assert hasattr(lib, "kiln_test_kernel_copy")
+    assert main(["cache", "status"]) == 0         # the private folder is no kind of entries
+
+
+def test_cache_clear_removes_private_folders_of_ended_processes_only(cache_root):
+    build_shared_library(fresh_source("_ended"), "k")
+    mine = cache._private_dir()
+    ended = cache_root / ".private-999999999-abc"
+    ended.mkdir()
+    (ended / "x.so").write_bytes(b"old copy")
+    cache.clear()
+    assert not ended.exists() and mine.exists()

@@ -10,14 +10,14 @@ Nothing in the cache is trusted beyond what Kiln checked itself:
   is opened without following symbolic links and must belong to the user and be writable by
   no one else; a symbolic link, a foreign folder or an open one is refused with an
   `UnsafeCacheError` that says which and what to do.
-- A build runs in a private temporary directory (`mkdtemp`, outside the shared folders); its
+- A build runs in a private temporary folder (`mkdtemp`, outside the shared folders); its
   output's checksum is computed there, from those bytes, before they are published (written to
   a temporary file and renamed into place, so that a reader never sees a torn file).
 - An entry is read through one file descriptor, opened without following links, and used only
   if that file is a regular file of the user, its record names the same key and its checksum
   matches the bytes read. Those verified bytes (or the build's own output) are what the caller
-  loads: `lookup_or_build` returns a copy in a private per-process directory, never a path in the
-  shared folders that someone could change between the check and the load.
+  loads: `lookup_or_build` returns a copy in a private per-process folder of the root, never a
+  path in the shared folders that someone could change between the check and the load.
 
 A cache that cannot be used (KILN_CACHE_DIR is a file, is read-only, or the disk is full)
 raises `CacheError` saying so, and leaves no temporary file behind.
@@ -217,17 +217,23 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
 
 
 _private_lock = threading.Lock()
-_private: dict[int, Path] = {}      # pid -> this process's private directory
+_private: dict[tuple[int, Path], Path] = {}      # (pid, root) -> this process's private folder
+PRIVATE_PREFIX = ".private-"
 
 
 def _private_dir() -> Path:
-    """A directory only this process writes (mode 0700), removed when the process exits."""
+    """A folder of the cache root that only this process writes (mode 0700, named after the
+    process id), removed when the process exits. It lies in the root rather than in /tmp, which
+    may forbid loading code."""
+    with _root_fd():
+        root = _root_path()
     with _private_lock:
-        pid = os.getpid()
-        if pid not in _private:
-            _private[pid] = Path(tempfile.mkdtemp(prefix=f"kiln-{os.getuid()}-"))
-            atexit.register(lambda: os.getpid() == pid and shutil.rmtree(_private[pid], ignore_errors=True))
-        return _private[pid]
+        key = (os.getpid(), root)
+        if key not in _private:
+            path = Path(tempfile.mkdtemp(dir=root, prefix=f"{PRIVATE_PREFIX}{key[0]}-"))
+            _private[key] = path
+            atexit.register(lambda: os.getpid() == key[0] and shutil.rmtree(path, ignore_errors=True))
+        return _private[key]
 
 
 def _private_copy(key: str, suffix: str, data: bytes) -> Path:
@@ -288,7 +294,28 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def _kinds(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _abandoned_private_dirs(root: Path) -> list[Path]:
+    """Private folders of processes that ended without removing them."""
+    found = []
+    for p in root.iterdir():
+        if p.name.startswith(PRIVATE_PREFIX) and p.is_dir() and not p.is_symlink():
+            pid = p.name[len(PRIVATE_PREFIX):].split("-")[0]
+            if pid.isdigit() and not _process_alive(int(pid)):
+                found.append(p)
+    return found
 
 
 def status() -> dict:
@@ -310,9 +337,12 @@ class Cleared:
 
 def clear() -> Cleared:
     """Delete every entry, record and leftover temporary file (links are removed, never
-    followed); count only the entries actually removed."""
+    followed), and the private folders of processes that ended; count only the entries
+    actually removed."""
     root = cache_dir()
     result = Cleared()
+    for folder in _abandoned_private_dirs(root):
+        shutil.rmtree(folder, onerror=lambda _f, path, exc: result.failed.append(f"{path} ({exc[1]})"))
     for top in [p for p in root.iterdir() if p.is_symlink()] + _kinds(root):
         if top.is_symlink():
             _remove(top, result, counted=False)
