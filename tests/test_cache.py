@@ -43,7 +43,16 @@ def check_kernel(path: Path, tag: str = "") -> None:
 
 
 def entry_files(root: Path, suffix: str) -> list[Path]:
-    return sorted(p for p in root.rglob(f"*{suffix}") if not p.name.startswith("."))
+    """The shared entries: no temporary files, no private copies (all in '.'-named places)."""
+    return sorted(p for p in root.rglob(f"*{suffix}")
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def only_entry(root: Path, suffix: str = ".so") -> Path:
+    """The one cache entry of `suffix` under `root` (the shared copy, not the private one)."""
+    found = entry_files(root, suffix)
+    assert len(found) == 1, found
+    return found[0]
 
 
 def record_of(path: Path) -> Path:
@@ -58,12 +67,15 @@ def fresh_source(tag: str) -> str:
 def test_build_is_cached_with_a_checksum_record(cache_root):
     source = fresh_source("_cached")
     path = build_shared_library(source, "kiln_test_kernel_cached")
-    assert path.parent.parent.parent == cache_root and path.suffix == ".so"
-    record = json.loads(record_of(path).read_text())
-    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    mtime = path.stat().st_mtime_ns
+    entry = only_entry(cache_root)
+    assert entry.parent.parent.parent == cache_root and path.suffix == ".so"
+    assert path.parent == cache._private_dir(), "the caller loads a private copy, not the shared entry"
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and path.read_bytes() == entry.read_bytes()
+    record = json.loads(record_of(entry).read_text())
+    assert record == {"key": entry.stem, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}
+    mtime = entry.stat().st_mtime_ns
     assert build_shared_library(source, "kiln_test_kernel_cached") == path
-    assert path.stat().st_mtime_ns == mtime, "a valid entry is reused, not rebuilt"
+    assert entry.stat().st_mtime_ns == mtime, "a valid entry is reused, not rebuilt"
     check_kernel(path, "_cached")
 
 
@@ -86,20 +98,20 @@ def drop_record(path: Path) -> None:
 
 
 def foreign_record(path: Path) -> None:
-    record_of(path).write_text(json.dumps({"sha256": "0" * 64}))
+    record_of(path).write_text(json.dumps({"key": path.stem, "sha256": "0" * 64}))
 
 
 @pytest.mark.parametrize("damage", [truncate, garble, break_record, drop_record, foreign_record])
-def test_corrupt_entry_is_rebuilt(damage):
+def test_corrupt_entry_is_rebuilt(damage, cache_root):
     tag = f"_{damage.__name__}"
     source = fresh_source(tag)
-    path = build_shared_library(source, "k")
-    good = path.read_bytes()
-    damage(path)
+    build_shared_library(source, "k")
+    entry = only_entry(cache_root)
+    good = entry.read_bytes()
+    damage(entry)
     rebuilt = build_shared_library(source, "k")
-    assert rebuilt == path
-    assert len(rebuilt.read_bytes()) == len(good)
-    assert json.loads(record_of(path).read_text())["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert len(rebuilt.read_bytes()) == len(good) and len(entry.read_bytes()) == len(good)
+    assert json.loads(record_of(entry).read_text())["sha256"] == hashlib.sha256(entry.read_bytes()).hexdigest()
     check_kernel(rebuilt, tag)
 
 
@@ -187,6 +199,9 @@ def test_cache_directory_is_private(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    entry = only_entry(root)
+    assert stat.S_IMODE(entry.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(entry.parent.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
@@ -205,7 +220,7 @@ def test_cache_directory_of_another_user_is_refused(tmp_path, monkeypatch):
     root.mkdir(mode=0o700)
     os.chown(root, 65534, 65534)
     monkeypatch.setenv("KILN_CACHE_DIR", str(root))
-    with pytest.raises(PermissionError, match="belongs to another user; set KILN_CACHE_DIR"):
+    with pytest.raises(PermissionError, match=r"belongs to another user \(uid 65534\); set KILN_CACHE_DIR"):
         build_shared_library(fresh_source("_theirs"), "k")
 
 

@@ -65,8 +65,8 @@ def _gather(x, advanced):
         x = ops.permute(x, dims + [d for d in range(x.ndim) if d not in dims])
         dims = list(range(len(dims)))
     flat = None
-    for d, index in zip(dims, (t for _, t in advanced)):
-        index = ops.where(ops.lt(index, 0), ops.add(index, x.shape[d]), index)
+    for d, (source_dim, index) in zip(dims, advanced):
+        index = ops.wrap_index(index, x.shape[d], source_dim)   # negatives wrap, out of range raises
         flat = index if flat is None else ops.add(ops.mul(flat, x.shape[d]), index)
     shape, first, last = x.shape, dims[0], dims[-1]
     index_shape = tuple(torch.broadcast_shapes(*(t.shape for _, t in advanced)))

@@ -1,7 +1,7 @@
 """Shared helpers of operator definitions: broadcasting and type promotion."""
 from kiln import dtypes
 from kiln.graph import OperatorError
-from kiln.ir import TensorNode, cast, compute, maximum, minimum
+from kiln.ir import TensorNode, cast, compute
 
 
 def broadcast_shape(op: str, *shapes) -> tuple[int, ...]:
@@ -116,12 +116,6 @@ def unravel(flat, shape) -> list:
         index.append(flat % s)
         flat = flat // s
     return index[::-1]
-
-
-def clamp_index(i, size: int):
-    """Index expression `i` (any integer type) clamped into [0, size): generated code never reads
-    out of bounds, and out-of-range indices are not detected."""
-    return minimum(maximum(cast(i, dtypes.int64), 0), size - 1)
 
 
 def accumulator_type(dtype: dtypes.DataType) -> dtypes.DataType:

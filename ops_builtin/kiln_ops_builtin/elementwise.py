@@ -102,15 +102,25 @@ def sub(input, other, alpha=1):
 mul = _binary("mul", lambda a, b: a * b, "x * y (for bool: logical and).")
 
 
+def _integer_divisor(name: str, fn):
+    """`fn(a, b)` for a division-like operator: an integer divisor of zero fails the kernel with
+    ZeroDivisionError, as PyTorch raises on the CPU (floats give inf or NaN)."""
+    def checked(a, b):
+        if b.dtype.is_float:
+            return fn(a, b)
+        return fn(a, ir.check(ir.ne(b, 0), b, "ZeroDivisionError", f"{name}: integer division by zero"))
+    return checked
+
+
 def _rounded_div(name: str, input, other, rounding_mode: str):
     """x / y rounded toward zero ('trunc') or down ('floor'), keeping integer types."""
     if rounding_mode == "floor":
-        return elementwise_compute(name, (input, other), lambda a, b: a // b, NUMERIC)
+        return elementwise_compute(name, (input, other), _integer_divisor(name, lambda a, b: a // b), NUMERIC)
     t = result_type(input, other, op=name)
 
     def trunc_div(a, b):
         if not t.is_float:
-            return a / b  # integer division truncates
+            return _integer_divisor(name, lambda a, b: a / b)(a, b)  # integer division truncates
         # PyTorch rounds the quotient to the operands' type (16-bit too) before truncating it.
         return ir.trunc(cast(cast(a / b, t), a.dtype))
 
@@ -144,9 +154,9 @@ def pow_(input, other):
     return elementwise_compute("pow", (input, other), lambda a, b: a ** b, NUMERIC)
 
 
-remainder = _binary("remainder", lambda a, b: a % b,
+remainder = _binary("remainder", _integer_divisor("remainder", lambda a, b: a % b),
                     "x modulo y with the sign of y (Python's %).", NUMERIC)
-fmod = _binary("fmod", ir.fmod, "x modulo y with the sign of x (C's fmod).", NUMERIC)
+fmod = _binary("fmod", _integer_divisor("fmod", ir.fmod), "x modulo y with the sign of x (C's fmod).", NUMERIC)
 atan2 = _binary("atan2", ir.atan2, "The angle of the point (y=x, x=other).", ANY, to_float=True)
 maximum = _binary("maximum", ir.maximum, "The larger of x and y (NaN if either is NaN).")
 minimum = _binary("minimum", ir.minimum, "The smaller of x and y (NaN if either is NaN).")

@@ -1,8 +1,11 @@
 """Indexing operators: slicing, padding, reading elements at positions held in index tensors,
 and triangular masks.
 
-Index tensors are int64 or int32. Generated code clamps every loaded index into the valid range,
-so a kernel never reads out of bounds; out-of-range (and negative) indices are not detected.
+Index tensors are int64 or int32. Every loaded index is checked (`checked_index`): an index out
+of range makes the kernel fail (IndexError, or RuntimeError where PyTorch raises that, on the
+CPU; a trap on a GPU), and negative indices count from the end only where PyTorch accepts them
+(`x[idx]`, take_along_dim along a dim). The index used is clamped too, so a kernel never reads
+out of bounds even while it fails.
 """
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ import math
 
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import TensorNode, cast, compute, maximum, minimum, select
+from kiln.ir import Check, TensorNode, cast, check, compute, maximum, minimum, select
 
-from kiln_ops_builtin.common import broadcast_shape, clamp_index, in_bounds, normalize_dim, unravel
+from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim, unravel
 from kiln_ops_builtin.shape import dim_of, narrowed, reshaped
 
 INDEX_TYPES = (dtypes.int64, dtypes.int32)
@@ -24,6 +27,20 @@ def _check_index(op: str, index: TensorNode, size: int, numel: int) -> None:
         raise OperatorError(f"{op}: index tensor must be int64 or int32, got {index.dtype}")
     if size == 0 and numel:
         raise OperatorError(f"{op}: cannot index a dim of size 0")
+
+
+def checked_index(i, size: int, message: str, wrap: bool = False, error: str = "IndexError"):
+    """Index expression `i` (any integer type) as an int64 in [0, size). With `wrap`, negative
+    indices count from the end (down to -size). Any other index fails the kernel with `error`
+    and `message` (where `{value}` shows the index); the value is clamped all the same."""
+    raw = cast(i, dtypes.int64)
+    i = select(raw < 0, raw + size, raw) if wrap else raw
+    ok = (i >= 0) & (i < size)
+    return check(ok, minimum(maximum(i, 0), size - 1), error, message, raw)
+
+
+def _bounds_message(op: str, dim: int, size: int) -> str:
+    return f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size}"
 
 
 @operator("slice")
@@ -90,17 +107,24 @@ def gather(x, dim, index):
         raise OperatorError(f"gather: index of shape {index.shape} must have the rank of input shape "
                             f"{x.shape} and no larger size outside dim {dim}")
     _check_index("gather", index, x.shape[d] if x.ndim else 1, math.prod(index.shape))
-    return _gathered(x, d, index, index.shape)
+    return _gathered(x, d, index, index.shape, lambda i, n: checked_index(
+        i, n, _bounds_message("gather", d, n), error="RuntimeError"))
 
 
-def _gathered(x: TensorNode, d: int, index: TensorNode, shape) -> TensorNode:
-    """out[i] = x[i with i[d] replaced by index[i]], both read with broadcasting to `shape`."""
+def _gathered(x: TensorNode, d: int, index: TensorNode, shape, position) -> TensorNode:
+    """out[i] = x[i with i[d] replaced by position(index[i], size of dim d)], x and index read
+    with broadcasting to `shape`."""
     def load(t, i):
         return t[[0 if t.shape[k] == 1 else i[k] for k in range(t.ndim)]]
 
+    def scalar(*i):
+        """x's only element, under the check of the index (which must point at it)."""
+        p = position(load(index, i), 1)
+        return Check(x[()], p.ok, p.error, p.message, p.reported)
+
     if x.ndim == 0:
-        return compute(shape, lambda *i: x[()])
-    return compute(shape, lambda *i: load(x, [clamp_index(load(index, i), x.shape[d]) if k == d else i[k]
+        return compute(shape, scalar)
+    return compute(shape, lambda *i: load(x, [position(load(index, i), x.shape[d]) if k == d else i[k]
                                               for k in range(x.ndim)]))
 
 
@@ -111,8 +135,9 @@ def take_along_dim(x, indices, dim=None):
     if dim is None:
         n = math.prod(x.shape)
         _check_index("take_along_dim", indices, n, math.prod(indices.shape))
-        return compute((math.prod(indices.shape),), lambda i: x[unravel(
-            clamp_index(indices[unravel(i, indices.shape)], n), x.shape)])
+        return compute((math.prod(indices.shape),), lambda i: x[unravel(checked_index(
+            indices[unravel(i, indices.shape)], n, _bounds_message("take_along_dim", 0, n),
+            error="RuntimeError"), x.shape)])
     d = normalize_dim("take_along_dim", dim, x.ndim)
     if indices.ndim != x.ndim:
         raise OperatorError(f"take_along_dim: input of shape {x.shape} and indices of shape "
@@ -121,7 +146,8 @@ def take_along_dim(x, indices, dim=None):
                                                  for t in (x, indices)])
     shape = [indices.shape[d] if k == d else s for k, s in enumerate(outer)]
     _check_index("take_along_dim", indices, x.shape[d] if x.ndim else 1, math.prod(shape))
-    return _gathered(x, d, indices, shape)
+    return _gathered(x, d, indices, shape, lambda i, n: checked_index(
+        i, n, _bounds_message("take_along_dim", d, n), wrap=True))
 
 
 @operator("index_select")
@@ -136,7 +162,8 @@ def index_select(x, dim, index):
         shape[d] = count
     _check_index("index_select", index, x.shape[d] if x.ndim else 1, math.prod(shape))
     positions = reshaped(index, [count if k == d else 1 for k in range(x.ndim)])
-    return _gathered(x, d, positions, shape)
+    return _gathered(x, d, positions, shape, lambda i, n: checked_index(
+        i, n, f"index_select: index {{value}} is out of range for dimension {d} of size {n}"))
 
 
 @operator("embedding")
@@ -146,7 +173,9 @@ def embedding(input, weight):
         raise OperatorError(f"embedding: weight must be 2-d, got shape {weight.shape}")
     shape = input.shape + weight.shape[1:]
     _check_index("embedding", input, weight.shape[0], math.prod(shape))
-    return compute(shape, lambda *i: weight[clamp_index(input[i[:-1]], weight.shape[0]), i[-1]])
+    rows = weight.shape[0]
+    message = f"embedding: index {{value}} is out of range for a weight of {rows} rows"
+    return compute(shape, lambda *i: weight[checked_index(input[i[:-1]], rows, message), i[-1]])
 
 
 def _triangle(op: str, x: TensorNode, diagonal: int, keep) -> TensorNode:
@@ -167,3 +196,13 @@ def tril(x, diagonal=0):
 def triu(x, diagonal=0):
     """`x` with the elements below diagonal `diagonal` of its last two dims set to zero."""
     return _triangle("triu", x, diagonal, lambda offset: offset >= diagonal)
+
+
+@operator("wrap_index")
+def wrap_index(index, size: int, dim: int = 0):
+    """The int64 positions of `index` (int64 or int32) in a dim of `size`, negative ones counted
+    from the end, as tensor indexing `x[index]` takes them; one out of [-size, size) makes the
+    kernel fail with IndexError (naming `dim`)."""
+    _check_index("wrap_index", index, size, math.prod(index.shape))
+    message = f"index {{value}} is out of bounds for dimension {dim} with size {size}"
+    return compute(index.shape, lambda *i: checked_index(index[i], size, message, wrap=True))

@@ -106,13 +106,16 @@ def test_tril_triu(shape, diagonal, dtype, make):
     assert_close(ops.triu(x, diagonal), torch.triu(x, diagonal))
 
 
-def test_out_of_range_indices_are_clamped_not_read():
+def test_out_of_range_indices_raise_instead_of_being_clamped():
     x = rand((4, 3))
-    idx = torch.tensor([-5, 1, 99])
-    assert_close(ops.index_select(x, 0, idx), x[idx.clamp(0, 3)])
-    assert_close(ops.embedding(idx, x), x[idx.clamp(0, 3)])
-    idx = torch.tensor([[7], [-1], [2], [3]])
-    assert_close(ops.gather(x, 1, idx), torch.gather(x, 1, idx.clamp(0, 2)))
+    for idx in (torch.tensor([-5, 1]), torch.tensor([1, 99])):
+        with pytest.raises(IndexError, match="index_select: index (-5|99) is out of range"):
+            ops.index_select(x, 0, idx)
+        with pytest.raises(IndexError, match="embedding: index (-5|99) is out of range"):
+            ops.embedding(idx, x)
+    for idx in (torch.tensor([[7], [0], [2], [1]]), torch.tensor([[0], [-1], [2], [1]])):
+        with pytest.raises(RuntimeError, match="gather: index (7|-1) is out of bounds for dimension 1 with size 3"):
+            ops.gather(x, 1, idx)
 
 
 @pytest.mark.parametrize("call, message", [

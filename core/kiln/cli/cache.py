@@ -38,8 +38,13 @@ def run(args) -> int:
     from kiln.runtime import cache
 
     if args.action == "clear":
-        removed = cache.clear()
-        print(f"removed {removed} entries from {cache.cache_dir()}")
+        cleared = cache.clear()
+        print(f"removed {cleared.removed} entries from {cache.cache_dir()}")
+        if cleared.failed:
+            print(f"could not remove {len(cleared.failed)} paths:")
+            for path in cleared.failed:
+                print(f"  {path}")
+            return 1
     else:
         print(format_status(cache.status()))
     return 0

@@ -20,6 +20,13 @@ static inline uint16_t kiln_f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* A failed check: the first failing thread's code and value go to the status buffer. */
+static inline void kiln_fail(int64_t* status, int64_t code, int64_t value) {
+    int64_t none = 0;
+    if (__atomic_compare_exchange_n(&status[0], &none, code, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        status[1] = value;
+}
+
 #define KILN_FLOAT_HELPERS(T, K, S)                                                   \
 static inline T kiln_max_##K(T a, T b) { return (a > b || a != a) ? a : b; }          \
 static inline T kiln_min_##K(T a, T b) { return (a < b || a != a) ? a : b; }          \

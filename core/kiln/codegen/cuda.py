@@ -54,6 +54,13 @@ class CudaDialect(Dialect):
 
     prelude = CUDA_PRELUDE
 
+    def fail(self, code: int, check, reported: str) -> str:
+        """A failed check traps, as PyTorch's device-side assertions do: the kernel stops, and
+        the next synchronizing call raises; the message goes to the device's printf buffer."""
+        text = f"Kiln: {check.error}: {check.message}"
+        text = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("{value}", "%lld")
+        return f'{{ printf("{text}\\n", (long long)({reported})); __trap(); }}'
+
     def shuffle_xor(self, t: DataType, value: str, lane_mask: int) -> str:
         """`value` of the lane whose id differs by `lane_mask` (all 32 lanes take part)."""
         vt = self.value_type(t)

@@ -3,8 +3,10 @@
 `Emitter` turns an expression DAG into a sequence of `const T vN = ...;` statements with
 common sub-expressions shared, and returns the name holding the value. A `Dialect` (C for the
 CPU, CUDA C++ for GPUs) spells the types, the math functions and the loads and stores.
-Reductions become accumulation loops; a `Select` whose sides read memory becomes an if/else,
-so that a guarded load (padding, bounds) is never executed out of bounds.
+Reductions become accumulation loops; a `Select` whose sides read memory or check their
+inputs becomes an if/else, so that a guarded load (padding, bounds) is never executed out of
+bounds and a check runs only where its value is used. A `Check` becomes a test that calls the
+dialect's `fail` with the check's code: its position (from 1) in `Emitter.checks`.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import math
 
 from kiln import dtypes
 from kiln.dtypes import DataType
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, walk
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, Unary, Var, walk
 from kiln.ir.simplify import bounds, simplify
 
 _FLOAT_FUNCS = {
@@ -131,6 +133,11 @@ class Dialect:
             return f"(({a} {cmp} {b}) ? {a} : {b})"
         return self.narrow(t, f"kiln_{op}_i64({a}, {b})")
 
+    def fail(self, code: int, check: Check, reported: str) -> str:
+        """The statement reporting that `check` (numbered `code`) failed, showing `reported`:
+        in C, the first failure's code and value go to the kernel's status buffer."""
+        return f"kiln_fail({KernelArgs.STATUS}, {code}, (int64_t)({reported}));"
+
     def cast(self, a: str, src: DataType, dst: DataType) -> str:
         if dst.is_bool:
             return f"({a} != 0)"
@@ -184,6 +191,7 @@ class Emitter:
         self.scopes: list[dict] = [{}]
         self.counter = 0
         self._simplify_memo: dict = {}
+        self.checks: list[Check] = []       # the checks emitted, by code - 1
 
     def line(self, text: str) -> None:
         self.lines.append("    " * self.indent + text)
@@ -254,7 +262,26 @@ class Emitter:
             return self._select(e, key)
         if isinstance(e, Reduce):
             return self._reduce(e, key)
+        if isinstance(e, Check):
+            return self._check(e, key)
         raise TypeError(f"cannot emit {type(e).__name__}")
+
+    def check_code(self, e: Check) -> int:
+        """The code of check `e`: one per distinct error and message, from 1."""
+        for k, known in enumerate(self.checks):
+            if (known.error, known.message) == (e.error, e.message):
+                return k + 1
+        self.checks.append(e)
+        return len(self.checks)
+
+    def _check(self, e: Check, key) -> str:
+        ok = self.emit(e.ok)
+        self.open(f"if (!({ok}))")
+        self.line(self.dialect.fail(self.check_code(e), e, self.emit(e.reported)))
+        self.close()
+        value = self.emit(e.value)
+        self.scopes[-1][key] = value
+        return value
 
     def _select(self, e: Select, key) -> str:
         cond = self.emit(e.cond)
@@ -317,7 +344,7 @@ def _positive(e: Expr) -> bool:
 
 
 def _reads_memory(e: Expr) -> bool:
-    return any(isinstance(x, (Load, Reduce)) for x in walk(e))
+    return any(isinstance(x, (Load, Reduce, Check)) for x in walk(e))
 
 
 def numel(shape) -> int:
@@ -343,6 +370,8 @@ class KernelArgs:
     temporaries its program allocates for each run, `tmp0, ...`; schedules and templates name
     them through here, and the runtimes bind pointers to them through `bind`.
     """
+
+    STATUS = "kiln_status"      # a CPU kernel's status buffer (see kiln.runtime.kernel_errors)
 
     @staticmethod
     def input(k: int) -> str:

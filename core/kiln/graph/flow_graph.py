@@ -72,7 +72,9 @@ class FlowGraph:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]
         examples = [t.torch() if isinstance(t, Tensor) else t for t in example_inputs]
-        return CapturedGraph(self.compile().run, examples, wrap=from_torch)
+        compiled = self.compile()
+        workspace = compiled.workspace_set()    # the graph's own: replays never share it
+        return CapturedGraph(lambda inputs: compiled.run(inputs, workspace), examples, wrap=from_torch)
 
     def __str__(self) -> str:
         return format_graph(self)

@@ -2,8 +2,8 @@
 simplification and inlining of expressions; index arithmetic."""
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode, compute
 from kiln.ir.expr import (
-    Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, abs_, acos, acosh, as_expr,
-    asin, asinh, atan, atan2, atanh, binary, bitwise_and, bitwise_or, bitwise_xor, cast, ceil,
+    Binary, Cast, Check, Const, Expr, Load, Reduce, Select, Unary, Var, abs_, acos, acosh, as_expr,
+    asin, asinh, atan, atan2, atanh, binary, bitwise_and, bitwise_or, bitwise_xor, cast, ceil, check,
     cos, cosh, eq, erf, exp, expm1, floor, fmod, isinf, isnan, log, log1p, log2, logical_and,
     logical_not, logical_or, maximum, minimum, ne, reduce, round_even, rsqrt, select,
     shift_left, shift_right, sign, sin, sinh, sqrt, tan, tanh, trunc, unary,

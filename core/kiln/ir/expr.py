@@ -1,8 +1,9 @@
 """Scalar expressions of the compute IR.
 
 An expression computes one element: it reads tensor elements (`Load`), combines them with
-arithmetic (`Unary`, `Binary`), converts types (`Cast`), chooses (`Select`) and reduces over
-reduction axes (`Reduce`). Python operators build expressions; Python scalars in them take the
+arithmetic (`Unary`, `Binary`), converts types (`Cast`), chooses (`Select`), reduces over
+reduction axes (`Reduce`) and checks its inputs (`Check`: a kernel reports an error where a
+condition fails, e.g. an index out of range or an integer division by zero). Python operators build expressions; Python scalars in them take the
 type of the expression beside them, as in PyTorch.
 """
 from __future__ import annotations
@@ -209,6 +210,27 @@ class Reduce(Expr):
         return ("reduce", self.op, self.dtype.name, tuple(a.key() for a in self.axes), self.body.key())
 
 
+class Check(Expr):
+    """`value`, where `ok` holds; where it does not, the kernel fails: on the CPU the call
+    raises `error` (a name of `kiln.runtime.kernel_errors.KERNEL_ERRORS`: 'IndexError',
+    'ZeroDivisionError', 'RuntimeError') with `message`, in which `{value}` stands for the int64
+    `reported`; on a GPU the kernel traps. `value` must be safe to compute either way (a
+    clamped index, a guarded division)."""
+
+    __slots__ = ("value", "ok", "error", "message", "reported")
+
+    def __init__(self, value: Expr, ok: Expr, error: str, message: str, reported: Expr):
+        super().__init__(value.dtype)
+        self.value, self.ok, self.reported = value, ok, reported
+        self.error, self.message = error, message
+
+    def children(self):
+        return (self.value, self.ok, self.reported)
+
+    def _make_key(self):
+        return ("check", self.error, self.message, self.value.key(), self.ok.key(), self.reported.key())
+
+
 # ---------------------------------------------------------------- constructors
 
 def as_expr(value, dtype: DataType | None = None) -> Expr:
@@ -266,6 +288,13 @@ def select(cond, a, b) -> Expr:
     """`a` where `cond` is true, else `b` (the operand types are promoted together)."""
     a, b = _operands(a, b)
     return Select(cast(cond, dtypes.boolean), a, b)
+
+
+def check(ok, value, error: str, message: str, reported=0) -> Expr:
+    """`value`, checked: a kernel computing it fails with `error` and `message` (see `Check`)
+    where `ok` is false; `{value}` in `message` shows `reported` (an integer expression)."""
+    value = as_expr(value)
+    return Check(value, cast(ok, dtypes.boolean), error, message, cast(reported, dtypes.int64))
 
 
 def reduce(extents: Sequence, fbody: Callable[..., Expr], op: ReduceOp | str = ReduceOp.SUM,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kiln.ir.expr import Binary, Cast, Expr, Load, Reduce, Select, Unary
+from kiln.ir.expr import Binary, Cast, Check, Expr, Load, Reduce, Select, Unary
 
 Rewriter = Callable[[Expr], Expr]
 
@@ -42,6 +42,8 @@ def rebuild_expr(e: Expr, kids: list[Expr]) -> Expr:
         return Select(*kids)
     if isinstance(e, Reduce):
         return Reduce(e.op, e.axes, kids[0], e.dtype)
+    if isinstance(e, Check):
+        return Check(kids[0], kids[1], e.error, e.message, kids[2])
     raise TypeError(f"cannot rebuild {type(e).__name__} over new children")
 
 

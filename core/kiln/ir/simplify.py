@@ -7,7 +7,7 @@ and a `//` or `%` whose operand provably lies in [0, c) folds away.
 """
 from __future__ import annotations
 
-from kiln.ir.expr import Binary, Cast, Const, Expr, Select, Var
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Select, Var
 from kiln.ir.opcodes import BinaryOp
 from kiln.ir.rewrite import rewrite
 
@@ -20,6 +20,8 @@ def bounds(e: Expr) -> tuple[int, int] | None:
         return (0, e.extent - 1) if isinstance(e.extent, int) else None
     if isinstance(e, Cast) and e.dtype.is_integer and e.a.dtype.is_integer:
         return bounds(e.a)
+    if isinstance(e, Check):
+        return bounds(e.value)
     if not isinstance(e, Binary) or not e.dtype.is_integer:
         return None
     a, b = bounds(e.a), bounds(e.b)
@@ -178,6 +180,8 @@ def _simplified(e: Expr) -> Expr:
         return a if a.dtype == e.dtype else e
     if isinstance(e, Select):
         return (e.a if e.cond.value else e.b) if isinstance(e.cond, Const) else e
+    if isinstance(e, Check):
+        return e.value if isinstance(e.ok, Const) and e.ok.value else e
     if not isinstance(e, Binary):
         return e
     a, b = e.a, e.b

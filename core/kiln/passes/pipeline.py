@@ -12,11 +12,35 @@ from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.plugins import registry
 
 
+class PassError(RuntimeError):
+    """A plugin's graph pass raised, or returned something other than a FlowGraph."""
+
+
+class PluginPass(GraphPass):
+    """A plugin's graph pass, run so that its failures name it and its plugin."""
+
+    def __init__(self, inner: GraphPass, distribution: str):
+        self.inner, self.distribution = inner, distribution
+        self.name, self.opt_level = inner.name, inner.opt_level
+
+    def transform(self, graph: FlowGraph, ctx) -> FlowGraph:
+        where = f"graph pass '{self.name}' of plugin {self.distribution}"
+        try:
+            out = self.inner.transform(graph, ctx)
+        except Exception as exc:
+            raise PassError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, FlowGraph):
+            raise PassError(f"{where} returned {type(out).__name__} instead of a FlowGraph "
+                            "(a pass returns the transformed graph, or the graph it was given)")
+        return out
+
+
 def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential:
     """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
     rewrites and before float16 conversion and fusion."""
     if plugin_passes is None:
-        plugin_passes = registry().items("graph_passes")
+        plugin_passes = [PluginPass(c.item, c.plugin.distribution)
+                         for c in registry().contributions["graph_passes"]]
     return Sequential([
         EliminateDeadCode(),
         EliminateCommonSubexpressions(),

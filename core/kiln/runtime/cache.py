@@ -1,22 +1,78 @@
 """The on-disk kernel cache.
 
 Entries are content-addressed: the key hashes the source, the compiler and its version, the
-flags and the target architecture. An entry is the built file plus a small record of its
-checksum; both are written to temporary files and renamed into place, so a reader never sees
-a torn file. An entry whose record is missing, unreadable, owned by another user or does not
-match the file's checksum is rebuilt, never trusted. The directory is private to its user.
+flags and the target architecture. An entry is the built file plus a record of its key and of
+the checksum of Kiln's own build output: `ROOT/KIND/KEY[:2]/KEY.SUFFIX` and `KEY.json`.
+
+Nothing in the cache is trusted beyond what Kiln checked itself:
+
+- The root is created private (mode 0700) and must belong to the user. Every folder under it
+  is opened without following symbolic links and must belong to the user and be writable by
+  no one else; a symbolic link, a foreign folder or an open one is refused with an
+  `UnsafeCacheError` that says which and what to do.
+- A build runs in a private temporary folder (`mkdtemp`, outside the shared folders); its
+  output's checksum is computed there, from those bytes, before they are published (written to
+  a temporary file and renamed into place, so that a reader never sees a torn file).
+- An entry is read through one file descriptor, opened without following links, and used only
+  if that file is a regular file of the user, its record names the same key and its checksum
+  matches the bytes read. Those verified bytes (or the build's own output) are what the caller
+  loads: `lookup_or_build` returns a copy in a private per-process folder of the root, never a
+  path in the shared folders that someone could change between the check and the load.
+
+A cache that cannot be used (KILN_CACHE_DIR is a file, is read-only, or the disk is full)
+raises `CacheError` saying so, and leaves no temporary file behind.
 """
 from __future__ import annotations
 
+import atexit
+import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
+import stat
 import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kiln.log import logger
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+_CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+
+
+class CacheError(OSError):
+    """The kernel cache cannot be used: its directory is a file, is read-only, or is full."""
+
+
+class UnsafeCacheError(PermissionError):
+    """A folder of the kernel cache could let another user change Kiln's kernels."""
+
+
+def _root_path() -> Path:
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln")
+    return Path(root)
+
+
+def _unusable(path: Path, exc: OSError, doing: str) -> CacheError:
+    """A CacheError explaining `exc`, raised while `doing` at `path`."""
+    setting = "set KILN_CACHE_DIR to a directory of your own"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = f"no space left on the device (or quota exceeded) while {doing}; free some space or {setting}"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        why = f"it is read-only ({exc.strerror}) while {doing}; {setting} that is writable"
+    elif exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        why = f"it (or a folder on its path) is a file, not a directory; remove the file or {setting}"
+    else:
+        why = f"{exc.strerror or exc} while {doing}"
+    return CacheError(exc.errno, f"Kiln's kernel cache {path} cannot be used: {why}")
 
 
 def cache_dir() -> Path:
@@ -24,17 +80,81 @@ def cache_dir() -> Path:
 
     A root that belongs to another user is refused: whoever owns it could swap kernels.
     """
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = path.stat()
+    with _root_fd() as _:
+        return _root_path()
+
+
+@contextmanager
+def _root_fd():
+    """A descriptor of the checked, private cache root."""
+    path = _root_path()
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except OSError as exc:
+        raise _unusable(path, exc, "creating it") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise UnsafeCacheError(f"the kernel cache {path} belongs to another user (uid {info.st_uid}); "
+                                   "set KILN_CACHE_DIR to a directory of your own")
+        if info.st_mode & 0o077:
+            os.fchmod(fd, 0o700)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _check_folder(fd: int, path: Path) -> None:
+    info = os.fstat(fd)
     if info.st_uid != os.getuid():
-        raise PermissionError(f"the kernel cache {path} belongs to another user; "
-                              "set KILN_CACHE_DIR to a directory of your own")
-    if info.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
+        raise UnsafeCacheError(f"the kernel cache folder {path} belongs to another user (uid {info.st_uid}); "
+                               f"Kiln will not use it: remove it (or run `kiln cache clear` after removing it)")
+    if info.st_mode & 0o022:
+        raise UnsafeCacheError(f"the kernel cache folder {path} is writable by other users (mode "
+                               f"{stat.S_IMODE(info.st_mode):o}); Kiln will not use it: remove it")
+
+
+def _open_folder(parent_fd: int, name: str, path: Path) -> int:
+    """A descriptor of the private folder `name` in `parent_fd` (created if missing)."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise _unusable(path, exc, "creating a folder") from None
+    try:
+        fd = os.open(name, _OPEN_DIR, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            link = stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode)
+            raise UnsafeCacheError(f"the kernel cache folder {path} is "
+                                   f"{'a symbolic link' if link else 'not a directory'}; Kiln follows no "
+                                   "links in its cache: remove it") from None
+        raise _unusable(path, exc, "opening a folder") from None
+    try:
+        _check_folder(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def _entry_folder(kind: str, key: str):
+    """(descriptor, path) of the checked folder ROOT/kind/key[:2]."""
+    path = _root_path()
+    fds = []
+    try:
+        with _root_fd() as fd:
+            for name in (kind, key[:2]):
+                path = path / name
+                fd = _open_folder(fd, name, path)
+                fds.append(fd)
+            yield fd, path
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def content_key(*parts: str) -> str:
@@ -46,76 +166,208 @@ def content_key(*parts: str) -> str:
     return h.hexdigest()
 
 
-def _checksum(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _checksum(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _read_own_file(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of regular file `name` in `dir_fd`, read through one descriptor, if it is the
+    user's own and writable by no one else; else None (missing, a link, foreign)."""
+    try:
+        fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        return f.read()
+
+
+def _verified(dir_fd: int, key: str, suffix: str) -> bytes | None:
+    """The entry's bytes if its record names `key` and their checksum; else None."""
+    data = _read_own_file(dir_fd, key + suffix)
+    record = _read_own_file(dir_fd, key + ".json")
+    if data is None or record is None:
+        return None
+    try:
+        fields = json.loads(record)
+        ok = fields["key"] == key and fields["sha256"] == _checksum(data)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return data if ok else None
+
+
+def _write_bytes(f, data: bytes) -> None:
+    f.write(data)
+
+
+def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+    """Write `data` to `name` in `dir_fd` atomically: a new private temporary file, renamed."""
+    tmp = f".tmp-{secrets.token_hex(8)}"
+    fd = os.open(tmp, _CREATE_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_bytes(f, data)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+_private_lock = threading.Lock()
+_private: dict[tuple[int, Path], Path] = {}      # (pid, root) -> this process's private folder
+PRIVATE_PREFIX = ".private-"
+
+
+def _private_dir() -> Path:
+    """A folder of the cache root that only this process writes (mode 0700, named after the
+    process id), removed when the process exits. It lies in the root rather than in /tmp, which
+    may forbid loading code."""
+    with _root_fd():
+        root = _root_path()
+    with _private_lock:
+        key = (os.getpid(), root)
+        if key not in _private:
+            path = Path(tempfile.mkdtemp(dir=root, prefix=f"{PRIVATE_PREFIX}{key[0]}-"))
+            _private[key] = path
+            atexit.register(lambda: os.getpid() == key[0] and shutil.rmtree(path, ignore_errors=True))
+        return _private[key]
+
+
+def _private_copy(key: str, suffix: str, data: bytes) -> Path:
+    """`data` as a file of the private directory, for the caller to load."""
+    folder = _private_dir()
+    fd = os.open(folder, _OPEN_DIR)
+    try:
+        _write_new(fd, key + suffix, data)
+    except OSError as exc:
+        raise _unusable(folder, exc, "writing a verified kernel") from None
+    finally:
+        os.close(fd)
+    return folder / (key + suffix)
+
+
+def _build_privately(build: Callable[[Path], None], suffix: str) -> bytes:
+    """The output of `build(path)`, run on a path of a fresh private directory (removed after)."""
+    work = Path(tempfile.mkdtemp(dir=_private_dir(), prefix="build-"))
+    try:
+        out = work / f"kernel{suffix}"
+        try:
+            build(out)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _unusable(work, exc, "building a kernel") from None
+            raise
+        return out.read_bytes()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], None]) -> Path:
-    """Return the path of the cached artifact `key`, building it with `build(path)` if the
-    entry is missing or untrustworthy. `build` writes the artifact to the path it is given."""
-    folder = cache_dir() / kind / key[:2]
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    target = folder / f"{key}{suffix}"
-    record = folder / f"{key}.json"
-    if _valid(target, record):
-        logger.debug("kernel cache hit: %s/%s", kind, target.name)
-        return target
-    logger.info("kernel cache miss: building %s/%s", kind, target.name)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".build-", suffix=suffix)
-    os.close(fd)
-    try:
-        build(Path(tmp))
-        digest = _checksum(Path(tmp))
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _atomic_write(record, json.dumps({"sha256": digest}).encode())
-    if not _valid(target, record):
-        # Another builder replaced the file between our rename and our record; theirs is
-        # complete too, so record what is there now.
-        _atomic_write(record, json.dumps({"sha256": _checksum(target)}).encode())
-    return target
-
-
-def _valid(target: Path, record: Path) -> bool:
-    try:
-        if target.stat().st_uid != os.getuid():
-            return False
-        expected = json.loads(record.read_text())["sha256"]
-        return _checksum(target) == expected
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    """The path of a private copy of the artifact `key`, taken from a verified cache entry or,
+    when the entry is missing or untrustworthy, built by `build(path)` (which writes the
+    artifact to the path it is given) and published to the cache."""
+    with _entry_folder(kind, key) as (fd, folder):
+        data = _verified(fd, key, suffix)
+        if data is not None:
+            logger.debug("kernel cache hit: %s/%s%s", kind, key, suffix)
+        else:
+            logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
+            data = _build_privately(build, suffix)
+            record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
+            try:
+                _write_new(fd, key + suffix, data)
+                _write_new(fd, key + ".json", record)
+            except OSError as exc:
+                raise _unusable(folder, exc, "storing a kernel") from None
+    return _private_copy(key, suffix, data)
 
 
 def _entries(folder: Path) -> list[Path]:
-    """The built files under `folder`: no records, no temporary files of builds in progress."""
-    return [f for f in folder.rglob("*")
-            if f.is_file() and not f.name.endswith(".json") and not f.name.startswith(".")]
+    """The built files under `folder`: no records, no temporary files, no links followed."""
+    found = []
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        for name in files:
+            path = Path(parent) / name
+            if not name.endswith(".json") and not name.startswith(".") and not path.is_symlink():
+                found.append(path)
+    return found
+
+
+def _kinds(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _abandoned_private_dirs(root: Path) -> list[Path]:
+    """Private folders of processes that ended without removing them."""
+    found = []
+    for p in root.iterdir():
+        if p.name.startswith(PRIVATE_PREFIX) and p.is_dir() and not p.is_symlink():
+            pid = p.name[len(PRIVATE_PREFIX):].split("-")[0]
+            if pid.isdigit() and not _process_alive(int(pid)):
+                found.append(p)
+    return found
 
 
 def status() -> dict:
     """Counts and sizes of the cache's entries, by kind."""
     root = cache_dir()
     out = {"path": str(root), "kinds": {}}
-    for kind in sorted(p for p in root.iterdir() if p.is_dir()):
+    for kind in _kinds(root):
         files = _entries(kind)
-        out["kinds"][kind.name] = {"entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+        out["kinds"][kind.name] = {"entries": len(files), "bytes": sum(f.lstat().st_size for f in files)}
     return out
 
 
-def clear() -> int:
-    """Delete every entry; return how many were removed."""
+@dataclass
+class Cleared:
+    """What `clear` did: the entries it removed, and the paths it could not remove."""
+    removed: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def clear() -> Cleared:
+    """Delete every entry, record and leftover temporary file (links are removed, never
+    followed), and the private folders of processes that ended; count only the entries
+    actually removed."""
     root = cache_dir()
-    removed = 0
-    for kind in [p for p in root.iterdir() if p.is_dir()]:
-        removed += len(_entries(kind))
-        shutil.rmtree(kind, ignore_errors=True)
-    return removed
+    result = Cleared()
+    for folder in _abandoned_private_dirs(root):
+        shutil.rmtree(folder, onerror=lambda _f, path, exc: result.failed.append(f"{path} ({exc[1]})"))
+    for top in [p for p in root.iterdir() if p.is_symlink()] + _kinds(root):
+        if top.is_symlink():
+            _remove(top, result, counted=False)
+            continue
+        for parent, dirs, files in os.walk(top, topdown=False, followlinks=False):
+            for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
+                entry = not name.endswith(".json") and not name.startswith(".")
+                _remove(Path(parent) / name, result, counted=entry and not (Path(parent) / name).is_symlink())
+            try:
+                os.rmdir(parent)
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    result.failed.append(f"{parent} ({exc.strerror})")
+    return result
+
+
+def _remove(path: Path, result: Cleared, counted: bool) -> None:
+    try:
+        path.unlink()
+    except OSError as exc:
+        result.failed.append(f"{path} ({exc.strerror})")
+        return
+    result.removed += counted

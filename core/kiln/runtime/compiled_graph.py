@@ -5,17 +5,22 @@ The runtime sees kernels and buffers, not operators. Each step calls its kernel 
 holds a graph input (bound at each run), a constant (a fixed tensor), a graph output
 (allocated at each run, so results outlive the next run) or an intermediate.
 
-Intermediates live in one workspace per device: a uint8 buffer carved into views at
+Intermediates live in a workspace per device: a uint8 buffer carved into views at
 256-byte-aligned offsets by a memory plan, so that buffers whose lifetimes do not overlap share
 memory and a run allocates nothing but its outputs. The plan is greedy first-fit: buffers in
 order of first use, each at the lowest offset where it overlaps no buffer live at the same time.
 
-Steps run in order (on a GPU, on the current stream). Runs of one CompiledGraph must not
-overlap in time on different streams or threads: they share the workspace.
+Steps run in order (on a GPU, on the current stream). Runs that overlap in time never share a
+workspace: each run checks a set of workspaces out of a pool and returns it when it ends. The
+pool is keyed by the current stream of each CUDA device the graph uses, so that a workspace
+whose kernels may still be queued on one stream is only reused by later runs on that stream
+(stream order makes that safe); a run from another thread or stream takes another set, made
+when none is free.
 """
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -88,10 +93,18 @@ def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
     return MemoryPlan(offsets, size)
 
 
+@dataclass(frozen=True)
+class WorkspaceSet:
+    """Workspaces by device, and each slot's tensor (views into them, and the constants)."""
+    workspaces: dict
+    slots: list
+
+
 class CompiledGraph:
     """Steps over numbered buffers: `buffers[slot]` describes each slot; `inputs` are the slots
     bound by `run`, `outputs` the slots it returns, `constants` fixed tensors by slot. Every
-    other slot is an intermediate, placed in its device's workspace."""
+    other slot is an intermediate, placed in its device's workspace. `workspaces` is the first
+    workspace set's (runs that overlap in time make more)."""
 
     def __init__(self, steps: Sequence[Step], buffers: Sequence[Buffer], inputs: Sequence[int],
                  outputs: Sequence[int], constants: dict[int, torch.Tensor]):
@@ -106,18 +119,47 @@ class CompiledGraph:
         for device in dict.fromkeys(self.buffers[s].device for s in intermediates):
             mine = [s for s in intermediates if self.buffers[s].device == device]
             self.plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, self.lifetimes)
-        self.workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
-                           for device, plan in self.plans.items()}
-        self._slots: list = [None] * len(self.buffers)
-        for device, plan in self.plans.items():
-            for slot, offset in plan.offsets.items():
-                b = self.buffers[slot]
-                self._slots[slot] = self.workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
-        for slot, tensor in constants.items():
-            self._slots[slot] = tensor
+        self._constants = dict(constants)
         # non-contiguous constants are made contiguous at each run, so they follow their source
         self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
         self._fresh = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
+        self._lock = threading.Lock()
+        self._free: dict[tuple, list[list]] = {}
+        first = self.workspace_set()
+        self.workspaces = first.workspaces
+        self._free[self._pool_key()] = [first.slots]
+
+    def workspace_set(self) -> "WorkspaceSet":
+        """A new set of workspaces (one per device) and the slot tensors viewing into them,
+        owned by whoever asked: `run(inputs, workspace=...)` uses it instead of the pool (a
+        captured CUDA graph keeps one for its replays)."""
+        workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
+                      for device, plan in self.plans.items()}
+        slots: list = [None] * len(self.buffers)
+        for device, plan in self.plans.items():
+            for slot, offset in plan.offsets.items():
+                b = self.buffers[slot]
+                slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
+        for slot, tensor in self._constants.items():
+            slots[slot] = tensor
+        return WorkspaceSet(workspaces, slots)
+
+    def _pool_key(self) -> tuple:
+        """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""
+        return tuple(torch.cuda.current_stream(device).cuda_stream
+                     for device in self.plans if device.type == "cuda")
+
+    def _checkout(self) -> tuple[tuple, list]:
+        key = self._pool_key()
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            if free:
+                return key, free.pop()
+        return key, self.workspace_set().slots
+
+    def _checkin(self, key: tuple, slots: list) -> None:
+        with self._lock:
+            self._free[key].append(slots)
 
     @property
     def workspace_bytes(self) -> int:
@@ -129,12 +171,22 @@ class CompiledGraph:
         """Bytes the intermediates would take, each in its own allocation."""
         return sum(self.buffers[s].nbytes for plan in self.plans.values() for s in plan.offsets)
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: Sequence[torch.Tensor], workspace: "WorkspaceSet | None" = None) -> list[torch.Tensor]:
         """Run every step on `inputs` (torch tensors of the input slots' shapes and dtypes);
-        return the output tensors, freshly allocated (inputs and constants returned as such)."""
+        return the output tensors, freshly allocated (inputs and constants returned as such).
+        The intermediates go to a workspace set of the pool, or to `workspace` when given (its
+        owner makes sure no two runs use it at once)."""
         if len(inputs) != len(self.inputs):
             raise ValueError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(inputs)}")
-        slots = list(self._slots)
+        if workspace is not None:
+            return self._run(inputs, list(workspace.slots))
+        key, slots = self._checkout()
+        try:
+            return self._run(inputs, list(slots))
+        finally:
+            self._checkin(key, slots)
+
+    def _run(self, inputs: Sequence[torch.Tensor], slots: list) -> list[torch.Tensor]:
         for slot, tensor in zip(self.inputs, inputs):
             slots[slot] = tensor.contiguous()
         for slot, tensor in self._strided.items():

@@ -15,6 +15,7 @@ import torch
 
 from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cache import content_key, lookup_or_build
+from kiln.runtime.kernel_errors import KernelCheck, raise_failed
 
 FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-fwrapv", "-fno-math-errno",
          "-march=native"]
@@ -79,15 +80,18 @@ def build_shared_library(source: str, name: str) -> Path:
 class CpuProgram:
     """What a CPU schedule produces: C `source` defining `void entry(...)`, whose parameters
     are pointers to the buffers named by `args` in order (kernel argument names of
-    `kiln.codegen.emitter.KernelArgs`: the task's inputs, then its outputs)."""
+    `kiln.codegen.emitter.KernelArgs`: the task's inputs, then its outputs, then
+    `KernelArgs.STATUS` where the kernel reports failed `checks`)."""
 
     source: str
     entry: str
     args: tuple[str, ...]
+    checks: tuple[KernelCheck, ...] = ()
 
     def key(self) -> tuple:
-        """What identifies the loaded kernel in the runtime's in-memory cache."""
-        return (self.source, self.entry, self.args)
+        """What identifies the loaded kernel in the runtime's in-memory cache (the checks'
+        messages are not in the source)."""
+        return (self.source, self.entry, self.args, self.checks)
 
 
 _omp_threads = threading.local()
@@ -101,7 +105,8 @@ def _libgomp() -> ctypes.CDLL:
 
 class CpuKernel:
     """A loaded CpuProgram: call it with the task's input and output tensors (contiguous). Its
-    OpenMP regions use torch.get_num_threads() threads."""
+    OpenMP regions use torch.get_num_threads() threads; a check that fails in its status
+    buffer raises its exception (see `kiln.runtime.kernel_errors`)."""
 
     def __init__(self, program: CpuProgram):
         self.program = program
@@ -117,4 +122,7 @@ class CpuKernel:
             _libgomp().omp_set_num_threads(threads)
             _omp_threads.count = threads
         buffers = KernelArgs.bind(inputs, outputs)
+        status = (ctypes.c_int64 * 2)()
+        buffers[KernelArgs.STATUS] = ctypes.addressof(status)
         self._fn(*[buffers[name] for name in self.program.args])
+        raise_failed(self.program.checks, status[0], status[1], self.program.entry)

@@ -4,10 +4,15 @@
 captures one more call into a CUDA graph over static input buffers. `run(inputs)` copies the
 inputs into those buffers and replays the graph: one launch for the whole sequence, without
 Python or driver overhead per kernel. The outputs are the graph's static buffers, overwritten
-by the next replay (clone them to keep them).
+by the next replay, unless `run(inputs, copy=True)` returns copies of them.
+
+A graph has one set of static buffers, so its replays are serialized: one thread at a time
+copies in, replays and copies out, and a replay on one stream waits (on the GPU) for the
+previous replay, on whatever stream it ran, to finish with the buffers.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import torch
@@ -28,17 +33,28 @@ class CapturedGraph:
             with torch.cuda.graph(self.graph, stream=stream):
                 self.static_outputs = list(fn(self.static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
+        self._lock = threading.Lock()
+        self._done: torch.cuda.Event | None = None     # recorded after the last replay's copies
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list:
+    def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
-        replay it, and return its static outputs, each passed through `wrap`."""
+        replay it on the current stream, and return its static outputs (their copies with
+        `copy`, which later replays leave alone), each passed through `wrap`."""
         if len(inputs) != len(self.static_inputs):
             raise ValueError(f"the captured graph takes {len(self.static_inputs)} inputs, got {len(inputs)}")
-        for dst, src in zip(self.static_inputs, inputs):
-            src = src.torch() if hasattr(src, "torch") else src
+        sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
+        for dst, src in zip(self.static_inputs, sources):
             if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
                 raise ValueError(f"captured graph input expects {dst.dtype}{list(dst.shape)}, got "
                                  f"{src.dtype}{list(src.shape)}")
-            dst.copy_(src, non_blocking=True)
-        self.graph.replay()
-        return [self.wrap(t) for t in self.static_outputs]
+        with self._lock:
+            stream = torch.cuda.current_stream()
+            if self._done is not None:
+                stream.wait_event(self._done)
+            for dst, src in zip(self.static_inputs, sources):
+                dst.copy_(src, non_blocking=True)
+            self.graph.replay()
+            outputs = [t.clone() if copy else t for t in self.static_outputs]
+            self._done = torch.cuda.Event()
+            self._done.record(stream)
+        return [self.wrap(t) for t in outputs]

@@ -4,18 +4,78 @@ Each materialized compute (see `kiln.ir.inline`) becomes one loop nest. An injec
 loops over its outer dimensions in parallel and over its last dimension innermost, so the C
 compiler can vectorize it; a compute that reduces loops over its elements in parallel, each
 element running its reduction loop.
+
+Floating-point sums over many values (`CASCADE_BLOCK` or more) do not accumulate in one
+sequence, whose error grows with the length: each block of CASCADE_BLOCK values sums on its
+own, and the block sums combine pairwise (a binary counter of partial sums), so the error grows
+with the block size plus the logarithm of the number of blocks, as in PyTorch's cascade sum.
 """
 from __future__ import annotations
 
 from kiln.codegen.c import CDialect
-from kiln.codegen.emitter import Emitter, KernelArgs, numel, row_major_strides
+from kiln import dtypes
+from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_combine, row_major_strides
 from kiln.ir.compute import Compute
-from kiln.ir.expr import Var
+from kiln.ir.expr import Reduce, Var, as_expr
 from kiln.ir.inline import Lowered, substitute
-from kiln.ir.simplify import simplify
+from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cpu import CpuProgram
+from kiln.runtime.kernel_errors import KernelCheck
 
 PARALLEL_THRESHOLD = 1 << 15
+CASCADE_BLOCK = 128
+
+
+class CpuEmitter(Emitter):
+    """The C emitter with cascaded floating-point sums (see the module doc)."""
+
+    def _reduce(self, e: Reduce, key) -> str:
+        if e.op != "sum" or not e.body.dtype.is_float or _most_values(e) <= CASCADE_BLOCK:
+            return super()._reduce(e, key)
+        d, t = self.dialect, e.body.dtype
+        vt = d.value_type(t)
+        extents = [self.emit(as_expr(a.extent, dtypes.int64)) for a in e.axes]
+        total = self.let(dtypes.int64, " * ".join(f"(int64_t)({x})" for x in extents))
+        acc, levels, blocks, part = self.fresh("acc"), self.fresh("lvl"), self.fresh("nb"), self.fresh("part")
+        start, flat, level, carry, k = (self.fresh(p) for p in ("rb", "f", "k", "c", "k"))
+        self.line(f"{vt} {acc} = {d.const(0, t)};")
+        self.line(f"{vt} {levels}[64];")
+        self.line(f"int64_t {blocks} = 0;")
+        self.open(f"for (int64_t {start} = 0; {start} < {total}; {start} += {CASCADE_BLOCK})")
+        self.line(f"{vt} {part} = {d.const(0, t)};")
+        end = f"({start} + {CASCADE_BLOCK} < {total} ? {start} + {CASCADE_BLOCK} : {total})"
+        self.open(f"for (int64_t {flat} = {start}; {flat} < {end}; ++{flat})")
+        inner = "1"
+        for axis, extent in reversed(list(zip(e.axes, extents))):
+            name = self.fresh("r")
+            self.names[id(axis)] = name
+            self.line(f"const int64_t {name} = ({flat} / ({inner})) % ({extent});" if len(extents) > 1
+                      else f"const int64_t {name} = {flat};")
+            inner = f"{inner} * ({extent})"
+        self.line(reduce_combine("sum", t, part, self.emit(e.body), d))
+        self.close()
+        # block number nb + 1 merges the levels of its trailing zero bits, then takes the next
+        self.line(f"int {level} = 0;")
+        self.line(f"++{blocks};")
+        self.open(f"for (int64_t {carry} = {blocks}; ({carry} & 1) == 0; {carry} >>= 1, ++{level})")
+        self.line(f"{part} = {levels}[{level}] + {part};")
+        self.close()
+        self.line(f"{levels}[{level}] = {part};")
+        self.close()
+        self.open(f"for (int {k} = 0; {k} < 64; ++{k})")
+        self.line(f"if (({blocks} >> {k}) & 1) {acc} = {levels}[{k}] + {acc};")
+        self.close()
+        self.scopes[-1][key] = acc
+        return acc
+
+
+def _most_values(e: Reduce) -> int:
+    """An upper bound of the number of values `e` reduces (unknown extents count as many)."""
+    n = 1
+    for axis in e.axes:
+        b = bounds(as_expr(axis.extent, dtypes.int64))
+        n *= b[1] if b is not None else 1 << 30
+    return n
 
 
 def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
@@ -57,14 +117,16 @@ def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
         em.close()
 
 
-def render_cpu(lowered: Lowered, kernel_name: str) -> str:
-    """C source of one function `kernel_name(inputs..., outputs...)` computing the task."""
+def render_cpu(lowered: Lowered, kernel_name: str) -> tuple[str, list[KernelCheck]]:
+    """C source of one function `kernel_name(inputs..., outputs..., status)` computing the
+    task, and the checks whose codes it may write to `status` (see `kiln.runtime.kernel_errors`)."""
     d = CDialect()
     temps = lowered.temporaries
     names = KernelArgs.names(lowered.inputs, lowered.outputs, temps)
     params = KernelArgs.params(d, lowered.inputs, lowered.outputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
-    em = Emitter(d, names, strides)
+    params.append(f"int64_t* __restrict__ {KernelArgs.STATUS}")
+    em = CpuEmitter(d, names, strides)
     for t in temps:
         em.line(f"{d.storage_type(t.dtype)}* {names[id(t)]} = ({d.storage_type(t.dtype)}*)malloc("
                 f"{max(numel(t.shape), 1)} * sizeof({d.storage_type(t.dtype)}));")
@@ -73,10 +135,13 @@ def render_cpu(lowered: Lowered, kernel_name: str) -> str:
     for t in temps:
         em.line(f"free({names[id(t)]});")
     body = "\n".join(em.lines)
-    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n"
+    checks = [KernelCheck(c.error, c.message) for c in em.checks]
+    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks
 
 
 def schedule(lowered: Lowered) -> CpuProgram:
-    """The CPU program of `lowered` (it takes every task)."""
-    args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs))
-    return CpuProgram(render_cpu(lowered, "kiln_kernel"), "kiln_kernel", tuple(args))
+    """The CPU program of `lowered` (it takes every task); the kernel takes a status buffer
+    after its tensors, where its checks report (see `kiln.runtime.kernel_errors`)."""
+    args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs)) + [KernelArgs.STATUS]
+    source, checks = render_cpu(lowered, "kiln_kernel")
+    return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks))

@@ -14,6 +14,9 @@ returns its CudaProgram, or None where it does not apply. They share what is her
   reduction, combined by warp shuffles; `block`: one block per element, warps combined through
   shared memory (long rows);
 - `CudaEmitter` spreads an element's outermost reductions over the lanes of a warp or block.
+
+A lane summing more than PARTIAL_LENGTH float values sums them in partial sums of that many,
+so that its error does not grow with the row's length.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ ITEM_LOOP = {
     "warp": ("((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((int64_t)gridDim.x * blockDim.x) >> 5"),
     "block": ("(int64_t)blockIdx.x", "(int64_t)gridDim.x"),
 }
+PARTIAL_LENGTH = 256            # a lane's float sum of more values goes through partial sums
 
 
 def reduce_extent(r: Reduce) -> int:
@@ -65,11 +69,13 @@ class CudaEmitter(Emitter):
     cover only the slice `[split_lo, split_hi)` of the flattened reduction.
     """
 
-    def __init__(self, dialect, names, strides, mode: str, indent: int = 1, split: tuple[str, str] | None = None):
+    def __init__(self, dialect, names, strides, mode: str, indent: int = 1, split: tuple[str, str] | None = None,
+                 split_extent: int | None = None):
         super().__init__(dialect, names, strides, indent)
         self.mode = mode
         self.depth = 0
         self.split = split
+        self.split_extent = split_extent        # the values one part of a split reduction covers
 
     def _reduce(self, e: Reduce, key) -> str:
         if self.depth > 0 or self.mode == "thread":
@@ -83,6 +89,30 @@ class CudaEmitter(Emitter):
             return self._parallel_reduce(e, key)
         finally:
             self.depth -= 1
+
+    def open_partial(self, op: str, t, acc: str, per_lane: int) -> tuple[str, str] | None:
+        """For a float sum of more than PARTIAL_LENGTH values a lane: declare a partial sum and
+        its count, so that a lane's values do not accumulate in one long sequence."""
+        if op != "sum" or not t.is_float or per_lane <= PARTIAL_LENGTH:
+            return None
+        part, count = self.fresh("part"), self.fresh("n")
+        self.line(f"{self.dialect.value_type(t)} {part} = {reduce_init(op, t, self.dialect)}; int {count} = 0;")
+        return part, count
+
+    def add_partial(self, partial: tuple[str, str] | None, op: str, t, acc: str, v: str) -> None:
+        """Fold `v` into the partial sum (flushed into `acc` every PARTIAL_LENGTH values), or
+        into `acc` when there is none."""
+        d = self.dialect
+        if partial is None:
+            self.line(d.combine(op, t, acc, v))
+            return
+        part, count = partial
+        self.line(d.combine(op, t, part, v))
+        self.line(f"if (++{count} == {PARTIAL_LENGTH}) {{ {acc} += {part}; {part} = 0; {count} = 0; }}")
+
+    def close_partial(self, partial: tuple[str, str] | None, acc: str) -> None:
+        if partial is not None:
+            self.line(f"{acc} += {partial[0]};")
 
     def _parallel_reduce(self, e: Reduce, key) -> str:
         d = self.dialect
@@ -99,6 +129,9 @@ class CudaEmitter(Emitter):
         lane, width = ("(threadIdx.x & 31)", "32") if self.mode == "warp" else ("threadIdx.x", "blockDim.x")
         flat = self.fresh("f")
         lo, hi = (self.split if self.split else ("0", total))
+        lanes = 32 if self.mode == "warp" else BLOCK
+        per_lane = -(-min(reduce_extent(e), self.split_extent or reduce_extent(e)) // lanes)
+        partial = None if arg else self.open_partial(e.op, t, acc, per_lane)
         self.line("#pragma unroll 4")
         self.open(f"for (int64_t {flat} = {lo} + {lane}; {flat} < {hi}; {flat} += {width})")
         inner = 1
@@ -118,8 +151,9 @@ class CudaEmitter(Emitter):
             self.line(f"{acc} = {v}; {pos} = {flat};")
             self.close()
         else:
-            self.line(d.combine(e.op, t, acc, v))
+            self.add_partial(partial, e.op, t, acc, v)
         self.close()
+        self.close_partial(partial, acc)
         self._combine_lanes(e.op, t, acc, pos if arg else None)
         result = pos if arg else acc
         self.scopes[-1][key] = result
@@ -215,7 +249,8 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
         chunk = -(-total // parts)
         split_bounds = (f"(int64_t)blockIdx.y * {chunk}", f"min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){total})")
         value = top_reduces(value)[0]
-    em = CudaEmitter(d, names, strides, mode, indent=2, split=split_bounds)
+    em = CudaEmitter(d, names, strides, mode, indent=2, split=split_bounds,
+                     split_extent=-(-split[1] // split[0]) if split else None)
     per_block = {"thread": BLOCK, "warp": BLOCK // 32, "block": 1}[mode]
     v = em.emit(value)
     if split:

@@ -249,6 +249,7 @@ class RowEmitter(CudaEmitter):
         pos = self.fresh("pos")
         if arg:
             self.line(f"int64_t {pos} = 0;")
+        partial = None if arg else self.open_partial(r.op, t, acc, self.plan.chunks * self.plan.vector)
         self.open_chunk(self.needed(r.body))
         self.open_element()
         v = self.emit(r.body)
@@ -257,9 +258,10 @@ class RowEmitter(CudaEmitter):
             self.line(f"{acc} = {v}; {pos} = {self.names[id(self.e)]};")
             self.close()
         else:
-            self.line(d.combine(r.op, t, acc, v))
+            self.add_partial(partial, r.op, t, acc, v)
         self.close()
         self.close_chunk()
+        self.close_partial(partial, acc)
         self._combine_lanes(r.op, t, acc, pos if arg else None)
         result = pos if arg else acc
         self.scopes[-1][key] = result
