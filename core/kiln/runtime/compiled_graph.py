@@ -119,7 +119,7 @@ class CompiledGraph:
         for device in dict.fromkeys(self.buffers[s].device for s in intermediates):
             mine = [s for s in intermediates if self.buffers[s].device == device]
             self.plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, self.lifetimes)
-        self._constants = dict(constants)
+        self.constants = dict(constants)
         # non-contiguous constants are made contiguous at each run, so they follow their source
         self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
         self._fresh = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
@@ -140,7 +140,7 @@ class CompiledGraph:
             for slot, offset in plan.offsets.items():
                 b = self.buffers[slot]
                 slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
-        for slot, tensor in self._constants.items():
+        for slot, tensor in self.constants.items():
             slots[slot] = tensor
         return WorkspaceSet(workspaces, slots)
 

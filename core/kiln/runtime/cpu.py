@@ -108,9 +108,11 @@ class CpuKernel:
     OpenMP regions use torch.get_num_threads() threads; a check that fails in its status
     buffer raises its exception (see `kiln.runtime.kernel_errors`)."""
 
-    def __init__(self, program: CpuProgram):
+    def __init__(self, program: CpuProgram, library: Path | None = None):
+        """Build `program` through the kernel cache, or load it from `library`, a shared object
+        built from it before (`kiln.load` passes one it saved; it may be deleted once loaded)."""
         self.program = program
-        self.path = build_shared_library(program.source, program.entry)
+        self.path = library or build_shared_library(program.source, program.entry)
         self._lib = ctypes.CDLL(str(self.path))
         self._fn = getattr(self._lib, program.entry)
         self._fn.restype = None

@@ -13,16 +13,15 @@ from pathlib import Path
 from torch.fx import GraphModule
 
 from kiln.graph import FlowGraph
+from kiln.runtime.cpu import CpuProgram
 
 
 def kernel_source(kernel) -> tuple[str, str] | None:
     """(source, file suffix) of a built kernel (a CompiledTask), None where it has none."""
-    inner = getattr(kernel, "kernel", kernel)
-    program = getattr(inner, "program", None)
-    if program is not None:
-        return program.source, ".cu"
-    source = getattr(inner, "source", None)
-    return (source, ".c") if isinstance(source, str) else None
+    program = getattr(getattr(kernel, "kernel", kernel), "program", None)
+    if program is None:
+        return None
+    return program.source, ".c" if isinstance(program, CpuProgram) else ".cu"
 
 
 def memory_plan_text(compiled) -> str:

@@ -15,7 +15,6 @@ or a tuple of them. Loading a file runs the machine code in it: load only files 
 """
 from __future__ import annotations
 
-import ctypes
 import inspect
 import os
 import re
@@ -28,6 +27,7 @@ from torch.fx.node import map_aggregate
 import kiln
 from kiln.frontend.torch.backend import KilnFunction
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
+from kiln.runtime.cpu import CpuKernel
 from kiln.tensor import Tensor
 
 FORMAT = "kiln-compiled-model/1"
@@ -90,20 +90,17 @@ def _argument(source: str) -> tuple | None:
 
 def _kernel_record(step: Step) -> dict:
     kernel = getattr(step.kernel, "kernel", None)
-    path, name = getattr(kernel, "path", None), getattr(kernel, "name", None)
-    if path is None or getattr(step.kernel, "device", None) is None or \
-            step.kernel.device.kind != "cpu":
+    if not isinstance(kernel, CpuKernel):
         raise SaveError("kiln.save supports CPU kernels only; this graph runs "
                         f"{type(kernel).__name__} kernels")
-    return {"name": name, "nargs": len(step.inputs) + len(step.outputs),
-            "binary": Path(path).read_bytes()}
+    return {"program": kernel.program, "binary": Path(kernel.path).read_bytes()}
 
 
 def _graph_record(run) -> dict:
     compiled = run.graph.compile()
     produced = {s for step in compiled.steps for s in step.outputs}
     planned = {s for plan in compiled.plans.values() for s in plan.offsets}
-    constants = {s: compiled._slots[s] for s in range(len(compiled.buffers))
+    constants = {s: t for s, t in compiled.constants.items()
                  if s not in produced and s not in planned and s not in compiled.inputs}
     return {
         "kernels": [_kernel_record(step) for step in compiled.steps],
@@ -131,27 +128,20 @@ def save(compiled_model, path) -> None:
                 "graphs": graphs}, path)
 
 
-class _LoadedKernel:
-    """A saved CPU kernel, loaded from its shared object: `kernel(inputs, outputs)`."""
-
-    def __init__(self, record: dict, folder: str):
-        fd, so = tempfile.mkstemp(suffix=".so", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            f.write(record["binary"])
-        self._lib = ctypes.CDLL(so)
-        os.unlink(so)      # the mapping stays loaded; nothing is left on disk
-        self._fn = getattr(self._lib, record["name"])
-        self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * record["nargs"]
-
-    def __call__(self, inputs, outputs) -> None:
-        if any(o.numel() > 0 for o in outputs):
-            self._fn(*[t.data_ptr() for t in inputs], *[t.data_ptr() for t in outputs])
+def _loaded_kernel(record: dict, folder: str) -> CpuKernel:
+    """A saved CPU kernel, loaded from its shared object (nothing is left on disk)."""
+    fd, so = tempfile.mkstemp(suffix=".so", dir=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(record["binary"])
+    try:
+        return CpuKernel(record["program"], Path(so))
+    finally:
+        os.unlink(so)      # the mapping stays loaded
 
 
 class _LoadedGraph:
     def __init__(self, record: dict, folder: str):
-        steps = [Step(_LoadedKernel(k, folder), tuple(ins), tuple(outs))
+        steps = [Step(_loaded_kernel(k, folder), tuple(ins), tuple(outs))
                  for k, (ins, outs) in zip(record["kernels"], record["steps"])]
         buffers = [Buffer(tuple(shape), dtype, torch.device(device))
                    for shape, dtype, device in record["buffers"]]
