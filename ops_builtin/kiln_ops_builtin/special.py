@@ -170,7 +170,16 @@ def _logaddexp(scale: float):
     return fn
 
 
-hypot = _binary("hypot", lambda a, b: ir.sqrt(a * a + b * b), "sqrt(x ** 2 + y ** 2).", FLOATING)
+def _hypot(a, b):
+    """Scaled by the larger magnitude, so it neither overflows nor underflows; an infinite
+    operand gives inf even beside a NaN (C's hypot)."""
+    high, low = ir.maximum(ir.abs_(a), ir.abs_(b)), ir.minimum(ir.abs_(a), ir.abs_(b))
+    ratio = low / select(ir.eq(high, 0), 1.0, high)
+    value = high * ir.sqrt(1 + ratio * ratio)
+    return select(ir.isinf(a) | ir.isinf(b), math.inf, value)
+
+
+hypot = _binary("hypot", _hypot, "sqrt(x ** 2 + y ** 2).", FLOATING)
 copysign = _binary("copysign", _copysign, "|x| with the sign of y (-0.0 counts as negative).")
 fmax = _binary("fmax", _fmax, "The larger of x and y, ignoring a NaN operand.", NUMERIC, to_float=False)
 fmin = _binary("fmin", _fmin, "The smaller of x and y, ignoring a NaN operand.", NUMERIC, to_float=False)
