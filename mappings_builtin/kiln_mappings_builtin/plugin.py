@@ -3,13 +3,13 @@ from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
 from kiln_mappings_builtin import (
-    activations, arrange, common, convert, creation, cumulative, elementwise, indexing, losses, modules,
+    activations, arrange, attention, common, convert, creation, cumulative, elementwise, indexing, losses, modules,
     nn, normalization, products, reduce, scatter, shape, sorting, special,
 )
 
 RULE_MODULES = (common, convert, creation, elementwise, indexing, modules, nn, reduce, shape,
                 special, losses, products, arrange, activations, normalization, sorting,
-                cumulative, scatter)
+                cumulative, scatter, attention)
 
 
 @hookimpl
