@@ -6,6 +6,7 @@ logspace, tril/triu_indices, unflatten, and the in-place fills zero_/fill_/copy_
 Creation functions without tensor arguments (eye, linspace, the triangle indices) build their
 values in PyTorch at trace time and enter the graph as constants.
 """
+import functools
 import math
 
 import torch
@@ -75,10 +76,11 @@ def _at_least(rank: int):
     def lift(t):
         if t.ndim >= rank:
             return t
-        if rank == 3 and t.ndim == 2:
-            return ops.unsqueeze(t, -1)
-        shape = {0: (1,) * rank, 1: (1, t.shape[0], 1)[:rank] if rank == 3 else (1,) * (rank - 1) + tuple(t.shape)}
-        return ops.reshape(t, shape[t.ndim])
+        if t.ndim == 0:
+            return ops.reshape(t, (1,) * rank)
+        if rank == 3:  # (n,) -> (1, n, 1); (m, n) -> (m, n, 1)
+            return ops.reshape(t, (1, t.shape[0], 1) if t.ndim == 1 else tuple(t.shape) + (1,))
+        return ops.reshape(t, (1,) * (rank - t.ndim) + tuple(t.shape))
 
     def rule(*tensors):
         if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
@@ -120,7 +122,7 @@ def block_diag(*tensors):
     blocks = [ops.reshape(t, (1, 1)) if t.ndim == 0 else ops.unsqueeze(t, 0) if t.ndim == 1 else t
               for t in tensors]
     width = sum(b.shape[1] for b in blocks)
-    dtype = torch.result_type(*[torch.empty(0, dtype=b.dtype.torch_dtype) for b in blocks])
+    dtype = functools.reduce(torch.promote_types, [b.dtype.torch_dtype for b in blocks])
     rows, left = [], 0
     for b in blocks:
         rows.append(ops.pad(ops.cast(b, dtype), [left, width - left - b.shape[1]]))
@@ -144,7 +146,6 @@ def meshgrid(*tensors, indexing=None):
         grids.append(ops.broadcast_to(ops.reshape(t, tuple(view)), shape))
     if xy:
         grids[0], grids[1] = grids[1], grids[0]
-        grids = [ops.transpose(g, 0, 1) for g in grids]
     return tuple(grids)
 
 
@@ -185,8 +186,8 @@ def _embedded(values, offset: int):
     m = n + abs(offset)
     mask = torch.zeros(m, m, dtype=torch.bool)
     mask.view(-1)[_diagonal_positions(m, m, offset)] = True
-    padded = ops.pad(values, [0, abs(offset)]) if offset >= 0 else ops.pad(values, [abs(offset), 0])
-    # row i holds values[i] (offset >= 0: out[i, i + k] = v[i]); column j holds v[j] otherwise
+    padded = ops.pad(values, [0, abs(offset)])
+    # offset >= 0: row i holds v[i] (out[i, i + k] = v[i]); otherwise column j holds v[j]
     spread = ops.unsqueeze(padded, -1) if offset >= 0 else ops.unsqueeze(padded, -2)
     zero = ops.full((), 0, dtype=values.dtype, device=values.device)
     return ops.where(asarray(mask, device=values.device), spread, zero)

@@ -2,6 +2,8 @@
 mse, l1, smooth_l1, huber, kl_div, binary_cross_entropy (with and without logits), nll_loss and
 cross_entropy (class indices or probabilities, weights, ignore_index, label smoothing), with
 reduction 'mean', 'sum' or 'none'."""
+import math
+
 import torch.nn.functional as F
 
 from kiln import ops
@@ -153,3 +155,70 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return ops.add(ops.mul(loss, 1 - label_smoothing), ops.mul(smooth, label_smoothing / classes))
 
 
+
+
+@register_function(F.soft_margin_loss)
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    return _reduced(ops.log1p(ops.exp(ops.neg(ops.mul(target, input)))), _legacy(size_average, reduce, reduction))
+
+
+@register_function(F.margin_ranking_loss)
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    loss = ops.clamp(ops.add(ops.mul(ops.neg(target), ops.sub(input1, input2)), margin), min=0.0)
+    return _reduced(loss, _legacy(size_average, reduce, reduction))
+
+
+@register_function(F.hinge_embedding_loss)
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
+    hinge = ops.clamp(ops.sub(margin, input), min=0.0)
+    loss = ops.add(ops.where(ops.eq(target, 1), input, 0.0), ops.where(ops.eq(target, -1), hinge, 0.0))
+    return _reduced(loss, _legacy(size_average, reduce, reduction))
+
+
+@register_function(F.cosine_embedding_loss)
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    eps = 1e-12
+    dot = ops.sum(ops.mul(input1, input2), -1)
+    norms = ops.sqrt(ops.mul(ops.add(ops.sum(ops.mul(input1, input1), -1), eps),
+                             ops.add(ops.sum(ops.mul(input2, input2), -1), eps)))
+    cos = ops.div(dot, norms)
+    loss = ops.add(ops.where(ops.eq(target, 1), ops.sub(1.0, cos), 0.0),
+                   ops.where(ops.eq(target, -1), ops.clamp(ops.sub(cos, margin), min=0.0), 0.0))
+    return _reduced(loss, _legacy(size_average, reduce, reduction))
+
+
+@register_function(F.poisson_nll_loss)
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
+                     reduction="mean"):
+    if log_input:
+        loss = ops.sub(ops.exp(input), ops.mul(target, input))
+    else:
+        loss = ops.sub(input, ops.mul(target, ops.log(ops.add(input, eps))))
+    if full:
+        stirling = ops.add(ops.sub(ops.mul(target, ops.log(target)), target),
+                           ops.mul(ops.log(ops.mul(target, 2 * math.pi)), 0.5))
+        loss = ops.add(loss, ops.where(ops.gt(target, 1), stirling, 0.0))
+    return _reduced(loss, _legacy(size_average, reduce, reduction))
+
+
+@register_function(F.multilabel_soft_margin_loss)
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    loss = ops.neg(ops.add(ops.mul(target, ops.logsigmoid(input)),
+                           ops.mul(ops.sub(1.0, target), ops.logsigmoid(ops.neg(input)))))
+    loss = loss if weight is None else ops.mul(loss, weight)
+    return _reduced(ops.mean(loss, -1), _legacy(size_average, reduce, reduction))
+
+
+def _pairwise(x1, x2, p, eps):
+    d = ops.add(ops.sub(x1, x2), eps)
+    return ops.pow(ops.sum(ops.pow(ops.abs(d), p), -1), 1 / p)
+
+
+@register_function(F.triplet_margin_loss)
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
+                        reduce=None, reduction="mean"):
+    d_pos, d_neg = _pairwise(anchor, positive, p, eps), _pairwise(anchor, negative, p, eps)
+    if swap:
+        d_neg = ops.minimum(d_neg, _pairwise(positive, negative, p, eps))
+    loss = ops.clamp(ops.add(ops.sub(d_pos, d_neg), margin), min=0.0)
+    return _reduced(loss, _legacy(size_average, reduce, reduction))

@@ -16,6 +16,13 @@ def _scaled(t, factor):
     return t if factor == 1 else ops.mul(t, factor)
 
 
+def plus_scaled(product, input, beta):
+    """product + beta * input; beta 0 ignores input (its NaN and inf too), as PyTorch does."""
+    if beta == 0:
+        return ops.broadcast_to(product, torch.broadcast_shapes(tuple(product.shape), tuple(input.shape)))
+    return ops.add(product, _scaled(input, beta))
+
+
 @register_function(torch.outer, torch.ger)
 @register_method("outer", "ger")
 def outer(input, vec2):
@@ -37,19 +44,19 @@ def mv(input, vec, *, out=None):
 @register_function(torch.addmv)
 @register_method("addmv")
 def addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
-    return ops.add(_scaled(ops.matmul(mat, vec), alpha), _scaled(input, beta))
+    return plus_scaled(_scaled(ops.matmul(mat, vec), alpha), input, beta)
 
 
 @register_function(torch.addr)
 @register_method("addr")
 def addr(input, vec1, vec2, *, beta=1, alpha=1, out=None):
-    return ops.add(_scaled(outer(vec1, vec2), alpha), _scaled(input, beta))
+    return plus_scaled(_scaled(outer(vec1, vec2), alpha), input, beta)
 
 
 @register_function(torch.addbmm)
 @register_method("addbmm")
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
-    return ops.add(_scaled(ops.sum(ops.matmul(batch1, batch2), 0), alpha), _scaled(input, beta))
+    return plus_scaled(_scaled(ops.sum(ops.matmul(batch1, batch2), 0), alpha), input, beta)
 
 
 @register_function(F.bilinear, torch.bilinear)

@@ -66,4 +66,5 @@ def index_put(input, indices, values, accumulate=False):
 @register_function(torch.masked_scatter)
 @register_method("masked_scatter")
 def masked_scatter(input, mask, source):
-    return ops.masked_scatter(input, mask, source)
+    shape = torch.broadcast_shapes(tuple(input.shape), tuple(mask.shape))
+    return ops.masked_scatter(ops.broadcast_to(input, shape), mask, source)

@@ -162,7 +162,7 @@ def test_lstm_is_left_to_pytorch():
                                    atol=1e-5, rtol=1e-5)
 
     gm = torch.fx.symbolic_trace(model)
-    with pytest.raises(UnmappedOperatorError, match="torch.nn.modules.rnn.LSTM"):
+    with pytest.raises(UnmappedOperatorError, match="torch.nn.LSTM"):
         kiln_backend(gm, [x])
     dynamo_config.fallback_to_eager(True)
     try:
