@@ -29,10 +29,101 @@ def outer(input, vec2):
     return ops.mul(ops.unsqueeze(input, 1), ops.unsqueeze(vec2, 0))
 
 
-@register_function(torch.dot, torch.inner, torch.vdot, check=lambda a, b, **k: a.ndim == 1 and b.ndim == 1)
-@register_method("dot", "inner", "vdot", check=lambda a, b, **k: a.ndim == 1 and b.ndim == 1)
+@register_function(torch.dot, torch.vdot, check=lambda a, b, **k: a.ndim == 1 and b.ndim == 1)
+@register_method("dot", "vdot", check=lambda a, b, **k: a.ndim == 1 and b.ndim == 1)
 def dot(input, other, *, out=None):
     return ops.matmul(input, other)
+
+
+@register_function(torch.inner)
+@register_method("inner")
+def inner(input, other, *, out=None):
+    """The sum over the last dims: shape input.shape[:-1] + other.shape[:-1] (0-d: a product)."""
+    if input.ndim == 0 or other.ndim == 0:
+        return ops.mul(input, other)
+    k = input.shape[-1]
+    a, b = ops.reshape(input, (-1, k)), ops.reshape(other, (-1, k))
+    return ops.reshape(ops.matmul(a, ops.transpose(b, 0, 1)), tuple(input.shape[:-1]) + tuple(other.shape[:-1]))
+
+
+@register_function(torch.kron)
+@register_method("kron")
+def kron(input, other, *, out=None):
+    """out[i * m + k] = input[i] * other[k] in every dim (the ranks padded to match)."""
+    n = max(input.ndim, other.ndim)
+    a = ops.reshape(input, (1,) * (n - input.ndim) + tuple(input.shape))
+    b = ops.reshape(other, (1,) * (n - other.ndim) + tuple(other.shape))
+    # interleave: a as (a0, 1, a1, 1, ..), b as (1, b0, 1, b1, ..)
+    wide_a = ops.reshape(a, tuple(x for s in a.shape for x in (s, 1)))
+    wide_b = ops.reshape(b, tuple(x for s in b.shape for x in (1, s)))
+    return ops.reshape(ops.mul(wide_a, wide_b), tuple(p * q for p, q in zip(a.shape, b.shape)))
+
+
+@register_function(torch.tensordot)
+def tensordot(a, b, dims=2, out=None):
+    """Sum over dims of a and b (the last `dims` of a with the first of b, or listed pairs)."""
+    if isinstance(dims, int):
+        da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    else:
+        da, db = ([dims[0]] if isinstance(dims[0], int) else list(dims[0])), \
+            ([dims[1]] if isinstance(dims[1], int) else list(dims[1]))
+    da, db = [d % a.ndim for d in da], [d % b.ndim for d in db]
+    sa, sb = list(a.shape), list(b.shape)
+    for i, j in zip(da, db):  # size-1 contracted dims broadcast, as in PyTorch
+        sa[i] = sb[j] = max(sa[i], sb[j])
+    a, b = ops.expand(a, tuple(sa)), ops.expand(b, tuple(sb))
+    free_a = [d for d in range(a.ndim) if d not in da]
+    free_b = [d for d in range(b.ndim) if d not in db]
+    k = math.prod(a.shape[d] for d in da)
+    am = ops.reshape(ops.permute(a, free_a + da), (math.prod(a.shape[d] for d in free_a), k))
+    bm = ops.reshape(ops.permute(b, db + free_b), (k, math.prod(b.shape[d] for d in free_b)))
+    return ops.reshape(ops.matmul(am, bm), tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
+
+
+@register_function(torch.linalg.cross, torch.cross)
+@register_method("cross")
+def cross(input, other, dim=None, *, out=None):
+    """The cross product of 3-vectors along `dim` (linalg.cross: -1; torch.cross: the first dim of size 3)."""
+    shape = torch.broadcast_shapes(tuple(input.shape), tuple(other.shape))
+    if dim is None:
+        dim = next(k for k, s in enumerate(shape) if s == 3)
+    input, other = ops.broadcast_to(input, shape), ops.broadcast_to(other, shape)
+    a = [ops.slice(input, dim, k, k + 1) for k in range(3)]
+    b = [ops.slice(other, dim, k, k + 1) for k in range(3)]
+    parts = [ops.sub(ops.mul(a[(k + 1) % 3], b[(k + 2) % 3]), ops.mul(a[(k + 2) % 3], b[(k + 1) % 3]))
+             for k in range(3)]
+    return ops.cat(parts, dim)
+
+
+@register_function(torch.linalg.vecdot)
+def vecdot(x, y, *, dim=-1, out=None):
+    return ops.sum(ops.mul(x, y), dim)
+
+
+@register_function(torch.linalg.matrix_power, torch.matrix_power, check=lambda input, n, **k: n >= 0)
+@register_method("matrix_power", check=lambda input, n: n >= 0)
+def matrix_power(input, n, *, out=None):
+    """By repeated squaring (negative powers need an inverse: not mapped)."""
+    size = input.shape[-1]
+    eye = ops.cast(ops.eq(ops.reshape(ops.arange(size, device=input.device), (size, 1)),
+                          ops.arange(size, device=input.device)), input.dtype)
+    result, base = ops.broadcast_to(eye, tuple(input.shape)), input
+    while n:
+        if n & 1:
+            result = ops.matmul(result, base)
+        n >>= 1
+        if n:
+            base = ops.matmul(base, base)
+    return result
+
+
+@register_function(torch.linalg.multi_dot)
+def multi_dot(tensors, *, out=None):
+    tensors = list(tensors)
+    result = tensors[0]
+    for t in tensors[1:]:
+        result = ops.matmul(result, t)
+    return result
 
 
 @register_function(torch.mv)
