@@ -282,3 +282,34 @@ def fill_(self, value):
 def copy_(self, src, non_blocking=False):
     return ops.cast(ops.broadcast_to(src, self.shape), self.dtype)
 
+
+
+def _tensor_bounds(start, end, steps, *args, **kwargs) -> bool:
+    return is_tensor(start) or is_tensor(end)
+
+
+def _spaced(start, end, steps: int, dtype, device):
+    """PyTorch's linspace: from start for the first half, back from end for the second."""
+    dtype = dtype or torch.get_default_dtype()
+    start = ops.cast(start, dtype) if is_tensor(start) else ops.full((), start, dtype=dtype, device=device)
+    end = ops.cast(end, dtype) if is_tensor(end) else ops.full((), end, dtype=dtype, device=device)
+    if steps <= 1:
+        return ops.reshape(start, (steps,)) if steps == 1 else ops.full((0,), 0, dtype=dtype, device=device)
+    step = ops.div(ops.sub(end, start), steps - 1)
+    i = ops.arange(steps, dtype=dtype, device=device)
+    forward = ops.add(start, ops.mul(step, i))
+    backward = ops.sub(end, ops.mul(step, ops.sub(steps - 1, i)))
+    return ops.where(ops.lt(i, steps // 2), forward, backward)
+
+
+@register_function(torch.linspace, check=_tensor_bounds)
+def linspace_of_tensors(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=False,
+                        requires_grad=False, out=None):
+    return _spaced(start, end, steps, dtype, device)
+
+
+@register_function(torch.logspace, check=_tensor_bounds)
+def logspace_of_tensors(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None,
+                        pin_memory=False, requires_grad=False, out=None):
+    exponents = _spaced(start, end, steps, torch.float64, device)
+    return ops.cast(ops.pow(float(base), exponents), dtype or torch.get_default_dtype())

@@ -68,3 +68,9 @@ def index_put(input, indices, values, accumulate=False):
 def masked_scatter(input, mask, source):
     shape = torch.broadcast_shapes(tuple(input.shape), tuple(mask.shape))
     return ops.masked_scatter(ops.broadcast_to(input, shape), mask, source)
+
+
+@register_function(torch.index_reduce)
+@register_method("index_reduce")
+def index_reduce(input, dim, index, source, reduce, *, include_self=True):
+    return ops.index_reduce(input, dim, index, source, reduce, include_self)

@@ -234,3 +234,12 @@ def masked_scatter(x, mask, source):
         return select(broadcast_load(mask, p, x.shape), cast(taken, x.dtype), x[p])
 
     return compute(x.shape, element)
+
+
+@operator("index_reduce")
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """x with source[.., j, ..] combined into x[.., index[j], ..] along `dim` by `reduce`
+    ('prod', 'mean', 'amax' or 'amin')."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise OperatorError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
+    return _gathered(x, *_index_along("index_reduce", x, dim, index, source), reduce, include_self)

@@ -113,7 +113,9 @@ def run_ops(ops) -> Tally:
     return tally
 
 
-if __name__ == "__main__":
-    result = run_ops(float32_ops())
+if __name__ == "__main__":  # python opinfo_samples.py [SHARD SHARDS]
+    import sys
+    shard, shards = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
+    result = run_ops(float32_ops()[shard::shards])
     print("\n".join(result.failures))
     print(result.summary())

@@ -94,3 +94,14 @@ def test_errors():
         kiln.ops.index_add(x, 0, torch.tensor([0, 1]), rand((3, 5)))
     with pytest.raises(OperatorError, match="masked_scatter: mask must be bool"):
         kiln.ops.masked_scatter(x, x, rand((20,)))
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_reduce(dtype, reduce, include_self):
+    x = rand((4, 6), dtype, nonzero=True)
+    source = rand((4, 5), dtype, nonzero=True)
+    index = torch.tensor([5, 0, 5, 2, 0])
+    assert_close(kiln.ops.index_reduce(x, 1, index, source, reduce, include_self),
+                 x.index_reduce(1, index, source, reduce, include_self=include_self))
