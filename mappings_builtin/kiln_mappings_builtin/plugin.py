@@ -3,7 +3,7 @@ from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
 from kiln_mappings_builtin import (
-    activations, arrange, attention, common, convert, creation, cumulative, elementwise, empty, indexing, losses,
+    activations, arrange, attention, bicubic, common, convert, creation, cumulative, elementwise, empty, indexing, losses,
     masked,
     modules,
     nn, normalization, products, reduce, scatter, shape, sorting, special, statistics, views,
@@ -11,7 +11,7 @@ from kiln_mappings_builtin import (
 
 RULE_MODULES = (common, convert, creation, elementwise, indexing, modules, nn, reduce, shape,
                 special, losses, products, arrange, activations, normalization, sorting,
-                cumulative, scatter, attention, views, statistics, masked, empty)
+                cumulative, scatter, attention, views, statistics, masked, empty, bicubic)
 
 
 @hookimpl

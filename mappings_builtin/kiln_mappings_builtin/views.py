@@ -233,3 +233,13 @@ def unfold_copy(input, dimension, size, step):
 @register_function(torch.constant_pad_nd)
 def constant_pad_nd(input, pad, value=0):
     return ops.pad(input, list(pad), "constant", value)
+
+
+@register_function(torch.narrow, priority=1, check=lambda input, dim, start, length: is_tensor(start))
+@register_method("narrow", priority=1, check=lambda input, dim, start, length: is_tensor(start))
+def narrow_at_tensor(input, dim, start, length):
+    """narrow with a 0-d tensor start: the positions start .. start + length - 1 gathered."""
+    d = dim % input.ndim
+    begin = ops.where(ops.lt(start, 0), ops.add(start, input.shape[d]), start)
+    positions = ops.add(ops.arange(length, device=input.device), ops.cast(begin, torch.int64))
+    return ops.index_select(input, d, positions)
