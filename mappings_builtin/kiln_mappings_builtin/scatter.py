@@ -1,6 +1,8 @@
 """Scatter functions and methods: scatter (with a value, or reduce='add'/'multiply'),
 scatter_add, scatter_reduce, index_add, index_copy, index_fill, index_put and masked_scatter
 (the operators of kiln_ops_builtin.scatter); in-place forms rebind through the interpreter."""
+import operator
+
 import torch
 
 from kiln import ops
@@ -74,3 +76,37 @@ def masked_scatter(input, mask, source):
 @register_method("index_reduce")
 def index_reduce(input, dim, index, source, reduce, *, include_self=True):
     return ops.index_reduce(input, dim, index, source, reduce, include_self)
+
+
+def _one_mask(input, indices, values, accumulate=False) -> bool:
+    return len(indices) == 1 and is_tensor(indices[0]) and indices[0].dtype.is_bool
+
+
+@register_function(torch.index_put, check=_one_mask)
+@register_method("index_put", check=_one_mask)
+def index_put_mask(input, indices, values, accumulate=False):
+    """x[mask] = values (or +=): one value (or row) for every selected position, or one per
+    selected position in row-major order."""
+    mask = indices[0]
+    rest = input.ndim - mask.ndim
+    mask = ops.broadcast_to(ops.reshape(mask, tuple(mask.shape) + (1,) * rest), input.shape)
+    values = ops.cast(values, input.dtype) if is_tensor(values) else values
+    base = ops.full(input.shape, 0, dtype=input.dtype, device=input.device) if accumulate else input
+    if not is_tensor(values) or values.ndim <= rest or values.shape[0] == 1:
+        if is_tensor(values) and values.ndim > rest:
+            values = ops.reshape(values, tuple(values.shape[1:]))
+        placed = ops.where(mask, values, base)
+    else:
+        placed = ops.masked_scatter(base, mask, values)
+    return ops.add(input, placed) if accumulate else ops.cast(placed, input.dtype)
+
+
+def _mask_with_values(x, index, value) -> bool:
+    return is_tensor(index) and index.dtype.is_bool and is_tensor(value) and value.numel() > 1
+
+
+@register_function(operator.setitem, priority=1, check=_mask_with_values)
+@register_method("__setitem__", priority=1, check=_mask_with_values)
+def setitem_mask(x, index, value):
+    """x[mask] = values with several values: index_put with the mask."""
+    return index_put_mask(x, [index], value)

@@ -220,7 +220,9 @@ def test_pixel_and_channel_shuffles_and_norms():
     def fn(x):
         up = F.pixel_shuffle(x, 2)
         return (F.pixel_unshuffle(up, 2), F.channel_shuffle(x, 4), F.instance_norm(x, weight=torch.ones(8) * 2),
-                F.local_response_norm(x, 3), F.upsample(x, scale_factor=2, mode="nearest"))
+                F.local_response_norm(x, 3), F.upsample(x, scale_factor=2, mode="nearest"),
+                F.interpolate(x, scale_factor=1.7, mode="bicubic"),
+                F.interpolate(x, size=(4, 9), mode="bicubic", align_corners=True))
 
     compile_and_compare(fn, x)
 
@@ -230,3 +232,14 @@ def test_pixel_and_channel_shuffles_and_norms():
                    "each kernel's C source is right, and disabling fuse_operators hides it")
 def test_two_fused_outputs_sharing_an_intermediate():
     compile_and_compare(lambda x: (F.hardshrink(x, 0.3), F.softshrink(x, 0.4)), torch.randn(16, 16))
+
+
+def test_masked_index_put_and_tensor_narrow():
+    def fn(x, mask, start):
+        y = x.clone()
+        y[mask] = x[0]                      # one row for every selected row
+        z = x.index_put((mask,), torch.ones(()), accumulate=True)
+        return y, z, x.narrow(1, start, 2)
+
+    x = torch.randn(5, 4)
+    compile_and_compare(fn, x, torch.tensor([True, False, True, True, False]), torch.tensor(1))
