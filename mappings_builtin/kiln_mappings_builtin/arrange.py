@@ -1,7 +1,7 @@
 """Rearranging and constructing tensors, composed from shape operators: rot90, fliplr/flipud,
 pixel_shuffle/unshuffle, channel_shuffle, atleast_*d, hstack/vstack/dstack/column_stack,
 block_diag, cartesian_prod, meshgrid, diag/diagonal/diag_embed/diagflat, eye, linspace,
-logspace, tril/triu_indices, unflatten, and the in-place fills zero_/fill_/copy_.
+logspace, tril/triu_indices, unflatten, F.unfold (im2col), and the in-place fills zero_/fill_/copy_.
 
 Creation functions without tensor arguments (eye, linspace, the triangle indices) build their
 values in PyTorch at trace time and enter the graph as constants.
@@ -313,3 +313,22 @@ def logspace_of_tensors(start, end, steps, base=10.0, *, dtype=None, layout=None
                         pin_memory=False, requires_grad=False, out=None):
     exponents = _spaced(start, end, steps, torch.float64, device)
     return ops.cast(ops.pow(float(base), exponents), dtype or torch.get_default_dtype())
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@register_function(F.unfold)
+def im2col(input, kernel_size, dilation=1, padding=0, stride=1):
+    """F.unfold: the sliding (kh, kw) blocks of a (N, C, H, W) input as columns (N, C*kh*kw, L)."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = map(_pair, (kernel_size, dilation, padding, stride))
+    batched = input.ndim == 4
+    x = input if batched else ops.unsqueeze(input, 0)
+    x = ops.pad(x, [pw, pw, ph, ph]) if ph or pw else x
+    n, c, h, w = x.shape
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    blocks = [ops.slice(ops.slice(x, 2, i * dh, i * dh + (oh - 1) * sh + 1, sh), 3, j * dw,
+                        j * dw + (ow - 1) * sw + 1, sw) for i in range(kh) for j in range(kw)]
+    cols = ops.reshape(ops.stack(blocks, 2), (n, c * kh * kw, oh * ow))
+    return cols if batched else ops.squeeze(cols, 0)

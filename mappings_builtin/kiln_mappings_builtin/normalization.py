@@ -51,3 +51,14 @@ def weight_norm(v, g, dim=0):
         d = dim % v.ndim
         norm = ops.sqrt(ops.sum(ops.mul(v, v), [k for k in range(v.ndim) if k != d], True))
     return ops.mul(v, ops.div(g, norm))
+
+
+@register_function(torch.native_layer_norm)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    """(layer_norm, mean, rstd), the statistics of shape input.shape[:axis] + (1,) * len(normalized_shape)."""
+    dims = list(range(input.ndim - len(normalized_shape), input.ndim))
+    mean = ops.mean(input, dims, True)
+    centered = ops.sub(input, mean)
+    rstd = ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
+    out = ops.layer_norm(input, tuple(normalized_shape), weight, bias, eps)
+    return out, mean, rstd
