@@ -97,7 +97,11 @@ def cross(input, other, dim=None, *, out=None):
 
 @register_function(torch.linalg.vecdot)
 def vecdot(x, y, *, dim=-1, out=None):
-    return ops.sum(ops.mul(x, y), dim)
+    product = ops.mul(x, y)
+    if product.shape[dim] == 0:
+        shape = tuple(s for k, s in enumerate(product.shape) if k != dim % product.ndim)
+        return ops.full(shape, 0, dtype=product.dtype, device=product.device)
+    return ops.sum(product, dim)
 
 
 @register_function(torch.linalg.matrix_power, torch.matrix_power, check=lambda input, n, **k: n >= 0)

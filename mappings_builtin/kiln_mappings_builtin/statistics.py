@@ -98,6 +98,8 @@ def _counted(boundaries, values, right: bool, dtype):
     """For each value, how many boundaries lie below it (at or below, with `right`), along the
     last dim of `boundaries` (1-D boundaries serve every value)."""
     below = ops.le if right else ops.lt
+    if boundaries.shape[-1] == 0:
+        return ops.full(values.shape, 0, dtype=dtype, device=values.device)
     if boundaries.ndim == 1:
         hits = below(boundaries, ops.unsqueeze(values, -1))
     else:
@@ -110,13 +112,15 @@ def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
     return _counted(boundaries, input, right, torch.int32 if out_int32 else torch.int64)
 
 
-def _sorted_plain(sorted_sequence, input, *args, sorter=None, **kwargs) -> bool:
-    return is_tensor(input) and sorter is None
+def _sorted_plain(sorted_sequence, input, *args, **kwargs) -> bool:
+    return is_tensor(input)
 
 
 @register_function(torch.searchsorted, check=_sorted_plain)
 def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, out=None, sorter=None):
     right = right or side == "right"
+    if sorter is not None and sorter.numel():
+        sorted_sequence = ops.take_along_dim(sorted_sequence, sorter, -1)
     return _counted(sorted_sequence, input, right, torch.int32 if out_int32 else torch.int64)
 
 

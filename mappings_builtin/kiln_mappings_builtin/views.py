@@ -243,3 +243,42 @@ def narrow_at_tensor(input, dim, start, length):
     begin = ops.where(ops.lt(start, 0), ops.add(start, input.shape[d]), start)
     positions = ops.add(ops.arange(length, device=input.device), ops.cast(begin, torch.int64))
     return ops.index_select(input, d, positions)
+
+
+def _gather_edge(input, dim, index, *, sparse_grad=False, out=None) -> bool:
+    return index.numel() == 0 or input.ndim == 0 or index.dtype not in (torch.int64, torch.int32)
+
+
+@register_function(torch.gather, priority=1, check=_gather_edge)
+@register_method("gather", priority=1, check=_gather_edge)
+def gather_edge(input, dim, index, *, sparse_grad=False, out=None):
+    """gather's edge cases: an empty index, a 0-d input (its index holds zeros), a narrow index type."""
+    if index.numel() == 0:
+        return ops.full(index.shape, 0, dtype=input.dtype, device=input.device)
+    if input.ndim == 0:
+        return ops.broadcast_to(input, index.shape)
+    return ops.gather(input, dim, ops.cast(index, torch.int64))
+
+
+@register_function(torch.transpose, torch.swapaxes, torch.swapdims, priority=1,
+                   check=lambda input, dim0, dim1: input.ndim == 0)
+@register_method("transpose", "swapaxes", "swapdims", priority=1, check=lambda input, dim0, dim1: input.ndim == 0)
+def transpose_0d(input, dim0, dim1):
+    return input
+
+
+def _tensor_repeats(input, repeats=None, dim=None, *, output_size=None) -> bool:
+    return is_tensor(repeats) and output_size is not None
+
+
+@register_function(torch.repeat_interleave, priority=1, check=_tensor_repeats)
+@register_method("repeat_interleave", priority=1, check=_tensor_repeats)
+def repeat_interleave_counted(input, repeats, dim=None, *, output_size=None):
+    """Per-element repeats with a known output_size: output j takes the element whose running
+    total of repeats first exceeds j."""
+    if dim is None:
+        input, dim = ops.reshape(input, (-1,)), 0
+    ends = ops.cumsum(ops.broadcast_to(repeats, (input.shape[dim],)), 0)
+    j = ops.reshape(ops.arange(output_size, device=input.device), (output_size, 1))
+    source = ops.sum(ops.le(ends, j), 1)
+    return ops.index_select(input, dim, ops.clamp(source, max=input.shape[dim] - 1))
