@@ -282,3 +282,15 @@ def repeat_interleave_counted(input, repeats, dim=None, *, output_size=None):
     j = ops.reshape(ops.arange(output_size, device=input.device), (output_size, 1))
     source = ops.sum(ops.le(ends, j), 1)
     return ops.index_select(input, dim, ops.clamp(source, max=input.shape[dim] - 1))
+
+
+@register_function(torch.take_along_dim, priority=1)
+@register_method("take_along_dim", priority=1)
+def take_along_dim_wrapping(input, indices, dim=None, *, out=None):
+    """take_along_dim with negative indices counted from the end, as PyTorch allows."""
+    if dim is None:
+        input, dim = ops.reshape(input, (-1,)), 0
+        indices = ops.reshape(indices, (-1,))
+    size = input.shape[dim] if input.ndim else 1
+    indices = ops.where(ops.lt(indices, 0), ops.add(indices, size), indices)
+    return ops.take_along_dim(input, indices, dim)
