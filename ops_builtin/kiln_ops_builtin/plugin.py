@@ -2,11 +2,13 @@
 from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
-from kiln_ops_builtin import (activations, conv, creation, elementwise, indexing, linalg, normalization, pool,
-                              reduce, resize, scatter, shape, sorting, special, cumulative)
+from kiln_ops_builtin import (
+    activations, conv, creation, cumulative, elementwise, indexing, linalg, normalization, pool, reduce,
+    resize, scatter, shape, sorting, special,
+)
 
-OPERATOR_MODULES = (elementwise, activations, linalg, conv, pool, resize, reduce, normalization, shape, indexing, creation,
-                    special, sorting, cumulative, scatter)
+OPERATOR_MODULES = (elementwise, activations, linalg, conv, pool, resize, reduce, normalization, shape,
+                    indexing, creation, special, sorting, cumulative, scatter)
 
 
 @hookimpl
