@@ -4,8 +4,9 @@ The float32 OpInfos are dealt round-robin into SHARDS parametrized tests, so tha
 share them. For each mapped op the first samples run through the backend with fullgraph=True
 and are compared with eager; samples whose features are out of scope are skipped with a reason,
 and counted. Each shard must have at least MATCH_RATE of its samples match and at least
-CLEAN_OPS_PER_SHARD ops whose every sample matches (over all shards, at the time of writing:
-see the summary lines, printed with -s).
+CLEAN_OPS_PER_SHARD ops whose every sample matches. Over all shards, at the time of writing:
+434 of 677 float32 ops pass every sample (438 mapped), and 2041 of 2048 samples of mapped ops
+match (99.7%); the summary lines print with -s (or -rP under xdist).
 """
 import pytest
 
@@ -13,7 +14,7 @@ from opinfo_samples import float32_ops, run_ops
 
 SHARDS = 4
 MATCH_RATE = 0.99
-CLEAN_OPS_PER_SHARD = 0
+CLEAN_OPS_PER_SHARD = 100
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
