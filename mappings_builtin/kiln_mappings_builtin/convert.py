@@ -90,8 +90,10 @@ def is_floating_point(self):
 
 ATTRIBUTES = {"shape": lambda t: torch.Size(t.shape), "dtype": lambda t: t.dtype.torch_dtype,
               "device": lambda t: t.device.torch(), "ndim": lambda t: t.ndim,
-              "is_cuda": lambda t: t.device.is_cuda, "T": lambda t: ops.permute(t, range(t.ndim)[::-1]),
-              "mT": lambda t: ops.transpose(t, -2, -1), "data": lambda t: t}
+              "is_cuda": lambda t: t.device.is_cuda, "T": lambda t: ops.permute(t, list(range(t.ndim))[::-1]),
+              "mT": lambda t: ops.transpose(t, -2, -1), "data": lambda t: t,
+              # real tensors only: the conjugate transposes are the transposes
+              "mH": lambda t: ops.transpose(t, -2, -1), "H": lambda t: ops.transpose(t, 0, 1)}
 
 
 @register_function(getattr, check=lambda obj, name, *default: is_tensor(obj) and name in ATTRIBUTES)

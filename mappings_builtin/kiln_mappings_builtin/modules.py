@@ -26,6 +26,11 @@ ELEMENTWISE = {
     nn.AdaptiveAvgPool2d: ("adaptive_avg_pool2d", ("output_size",)),
     nn.AdaptiveMaxPool1d: ("adaptive_max_pool1d", ("output_size",)),
     nn.AdaptiveMaxPool2d: ("adaptive_max_pool2d", ("output_size",)),
+    nn.MaxPool3d: ("max_pool3d", ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    nn.AvgPool3d: ("avg_pool3d", ("kernel_size", "stride", "padding", "ceil_mode",
+                                  "count_include_pad", "divisor_override")),
+    nn.AdaptiveAvgPool3d: ("adaptive_avg_pool3d", ("output_size",)),
+    nn.AdaptiveMaxPool3d: ("adaptive_max_pool3d", ("output_size",)),
     nn.Upsample: ("interpolate", ("size", "scale_factor", "mode", "align_corners")),
 }
 
@@ -63,7 +68,7 @@ class Linear(KilnModule):
 
 
 class Convolution(KilnModule):
-    """Conv1d and Conv2d with zero padding."""
+    """Conv1d, Conv2d and Conv3d with zero padding."""
 
     def __call__(self, x):
         m = self.torch_module
@@ -72,15 +77,15 @@ class Convolution(KilnModule):
             m.dilation, m.groups)
 
 
-register_module(nn.Conv1d, nn.Conv2d, check=lambda m, *a: m.padding_mode == "zeros"
+register_module(nn.Conv1d, nn.Conv2d, nn.Conv3d, check=lambda m, *a: m.padding_mode == "zeros"
                 and not isinstance(m.padding, str))(Convolution)
 
 
-@register_module(nn.ConvTranspose2d)
-class ConvTranspose2d(KilnModule):
+@register_module(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+class ConvTranspose(KilnModule):
     def __call__(self, x):
         m = self.torch_module
-        return ops.conv_transpose2d(x, self.param("weight"), self.param("bias", optional=True),
+        return getattr(ops, f"conv_transpose{len(m.kernel_size)}d")(x, self.param("weight"), self.param("bias", optional=True),
                                     m.stride, m.padding, m.output_padding, m.groups, m.dilation)
 
 

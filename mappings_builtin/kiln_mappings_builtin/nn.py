@@ -19,8 +19,9 @@ def _torch_and_functional(name: str) -> list:
 
 
 direct("matmul", [torch.matmul, torch.mm, torch.bmm], ["matmul", "mm", "bmm"])
-for _name in ("linear", "conv1d", "conv2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
-              "adaptive_avg_pool2d", "interpolate", "conv_transpose2d"):
+for _name in ("linear", "conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+              "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "interpolate",
+              "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
     direct(_name, _torch_and_functional(_name))
 
 
@@ -36,8 +37,26 @@ def interpolate_area(input, size=None, scale_factor=None, mode="nearest", align_
     if size is None:
         scales = scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * len(spatial)
         size = [math.floor(n * s) for n, s in zip(spatial, scales)]
-    pool = ops.adaptive_avg_pool1d if len(spatial) == 1 else ops.adaptive_avg_pool2d
+    pool = getattr(ops, f"adaptive_avg_pool{len(spatial)}d")
     return pool(input, size if isinstance(size, int) else tuple(size))
+
+
+@register_function(F.upsample)
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    """The deprecated alias of interpolate."""
+    if mode == "area":
+        return interpolate_area(input, size, scale_factor)
+    return ops.interpolate(input, size, scale_factor, mode, align_corners)
+
+
+@register_function(F.upsample_nearest)
+def upsample_nearest(input, size=None, scale_factor=None):
+    return ops.interpolate(input, size, scale_factor, "nearest")
+
+
+@register_function(F.upsample_bilinear)
+def upsample_bilinear(input, size=None, scale_factor=None):
+    return ops.interpolate(input, size, scale_factor, "bilinear", True)
 
 
 def _no_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -57,6 +76,12 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return ops.max_pool2d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
 
 
+@register_function(*_torch_and_functional("max_pool3d"), check=_no_indices)
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    return ops.max_pool3d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+
+
 def _no_adaptive_indices(input, output_size, return_indices=False) -> bool:
     return not return_indices
 
@@ -69,6 +94,11 @@ def adaptive_max_pool1d(input, output_size, return_indices=False):
 @register_function(F.adaptive_max_pool2d, check=_no_adaptive_indices)
 def adaptive_max_pool2d(input, output_size, return_indices=False):
     return ops.adaptive_max_pool2d(input, output_size)
+
+
+@register_function(F.adaptive_max_pool3d, check=_no_adaptive_indices)
+def adaptive_max_pool3d(input, output_size, return_indices=False):
+    return ops.adaptive_max_pool3d(input, output_size)
 
 
 @register_function(torch.addmm)

@@ -3,10 +3,14 @@ from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
 from kiln_mappings_builtin import (
-    common, convert, creation, elementwise, indexing, modules, nn, reduce, shape,
+    activations, arrange, attention, bicubic, common, convert, creation, cumulative, elementwise, empty,
+    indexing, losses, masked, modules, nn, normalization, products, reduce, scatter, shape, sorting,
+    special, statistics, views,
 )
 
-RULE_MODULES = (common, convert, creation, elementwise, indexing, modules, nn, reduce, shape)
+RULE_MODULES = (common, convert, creation, elementwise, indexing, modules, nn, reduce, shape,
+                special, losses, products, arrange, activations, normalization, sorting,
+                cumulative, scatter, attention, views, statistics, masked, empty, bicubic)
 
 
 @hookimpl

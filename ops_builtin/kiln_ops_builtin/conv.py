@@ -1,4 +1,4 @@
-"""Direct convolutions: conv1d, conv2d, conv_transpose1d and conv_transpose2d, as
+"""Direct convolutions: conv1d, conv2d, conv3d and their transposes, as
 torch.nn.functional defines them.
 
 Inputs are (N, C, *spatial) or unbatched (C, *spatial). Each output element sums x * weight
@@ -158,4 +158,17 @@ def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0
 def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """torch.nn.functional.conv_transpose2d, weight of shape (C_in, C_out / groups, kH, kW)."""
     return _conv_transpose("conv_transpose2d", 2, x, weight, bias, stride, padding, output_padding,
+                           groups, dilation)
+
+
+@operator("conv3d")
+def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv3d; padding is an int, a triple, 'valid' or 'same'."""
+    return _conv("conv3d", 3, x, weight, bias, stride, padding, dilation, groups)
+
+
+@operator("conv_transpose3d")
+def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose3d, weight of shape (C_in, C_out / groups, kD, kH, kW)."""
+    return _conv_transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding,
                            groups, dilation)

@@ -2,9 +2,13 @@
 from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
-from kiln_ops_builtin import activations, attention, conv, elementwise, linalg, pool, resize, normalization, reduce, shape, indexing, creation
+from kiln_ops_builtin import (
+    activations, attention, conv, creation, cumulative, elementwise, indexing, linalg, normalization, pool,
+    reduce, resize, scatter, shape, sorting, special,
+)
 
-OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, reduce, normalization, shape, indexing, creation)
+OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, reduce, normalization, shape,
+                    indexing, creation, special, sorting, cumulative, scatter)
 
 
 @hookimpl

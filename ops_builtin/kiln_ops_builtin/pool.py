@@ -1,4 +1,4 @@
-"""Pooling over the last 1 or 2 dimensions, as torch.nn.functional defines it.
+"""Pooling over the last 1, 2 or 3 dimensions, as torch.nn.functional defines it.
 
 Inputs are (N, C, *spatial) or unbatched (C, *spatial). Sliding-window pools (max, avg) reduce
 over the kernel window with padding as a select on the bounds (max pads with the lowest value,
@@ -181,3 +181,29 @@ def adaptive_max_pool2d(x, output_size):
     """torch.nn.functional.adaptive_max_pool2d (without return_indices); None in output_size
     keeps that input size."""
     return _adaptive("adaptive_max_pool2d", 2, x, output_size, "max")
+
+
+@operator("max_pool3d")
+def max_pool3d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """torch.nn.functional.max_pool3d (without return_indices); pads with -inf."""
+    return _max_pool("max_pool3d", 3, x, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@operator("avg_pool3d")
+def avg_pool3d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """torch.nn.functional.avg_pool3d."""
+    return _avg_pool("avg_pool3d", 3, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+@operator("adaptive_avg_pool3d")
+def adaptive_avg_pool3d(x, output_size):
+    """torch.nn.functional.adaptive_avg_pool3d; None in output_size keeps that input size."""
+    return _adaptive("adaptive_avg_pool3d", 3, x, output_size, "avg")
+
+
+@operator("adaptive_max_pool3d")
+def adaptive_max_pool3d(x, output_size):
+    """torch.nn.functional.adaptive_max_pool3d (without return_indices)."""
+    return _adaptive("adaptive_max_pool3d", 3, x, output_size, "max")

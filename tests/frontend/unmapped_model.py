@@ -12,7 +12,7 @@ class PartlyMapped(nn.Module):
     def forward(self, x):
         y = torch.special.bessel_j0(self.linear(x))
         y = torch.special.bessel_j0(y.relu()) + torch.special.i0(x)
-        return y.cumprod(1).softmax(-1)
+        return y.i0().softmax(-1)
 
 
 def example():

@@ -1,0 +1,85 @@
+"""nn.MultiheadAttention's functional core, F.multi_head_attention_forward, composed from
+linear, batched matmul and softmax (inference: no dropout, no bias_k/bias_v, no zero
+attention, no static keys)."""
+import math
+
+import torch.nn.functional as F
+
+from kiln import dtypes, ops
+from kiln.frontend.torch import register_function
+
+
+def _supported(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+               bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias,
+               training=True, key_padding_mask=None, need_weights=True, attn_mask=None,
+               use_separate_proj_weight=False, q_proj_weight=None, k_proj_weight=None,
+               v_proj_weight=None, static_k=None, static_v=None, average_attn_weights=True,
+               is_causal=False) -> bool:
+    return (bias_k is None and bias_v is None and not add_zero_attn and static_k is None
+            and static_v is None and (not training or dropout_p == 0)
+            and not (is_causal and attn_mask is None))
+
+
+def _additive(mask, dtype):
+    """A bool mask (True: not allowed) as 0 / -inf; a float mask as it is."""
+    if mask.dtype == dtypes.boolean:
+        return ops.where(mask, float("-inf"), ops.full((), 0.0, dtype=dtype, device=mask.device))
+    return mask
+
+
+def _heads(x, length: int, batch: int, heads: int, head_dim: int):
+    """(length, batch, heads * head_dim) -> (batch * heads, length, head_dim)."""
+    return ops.transpose(ops.reshape(x, (length, batch * heads, head_dim)), 0, 1)
+
+
+@register_function(F.multi_head_attention_forward, check=_supported)
+def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                                 in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
+                                 out_proj_weight, out_proj_bias, training=True, key_padding_mask=None,
+                                 need_weights=True, attn_mask=None, use_separate_proj_weight=False,
+                                 q_proj_weight=None, k_proj_weight=None, v_proj_weight=None,
+                                 static_k=None, static_v=None, average_attn_weights=True,
+                                 is_causal=False):
+    """Sequence-first (L, N, E) or unbatched (L, E) inputs, as PyTorch's math path computes them."""
+    unbatched = query.ndim == 2
+    if unbatched:
+        query, key, value = (ops.unsqueeze(t, 1) for t in (query, key, value))
+        key_padding_mask = None if key_padding_mask is None else ops.unsqueeze(key_padding_mask, 0)
+    length, batch, embed = query.shape
+    source = key.shape[0]
+    head_dim = embed // num_heads
+    if use_separate_proj_weight:
+        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+    else:
+        weights = tuple(ops.slice(in_proj_weight, 0, k * embed, (k + 1) * embed) for k in range(3))
+    biases = (None,) * 3 if in_proj_bias is None else \
+        tuple(ops.slice(in_proj_bias, 0, k * embed, (k + 1) * embed) for k in range(3))
+    q, k, v = (ops.linear(t, w, b) for t, w, b in zip((query, key, value), weights, biases))
+    q = _heads(q, length, batch, num_heads, head_dim)
+    k = _heads(k, source, batch, num_heads, head_dim)
+    v = _heads(v, source, batch, num_heads, head_dim)
+
+    mask = None if attn_mask is None else _additive(attn_mask, query.dtype)
+    if mask is not None and mask.ndim == 2:
+        mask = ops.unsqueeze(mask, 0)
+    if key_padding_mask is not None:
+        padding = ops.reshape(_additive(key_padding_mask, query.dtype), (batch, 1, 1, source))
+        padding = ops.reshape(ops.expand(padding, (batch, num_heads, 1, source)),
+                              (batch * num_heads, 1, source))
+        mask = padding if mask is None else ops.add(mask, padding)
+
+    scores = ops.matmul(ops.mul(q, 1 / math.sqrt(head_dim)), ops.transpose(k, 1, 2))
+    if mask is not None:
+        scores = ops.add(scores, mask)
+    probs = ops.softmax(scores, -1)
+    out = ops.transpose(ops.matmul(probs, v), 0, 1)  # (L, N * H, head_dim)
+    out = ops.linear(ops.reshape(out, (length * batch, embed)), out_proj_weight, out_proj_bias)
+    out = ops.reshape(out, (length, batch, embed))
+    weights_out = None
+    if need_weights:
+        weights_out = ops.reshape(probs, (batch, num_heads, length, source))
+        if average_attn_weights:
+            weights_out = ops.mean(weights_out, 1)
+        if unbatched:
+            weights_out = ops.squeeze(weights_out, 0)
+    return (ops.squeeze(out, 1) if unbatched else out), weights_out

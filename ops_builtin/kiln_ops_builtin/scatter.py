@@ -1,0 +1,245 @@
+"""Scatter operators: scatter, scatter_reduce (and scatter_add), index_add, index_copy,
+index_fill, index_put and masked_scatter.
+
+Each is written from the output's side, so it is one parallel compute with no atomics and a
+deterministic result: output element p gathers the candidates (source elements whose index
+points at p) by a reduction over the scattered axis. That costs O(n * m) for an output dim of n
+and m candidates, right for the index sizes of models, not for huge scatters. Where several
+candidates write one element without reduction, the last one wins (PyTorch's CPU order).
+Negative indices count from the end; out-of-range indices are not detected (they match nothing).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln import dtypes, ir
+from kiln.graph import OperatorError, operator
+from kiln.ir import TensorNode, cast, compute, reduce, select
+
+from kiln_ops_builtin.common import (accumulator_type, broadcast_load, broadcast_shape, clamp_index,
+                                     normalize_dim, ravel, unravel)
+
+INDEX_TYPES = (dtypes.int64, dtypes.int32)
+REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _position(i, size: int):
+    """Index value `i` with negative values counted from the end, as int64."""
+    i = cast(i, dtypes.int64)
+    return select(i < 0, i + size, i)
+
+
+def _check_index(op: str, index: TensorNode) -> None:
+    if index.dtype not in INDEX_TYPES:
+        raise OperatorError(f"{op}: index must be int64 or int32, got {index.dtype}")
+
+
+def _gathered(x: TensorNode, extents, match, value, how: str, include_self: bool = True):
+    """Output of `x`'s shape: element p combines value(p, r) over the candidate positions r of
+    `extents` for which match(p, r) holds, by `how` ('last' or one of REDUCTIONS)."""
+    out_t = x.dtype
+
+    def element(*p):
+        own = x[p]
+        if how == "last":
+            last = reduce(extents, lambda *r: select(match(p, r), ravel(r, extents), -1), "max", dtypes.int64)
+            return select(last >= 0, cast(value(p, unravel(ir.maximum(last, 0), extents)), out_t), own)
+        acc = accumulator_type(out_t)
+        count = reduce(extents, lambda *r: cast(match(p, r), dtypes.int64), dtype=dtypes.int64)
+        if how in ("sum", "mean", "prod"):
+            neutral = 1 if how == "prod" else 0
+            total = reduce(extents, lambda *r: select(match(p, r), cast(value(p, r), acc), cast(neutral, acc)),
+                           "prod" if how == "prod" else "sum", acc)
+            if include_self:
+                total = total * cast(own, acc) if how == "prod" else total + cast(own, acc)
+            if how == "mean":
+                n = cast(count + int(include_self), acc)
+                total = total / n if out_t.is_float else total // n
+            return select(count > 0, cast(total, out_t), own)
+        lowest = -math.inf if out_t.is_float else _limit(out_t, low=True)
+        highest = math.inf if out_t.is_float else _limit(out_t, low=False)
+        how_ = "max" if how == "amax" else "min"
+        fill = lowest if how == "amax" else highest
+        best = reduce(extents, lambda *r: select(match(p, r), cast(value(p, r), out_t), cast(fill, out_t)),
+                      how_, out_t)
+        if include_self:
+            best = (ir.maximum if how == "amax" else ir.minimum)(best, own)
+        return select(count > 0, best, own)
+
+    return compute(x.shape, element)
+
+
+def _limit(t: dtypes.DataType, low: bool) -> int:
+    """The lowest or highest value of integer (or bool) type `t`."""
+    info = torch.iinfo(t.torch_dtype) if not t.is_bool else None
+    return (0 if low else 1) if info is None else (info.min if low else info.max)
+
+
+def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src):
+    """match and value for scatter-like operators: index and src have x's rank, index no
+    larger than x outside `dim` (and than src everywhere)."""
+    d = normalize_dim(op, dim, x.ndim)
+    _check_index(op, index)
+    if index.ndim != x.ndim or any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != d):
+        raise OperatorError(f"{op}: index of shape {index.shape} must have the rank of input shape "
+                            f"{x.shape} and no larger size outside dim {dim}")
+    if isinstance(src, TensorNode) and (src.ndim != index.ndim or
+                                        any(a > b for a, b in zip(index.shape, src.shape))):
+        raise OperatorError(f"{op}: src of shape {src.shape} must have the rank of index {index.shape} "
+                            "and be no smaller in any dim")
+    n = x.shape[d] if x.ndim else 1
+    m = index.shape[d] if index.ndim else 1
+
+    def at(p, r):
+        return [r[0] if k == d else clamp_index(p[k], index.shape[k]) for k in range(x.ndim)]
+
+    def match(p, r):
+        hit = ir.eq(_position(index[at(p, r)], n), p[d] if x.ndim else 0)
+        for k in range(x.ndim):
+            if k != d and index.shape[k] < x.shape[k]:
+                hit = hit & (p[k] < index.shape[k])
+        return hit
+
+    def value(p, r):
+        return src[at(p, r)] if isinstance(src, TensorNode) else src
+
+    return [m], match, value
+
+
+@operator("scatter")
+def scatter(x, dim, index, src):
+    """x with src[j] (a tensor, or one Python scalar) written at x[j with dim replaced by index[j]]."""
+    return _gathered(x, *_along_dim("scatter", x, dim, index, src), "last")
+
+
+@operator("scatter_reduce")
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    """x with src[j] combined into x[j with dim replaced by index[j]] by `reduce` ('sum', 'prod',
+    'mean', 'amax' or 'amin'); without `include_self` x's own value joins only untouched elements."""
+    if reduce not in REDUCTIONS:
+        raise OperatorError(f"scatter_reduce: reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+    return _gathered(x, *_along_dim("scatter_reduce", x, dim, index, src), reduce, include_self)
+
+
+@operator("scatter_add")
+def scatter_add(x, dim, index, src):
+    """x with src[j] added into x[j with dim replaced by index[j]]."""
+    return _gathered(x, *_along_dim("scatter_add", x, dim, index, src), "sum")
+
+
+def _index_along(op: str, x: TensorNode, dim, index: TensorNode, source):
+    """match and value for index_* operators: a 1-D index picks slices of x along `dim`."""
+    d = normalize_dim(op, dim, x.ndim)
+    _check_index(op, index)
+    if index.ndim > 1:
+        raise OperatorError(f"{op}: index must be 0-D or 1-D, got shape {index.shape}")
+    m = index.shape[0] if index.ndim else 1
+    if isinstance(source, TensorNode):
+        want = tuple(m if k == d else s for k, s in enumerate(x.shape))
+        if source.shape != want and not (source.ndim == 0 and x.ndim <= 1):
+            raise OperatorError(f"{op}: source of shape {source.shape} must have shape {want} "
+                                f"(input {x.shape}, {m} indices along dim {dim})")
+    n = x.shape[d] if x.ndim else 1
+
+    def match(p, r):
+        return ir.eq(_position(index[r if index.ndim else []], n), p[d] if x.ndim else 0)
+
+    def value(p, r):
+        if not isinstance(source, TensorNode):
+            return source
+        return source[[r[0] if k == d else p[k] for k in range(source.ndim)]]
+
+    return [m], match, value
+
+
+@operator("index_add")
+def index_add(x, dim, index, source, alpha=1):
+    """x with alpha * source[.., j, ..] added into x[.., index[j], ..] along `dim`."""
+    extents, match, value = _index_along("index_add", x, dim, index, source)
+    scaled = value if alpha == 1 else (lambda p, r: value(p, r) * alpha)
+    return _gathered(x, extents, match, scaled, "sum")
+
+
+@operator("index_copy")
+def index_copy(x, dim, index, source):
+    """x with source[.., j, ..] written at x[.., index[j], ..] along `dim`."""
+    return _gathered(x, *_index_along("index_copy", x, dim, index, source), "last")
+
+
+@operator("index_fill")
+def index_fill(x, dim, index, value):
+    """x with every slice x[.., index[j], ..] along `dim` set to `value` (a Python scalar or a
+    0-d tensor)."""
+    if isinstance(value, TensorNode):
+        if value.ndim:
+            raise OperatorError(f"index_fill: value must be a scalar or a 0-d tensor, got shape {value.shape}")
+        fill = value
+        extents, match, _ = _index_along("index_fill", x, dim, index, None)
+        return _gathered(x, extents, match, lambda p, r: fill[()], "last")
+    return _gathered(x, *_index_along("index_fill", x, dim, index, value), "last")
+
+
+@operator("index_put")
+def index_put(x, indices, values, accumulate=False):
+    """x with `values` written (or added, with `accumulate`) at the positions the integer index
+    tensors `indices` give for x's leading dims; indices broadcast together, values broadcast
+    to the indexed shape."""
+    if not isinstance(indices, (list, tuple)) or not indices or len(indices) > x.ndim:
+        raise OperatorError(f"index_put: indices must be 1 to {x.ndim} index tensors, got {indices!r}")
+    for t in indices:
+        if not isinstance(t, TensorNode):
+            raise OperatorError("index_put: only index tensors are supported (no None/slices)")
+        _check_index("index_put", t)
+    k = len(indices)
+    index_shape = broadcast_shape("index_put", *[t.shape for t in indices])
+    target = tuple(index_shape) + tuple(x.shape[k:])
+    if isinstance(values, TensorNode):
+        broadcast_shape("index_put", values.shape, target)
+    extents = [math.prod(index_shape)] if index_shape else [1]
+
+    def match(p, r):
+        j = unravel(r[0], index_shape)
+        hit = None
+        for m, t in enumerate(indices):
+            h = ir.eq(_position(broadcast_load(t, j, index_shape), x.shape[m]), p[m])
+            hit = h if hit is None else hit & h
+        return hit
+
+    def value(p, r):
+        if not isinstance(values, TensorNode):
+            return values
+        return broadcast_load(values, list(unravel(r[0], index_shape)) + list(p[k:]), target)
+
+    return _gathered(x, extents, match, value, "sum" if accumulate else "last")
+
+
+@operator("masked_scatter")
+def masked_scatter(x, mask, source):
+    """x with the elements where the bool `mask` (broadcast to x) holds replaced, in row-major
+    order, by consecutive elements of `source`."""
+    if mask.dtype != dtypes.boolean:
+        raise OperatorError(f"masked_scatter: mask must be bool, got {mask.dtype}")
+    shape = broadcast_shape("masked_scatter", x.shape, mask.shape)
+    if tuple(shape) != tuple(x.shape):
+        raise OperatorError(f"masked_scatter: mask of shape {mask.shape} must broadcast to input {x.shape}")
+    total = math.prod(source.shape)
+
+    def element(*p):
+        flat = ravel(p, x.shape)
+        before = reduce([flat], lambda q: cast(broadcast_load(mask, unravel(q, x.shape), x.shape), dtypes.int64),
+                        dtype=dtypes.int64)
+        taken = source[unravel(ir.minimum(before, total - 1), source.shape)] if total else x[p]
+        return select(broadcast_load(mask, p, x.shape), cast(taken, x.dtype), x[p])
+
+    return compute(x.shape, element)
+
+
+@operator("index_reduce")
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """x with source[.., j, ..] combined into x[.., index[j], ..] along `dim` by `reduce`
+    ('prod', 'mean', 'amax' or 'amin')."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise OperatorError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
+    return _gathered(x, *_index_along("index_reduce", x, dim, index, source), reduce, include_self)
