@@ -1,7 +1,7 @@
 """Shared helpers of operator definitions: broadcasting and type promotion."""
 from kiln import dtypes
 from kiln.graph import OperatorError
-from kiln.ir import TensorNode, cast, compute
+from kiln.ir import TensorNode, cast, compute, maximum, minimum
 
 
 def broadcast_shape(op: str, *shapes) -> tuple[int, ...]:
@@ -116,6 +116,13 @@ def unravel(flat, shape) -> list:
         index.append(flat % s)
         flat = flat // s
     return index[::-1]
+
+
+def clamp_index(i, size: int):
+    """Index expression `i` (any integer type) clamped into [0, size), for indices Kiln computes
+    itself and knows to be in range (user indices go through `indexing.checked_index`, which
+    reports out-of-range ones): generated code never reads out of bounds."""
+    return minimum(maximum(cast(i, dtypes.int64), 0), size - 1)
 
 
 def accumulator_type(dtype: dtypes.DataType) -> dtypes.DataType:
