@@ -176,3 +176,19 @@ def test_cuda_in_range_and_wrapped_indices_match_eager():
     w = torch.randn(11, 4, device="cuda")
     ids = torch.randint(0, 11, (3, 5), device="cuda")
     assert_close(kiln.ops.embedding(ids, w).torch(), torch.nn.functional.embedding(ids, w))
+
+
+@pytest.mark.parametrize("n", [12, 16, 33])
+def test_a_load_under_a_condition_in_a_vectorized_loop(n):
+    """A load in one branch of a select inside a short fixed-length loop (GCC 12.2 at -O3 with
+    AVX2 vectorized it with masked loads reading the wrong elements: kiln.runtime.cpu.FLAGS)."""
+    ops = kiln.ops
+    x = kiln.symbol_like(kiln.from_torch(torch.randn(n, n)))
+    keep = ops.gt(ops.abs(x), 0.3)
+    shrunk = ops.where(ops.gt(ops.abs(x), 0.4), ops.sub(x, ops.mul(ops.sign(x), 0.4)), 0.0)
+    graph = kiln.graph.optimize(kiln.trace_from([ops.where(keep, x, 0.0), shrunk], inputs=[x]))
+    for _ in range(3):
+        t = torch.randn(n, n)
+        hard, soft = graph(kiln.from_torch(t))
+        torch.testing.assert_close(hard.torch(), torch.nn.functional.hardshrink(t, 0.3))
+        torch.testing.assert_close(soft.torch(), torch.nn.functional.softshrink(t, 0.4))

@@ -227,9 +227,6 @@ def test_pixel_and_channel_shuffles_and_norms():
     compile_and_compare(fn, x)
 
 
-@pytest.mark.xfail(strict=True, reason="core bug (not in the rules): a graph whose two fused outputs "
-                   "both read one materialized intermediate (abs(x)) gives wrong elements at run time; "
-                   "each kernel's C source is right, and disabling fuse_operators hides it")
 def test_two_fused_outputs_sharing_an_intermediate():
     compile_and_compare(lambda x: (F.hardshrink(x, 0.3), F.softshrink(x, 0.4)), torch.randn(16, 16))
 
