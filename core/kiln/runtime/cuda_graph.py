@@ -18,6 +18,9 @@ from typing import Callable, Sequence
 import torch
 
 
+_capturing = threading.Lock()
+
+
 class CapturedGraph:
     """A captured CUDA graph of `fn(inputs) -> list of torch tensors`."""
 
@@ -30,7 +33,9 @@ class CapturedGraph:
         with torch.cuda.stream(stream):
             fn(self.static_inputs)          # builds and loads every kernel before capture
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, stream=stream):
+            # thread_local: CUDA calls of other threads (eager work, another model's run) stay
+            # legal during the capture; one capture at a time in the process
+            with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
                 self.static_outputs = list(fn(self.static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
         self._lock = threading.Lock()
