@@ -201,7 +201,7 @@ def test_in_place_changes_without_views_still_compile():
 
 def test_a_declined_node_is_named_with_the_way_to_run_it_in_pytorch():
     def fn(x):
-        return F.interpolate(x, scale_factor=2, mode="bicubic") + 1
+        return F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True) + 1
 
     with pytest.raises(MappingError, match="(?s)interpolate.*bicubic.*fallback_to_eager"):
         torch.compile(fn, backend="kiln")(torch.randn(1, 2, 4, 5))

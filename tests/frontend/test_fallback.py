@@ -23,7 +23,7 @@ class Upsample(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
 
     def forward(self, x):
-        y = F.interpolate(self.conv(x), scale_factor=2, mode="bicubic", align_corners=False)
+        y = F.interpolate(self.conv(x), scale_factor=2, mode="bicubic", align_corners=False, antialias=True)
         return torch.relu(y) * 2 + 1
 
 
@@ -38,7 +38,7 @@ def _compiled_backends(model):
     return torch.compile(model, backend=backend), kinds
 
 
-def test_bicubic_interpolate_runs_in_pytorch_and_the_rest_in_kiln():
+def test_antialiased_bicubic_interpolate_runs_in_pytorch_and_the_rest_in_kiln():
     torch.manual_seed(0)
     model, x = Upsample().eval(), torch.randn(2, 3, 5, 7)
     compiled, kinds = _compiled_backends(model)

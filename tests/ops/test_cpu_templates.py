@@ -174,3 +174,14 @@ def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n):
     assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
     out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
     assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m,n", [(5, 10), (1, 3)])
+def test_an_empty_sum_gives_zeros(m, n):
+    """K = 0: every output element is an empty sum (the template declines; the result is 0)."""
+    a, b = torch.randn(m, 0), torch.randn(0, n)
+    got = kiln.ops.matmul(kiln.from_torch(a), kiln.from_torch(b)).torch()
+    assert torch.equal(got, torch.zeros(m, n))
+    bias = torch.randn(m, n)
+    out = torch.compile(lambda x, y, z: torch.addmm(z, x, y, beta=0.2, alpha=0.6), backend="kiln")(a, b, bias)
+    torch.testing.assert_close(out, 0.2 * bias)

@@ -238,7 +238,9 @@ DEFAULT = {"MC": 336, "KC": 256, "NC": 4096}
 
 
 def applies(task) -> bool:
-    return match_cpu_gemm(task) is not None
+    """Sums of products with at least one term (an empty sum, K = 0, is the auto-scheduler's)."""
+    g = match_cpu_gemm(task)
+    return g is not None and g.K > 0
 
 
 def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:

@@ -334,7 +334,7 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 def applies(task) -> bool:
     c = match_contraction(task)
-    return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
+    return (c is not None and c.K > 0 and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
