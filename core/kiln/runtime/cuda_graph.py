@@ -22,11 +22,13 @@ _capturing = threading.Lock()
 
 
 class CapturedGraph:
-    """A captured CUDA graph of `fn(inputs) -> list of torch tensors`."""
+    """A captured CUDA graph of `fn(inputs) -> list of torch tensors`. The graph keeps `fn`:
+    the buffers it closes over (a workspace) are what the captured kernels read and write."""
 
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
                  wrap: Callable = lambda t: t):
         self.wrap = wrap
+        self.fn = fn
         self.static_inputs = [t.detach().clone() for t in example_inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -38,8 +40,7 @@ class CapturedGraph:
             with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
                 self.static_outputs = list(fn(self.static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
-        # Replays run on the capture stream, ordered after the caller's stream and before its
-        # next work (replays on the legacy default stream gave wrong results on an H200).
+        # replays run on the capture stream, ordered after the caller's stream and before its next work
         self._stream = stream
         self._lock = threading.Lock()
 

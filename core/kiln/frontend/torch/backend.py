@@ -39,7 +39,8 @@ from kiln.tensor import Tensor, from_torch, symbol
 
 _warned: set[str] = set()
 
-# Off until the wrong results of replayed graphs are fixed (see the warning in KilnFunction).
+# Off until a GPU run confirms the fix of wrong replays (the workspace a graph was captured over
+# was freed after the capture; CapturedGraph now keeps it): see the warning in KilnFunction.
 CUDA_GRAPH_REPLAY = False
 
 
