@@ -6,7 +6,8 @@ deterministic result: output element p gathers the candidates (source elements w
 points at p) by a reduction over the scattered axis. That costs O(n * m) for an output dim of n
 and m candidates, right for the index sizes of models, not for huge scatters. Where several
 candidates write one element without reduction, the last one wins (PyTorch's CPU order).
-Negative indices count from the end; out-of-range indices are not detected (they match nothing).
+Negative indices count from the end; an index out of range fails the kernel (IndexError on the
+CPU, a trap on CUDA) instead of matching nothing.
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from kiln.ir import TensorNode, cast, compute, reduce, select
 
 from kiln_ops_builtin.common import (accumulator_type, broadcast_load, broadcast_shape, clamp_index,
                                      normalize_dim, ravel, unravel)
+from kiln_ops_builtin.indexing import checked_index
 
 INDEX_TYPES = (dtypes.int64, dtypes.int32)
 REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
 
-def _position(i, size: int):
-    """Index value `i` with negative values counted from the end, as int64."""
-    i = cast(i, dtypes.int64)
-    return select(i < 0, i + size, i)
+def _position(op: str, i, dim: int, size: int):
+    """Index value `i` along `dim` of `size` with negative values counted from the end, as int64;
+    the kernel fails on values outside [-size, size)."""
+    return checked_index(i, size, f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size}",
+                         wrap=True)
 
 
 def _check_index(op: str, index: TensorNode) -> None:
@@ -96,7 +99,7 @@ def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src):
         return [r[0] if k == d else clamp_index(p[k], index.shape[k]) for k in range(x.ndim)]
 
     def match(p, r):
-        hit = ir.eq(_position(index[at(p, r)], n), p[d] if x.ndim else 0)
+        hit = ir.eq(_position(op, index[at(p, r)], d, n), p[d] if x.ndim else 0)
         for k in range(x.ndim):
             if k != d and index.shape[k] < x.shape[k]:
                 hit = hit & (p[k] < index.shape[k])
@@ -144,7 +147,7 @@ def _index_along(op: str, x: TensorNode, dim, index: TensorNode, source):
     n = x.shape[d] if x.ndim else 1
 
     def match(p, r):
-        return ir.eq(_position(index[r if index.ndim else []], n), p[d] if x.ndim else 0)
+        return ir.eq(_position(op, index[r if index.ndim else []], d, n), p[d] if x.ndim else 0)
 
     def value(p, r):
         if not isinstance(source, TensorNode):
@@ -203,7 +206,7 @@ def index_put(x, indices, values, accumulate=False):
         j = unravel(r[0], index_shape)
         hit = None
         for m, t in enumerate(indices):
-            h = ir.eq(_position(broadcast_load(t, j, index_shape), x.shape[m]), p[m])
+            h = ir.eq(_position("index_put", broadcast_load(t, j, index_shape), m, x.shape[m]), p[m])
             hit = h if hit is None else hit & h
         return hit
 

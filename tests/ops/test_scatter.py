@@ -105,3 +105,22 @@ def test_index_reduce(dtype, reduce, include_self):
     index = torch.tensor([5, 0, 5, 2, 0])
     assert_close(kiln.ops.index_reduce(x, 1, index, source, reduce, include_self),
                  x.index_reduce(1, index, source, reduce, include_self=include_self))
+
+
+@pytest.mark.parametrize("bad", [3, -4, 100])
+def test_out_of_range_indices_fail_instead_of_matching_nothing(bad):
+    """An index outside [-size, size) raises (it used to be dropped silently)."""
+    from kiln.runtime.kernel_errors import KernelIndexError
+    x, src = kiln.from_torch(torch.randn(3, 4)), kiln.from_torch(torch.randn(2, 4))
+    index = kiln.from_torch(torch.tensor([[0, 1, 2, 0], [1, bad, 0, 2]]))
+    row = kiln.from_torch(torch.tensor([0, bad]))
+    calls = {
+        "scatter": lambda: kiln.ops.scatter(x, 0, index, src),
+        "scatter_add": lambda: kiln.ops.scatter_add(x, 0, index, src),
+        "index_add": lambda: kiln.ops.index_add(x, 0, row, src),
+        "index_fill": lambda: kiln.ops.index_fill(x, 0, row, 1.5),
+        "index_put": lambda: kiln.ops.index_put(x, [row], kiln.from_torch(torch.randn(4))),
+    }
+    for name, call in calls.items():
+        with pytest.raises(KernelIndexError, match=f"{name}: index {bad} is out of bounds for dimension 0 with size 3"):
+            call().torch()
