@@ -26,7 +26,8 @@ from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, as_expr, cast, select, walk
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, cast, select, walk
+from kiln.ir.index import unravel
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify
 
@@ -87,7 +88,8 @@ class Contraction:
         return " + ".join(terms) or "0"
 
 
-def _strip_cast(e: Expr) -> Expr:
+def strip_cast(e: Expr) -> Expr:
+    """`e` without an outer cast."""
     return e.a if isinstance(e, Cast) else e
 
 
@@ -121,10 +123,10 @@ def match_contraction(task: Task) -> Contraction | None:
     if len(reduces) != 1 or reduces[0].op != "sum" or len(reduces[0].axes) != 1:
         return None
     r = reduces[0]
-    body = _strip_cast(r.body)
+    body = strip_cast(r.body)
     if getattr(body, "op", None) != "mul":
         return None
-    x, y = _strip_cast(body.a), _strip_cast(body.b)
+    x, y = strip_cast(body.a), strip_cast(body.b)
     if not (isinstance(x, Load) and isinstance(y, Load)) or x.dtype != y.dtype:
         return None
     axes = out.axes
@@ -198,12 +200,8 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool)
 
 
 def unravel_index(var: Var, axes, extents) -> dict:
-    """Index expressions of `axes` (row-major over `extents`) from the flat index `var`."""
-    index, inner = {}, 1
-    for axis, size in reversed(list(zip(axes, extents))):
-        index[id(axis)] = simplify((var // inner) % size) if size != 1 else as_expr(0, dtypes.int64)
-        inner *= size
-    return index
+    """Index expressions of `axes` (row-major over `extents`) from the flat index `var`, by id."""
+    return dict(zip(map(id, axes), unravel(var, extents)))
 
 
 @dataclass
@@ -223,22 +221,23 @@ class HookedGemm:
     hooks: str
 
 
-def _vars(e: Expr) -> set[int]:
+def variables_of(e: Expr) -> set[int]:
+    """The ids of the index variables `e` uses."""
     return {id(x) for x in walk(e) if isinstance(x, Var)}
 
 
-def _factors(body: Expr, out_axes: set[int]):
-    """(a, b) with body == a * b; a guard `select(c, x * y, 0)` (zero padding) moves onto the
+def gemm_factors(body: Expr, out_axes: set[int]):
+    """(a, b) with body == a * b (the body of a contraction's sum, casts stripped); a guard `select(c, x * y, 0)` (zero padding) moves onto the
     factor whose output axes cover the condition's. None when body is neither."""
     if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
-        inner = _strip_cast(body.a)
+        inner = strip_cast(body.a)
         if getattr(inner, "op", None) != "mul":
             return None
-        cond = _vars(body.cond) & out_axes
+        cond = variables_of(body.cond) & out_axes
         x, y = inner.a, inner.b
-        if cond <= _vars(x):
+        if cond <= variables_of(x):
             return select(body.cond, x, 0), y
-        if cond <= _vars(y):
+        if cond <= variables_of(y):
             return x, select(body.cond, y, 0)
         return None
     return (body.a, body.b) if getattr(body, "op", None) == "mul" else None
@@ -256,11 +255,11 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
         return None
     r = reduces[0]
     axes = list(out.axes)
-    factors = _factors(_strip_cast(r.body), {id(a) for a in axes})
+    factors = gemm_factors(strip_cast(r.body), {id(a) for a in axes})
     if factors is None or any(isinstance(x, Reduce) for x in walk(r.body) if x is not r):
         return None
     fa, fb = factors
-    uses_a, uses_b = _vars(fa), _vars(fb)
+    uses_a, uses_b = variables_of(fa), variables_of(fb)
     if any(id(a) in uses_a and id(a) in uses_b for a in axes):
         return None
     n_axes = [a for a in axes if id(a) in uses_b]

@@ -82,13 +82,15 @@ def mma_m16n8k16(t: DataType) -> str:
     return "kiln_mma_m16n8k16_" + ("f16" if t == dtypes.float16 else "bf16")
 
 
-def wgmma_m64k16(bn: int, t: DataType) -> str:
+def wgmma_m64k16(bn: int, t: DataType, trans_a: int = 0, trans_b: int = 0) -> str:
     """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k16 product of the tiles described by
-    `da` and `db` (operands of 16-bit float type `t`) accumulated into the float array `acc`."""
+    `da` and `db` (operands of 16-bit float type `t`; `trans_a`/`trans_b` 1 for an MN-major
+    tile) accumulated into the float array `acc`."""
     ab = mma_m16n8k16(t).rsplit("_", 1)[1]
     regs = bn // 2
     outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
     slots = ",".join(f"%{k}" for k in range(regs))
     return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"'
+            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, '
+            f'{trans_a}, {trans_b};\\n}}\\n"'
             f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')

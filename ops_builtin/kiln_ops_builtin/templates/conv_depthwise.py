@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
 from kiln.codegen.emitter import KernelArgs
-from kiln.codegen.hooks import render_epilogue, unravel_index
-from kiln.ir.expr import Cast, Load, Select
+from kiln.codegen.hooks import render_epilogue, strip_cast, unravel_index
+from kiln.ir.expr import Load, Select
 from kiln.ir.inline import inline_task
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
@@ -63,10 +63,6 @@ def _pair(value, what: str) -> tuple[int, int]:
     return value
 
 
-def _strip_cast(e):
-    return e.a if isinstance(e, Cast) else e
-
-
 def _direct_loads(task):
     """(lowered task, x's Load, weight's Load) when the task's sum is of x * weight read straight
     from its inputs, padding select included; None otherwise."""
@@ -76,12 +72,12 @@ def _direct_loads(task):
     reduces = top_reduces(lowered.outputs[0].value)
     if len(reduces) != 1 or reduces[0].op != "sum":
         return None
-    body = _strip_cast(reduces[0].body)
+    body = strip_cast(reduces[0].body)
     if isinstance(body, Select):
-        body = _strip_cast(body.a)
+        body = strip_cast(body.a)
     if getattr(body, "op", None) != "mul":
         return None
-    x, w = _strip_cast(body.a), _strip_cast(body.b)
+    x, w = strip_cast(body.a), strip_cast(body.b)
     inputs = {id(t) for t in lowered.inputs}
     if not (isinstance(x, Load) and isinstance(w, Load)) or not {id(x.tensor), id(w.tensor)} <= inputs:
         return None

@@ -20,15 +20,16 @@ The template owns tiling, packing and threads; these hooks own every index and d
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kiln import dtypes
 from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.ir import Cast, Const, Expr, Load, Reduce, Select, Task, Var, cast, inline_task, select, simplify, substitute
+from kiln.codegen.hooks import gemm_factors, strip_cast, unravel_index, variables_of
+from kiln.ir import Const, Expr, Load, Reduce, Task, Var, cast, inline_task, simplify, substitute
 from kiln.ir.expr import walk
-from kiln.ir.index import unravel
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
@@ -47,43 +48,6 @@ class CpuGemm:
     b_by_k: bool         # B is contiguous along k in memory: kiln_b_col packs it faster
 
 
-def _strip_cast(e: Expr) -> Expr:
-    return e.a if isinstance(e, Cast) else e
-
-
-def _vars(e: Expr) -> set[int]:
-    return {id(x) for x in walk(e) if isinstance(x, Var)}
-
-
-def _factors(body: Expr, out_axes: set[int]):
-    """(fa, fb) with body == fa * fb; a zero-padding guard `select(c, x * y, 0)` moves onto the
-    factor whose variables cover the condition's output axes. None when body is neither."""
-    body = _strip_cast(body)
-    if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
-        inner = _strip_cast(body.a)
-        if getattr(inner, "op", None) != "mul":
-            return None
-        cond = _vars(body.cond) & out_axes
-        x, y = inner.a, inner.b
-        if cond <= _vars(x):
-            return select(body.cond, x, 0), y
-        if cond <= _vars(y):
-            return x, select(body.cond, y, 0)
-        return None
-    return (body.a, body.b) if getattr(body, "op", None) == "mul" else None
-
-
-def _unravel(var: Var, axes, extents) -> dict:
-    return dict(zip(map(id, axes), unravel(var, extents)))
-
-
-def _prod(values) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
-
-
 def _reads(e: Expr, dtype_ok) -> bool:
     return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
 
@@ -93,12 +57,12 @@ def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ex
     indices are unravelled once per run), or in one run where B's index arithmetic over the
     flat n has no division left (a 1x1 convolution reads its pixels contiguously)."""
     d = CDialect()
-    flat = Var("i", _prod(n_ext))
-    value = simplify(cast(substitute(fb, {**b_index, **k_index, **_unravel(flat, n_axes, n_ext)}), dtypes.float32))
+    flat = Var("i", math.prod(n_ext))
+    value = simplify(cast(substitute(fb, {**b_index, **k_index, **unravel_index(flat, n_axes, n_ext)}), dtypes.float32))
     outer = Var("o", 1)
-    if any(getattr(x, "op", None) in ("floordiv", "mod") and id(flat) in _vars(x) for x in walk(value)):
-        outer, inner = Var("o", max(_prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
-        index = {**b_index, **k_index, **_unravel(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
+    if any(getattr(x, "op", None) in ("floordiv", "mod") and id(flat) in variables_of(x) for x in walk(value)):
+        outer, inner = Var("o", max(math.prod(n_ext[:-1]), 1)), Var("i", n_ext[-1])
+        index = {**b_index, **k_index, **unravel_index(outer, n_axes[:-1], n_ext[:-1]), id(n_axes[-1]): inner}
         value = simplify(cast(substitute(fb, index), dtypes.float32))
     else:
         inner = flat
@@ -132,14 +96,14 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
             isinstance(x, Reduce) for x in walk(r.body) if x is not r):
         return None
     axes = list(out.axes)
-    factors = _factors(r.body, {id(a) for a in axes})
+    factors = gemm_factors(strip_cast(r.body), {id(a) for a in axes})
     if factors is None or not _reads(r.body, lambda t: t in FACTOR_DTYPES):
         return None
     fa, fb = factors
     last = id(axes[-1])
-    if last in _vars(fa) and last not in _vars(fb):
+    if last in variables_of(fa) and last not in variables_of(fb):
         fa, fb = fb, fa
-    uses_a, uses_b = _vars(fa), _vars(fb)
+    uses_a, uses_b = variables_of(fa), variables_of(fb)
     if last not in uses_b or last in uses_a:
         return None
     n_count = 0
@@ -151,15 +115,15 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     extent = dict(zip(map(id, axes), out.shape))
     b_ext, m_ext, n_ext = ([extent[id(a)] for a in group] for group in (b_axes, m_axes, n_axes))
     k_ext = [a.extent for a in r.axes]
-    B, M, N, K = _prod(b_ext), _prod(m_ext), _prod(n_ext), _prod(k_ext)
+    B, M, N, K = math.prod(b_ext), math.prod(m_ext), math.prod(n_ext), math.prod(k_ext)
     d = CDialect()
     params = ", ".join(KernelArgs.params(d, lowered.inputs, [out]))
     names = KernelArgs.names(lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     bv, mv, nv, kv = Var("b", max(B, 1)), Var("m", M), Var("n", N), Var("k", K)
-    b_index = _unravel(bv, b_axes, b_ext)
-    m_index, n_index = _unravel(mv, m_axes, m_ext), _unravel(nv, n_axes, n_ext)
-    k_index = _unravel(kv, r.axes, k_ext)
+    b_index = unravel_index(bv, b_axes, b_ext)
+    m_index, n_index = unravel_index(mv, m_axes, m_ext), unravel_index(nv, n_axes, n_ext)
+    k_index = unravel_index(kv, r.axes, k_ext)
     var_names = {id(bv): "b", id(mv): "m", id(nv): "n", id(kv): "k"}
 
     value = simplify(cast(substitute(fa, {**b_index, **m_index, **k_index}), dtypes.float32))
@@ -175,7 +139,7 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
                  f"float* __restrict__ dst, int64_t stride) {{\n"
                  f"    for (int64_t k = k0; k < k0 + count; ++k) {{\n" + "\n".join(em.lines)
                  + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
-    load = _strip_cast(fb)
+    load = strip_cast(fb)
     b_by_k = (isinstance(load, Load) and len(r.axes) == 1 and load.indices[-1] is r.axes[0]
               and load.tensor.shape[-1] > 1)
 

@@ -28,6 +28,7 @@ dimensions per operand.
 from __future__ import annotations
 
 from kiln import dtypes
+from kiln.codegen import ptx
 from kiln.codegen.cuda import template_source
 from kiln.codegen.hooks import Contraction, Operand, match_contraction
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
@@ -203,16 +204,6 @@ UNIT_COORDS = (
     " const int kt0 = ks * KT_SPLIT, kt1 = min(k_tiles, kt0 + KT_SPLIT); (void)bz;")
 
 
-def _wgmma_macro(bn: int, ab: str, trans_a: int, trans_b: int) -> str:
-    """`WGMMA(acc, da, db)`: one m64n{bn}k16 product accumulated into the array `acc`."""
-    regs = bn // 2
-    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
-    slots = ",".join(f"%{k}" for k in range(regs))
-    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, '
-            f'{trans_a}, {trans_b};\\n}}\\n" : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
-
-
 def _batch_dims(c: Contraction, operand: Operand) -> list[tuple[int, int, int]] | None:
     """(divisor, size, stride) per tensor-map batch dimension of `operand`, innermost first: the
     coordinate is (bz / divisor) % size. Broadcast (stride 0) and size-1 dims are left out, and
@@ -354,8 +345,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
         "LOAD_A": "{ uint16_t* dst = as; " + load_a + " }", "LOAD_B": "{ uint16_t* dst = bs; " + load_b + " }",
         "UNIT_COORDS": UNIT_COORDS, "DESC_A(S, KK)": _desc(trans_a), "DESC_B(S, KK)": _desc(trans_b), **sk.defines,
     }
-    ab = "f16" if c.a.dtype == dtypes.float16 else "bf16"
-    source = template_source([_wgmma_macro(BN, ab, trans_a, trans_b), KERNEL, sk.source], defines, c.epilogue,
+    source = template_source([ptx.wgmma_m64k16(BN, c.a.dtype, trans_a, trans_b), KERNEL, sk.source], defines, c.epilogue,
                              ptx=[DEVICE, _tma_helpers()])
     units = -(-c.M // bm) * -(-c.N // BN) * c.batch_count * SPLIT
     launches = [Launch("kiln_matmul_sm90", args + sk.args + (map_a, map_b), (128 * (CW + 1), 1, 1),
