@@ -149,14 +149,7 @@ def test_threads_calling_a_compiled_mlp_on_cuda_with_cuda_graphs():
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(strict=True, reason="replays of the CUDA graph captured by the torch backend "
-                   "returned wrong values for 2 of 3 calls on an H200: the workspace the graph was "
-                   "captured over was freed after the capture. CapturedGraph now keeps it, but no GPU "
-                   "run has confirmed the fix yet; when this test passes on a GPU, drop the xfail "
-                   "and turn kiln.frontend.torch.backend.CUDA_GRAPH_REPLAY back on")
-def test_cuda_graph_replays_of_a_compiled_model_match_eager(monkeypatch):
-    from kiln.frontend.torch import backend
-    monkeypatch.setattr(backend, "CUDA_GRAPH_REPLAY", True)
+def test_cuda_graph_replays_of_a_compiled_model_match_eager():
     torch._dynamo.reset()
     model = _mlp("cuda")
     compiled = torch.compile(model, backend="kiln")

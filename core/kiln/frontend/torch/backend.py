@@ -39,10 +39,6 @@ from kiln.tensor import Tensor, from_torch, symbol
 
 _warned: set[str] = set()
 
-# Off until a GPU run confirms the fix of wrong replays (the workspace a graph was captured over
-# was freed after the capture; CapturedGraph now keeps it): see the warning in KilnFunction.
-CUDA_GRAPH_REPLAY = False
-
 
 def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
                  mode: str | None = None):
@@ -150,14 +146,10 @@ class KilnFunction:
             graph = _optimize(traced, self.settings, folder)
         examples = [args[p] for p in positions]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
-        if on_cuda and self.settings.use_cuda_graph and not CUDA_GRAPH_REPLAY:
-            _warn_once("Kiln does not replay CUDA graphs for now: replays of a captured model gave "
-                       "wrong results on an H200 (tests/test_concurrency.py::"
-                       "test_cuda_graph_replays_of_a_compiled_model_match_eager); kernels run one by one")
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
             compiled = CompiledRun(graph, positions, result, writeback,
-                                   examples if CUDA_GRAPH_REPLAY and self.settings.use_cuda_graph and on_cuda
+                                   examples if self.settings.use_cuda_graph and on_cuda
                                    else None,
                                    BuildSettings(tune_level=level) if level else None)
         if folder is not None:
