@@ -172,3 +172,50 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     """torch.nn.functional.conv_transpose3d, weight of shape (C_in, C_out / groups, kD, kH, kW)."""
     return _conv_transpose("conv_transpose3d", 3, x, weight, bias, stride, padding, output_padding,
                            groups, dilation)
+
+
+@operator("conv2d_channels_last")
+def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """conv2d on channels-last data: x of shape (N, H, W, C), weight (O, kH, kW, C / groups),
+    result (N, OH, OW, O); padding is an int or a pair.
+
+    The layout pass (`kiln.passes.layout`) runs convolution-heavy regions through it. Its
+    reduction runs over (kernel row, kernel column, channel), the memory order of both
+    operands, so a template sees a GEMM whose K is contiguous in A and B alike.
+    """
+    op = "conv2d_channels_last"
+    for t in (x, weight) if bias is None else (x, weight, bias):
+        check_dtype(op, t, dtypes.FLOATS)
+    if len({t.dtype for t in (x, weight, bias) if t is not None}) > 1:
+        raise OperatorError(f"{op}: input, weight and bias must have one dtype")
+    if x.ndim != 4 or weight.ndim != 4:
+        raise OperatorError(f"{op}: expected a 4-D input (N, H, W, C) and weight (O, kH, kW, C / groups), "
+                            f"got {x.shape} and {weight.shape}")
+    if not isinstance(groups, int) or groups < 1:
+        raise OperatorError(f"{op}: groups must be a positive int, got {groups!r}")
+    (n, h, w, channels), (out_channels, kh, kw, cin) = x.shape, weight.shape
+    if cin * groups != channels or out_channels % groups:
+        raise OperatorError(f"{op}: input of {channels} channels, weight {weight.shape} and groups={groups} "
+                            "do not match")
+    if bias is not None and bias.shape != (out_channels,):
+        raise OperatorError(f"{op}: bias of shape {bias.shape} does not match {out_channels} output channels")
+    stride, dilation = _steps(op, 2, stride, dilation)
+    pad = int_tuple(op, "padding", padding, 2)
+    if min(pad) < 0:
+        raise OperatorError(f"{op}: padding {pad} must be non-negative")
+    out_spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+                   for size, p, d, k, s in zip((h, w), pad, dilation, (kh, kw), stride)]
+    if min(out_spatial) <= 0:
+        raise OperatorError(f"{op}: input of shape {x.shape} gives an empty output {tuple(out_spatial)}")
+    cout, acc = out_channels // groups, accumulator_type(x.dtype)
+
+    def element(b, oy, ox, oc):
+        def term(ry, rx, c):
+            pos = [oy * stride[0] - pad[0] + ry * dilation[0], ox * stride[1] - pad[1] + rx * dilation[1]]
+            value = cast(x[b, pos[0], pos[1], oc // cout * cin + c], acc) * cast(weight[oc, ry, rx, c], acc)
+            return select(in_bounds(pos, (h, w)), value, 0)
+
+        total = reduce([kh, kw, cin], term, dtype=acc)
+        return total if bias is None else total + cast(bias[oc], acc)
+
+    return compute((n, *out_spatial, out_channels), element, dtype=x.dtype)

@@ -123,3 +123,22 @@ def test_traced_graph():
     graph = kiln.trace_from(kiln.ops.max_pool2d(kiln.ops.conv2d(x, w, b, padding=1), 2))
     xt = rand((1, 3, 6, 6))
     assert_close(graph(xt), F.max_pool2d(F.conv2d(xt, w, b, padding=1), 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("xs, ws, bias, kw", [
+    ((2, 7, 6, 4), (6, 3, 3, 4), True, dict(padding=1)),
+    ((1, 9, 5, 6), (4, 3, 2, 3), False, dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)),
+    ((3, 5, 5, 8), (8, 1, 1, 8), True, {}),
+])
+def test_conv2d_channels_last_is_conv2d_on_permuted_data(dtype, xs, ws, bias, kw):
+    x, w = rand(xs, dtype=dtype), rand(ws, dtype=dtype)
+    b = rand((ws[0],), dtype=dtype) if bias else None
+    expected = F.conv2d(x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2), b, **kw).permute(0, 2, 3, 1)
+    atol, rtol = SIXTEEN_BIT_TOL.get(dtype, (None, None))
+    assert_close(kiln.ops.conv2d_channels_last(x, w, b, **kw), expected, atol=atol, rtol=rtol)
+
+
+def test_conv2d_channels_last_rejects_mismatched_channels():
+    with pytest.raises(OperatorError, match="conv2d_channels_last"):
+        kiln.ops.conv2d_channels_last(rand((1, 5, 5, 4)), rand((2, 3, 3, 3)))
