@@ -86,7 +86,7 @@ def _tma_helpers() -> str:
 
 
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(384, 1) kiln_matmul_sm90(PARAMS, const __grid_constant__ CUtensorMap tmA,
+extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) kiln_matmul_sm90(PARAMS, const __grid_constant__ CUtensorMap tmA,
                                                                    const __grid_constant__ CUtensorMap tmB) {
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) kiln_matmul_sm90(PARAMS, co
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
     const int c = wg - 1, t = tid % 128, w = t / 32, lane = t % 32;
     const int SLAB = PP ? 0 : c * MI;    // the consumer's first 64-row slab of the tile
     float acc[MI][BN / 2];
@@ -265,9 +265,16 @@ def smem_bytes(knobs: dict) -> int:
     return knobs["STAGES"] * ((bm + knobs["BN"]) * BK * 2 + 16) + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4
 
 
+def consumer_registers(cw: int) -> int:
+    """Registers per consumer thread after `setmaxnreg`: what the 64K-register file leaves
+    beside the producer warpgroup's 40, rounded down to a multiple of 8, at most 232."""
+    return min(232, (65536 - 128 * 40) // (128 * cw) // 8 * 8)
+
+
 def _fits(knobs: dict) -> bool:
-    return (knobs["BN"] // 2 * knobs["MI"] <= 128 and smem_bytes(knobs) <= MAX_SMEM
-            and (not knobs.get("PP") or knobs["CW"] == 2))
+    accumulators = knobs["BN"] // 2 * knobs["MI"]
+    return (accumulators <= 128 and accumulators + 56 <= consumer_registers(knobs["CW"])
+            and smem_bytes(knobs) <= MAX_SMEM and (not knobs.get("PP") or knobs["CW"] == 2))
 
 
 def _k(bn, cw, mi, stages, pp=0) -> dict:
@@ -276,9 +283,11 @@ def _k(bn, cw, mi, stages, pp=0) -> dict:
 
 FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
              split_k.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), split_k.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
-             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 2, 2, 6, 1), 256, 128, BK, 2048),
-             split_k.Tile(_k(256, 2, 1, 5, 1), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 8, 1), 128, 128, BK, 2048)]
-"""`suggest`'s tiles, at wgmma's 2048 float16 MACs per SM clock."""
+             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 3, 1, 4), 192, 128, BK, 2048),
+             split_k.Tile(_k(128, 2, 2, 6, 1), 128, 128, BK, 2048), split_k.Tile(_k(256, 2, 1, 5, 1), 64, 256, BK, 2048),
+             split_k.Tile(_k(128, 2, 1, 8, 1), 64, 128, BK, 2048), split_k.Tile(_k(192, 2, 1, 5, 1), 64, 192, BK, 2048)]
+"""`suggest`'s tiles (BM x BN: a ping-pong consumer takes a whole 64 * MI-row tile), at wgmma's
+2048 float16 MACs per SM clock."""
 
 
 def space(level: int) -> list[dict]:
@@ -288,33 +297,32 @@ def space(level: int) -> list[dict]:
         return [dict(DEFAULT)]
     out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2)]
     if level == 2:
-        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4)]
+        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
+                _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6)]
     return [dict(k) for k in out if _fits(k)]
 
 
 PING_PONG = _k(128, 2, 1, 8, 1)
+WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
+              ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
+              ((64, 128), _k(128, 1, 1, 8), 0.6)]
+"""(tile, knobs, relative MMA rate): `suggest`'s choices for grids of most of a wave and more,
+the rates fitted to the level-2 sweeps on an H200 (benchmarks/RESULTS.md)."""
 
 
 def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this shape, best guess first, then `split_k.rank`'s ranking of the
-    cooperative tiles and split-K. The first follows the level-2 sweeps on an H200
-    (benchmarks/RESULTS.md), by how many tiles each size makes against the SM count: 128 x 256
-    cooperative from three waves; ping-pong 128 x 128 from one wave (its epilogues hide under
-    the other consumer's MMA); then cooperative 128 x 128, 64 x 128 and 64 x 64 while they fill
-    0.7, 0.7 and 0.5 of a wave; smaller grids 64 x 64 split over K up to a wave (at least four
-    k-tiles per split)."""
+    cooperative tiles and split-K. Shapes of at least 0.7 of a wave of 64 x 128 tiles take the
+    `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
+    one) x tile area x (K + a pipeline fill of two k-tiles) / rate. Smaller grids take 64 x 64,
+    split over K up to a wave (at least four k-tiles per split)."""
     c = match_contraction(task)
     ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
     k_tiles = -(-c.K // BK)
-    if tiles(128, 256) >= 3 * sm_count:
-        first = dict(DEFAULT)
-    elif tiles(128, 128) >= sm_count:
-        first = dict(PING_PONG)
-    elif tiles(128, 128) >= 0.7 * sm_count:
-        first = _k(128, 2, 1, 6)
-    elif tiles(64, 128) >= 0.7 * sm_count:
-        first = _k(128, 1, 1, 8)
+    if tiles(64, 128) >= 0.7 * sm_count:
+        cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (c.K + 2 * BK) / entry[2]
+        first = dict(min(WAVE_TILES, key=cost)[1])
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
@@ -340,7 +348,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
     args, temporaries = tuple(c.args.split(", ")), []
     sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, split_index="ks")
     defines = {
-        "BM": bm, "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES, "GROUP": GROUP,
+        "BM": bm, "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "CONSUMER_REGS": consumer_registers(CW), "MI": MI, "PP": PP, "STAGES": STAGES, "GROUP": GROUP,
         "M": c.M, "N": c.N, "K": c.K, "ARGS": c.args, "STAGE_BYTES": (bm + BN) * BK * 2,
         "LOAD_A": "{ uint16_t* dst = as; " + load_a + " }", "LOAD_B": "{ uint16_t* dst = bs; " + load_b + " }",
         "UNIT_COORDS": UNIT_COORDS, "DESC_A(S, KK)": _desc(trans_a), "DESC_B(S, KK)": _desc(trans_b), **sk.defines,
