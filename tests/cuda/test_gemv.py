@@ -1,4 +1,4 @@
-"""The decode-shaped matmul template (`gemv`, M <= 16) on the GPU: every knob setting of its
+"""The decode-shaped matmul template (`gemv`, M <= 4) on the GPU: every knob setting of its
 level-1 and level-2 spaces and its suggestions, float16, bfloat16 and float32, odd N, K not a
 multiple of the warps' stride, batch dimensions, fused bias, against a float64 reference
 on fresh random inputs, into NaN-poisoned outputs."""
@@ -15,9 +15,9 @@ CALLS = {
     "decode_linear": ("linear", lambda dt: [rand((1, 776), dt), rand((1003, 776), dt), rand((1003,), dt)],
                       torch.nn.functional.linear),
     "m3_linear": ("linear", lambda dt: [rand((3, 4104), dt), rand((72, 4104), dt)], torch.nn.functional.linear),
-    "m16_linear_3d": ("linear", lambda dt: [rand((2, 8, 1024), dt), rand((520, 1024), dt), rand((520,), dt)],
-                      torch.nn.functional.linear),
-    "m5_linear_batched": ("linear", lambda dt: [rand((3, 5, 264), dt), rand((77, 264), dt)],
+    "m4_linear_3d": ("linear", lambda dt: [rand((2, 2, 1024), dt), rand((520, 1024), dt), rand((520,), dt)],
+                     torch.nn.functional.linear),
+    "m1_linear_batched": ("linear", lambda dt: [rand((3, 1, 264), dt), rand((77, 264), dt)],
                           torch.nn.functional.linear),
 }
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -23,9 +23,9 @@ def _ones(*shape, dtype=torch.float16):
 
 def test_takes_decode_shapes_and_declines_the_rest():
     assert gemv.applies(_task("linear", _ones(1, 4096), _ones(11008, 4096)))
-    assert gemv.applies(_task("linear", _ones(16, 72), _ones(5, 72), _ones(5)))
-    assert gemv.applies(_task("linear", _ones(2, 12, 64, dtype=torch.float32), _ones(7, 64, dtype=torch.float32)))
-    assert not gemv.applies(_task("linear", _ones(17, 4096), _ones(64, 4096)))        # M > 16: a GEMM
+    assert gemv.applies(_task("linear", _ones(4, 72), _ones(5, 72), _ones(5)))
+    assert gemv.applies(_task("linear", _ones(2, 1, 64, dtype=torch.float32), _ones(7, 64, dtype=torch.float32)))
+    assert not gemv.applies(_task("linear", _ones(5, 4096), _ones(64, 4096)))         # M > 4: a GEMM
     assert not gemv.applies(_task("linear", _ones(1, 4100), _ones(64, 4100)))         # K not whole 16-byte vectors
     assert not gemv.applies(_task("matmul", _ones(1, 4096), _ones(4096, 64)))          # B contiguous along N
     assert not gemv.applies(_task("linear", _ones(1, 64, dtype=torch.int32), _ones(8, 64, dtype=torch.int32)))
@@ -34,7 +34,7 @@ def test_takes_decode_shapes_and_declines_the_rest():
 @pytest.mark.parametrize("m,k,n,first", [
     (1, 4096, 4096, {"R": 2, "KW": 2}),       # 512 blocks: two per SM
     (1, 4096, 1024, {"R": 2, "KW": 8}),
-    (8, 4096, 4096, {"R": 1, "KW": 1}),
+    (4, 4096, 4096, {"R": 2, "KW": 2}),
     (1, 65536, 16, {"R": 2, "KW": 8, "SPLIT": 16}),
 ])
 def test_level0_choice(m, k, n, first):
