@@ -1,5 +1,6 @@
 """torch.nn.functional and linear algebra: linear, matmul, convolution, pooling, normalization,
-dropout, embedding, padding, interpolation and scaled_dot_product_attention."""
+dropout, embedding and embedding_bag, padding, interpolation, grid_sample and
+scaled_dot_product_attention."""
 import math
 
 import torch
@@ -165,6 +166,26 @@ def dropout(input, p=0.5, training=True, inplace=False):
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
               scale_grad_by_freq=False, sparse=False):
     return ops.embedding(input, weight)
+
+
+def _no_max_norm(input, weight, offsets=None, max_norm=None, *args, **kwargs) -> bool:
+    return max_norm is None
+
+
+@register_function(F.embedding_bag, check=_no_max_norm)
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
+                  mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False,
+                  padding_idx=None):
+    return ops.embedding_bag(input, weight, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
+
+
+def _sampled(input, grid, mode="bilinear", *args, **kwargs) -> bool:
+    return mode != "bicubic" and input.ndim == 4
+
+
+@register_function(F.grid_sample, check=_sampled)
+def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    return ops.grid_sample(input, grid, mode, padding_mode, bool(align_corners))
 
 
 def _pad_mode(input, pad, mode="constant", value=None) -> bool:

@@ -1,5 +1,5 @@
-"""Indexing operators: slicing, padding, reading elements at positions held in index tensors,
-and triangular masks.
+"""Indexing operators: slicing, padding, reading elements at positions held in index tensors
+(embedding and embedding_bag among them), and triangular masks.
 
 Index tensors are int64 or int32. Every loaded index is checked (`checked_index`): an index out
 of range makes the kernel fail (IndexError, or RuntimeError where PyTorch raises that, on the
@@ -9,11 +9,12 @@ out of bounds even while it fails.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import Check, TensorNode, cast, check, compute, maximum, minimum, select
+from kiln.ir import Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select
 
 from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim, unravel
 from kiln_ops_builtin.shape import dim_of, narrowed, reshaped
@@ -206,3 +207,73 @@ def wrap_index(index, size: int, dim: int = 0):
     _check_index("wrap_index", index, size, math.prod(index.shape))
     message = f"index {{value}} is out of bounds for dimension {dim} with size {size}"
     return compute(index.shape, lambda *i: checked_index(index[i], size, message, wrap=True))
+
+
+EMBEDDING_BAG_MODES = ("sum", "mean", "max")
+
+
+@operator("embedding_bag")
+def embedding_bag(input, weight, offsets=None, mode="mean", per_sample_weights=None,
+                  include_last_offset=False, padding_idx=None):
+    """torch.nn.functional.embedding_bag without max_norm: rows of `weight` summed, averaged or
+    maximized over each bag. A 2-d `input` holds one bag per row; a 1-d one is cut into bags at
+    `offsets` (the last bag runs to the end, or `include_last_offset` ends it at the last
+    offset). Entries equal to `padding_idx` are left out; an empty bag gives zeros."""
+    op = "embedding_bag"
+    if mode not in EMBEDDING_BAG_MODES:
+        raise OperatorError(f"{op}: mode must be one of {EMBEDDING_BAG_MODES}, got {mode!r}")
+    if weight.ndim != 2:
+        raise OperatorError(f"{op}: weight must be 2-d, got shape {weight.shape}")
+    if not weight.dtype.is_float:
+        raise OperatorError(f"{op}: weight must be floating-point, got {weight.dtype}")
+    rows, width = weight.shape
+    _check_index(op, input, rows, math.prod(input.shape))
+    if per_sample_weights is not None and (mode != "sum" or per_sample_weights.shape != input.shape):
+        raise OperatorError(f"{op}: per_sample_weights (shape {per_sample_weights.shape}) need mode 'sum' and "
+                            f"the input's shape {input.shape}")
+    if padding_idx is not None:
+        padding_idx = padding_idx + rows if padding_idx < 0 else padding_idx
+    if input.ndim == 2:
+        if offsets is not None:
+            raise OperatorError(f"{op}: offsets must be None for a 2-d input, got shape {offsets.shape}")
+        bags, length = input.shape
+        entry = lambda b, j: input[b, j]
+        in_bag = None
+        weight_of = (lambda b, j: per_sample_weights[b, j]) if per_sample_weights is not None else None
+    elif input.ndim == 1 and offsets is not None and offsets.ndim == 1:
+        _check_index(op, offsets, input.shape[0] + 1, offsets.shape[0])
+        length, count = input.shape[0], offsets.shape[0]
+        bags = count - 1 if include_last_offset else count
+
+        def in_bag(b, j):
+            end = select(b + 1 < count, cast(offsets[minimum(b + 1, count - 1)], dtypes.int64), length)
+            return (cast(offsets[b], dtypes.int64) <= j) & (j < end)
+
+        entry = lambda b, j: input[j]
+        weight_of = (lambda b, j: per_sample_weights[j]) if per_sample_weights is not None else None
+    else:
+        raise OperatorError(f"{op}: expected a 2-d input, or a 1-d input with 1-d offsets; got input "
+                            f"{input.shape} and offsets {None if offsets is None else offsets.shape}")
+    if bags < 0:
+        raise OperatorError(f"{op}: include_last_offset needs at least one offset")
+    acc = dtypes.float64 if weight.dtype == dtypes.float64 else dtypes.float32
+    message = f"{op}: index {{value}} is out of range for a weight of {rows} rows"
+
+    def kept(b, j):
+        conditions = ([] if in_bag is None else [in_bag(b, j)]) + \
+            ([] if padding_idx is None else [ne(cast(entry(b, j), dtypes.int64), padding_idx)])
+        return functools.reduce(lambda p, q: p & q, conditions, as_expr(True))
+
+    def element(b, d):
+        def value(j):
+            v = cast(weight[checked_index(entry(b, j), rows, message), d], acc)
+            return v * cast(weight_of(b, j), acc) if weight_of is not None else v
+
+        members = reduce([length], lambda j: select(kept(b, j), 1, 0), dtype=dtypes.int64)
+        if mode == "max":
+            total = reduce([length], lambda j: select(kept(b, j), value(j), float("-inf")), op="max", dtype=acc)
+            return select(members > 0, total, 0)
+        total = reduce([length], lambda j: select(kept(b, j), value(j), 0), dtype=acc)
+        return select(members > 0, total / cast(members, acc), 0) if mode == "mean" else total
+
+    return compute((bags, width), element, dtype=weight.dtype)

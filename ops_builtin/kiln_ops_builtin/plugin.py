@@ -3,12 +3,12 @@ from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
 from kiln_ops_builtin import (
-    activations, attention, conv, creation, cumulative, elementwise, indexing, linalg, normalization, pool,
-    reduce, resize, scatter, shape, sorting, special,
+    activations, attention, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
+    pool, reduce, resize, scatter, shape, sorting, special,
 )
 
-OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, reduce, normalization, shape,
-                    indexing, creation, special, sorting, cumulative, scatter)
+OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, grid_sample, reduce, normalization,
+                    shape, indexing, creation, special, sorting, cumulative, scatter)
 
 
 @hookimpl

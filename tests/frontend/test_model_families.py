@@ -240,3 +240,36 @@ def test_masked_index_put_and_tensor_narrow():
 
     x = torch.randn(5, 4)
     compile_and_compare(fn, x, torch.tensor([True, False, True, True, False]), torch.tensor(1))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_with_offsets_and_padding(mode):
+    bag = _eval(nn.EmbeddingBag(50, 6, mode=mode, padding_idx=3))
+    ids = torch.tensor([4, 3, 9, 49, 0, 3, 3, 17, 8, 8])
+    offsets = torch.tensor([0, 3, 3, 7])                     # bag 1 is empty, bag 2 all but padding
+    compile_and_compare(lambda i, o: bag(i, o), ids, offsets)
+
+
+def test_embedding_bag_2d_input_with_per_sample_weights():
+    bag = _eval(nn.EmbeddingBag(30, 5, mode="sum", padding_idx=2))
+    ids, weights = torch.randint(0, 30, (4, 7)), torch.rand(4, 7)
+    ids[1, 2:5] = 2
+    compile_and_compare(lambda i, w: bag(i, per_sample_weights=w), ids, weights)
+
+
+def test_embedding_bag_include_last_offset():
+    weight = torch.randn(20, 4)
+    ids, offsets = torch.randint(0, 20, (9,)), torch.tensor([0, 2, 2, 9])
+    compile_and_compare(lambda i, o: F.embedding_bag(i, weight, o, mode="mean", include_last_offset=True),
+                        ids, offsets)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample(mode, padding_mode, align_corners):
+    x = torch.randn(2, 3, 7, 9)
+    grid = torch.rand(2, 5, 4, 2) * 3 - 1.5                   # reaches outside [-1, 1] on every side
+    compile_and_compare(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode,
+                                                   align_corners=align_corners), x, grid)
+
