@@ -90,6 +90,14 @@ def test_fused_epilogue_keeps_the_geometry_and_a_prologue_declines():
         assert not conv_sm90.applies(prologue) and conv_tc.applies(prologue)
 
 
+def test_epilogue_offsets_fold_back_to_pixel_times_channels():
+    """The epilogue addresses NHWC outputs and residuals as m * N + n: no 64-bit division
+    unravelling m into (b, oy, ox) per stored pair (it made 1x1 convolutions epilogue-bound)."""
+    hooks = match_conv_nhwc(_fused()).gemm.hooks
+    epilogue = hooks[hooks.index("kiln_epilogue2"):]
+    assert " / " not in epilogue and " % " not in epilogue and "(m * ((int64_t)32LL))" in epilogue
+
+
 def _maps(program):
     return [a for a in program.launches[0].args if isinstance(a, TensorMapArg)]
 

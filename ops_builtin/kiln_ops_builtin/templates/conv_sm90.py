@@ -90,10 +90,11 @@ def space(level: int) -> list[dict]:
     (N 64 to 256, 64 to 256 rows), ping-pong consumers and split-K; level 2 other depths."""
     if level == 0:
         return [dict(DEFAULT)]
-    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(128, 2, 2, 4), dict(_k(64, 1, 1, 8), SPLIT=4)]
+    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), _k(256, 2, 1, 5, 1), _k(128, 2, 2, 4),
+                                          _k(64, 2, 2, 5), dict(_k(64, 1, 1, 8), SPLIT=4)]
     if level == 2:
-        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(64, 2, 1, 8, 1), _k(128, 1, 1, 6),
-                _k(64, 2, 2, 6), _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
+        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
+                _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
     return [dict(k) for k in out if fits(k)]
 
 
