@@ -114,11 +114,15 @@ def test_producers():
 
 
 @pytest.mark.parametrize("xs,ws,kwargs,first", [
-    ((32, 56, 56, 64), (256, 1, 1, 64), {}, conv_sm90.DEFAULT),
-    ((32, 28, 28, 128), (128, 3, 3, 128), {"padding": 1}, conv_sm90.PING_PONG),
-    ((32, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, {"BN": 64, "CW": 2, "MI": 1, "STAGES": 8}),
-    ((1, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 2}),
-    ((1, 7, 7, 512), (512, 3, 3, 512), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 17})])
+    ((32, 56, 56, 64), (256, 1, 1, 64), {}, conv_sm90.PING_PONG_WIDE),
+    ((32, 14, 14, 1024), (512, 1, 1, 1024), {}, conv_sm90.PING_PONG),
+    ((32, 28, 28, 128), (128, 3, 3, 128), {"padding": 1}, {"BN": 128, "CW": 2, "MI": 2, "STAGES": 4}),
+    ((32, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, conv_sm90.TALL),
+    ((32, 14, 14, 512), (512, 3, 3, 512), {"stride": 2, "padding": 1}, dict(conv_sm90.DEFAULT, SPLIT=5)),
+    ((1, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
+    ((1, 28, 28, 512), (128, 1, 1, 512), {}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
+    ((1, 7, 7, 2048), (512, 1, 1, 2048), {}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 4}),
+    ((1, 7, 7, 512), (512, 3, 3, 512), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 15})])
 def test_level0_choice(xs, ws, kwargs, first):
     assert conv_sm90.suggest(_task(xs, ws, **kwargs), SMS)[0] == first
 

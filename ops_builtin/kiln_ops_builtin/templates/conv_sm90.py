@@ -31,6 +31,8 @@ from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
 
 DEFAULT = _k(256, 2, 1, 4)
 PING_PONG = _k(128, 2, 1, 8, 1)
+PING_PONG_WIDE = _k(256, 2, 1, 5, 1)
+TALL = _k(64, 2, 2, 5)
 PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
 
 GATHER_FUNCTIONS = r"""
@@ -90,39 +92,60 @@ def space(level: int) -> list[dict]:
     (N 64 to 256, 64 to 256 rows), ping-pong consumers and split-K; level 2 other depths."""
     if level == 0:
         return [dict(DEFAULT)]
-    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), _k(256, 2, 1, 5, 1), _k(128, 2, 2, 4),
-                                          _k(64, 2, 2, 5), dict(_k(64, 1, 1, 8), SPLIT=4)]
+    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), PING_PONG_WIDE, _k(128, 2, 2, 4), TALL,
+                                          dict(_k(64, 1, 1, 8), SPLIT=4)]
     if level == 2:
         out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
                 _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
     return [dict(k) for k in out if fits(k)]
 
 
+def _even(k_tiles: int, split: int) -> int:
+    """`split` lowered to the count whose parts are all non-empty at ceil(k_tiles / split) each."""
+    return -(-k_tiles // -(-k_tiles // split))
+
+
 def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this convolution, best guess first, then `split_k.rank`'s ranking.
-    The guess follows gemm_sm90's (by how many tiles each size makes against the SM count),
-    with columns no wider than the output channels need: 128 x 256 from three waves, 128 x 128
-    ping-pong from one, 128 x 64 when N <= 64 fills a wave; then 128- and 64-row cooperative
-    tiles while they fill 0.7 of a wave; smaller grids 64 x 64 split over K up to a wave."""
+    The guess follows level-1 sweeps of ResNet-50's convolutions at batch 1 and 32 on an H200,
+    by how many tiles each size makes against the SM count: N <= 64 takes 256 x 64 tiles from
+    one wave, else 128 x 64 from 0.7 of one; wider N takes 64 x 256 ping-pong tiles from 1.5
+    waves; K-heavy small grids (48+ k-tiles) 128 x 256 split over K when that fills 0.7 of a
+    wave; then 256 x 128 for gathered K >= 1024, 128 x 128 ping-pong from a wave, cooperative 128 x 128
+    and 64 x 128 from 0.7 of one. What is left takes 64 x 64 tiles, split over K up to a wave
+    where the slices stay long (16+ k-tiles gathered, 24+ by TMA; at least 4 or 8 per split):
+    a split costs a second kernel, which short reductions do not pay back."""
     conv = match_conv_nhwc(task)
     M, N, K = conv.gemm.M, conv.gemm.N, conv.gemm.K
     ranked = split_k.rank(FIT_TILES, M, N, K, 1, sm_count, 2)
     tiles = lambda bm, bn: -(-M // bm) * -(-N // bn)
-    bn = 64 if N <= 64 else 128 if N <= 128 else 256
     k_tiles = -(-K // BK)
-    if bn == 256 and tiles(128, 256) >= 3 * sm_count:
-        first = dict(DEFAULT)
-    elif bn >= 128 and tiles(128, 128) >= sm_count:
+    wide_split = min(sm_count // tiles(128, 256), k_tiles // 8)
+    gathered = not conv.is_gemm
+    first = None
+    if N <= 64:
+        if tiles(256, 64) >= sm_count:
+            first = dict(TALL)
+        elif tiles(128, 64) >= 0.7 * sm_count:
+            first = _k(64, 2, 1, 8)
+    elif N > 128 and tiles(64, 256) >= 1.5 * sm_count:
+        first = dict(PING_PONG_WIDE)
+    elif N > 128 and k_tiles >= 48 and wide_split > 1 and tiles(128, 256) * wide_split >= 0.7 * sm_count:
+        first = dict(DEFAULT, SPLIT=_even(k_tiles, wide_split))
+    elif gathered and K >= 1024 and tiles(256, 128) >= 0.7 * sm_count:
+        first = _k(128, 2, 2, 4)
+    elif tiles(128, 128) >= sm_count:
         first = dict(PING_PONG)
-    elif tiles(128, min(bn, 128)) >= 0.7 * sm_count:
-        first = _k(min(bn, 128), 2, 1, 8 if bn == 64 else 6)
-    elif tiles(64, min(bn, 128)) >= 0.7 * sm_count:
-        first = _k(min(bn, 128), 1, 1, 8)
-    else:
+    elif tiles(128, 128) >= 0.7 * sm_count:
+        first = _k(128, 2, 1, 6)
+    elif tiles(64, 128) >= 0.7 * sm_count:
+        first = _k(128, 1, 1, 8)
+    if first is None:
         first = _k(64, 1, 1, 8)
-        split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
-        if tiles(64, 64) < 0.5 * sm_count and split > 1:
-            first["SPLIT"] = split
+        if k_tiles >= (16 if gathered else 24):
+            split = min(sm_count // tiles(64, 64), k_tiles // (4 if gathered else 8))
+            if split > 1:
+                first["SPLIT"] = _even(k_tiles, split)
     return [first] + [k for k in ranked if k != first]
 
 
