@@ -1,8 +1,9 @@
 """Benchmark of Kiln's matmuls against torch (cuBLAS) on one GPU, in the same run.
 
 The issue-10 shape list: float16/bfloat16 4096^3 and 8192 x 2048 x 8192 (x @ W and x @ W.T),
-the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072) and the
-attention-shaped batched matmuls. Each side runs as a CUDA graph of REPS calls (launch gaps out of
+the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072), the
+decode-shaped linears (M of 1, 4, 16 against Llama-sized weights) and the attention-shaped
+batched matmuls. Each side runs as a CUDA graph of REPS calls (launch gaps out of
 the numbers), timed with CUDA events, median of several replays. Prints the GPU's name and a
 table; `--json PATH` writes every row. Usage: python3 benchmarks/gemm_bench.py [--json out.json]
 """
@@ -116,6 +117,11 @@ def cases():
             dtype = torch.float16
             yield ("linear", f"{M}x{K}x{N} x@W.T+b", "linear",
                    (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
+    for M in (1, 4, 16):
+        for K, N in ((2048, 2048), (2048, 8192), (4096, 4096), (4096, 11008), (11008, 4096)):
+            dtype = torch.bfloat16 if M == 4 else torch.float16
+            yield ("decode", f"{M}x{K}x{N} x@W.T", "linear", (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype)),
+                   lin, 2 * M * N * K)
     for B, M, K, N in ((96, 128, 64, 128), (96, 128, 128, 64), (32, 1024, 128, 1024)):
         dtype = torch.float16
         yield ("batched", f"{B}x{M}x{K}x{N}", "matmul", (_r(B, M, K, dtype=dtype), _r(B, K, N, dtype=dtype)),
@@ -126,7 +132,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--sweep", default="", help="groups whose shapes also time every gemm_sm90 knob setting")
-    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, batched")
+    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, decode, batched")
     opts = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = torch.cuda.get_device_name(0)

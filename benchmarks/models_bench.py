@@ -1,13 +1,15 @@
 """End-to-end latency of whole models: eager PyTorch, torch.compile's default backend and Kiln.
 
-ResNet-50 (batch 1, 224x224), BERT-base and GPT-2 (batch 1, 128 tokens), random weights, in one
-process on one GPU. Each compiled model is checked against eager before it is timed. Times are
+By default ResNet-50 (batch 1, 224x224), BERT-base and GPT-2 (batch 1, 128 tokens); `--models`
+adds the issues' suite (ResNet-18, ResNet-50 at batch 32, MobileNetV3-large, ConvNeXt-tiny,
+EfficientNet-B0 and ViT-B/16 at batch 8, BERT at batch 8, a Llama-style 1B at 512 tokens).
+Random weights, in one process on one GPU. Each compiled model is checked against eager before it is timed. Times are
 medians of CUDA-event timings of single forward passes after warm-up. Kiln replays CUDA graphs by
 default; torch.compile's default backend (inductor) is timed in its default mode, which launches
 kernels one by one, and in mode="reduce-overhead", which replays CUDA graphs too. TF32 is off
 everywhere, so float32 means float32.
 
-    python benchmarks/models_bench.py [--models resnet50 bert gpt2] [--dtype float32 float16]
+    python benchmarks/models_bench.py [--models resnet50 bert gpt2 ...] [--dtype float32 float16 bfloat16]
         [--json out.json]
 """
 from __future__ import annotations
@@ -38,11 +40,52 @@ def gpt2() -> torch.nn.Module:
     return Logits()
 
 
+def torchvision_model(name: str) -> torch.nn.Module:
+    import torchvision
+    return getattr(torchvision.models, name)()
+
+
+def llama_1b() -> torch.nn.Module:
+    """A Llama-style 1B model from transformers (8 layers, hidden 2048, 32 heads, 8 KV heads,
+    vocabulary 32000), randomly initialized, returning logits only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
+                                 num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                 attn_implementation="eager", use_cache=False)
+            self.model = LlamaForCausalLM(config)
+
+        def forward(self, ids):
+            return self.model(ids).logits
+
+    return Logits()
+
+
+def _images(batch: int, size: int = 224):
+    return lambda dt: (torch.randn(batch, 3, size, size, dtype=dt),)
+
+
+def _tokens(batch: int, length: int, vocab: int):
+    return lambda dt: (torch.randint(0, vocab, (batch, length)),)
+
+
 CASES = {
-    "resnet50": lambda: (resnet50(), lambda dt: (torch.randn(1, 3, 224, 224, dtype=dt),)),
-    "bert": lambda: (bert_base(), lambda dt: (torch.randint(0, 30522, (1, 128)),)),
-    "gpt2": lambda: (gpt2(), lambda dt: (torch.randint(0, 50257, (1, 128)),)),
+    "resnet50": lambda: (resnet50(), _images(1)),
+    "resnet50_b32": lambda: (resnet50(), _images(32)),
+    "resnet18": lambda: (torchvision_model("resnet18"), _images(1)),
+    "mobilenet_v3": lambda: (torchvision_model("mobilenet_v3_large"), _images(1)),
+    "convnext_tiny_b8": lambda: (torchvision_model("convnext_tiny"), _images(8)),
+    "efficientnet_b0_b8": lambda: (torchvision_model("efficientnet_b0"), _images(8)),
+    "vit_b16_b8": lambda: (torchvision_model("vit_b_16"), _images(8)),
+    "bert": lambda: (bert_base(), _tokens(1, 128, 30522)),
+    "bert_b8": lambda: (bert_base(), _tokens(8, 128, 30522)),
+    "gpt2": lambda: (gpt2(), _tokens(1, 128, 50257)),
+    "llama_1b": lambda: (llama_1b(), _tokens(1, 512, 32000)),
 }
+DEFAULT_CASES = ["resnet50", "bert", "gpt2"]
 
 
 def timed(fn, inputs, repeats: int = 50) -> float:
@@ -96,7 +139,7 @@ def run_case(name: str, dtype: torch.dtype) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--models", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     parser.add_argument("--dtype", nargs="+", default=["float32", "float16"])
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()

@@ -141,3 +141,14 @@ def test_mma_wrapper_names_its_operand_type():
     assert "kiln_mma_m16n8k16_bf16(" in ptx.MMA and "kiln_mma_m16n8k16_f16(" in ptx.MMA
     with pytest.raises(ValueError, match="float32"):
         ptx.mma_m16n8k16(kiln.dtypes.float32)
+
+
+@pytest.mark.parametrize("a,b", [((1, 128), (128, 333)), ((2, 8, 1, 64), (2, 8, 64, 40)), ((5, 128), (128, 1))])
+def test_a_single_row_or_column_is_still_a_contraction(a, b):
+    """M = 1 (decoding) and N = 1 matmuls reach the GEMM templates: the size-1 index, simplified
+    to the constant 0, used to make `match_contraction` give up."""
+    from kiln.codegen.hooks import match_contraction
+    x, y = (kiln.from_torch(torch.randn(s)) for s in (a, b))
+    c = match_contraction(_task("matmul", x, y))
+    assert c is not None and (c.M, c.N, c.K) == (a[-2], b[-1], a[-1])
+    assert c.a.k_stride == 1 and c.b.k_stride == (1 if b[-1] == 1 else b[-1])

@@ -64,8 +64,9 @@ def test_tensor_map_arg_rejects_bad_strides():
 
 @pytest.mark.parametrize("m,k,n,first", [
     (4096, 4096, 4096, gemm_sm90.DEFAULT), (8192, 2048, 8192, gemm_sm90.DEFAULT),
-    (4096, 768, 2304, gemm_sm90.PING_PONG), (1024, 768, 3072, gemm_sm90.PING_PONG),
-    (1024, 768, 768, {"BN": 128, "CW": 1, "MI": 1, "STAGES": 8}),
+    (4096, 768, 2304, {"BN": 128, "CW": 3, "MI": 1, "STAGES": 4}),
+    (1024, 768, 3072, {"BN": 192, "CW": 2, "MI": 1, "STAGES": 5, "PP": 1}),
+    (1024, 768, 768, gemm_sm90.PING_PONG),
     (128, 768, 3072, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
     (128, 3072, 768, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 6})])
 def test_level0_choice(m, k, n, first):

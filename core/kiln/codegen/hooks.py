@@ -93,7 +93,8 @@ def strip_cast(e: Expr) -> Expr:
     return e.a if isinstance(e, Cast) else e
 
 
-def _operand(load: Load, roles: dict[int, str], nbatch: int, x_role: str, params: dict) -> Operand | None:
+def _operand(load: Load, roles: dict[int, str], nbatch: int, x_role: str, params: dict,
+             x_extent: int, k_extent: int) -> Operand | None:
     strides = row_major_strides(load.tensor.shape)
     coef = {}
     for index, stride in zip(load.indices, strides):
@@ -102,6 +103,10 @@ def _operand(load: Load, roles: dict[int, str], nbatch: int, x_role: str, params
         if not isinstance(index, Var) or id(index) not in roles or roles[id(index)] in coef:
             return None
         coef[roles[id(index)]] = stride
+    if x_role not in coef and x_extent == 1 and "k" in coef:
+        # a single row (M = 1) or column (N = 1): its index is the constant 0, and any stride
+        # reads the same elements; this one keeps the operand's K-major or MN-major layout
+        coef[x_role] = k_extent if coef["k"] == 1 else 1
     if set(coef) - {x_role, "k"} - {f"b{d}" for d in range(nbatch)} or "k" not in coef or x_role not in coef:
         return None
     if id(load.tensor) not in params:
@@ -135,11 +140,14 @@ def match_contraction(task: Task) -> Contraction | None:
     roles.update({id(axes[-2]): "m", id(axes[-1]): "n", id(r.axes[0]): "k"})
     d = CudaDialect()
     params = KernelArgs.names(lowered.inputs)
-    a = _operand(x, roles, nbatch, "m", params)
-    b = _operand(y, roles, nbatch, "n", params)
+    if not isinstance(r.axes[0].extent, int):
+        return None
+    sizes = {"m": out.shape[-2], "n": out.shape[-1]}
+    operand = lambda load, role: _operand(load, roles, nbatch, role, params, sizes[role], r.axes[0].extent)
+    a, b = operand(x, "m"), operand(y, "n")
     if a is None or b is None:
-        a, b = _operand(y, roles, nbatch, "m", params), _operand(x, roles, nbatch, "n", params)
-    if a is None or b is None or not isinstance(r.axes[0].extent, int):
+        a, b = operand(y, "m"), operand(x, "n")
+    if a is None or b is None:
         return None
     decl = KernelArgs.params(d, lowered.inputs, [out])
     names = KernelArgs.args(len(lowered.inputs))

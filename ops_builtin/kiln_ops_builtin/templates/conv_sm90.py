@@ -97,7 +97,7 @@ def space(level: int) -> list[dict]:
     if level == 2:
         out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
                 _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
-    return [dict(k) for k in out if fits(k)]
+    return [dict(k) for k in out if fits(k, PRODUCER_REGS[block_m(k) // 16])]
 
 
 def _even(k_tiles: int, split: int) -> int:

@@ -79,9 +79,11 @@ def _maps(c: Contraction, bm: int, bn: int):
 
 FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
              split_k.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), split_k.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
-             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 2, 2, 6, 1), 256, 128, BK, 2048),
-             split_k.Tile(_k(256, 2, 1, 5, 1), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 8, 1), 128, 128, BK, 2048)]
-"""`suggest`'s tiles, at wgmma's 2048 float16 MACs per SM clock."""
+             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 3, 1, 4), 192, 128, BK, 2048),
+             split_k.Tile(_k(128, 2, 2, 6, 1), 128, 128, BK, 2048), split_k.Tile(_k(256, 2, 1, 5, 1), 64, 256, BK, 2048),
+             split_k.Tile(_k(128, 2, 1, 8, 1), 64, 128, BK, 2048), split_k.Tile(_k(192, 2, 1, 5, 1), 64, 192, BK, 2048)]
+"""`suggest`'s tiles (BM x BN: a ping-pong consumer takes a whole 64 * MI-row tile), at wgmma's
+2048 float16 MACs per SM clock."""
 
 
 def space(level: int) -> list[dict]:
@@ -91,33 +93,32 @@ def space(level: int) -> list[dict]:
         return [dict(DEFAULT)]
     out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2)]
     if level == 2:
-        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4)]
+        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
+                _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6)]
     return [dict(k) for k in out if fits(k)]
 
 
 PING_PONG = _k(128, 2, 1, 8, 1)
+WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
+              ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
+              ((64, 128), _k(128, 1, 1, 8), 0.6)]
+"""(tile, knobs, relative MMA rate): `suggest`'s choices for grids of most of a wave and more,
+the rates fitted to the level-2 sweeps on an H200 (benchmarks/RESULTS.md)."""
 
 
 def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this shape, best guess first, then `split_k.rank`'s ranking of the
-    cooperative tiles and split-K. The first follows the level-2 sweeps on an H200
-    (benchmarks/RESULTS.md), by how many tiles each size makes against the SM count: 128 x 256
-    cooperative from three waves; ping-pong 128 x 128 from one wave (its epilogues hide under
-    the other consumer's MMA); then cooperative 128 x 128, 64 x 128 and 64 x 64 while they fill
-    0.7, 0.7 and 0.5 of a wave; smaller grids 64 x 64 split over K up to a wave (at least four
-    k-tiles per split)."""
+    cooperative tiles and split-K. Shapes of at least 0.7 of a wave of 64 x 128 tiles take the
+    `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
+    one) x tile area x (K + a pipeline fill of two k-tiles) / rate. Smaller grids take 64 x 64,
+    split over K up to a wave (at least four k-tiles per split)."""
     c = match_contraction(task)
     ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
     k_tiles = -(-c.K // BK)
-    if tiles(128, 256) >= 3 * sm_count:
-        first = dict(DEFAULT)
-    elif tiles(128, 128) >= sm_count:
-        first = dict(PING_PONG)
-    elif tiles(128, 128) >= 0.7 * sm_count:
-        first = _k(128, 2, 1, 6)
-    elif tiles(64, 128) >= 0.7 * sm_count:
-        first = _k(128, 1, 1, 8)
+    if tiles(64, 128) >= 0.7 * sm_count:
+        cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (c.K + 2 * BK) / entry[2]
+        first = dict(min(WAVE_TILES, key=cost)[1])
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)

@@ -37,10 +37,10 @@ MAX_SMEM = 227 * 1024
 MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (one 64 x 64 box)
 SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
 EPI_LD = 36          # floats per row of a warp's 16 x 32 epilogue staging block (padded against bank conflicts)
-REGISTERS = 168 * 384  # what __launch_bounds__(384, 1) gives a CTA, shared out again by setmaxnreg
+REGISTERS = 65536     # the register file, shared out between the warpgroups by setmaxnreg
 
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(384, 1) KERNEL_NAME(PARAMS, TENSOR_MAPS) {
+extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARAMS, TENSOR_MAPS) {
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
     uint16_t* Bs = As + STAGES * BM * BK;
@@ -215,10 +215,18 @@ def smem_bytes(knobs: dict) -> int:
     return knobs["STAGES"] * ((block_m(knobs) + knobs["BN"]) * BK * 2 + 16) + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4
 
 
-def fits(knobs: dict) -> bool:
-    """Whether the setting fits shared memory and 128 accumulators per thread (ping-pong: CW = 2)."""
-    return (knobs["BN"] // 2 * knobs["MI"] <= 128 and smem_bytes(knobs) <= MAX_SMEM
-            and (not knobs.get("PP") or knobs["CW"] == 2))
+def consumer_registers(cw: int, producer_regs: int = 40) -> int:
+    """Registers per consumer thread after `setmaxnreg`: what the register file leaves beside
+    the producer warpgroup's, rounded down to a multiple of 8, at most 232."""
+    return min(232, (REGISTERS - 128 * producer_regs) // (128 * cw) // 8 * 8)
+
+
+def fits(knobs: dict, producer_regs: int = 40) -> bool:
+    """Whether the setting fits shared memory and, at 128 accumulators per thread at most, the
+    consumers' registers (ping-pong: CW = 2)."""
+    accumulators = knobs["BN"] // 2 * knobs["MI"]
+    return (accumulators <= 128 and accumulators + 56 <= consumer_registers(knobs["CW"], producer_regs)
+            and smem_bytes(knobs) <= MAX_SMEM and (not knobs.get("PP") or knobs["CW"] == 2))
 
 
 def stage_desc(trans: int) -> str:
@@ -231,9 +239,9 @@ def stage_desc(trans: int) -> str:
 def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
     """The engine's program for problem `p` filled by `producer`, kernel named `kernel`."""
     knobs = tile_knobs(BN, CW, MI, STAGES, PP)
-    if not fits(knobs):
+    if not fits(knobs, producer.regs):
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
-                         f"(at most {MAX_SMEM}) or more than 128 accumulators per thread")
+                         f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
     args, temporaries = tuple(p.args.split(", ")), []
     sk = split_k.plan(SPLIT, p.M, p.N, p.K, BK, p.batch, p.params, args, temporaries, split_index="ks")
     gathered = producer.threads > 1
@@ -243,7 +251,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "BM": block_m(knobs), "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
         "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
-        "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": min(232, (REGISTERS - 128 * producer.regs) // 256 // 8 * 8),
+        "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
         "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
         "TILE_SETUP": producer.tile_setup, "GATHER": producer.gather, "UNIT_COORDS": UNIT_COORDS,
         "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),

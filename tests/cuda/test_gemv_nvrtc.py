@@ -1,0 +1,49 @@
+"""The decode-shaped matmul template (`gemv`) without a GPU: which tasks it takes and declines,
+its level-0 choices, and every knob setting compiled with NVRTC."""
+import pytest
+import torch
+
+import kiln
+from kiln.plugins.registry import registry
+from kiln.runtime import cuda as rt
+from kiln_ops_builtin.templates import gemv
+
+needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
+                                 "not installed: pip install 'kiln-core[cuda]'")
+
+
+def _task(op, *tensors):
+    definition = registry().operator(op)
+    return definition.task(definition.bind([kiln.from_torch(t) for t in tensors], {}))[0]
+
+
+def _ones(*shape, dtype=torch.float16):
+    return torch.ones(shape, dtype=dtype)
+
+
+def test_takes_decode_shapes_and_declines_the_rest():
+    assert gemv.applies(_task("linear", _ones(1, 4096), _ones(11008, 4096)))
+    assert gemv.applies(_task("linear", _ones(4, 72), _ones(5, 72), _ones(5)))
+    assert gemv.applies(_task("linear", _ones(2, 1, 64, dtype=torch.float32), _ones(7, 64, dtype=torch.float32)))
+    assert not gemv.applies(_task("linear", _ones(5, 4096), _ones(64, 4096)))         # M > 4: a GEMM
+    assert not gemv.applies(_task("linear", _ones(1, 4100), _ones(64, 4100)))         # K not whole 16-byte vectors
+    assert not gemv.applies(_task("matmul", _ones(1, 4096), _ones(4096, 64)))          # B contiguous along N
+    assert not gemv.applies(_task("linear", _ones(1, 64, dtype=torch.int32), _ones(8, 64, dtype=torch.int32)))
+
+
+@pytest.mark.parametrize("m,k,n,first", [
+    (1, 4096, 4096, {"R": 2, "KW": 2}),       # 512 blocks: two per SM
+    (1, 4096, 1024, {"R": 2, "KW": 8}),
+    (4, 4096, 4096, {"R": 2, "KW": 2}),
+    (1, 65536, 16, {"R": 2, "KW": 8, "SPLIT": 16}),
+])
+def test_level0_choice(m, k, n, first):
+    assert gemv.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_every_knob_setting_compiles(dtype):
+    task = _task("linear", _ones(3, 1000, dtype=dtype), _ones(777, 1000, dtype=dtype), _ones(777, dtype=dtype))
+    programs = [gemv.render(task, **knobs) for knobs in gemv.space(2)]
+    rt.compile_many([(p.source, p.kernel_names[0], "sm_80") for p in programs])
