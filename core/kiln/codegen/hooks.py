@@ -159,16 +159,17 @@ def match_contraction(task: Task) -> Contraction | None:
                        out.dtype, ", ".join(decl), ", ".join(names), render_epilogue(lowered, out, decl, index_of, True))
 
 
-def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool) -> str:
+def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3) -> str:
     """Two device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
     with one packed store where n is the output's innermost, contiguous index and alignment
-    allows. `index_of(bvar, mvar, nvar)` maps the output's axes (by id) to expressions of them."""
+    allows. `index_of(bvar, mvar, nvar)` maps the output's axes (by id) to expressions of them.
+    `extents` bound (b, m, n), so that the simplifier can fold an unravelled index back."""
     d = CudaDialect()
     N = out.shape[-1]
-    bvar, mvar = Var("b", 1 << 62), Var("m", 1 << 62)
-    nvars = [Var("n", 1 << 62), Var("n1", 1 << 62)]
+    bvar, mvar = Var("b", extents[0]), Var("m", extents[1])
+    nvars = [Var("n", extents[2]), Var("n1", extents[2])]
     names = KernelArgs.names(lowered.inputs)
     names.update({id(bvar): "b", id(mvar): "m", id(nvars[0]): "n", id(nvars[1]): "n1"})
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
@@ -299,7 +300,7 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
         return {**unravel_index(mv, m_axes, m_ext), **unravel_index(nv, n_axes, n_ext)}
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
-    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous)
+    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N))
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
                       ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
 

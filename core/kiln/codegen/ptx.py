@@ -1,5 +1,5 @@
-"""PTX wrappers for CUDA templates: asynchronous copies, ldmatrix, mma.sync, wgmma, fences and
-shared-memory descriptors, each a device function (or macro) of CUDA C++ source.
+"""PTX wrappers for CUDA templates: asynchronous copies, ldmatrix, mma.sync, wgmma, fences,
+mbarriers, TMA copies and shared-memory descriptors, each a device function (or macro) of CUDA C++ source.
 
 A template passes the groups it uses to `kiln.codegen.cuda.template_source(..., ptx=...)`,
 which places them after the prelude. Every wrapper is `static __device__ __forceinline__`, so
@@ -74,6 +74,61 @@ template <int N> static __device__ __forceinline__ void kiln_wgmma_wait() {
 """`kiln_desc(smem)`, `kiln_fence_proxy_async()`, `kiln_wgmma_fence()`, `kiln_wgmma_commit()`,
 `kiln_wgmma_wait<N>()` (sm_90a)."""
 
+
+MBARRIER = r"""
+struct alignas(64) CUtensorMap { unsigned long long opaque[16]; };
+
+static __device__ __forceinline__ uint32_t kiln_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void kiln_bar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(kiln_smem(bar)), "r"(count));
+}
+static __device__ __forceinline__ void kiln_bar_expect(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(kiln_smem(bar)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void kiln_bar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(kiln_smem(bar)) : "memory");
+}
+// an arrival on `bar` once this thread's earlier cp.async copies have landed (counted in the barrier's init count)
+static __device__ __forceinline__ void kiln_bar_arrive_cp_async(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(kiln_smem(bar)) : "memory");
+}
+static __device__ __forceinline__ void kiln_bar_wait(uint64_t* bar, int parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(kiln_smem(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+// wgmma shared-memory descriptor, 128-byte swizzle; offsets in bytes
+static __device__ __forceinline__ uint64_t kiln_gdesc(const void* p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((kiln_smem(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16)
+         | ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+"""
+"""Hopper (sm_90) barriers and descriptors: the `CUtensorMap` parameter type, `kiln_smem(p)` (a
+shared-memory address), mbarrier `kiln_bar_init(bar, count)`, `kiln_bar_expect(bar, bytes)` (an
+arrival expecting `bytes` of asynchronous copies), `kiln_bar_arrive(bar)`,
+`kiln_bar_arrive_cp_async(bar)` (`cp.async.mbarrier.arrive.noinc`), `kiln_bar_wait(bar,
+parity)`, and `kiln_gdesc(p, lbo, sbo)`, a 128-byte-swizzled wgmma descriptor."""
+
+
+def _tma_copies() -> str:
+    out = []
+    for rank in range(2, 6):
+        coords = ", ".join(f"int c{d}" for d in range(rank))
+        slots = ", ".join(f"%{3 + d}" for d in range(rank))
+        ins = ", ".join(f'"r"(c{d})' for d in range(rank))
+        out.append(
+            f"static __device__ __forceinline__ void kiln_tma_{rank}d(void* dst, const CUtensorMap* map, uint64_t* bar, {coords}) {{\n"
+            f'    asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes'
+            f' [%0], [%1, {{{slots}}}], [%2];\\n"\n'
+            f'                 :: "r"(kiln_smem(dst)), "l"((uint64_t)map), "r"(kiln_smem(bar)), {ins} : "memory");\n}}\n')
+    return "".join(out)
+
+
+TMA = _tma_copies()
+"""`kiln_tma_{r}d(dst, map, bar, c0 ..)` for ranks 2 to 5: one box copy of a tensor map into
+shared memory, completing on mbarrier `bar` (needs MBARRIER before it)."""
 
 def mma_m16n8k16(t: DataType) -> str:
     """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""

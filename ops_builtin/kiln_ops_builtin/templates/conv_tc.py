@@ -195,5 +195,5 @@ def render(task, BM=0, BN=0, WM=0, WN=0, SPLIT=0) -> CudaProgram:
     return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16)
 
 
-TEMPLATE = Template("conv_tc", ("conv1d", "conv2d", "conv_transpose2d"), "cuda", render, priority=20,
-                    applies=applies, space=space)
+TEMPLATE = Template("conv_tc", ("conv1d", "conv2d", "conv_transpose2d", "conv2d_channels_last"), "cuda", render,
+                    priority=20, applies=applies, space=space)

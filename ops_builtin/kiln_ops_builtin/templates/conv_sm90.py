@@ -1,0 +1,169 @@
+"""Hopper implicit-GEMM convolution: `conv2d_channels_last` in float16/bfloat16 on sm_90a.
+
+The convolution (`conv_nhwc.match_conv_nhwc`) is the GEMM M = batch * out_h * out_w output
+pixels, N = out channels, K = kh * kw * channels, K contiguous in x and in the weight, run on the
+Hopper engine (`sm90_engine`: persistent warp-specialized wgmma kernel, mbarrier ring, epilogue
+through the core's hooks, so fused bias, folded batch norm, activations and residual adds land
+there; grouped rasterization; split-K). B, the weight viewed as [N, K] K-major, comes by TMA.
+A, the im2col of x, is no TMA box: all 128 producer threads gather it with 16-byte
+`cp.async.cg` copies (eight channels of one tap of one output pixel; zero-filled, src-size 0,
+for padding, rows past M and k past K) into the 128-byte-swizzled K-major layout TMA would
+write, so the consumers' wgmma descriptors are unchanged, and arrive on the slot's full barrier
+with `cp.async.mbarrier.arrive.noinc`. Thread t copies 16-byte column t % 8 of rows t / 8 + 16 i:
+eight neighbouring threads read one pixel's 128 contiguous bytes of a tap. Each thread works
+out its rows' window corners once per tile (registers: the pixel offset, and the corner's y and
+x packed in one word), so a k-slice costs a few adds and compares per copy. A 1x1, stride-1,
+unpadded convolution is a plain GEMM: x viewed as [pixels, channels] comes by TMA too.
+
+Declines (conv_tc takes over): groups other than 1 (the operator's grouped form does not
+match), channels not a multiple of 8, operands that are not plain loads (a fused prologue),
+other dtypes, inputs of 2^31 elements or more.
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.runtime.cuda import CudaProgram, TensorMapArg
+from kiln.schedule import Template
+from kiln_ops_builtin.templates import split_k
+from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
+from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, block_m, fits, program
+from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
+
+DEFAULT = _k(256, 2, 1, 4)
+PING_PONG = _k(128, 2, 1, 8, 1)
+PING_PONG_WIDE = _k(256, 2, 1, 5, 1)
+TALL = _k(64, 2, 2, 5)
+PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
+
+GATHER_FUNCTIONS = r"""
+// the window's top-left pixel offset and its (y, x), packed as y * 65536 + (x & 0xFFFF), of the
+// rows r0 + 16 i of the tile at m0 (rows past M: far out of bounds)
+static __device__ __forceinline__ void kiln_conv_rows(int64_t m0, int r0, int* pix, int* yx) {
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        const int m = (int)m0 + r0 + 16 * i, b = m / (CV_OH * CV_OW), p = m - b * (CV_OH * CV_OW);
+        const int oy = p / CV_OW, ox = p - oy * CV_OW, iy = oy * CV_SH - CV_PH, ix = ox * CV_SW - CV_PW;
+        pix[i] = ((b * CV_H + iy) * CV_W + ix) * CV_C;
+        yx[i] = m < M ? iy * 65536 + (ix & 0xFFFF) : (int)0x80008000;
+    }
+}
+// 16-byte column j (eight channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
+// into the 128-byte-swizzled K-major stage `as`
+static __device__ __forceinline__ void kiln_conv_gather(const uint16_t* x, uint16_t* as, int k0, int j, int r0,
+                                                        const int* pix, const int* yx) {
+    const int k = k0 + j * 8, tap = k / CV_C, ch = k - tap * CV_C, ry = tap / CV_KW, rx = tap - ry * CV_KW;
+    const int dy = ry * CV_DH, dx = rx * CV_DW, shift = (dy * CV_W + dx) * CV_C + ch;
+    uint16_t* dst = as + r0 * BK + (j ^ (r0 & 7)) * 8;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        const int iy = (yx[i] >> 16) + dy, ix = (int)(int16_t)yx[i] + dx;
+        const bool ok = k < K && (unsigned)iy < (unsigned)CV_H && (unsigned)ix < (unsigned)CV_W;
+        kiln_cp_async16(dst + i * 16 * BK, x + (ok ? (int64_t)pix[i] + shift : 0), ok ? 16 : 0);
+    }
+}
+"""
+TILE_SETUP = "const int j = tid % 8, r0 = tid / 8; int pix[RPT], yx[RPT]; kiln_conv_rows(m0, r0, pix, yx);"
+GATHER = "kiln_conv_gather(CV_X, as, k0, j, r0, pix, yx); kiln_bar_arrive_cp_async(&full[stage]);"
+
+
+def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
+    K = conv.kh * conv.kw * conv.channels
+    weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (BK, bn))
+    load_b = "kiln_tma_2d(bs, &tmB, &full[stage], k0, (int)n0);"
+    if conv.is_gemm:
+        x = TensorMapArg(conv.x, conv.dtype, (conv.channels, conv.gemm.M), (1, conv.channels), (BK, bm))
+        return Producer({"A": x, "B": weight}, "kiln_tma_2d(as, &tmA, &full[stage], k0, (int)m0); " + load_b,
+                        (bm + bn) * BK * 2)
+    geometry = {"CV_X": conv.x, "CV_H": conv.height, "CV_W": conv.width, "CV_C": conv.channels, "CV_KW": conv.kw,
+                "CV_OH": conv.out_h, "CV_OW": conv.out_w, "CV_SH": conv.stride[0], "CV_SW": conv.stride[1],
+                "CV_PH": conv.padding[0], "CV_PW": conv.padding[1], "CV_DH": conv.dilation[0],
+                "CV_DW": conv.dilation[1], "RPT": bm // 16}
+    return Producer({"B": weight}, load_b, bn * BK * 2, threads=128, tile_setup=TILE_SETUP, gather=GATHER,
+                    regs=PRODUCER_REGS[bm // 16], defines=geometry, source=GATHER_FUNCTIONS)
+
+
+FIT_TILES = [split_k.Tile(k, block_m(k), k["BN"], BK, 2048) for k in (
+    DEFAULT, _k(128, 2, 1, 6), _k(64, 2, 1, 8), _k(128, 1, 1, 8), _k(256, 1, 1, 5), _k(64, 1, 1, 8))]
+"""`suggest`'s cooperative tiles, at wgmma's 2048 float16 MACs per SM clock."""
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; level 1 adds the other tiles
+    (N 64 to 256, 64 to 256 rows), ping-pong consumers and split-K; level 2 other depths."""
+    if level == 0:
+        return [dict(DEFAULT)]
+    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), PING_PONG_WIDE, _k(128, 2, 2, 4), TALL,
+                                          dict(_k(64, 1, 1, 8), SPLIT=4)]
+    if level == 2:
+        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
+                _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
+    return [dict(k) for k in out if fits(k, PRODUCER_REGS[block_m(k) // 16])]
+
+
+def _even(k_tiles: int, split: int) -> int:
+    """`split` lowered to the count whose parts are all non-empty at ceil(k_tiles / split) each."""
+    return -(-k_tiles // -(-k_tiles // split))
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Knob settings for this convolution, best guess first, then `split_k.rank`'s ranking.
+    The guess follows level-1 sweeps of ResNet-50's convolutions at batch 1 and 32 on an H200,
+    by how many tiles each size makes against the SM count: N <= 64 takes 256 x 64 tiles from
+    one wave, else 128 x 64 from 0.7 of one; wider N takes 64 x 256 ping-pong tiles from 1.5
+    waves; K-heavy small grids (48+ k-tiles) 128 x 256 split over K when that fills 0.7 of a
+    wave; then 256 x 128 for gathered K >= 1024, 128 x 128 ping-pong from a wave, cooperative 128 x 128
+    and 64 x 128 from 0.7 of one. What is left takes 64 x 64 tiles, split over K up to a wave
+    where the slices stay long (16+ k-tiles gathered, 24+ by TMA; at least 4 or 8 per split):
+    a split costs a second kernel, which short reductions do not pay back."""
+    conv = match_conv_nhwc(task)
+    M, N, K = conv.gemm.M, conv.gemm.N, conv.gemm.K
+    ranked = split_k.rank(FIT_TILES, M, N, K, 1, sm_count, 2)
+    tiles = lambda bm, bn: -(-M // bm) * -(-N // bn)
+    k_tiles = -(-K // BK)
+    wide_split = min(sm_count // tiles(128, 256), k_tiles // 8)
+    gathered = not conv.is_gemm
+    first = None
+    if N <= 64:
+        if tiles(256, 64) >= sm_count:
+            first = dict(TALL)
+        elif tiles(128, 64) >= 0.7 * sm_count:
+            first = _k(64, 2, 1, 8)
+    elif N > 128 and tiles(64, 256) >= 1.5 * sm_count:
+        first = dict(PING_PONG_WIDE)
+    elif N > 128 and k_tiles >= 48 and wide_split > 1 and tiles(128, 256) * wide_split >= 0.7 * sm_count:
+        first = dict(DEFAULT, SPLIT=_even(k_tiles, wide_split))
+    elif gathered and K >= 1024 and tiles(256, 128) >= 0.7 * sm_count:
+        first = _k(128, 2, 2, 4)
+    elif tiles(128, 128) >= sm_count:
+        first = dict(PING_PONG)
+    elif tiles(128, 128) >= 0.7 * sm_count:
+        first = _k(128, 2, 1, 6)
+    elif tiles(64, 128) >= 0.7 * sm_count:
+        first = _k(128, 1, 1, 8)
+    if first is None:
+        first = _k(64, 1, 1, 8)
+        if k_tiles >= (16 if gathered else 24):
+            split = min(sm_count // tiles(64, 64), k_tiles // (4 if gathered else 8))
+            if split > 1:
+                first["SPLIT"] = _even(k_tiles, split)
+    return [first] + [k for k in ranked if k != first]
+
+
+def applies(task) -> bool:
+    conv = match_conv_nhwc(task)
+    return (conv is not None and conv.dtype in (dtypes.float16, dtypes.bfloat16) and conv.channels % 8 == 0
+            and conv.gemm.acc_dtype == dtypes.float32 and max(conv.height, conv.width) < 2 ** 15
+            and (conv.batch + 1) * conv.height * conv.width * conv.channels < 2 ** 31
+            and max(conv.gemm.M, conv.gemm.N * conv.gemm.K) < 2 ** 31)
+
+
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
+    conv = match_conv_nhwc(task)
+    g = conv.gemm
+    producer = _producer(conv, block_m(_k(BN, CW, MI, STAGES, PP)), BN)
+    problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks)
+    return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP)
+
+
+TEMPLATE = Template("conv_sm90", ("conv2d_channels_last",), "cuda", render, priority=30, applies=applies,
+                    space=space, min_arch=90, suggest=suggest)

@@ -1,0 +1,266 @@
+"""The Hopper contraction engine: one persistent, warp-specialized wgmma kernel that gemm_sm90
+(matmul, linear) and conv_sm90 (implicit-GEMM convolution) instantiate.
+
+One producer warpgroup (registers lowered with `setmaxnreg.dec`) walks the CTA's output tiles
+and fills a STAGES-deep ring of shared memory with BK = 64-deep slices of A and B in the
+layout TMA's 128-byte swizzle gives; each slot has a *full* mbarrier (the copies' transaction
+bytes and arrivals) and an *empty* one (the consumers' release). How a slot is filled is the
+instantiating template's `Producer`: thread 0 issues TMA box copies (`cp.async.bulk.tensor`)
+after expecting their bytes, and where an operand is no box (the im2col of a convolution)
+`threads` producer threads gather it with `cp.async` into the same swizzled layout, each
+signalling the full barrier with `cp.async.mbarrier.arrive.noinc` (counted in its init count),
+and the consumers fence the async proxy before reading such a slot.
+
+CW consumer warpgroups (`setmaxnreg.inc`) each own MI slabs of 64 rows x BN columns of the
+BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` straight from shared memory, one
+group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the producer already
+fetches the next tile; each warp first stages 16 x 32 blocks of its accumulators in shared
+memory, so every store instruction writes two whole 128-byte rows. With PP = 1 (ping-pong) the
+two consumers take whole 64*MI x BN tiles in turn instead of sharing one: named barriers let
+one consumer at a time run its main loop, and its epilogue overlaps the other's MMA. Tiles are
+taken by a persistent grid of at most one CTA per SM, in groups of GROUP tile rows (grouped
+rasterization) for L2 reuse. Split-K (SPLIT > 1) makes work units (tile, split) and sums the
+float32 partials in `split_k`'s kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
+from kiln.dtypes import DataType
+from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
+from kiln_ops_builtin.templates import split_k
+
+BK = 64
+MAX_SMEM = 227 * 1024
+MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (one 64 x 64 box)
+SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
+EPI_LD = 36          # floats per row of a warp's 16 x 32 epilogue staging block (padded against bank conflicts)
+REGISTERS = 65536     # the register file, shared out between the warpgroups by setmaxnreg
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARAMS, TENSOR_MAPS) {
+    extern __shared__ unsigned char kiln_smem_raw[];
+    uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
+    uint16_t* Bs = As + STAGES * BM * BK;
+    uint64_t* full = (uint64_t*)(Bs + STAGES * BN * BK);
+    uint64_t* empty = full + STAGES;
+    float* epi = (float*)(empty + STAGES);      // CW * 4 warps x 16 x EPI_LD staged accumulators
+    const int tid = threadIdx.x, wg = tid / 128;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            kiln_bar_init(&full[s], FULL_ARRIVALS);
+            kiln_bar_init(&empty[s], PP ? 128 : CW * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, per_batch = tiles_m * tiles_n;
+    const int units = per_batch * BATCH * SPLIT;
+    const int k_tiles = (K + BK - 1) / BK;
+    int stage = 0, parity = 0;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
+        if (tid >= PRODUCERS) return;
+        for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+            UNIT_COORDS
+            TILE_SETUP
+            for (int kt = kt0; kt < kt1; ++kt) {
+                kiln_bar_wait(&empty[stage], parity ^ 1);
+                uint16_t* as = As + stage * BM * BK;
+                uint16_t* bs = Bs + stage * BN * BK;
+                const int k0 = kt * BK;
+                if (tid == 0) {
+                    kiln_bar_expect(&full[stage], TMA_BYTES);
+                    LOAD_TMA
+                }
+                GATHER
+                if (++stage == STAGES) { stage = 0; parity ^= 1; }
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
+    const int c = wg - 1, t = tid % 128, w = t / 32, lane = t % 32;
+    const int SLAB = PP ? 0 : c * MI;    // the consumer's first 64-row slab of the tile
+    float acc[MI][BN / 2];
+    int local = 0;
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++local) {
+        UNIT_COORDS
+        if (PP && local % CW != c) {        // the other consumer's tile: skip its stages
+            const int passed = stage + (kt1 - kt0);
+            stage = passed % STAGES;
+            parity ^= (passed / STAGES) & 1;
+            continue;
+        }
+        // ping-pong: one consumer in its main loop at a time (each full barrier then waits on the
+        // phase right after the one last seen, so parities cannot alias); named barrier 1 + c
+        // means "consumer c may start"
+        if (PP && local > 0) asm volatile("bar.sync %0, 256;\n" :: "r"(1 + c) : "memory");
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+        int held = -1;
+        for (int kt = kt0; kt < kt1; ++kt) {
+            kiln_bar_wait(&full[stage], parity);
+            if (GATHERED) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote it
+            const uint16_t* as = As + stage * BM * BK;
+            const uint16_t* bs = Bs + stage * BN * BK;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                const uint64_t db = DESC_B(bs, kk);
+#pragma unroll
+                for (int i = 0; i < MI; ++i) WGMMA(acc[i], DESC_A(as + (SLAB + i) * 64 * BK, kk), db);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (held >= 0) kiln_bar_arrive(&empty[held]);
+            held = stage;
+            if (++stage == STAGES) { stage = 0; parity ^= 1; }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (held >= 0) kiln_bar_arrive(&empty[held]);
+        if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
+        // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
+        // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows
+        float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int q = 0; q < BN / 32; ++q) {
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        *(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] =
+                            make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]);
+                __syncwarp();
+#pragma unroll
+                for (int rr = 0; rr < 8; ++rr) {
+                    const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
+                    const float2 v = *(const float2*)&staged[row * EPI_LD + col];
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
+                    if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, v.x, v.y);
+                    else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
+                }
+                __syncwarp();
+            }
+    }
+}
+"""
+
+# (unit -> split ks, flat batch bz, tile row/col); GROUP tile rows are walked column by column
+UNIT_COORDS = (
+    "const int ks = unit % SPLIT, tile = unit / SPLIT, bz = tile / per_batch, r = tile % per_batch;"
+    " const int band = GROUP * tiles_n, first_m = r / band * GROUP, rows = min(tiles_m - first_m, GROUP);"
+    " const int tm = first_m + r % band % rows, tn = r % band / rows;"
+    " const int64_t m0 = (int64_t)tm * BM, n0 = (int64_t)tn * BN;"
+    " const int kt0 = ks * KT_SPLIT, kt1 = min(k_tiles, kt0 + KT_SPLIT); (void)bz;")
+
+
+@dataclass
+class Producer:
+    """How the producer warpgroup fills a ring slot (`as`, `bs`: the slot's A and B tiles;
+    `k0`: the slice's first k; `m0`, `n0`: the tile's corner; `full[stage]`: its barrier).
+
+    Thread 0 expects `tma_bytes` and runs `tma` (TMA copies of the `maps`, kernel parameters
+    `tm{name}`); with `threads` > 1, each of them runs `tile_setup` once per tile and `gather`
+    per slot, which must end with one `kiln_bar_arrive_cp_async(&full[stage])` per thread.
+    `trans_a`/`trans_b` are 1 for an MN-major tile (wgmma's transpose bit). `regs` is the
+    producer's register budget; `defines` and `source` (device code) go with the program."""
+
+    maps: dict[str, TensorMapArg]
+    tma: str
+    tma_bytes: int
+    trans_a: int = 0
+    trans_b: int = 0
+    threads: int = 1
+    tile_setup: str = ""
+    gather: str = ""
+    regs: int = 40
+    defines: dict = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass
+class Problem:
+    """A batch x M x N x K contraction with operands of 16-bit float type `dtype`, and its
+    kernel parameters, their names (`args`) and the epilogue hooks the core rendered."""
+
+    M: int
+    N: int
+    K: int
+    batch: int
+    dtype: DataType
+    params: str
+    args: str
+    epilogue: str
+
+
+def tile_knobs(bn, cw, mi, stages, pp=0) -> dict:
+    """A knob setting: BN columns, CW consumer warpgroups of MI 64-row slabs, STAGES slots, PP."""
+    return {"BN": bn, "CW": cw, "MI": mi, "STAGES": stages, **({"PP": 1} if pp else {})}
+
+
+def block_m(knobs: dict) -> int:
+    """The tile's rows: 64 * MI per consumer, times CW unless they take tiles in turn (PP)."""
+    return 64 * knobs["MI"] * (1 if knobs.get("PP") else knobs["CW"])
+
+
+def smem_bytes(knobs: dict) -> int:
+    return knobs["STAGES"] * ((block_m(knobs) + knobs["BN"]) * BK * 2 + 16) + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4
+
+
+def consumer_registers(cw: int, producer_regs: int = 40) -> int:
+    """Registers per consumer thread after `setmaxnreg`: what the register file leaves beside
+    the producer warpgroup's, rounded down to a multiple of 8, at most 232."""
+    return min(232, (REGISTERS - 128 * producer_regs) // (128 * cw) // 8 * 8)
+
+
+def fits(knobs: dict, producer_regs: int = 40) -> bool:
+    """Whether the setting fits shared memory and, at 128 accumulators per thread at most, the
+    consumers' registers (ping-pong: CW = 2)."""
+    accumulators = knobs["BN"] // 2 * knobs["MI"]
+    return (accumulators <= 128 and accumulators + 56 <= consumer_registers(knobs["CW"], producer_regs)
+            and smem_bytes(knobs) <= MAX_SMEM and (not knobs.get("PP") or knobs["CW"] == 2))
+
+
+def stage_desc(trans: int) -> str:
+    """DESC(stage, kk): the descriptor of k-slice kk (16 deep) of a stage, K- or MN-major."""
+    if trans:
+        return f"kiln_gdesc((S) + (KK) * 16 * 64, {MN_LBO}, {SWIZZLE_ATOM})"
+    return f"(kiln_gdesc((S), 16, {SWIZZLE_ATOM}) + 2 * (KK))"
+
+
+def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
+    """The engine's program for problem `p` filled by `producer`, kernel named `kernel`."""
+    knobs = tile_knobs(BN, CW, MI, STAGES, PP)
+    if not fits(knobs, producer.regs):
+        raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
+                         f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
+    args, temporaries = tuple(p.args.split(", ")), []
+    sk = split_k.plan(SPLIT, p.M, p.N, p.K, BK, p.batch, p.params, args, temporaries, split_index="ks")
+    gathered = producer.threads > 1
+    defines = {
+        "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}"
+                                                        for name in producer.maps),
+        "BM": block_m(knobs), "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
+        "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
+        "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
+        "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
+        "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
+        "TILE_SETUP": producer.tile_setup, "GATHER": producer.gather, "UNIT_COORDS": UNIT_COORDS,
+        "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),
+        **producer.defines, **sk.defines,
+    }
+    source = template_source([ptx.wgmma_m64k16(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
+                              KERNEL, sk.source], defines, p.epilogue,
+                             ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
+    units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT
+    launches = [Launch(kernel, args + sk.args + tuple(producer.maps.values()), (128 * (CW + 1), 1, 1),
+                       items=units, per_block=1, waves=1, smem=smem_bytes(knobs))] + sk.launches
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
