@@ -8,10 +8,11 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
   graph output), unless that group's anchor is template-scheduled.
 
-A group never gets two anchors and never a cycle through another group, and a group is not
-formed where the anchor's schedule template would take the anchor alone but not the group
+A group never gets two anchors and never a cycle through another group, and a node does not
+join a group whose anchor's schedule template would take the anchor alone but not the group
 (templates read plain inputs and render epilogues through their hooks: see
-`kiln.codegen.hooks`). Element-wise chains without an anchor become one auto-scheduled
+`kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
+with the element-wise operators after it). Element-wise chains without an anchor become one auto-scheduled
 kernel; groups with one become `FusedOperator`s recording their anchor.
 """
 from __future__ import annotations
@@ -74,11 +75,14 @@ class _Groups:
         return False
 
     def merge(self, a: int, b: int) -> bool:
-        """Merge groups a and b if the result has at most one anchor and no cycle."""
+        """Merge groups a and b if the result has at most one anchor and no cycle, and keeps
+        its anchor's template where it has one."""
         if (a == b or a in self.frozen or b in self.frozen
                 or self.anchors[a] + self.anchors[b] > 1
                 or self._reaches(self.successors(a) - {b}, b)
                 or self._reaches(self.successors(b) - {a}, a)):
+            return False
+        if (a in self.templated or b in self.templated) and self.fused(self.members[a] + self.members[b]) is None:
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
@@ -111,6 +115,20 @@ class _Groups:
             if len(consumers) == 1 and not consumers & self.templated:
                 self.merge(consumers.pop(), g)
 
+    def fused(self, members: list[Operator]) -> FusedOperator | None:
+        """The FusedOperator of `members` (in any order), or None where fusing would cost the
+        anchor its template."""
+        index = {id(n): k for k, n in enumerate(self.nodes)}
+        members = sorted(members, key=lambda n: index[id(n)])
+        inside = {id(t) for n in members for t in n.outputs}
+        member_ids = {id(n) for n in members}
+        inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
+        used = [t for n in members for t in n.outputs
+                if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
+        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
+        fused = FusedOperator(members, inputs, used, anchor)
+        return fused if keeps_templates(members[anchor], fused) else None
+
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""
         preds = {g: 0 for g in self.members}
@@ -131,19 +149,6 @@ class _Groups:
         return out
 
 
-def _fused(members: list[Operator], groups: _Groups, outputs: set[int]) -> FusedOperator | None:
-    """The FusedOperator of a group of several members, or None where fusing would cost
-    the anchor its template."""
-    inside = {id(t) for n in members for t in n.outputs}
-    member_ids = {id(n) for n in members}
-    inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
-    used = [t for n in members for t in n.outputs
-            if id(t) in outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
-    anchor = next((k for k, n in enumerate(members) if id(n) in groups.anchor_nodes), 0)
-    fused = FusedOperator(members, inputs, used, anchor)
-    return fused if keeps_templates(members[anchor], fused) else None
-
-
 class FuseOperators(GraphPass):
     """Group operators into kernels (see the module docs); each group of several operators
     becomes one FusedOperator."""
@@ -155,14 +160,13 @@ class FuseOperators(GraphPass):
         groups = _Groups(graph)
         groups.fuse_epilogues()
         groups.fuse_prologues()
-        outputs = {id(t) for t in graph.outputs}
         mapping: dict = {}
 
         def new(t):
             return mapping.get(id(t), t)
 
         for members in groups.ordered():
-            fused = _fused(members, groups, outputs) if len(members) > 1 else None
+            fused = groups.fused(members) if len(members) > 1 else None
             if fused is None:
                 for node in members:
                     mapping.update(zip(map(id, node.outputs), reapply(node, [new(t) for t in node.inputs])))
