@@ -1,8 +1,10 @@
 """Row reductions fused with their producers and consumers: softmax (with a scale and a mask
-add), log_softmax (of a cast), layer_norm (of a residual add and a bias), rms_norm and a
-hand-written Llama RMSNorm are one kernel each, which computes every statistic once per row
-(`kiln.schedule.rows`, `cpu_rows`, `cuda_rows`). Folding a row statistic into the output
-(`kiln.passes.fused.fold_anchor`) used to compute it again for every element of its row.
+add), log_softmax (of a cast), layer_norm (of a residual add and a bias), rms_norm, Llama's
+RMSNorm written out (float32 and Hugging Face's bfloat16 form), and softmax and layer_norm
+written out (two reductions each) are one kernel each, which computes every statistic once
+per row (`kiln.schedule.rows`, `cpu_rows`, `cuda_rows`). Folding a row statistic into the
+output (`kiln.passes.fused.fold_anchor`) used to compute it again for every element of its
+row; written-out softmax and layer_norm were a kernel per reduction.
 
 On the CPU through torch.compile against PyTorch (odd row lengths, non-contiguous inputs),
 with the kernel's structure checked; on CUDA, graphs of symbolic tensors (nothing runs): the
@@ -30,6 +32,23 @@ def llama_rms_norm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def hand_softmax(x, m):
+    e = torch.exp(x + m - (x + m).amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def hand_layer_norm(x, r, w):
+    h = x + r
+    d = h - h.mean(-1, keepdim=True)
+    return d / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+
+def hf_llama_rms_norm(x, w):
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
 # name: (function, input shapes for a row length n, statistics per row, tolerance)
 CASES = {
     "softmax_scale_mask": (lambda x, m: torch.softmax(x * 0.125 + m, -1),
@@ -41,6 +60,9 @@ CASES = {
     "rms_norm_residual": (lambda x, r, w: F.rms_norm(x + r, (x.shape[-1],), w, 1e-6),
                           lambda n: [(3, 9, n), (3, 9, n), (n,)], 1, 1e-4),
     "llama_rms_norm": (llama_rms_norm, lambda n: [(3, 9, n), (n,)], 1, 1e-4),
+    "hf_llama_rms_norm_bf16": (hf_llama_rms_norm, lambda n: [("bfloat16", 3, 9, n), ("bfloat16", n)], 1, 2e-2),
+    "hand_written_softmax": (hand_softmax, lambda n: [(4, 5, n), (5, n)], 2, 1e-5),
+    "hand_written_layer_norm": (hand_layer_norm, lambda n: [(6, n), (6, n), (n,)], 2, 1e-4),
 }
 ROW_LENGTHS = (1, 37, 129, 1001)
 
@@ -141,9 +163,15 @@ def _cuda_graphs(n: int, dtype: str):
     layer_norm = ops.layer_norm(ops.add(ops.add(x, r), b), (n,), w, b)
     rms_norm = ops.rms_norm(ops.add(x, r), (n,), w, 1e-6)
     llama = ops.mul(ops.mul(x, ops.rsqrt(ops.add(ops.mean(ops.pow(x, 2), -1, True), 1e-6))), w)
+    shifted = ops.exp(ops.sub(x, ops.amax(x, -1, True)))
+    hand_softmax = ops.div(shifted, ops.sum(shifted, -1, True))
+    deviation = ops.sub(x, ops.mean(x, -1, True))
+    variance = ops.mean(ops.mul(deviation, deviation), -1, True)
+    hand_layer_norm = ops.mul(deviation, ops.rsqrt(ops.add(variance, 1e-5)))
     built = {"softmax": (softmax, [x, m], 2), "log_softmax": (log_softmax, [x], 2),
              "layer_norm": (layer_norm, [x, r, b, w], 2), "rms_norm": (rms_norm, [x, r, w], 1),
-             "llama_rms_norm": (llama, [x, w], 1)}
+             "llama_rms_norm": (llama, [x, w], 1), "hand_written_softmax": (hand_softmax, [x], 2),
+             "hand_written_layer_norm": (hand_layer_norm, [x], 2)}
     return {k: (kiln.graph.optimize(kiln.trace_from(y, ins)), s) for k, (y, ins, s) in built.items()}
 
 

@@ -6,9 +6,11 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - epilogue: an injective node joins the group producing one of its inputs, where that input
   has no other user and is not a graph output;
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
-  graph output), unless that group's anchor is template-scheduled.
+  graph output), unless that group's anchor is template-scheduled;
+- rows: a reduction's group joins the reduction group reading it where the two make one row
+  task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
 
-A group never gets two anchors and never a cycle through another group, and a node does not
+A group never gets two anchors (but for row tasks) and never a cycle through another group, and a node does not
 join a group whose anchor's schedule template would take the anchor alone but not the group
 (templates read plain inputs and render epilogues through their hooks: see
 `kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
@@ -74,15 +76,18 @@ class _Groups:
                 todo.append(s)
         return False
 
-    def merge(self, a: int, b: int) -> bool:
-        """Merge groups a and b if the result has at most one anchor and no cycle, and keeps
-        its anchor's template where it has one."""
+    def merge(self, a: int, b: int, rows: bool = False) -> bool:
+        """Merge groups a and b if the result has no cycle and at most one anchor (or, with
+        `rows`, is one row task: see `fuse_row_reductions`), and keeps its anchor's template
+        where it has one."""
         if (a == b or a in self.frozen or b in self.frozen
-                or self.anchors[a] + self.anchors[b] > 1
+                or (not rows and self.anchors[a] + self.anchors[b] > 1)
                 or self._reaches(self.successors(a) - {b}, b)
                 or self._reaches(self.successors(b) - {a}, a)):
             return False
         if (a in self.templated or b in self.templated) and self.fused(self.members[a] + self.members[b]) is None:
+            return False
+        if rows and not self.is_row_task(self.members[a] + self.members[b]):
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
@@ -114,6 +119,30 @@ class _Groups:
             consumers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())} - {g}
             if len(consumers) == 1 and not consumers & self.templated:
                 self.merge(consumers.pop(), g)
+
+    def fuse_row_reductions(self) -> None:
+        """A reduction group joins the reduction group that reads its output where together
+        they are one row task (`kiln.schedule.rows`: every reduction a statistic of the output's
+        rows): a softmax or layer_norm written out by hand (max, exp, sum, divide; mean,
+        deviation, mean of squares, normalize) becomes one kernel computing each statistic
+        once per row, instead of one kernel per reduction with intermediates in memory."""
+        def reduces(g: int) -> bool:
+            return self.anchors.get(g, 0) > 0 and g not in self.templated and g not in self.frozen
+
+        merged = True
+        while merged:
+            merged = False
+            for g in list(self.members):
+                if g in self.members and reduces(g):
+                    if any(reduces(s) and self.merge(g, s, rows=True) for s in sorted(self.successors(g))):
+                        merged = True
+
+    def is_row_task(self, members: list[Operator]) -> bool:
+        """Whether `members` fused are one row task (one output, each reduction a row statistic)."""
+        from kiln.ir.inline import inline_task
+        from kiln.schedule.rows import row_prefix
+        fused = self.fused(members)
+        return fused is not None and len(fused.outputs) == 1 and row_prefix(inline_task(fused.task)) is not None
 
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the
@@ -160,6 +189,7 @@ class FuseOperators(GraphPass):
         groups = _Groups(graph)
         groups.fuse_epilogues()
         groups.fuse_prologues()
+        groups.fuse_row_reductions()
         mapping: dict = {}
 
         def new(t):
