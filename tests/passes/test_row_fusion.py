@@ -194,3 +194,15 @@ def test_cuda_row_groups_compile_with_nvrtc(dtype):
             source = auto_program(graph.nodes[0].task, "cuda").source
             jobs += [(source, f"{name}_{n}", arch) for arch in ("sm_80", "sm_90")]
     rt.compile_many(jobs, workers=2)
+
+
+def test_few_long_rows_split_their_elements_across_threads():
+    """Two rows of 40000: the loop nests (a statistics buffer, then every element in parallel)
+    rather than a loop over two rows; still each statistic once per row."""
+    torch.manual_seed(2)
+    fn = CASES["softmax_scale_mask"][0]
+    x, m = torch.randn(2, 1, 1, 40000), torch.randn(1, 40000)
+    (node,) = _compiled_nodes(fn, [x, m], 1e-5)
+    source = auto_program(node.task, "cpu").source
+    assert "for (int64_t e = 0;" not in source and source.count("malloc(") == 2
+    assert len(inline_task(node.task).temporaries) == 2

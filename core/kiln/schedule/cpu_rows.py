@@ -10,13 +10,15 @@ vectorizes. No temporary is allocated and the row is read while it is still in c
 from __future__ import annotations
 
 from kiln.codegen.c import CDialect
-from kiln.codegen.emitter import KernelArgs, row_major_strides
+from kiln.codegen.emitter import KernelArgs, numel, row_major_strides
 from kiln.ir.expr import Load
 from kiln.ir.inline import Lowered
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.kernel_errors import KernelCheck
 from kiln.schedule.cpu_auto import PARALLEL_THRESHOLD, CpuEmitter
 from kiln.schedule.rows import reciprocals, row_form, row_prefix, row_uniform_parts
+
+FEW_ROWS = 8        # fewer rows than this leave threads idle in a loop over rows
 
 
 def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[KernelCheck]]:
@@ -53,9 +55,14 @@ def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[K
 
 
 def schedule(lowered: Lowered) -> CpuProgram | None:
-    """The one-loop CPU program of a row task (see the module doc); None for any other task."""
+    """The one-loop CPU program of a row task (see the module doc); None for any other task,
+    and for a few rows long enough to be worth splitting across threads (the loop nests of
+    `kiln.schedule.cpu_auto` split the output's elements instead)."""
     p = row_prefix(lowered)
     if p is None:
+        return None
+    out = lowered.outputs[0]
+    if numel(out.shape[:p]) < FEW_ROWS and numel(out.shape) > PARALLEL_THRESHOLD:
         return None
     args = KernelArgs.args(len(lowered.inputs), 1) + [KernelArgs.STATUS]
     source, checks = render_rows(lowered, p, "kiln_kernel")
