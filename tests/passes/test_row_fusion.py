@@ -206,3 +206,15 @@ def test_few_long_rows_split_their_elements_across_threads():
     source = auto_program(node.task, "cpu").source
     assert "for (int64_t e = 0;" not in source and source.count("malloc(") == 2
     assert len(inline_task(node.task).temporaries) == 2
+
+
+@pytest.mark.parametrize("case", ["softmax_scale_mask", "hand_written_softmax"])
+def test_softmax_exponentials_are_computed_once(case):
+    """exp(x - max), which the sum computes for each element, is kept for the output (the
+    element loop reads it back instead of calling expf again)."""
+    fn, shapes, _, tol = CASES[case]
+    torch.manual_seed(3)
+    (node,) = _compiled_nodes(fn, _inputs(shapes(129)), tol)
+    source = auto_program(node.task, "cpu").source
+    statistics, element_loop = source[source.index("void kiln_kernel"):].split("for (int64_t e = 0; e < 129; ++e)")
+    assert "expf(" in statistics and "expf(" not in element_loop and "kiln_kept0[e]" in element_loop

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import reduce_init
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, as_expr, walk
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import _linear, bounds, simplify
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
-from kiln.schedule.rows import reciprocals, row_form, row_prefix, row_uniform_parts
+from kiln.schedule.rows import reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
 MAX_VECTOR = 8           # elements in a pack at most
@@ -273,53 +273,6 @@ class RowEmitter(CudaEmitter):
         self.close_chunk()
 
 
-_CHEAP = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
-          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
-
-
-def _shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
-    """The largest costly parts of the output that every row reduction's body computes for
-    the same element too (softmax's exp(x - max)): worth keeping instead of recomputing."""
-    in_stats, seen = set(), set()
-
-    def collect(x):
-        if id(x) in seen:
-            return
-        seen.add(id(x))
-        in_stats.add(x.key())
-        if isinstance(x, Select) and (_reads(x.a) or _reads(x.b)):
-            collect(x.cond)             # the branches run only for some elements
-        elif isinstance(x, Reduce):
-            if x.axes == (e,):          # other reductions loop on their own
-                collect(x.body)
-        elif not isinstance(x, (Var, Load)):
-            for k in x.children():
-                collect(k)
-
-    for value in stats:
-        collect(value)
-    found, visited = [], set()
-
-    def visit(x):
-        if id(x) in visited or isinstance(x, (Const, Var, Load)):
-            return
-        visited.add(id(x))
-        costly = any(isinstance(y, (Unary, Binary)) and y.op not in _CHEAP for y in walk(x))
-        if x.key() in in_stats and costly and any(y is e for y in walk(x)):
-            found.append(x)
-            return
-        for k in x.children():
-            visit(k)
-
-    visit(result)
-    return found
-
-
-def _reads(x: Expr) -> bool:
-    """Whether `x` reads memory (a load or a reduction)."""
-    return any(isinstance(y, (Load, Reduce)) for y in walk(x))
-
-
 def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: int) -> tuple[int, dict]:
     """The pack width and the streams (load key -> Stream) of a row kernel's values."""
     found = {}
@@ -367,7 +320,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     em = RowEmitter(d, names, strides, plan, e, streams, cache)
     em.load_cache()
     if plan.cached:
-        shared = _shared_parts(stats, result, e)
+        shared = shared_parts(stats, result, e)
         em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
     for t, scalar, value in zip(form.temporaries, form.scalars, stats):
         v = em.emit(value)

@@ -17,7 +17,7 @@ from kiln import dtypes
 from kiln.codegen.emitter import numel
 from kiln.codegen.hooks import unravel_index
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Var, walk
+from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, walk
 from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
 from kiln.ir.simplify import simplify
 
@@ -202,3 +202,50 @@ def reciprocals(value: Expr, e: Var) -> Expr:
         return memo[id(x)]
 
     return visit(value)
+
+
+_CHEAP = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
+          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+
+
+def shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
+    """The largest costly parts of the output that every row reduction's body computes for
+    the same element too (softmax's exp(x - max)): worth keeping instead of recomputing."""
+    in_stats, seen = set(), set()
+
+    def collect(x):
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        in_stats.add(x.key())
+        if isinstance(x, Select) and (_reads(x.a) or _reads(x.b)):
+            collect(x.cond)             # the branches run only for some elements
+        elif isinstance(x, Reduce):
+            if x.axes == (e,):          # other reductions loop on their own
+                collect(x.body)
+        elif not isinstance(x, (Var, Load)):
+            for k in x.children():
+                collect(k)
+
+    for value in stats:
+        collect(value)
+    found, visited = [], set()
+
+    def visit(x):
+        if id(x) in visited or isinstance(x, (Const, Var, Load)):
+            return
+        visited.add(id(x))
+        costly = any(isinstance(y, (Unary, Binary)) and y.op not in _CHEAP for y in walk(x))
+        if x.key() in in_stats and costly and any(y is e for y in walk(x)):
+            found.append(x)
+            return
+        for k in x.children():
+            visit(k)
+
+    visit(result)
+    return found
+
+
+def _reads(x: Expr) -> bool:
+    """Whether `x` reads memory (a load or a reduction)."""
+    return any(isinstance(y, (Load, Reduce)) for y in walk(x))
