@@ -33,7 +33,7 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
     `out` reads its own element of the anchor: where several would read the same one (a row
     statistic broadcast over its row: RMSNorm's mean of squares, a softmax's sum), folding
     would compute that reduction again for each of them, so the anchor stays a compute of its
-    own, which the schedule materializes once per element (see `kiln.schedule.rows`)."""
+    own, which the schedule computes once (see `kiln.schedule.rows`)."""
     found: dict[tuple, Expr] = {}
     memo: dict[int, tuple] = {}
     anchor_reads: list[tuple] = []

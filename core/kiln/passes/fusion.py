@@ -10,12 +10,12 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - rows: a reduction's group joins the reduction group reading it where the two make one row
   task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
 
-A group never gets two anchors (but for row tasks) and never a cycle through another group, and a node does not
-join a group whose anchor's schedule template would take the anchor alone but not the group
-(templates read plain inputs and render epilogues through their hooks: see
+A group never gets two anchors (but as one row task) and never a cycle through another group,
+and a node does not join a group whose anchor's schedule template would take the anchor alone
+but not the group (templates read plain inputs and render epilogues through their hooks: see
 `kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
-with the element-wise operators after it). Element-wise chains without an anchor become one auto-scheduled
-kernel; groups with one become `FusedOperator`s recording their anchor.
+with the element-wise operators after it). Element-wise chains without an anchor become one
+auto-scheduled kernel; groups with one become `FusedOperator`s recording their (first) anchor.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class _Groups:
 
     def __init__(self, graph):
         self.nodes = graph.nodes
+        self.index = {id(n): k for k, n in enumerate(self.nodes)}
         self.users = users(graph)
         self.outputs = {id(t) for t in graph.outputs}
         self.producer = {id(t): n for n in self.nodes for t in n.outputs}
@@ -147,8 +148,7 @@ class _Groups:
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the
         anchor its template."""
-        index = {id(n): k for k, n in enumerate(self.nodes)}
-        members = sorted(members, key=lambda n: index[id(n)])
+        members = sorted(members, key=lambda n: self.index[id(n)])
         inside = {id(t) for n in members for t in n.outputs}
         member_ids = {id(n) for n in members}
         inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
@@ -165,12 +165,11 @@ class _Groups:
         for g in self.members:
             for s in succ[g]:
                 preds[s] += 1
-        index = {id(n): k for k, n in enumerate(self.nodes)}
         ready = deque(sorted(g for g, c in preds.items() if c == 0))
         out = []
         while ready:
             g = ready.popleft()
-            out.append(sorted(self.members[g], key=lambda n: index[id(n)]))
+            out.append(sorted(self.members[g], key=lambda n: self.index[id(n)]))
             for s in sorted(succ[g]):
                 preds[s] -= 1
                 if preds[s] == 0:

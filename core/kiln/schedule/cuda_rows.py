@@ -3,8 +3,9 @@
 Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares: each
 temporary is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
 kernel computes a row's statistics into registers and then writes the row (tasks of fewer
-than MIN_ROWS rows get the general kernels instead, which spread one row over a block). A warp takes a row of up to 32 * ROW_WARP_PACKS packs
-(several rows per block), a block a longer one (sized for about ROW_BLOCK_PACKS packs a thread).
+than MIN_ROWS rows get the general kernels instead, which spread one row over a block). A warp
+takes a row of up to 32 * ROW_WARP_PACKS packs (several rows per block), a block a longer one
+(sized for about ROW_BLOCK_PACKS packs a thread).
 
 Every phase (each statistic's reduction, then the output) walks the same elements of the row
 per thread: chunks `c` of `V` consecutive elements at `(c * lanes + lane) * V`. A load that
