@@ -218,3 +218,33 @@ def test_softmax_exponentials_are_computed_once(case):
     source = auto_program(node.task, "cpu").source
     statistics, element_loop = source[source.index("void kiln_kernel"):].split("for (int64_t e = 0; e < 129; ++e)")
     assert "expf(" in statistics and "expf(" not in element_loop and "kiln_kept0[e]" in element_loop
+
+
+EDGE_CASES = {   # name: (kiln graph, torch reference, input, whether it is a row task)
+    "bool_output": (lambda a: ops.gt(a, ops.mean(a, -1, True)), lambda a: a > a.mean(-1, keepdim=True),
+                    lambda: torch.randn(9, 37), True),
+    "integer_sum": (lambda a: ops.add(a, ops.sum(a, -1, True)), lambda a: a + a.sum(-1, keepdim=True),
+                    lambda: torch.randint(-5, 5, (9, 37)), True),
+    "float64": (lambda a: ops.sub(a, ops.mean(a, -1, True)), lambda a: a - a.mean(-1, keepdim=True),
+                lambda: torch.randn(9, 300, dtype=torch.float64), True),
+    "two_axis_row": (lambda a: ops.sub(a, ops.mean(a, (1, 2), True)), lambda a: a - a.mean((1, 2), keepdim=True),
+                     lambda: torch.randn(4, 6, 5), True),
+    "std": (lambda a: ops.div(ops.sub(a, ops.mean(a, -1, True)), ops.std(a, -1, keepdim=True)),
+            lambda a: (a - a.mean(-1, keepdim=True)) / a.std(-1, keepdim=True), lambda: torch.randn(9, 37), True),
+    "middle_dim": (lambda a: ops.div(a, ops.sum(a, 1, True)), lambda a: a / a.sum(1, keepdim=True),
+                   lambda: torch.randn(4, 6, 5), False),
+}
+
+
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+def test_statistics_of_other_types_and_axes(case):
+    """Row tasks with a bool output, integer sums, float64, a row of two axes, a standard
+    deviation; a statistic over a middle dim is no row task (a buffer, then the elements)."""
+    build, reference, make, is_row = EDGE_CASES[case]
+    torch.manual_seed(4)
+    x = make()
+    sym = kiln.symbol(list(x.shape), str(x.dtype).replace("torch.", ""))
+    graph = kiln.graph.optimize(kiln.trace_from(build(sym), [sym]))
+    (node,) = graph.nodes
+    assert ("for (int64_t e = 0;" in auto_program(node.task, "cpu").source) == is_row
+    torch.testing.assert_close(graph(x).torch(), reference(x), atol=1e-5, rtol=1e-5)
