@@ -1,5 +1,8 @@
 """The CPU auto-scheduler's rule: any task of injective and reduction computes, as C with OpenMP.
 
+Costly parts of a reduction's body that are the same for several elements of its buffer are
+computed once, into temporaries of their own (`kiln.schedule.hoist`).
+
 Each materialized compute (see `kiln.ir.inline`) becomes one loop nest. An injective compute
 loops over its outer dimensions in parallel and over its last dimension innermost, so the C
 compiler can vectorize it; a compute that reduces loops over its elements in parallel, each
@@ -23,6 +26,7 @@ from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.kernel_errors import KernelCheck
+from kiln.schedule.hoist import hoist_invariants
 
 PARALLEL_THRESHOLD = 1 << 15
 CASCADE_BLOCK = 128
@@ -166,5 +170,5 @@ def schedule(lowered: Lowered) -> CpuProgram:
     """The CPU program of `lowered` (it takes every task); the kernel takes a status buffer
     after its tensors, where its checks report (see `kiln.runtime.kernel_errors`)."""
     args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs)) + [KernelArgs.STATUS]
-    source, checks = render_cpu(lowered, "kiln_kernel")
+    source, checks = render_cpu(hoist_invariants(lowered), "kiln_kernel")
     return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks))

@@ -204,8 +204,9 @@ def reciprocals(value: Expr, e: Var) -> Expr:
     return visit(value)
 
 
-_CHEAP = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
-          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+# operations too cheap to keep a value of them in memory or registers rather than recompute it
+CHEAP_OPS = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
+             "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 
 
 def shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
@@ -235,7 +236,7 @@ def shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
         if id(x) in visited or isinstance(x, (Const, Var, Load)):
             return
         visited.add(id(x))
-        costly = any(isinstance(y, (Unary, Binary)) and y.op not in _CHEAP for y in walk(x))
+        costly = any(isinstance(y, (Unary, Binary)) and y.op not in CHEAP_OPS for y in walk(x))
         if x.key() in in_stats and costly and any(y is e for y in walk(x)):
             found.append(x)
             return
