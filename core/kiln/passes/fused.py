@@ -12,10 +12,12 @@ through their hooks (`kiln.codegen.hooks`). The node keeps its members as a Flow
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from kiln.graph import FlowGraph, Operator
 from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var, rewrite, substitute
+from kiln.ir.expr import walk
 from kiln.tensor import Tensor
 
 
@@ -27,9 +29,14 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
     """`out` with the injective computes it reads inlined and every read of `anchor` replaced
     by the anchor's value (its reduction), so that one compute holds the reduction and the
     epilogue around it, as a template's epilogue hook renders it. None unless the result
-    reads the anchor at one index only (and no other reduction)."""
+    reads the anchor at one index only (and no other reduction), and unless each element of
+    `out` reads its own element of the anchor: where several would read the same one (a row
+    statistic broadcast over its row: RMSNorm's mean of squares, a softmax's sum), folding
+    would compute that reduction again for each of them, so the anchor stays a compute of its
+    own, which the schedule computes once (see `kiln.schedule.rows`)."""
     found: dict[tuple, Expr] = {}
     memo: dict[int, tuple] = {}
+    anchor_reads: list[tuple] = []
 
     def fold(e: Expr) -> Expr:
         if not (isinstance(e, Load) and isinstance(e.tensor, Compute)):
@@ -40,6 +47,8 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
             if t is not anchor and t.has_reduce:
                 raise _NotFoldable
             value = substitute(t.value, {id(a): i for a, i in zip(t.axes, e.indices)})
+            if t is anchor:
+                anchor_reads.append(e.indices)
             found[key] = value if t is anchor else rewrite(value, fold, memo=memo)
         return found[key]
 
@@ -47,9 +56,18 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
         value = rewrite(out.value, fold, memo=memo)
     except _NotFoldable:
         return None
-    if [k[0] for k in found].count(id(anchor)) != 1:
+    if len(anchor_reads) != 1 or not _one_to_one(out, anchor, anchor_reads[0]):
         return None
     return Compute(out.name, out.axes, value)
+
+
+def _one_to_one(out: Compute, anchor: Compute, index: Sequence[Expr]) -> bool:
+    """Whether `out` reads a different element of `anchor` at `index` for each of its own:
+    as many elements, and every axis of `out` longer than 1 used by the index."""
+    if math.prod(out.shape) != math.prod(anchor.shape):
+        return False
+    used = {id(v) for i in index for v in walk(i) if isinstance(v, Var)}
+    return all(extent == 1 or id(axis) in used for axis, extent in zip(out.axes, out.shape))
 
 
 def compose_task(name: str, nodes: Sequence[Operator], inputs: Sequence[Tensor],

@@ -6,13 +6,16 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - epilogue: an injective node joins the group producing one of its inputs, where that input
   has no other user and is not a graph output;
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
-  graph output), unless that group's anchor is template-scheduled.
+  graph output), unless that group's anchor is template-scheduled;
+- rows: a reduction's group joins the reduction group reading it where the two make one row
+  task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
 
-A group never gets two anchors and never a cycle through another group, and a group is not
-formed where the anchor's schedule template would take the anchor alone but not the group
-(templates read plain inputs and render epilogues through their hooks: see
-`kiln.codegen.hooks`). Element-wise chains without an anchor become one auto-scheduled
-kernel; groups with one become `FusedOperator`s recording their anchor.
+A group never gets two anchors (but as one row task) and never a cycle through another group,
+and a node does not join a group whose anchor's schedule template would take the anchor alone
+but not the group (templates read plain inputs and render epilogues through their hooks: see
+`kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
+with the element-wise operators after it). Element-wise chains without an anchor become one
+auto-scheduled kernel; groups with one become `FusedOperator`s recording their (first) anchor.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ class _Groups:
 
     def __init__(self, graph):
         self.nodes = graph.nodes
+        self.index = {id(n): k for k, n in enumerate(self.nodes)}
         self.users = users(graph)
         self.outputs = {id(t) for t in graph.outputs}
         self.producer = {id(t): n for n in self.nodes for t in n.outputs}
@@ -73,12 +77,18 @@ class _Groups:
                 todo.append(s)
         return False
 
-    def merge(self, a: int, b: int) -> bool:
-        """Merge groups a and b if the result has at most one anchor and no cycle."""
+    def merge(self, a: int, b: int, rows: bool = False) -> bool:
+        """Merge groups a and b if the result has no cycle and at most one anchor (or, with
+        `rows`, is one row task: see `fuse_row_reductions`), and keeps its anchor's template
+        where it has one."""
         if (a == b or a in self.frozen or b in self.frozen
-                or self.anchors[a] + self.anchors[b] > 1
+                or (not rows and self.anchors[a] + self.anchors[b] > 1)
                 or self._reaches(self.successors(a) - {b}, b)
                 or self._reaches(self.successors(b) - {a}, a)):
+            return False
+        if (a in self.templated or b in self.templated) and self.fused(self.members[a] + self.members[b]) is None:
+            return False
+        if rows and not self.is_row_task(self.members[a] + self.members[b]):
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
@@ -111,6 +121,43 @@ class _Groups:
             if len(consumers) == 1 and not consumers & self.templated:
                 self.merge(consumers.pop(), g)
 
+    def fuse_row_reductions(self) -> None:
+        """A reduction group joins the reduction group that reads its output where together
+        they are one row task (`kiln.schedule.rows`: every reduction a statistic of the output's
+        rows): a softmax or layer_norm written out by hand (max, exp, sum, divide; mean,
+        deviation, mean of squares, normalize) becomes one kernel computing each statistic
+        once per row, instead of one kernel per reduction with intermediates in memory."""
+        def reduces(g: int) -> bool:
+            return self.anchors.get(g, 0) > 0 and g not in self.templated and g not in self.frozen
+
+        merged = True
+        while merged:
+            merged = False
+            for g in list(self.members):
+                if g in self.members and reduces(g):
+                    if any(reduces(s) and self.merge(g, s, rows=True) for s in sorted(self.successors(g))):
+                        merged = True
+
+    def is_row_task(self, members: list[Operator]) -> bool:
+        """Whether `members` fused are one row task (one output, each reduction a row statistic)."""
+        from kiln.ir.inline import inline_task
+        from kiln.schedule.rows import row_prefix
+        fused = self.fused(members)
+        return fused is not None and len(fused.outputs) == 1 and row_prefix(inline_task(fused.task)) is not None
+
+    def fused(self, members: list[Operator]) -> FusedOperator | None:
+        """The FusedOperator of `members` (in any order), or None where fusing would cost the
+        anchor its template."""
+        members = sorted(members, key=lambda n: self.index[id(n)])
+        inside = {id(t) for n in members for t in n.outputs}
+        member_ids = {id(n) for n in members}
+        inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
+        used = [t for n in members for t in n.outputs
+                if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
+        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
+        fused = FusedOperator(members, inputs, used, anchor)
+        return fused if keeps_templates(members[anchor], fused) else None
+
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""
         preds = {g: 0 for g in self.members}
@@ -118,30 +165,16 @@ class _Groups:
         for g in self.members:
             for s in succ[g]:
                 preds[s] += 1
-        index = {id(n): k for k, n in enumerate(self.nodes)}
         ready = deque(sorted(g for g, c in preds.items() if c == 0))
         out = []
         while ready:
             g = ready.popleft()
-            out.append(sorted(self.members[g], key=lambda n: index[id(n)]))
+            out.append(sorted(self.members[g], key=lambda n: self.index[id(n)]))
             for s in sorted(succ[g]):
                 preds[s] -= 1
                 if preds[s] == 0:
                     ready.append(s)
         return out
-
-
-def _fused(members: list[Operator], groups: _Groups, outputs: set[int]) -> FusedOperator | None:
-    """The FusedOperator of a group of several members, or None where fusing would cost
-    the anchor its template."""
-    inside = {id(t) for n in members for t in n.outputs}
-    member_ids = {id(n) for n in members}
-    inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
-    used = [t for n in members for t in n.outputs
-            if id(t) in outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
-    anchor = next((k for k, n in enumerate(members) if id(n) in groups.anchor_nodes), 0)
-    fused = FusedOperator(members, inputs, used, anchor)
-    return fused if keeps_templates(members[anchor], fused) else None
 
 
 class FuseOperators(GraphPass):
@@ -155,14 +188,14 @@ class FuseOperators(GraphPass):
         groups = _Groups(graph)
         groups.fuse_epilogues()
         groups.fuse_prologues()
-        outputs = {id(t) for t in graph.outputs}
+        groups.fuse_row_reductions()
         mapping: dict = {}
 
         def new(t):
             return mapping.get(id(t), t)
 
         for members in groups.ordered():
-            fused = _fused(members, groups, outputs) if len(members) > 1 else None
+            fused = groups.fused(members) if len(members) > 1 else None
             if fused is None:
                 for node in members:
                     mapping.update(zip(map(id, node.outputs), reapply(node, [new(t) for t in node.inputs])))

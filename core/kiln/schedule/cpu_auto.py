@@ -1,5 +1,8 @@
 """The CPU auto-scheduler's rule: any task of injective and reduction computes, as C with OpenMP.
 
+Costly parts of a reduction's body that are the same for several elements of its buffer are
+computed once, into temporaries of their own (`kiln.schedule.hoist`).
+
 Each materialized compute (see `kiln.ir.inline`) becomes one loop nest. An injective compute
 loops over its outer dimensions in parallel and over its last dimension innermost, so the C
 compiler can vectorize it; a compute that reduces loops over its elements in parallel, each
@@ -9,6 +12,8 @@ Floating-point sums over many values (`CASCADE_BLOCK` or more) do not accumulate
 sequence, whose error grows with the length: each block of CASCADE_BLOCK values sums on its
 own, and the block sums combine pairwise (a binary counter of partial sums), so the error grows
 with the block size plus the logarithm of the number of blocks, as in PyTorch's cascade sum.
+Within a block, consecutive values go to SUM_LANES partial sums, which the C compiler keeps in
+one vector register.
 """
 from __future__ import annotations
 
@@ -21,9 +26,11 @@ from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.kernel_errors import KernelCheck
+from kiln.schedule.hoist import hoist_invariants
 
 PARALLEL_THRESHOLD = 1 << 15
 CASCADE_BLOCK = 128
+SUM_LANES = 8           # a block's values go to this many partial sums, a vector's worth
 
 
 class CpuEmitter(Emitter):
@@ -41,19 +48,21 @@ class CpuEmitter(Emitter):
         self.line(f"{vt} {acc} = {d.const(0, t)};")
         self.line(f"{vt} {levels}[64];")
         self.line(f"int64_t {blocks} = 0;")
+        lanes, end, lane = self.fresh("lane"), self.fresh("end"), self.fresh("j")
         self.open(f"for (int64_t {start} = 0; {start} < {total}; {start} += {CASCADE_BLOCK})")
-        self.line(f"{vt} {part} = {d.const(0, t)};")
-        end = f"({start} + {CASCADE_BLOCK} < {total} ? {start} + {CASCADE_BLOCK} : {total})"
-        self.open(f"for (int64_t {flat} = {start}; {flat} < {end}; ++{flat})")
-        inner = "1"
-        for axis, extent in reversed(list(zip(e.axes, extents))):
-            name = self.fresh("r")
-            self.names[id(axis)] = name
-            self.line(f"const int64_t {name} = ({flat} / ({inner})) % ({extent});" if len(extents) > 1
-                      else f"const int64_t {name} = {flat};")
-            inner = f"{inner} * ({extent})"
-        self.line(reduce_combine("sum", t, part, self.emit(e.body), d))
+        self.line(f"const int64_t {end} = {start} + {CASCADE_BLOCK} < {total} ? {start} + {CASCADE_BLOCK} : {total};")
+        self.line(f"{vt} {lanes}[{SUM_LANES}] = {{{d.const(0, t)}}};")
+        self.line(f"int64_t {flat} = {start};")
+        # SUM_LANES consecutive values into SUM_LANES partial sums (a vector), then the rest
+        self.open(f"for (; {flat} + {SUM_LANES} <= {end}; {flat} += {SUM_LANES})")
+        self.open(f"for (int {lane} = 0; {lane} < {SUM_LANES}; ++{lane})")
+        self._sum_value(e, extents, f"{flat} + {lane}", f"{lanes}[{lane}]")
         self.close()
+        self.close()
+        self.open(f"for (; {flat} < {end}; ++{flat})")
+        self._sum_value(e, extents, flat, f"{lanes}[0]")
+        self.close()
+        self.line(f"{vt} {part} = {_pairwise([f'{lanes}[{k}]' for k in range(SUM_LANES)])};")
         # block number nb + 1 merges the levels of its trailing zero bits, then takes the next
         self.line(f"int {level} = 0;")
         self.line(f"++{blocks};")
@@ -67,6 +76,24 @@ class CpuEmitter(Emitter):
         self.close()
         self.scopes[-1][key] = acc
         return acc
+
+    def _sum_value(self, e: Reduce, extents: list[str], flat: str, acc: str) -> None:
+        """Add the value of `e`'s body at flat position `flat` of its axes to `acc`."""
+        inner = "1"
+        for axis, extent in reversed(list(zip(e.axes, extents))):
+            name = self.fresh("r")
+            self.names[id(axis)] = name
+            self.line(f"const int64_t {name} = (({flat}) / ({inner})) % ({extent});" if len(extents) > 1
+                      else f"const int64_t {name} = {flat};")
+            inner = f"{inner} * ({extent})"
+        self.line(reduce_combine("sum", e.body.dtype, acc, self.emit(e.body), self.dialect))
+
+
+def _pairwise(terms: list[str]) -> str:
+    """The sum of `terms` added pairwise."""
+    while len(terms) > 1:
+        terms = [f"({a} + {b})" for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) // 2 * 2:]
+    return terms[0]
 
 
 def _most_values(e: Reduce) -> int:
@@ -143,5 +170,5 @@ def schedule(lowered: Lowered) -> CpuProgram:
     """The CPU program of `lowered` (it takes every task); the kernel takes a status buffer
     after its tensors, where its checks report (see `kiln.runtime.kernel_errors`)."""
     args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs)) + [KernelArgs.STATUS]
-    source, checks = render_cpu(lowered, "kiln_kernel")
+    source, checks = render_cpu(hoist_invariants(lowered), "kiln_kernel")
     return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks))

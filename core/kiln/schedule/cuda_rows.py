@@ -1,9 +1,11 @@
 """The auto-scheduler's row-kernel rule: tasks whose temporaries are per-row statistics.
 
-Softmax's max and sum, layer_norm's mean and variance: each temporary is read only at its
-consumers' own leading indices (`row_prefix`), so one kernel computes a row's statistics
-into registers and then writes the row. A warp takes a row of up to 32 * ROW_WARP_PACKS packs
-(several rows per block), a block a longer one (sized for about ROW_BLOCK_PACKS packs a thread).
+Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares: each
+temporary is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
+kernel computes a row's statistics into registers and then writes the row (tasks of fewer
+than MIN_ROWS rows get the general kernels instead, which spread one row over a block). A warp
+takes a row of up to 32 * ROW_WARP_PACKS packs (several rows per block), a block a longer one
+(sized for about ROW_BLOCK_PACKS packs a thread).
 
 Every phase (each statistic's reduction, then the output) walks the same elements of the row
 per thread: chunks `c` of `V` consecutive elements at `(c * lanes + lane) * V`. A load that
@@ -26,16 +28,15 @@ import math
 from dataclasses import dataclass
 
 from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import reduce_init
-from kiln.codegen.hooks import unravel_index
-from kiln.ir.compute import TensorInput
-from kiln.ir.expr import Binary, Cast, Const, Expr, Load, Reduce, Select, Unary, Var, as_expr, walk
-from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import _linear, bounds, simplify
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
+from kiln.schedule.rows import reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
 MAX_VECTOR = 8           # elements in a pack at most
@@ -44,30 +45,10 @@ ROW_BLOCK_PACKS = 2      # a block per row has about this many packs per thread 
 ROW_CACHE_BYTES = 256    # registers a thread may give the statistics' streams (values, 4 bytes each at least)
 ROW_KEEP_BYTES = 128     # registers a thread may give values kept for the output (exp(x - max))
 ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unroll fully)
+MIN_ROWS = 64            # fewer rows than this would leave most multiprocessors idle
 
 PACK_TYPE = ("template <typename T, int V>\n"
              "struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) kiln_pack { T v[V]; };\n")
-
-
-def row_prefix(lowered: Lowered) -> int | None:
-    """The number p of leading axes such that every temporary has the shape of the output's
-    first p axes and is read only at its reader's own first p indices; None if there is none."""
-    temps = lowered.temporaries
-    if not temps or len(lowered.outputs) != 1:
-        return None
-    out = lowered.outputs[0]
-    p = len(temps[0].shape)
-    if top_reduces(out.value) or p == 0 or p >= len(out.shape) or any(t.shape != out.shape[:p] for t in temps):
-        return None
-    temp_ids = {id(t) for t in temps}
-    for buf in lowered.buffers:
-        for e in walk(buf.value):
-            if isinstance(e, Load) and id(e.tensor) in temp_ids:
-                if len(e.indices) != p or any(i is not a for i, a in zip(e.indices, buf.axes[:p])):
-                    return None
-    if numel(out.shape[:p]) < 64:
-        return None
-    return p
 
 
 @dataclass(eq=False)
@@ -270,19 +251,8 @@ class RowEmitter(CudaEmitter):
     def hoist(self, value: Expr) -> None:
         """Emit here (once a row) the largest parts of `value` that are the same for every
         element of the row and read no memory but the row statistics."""
-        seen = set()
-
-        def visit(x):
-            if id(x) in seen or isinstance(x, (Const, Var, Load)):
-                return
-            seen.add(id(x))
-            if _row_uniform(x, self.e):
-                self.emit(x)
-            else:
-                for k in x.children():
-                    visit(k)
-
-        visit(value)
+        for part in row_uniform_parts(value, self.e):
+            self.emit(part)
 
     def store_row(self, value: Expr, out, out_name: str) -> None:
         """Write the output row: each chunk's values packed into one store (a final rounding
@@ -302,124 +272,6 @@ class RowEmitter(CudaEmitter):
         target = f"{out_name} + o * {plan.row_len} + kiln_eb"
         self.line(f"*reinterpret_cast<{self.pack_type(out.dtype)}*>({target}) = kiln_st;")
         self.close_chunk()
-
-
-def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
-    """`value` with each top reduction over exactly the row's elements rewritten as a
-    reduction over `e` (its axes unflattened from `e`, row-major)."""
-    memo = {}
-
-    def over_row(r: Reduce) -> Expr:
-        extents = [a.extent for a in r.axes]
-        if any(not isinstance(x, int) for x in extents) or numel(extents) != row_len:
-            return r
-        index, inner = {}, 1
-        for axis, size in reversed(list(zip(r.axes, extents))):
-            index[id(axis)] = e if size == row_len else (e // inner) % size if inner > 1 else e % size
-            inner *= size
-        return Reduce(r.op, [e], substitute(r.body, index), r.dtype)
-
-    def visit(x):
-        if id(x) not in memo:
-            if isinstance(x, Reduce):
-                memo[id(x)] = over_row(x)
-            elif isinstance(x, (Var, Load)) or not x.children():
-                memo[id(x)] = x
-            else:
-                memo[id(x)] = rebuild_expr(x, [visit(k) for k in own_children(x)])
-        return memo[id(x)]
-
-    return visit(value)
-
-
-def _row_uniform(x: Expr, e: Var) -> bool:
-    """Whether `x` is the same for every element of a row and reads only row statistics."""
-    return not any(y is e or (isinstance(y, Load) and y.indices) or isinstance(y, Reduce) for y in walk(x))
-
-
-_CHEAP = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
-          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
-
-
-def _shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
-    """The largest costly parts of the output that every row reduction's body computes for
-    the same element too (softmax's exp(x - max)): worth keeping instead of recomputing."""
-    in_stats, seen = set(), set()
-
-    def collect(x):
-        if id(x) in seen:
-            return
-        seen.add(id(x))
-        in_stats.add(x.key())
-        if isinstance(x, Select) and (_reads(x.a) or _reads(x.b)):
-            collect(x.cond)             # the branches run only for some elements
-        elif isinstance(x, Reduce):
-            if x.axes == (e,):          # other reductions loop on their own
-                collect(x.body)
-        elif not isinstance(x, (Var, Load)):
-            for k in x.children():
-                collect(k)
-
-    for value in stats:
-        collect(value)
-    found, visited = [], set()
-
-    def visit(x):
-        if id(x) in visited or isinstance(x, (Const, Var, Load)):
-            return
-        visited.add(id(x))
-        costly = any(isinstance(y, (Unary, Binary)) and y.op not in _CHEAP for y in walk(x))
-        if x.key() in in_stats and costly and any(y is e for y in walk(x)):
-            found.append(x)
-            return
-        for k in x.children():
-            visit(k)
-
-    visit(result)
-    return found
-
-
-def _reads(x: Expr) -> bool:
-    """Whether `x` reads memory (a load or a reduction)."""
-    return any(isinstance(y, (Load, Reduce)) for y in walk(x))
-
-
-def _reciprocals(value: Expr, e: Var) -> Expr:
-    """`value` with each floating-point division by a row-uniform divisor (a row statistic)
-    made a multiplication by its reciprocal, which `RowEmitter.hoist` computes once a row."""
-    memo = {}
-
-    def visit(x):
-        if id(x) not in memo:
-            if isinstance(x, (Var, Load, Const)) or not x.children():
-                out = x
-            else:
-                kids = [visit(k) for k in own_children(x)]
-                out = rebuild_expr(x, kids)
-                if (isinstance(x, Binary) and x.op == "div" and x.dtype.is_float and not isinstance(x.b, Const)
-                        and _row_uniform(x.b, e)):
-                    out = Binary("mul", kids[0], Binary("div", Const(1.0, x.dtype), kids[1], x.dtype), x.dtype)
-            memo[id(x)] = out
-        return memo[id(x)]
-
-    return visit(value)
-
-
-def _scalar_loads(value: Expr, scalars: dict) -> Expr:
-    """Loads of a temporary (now of its row scalar) with their indices dropped."""
-    memo = {}
-
-    def visit(x):
-        if id(x) not in memo:
-            if isinstance(x, Load):
-                found = scalars.get(id(x.tensor))
-                memo[id(x)] = Load(found, ()) if found is not None else Load(x.tensor, [visit(i) for i in x.indices])
-            else:
-                memo[id(x)] = x if isinstance(x, Var) or not x.children() else \
-                    rebuild_expr(x, [visit(k) for k in own_children(x)])
-        return memo[id(x)]
-
-    return visit(value)
 
 
 def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: int) -> tuple[int, dict]:
@@ -445,7 +297,7 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The one-kernel program of a row task (see the module doc); None for any other task."""
-    p = row_prefix(lowered)
+    p = row_prefix(lowered, min_rows=MIN_ROWS)
     if p is None:
         return None
     d = CudaDialect()
@@ -453,21 +305,10 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     auto = AutoProgram(lowered)
     names, strides = auto.names, auto.strides
     args = auto.available + [(names[id(out)], out, False)]
-    rows, row_len = numel(out.shape[:p]), numel(out.shape[p:])
-    o, e = Var("o", rows), Var("e", row_len)
+    form = row_form(lowered, p)
+    rows, row_len, o, e, stats = form.rows, form.row_len, form.o, form.e, form.stats
     names.update({id(o): "o", id(e): "e"})
-    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in lowered.temporaries}
-
-    def row_index(axes, inner: bool) -> dict:
-        return {**unravel_index(o, axes[:p], out.shape[:p]),
-                **(unravel_index(e, axes[p:], out.shape[p:]) if inner else {})}
-
-    def value_of(buf, inner: bool) -> Expr:
-        value = substitute(buf.value, row_index(buf.axes, inner))
-        return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
-
-    stats = [value_of(t, False) for t in lowered.temporaries]
-    result = _reciprocals(value_of(out, True), e)
+    result = reciprocals(form.result, e)
     vector, streams = _streams(stats + [result], strides, o, e, out, row_len)
     read_by_stats = []
     for value in stats:
@@ -480,13 +321,13 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     em = RowEmitter(d, names, strides, plan, e, streams, cache)
     em.load_cache()
     if plan.cached:
-        shared = _shared_parts(stats, result, e)
+        shared = shared_parts(stats, result, e)
         em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
-    for t, value in zip(lowered.temporaries, stats):
+    for t, scalar, value in zip(form.temporaries, form.scalars, stats):
         v = em.emit(value)
         held = em.fresh("row")
         em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
-        em.scopes[-1][Load(scalars[id(t)], ()).key()] = held
+        em.scopes[-1][Load(scalar, ()).key()] = held
     em.store_row(result, out, names[id(out)])
     threads = BLOCK if plan.warp else plan.lanes
     source = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows, "\n".join(em.lines))

@@ -1,0 +1,252 @@
+"""Row tasks: tasks whose temporaries are per-row statistics of their one output.
+
+Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares (with the
+injective producers and consumers fused around them): after inlining (`kiln.ir.inline`) each
+reduction is a temporary indexed by the output's leading axes (the *row*), read by the output
+and by later statistics only at their own row. Such a task runs as one kernel per target that
+computes a row's statistics once, into locals (registers), and then writes the row; the CPU
+rule (`kiln.schedule.cpu_rows`) and the CUDA rule (`kiln.schedule.cuda_rows`) share what is
+here: recognising the task (`row_prefix`) and its row form (`row_form`), in which every value
+is an expression of the row `o` and the element `e` of the row, and each statistic a scalar.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.emitter import numel
+from kiln.codegen.hooks import unravel_index
+from kiln.ir.compute import Compute, TensorInput
+from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, walk
+from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
+from kiln.ir.simplify import simplify
+
+
+def _top_reduces(e: Expr) -> bool:
+    """Whether `e` holds a reduction of its own (not through a load)."""
+    return any(isinstance(x, Reduce) for x in walk(e))
+
+
+def _statistic_prefix(shape: tuple[int, ...]) -> int:
+    """The length of `shape` without its trailing 1s (a keepdim statistic's own axes)."""
+    n = len(shape)
+    while n and shape[n - 1] == 1:
+        n -= 1
+    return n
+
+
+def _unit_index(i: Expr) -> bool:
+    """Whether index `i` is always 0 (a constant 0 or an axis of extent 1)."""
+    return (isinstance(i, Const) and i.value == 0) or (isinstance(i, Var) and i.extent == 1)
+
+
+def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
+    """The number p of leading axes of the output that make `lowered` a row task, or None.
+
+    Every temporary must have the shape of the output's first p axes (or that shape followed
+    by 1s: a statistic kept with its reduced dims) and be read only at its reader's own first
+    p indices (and 0 in its trailing dims of extent 1); the output must have further axes (the
+    row), hold no reduction itself, and have `min_rows` rows at least."""
+    temps = lowered.temporaries
+    if not temps or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    p = max(_statistic_prefix(t.shape) for t in temps)
+    if _top_reduces(out.value) or p == 0 or p >= len(out.shape):
+        return None
+    if any(len(t.shape) < p or t.shape[:p] != out.shape[:p] or any(s != 1 for s in t.shape[p:])
+           for t in temps):
+        return None
+    temp_ids = {id(t) for t in temps}
+    for buf in lowered.buffers:
+        for e in walk(buf.value):
+            if isinstance(e, Load) and id(e.tensor) in temp_ids:
+                lead, rest = e.indices[:p], e.indices[p:]
+                if len(lead) != p or any(i is not a and not (a.extent == 1 and _unit_index(i))
+                                         for i, a in zip(lead, buf.axes[:p])):
+                    return None
+                if not all(_unit_index(i) for i in rest):
+                    return None
+    if numel(out.shape[:p]) < min_rows:
+        return None
+    return p
+
+
+@dataclass
+class RowForm:
+    """A row task in row form: `rows` rows of `row_len` elements; `o` the row, `e` the element
+    of the row; `stats[k]` the value of the k-th temporary (`temporaries[k]`) of row `o`, which
+    later values read as a load of `scalars[k]` (a scalar tensor, no indices); `result` the
+    output's element `e` of row `o`."""
+
+    rows: int
+    row_len: int
+    o: Var
+    e: Var
+    temporaries: list[Compute]
+    scalars: list[TensorInput]
+    stats: list[Expr]
+    result: Expr
+
+
+def row_form(lowered: Lowered, p: int) -> RowForm:
+    """The row form of `lowered`, a row task of prefix `p` (see `row_prefix`). Reductions over
+    exactly the row's elements become reductions over `e` (their axes unflattened from it)."""
+    out = lowered.outputs[0]
+    rows, row_len = numel(out.shape[:p]), numel(out.shape[p:])
+    o, e = Var("o", rows), Var("e", row_len)
+    temps = lowered.temporaries
+    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in temps}
+
+    def row_index(buf) -> dict:
+        index = unravel_index(o, buf.axes[:p], out.shape[:p])
+        if buf is out:
+            index.update(unravel_index(e, buf.axes[p:], out.shape[p:]))
+        else:
+            index.update({id(a): Const(0, dtypes.int64) for a in buf.axes[p:]})
+        return index
+
+    def value_of(buf) -> Expr:
+        value = substitute(buf.value, row_index(buf))
+        return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
+
+    return RowForm(rows, row_len, o, e, list(temps), [scalars[id(t)] for t in temps],
+                   [value_of(t) for t in temps], value_of(out))
+
+
+def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
+    """`value` with each top reduction over exactly the row's elements rewritten as a
+    reduction over `e` (its axes unflattened from `e`, row-major)."""
+    memo = {}
+
+    def over_row(r: Reduce) -> Expr:
+        extents = [a.extent for a in r.axes]
+        if any(not isinstance(x, int) for x in extents) or numel(extents) != row_len:
+            return r
+        index, inner = {}, 1
+        for axis, size in reversed(list(zip(r.axes, extents))):
+            index[id(axis)] = e if size == row_len else (e // inner) % size if inner > 1 else e % size
+            inner *= size
+        return Reduce(r.op, [e], substitute(r.body, index), r.dtype)
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, Reduce):
+                memo[id(x)] = over_row(x)
+            elif isinstance(x, (Var, Load)) or not x.children():
+                memo[id(x)] = x
+            else:
+                memo[id(x)] = rebuild_expr(x, [visit(k) for k in own_children(x)])
+        return memo[id(x)]
+
+    return visit(value)
+
+
+def _scalar_loads(value: Expr, scalars: dict) -> Expr:
+    """Loads of a temporary (now of its row scalar) with their indices dropped."""
+    memo = {}
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, Load):
+                found = scalars.get(id(x.tensor))
+                memo[id(x)] = Load(found, ()) if found is not None else Load(x.tensor, [visit(i) for i in x.indices])
+            else:
+                memo[id(x)] = x if isinstance(x, Var) or not x.children() else \
+                    rebuild_expr(x, [visit(k) for k in own_children(x)])
+        return memo[id(x)]
+
+    return visit(value)
+
+
+def row_uniform(x: Expr, e: Var) -> bool:
+    """Whether `x` is the same for every element of a row and reads only row statistics."""
+    return not any(y is e or (isinstance(y, Load) and y.indices) or isinstance(y, Reduce) for y in walk(x))
+
+
+def row_uniform_parts(value: Expr, e: Var) -> list[Expr]:
+    """The largest parts of `value` that are the same for every element of the row and read
+    no memory but the row statistics (what a row kernel computes once a row)."""
+    found, seen = [], set()
+
+    def visit(x):
+        if id(x) in seen or isinstance(x, (Const, Var, Load)):
+            return
+        seen.add(id(x))
+        if row_uniform(x, e):
+            found.append(x)
+        else:
+            for k in x.children():
+                visit(k)
+
+    visit(value)
+    return found
+
+
+def reciprocals(value: Expr, e: Var) -> Expr:
+    """`value` with each floating-point division by a row-uniform divisor (a row statistic)
+    made a multiplication by its reciprocal, which a row kernel computes once a row."""
+    memo = {}
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, (Var, Load, Const)) or not x.children():
+                out = x
+            else:
+                kids = [visit(k) for k in own_children(x)]
+                out = rebuild_expr(x, kids)
+                if (isinstance(x, Binary) and x.op == "div" and x.dtype.is_float and not isinstance(x.b, Const)
+                        and row_uniform(x.b, e)):
+                    out = Binary("mul", kids[0], Binary("div", Const(1.0, x.dtype), kids[1], x.dtype), x.dtype)
+            memo[id(x)] = out
+        return memo[id(x)]
+
+    return visit(value)
+
+
+# operations too cheap to keep a value of them in memory or registers rather than recompute it
+CHEAP_OPS = ("neg", "abs", "not", "bitnot", "sign", "isnan", "isinf", "add", "sub", "mul", "max", "min",
+             "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+
+
+def shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
+    """The largest costly parts of the output that every row reduction's body computes for
+    the same element too (softmax's exp(x - max)): worth keeping instead of recomputing."""
+    in_stats, seen = set(), set()
+
+    def collect(x):
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        in_stats.add(x.key())
+        if isinstance(x, Select) and (_reads(x.a) or _reads(x.b)):
+            collect(x.cond)             # the branches run only for some elements
+        elif isinstance(x, Reduce):
+            if x.axes == (e,):          # other reductions loop on their own
+                collect(x.body)
+        elif not isinstance(x, (Var, Load)):
+            for k in x.children():
+                collect(k)
+
+    for value in stats:
+        collect(value)
+    found, visited = [], set()
+
+    def visit(x):
+        if id(x) in visited or isinstance(x, (Const, Var, Load)):
+            return
+        visited.add(id(x))
+        costly = any(isinstance(y, (Unary, Binary)) and y.op not in CHEAP_OPS for y in walk(x))
+        if x.key() in in_stats and costly and any(y is e for y in walk(x)):
+            found.append(x)
+            return
+        for k in x.children():
+            visit(k)
+
+    visit(result)
+    return found
+
+
+def _reads(x: Expr) -> bool:
+    """Whether `x` reads memory (a load or a reduction)."""
+    return any(isinstance(y, (Load, Reduce)) for y in walk(x))
