@@ -1,0 +1,292 @@
+"""Fused attention on tensor cores (sm_80+): FlashAttention-2's forward, float16 and bfloat16,
+head dims 64, 80, 96 and 128.
+
+A CTA owns BM queries of one (batch, head): NW warps of MT * 16 rows each. It copies its
+queries once, then walks the keys BN at a time through two shared-memory stages of K and V
+tiles (`cp.async` 16-byte copies; rows padded by 16 bytes, so that the eight rows an `ldmatrix`
+reads fall in distinct bank groups), the next tile's copies in flight while the current one is
+multiplied. Per tile, each warp computes S = Q K^T with `mma.sync.m16n8k16` (float32
+accumulators, in registers), scales it into the log2 domain, applies the mask and the causal or
+key-length edge, and runs the online softmax on it in registers (row maximum and sum per
+thread over a quad's shuffles; `ex2.approx`); P, packed to 16 bits in registers, is multiplied
+by V (`ldmatrix.trans`) into the output accumulators, rescaled as the maximum moves. Causal
+attention skips the tiles above the diagonal and masks only the tiles that cross it; a fully
+masked row keeps sum 0 and gets zeros, as the operator defines.
+
+The task is read by `attention_match.match_attention`: q, k and v straight from their inputs
+(any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
+h // group for grouped-query attention), the mask through the core-rendered hook `kiln_mask`,
+and the output through the epilogue hooks, where fused epilogues go.
+"""
+from __future__ import annotations
+
+import math
+
+from kiln import dtypes
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule import Template
+from kiln_ops_builtin.templates.attention_match import Attention, match_attention
+
+MAX_SMEM = 227 * 1024
+HEAD_DIMS = (64, 80, 96, 128)
+PAD = 8                                   # elements of padding per shared-memory row (16 bytes)
+
+DEVICE = r"""
+// rows [first, first + ROWS) of a [rows, D] operand (rows at `stride`) into a padded tile;
+// rows at or past `limit` are zero-filled
+template <int ROWS>
+static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint16_t* src, int64_t stride, int first,
+                                                      int limit, int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+#pragma unroll
+    for (int n = 0; n < (TOTAL + NT - 1) / NT; ++n) {
+        const int idx = tid + n * NT;
+        if (TOTAL % NT == 0 || idx < TOTAL) {
+            const int r = idx / CH, c = idx % CH;
+            const bool ok = first + r < limit;
+            kiln_cp_async16(dst + r * LDS + c * 8, src + (ok ? (int64_t)(first + r) * stride + c * 8 : 0), ok ? 16 : 0);
+        }
+    }
+}
+
+// One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 query rows from row0: S = Q K^T, the
+// online softmax, O += P V. EDGE: some key of the tile is past LK or (causal) after a row.
+template <bool EDGE>
+static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2],
+                                                   const uint16_t* qs, const uint16_t* ks, const uint16_t* vs,
+                                                   int row0, int n0, int64_t bh, int lane, PARAMS) {
+    float s[MT][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned qf[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            kiln_ldmatrix_x4(qf[mt], qs + (mt * 16 + (lane & 15)) * LDS + (kk * 2 + (lane >> 4)) * 8);
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) {
+            unsigned t[4];
+            kiln_ldmatrix_x4(t, ks + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + (kk * 2 + ((lane >> 3) & 1)) * 8);
+            const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                MMA(s[mt][2 * j], qf[mt], b0);
+                MMA(s[mt][2 * j + 1], qf[mt], b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row0 + mt * 16 + (lane >> 2) + h * 8;
+            float top = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+                    float x = s[mt][nt][2 * h + c] * SCALE_LOG2;
+#if HAS_MASK
+                    if (i < LQ && j < LK) {
+#if MASK_BOOL
+                        if (!kiln_mask(ARGS, bh, i, j)) x = -INFINITY;
+#else
+                        x += kiln_mask(ARGS, bh, i, j) * 1.4426950408889634f;
+#endif
+                    }
+#endif
+                    if (EDGE && (j >= LK || (CAUSAL && j > i))) x = -INFINITY;
+                    s[mt][nt][2 * h + c] = x;
+                    top = fmaxf(top, x);
+                }
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+            const float now = fmaxf(mx[mt][h], top);
+            const float shift = now == -INFINITY ? 0.f : now;     // a row masked so far stays at sum 0
+            const float alpha = kiln_ex2(mx[mt][h] - shift);
+            mx[mt][h] = now;
+            float part = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float p = kiln_ex2(s[mt][nt][2 * h + c] - shift);
+                    s[mt][nt][2 * h + c] = p;
+                    part += p;
+                }
+            sum[mt][h] = sum[mt][h] * alpha + part;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[mt][dt][2 * h] *= alpha;
+                o[mt][dt][2 * h + 1] *= alpha;
+            }
+        }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            pa[mt][0] = PACK(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = PACK(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = PACK(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = PACK(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+            unsigned t[4];
+            kiln_ldmatrix_x4_trans(t, vs + (kk * 16 + (lane & 15)) * LDS + (j * 2 + (lane >> 4)) * 8);
+            const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                MMA(o[mt][2 * j], pa[mt], b0);
+                MMA(o[mt][2 * j + 1], pa[mt], b1);
+            }
+        }
+    }
+}
+"""
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(PARAMS) {
+    extern __shared__ __align__(128) unsigned char kiln_smem[];
+    uint16_t* Qs = (uint16_t*)kiln_smem;
+    uint16_t* Ks = Qs + BM * LDS;
+    uint16_t* Vs = Ks + 2 * BN * LDS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t bh = blockIdx.x / M_BLOCKS;
+    const int mb = CAUSAL ? M_BLOCKS - 1 - (int)(blockIdx.x % M_BLOCKS) : (int)(blockIdx.x % M_BLOCKS);
+    const int m0 = mb * BM, row0 = m0 + warp * MT * 16;
+    const uint16_t* Q = (const uint16_t*)Q_PARAM + (Q_BASE);
+    const uint16_t* K = (const uint16_t*)K_PARAM + (K_BASE);
+    const uint16_t* V = (const uint16_t*)V_PARAM + (V_BASE);
+    const int keys = CAUSAL ? min(LK, m0 + BM) : LK;
+    const int tiles = (keys + BN - 1) / BN;
+    kiln_load_rows<BM>(Qs, Q, Q_RS, m0, LQ, tid);
+    kiln_load_rows<BN>(Ks, K, K_RS, 0, LK, tid);
+    kiln_load_rows<BN>(Vs, V, V_RS, 0, LK, tid);
+    kiln_cp_async_commit();
+    float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+        mx[mt][0] = mx[mt][1] = -INFINITY;
+        sum[mt][0] = sum[mt][1] = 0.f;
+    }
+    const uint16_t* qs = Qs + warp * MT * 16 * LDS;
+    for (int t = 0; t < tiles; ++t) {
+        if (t + 1 < tiles) {
+            const int next = (t + 1) & 1;
+            kiln_load_rows<BN>(Ks + next * BN * LDS, K, K_RS, (t + 1) * BN, LK, tid);
+            kiln_load_rows<BN>(Vs + next * BN * LDS, V, V_RS, (t + 1) * BN, LK, tid);
+        }
+        kiln_cp_async_commit();
+        kiln_cp_async_wait<1>();
+        __syncthreads();
+        const int n0 = t * BN;
+        const uint16_t* ks = Ks + (t & 1) * BN * LDS;
+        const uint16_t* vs = Vs + (t & 1) * BN * LDS;
+        if (!CAUSAL || n0 <= row0 + MT * 16 - 1) {         // else every key of the tile follows the warp's rows
+            if (n0 + BN > LK || (CAUSAL && n0 + BN - 1 > row0))
+                kiln_attend<true>(o, mx, sum, qs, ks, vs, row0, n0, bh, lane, ARGS);
+            else
+                kiln_attend<false>(o, mx, sum, qs, ks, vs, row0, n0, bh, lane, ARGS);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float total = sum[mt][h];
+            total += __shfl_xor_sync(0xffffffffu, total, 1);
+            total += __shfl_xor_sync(0xffffffffu, total, 2);
+            const float inv = total == 0.f ? 0.f : 1.f / total;
+            const int64_t i = row0 + mt * 16 + (lane >> 2) + h * 8;
+            if (i < LQ) {
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt)
+                    kiln_epilogue2(ARGS, bh, i, dt * 8 + (lane & 3) * 2, o[mt][dt][2 * h] * inv,
+                                   o[mt][dt][2 * h + 1] * inv);
+            }
+        }
+}
+"""
+
+
+def smem_bytes(knobs: dict, d: int) -> int:
+    return (knobs["BM"] + 4 * knobs["BN"]) * (d + PAD) * 2
+
+
+def valid(knobs: dict) -> bool:
+    """Whether BM splits into NW warps of one or two 16-row MMA tiles each, and fits the largest head dim."""
+    bm, bn, nw = knobs["BM"], knobs["BN"], knobs["NW"]
+    return bm % (16 * nw) == 0 and bm // (16 * nw) in (1, 2) and bn % 16 == 0 \
+        and smem_bytes(knobs, max(HEAD_DIMS)) <= MAX_SMEM
+
+
+def _k(bm, bn, nw) -> dict:
+    return {"BM": bm, "BN": bn, "NW": nw}
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: 128 queries on four warps (32 rows each), 64-key tiles; 1: query and key tile
+    sizes and warp counts around it; 2: every valid combination."""
+    if level == 0:
+        return [_k(128, 64, 4)]
+    if level == 1:
+        return [_k(128, 64, 4), _k(64, 64, 4), _k(128, 32, 4), _k(128, 128, 4), _k(128, 64, 8), _k(64, 128, 4)]
+    return [k for bm in (64, 128) for bn in (32, 64, 128) for nw in (2, 4, 8) if valid(k := _k(bm, bn, nw))]
+
+
+def applies(task) -> bool:
+    a = match_attention(task)
+    return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16)
+            and a.q.dtype == a.k.dtype == a.v.dtype and a.D == a.Dv and a.D in HEAD_DIMS)
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Level 0 by shape: 64-query blocks for at most 64 queries or where 128-query blocks would
+    not fill the GPU (short sequences), else 128 queries on four warps with 64-key tiles."""
+    a = match_attention(task)
+    if a.Lq <= 64 or -(-a.Lq // 128) * a.batch_count < sm_count:
+        return [_k(64, 64, 4)]
+    return [_k(128, 64, 4)]
+
+
+def render(task, BM, BN, NW) -> CudaProgram:
+    a: Attention = match_attention(task)
+    knobs = _k(BM, BN, NW)
+    if not valid(knobs):
+        raise ValueError(f"attention_flash: invalid knobs {knobs} (BM = NW warps x 16 or 32 rows, BN a multiple "
+                         f"of 16, at most {MAX_SMEM} bytes of shared memory)")
+    m_blocks = -(-a.Lq // BM)
+    defines = {
+        "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW), "D": a.D, "LDS": a.D + PAD,
+        "LQ": a.Lq, "LK": a.Lk, "M_BLOCKS": m_blocks, "CAUSAL": int(a.causal),
+        "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
+        "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
+        "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
+        "Q_BASE": a.q.base(a.batch, a.group, "bh"), "K_BASE": a.k.base(a.batch, a.group, "bh"),
+        "V_BASE": a.v.base(a.batch, a.group, "bh"),
+        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}", "V_RS": f"(int64_t){a.v.row_stride}",
+        "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
+    }
+    source = template_source([DEVICE, KERNEL], defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
+    launch = Launch("kiln_attention_flash", tuple(a.args.split(", ")), (NW * 32, 1, 1),
+                    grid=(m_blocks * a.batch_count, 1, 1), smem=smem_bytes(knobs, a.D))
+    return CudaProgram(source, [launch], alignment=16)
+
+
+TEMPLATE = Template("attention_flash", ("attention",), "cuda", render, priority=10, applies=applies, space=space,
+                    suggest=suggest)
