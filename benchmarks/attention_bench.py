@@ -3,7 +3,7 @@ flash backend) on one GPU, in the same run.
 
 The issue-12 shapes: (batch 8, 12 heads, seq 128, dim 64); (1, 32, 2048, 128, causal);
 (4, 32 query heads / 8 KV heads, 4096, 128, causal); decoding (8, 32 / 8 heads, 1 query, 4096
-keys, 128). Each side runs as a CUDA graph of REPS calls (launch gaps out of the numbers),
+keys, 128); and long sequences at head dims 64 and 96. Each side runs as a CUDA graph of REPS calls (launch gaps out of the numbers),
 timed with CUDA events, median of several replays (`gemm_bench`'s timing). `--sweep` also times
 every knob setting of the template's tuning level 2. Prints the GPU's name and a table;
 `--json PATH` writes every row. Usage: python3 benchmarks/attention_bench.py [--sweep] [--json out.json]
@@ -26,6 +26,8 @@ SHAPES = [  # name, batch, query heads, kv heads, Lq, Lk, dim, causal
     ("causal-2k", 1, 32, 32, 2048, 2048, 128, True),
     ("gqa-4k", 4, 32, 8, 4096, 4096, 128, True),
     ("decode", 8, 32, 8, 1, 4096, 128, False),
+    ("d64-2k", 4, 16, 16, 2048, 2048, 64, True),         # the other head dims, long
+    ("d96-2k", 2, 16, 16, 2048, 2048, 96, False),
 ]
 
 

@@ -30,23 +30,37 @@ from kiln.schedule import Template
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 
 MAX_SMEM = 227 * 1024
+SM_SMEM = 228 * 1024                      # shared memory of one multiprocessor, for all its CTAs
 HEAD_DIMS = (64, 80, 96, 128)
 PAD = 8                                   # elements of padding per shared-memory row (16 bytes)
 
 DEVICE = r"""
-// rows [first, first + ROWS) of a [rows, D] operand (rows at `stride`) into a padded tile;
-// rows at or past `limit` are zero-filled
-template <int ROWS>
-static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint16_t* src, int64_t stride, int first,
-                                                      int limit, int tid) {
-    constexpr int CH = D / 8, TOTAL = ROWS * CH;
+// ROWS rows of a [rows, D] operand from `src` (rows at `stride`) into a padded tile; with CHECK,
+// rows from `valid` on are zero-filled (without, all are in range). Where the threads cover
+// whole rows (NT a multiple of D / 8), each copies one column chunk of every STEP-th row from
+// a base address of its own, so that its copies differ by constant offsets.
+template <int ROWS, bool CHECK>
+static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint16_t* src, int64_t stride, int valid,
+                                                      int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH, STEP = NT / CH;
+    if (NT % CH == 0 && ROWS % STEP == 0) {
+        const int r0 = tid / CH, c = tid % CH;
+        const uint16_t* g = src + r0 * stride + c * 8;
+        uint16_t* s = dst + r0 * LDS + c * 8;
+#pragma unroll
+        for (int n = 0; n < ROWS / STEP; ++n) {
+            if (!CHECK || r0 + n * STEP < valid) kiln_cp_async16(s + n * STEP * LDS, g + n * STEP * stride, 16);
+            else kiln_cp_async16(s + n * STEP * LDS, src, 0);
+        }
+        return;
+    }
 #pragma unroll
     for (int n = 0; n < (TOTAL + NT - 1) / NT; ++n) {
         const int idx = tid + n * NT;
         if (TOTAL % NT == 0 || idx < TOTAL) {
             const int r = idx / CH, c = idx % CH;
-            const bool ok = first + r < limit;
-            kiln_cp_async16(dst + r * LDS + c * 8, src + (ok ? (int64_t)(first + r) * stride + c * 8 : 0), ok ? 16 : 0);
+            const bool ok = !CHECK || r < valid;
+            kiln_cp_async16(dst + r * LDS + c * 8, ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
         }
     }
 }
@@ -93,7 +107,11 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+#if RAW_MAX
+                    float x = s[mt][nt][2 * h + c];               // scaled after the maximum (scale > 0)
+#else
                     float x = s[mt][nt][2 * h + c] * SCALE_LOG2;
+#endif
 #if HAS_MASK
                     if (i < LQ && j < LK) {
 #if MASK_BOOL
@@ -109,6 +127,9 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
                 }
             top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
             top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+#if RAW_MAX
+            top *= SCALE_LOG2;
+#endif
             const float now = fmaxf(mx[mt][h], top);
             const float shift = now == -INFINITY ? 0.f : now;     // a row masked so far stays at sum 0
             const float alpha = kiln_ex2(mx[mt][h] - shift);
@@ -118,7 +139,11 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
+#if RAW_MAX
+                    const float p = kiln_ex2(fmaf(s[mt][nt][2 * h + c], SCALE_LOG2, -shift));
+#else
                     const float p = kiln_ex2(s[mt][nt][2 * h + c] - shift);
+#endif
                     s[mt][nt][2 * h + c] = p;
                     part += p;
                 }
@@ -155,7 +180,7 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
 """
 
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(PARAMS) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_BOUNDS) kiln_attention_flash(PARAMS) {
     extern __shared__ __align__(128) unsigned char kiln_smem[];
     uint16_t* Qs = (uint16_t*)kiln_smem;
     uint16_t* Ks = Qs + BM * LDS;
@@ -169,9 +194,18 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(PARAMS) {
     const uint16_t* V = (const uint16_t*)V_PARAM + (V_BASE);
     const int keys = CAUSAL ? min(LK, m0 + BM) : LK;
     const int tiles = (keys + BN - 1) / BN;
-    kiln_load_rows<BM>(Qs, Q, Q_RS, m0, LQ, tid);
-    kiln_load_rows<BN>(Ks, K, K_RS, 0, LK, tid);
-    kiln_load_rows<BN>(Vs, V, V_RS, 0, LK, tid);
+    if (m0 + BM <= LQ) kiln_load_rows<BM, false>(Qs, Q + m0 * Q_RS, Q_RS, BM, tid);
+    else kiln_load_rows<BM, true>(Qs, Q + m0 * Q_RS, Q_RS, LQ - m0, tid);
+    auto load_keys = [&](int stage, int n0) {
+        if (n0 + BN <= LK) {
+            kiln_load_rows<BN, false>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, BN, tid);
+            kiln_load_rows<BN, false>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, BN, tid);
+        } else {
+            kiln_load_rows<BN, true>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, LK - n0, tid);
+            kiln_load_rows<BN, true>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, LK - n0, tid);
+        }
+    };
+    load_keys(0, 0);
     kiln_cp_async_commit();
     float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
 #pragma unroll
@@ -185,11 +219,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(PARAMS) {
     }
     const uint16_t* qs = Qs + warp * MT * 16 * LDS;
     for (int t = 0; t < tiles; ++t) {
-        if (t + 1 < tiles) {
-            const int next = (t + 1) & 1;
-            kiln_load_rows<BN>(Ks + next * BN * LDS, K, K_RS, (t + 1) * BN, LK, tid);
-            kiln_load_rows<BN>(Vs + next * BN * LDS, V, V_RS, (t + 1) * BN, LK, tid);
-        }
+        if (t + 1 < tiles) load_keys((t + 1) & 1, (t + 1) * BN);
         kiln_cp_async_commit();
         kiln_cp_async_wait<1>();
         __syncthreads();
@@ -228,6 +258,15 @@ def smem_bytes(knobs: dict, d: int) -> int:
     return (knobs["BM"] + 4 * knobs["BN"]) * (d + PAD) * 2
 
 
+def min_blocks(knobs: dict, d: int) -> int:
+    """CTAs per multiprocessor to hold registers to: two for eight warps of 16 rows and tiles of
+    up to 64 keys (128 registers a thread, which they fit without spilling) where two fit in
+    shared memory; else
+    one (no bound: the compiler's own choice, which a bound of one changes), leaving two-tile
+    warps their 255."""
+    return 2 if knobs["NW"] == 8 and knobs["BM"] == 128 and knobs["BN"] <= 64 and 2 * (smem_bytes(knobs, d) + 1024) <= SM_SMEM else 1
+
+
 def valid(knobs: dict) -> bool:
     """Whether BM splits into NW warps of one or two 16-row MMA tiles each, and fits the largest head dim."""
     bm, bn, nw = knobs["BM"], knobs["BN"], knobs["NW"]
@@ -240,12 +279,12 @@ def _k(bm, bn, nw) -> dict:
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 128 queries on four warps (32 rows each), 64-key tiles; 1: query and key tile
-    sizes and warp counts around it; 2: every valid combination."""
+    """Level 0: 128 queries on eight warps (16 rows each, two CTAs a multiprocessor), 64-key
+    tiles; 1: query and key tile sizes and warp counts around it; 2: every valid combination."""
     if level == 0:
-        return [_k(128, 64, 4)]
+        return [_k(128, 64, 8)]
     if level == 1:
-        return [_k(128, 64, 4), _k(64, 64, 4), _k(128, 32, 4), _k(128, 128, 4), _k(128, 64, 8), _k(64, 128, 4)]
+        return [_k(128, 64, 8), _k(128, 64, 4), _k(128, 32, 4), _k(64, 64, 4), _k(128, 128, 8), _k(64, 32, 4)]
     return [k for bm in (64, 128) for bn in (32, 64, 128) for nw in (2, 4, 8) if valid(k := _k(bm, bn, nw))]
 
 
@@ -256,12 +295,12 @@ def applies(task) -> bool:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Level 0 by shape: 64-query blocks for at most 64 queries or where 128-query blocks would
-    not fill the GPU (short sequences), else 128 queries on four warps with 64-key tiles."""
+    """Level 0 by shape: 64-query blocks on four warps for at most 64 queries or where
+    128-query blocks would not fill the GPU (short sequences), else `space(0)`'s."""
     a = match_attention(task)
     if a.Lq <= 64 or -(-a.Lq // 128) * a.batch_count < sm_count:
         return [_k(64, 64, 4)]
-    return [_k(128, 64, 4)]
+    return space(0)
 
 
 def render(task, BM, BN, NW) -> CudaProgram:
@@ -272,9 +311,10 @@ def render(task, BM, BN, NW) -> CudaProgram:
                          f"of 16, at most {MAX_SMEM} bytes of shared memory)")
     m_blocks = -(-a.Lq // BM)
     defines = {
-        "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW), "D": a.D, "LDS": a.D + PAD,
+        "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "LAUNCH_BOUNDS": f"{NW * 32}, {min_blocks(knobs, a.D)}" if min_blocks(knobs, a.D) > 1 else NW * 32, "MT": BM // (16 * NW), "D": a.D, "LDS": a.D + PAD,
         "LQ": a.Lq, "LK": a.Lk, "M_BLOCKS": m_blocks, "CAUSAL": int(a.causal),
         "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
+        "RAW_MAX": int(a.scale > 0 and a.mask != "float"),
         "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
         "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
         "Q_BASE": a.q.base(a.batch, a.group, "bh"), "K_BASE": a.k.base(a.batch, a.group, "bh"),
