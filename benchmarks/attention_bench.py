@@ -90,9 +90,9 @@ def _case(name, b, hq, hkv, lq, lk, d, causal, dtype, sweep):
     if sweep and template.name == "attention_flash":
         from kiln.runtime import cuda as rt
         rt.compile_many([(template.render(task, **s).source, "kiln_attention_flash", rt.device_info(0)["arch"])
-                         for s in template.space(2)])
+                         for s in template.space(2) + [knobs]])
         found = []
-        for settings in template.space(2):
+        for settings in template.space(2) + [knobs] * (knobs not in template.space(2)):
             t, e, r = measure(settings)
             found.append({"knobs": settings, "us": t * 1e6, "ratio": t_torch / t, "rel_err": e, "regs_spill": r})
         row["sweep"] = sorted(found, key=lambda f: f["us"])

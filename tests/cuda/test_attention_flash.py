@@ -88,6 +88,21 @@ def test_fully_masked_rows_give_zeros():
     _check(out, _reference(q, k, v, mask), torch.float16)
 
 
+@pytest.mark.parametrize("lq", [1, 5, 16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_splits_keys(lq, d):
+    q, k, v = _randn(3, 8, lq, d, dtype=torch.float16), _randn(3, 2, 1100, d, dtype=torch.float16), \
+        _randn(3, 2, 1100, d, dtype=torch.float16)
+    mask = torch.rand(3, 1, 1, 1100, device="cuda") > 0.2           # key padding
+    mask[2] = False                                                  # a sequence with no keys: zeros
+    definition = registry().operator("attention")
+    task = definition.task(definition.bind([kiln.from_torch(t) for t in (q, k, v)], {"mask": kiln.from_torch(mask)}))[0]
+    assert attention_flash.suggest(task, 132)[0].get("SPLIT", 1) > 1
+    out = _run_op(q, k, v, mask)
+    assert (out[2] == 0).all()
+    _check(out, _reference(q, k, v, mask), torch.float16)
+
+
 def _blhd_task(b, l, hq, hkv, d, dtype, causal):
     """An attention task reading q, k, v from [B, L, H, D] inputs through permuting computes
     (as a transposed projection's view fuses in), and the matched strides."""

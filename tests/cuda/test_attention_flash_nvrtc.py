@@ -70,8 +70,19 @@ def test_views_are_read_in_place_or_declined():
 
 
 def test_level0_choice():
-    assert attention_flash.suggest(_task((8, 12, 128, 64), (8, 12, 128, 64)), 132)[0]["BM"] == 64
+    assert attention_flash.suggest(_task((8, 12, 128, 64), (8, 12, 128, 64)), 132)[0] == {"BM": 64, "BN": 64, "NW": 4}
     assert attention_flash.suggest(_task((4, 32, 4096, 128), (4, 8, 4096, 128), causal=True), 132)[0]["BM"] == 128
+    # decoding: 256 (batch, head) pairs split 5 ways for eight CTAs a multiprocessor
+    assert attention_flash.suggest(_task((8, 32, 1, 128), (8, 8, 4096, 128)), 132)[0] == \
+        {"BM": 64, "BN": 64, "NW": 4, "SPLIT": 5}
+    assert "SPLIT" not in attention_flash.suggest(_task((8, 32, 1, 128), (8, 8, 512, 128)), 132)[0]
+
+
+def test_split_kv_program_combines_partials():
+    program = attention_flash.render(_task((2, 4, 3, 64), (2, 2, 1000, 64)), BM=64, BN=64, NW=4, SPLIT=4)
+    assert [launch.kernel for launch in program.launches] == ["kiln_attention_flash", "kiln_attention_combine"]
+    assert program.launches[0].grid == (4 * 8, 1, 1)
+    assert program.temporaries == [((4, 8, 3, 64), dtypes.float32), ((4, 8, 3, 2), dtypes.float32)]
 
 
 def test_space_is_valid():
