@@ -3,10 +3,10 @@ flash backend) on one GPU, in the same run.
 
 The issue-12 shapes: (batch 8, 12 heads, seq 128, dim 64); (1, 32, 2048, 128, causal);
 (4, 32 query heads / 8 KV heads, 4096, 128, causal); decoding (8, 32 / 8 heads, 1 query, 4096
-keys, 128); and long sequences at head dims 64 and 96. Each side runs as a CUDA graph of REPS calls (launch gaps out of the numbers),
-timed with CUDA events, median of several replays (`gemm_bench`'s timing). `--sweep` also times
-every knob setting of the template's tuning level 2. Prints the GPU's name and a table;
-`--json PATH` writes every row. Usage: python3 benchmarks/attention_bench.py [--sweep] [--json out.json]
+keys, 128); and long sequences at head dims 64 and 96. Each side runs as a CUDA graph of REPS
+calls (launch gaps out of the numbers), timed with CUDA events, median of several replays
+(`gemm_bench`'s timing). `--sweep` also times every knob setting of the template's tuning level 2.
+Prints the GPU's name and a table; `--json PATH` writes every row. Usage: python3 benchmarks/attention_bench.py [--sweep] [--json out.json]
 """
 from __future__ import annotations
 
@@ -117,7 +117,8 @@ def main():
                 rows.append({"name": shape[0], "dtype": str(dtype)[6:], "error": f"{type(exc).__name__}: {exc}"})
                 continue
             rows.append(row)
-            print(f"{row['name']:10s} {row['dtype']:9s} {row['template']:16s} {row['knobs']}  kiln {row['kiln_us']:9.1f} us "
+            print(f"{row['name']:10s} {row['dtype']:9s} {row['template']:16s} {row['knobs']}  "
+                  f"kiln {row['kiln_us']:9.1f} us "
                   f"{row['kiln_tflops']:6.1f} TF  torch {row['torch_us']:9.1f} us {row['torch_tflops']:6.1f} TF  "
                   f"ratio {row['ratio']:.3f}  err {row['rel_err']:.1e}  regs/spill {row['regs_spill']}", flush=True)
             for s in row.get("sweep", []):

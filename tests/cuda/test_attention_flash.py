@@ -44,8 +44,9 @@ def _check(out, expected, dtype):
 
 def _run_op(q, k, v, mask=None, causal=False, scale=None):
     definition = registry().operator("attention")
-    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)], {"mask": None if mask is None else kiln.from_torch(mask),
-                                                                   "scale": scale, "is_causal": causal})
+    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
+                           {"mask": None if mask is None else kiln.from_torch(mask), "scale": scale,
+                            "is_causal": causal})
     task = definition.task(args)[0]
     assert schedules_for(task, "cuda")[0].name == "attention_flash"
     return kiln.ops.attention(q, k, v, mask=mask, scale=scale, is_causal=causal).torch()
