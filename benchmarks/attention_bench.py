@@ -6,7 +6,8 @@ The issue-12 shapes: (batch 8, 12 heads, seq 128, dim 64); (1, 32, 2048, 128, ca
 keys, 128); and long sequences at head dims 64 and 96. Each side runs as a CUDA graph of REPS
 calls (launch gaps out of the numbers), timed with CUDA events, median of several replays
 (`gemm_bench`'s timing). `--sweep` also times every knob setting of the template's tuning level 2.
-Prints the GPU's name and a table; `--json PATH` writes every row. Usage: python3 benchmarks/attention_bench.py [--sweep] [--json out.json]
+Prints the GPU's name and a table; `--json PATH` writes every row.
+Usage: python3 benchmarks/attention_bench.py [--sweep] [--json out.json]
 """
 from __future__ import annotations
 
