@@ -149,3 +149,24 @@ def wgmma_m64k16(bn: int, t: DataType, trans_a: int = 0, trans_b: int = 0) -> st
             f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, '
             f'{trans_a}, {trans_b};\\n}}\\n"'
             f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
+
+
+CVT_EX2 = r"""
+// two floats rounded to one register of 16-bit floats, `lo` in the low half
+static __device__ __forceinline__ unsigned kiln_pack_f16x2(float lo, float hi) {
+    unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+static __device__ __forceinline__ unsigned kiln_pack_bf16x2(float lo, float hi) {
+    unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+// 2^x by the special function unit (ex2.approx: 2 ulp; 2^-inf = 0)
+static __device__ __forceinline__ float kiln_ex2(float x) {
+    float y; asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); return y;
+}
+"""
+"""`kiln_pack_f16x2(lo, hi)`, `kiln_pack_bf16x2(lo, hi)` (sm_80) and `kiln_ex2(x)`."""
+
+
+def pack_16x2(t: DataType) -> str:
+    """The name of the wrapper packing two floats into one register of 16-bit float type `t`."""
+    return "kiln_pack_" + mma_m16n8k16(t).rsplit("_", 1)[1] + "x2"

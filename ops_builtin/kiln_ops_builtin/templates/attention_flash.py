@@ -1,0 +1,396 @@
+"""Fused attention on tensor cores (sm_80+): FlashAttention-2's forward, float16 and bfloat16,
+head dims 64, 80, 96 and 128.
+
+A CTA owns BM queries of one (batch, head): NW warps of MT * 16 rows each. It copies its
+queries once, then walks the keys BN at a time through two shared-memory stages of K and V
+tiles (`cp.async` 16-byte copies; rows padded by 16 bytes, so that the eight rows an `ldmatrix`
+reads fall in distinct bank groups), the next tile's copies in flight while the current one is
+multiplied. Per tile, each warp computes S = Q K^T with `mma.sync.m16n8k16` (float32
+accumulators, in registers), scales it into the log2 domain, applies the mask and the causal or
+key-length edge, and runs the online softmax on it in registers (row maximum and sum per
+thread over a quad's shuffles; `ex2.approx`); P, packed to 16 bits in registers, is multiplied
+by V (`ldmatrix.trans`) into the output accumulators, rescaled as the maximum moves. Causal
+attention skips the tiles above the diagonal and masks only the tiles that cross it; a fully
+masked row keeps sum 0 and gets zeros, as the operator defines.
+
+Decoding (a few queries against many keys) splits the keys SPLIT ways (split-KV): each CTA
+writes its share's unnormalized output, row maximum and sum to float32 temporaries, and
+`kiln_attention_combine` rescales the shares to the common maximum, normalizes, and stores
+through the epilogue hooks. Warps whose rows are all past the queries skip the math.
+
+The task is read by `attention_match.match_attention`: q, k and v straight from their inputs
+(any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
+h // group for grouped-query attention), the mask through the core-rendered hook `kiln_mask`,
+and the output through the epilogue hooks, where fused epilogues go.
+"""
+from __future__ import annotations
+
+import math
+
+from kiln import dtypes
+from kiln.codegen import ptx
+from kiln.codegen.cuda import template_source
+from kiln.codegen.emitter import KernelArgs
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule import Template
+from kiln_ops_builtin.templates.attention_match import Attention, match_attention
+
+MAX_SMEM = 227 * 1024
+HEAD_DIMS = (64, 80, 96, 128)
+PAD = 8                                   # elements of padding per shared-memory row (16 bytes)
+
+DEVICE = r"""
+// ROWS rows of a [rows, D] operand from `src` (rows at `stride`) into a padded tile; with CHECK,
+// rows from `valid` on are zero-filled (without, all are in range). Where the threads cover
+// whole rows (NT a multiple of D / 8), each copies one column chunk of every STEP-th row from
+// a base address of its own, so that its copies differ by constant offsets.
+template <int ROWS, bool CHECK>
+static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint16_t* src, int64_t stride, int valid,
+                                                      int tid) {
+    constexpr int CH = D / 8, TOTAL = ROWS * CH, STEP = NT / CH;
+    if (NT % CH == 0 && ROWS % STEP == 0) {
+        const int r0 = tid / CH, c = tid % CH;
+        const uint16_t* g = src + r0 * stride + c * 8;
+        uint16_t* s = dst + r0 * LDS + c * 8;
+#pragma unroll
+        for (int n = 0; n < ROWS / STEP; ++n) {
+            if (!CHECK || r0 + n * STEP < valid) kiln_cp_async16(s + n * STEP * LDS, g + n * STEP * stride, 16);
+            else kiln_cp_async16(s + n * STEP * LDS, src, 0);
+        }
+        return;
+    }
+#pragma unroll
+    for (int n = 0; n < (TOTAL + NT - 1) / NT; ++n) {
+        const int idx = tid + n * NT;
+        if (TOTAL % NT == 0 || idx < TOTAL) {
+            const int r = idx / CH, c = idx % CH;
+            const bool ok = !CHECK || r < valid;
+            kiln_cp_async16(dst + r * LDS + c * 8, ok ? src + r * stride + c * 8 : src, ok ? 16 : 0);
+        }
+    }
+}
+
+// One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 query rows from row0: S = Q K^T, the
+// online softmax, O += P V. EDGE: some key of the tile is past LK or (causal) after a row.
+template <bool EDGE>
+static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2],
+                                                   const uint16_t* qs, const uint16_t* ks, const uint16_t* vs,
+                                                   int row0, int n0, int64_t bh, int lane, PARAMS) {
+    float s[MT][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned qf[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            kiln_ldmatrix_x4(qf[mt], qs + (mt * 16 + (lane & 15)) * LDS + (kk * 2 + (lane >> 4)) * 8);
+#pragma unroll
+        for (int j = 0; j < BN / 16; ++j) {
+            unsigned t[4];
+            kiln_ldmatrix_x4(t, ks + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + (kk * 2 + ((lane >> 3) & 1)) * 8);
+            const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                MMA(s[mt][2 * j], qf[mt], b0);
+                MMA(s[mt][2 * j + 1], qf[mt], b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row0 + mt * 16 + (lane >> 2) + h * 8;
+            float top = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+#if RAW_MAX
+                    float x = s[mt][nt][2 * h + c];               // scaled after the maximum (scale > 0)
+#else
+                    float x = s[mt][nt][2 * h + c] * SCALE_LOG2;
+#endif
+#if HAS_MASK
+                    if (i < LQ && j < LK) {
+#if MASK_BOOL
+                        if (!kiln_mask(ARGS, bh, i, j)) x = -INFINITY;
+#else
+                        x += kiln_mask(ARGS, bh, i, j) * 1.4426950408889634f;
+#endif
+                    }
+#endif
+                    if (EDGE && (j >= LK || (CAUSAL && j > i))) x = -INFINITY;
+                    s[mt][nt][2 * h + c] = x;
+                    top = fmaxf(top, x);
+                }
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+#if RAW_MAX
+            top *= SCALE_LOG2;
+#endif
+            const float now = fmaxf(mx[mt][h], top);
+            const float shift = now == -INFINITY ? 0.f : now;     // a row masked so far stays at sum 0
+            const float alpha = kiln_ex2(mx[mt][h] - shift);
+            mx[mt][h] = now;
+            float part = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+#if RAW_MAX
+                    const float p = kiln_ex2(fmaf(s[mt][nt][2 * h + c], SCALE_LOG2, -shift));
+#else
+                    const float p = kiln_ex2(s[mt][nt][2 * h + c] - shift);
+#endif
+                    s[mt][nt][2 * h + c] = p;
+                    part += p;
+                }
+            sum[mt][h] = sum[mt][h] * alpha + part;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[mt][dt][2 * h] *= alpha;
+                o[mt][dt][2 * h + 1] *= alpha;
+            }
+        }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            pa[mt][0] = PACK(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = PACK(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = PACK(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = PACK(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+            unsigned t[4];
+            kiln_ldmatrix_x4_trans(t, vs + (kk * 16 + (lane & 15)) * LDS + (j * 2 + (lane >> 4)) * 8);
+            const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                MMA(o[mt][2 * j], pa[mt], b0);
+                MMA(o[mt][2 * j + 1], pa[mt], b1);
+            }
+        }
+    }
+}
+"""
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PARAMS) {
+    extern __shared__ __align__(128) unsigned char kiln_smem[];
+    uint16_t* Qs = (uint16_t*)kiln_smem;
+    uint16_t* Ks = Qs + BM * LDS;
+    uint16_t* Vs = Ks + 2 * BN * LDS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int sp = (int)(blockIdx.x % SPLIT);                 // the CTA's share of the keys
+    const int64_t rest = blockIdx.x / SPLIT, bh = rest / M_BLOCKS;
+    const int mb = CAUSAL ? M_BLOCKS - 1 - (int)(rest % M_BLOCKS) : (int)(rest % M_BLOCKS);
+    const int m0 = mb * BM, row0 = m0 + warp * MT * 16;
+    const uint16_t* Q = (const uint16_t*)Q_PARAM + (Q_BASE);
+    const uint16_t* K = (const uint16_t*)K_PARAM + (K_BASE);
+    const uint16_t* V = (const uint16_t*)V_PARAM + (V_BASE);
+    const int keys = CAUSAL ? min(LK, m0 + BM) : LK;
+    const int tiles = (keys + BN - 1) / BN;
+    const int t0 = min(tiles, sp * TILES_PER_SPLIT), t1 = min(tiles, t0 + TILES_PER_SPLIT);
+    if (m0 + BM <= LQ) kiln_load_rows<BM, false>(Qs, Q + m0 * Q_RS, Q_RS, BM, tid);
+    else kiln_load_rows<BM, true>(Qs, Q + m0 * Q_RS, Q_RS, LQ - m0, tid);
+    auto load_keys = [&](int stage, int n0) {
+        if (n0 + BN <= LK) {
+            kiln_load_rows<BN, false>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, BN, tid);
+            kiln_load_rows<BN, false>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, BN, tid);
+        } else {
+            kiln_load_rows<BN, true>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, LK - n0, tid);
+            kiln_load_rows<BN, true>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, LK - n0, tid);
+        }
+    };
+    if (t0 < t1) load_keys(0, t0 * BN);
+    kiln_cp_async_commit();
+    float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+        mx[mt][0] = mx[mt][1] = -INFINITY;
+        sum[mt][0] = sum[mt][1] = 0.f;
+    }
+    const uint16_t* qs = Qs + warp * MT * 16 * LDS;
+    for (int t = t0; t < t1; ++t) {
+        if (t + 1 < t1) load_keys((t + 1 - t0) & 1, (t + 1) * BN);
+        kiln_cp_async_commit();
+        kiln_cp_async_wait<1>();
+        __syncthreads();
+        const int n0 = t * BN;
+        const uint16_t* ks = Ks + ((t - t0) & 1) * BN * LDS;
+        const uint16_t* vs = Vs + ((t - t0) & 1) * BN * LDS;
+        // a warp skips tiles whose keys all follow its rows, and rows all past LQ (decoding)
+        if (row0 < LQ && (!CAUSAL || n0 <= row0 + MT * 16 - 1)) {
+            if (n0 + BN > LK || (CAUSAL && n0 + BN - 1 > row0))
+                kiln_attend<true>(o, mx, sum, qs, ks, vs, row0, n0, bh, lane, ARGS);
+            else
+                kiln_attend<false>(o, mx, sum, qs, ks, vs, row0, n0, bh, lane, ARGS);
+        }
+        __syncthreads();
+    }
+    kiln_cp_async_wait<0>();        // an empty share's query copies
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float total = sum[mt][h];
+            total += __shfl_xor_sync(0xffffffffu, total, 1);
+            total += __shfl_xor_sync(0xffffffffu, total, 2);
+            const int64_t i = row0 + mt * 16 + (lane >> 2) + h * 8;
+            if (i >= LQ) continue;
+#if SPLIT > 1
+            // partial results: O unnormalized, relative to the row maximum, with maximum and sum
+            const int64_t row = ((int64_t)sp * BATCH + bh) * LQ + i;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *(float2*)&PART[row * D + dt * 8 + (lane & 3) * 2] =
+                    make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+            if ((lane & 3) == 0) *(float2*)&STATS[row * 2] = make_float2(mx[mt][h], total);
+#else
+            const float inv = total == 0.f ? 0.f : 1.f / total;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                kiln_epilogue2(ARGS, bh, i, dt * 8 + (lane & 3) * 2, o[mt][dt][2 * h] * inv,
+                               o[mt][dt][2 * h + 1] * inv);
+#endif
+        }
+}
+"""
+
+COMBINE = r"""
+// out[bh, i, n..n+1] from the SPLIT partial results of row (bh, i): each split's share rescaled
+// to the largest maximum among the splits that saw a key (sum > 0); zeros where none did
+extern "C" __global__ void __launch_bounds__(256) kiln_attention_combine(KERNEL_PARAMS) {
+    const int64_t rows = (int64_t)BATCH * LQ, total = rows * (D / 2);
+    for (int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x; idx < total; idx += (int64_t)gridDim.x * 256) {
+        const int64_t row = idx / (D / 2), n = idx % (D / 2) * 2;
+        float top = -INFINITY;
+        for (int s = 0; s < SPLIT; ++s) {
+            const float2 st = *(const float2*)&STATS[(s * rows + row) * 2];
+            if (st.y > 0.f) top = fmaxf(top, st.x);
+        }
+        float l = 0.f, o0 = 0.f, o1 = 0.f;
+        for (int s = 0; s < SPLIT; ++s) {
+            const float2 st = *(const float2*)&STATS[(s * rows + row) * 2];
+            if (st.y > 0.f) {
+                const float f = kiln_ex2(st.x - top);
+                const float2 p = *(const float2*)&PART[(s * rows + row) * D + n];
+                l += st.y * f;
+                o0 += p.x * f;
+                o1 += p.y * f;
+            }
+        }
+        const float inv = l == 0.f ? 0.f : 1.f / l;
+        kiln_epilogue2(ARGS, row / LQ, row % LQ, n, o0 * inv, o1 * inv);
+    }
+}
+"""
+
+
+def smem_bytes(knobs: dict, d: int) -> int:
+    return (knobs["BM"] + 4 * knobs["BN"]) * (d + PAD) * 2
+
+
+def valid(knobs: dict) -> bool:
+    """Whether BM splits into NW warps of one or two 16-row MMA tiles each, and fits the largest head dim."""
+    bm, bn, nw = knobs["BM"], knobs["BN"], knobs["NW"]
+    return bm % (16 * nw) == 0 and bm // (16 * nw) in (1, 2) and bn % 16 == 0 \
+        and smem_bytes(knobs, max(HEAD_DIMS)) <= MAX_SMEM and knobs.get("SPLIT", 1) >= 1
+
+
+def _k(bm, bn, nw, split=1) -> dict:
+    return {"BM": bm, "BN": bn, "NW": nw, **({"SPLIT": split} if split > 1 else {})}
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: 128 queries on four warps (32 rows each), 64-key tiles, the best or within 2% of
+    it on the long sequences of benchmarks/attention_bench.py's sweep on an H200 (head dims 64
+    to 128, causal or not); 1: query and key tile sizes and warp counts around it, and
+    split-KV; 2: every valid combination, and more splits."""
+    if level == 0:
+        return [_k(128, 64, 4)]
+    if level == 1:
+        return [_k(128, 64, 4), _k(128, 64, 8), _k(128, 32, 4), _k(64, 64, 4), _k(128, 128, 8), _k(64, 32, 4),
+                _k(64, 64, 4, 3)]
+    tiles = [k for bm in (64, 128) for bn in (32, 64, 128) for nw in (2, 4, 8) if valid(k := _k(bm, bn, nw))]
+    return tiles + [_k(64, 64, 4, split) for split in (2, 4, 8, 16)]
+
+
+def applies(task) -> bool:
+    a = match_attention(task)
+    return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16)
+            and a.q.dtype == a.k.dtype == a.v.dtype and a.D == a.Dv and a.D in HEAD_DIMS)
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Level 0 by shape. Decoding (at most 16 queries, at least 16 key tiles) splits the keys
+    over enough CTAs for eight a multiprocessor, each at least four tiles (`COMBINE` merges the
+    shares); 64-query blocks on four warps for at most 64 queries or where 128-query blocks
+    would not fill the GPU (short sequences); else `space(0)`'s."""
+    a = match_attention(task)
+    tiles = -(-a.Lk // 64)
+    if a.Lq <= 16 and tiles >= 16:
+        split = min(-(-8 * sm_count // a.batch_count), tiles // 4)
+        return [_k(64, 64, 4, split)]
+    if a.Lq <= 64 or -(-a.Lq // 128) * a.batch_count < sm_count:
+        return [_k(64, 64, 4)]
+    return space(0)
+
+
+def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
+    a: Attention = match_attention(task)
+    knobs = _k(BM, BN, NW, SPLIT)
+    if not valid(knobs):
+        raise ValueError(f"attention_flash: invalid knobs {knobs} (BM = NW warps x 16 or 32 rows, BN a multiple "
+                         f"of 16, at most {MAX_SMEM} bytes of shared memory, SPLIT >= 1)")
+    m_blocks = -(-a.Lq // BM)
+    args, kernels, temporaries, params = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params
+    blocks = SPLIT * m_blocks * a.batch_count
+    defines = {
+        "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW), "D": a.D, "LDS": a.D + PAD,
+        "LQ": a.Lq, "LK": a.Lk, "M_BLOCKS": m_blocks, "BATCH": a.batch_count, "CAUSAL": int(a.causal),
+        "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-a.Lk // BN)) // SPLIT),
+        "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
+        "RAW_MAX": int(a.scale > 0 and a.mask != "float"),
+        "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
+        "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
+        "Q_BASE": a.q.base(a.batch, a.group, "bh"), "K_BASE": a.k.base(a.batch, a.group, "bh"),
+        "V_BASE": a.v.base(a.batch, a.group, "bh"),
+        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}",
+        "V_RS": f"(int64_t){a.v.row_stride}",
+        "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
+    }
+    launches = []
+    if SPLIT > 1:
+        part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
+        temporaries = [((SPLIT, a.batch_count, a.Lq, a.D), dtypes.float32),
+                       ((SPLIT, a.batch_count, a.Lq, 2), dtypes.float32)]
+        params += f", float* __restrict__ {part}, float* __restrict__ {stats}"
+        args += (part, stats)
+        defines.update({"PART": part, "STATS": stats})
+        kernels.append(COMBINE)
+        launches.append(Launch("kiln_attention_combine", args, (256, 1, 1), items=a.batch_count * a.Lq * a.D // 2,
+                               per_block=256, waves=8))
+    defines["KERNEL_PARAMS"] = params
+    source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
+    launches.insert(0, Launch("kiln_attention_flash", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
+                              smem=smem_bytes(knobs, a.D)))
+    return CudaProgram(source, launches, temporaries, alignment=16)
+
+
+TEMPLATE = Template("attention_flash", ("attention",), "cuda", render, priority=10, applies=applies, space=space,
+                    suggest=suggest)

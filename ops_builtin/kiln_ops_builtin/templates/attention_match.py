@@ -1,0 +1,248 @@
+"""Reading an `attention` task (`kiln_ops_builtin.attention`) as a fused attention kernel sees it.
+
+`match_attention(task)` finds, in the lowered task, the scores buffer
+`S[b.., i, j] = [causal](j <= i, [mask](sum_d q[.., i, d] * k[.., j, d] * scale))` and the
+output element `select(total == 0, 0, sum_j exp(S - shift) * v[.., j, e] / total)`, and returns:
+
+- q, k and v as `Strided` operands: element (batch b.., row, col) of each at an affine offset
+  of the input it reads (permuted, sliced or reshaped views fused in as index arithmetic), the
+  column stride 1; grouped-query heads read key/value head h // group;
+- the mask's value as the hook `kiln_mask(KILN_PARAMS, b, i, j)`, rendered by the core from
+  whatever computes it (a plain tensor read, or an additive mask built by fused operators):
+  a bool (keep where true) or a float32 to add;
+- the scale, causality, and the output hooks `kiln_epilogue(KILN_PARAMS, b, m, n, acc)` and
+  `kiln_epilogue2(..)` (`kiln.codegen.hooks.render_epilogue`), `acc` being the normalized
+  attention value of query row m, column n, so a fused epilogue (a cast, a residual add)
+  renders into them.
+
+It returns None for anything else (an operand computed by a fused prologue, strides that are
+not whole 16-byte chunks, an epilogue that permutes the output), and the auto-scheduler keeps
+the semantics.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln.codegen.cuda import CudaDialect
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.codegen.hooks import render_epilogue, unravel_index
+from kiln.dtypes import DataType
+from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, TensorInput, Unary, Var, rewrite
+from kiln.ir.inline import inline_task, substitute
+from kiln.ir.simplify import simplify
+from kiln.ir.expr import walk
+
+CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column's a multiple of it
+
+
+@dataclass(frozen=True)
+class Strided:
+    """An operand read straight from input `param`: element (b.., row, col) at
+    `offset + sum(coef[f"b{k}"] * b_k) + coef["hkv"] * (b_last // group) + row * row_stride + col`."""
+
+    param: str
+    dtype: DataType
+    coef: dict
+    row_stride: int
+    offset: int
+
+    def base(self, batch: tuple[int, ...], group: int, flat: str) -> str:
+        """C expression of the element offset of row 0, column 0 for the flat batch index `flat`."""
+        terms, inner = [str(self.offset)] if self.offset else [], 1
+        for k in reversed(range(len(batch))):
+            coordinate = f"(({flat}) / {inner} % {batch[k]})"
+            if self.coef.get(f"b{k}") and batch[k] > 1:
+                terms.append(f"{coordinate} * (int64_t){self.coef[f'b{k}']}")
+            if k == len(batch) - 1 and self.coef.get("hkv") and batch[k] > 1:
+                terms.append(f"({coordinate} / {group}) * (int64_t){self.coef['hkv']}")
+            inner *= batch[k]
+        return " + ".join(terms) or "0"
+
+
+@dataclass
+class Attention:
+    """What a fused attention kernel needs to know of an attention task."""
+
+    dtype: DataType             # q's (k's and v's may differ: the template checks)
+    batch: tuple[int, ...]      # the scores' batch dims (leading dims, then query heads)
+    group: int                  # query heads per key/value head
+    Lq: int
+    Lk: int
+    D: int
+    Dv: int
+    q: Strided
+    k: Strided
+    v: Strided
+    scale: float
+    causal: bool
+    mask: str | None            # None, "bool" or "float"
+    params: str
+    args: str
+    hooks: str                  # kiln_mask (with a mask), kiln_epilogue, kiln_epilogue2
+
+    @property
+    def batch_count(self) -> int:
+        return math.prod(self.batch)
+
+
+def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dict | None:
+    """`e` as {role: coefficient, "": constant}, or None when it is not affine in the roles'
+    variables (`head // group` counts as the role "hkv")."""
+    if isinstance(e, Const) and isinstance(e.value, int):
+        return {"": e.value}
+    if isinstance(e, Var):
+        return {roles[id(e)]: 1} if id(e) in roles else None
+    if not isinstance(e, Binary):
+        return None
+    if e.op == "floordiv" and isinstance(e.a, Var) and id(e.a) == head and isinstance(e.b, Const) \
+            and e.b.value == group:
+        return {"hkv": 1}
+    if e.op in ("add", "sub"):
+        a, b = _affine(e.a, roles, group, head), _affine(e.b, roles, group, head)
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        return {r: a.get(r, 0) + sign * b.get(r, 0) for r in set(a) | set(b)}
+    if e.op == "mul":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, Const) and isinstance(y.value, int):
+                a = _affine(x, roles, group, head)
+                return None if a is None else {r: c * y.value for r, c in a.items()}
+    return None
+
+
+def _strided(e: Expr, params: dict, roles: dict[int, str], row: str, col: str, group: int,
+             head: int | None) -> Strided | None:
+    """`e` (a cast of) a load of a task input as a `Strided` operand with rows `row` and unit-stride
+    columns `col`, or None."""
+    load = e.a if isinstance(e, Cast) else e
+    if not isinstance(load, Load) or not isinstance(load.tensor, TensorInput) or id(load.tensor) not in params:
+        return None
+    flat: dict = {}
+    for index, stride in zip(load.indices, row_major_strides(load.tensor.shape)):
+        a = _affine(index, roles, group, head)
+        if a is None:
+            return None
+        for r, c in a.items():
+            flat[r] = flat.get(r, 0) + c * stride
+    allowed = {"", row, col, "hkv"} | {r for r in roles.values() if r.startswith("b")}
+    if set(flat) - allowed or flat.get(col) != 1:
+        return None
+    coef = {r: c for r, c in flat.items() if r not in ("", row, col) and c}
+    if any(c % CHUNK or c < 0 for c in coef.values()) or flat.get(row, 0) % CHUNK or flat.get("", 0) % CHUNK:
+        return None
+    return Strided(params[id(load.tensor)], load.tensor.dtype, coef, flat.get(row, 0), flat.get("", 0))
+
+
+def _is_const(e: Expr, value: float) -> bool:
+    return isinstance(e, Const) and e.value == value
+
+
+def _peel_scores(value: Expr, axes, causal: bool):
+    """(dot-product reduce, scale, mask kind, mask expression) of the scores' value, or None."""
+    i, j = axes[-2], axes[-1]
+    if causal:
+        if not (isinstance(value, Select) and _is_const(value.b, -math.inf) and isinstance(value.cond, Binary)
+                and value.cond.op == "le" and value.cond.a is j and value.cond.b is i):
+            return None
+        value = value.a
+    kind, mask = None, None
+    if isinstance(value, Select) and _is_const(value.b, -math.inf):
+        kind, mask, value = "bool", value.cond, value.a
+    elif isinstance(value, Binary) and value.op == "add":
+        kind, mask, value = "float", value.b, value.a
+    scale = 1.0
+    if isinstance(value, Binary) and value.op == "mul" and isinstance(value.b, Const):
+        value, scale = value.a, value.b.value
+    if not (isinstance(value, Reduce) and value.op == "sum" and len(value.axes) == 1):
+        return None
+    if mask is not None and any(isinstance(x, Reduce) or (isinstance(x, Load) and not isinstance(x.tensor, TensorInput))
+                                for x in walk(mask)):
+        return None
+    return value, scale, kind, mask
+
+
+def _find_element(out: Compute):
+    """The attention element `select(total == 0, 0, weighted / total)` inside the output's
+    value, read at the output's own row (batch.., i) -- or None."""
+    for e in walk(out.value):
+        if (isinstance(e, Select) and isinstance(e.cond, Binary) and e.cond.op == "eq"
+                and isinstance(e.cond.a, Load) and _is_const(e.cond.b, 0.0) and _is_const(e.a, 0.0)
+                and isinstance(e.b, Binary) and e.b.op == "div" and isinstance(e.b.a, Reduce)
+                and isinstance(e.b.b, Load) and e.b.b.key() == e.cond.a.key()):
+            row = e.cond.a.indices
+            if len(row) == len(out.axes) - 1 and all(x is a for x, a in zip(row, out.axes)):
+                return e
+            return None
+    return None
+
+
+def match_attention(task) -> Attention | None:
+    """The attention `task` computes as a fused kernel sees it (see the module doc), or None."""
+    lowered = inline_task(task)
+    if len(lowered.outputs) != 1 or len(lowered.buffers) != 4:
+        return None
+    out = lowered.outputs[0]
+    element = _find_element(out)
+    if element is None:
+        return None
+    weighted, total = element.b.a, element.cond.a.tensor
+    body = weighted.body
+    if not (weighted.op == "sum" and len(weighted.axes) == 1 and isinstance(body, Binary) and body.op == "mul"
+            and isinstance(body.a, Unary) and body.a.op == "exp" and isinstance(body.a.a, Binary)
+            and isinstance(body.a.a.a, Load)):
+        return None
+    scores = body.a.a.a.tensor
+    if not (isinstance(scores, Compute) and isinstance(total, Compute) and isinstance(total.value, Reduce)
+            and total.value.op == "sum" and scores.shape[:-1] == total.shape):
+        return None
+    batch, (Lq, Lk), Dv = scores.shape[:-2], scores.shape[-2:], out.shape[-1]
+    peeled = _peel_scores(scores.value, scores.axes, bool(task.attrs.get("is_causal")))
+    if peeled is None:
+        return None
+    dot, scale, kind, mask = peeled
+    prod = dot.body
+    if not (isinstance(prod, Binary) and prod.op == "mul"):
+        return None
+    params = KernelArgs.names(lowered.inputs)
+    head = id(scores.axes[-3]) if len(batch) else None
+    # the group from k's head index (h // group); 1 without one
+    group = next((int(x.b.value) for x in walk(prod) if isinstance(x, Binary) and x.op == "floordiv"
+                  and isinstance(x.b, Const)), 1)
+    roles = {id(a): f"b{n}" for n, a in enumerate(scores.axes[:-2])}
+    roles.update({id(scores.axes[-2]): "i", id(scores.axes[-1]): "j", id(dot.axes[0]): "d"})
+    q = _strided(prod.a, params, roles, "i", "d", group, head)
+    k = _strided(prod.b, params, roles, "j", "d", group, head)
+    out_roles = {id(a): f"b{n}" for n, a in enumerate(out.axes[:-2])}
+    out_roles.update({id(weighted.axes[0]): "j", id(out.axes[-1]): "e"})
+    v = _strided(body.b, params, out_roles, "j", "e", group, id(out.axes[-3]) if len(batch) else None)
+    if q is None or k is None or v is None or out.shape[:-1] != batch + (Lq,):
+        return None
+    D = dot.axes[0].extent
+    d = CudaDialect()
+    decl = KernelArgs.params(d, lowered.inputs, [out])
+    hooks = ""
+    if mask is not None:
+        hooks = _mask_hook(mask, scores, decl, lowered)
+    plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: weighted if e is element else None))
+
+    def index_of(bvar, mvar, nvar):
+        return {**unravel_index(bvar, out.axes[:-2], out.shape[:-2]), id(out.axes[-2]): mvar, id(out.axes[-1]): nvar}
+
+    hooks += render_epilogue(lowered, plain, decl, index_of, True)
+    return Attention(q.dtype, batch, group, Lq, Lk, D, Dv, q, k, v, scale, bool(task.attrs.get("is_causal")), kind,
+                     ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
+
+
+def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered) -> str:
+    """`kiln_mask(params, b, i, j)`: the mask's value at the scores' flat batch b, row i, column j."""
+    d = CudaDialect()
+    bvar, ivar, jvar = Var("b", 1 << 62), Var("i", 1 << 62), Var("j", 1 << 62)
+    index = {**unravel_index(bvar, scores.axes[:-2], scores.shape[:-2]), id(scores.axes[-2]): ivar,
+             id(scores.axes[-1]): jvar}
+    names = {**KernelArgs.names(lowered.inputs), id(bvar): "b", id(ivar): "i", id(jvar): "j"}
+    em = Emitter(d, names, {id(t): row_major_strides(t.shape) for t in lowered.inputs})
+    value = em.emit(simplify(substitute(mask, index)))
+    return (f"static __device__ __forceinline__ {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "
+            f"int64_t b, int64_t i, int64_t j) {{\n" + "\n".join(em.lines) + f"\n    return {value};\n}}\n")

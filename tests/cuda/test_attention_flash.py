@@ -1,0 +1,163 @@
+"""The fused attention template (`attention_flash`) on a GPU against torch's
+scaled_dot_product_attention in float64: every head dim, both 16-bit types, causal, bool and
+float masks, grouped-query heads, lengths that are no multiple of the tiles, [B, L, H, D]
+views read in place, fully masked rows, a fused epilogue, and every level-1 knob setting."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.ir import Task, TensorInput, compute, cast
+from kiln.passes.fused import fold_anchor
+from kiln.plugins.registry import registry
+from kiln.schedule import schedules_for
+from kiln_ops_builtin import attention as attention_op
+from kiln_ops_builtin.templates import attention_flash
+from kiln_ops_builtin.templates.attention_match import match_attention
+
+pytestmark = pytest.mark.cuda
+
+TOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+def _reference(q, k, v, mask=None, causal=False, scale=None):
+    """sdpa in float64 (key/value heads repeated for grouped-query attention); rows whose keys
+    are all masked give zeros, as the attention operator defines."""
+    group = q.shape[-3] // k.shape[-3]
+    k64, v64 = (t.double().repeat_interleave(group, dim=-3) for t in (k, v))
+    m = mask if mask is None or mask.dtype == torch.bool else mask.double()
+    out = F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=m, is_causal=causal, scale=scale)
+    if mask is not None and mask.dtype == torch.bool:
+        dead = ~mask.expand(*q.shape[:-1], k.shape[-2]).any(-1, keepdim=True)
+        out = torch.where(dead, torch.zeros_like(out), out)
+    return out
+
+
+def _randn(*shape, dtype):
+    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _check(out, expected, dtype):
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def _run_op(q, k, v, mask=None, causal=False, scale=None):
+    definition = registry().operator("attention")
+    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
+                           {"mask": None if mask is None else kiln.from_torch(mask), "scale": scale,
+                            "is_causal": causal})
+    task = definition.task(args)[0]
+    assert schedules_for(task, "cuda")[0].name == "attention_flash"
+    return kiln.ops.attention(q, k, v, mask=mask, scale=scale, is_causal=causal).torch()
+
+
+CASES = {
+    "plain": dict(b=2, hq=3, hkv=3, lq=77, lk=131),
+    "causal_gqa": dict(b=2, hq=8, hkv=2, lq=200, lk=200, causal=True),
+    "causal_lq_lt_lk": dict(b=1, hq=4, hkv=1, lq=70, lk=150, causal=True),
+    "bool_mask": dict(b=2, hq=4, hkv=2, lq=65, lk=97, mask="bool"),
+    "float_mask": dict(b=2, hq=2, hkv=2, lq=130, lk=70, mask="float", scale=0.3),
+}
+
+
+def _inputs(b, hq, hkv, lq, lk, d, dtype, mask=None, causal=False, scale=None):
+    q, k, v = _randn(b, hq, lq, d, dtype=dtype), _randn(b, hkv, lk, d, dtype=dtype), _randn(b, hkv, lk, d, dtype=dtype)
+    m = None
+    if mask == "bool":
+        m = torch.rand(b, 1, lq, lk, device="cuda") > 0.3
+    elif mask == "float":
+        m = _randn(b, hq, lq, lk, dtype=dtype)
+    return q, k, v, m, causal, scale
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("d", attention_flash.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matches_sdpa(case, d, dtype):
+    q, k, v, m, causal, scale = _inputs(**CASES[case], d=d, dtype=dtype)
+    _check(_run_op(q, k, v, m, causal, scale), _reference(q, k, v, m, causal, scale), dtype)
+
+
+def test_fully_masked_rows_give_zeros():
+    q, k, v, _, _, _ = _inputs(2, 4, 4, 90, 70, 64, torch.float16)
+    mask = torch.rand(2, 4, 90, 70, device="cuda") > 0.5
+    mask[:, :, 5] = False
+    mask[1, 2, 80:] = False
+    out = _run_op(q, k, v, mask)
+    assert (out[:, :, 5] == 0).all() and (out[1, 2, 80:] == 0).all()
+    _check(out, _reference(q, k, v, mask), torch.float16)
+
+
+@pytest.mark.parametrize("lq", [1, 5, 16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_splits_keys(lq, d):
+    q, k, v = _randn(3, 8, lq, d, dtype=torch.float16), _randn(3, 2, 1100, d, dtype=torch.float16), \
+        _randn(3, 2, 1100, d, dtype=torch.float16)
+    mask = torch.rand(3, 1, 1, 1100, device="cuda") > 0.2           # key padding
+    mask[2] = False                                                  # a sequence with no keys: zeros
+    definition = registry().operator("attention")
+    task = definition.task(definition.bind([kiln.from_torch(t) for t in (q, k, v)], {"mask": kiln.from_torch(mask)}))[0]
+    assert attention_flash.suggest(task, 132)[0].get("SPLIT", 1) > 1
+    out = _run_op(q, k, v, mask)
+    assert (out[2] == 0).all()
+    _check(out, _reference(q, k, v, mask), torch.float16)
+
+
+def _blhd_task(b, l, hq, hkv, d, dtype, causal):
+    """An attention task reading q, k, v from [B, L, H, D] inputs through permuting computes
+    (as a transposed projection's view fuses in), and the matched strides."""
+    ins = [TensorInput(n, (b, l, h, d), dtype) for n, h in (("q", hq), ("k", hkv), ("v", hkv))]
+    views = [compute((b, h, l, d), lambda i, j, s, e, t=t: t[i, s, j, e]) for t, h in zip(ins, (hq, hkv, hkv))]
+    out = attention_op.attention.definition(*views, None, None, causal)
+    return Task("attention", ins, [out], {"mask": None, "scale": None, "is_causal": causal})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_blhd_views_read_in_place(dtype):
+    task = _blhd_task(2, 150, 8, 2, 96, kiln.dtypes.data_type(dtype), True)
+    match = match_attention(task)
+    assert match.q.row_stride == 8 * 96 and match.k.row_stride == 2 * 96
+    q, k, v = _randn(2, 150, 8, 96, dtype=dtype), _randn(2, 150, 2, 96, dtype=dtype), _randn(2, 150, 2, 96, dtype=dtype)
+    out = _load(task, attention_flash.suggest(task, 132)[0])([q, k, v])
+    expected = _reference(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
+    _check(out, expected, dtype)
+
+
+def _load(task, knobs):
+    from kiln.runtime.backend import backend_for
+    runner = backend_for(kiln.device("cuda")).load(attention_flash.render(task, **knobs), kiln.device("cuda"))
+
+    def run(inputs):
+        out = torch.full(task.outputs[0].shape, float("nan"), dtype=task.outputs[0].dtype.torch_dtype, device="cuda")
+        runner(inputs, [out])
+        return out
+    return run
+
+
+def test_fused_epilogue_renders_into_the_hooks():
+    f16 = kiln.dtypes.float16
+    q, k, v = (TensorInput(n, (2, 4, 100, 64), f16) for n in "qkv")
+    bias = TensorInput("bias", (64,), f16)
+    att = attention_op.attention.definition(q, k, v, None, None, True)
+    epilogue = compute(att.shape, lambda *i: cast(cast(att[i], "float32") * 2.0 + cast(bias[i[-1]], "float32"), f16))
+    task = Task("attention", [q, k, v, bias], [fold_anchor(epilogue, att)], {"is_causal": True})
+    assert attention_flash.applies(task)
+    tq, tk, tv, tb = (_randn(*s, dtype=torch.float16) for s in ((2, 4, 100, 64),) * 3 + ((64,),))
+    out = _load(task, attention_flash.suggest(task, 132)[0])([tq, tk, tv, tb])
+    _check(out, (_reference(tq, tk, tv, causal=True).half() * 2 + tb).double(), torch.float16)
+
+
+@pytest.mark.parametrize("knobs", attention_flash.space(1), ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "float_mask"])
+def test_every_level1_knob(knobs, case):
+    dtype = torch.bfloat16 if case == "float_mask" else torch.float16
+    d = 80 if case == "bool_mask" else 128
+    q, k, v, m, causal, scale = _inputs(**CASES[case], d=d, dtype=dtype)
+    definition = registry().operator("attention")
+    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
+                           {"mask": None if m is None else kiln.from_torch(m), "scale": scale, "is_causal": causal})
+    task = definition.task(args)[0]
+    out = _load(task, knobs)([q, k, v] + ([m] if m is not None else []))
+    _check(out, _reference(q, k, v, m, causal, scale), dtype)
+
