@@ -1,0 +1,339 @@
+"""Layout planning (kiln.passes.layout): convolution-heavy regions run channels-last.
+
+Models go through torch.compile(backend="kiln") on the CPU in float32 with the pass forced on
+(config "channels_last": "always"; by default it only takes 16-bit convolutions on CUDA) and
+must give eager PyTorch's results on fresh random inputs; the optimized graph may hold layout
+conversions (permutes) at the borders of the channels-last region only.
+"""
+import dataclasses
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+from kiln.passes import FusedOperator, PassContext, PlanLayout
+from kiln.passes.layout import conv_padding, is_elementwise, runs_channels_last
+from kiln.runtime.backend import BACKENDS
+from kiln.schedule import Template
+from tests.frontend.frontend_support import Capture
+from tests.passes.passes_support import apply, const, run_both
+
+ops = kiln.ops
+PERMUTES = ("permute", "transpose")
+
+
+def members(graph):
+    """The operators of `graph`, those fused into a FusedOperator included."""
+    for node in graph.nodes:
+        yield from node.fused_graph.nodes if isinstance(node, FusedOperator) else [node]
+
+
+def count(graph, *names) -> int:
+    return sum(n.definition.name in names for n in members(graph))
+
+
+def compiled(model, *inputs, mode="always", atol=1e-4, rtol=1e-4):
+    """The optimized FlowGraph Kiln runs for `model` under config channels_last=`mode`, after
+    asserting that its results match eager PyTorch's on `inputs`."""
+    torch._dynamo.reset()
+    capture = Capture()
+    with torch.no_grad(), PassContext(config={"channels_last": mode}):
+        expected = model(*inputs)
+        actual = torch.compile(model, backend=capture, fullgraph=True)(*inputs)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+    (compiled_fn,) = capture.compiled
+    (entry,) = compiled_fn.graphs.values()
+    return entry.graph
+
+
+def randomized(model: nn.Module) -> nn.Module:
+    """`model` in eval mode with batch norms whose statistics and affine parameters are random."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+            nn.init.uniform_(m.bias, -0.5, 0.5)
+    return model.eval()
+
+
+def conv_bn(cin, cout, kernel=3, stride=1, groups=1):
+    return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.conv1, self.conv2 = conv_bn(cin, cout, stride=stride), conv_bn(cout, cout)
+        self.downsample = None if stride == 1 and cin == cout else conv_bn(cin, cout, 1, stride)
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(self.conv2(F.relu(self.conv1(x))) + identity)
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        self.body = nn.Sequential(conv_bn(cin, width, 1), nn.ReLU(), conv_bn(width, width, 3, stride),
+                                  nn.ReLU(), conv_bn(width, width * 4, 1))
+        self.downsample = conv_bn(cin, width * 4, 1, stride)
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.downsample(x))
+
+
+class Stem(nn.Module):
+    """A first layer on 3 channels, then max pooling and a basic block."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = conv_bn(3, 8, 7, 2)
+        self.block = BasicBlock(8, 8)
+
+    def forward(self, x):
+        return self.block(F.max_pool2d(F.relu(self.conv(x)), 3, 2, 1))
+
+
+class DenseAndInception(nn.Module):
+    """A DenseNet layer (input and new features concatenated) and an Inception module
+    (branches of 1x1, 3x3 and pooled 1x1 convolutions concatenated)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = conv_bn(c, c)
+        self.dense = conv_bn(c, 4)
+        self.branch1, self.branch3 = conv_bn(c + 4, 4, 1), conv_bn(c + 4, 6, 3)
+        self.pooled = conv_bn(c + 4, 2, 1)
+        self.out = conv_bn(12, 8, 1)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        h = torch.cat([h, F.relu(self.dense(h))], 1)
+        branches = [self.branch1(h), self.branch3(h), self.pooled(F.avg_pool2d(h, 3, 1, 1))]
+        return F.relu(self.out(torch.cat([F.relu(b) for b in branches], dim=-3)))
+
+
+class WithIntermediate(nn.Module):
+    """Returns a tensor from inside the region next to the block's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = conv_bn(8, 8)
+        self.block = BasicBlock(8, 8)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        return self.block(h), h
+
+
+class Classifier(nn.Module):
+    """Convolutions, then adaptive average pooling, flatten and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(conv_bn(8, 16, 3, 2), nn.ReLU(), BasicBlock(16, 16))
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.body(x), 1), 1))
+
+
+class TinyResNet(nn.Module):
+    """ResNet-18's structure at toy width (torchvision is not a test dependency)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, 8, 3), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.layers = nn.Sequential(BasicBlock(8, 8), BasicBlock(8, 8), BasicBlock(8, 16, 2),
+                                    BasicBlock(16, 16), BasicBlock(16, 24, 2))
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), (1, 1)), 1))
+
+
+def test_basic_block_runs_channels_last_with_conversions_at_its_borders():
+    torch.manual_seed(0)
+    graph = compiled(randomized(BasicBlock(8, 8)), torch.randn(2, 8, 9, 7))
+    assert count(graph, "conv2d") == 0 and count(graph, "conv2d_channels_last") == 2
+    assert count(graph, *PERMUTES) == 2                    # the input's and the output's
+    first = next(n for n in members(graph) if n.definition.name == "permute")
+    assert first.inputs[0] is graph.inputs[0] and first.attrs["dims"] == [0, 2, 3, 1]
+
+
+def test_bottleneck_with_downsample_converts_its_input_once():
+    torch.manual_seed(0)
+    graph = compiled(randomized(Bottleneck(16, 8, 2)), torch.randn(2, 16, 10, 11))
+    assert count(graph, "conv2d_channels_last") == 4
+    assert count(graph, *PERMUTES) == 2
+
+
+def test_three_channel_stem_is_padded_to_eight_channels_and_pools_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(Stem()), torch.randn(2, 3, 23, 19))
+    convs = [n for n in members(graph) if n.definition.name == "conv2d_channels_last"]
+    stem = convs[0]
+    assert stem.inputs[0].shape == (2, 23, 19, 8)
+    weight = stem.inputs[1]
+    assert not weight.is_symbolic and weight.shape == (8, 7, 7, 8)          # permuted and padded now
+    assert torch.count_nonzero(weight.torch()[..., 3:]) == 0
+    assert count(graph, "pad") == 1                                        # the input's channels
+    assert count(graph, "max_pool2d_channels_last") == 1 and count(graph, "max_pool2d") == 0
+    assert count(graph, *PERMUTES) == 2
+
+
+def test_concatenations_along_channels_stay_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(DenseAndInception()), torch.randn(2, 8, 7, 9))
+    cats = [n for n in members(graph) if n.definition.name in ("cat", "concat")]
+    assert len(cats) == 2 and all(n.attrs["dim"] == 3 for n in cats)
+    assert count(graph, "avg_pool2d_channels_last") == 1
+    assert count(graph, *PERMUTES) == 2
+
+
+def test_an_output_inside_the_region_is_converted_for_the_caller_only():
+    torch.manual_seed(0)
+    graph = compiled(randomized(WithIntermediate()), torch.randn(1, 8, 6, 6))
+    assert count(graph, "conv2d_channels_last") == 3
+    assert count(graph, *PERMUTES) == 3                    # the input, and both outputs
+
+
+def test_pooled_head_leaves_the_region_by_a_reshape():
+    torch.manual_seed(0)
+    graph = compiled(randomized(Classifier()), torch.randn(3, 8, 9, 9))
+    assert count(graph, "adaptive_avg_pool2d_channels_last") == 1
+    assert count(graph, *PERMUTES) == 1                    # the input's: (N, 1, 1, C) is reshaped
+
+
+def test_resnet_structure_end_to_end():
+    torch.manual_seed(0)
+    graph = compiled(randomized(TinyResNet()), torch.randn(2, 3, 32, 32))
+    assert count(graph, "conv2d") == 0 and count(graph, "conv2d_channels_last") == 13
+    assert count(graph, *PERMUTES) == 1
+
+
+def test_non_contiguous_input():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 9, 7).to(memory_format=torch.channels_last)
+    compiled(randomized(BasicBlock(8, 8)), x)
+    compiled(randomized(BasicBlock(8, 8)), torch.randn(2, 7, 9, 8).transpose(1, 3))
+
+
+class Broadcasts(nn.Module):
+    """Bias-like operands of shapes (1, C, 1, 1) and (C, 1, 1), activations, a gate, padding."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv1, self.conv2 = conv_bn(c, c), conv_bn(c, c)
+        self.scale = nn.Parameter(torch.rand(1, c, 1, 1) + 0.5)
+        self.shift = nn.Parameter(torch.randn(c, 1, 1))
+
+    def forward(self, x):
+        h = F.hardswish(self.conv1(x) * self.scale + self.shift)
+        h = h * torch.sigmoid(self.conv2(h)) - 0.25
+        h = F.pad(F.pad(h, (1, 2, 0, 1)), (1, 1, 2, 0), mode="reflect")
+        return F.silu(h)
+
+
+def test_broadcast_operands_activations_and_padding_stay_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(Broadcasts()), torch.randn(2, 8, 6, 7))
+    assert count(graph, "pad") == 2
+    assert count(graph, *PERMUTES) == 2
+
+
+class ConvNeXtBlock(nn.Module):
+    """A depthwise 7x7 convolution, the model's own permute to NHWC, layer norm and an MLP
+    over the channels, the permute back, a residual add."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm, self.up, self.down = nn.LayerNorm(c), nn.Linear(c, 2 * c), nn.Linear(2 * c, c)
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.down(F.gelu(self.up(self.norm(h)))).permute(0, 3, 1, 2)
+        return x + h
+
+
+def test_the_models_own_permutes_cancel_with_the_conversions():
+    torch.manual_seed(0)
+    graph = compiled(ConvNeXtBlock().eval(), torch.randn(2, 8, 9, 9))
+    assert count(graph, "conv2d_channels_last") == 1
+    assert count(graph, *PERMUTES) == 2
+
+
+def test_symbolic_weights_and_same_padding():
+    x, w = kiln.symbol([2, 5, 7, 6]), kiln.symbol([4, 5, 3, 3])
+    y = ops.relu(ops.conv2d(x, w, const(4), padding="same"))
+    graph = kiln.trace_from(ops.conv2d(y, const(6, 4, 5, 1), None, padding="same"), [x, w])
+    opt = apply(PlanLayout(), graph, config={"channels_last": "always"})
+    convs = [n for n in opt.nodes if n.definition.name == "conv2d_channels_last"]
+    assert [n.attrs["padding"] for n in convs] == [(1, 1), (2, 0)]
+    assert convs[0].inputs[1].shape == (4, 3, 3, 8)        # the weight input, permuted and padded per call
+    run_both(graph, opt, torch.randn(2, 5, 7, 6), torch.randn(4, 5, 3, 3), atol=1e-4, rtol=1e-4)
+
+
+def test_uneven_same_padding_keeps_the_nchw_convolution():
+    x = kiln.symbol([1, 4, 6, 6])
+    graph = kiln.trace_from(ops.conv2d(x, const(4, 4, 4, 4), None, padding="same"))
+    assert conv_padding(graph.nodes[0]) is None
+    assert apply(PlanLayout(), graph, config={"channels_last": "always"}) is graph
+
+
+def _cuda_conv(dtype="float16", groups=1):
+    x, w = kiln.symbol([1, 8, 6, 6], dtype, "cuda"), kiln.symbol([8, 8 // groups, 3, 3], dtype, "cuda")
+    return ops.conv2d(x, w, None, padding=1, groups=groups).trace[0]
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """The CUDA backend reports an sm_90 device (no GPU is used: nodes are only planned)."""
+    monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 90))
+    return monkeypatch
+
+
+def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopper):
+    conv = _cuda_conv()
+    assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
+    choose = importlib.import_module("kiln.schedule.choose")
+    contributed = choose.templates_for
+    fake = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
+                    applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
+    hopper.setattr(choose, "templates_for", lambda op, target, arch=None:
+                   [fake] if (op, target) == ("conv2d_channels_last", "cuda") else contributed(op, target, arch))
+    assert runs_channels_last(conv, "auto") and runs_channels_last(conv, "always")
+    assert not runs_channels_last(conv, "never")
+    assert not runs_channels_last(_cuda_conv("float32"), "auto")
+    assert not runs_channels_last(_cuda_conv(groups=2), "auto")
+    assert runs_channels_last(_cuda_conv("bfloat16"), "auto")
+
+
+def test_auto_leaves_cpu_graphs_alone_and_the_config_turns_the_pass_off():
+    x = kiln.symbol([1, 3, 8, 8])
+    graph = kiln.trace_from(ops.relu(ops.conv2d(x, const(8, 3, 3, 3), const(8), padding=1)))
+    assert apply(PlanLayout(), graph) is graph             # float32 on the CPU: unchanged
+    half = kiln.trace_from(ops.conv2d(kiln.symbol([1, 8, 8, 8], "float16"),
+                                      kiln.from_torch(torch.randn(8, 8, 3, 3).half()), None))
+    assert apply(PlanLayout(), half) is half               # float16 on the CPU: unchanged
+    assert apply(PlanLayout(), graph, config={"channels_last": "never"}) is graph
+    assert apply(PlanLayout(), graph, config={"channels_last": "always"}) is not graph
+    with pytest.raises(ValueError, match="channels_last"):
+        apply(PlanLayout(), graph, config={"channels_last": "yes"})
+
+
+def test_elementwise_means_same_index_reads_only():
+    x = kiln.symbol([2, 3, 4, 5])
+    assert is_elementwise(ops.add(x, const(1, 3, 1, 1)).trace[0])
+    assert is_elementwise(ops.mul(ops.relu(x), const(5)).trace[0])
+    assert is_elementwise(ops.hardswish(x).trace[0])
+    assert not is_elementwise(ops.tril(kiln.symbol([4, 4])).trace[0])       # reads its index
+    assert not is_elementwise(ops.flip(x, [1]).trace[0])
+    assert not is_elementwise(ops.expand(kiln.symbol([1, 3, 4, 5]), [2, 3, 4, 5]).trace[0])
+    assert not is_elementwise(ops.softmax(x, 1).trace[0])
