@@ -173,19 +173,16 @@ class _Planner:
         return self.made[key][1]
 
     def convert(self, value: Tensor, order: tuple) -> Tensor:
-        """`value` permuted by `order` (a layout conversion), made once; converting the result
-        back gives `value`."""
-        inverse = NHWC_TO_NCHW if order == NCHW_TO_NHWC else NCHW_TO_NHWC
-        out = self._once(value, order, lambda v: permuted(v, order))
-        self.made.setdefault((id(out), inverse), (out, value))
-        return out
+        """`value` permuted by `order` (a layout conversion), made once (`permuted` makes
+        converting a conversion back give the original)."""
+        return self._once(value, order, lambda v: permuted(v, order))
 
     def broadcast_nhwc(self, t: Tensor) -> Tensor:
         """An operand of fewer than 4 dims broadcast against NCHW data, made 4-D and
         channels-last, so that it broadcasts the same against NHWC data."""
         value = self.nchw(t)
-        if value.ndim in (0, 4):
-            return value if value.ndim == 0 else self.convert(value, NCHW_TO_NHWC)
+        if value.ndim == 0:
+            return value
         full = self._once(value, "4-D", lambda v: reshaped(v, (1,) * (4 - v.ndim) + v.shape))
         return self.convert(full, NCHW_TO_NHWC)
 
