@@ -309,8 +309,11 @@ def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopp
     contributed = choose.templates_for
     fake = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
                     applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
-    hopper.setattr(choose, "templates_for", lambda op, target, arch=None:
-                   [fake] if (op, target) == ("conv2d_channels_last", "cuda") else contributed(op, target, arch))
+
+    def with_fake(op, target, arch=None):
+        return [fake] if (op, target) == ("conv2d_channels_last", "cuda") else contributed(op, target, arch)
+
+    hopper.setattr(choose, "templates_for", with_fake)
     assert runs_channels_last(conv, "auto") and runs_channels_last(conv, "always")
     assert not runs_channels_last(conv, "never")
     assert not runs_channels_last(_cuda_conv("float32"), "auto")
@@ -340,3 +343,29 @@ def test_elementwise_means_same_index_reads_only():
     assert not is_elementwise(ops.flip(x, [1]).trace[0])
     assert not is_elementwise(ops.expand(kiln.symbol([1, 3, 4, 5]), [2, 3, 4, 5]).trace[0])
     assert not is_elementwise(ops.softmax(x, 1).trace[0])
+
+
+def test_a_template_declining_the_conversion_in_its_epilogue_keeps_the_rest_fused(monkeypatch):
+    # regression: fusion grouped conv + add + relu + permute, the template declined the group
+    # (it stores NHWC only), and all four became kernels of their own
+    choose = importlib.import_module("kiln.schedule.choose")
+    contributed = choose.templates_for
+    nhwc_stores = Template("fake_nhwc_conv", ("conv2d_channels_last",), "cpu", render=None,
+                           applies=lambda task: task.outputs[0].shape[-1] == task.inputs[1].shape[0])
+
+    def with_fake(op, target, arch=None):
+        return [nhwc_stores] if (op, target) == ("conv2d_channels_last", "cpu") else contributed(op, target, arch)
+
+    monkeypatch.setattr(choose, "templates_for", with_fake)
+    monkeypatch.setattr(importlib.import_module("kiln.schedule"), "templates_for", with_fake)
+    x = kiln.symbol([2, 8, 5, 6])
+    h = ops.relu(ops.conv2d(x, const(8, 8, 3, 3), const(8), padding=1))
+    graph = kiln.trace_from(ops.relu(ops.add(ops.conv2d(h, const(8, 8, 3, 3), const(8), padding=1), x)))
+    with PassContext(config={"channels_last": "always"}):
+        opt = kiln.passes.optimize(graph)
+    fused = [repr(n.fused_graph) for n in opt.nodes if isinstance(n, FusedOperator)]
+    assert fused == ["FlowGraph(Conv2dChannelsLast, Relu)", "FlowGraph(Conv2dChannelsLast, Add, Relu)"]
+    assert [n.definition.name for n in opt.nodes] == ["permute", "conv2d_channels_last",
+                                                      "conv2d_channels_last", "permute"]
+    monkeypatch.undo()
+    run_both(graph, opt, torch.randn(2, 8, 5, 6), atol=1e-4, rtol=1e-4)

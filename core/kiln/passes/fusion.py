@@ -8,11 +8,11 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
   graph output), unless that group's anchor is template-scheduled.
 
-A group never gets two anchors and never a cycle through another group, and a group is not
-formed where the anchor's schedule template would take the anchor alone but not the group
-(templates read plain inputs and render epilogues through their hooks: see
-`kiln.codegen.hooks`). Element-wise chains without an anchor become one auto-scheduled
-kernel; groups with one become `FusedOperator`s recording their anchor.
+A group never gets two anchors and never a cycle through another group, and a node does not
+join a group whose anchor's schedule template would then no longer take it (templates read
+plain inputs and render epilogues through their hooks: see `kiln.codegen.hooks`); the group
+keeps the members the template took. Element-wise chains without an anchor become one
+auto-scheduled kernel; groups with one become `FusedOperator`s recording their anchor.
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class _Groups:
         self.templated = {self.group[id(n)] for n in self.nodes if templates_for(n)}
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
+        self.index = {id(n): k for k, n in enumerate(self.nodes)}
 
     def successors(self, g: int) -> set[int]:
         return {self.group[id(u)] for n in self.members[g] for t in n.outputs
@@ -74,11 +75,13 @@ class _Groups:
         return False
 
     def merge(self, a: int, b: int) -> bool:
-        """Merge groups a and b if the result has at most one anchor and no cycle."""
+        """Merge groups a and b if the result has at most one anchor, no cycle, and, where the
+        anchor is template-scheduled, a template that still takes it."""
         if (a == b or a in self.frozen or b in self.frozen
                 or self.anchors[a] + self.anchors[b] > 1
                 or self._reaches(self.successors(a) - {b}, b)
-                or self._reaches(self.successors(b) - {a}, a)):
+                or self._reaches(self.successors(b) - {a}, a)
+                or ({a, b} & self.templated and _fused(self.members_in_order(a, b), self) is None)):
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
@@ -87,6 +90,10 @@ class _Groups:
         if b in self.templated:
             self.templated.add(a)
         return True
+
+    def members_in_order(self, *groups: int) -> list[Operator]:
+        """The members of `groups`, in graph order."""
+        return sorted((n for g in groups for n in self.members[g]), key=lambda n: self.index[id(n)])
 
     def fuse_epilogues(self) -> None:
         """Each injective node joins the group producing an input only it reads."""
@@ -118,12 +125,11 @@ class _Groups:
         for g in self.members:
             for s in succ[g]:
                 preds[s] += 1
-        index = {id(n): k for k, n in enumerate(self.nodes)}
         ready = deque(sorted(g for g, c in preds.items() if c == 0))
         out = []
         while ready:
             g = ready.popleft()
-            out.append(sorted(self.members[g], key=lambda n: index[id(n)]))
+            out.append(self.members_in_order(g))
             for s in sorted(succ[g]):
                 preds[s] -= 1
                 if preds[s] == 0:
@@ -131,14 +137,14 @@ class _Groups:
         return out
 
 
-def _fused(members: list[Operator], groups: _Groups, outputs: set[int]) -> FusedOperator | None:
+def _fused(members: list[Operator], groups: _Groups) -> FusedOperator | None:
     """The FusedOperator of a group of several members, or None where fusing would cost
     the anchor its template."""
     inside = {id(t) for n in members for t in n.outputs}
     member_ids = {id(n) for n in members}
     inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
     used = [t for n in members for t in n.outputs
-            if id(t) in outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
+            if id(t) in groups.outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
     anchor = next((k for k, n in enumerate(members) if id(n) in groups.anchor_nodes), 0)
     fused = FusedOperator(members, inputs, used, anchor)
     return fused if keeps_templates(members[anchor], fused) else None
@@ -155,14 +161,13 @@ class FuseOperators(GraphPass):
         groups = _Groups(graph)
         groups.fuse_epilogues()
         groups.fuse_prologues()
-        outputs = {id(t) for t in graph.outputs}
         mapping: dict = {}
 
         def new(t):
             return mapping.get(id(t), t)
 
         for members in groups.ordered():
-            fused = _fused(members, groups, outputs) if len(members) > 1 else None
+            fused = _fused(members, groups) if len(members) > 1 else None
             if fused is None:
                 for node in members:
                     mapping.update(zip(map(id, node.outputs), reapply(node, [new(t) for t in node.inputs])))

@@ -191,9 +191,12 @@ class _Planner:
         extra = channels - value.shape[-1]
         if extra == 0:
             return value
-        if not value.is_symbolic:
-            return self._once(value, "pad", lambda v: from_torch(torch.nn.functional.pad(v.torch(), (0, extra))))
-        return self._once(value, "pad", lambda v: provided("pad")(v, [0, extra]))
+        def pad(v: Tensor) -> Tensor:
+            if v.is_symbolic:
+                return provided("pad")(v, [0, extra])
+            return from_torch(torch.nn.functional.pad(v.torch(), (0, extra)))
+
+        return self._once(value, "pad", pad)
 
     def plan(self, node: Operator) -> None:
         """Add `node` to the new graph, channels-last where it can be."""
