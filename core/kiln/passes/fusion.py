@@ -35,12 +35,14 @@ def is_anchor(node: Operator) -> bool:
     return isinstance(node, FusedOperator) or not node.task.is_injective or bool(templates_for(node))
 
 
-def keeps_templates(anchor: Operator, fused: FusedOperator) -> bool:
-    """False where a template takes the anchor's own task but none takes the fused one."""
+def keeps_templates(anchor: Operator, fused: FusedOperator, taken_alone: bool | None = None) -> bool:
+    """False where a template takes the anchor's own task (`taken_alone`, when known) but none
+    takes the fused one."""
     from kiln.schedule import schedules_for
     target = anchor.device.kind
-    return not schedules_for(anchor.task, target) or any(
-        t in templates_for(anchor) for t in schedules_for(fused.task, target))
+    if taken_alone is None:
+        taken_alone = bool(schedules_for(anchor.task, target))
+    return not taken_alone or any(t in templates_for(anchor) for t in schedules_for(fused.task, target))
 
 
 class _Groups:
@@ -58,6 +60,15 @@ class _Groups:
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
+        self.taken_alone: dict[int, bool] = {}      # anchor (by id) -> whether a template takes it
+        self.built: dict[int, FusedOperator] = {}   # group -> its FusedOperator, where checked
+
+    def template_takes(self, anchor: Operator) -> bool:
+        """Whether a schedule template takes `anchor`'s own task (found once per anchor)."""
+        if id(anchor) not in self.taken_alone:
+            from kiln.schedule import schedules_for
+            self.taken_alone[id(anchor)] = bool(schedules_for(anchor.task, anchor.device.kind))
+        return self.taken_alone[id(anchor)]
 
     def successors(self, g: int) -> set[int]:
         return {self.group[id(u)] for n in self.members[g] for t in n.outputs
@@ -80,8 +91,11 @@ class _Groups:
         if (a == b or a in self.frozen or b in self.frozen
                 or self.anchors[a] + self.anchors[b] > 1
                 or self._reaches(self.successors(a) - {b}, b)
-                or self._reaches(self.successors(b) - {a}, a)
-                or ({a, b} & self.templated and _fused(self.members_in_order(a, b), self) is None)):
+                or self._reaches(self.successors(b) - {a}, a)):
+            return False
+        templated = bool({a, b} & self.templated)
+        built = _fused(self.members_in_order(a, b), self) if templated else None
+        if templated and built is None:
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
@@ -89,7 +103,18 @@ class _Groups:
         self.anchors[a] += self.anchors.pop(b)
         if b in self.templated:
             self.templated.add(a)
+        self.built.pop(b, None)
+        self.built.pop(a, None)
+        if built is not None:
+            self.built[a] = built
         return True
+
+    def fused(self, g: int) -> FusedOperator | None:
+        """Group g (of several members) as one FusedOperator, or None where fusing would cost
+        its anchor its template."""
+        if g not in self.built:
+            self.built[g] = _fused(self.members_in_order(g), self)
+        return self.built[g]
 
     def members_in_order(self, *groups: int) -> list[Operator]:
         """The members of `groups`, in graph order."""
@@ -118,8 +143,8 @@ class _Groups:
             if len(consumers) == 1 and not consumers & self.templated:
                 self.merge(consumers.pop(), g)
 
-    def ordered(self) -> list[list[Operator]]:
-        """The groups (members in graph order), producers before consumers."""
+    def ordered(self) -> list[int]:
+        """The groups, producers before consumers."""
         preds = {g: 0 for g in self.members}
         succ = {g: self.successors(g) for g in self.members}
         for g in self.members:
@@ -129,7 +154,7 @@ class _Groups:
         out = []
         while ready:
             g = ready.popleft()
-            out.append(self.members_in_order(g))
+            out.append(g)
             for s in sorted(succ[g]):
                 preds[s] -= 1
                 if preds[s] == 0:
@@ -147,7 +172,8 @@ def _fused(members: list[Operator], groups: _Groups) -> FusedOperator | None:
             if id(t) in groups.outputs or any(id(u) not in member_ids for u in groups.users.get(id(t), ()))]
     anchor = next((k for k, n in enumerate(members) if id(n) in groups.anchor_nodes), 0)
     fused = FusedOperator(members, inputs, used, anchor)
-    return fused if keeps_templates(members[anchor], fused) else None
+    taken_alone = groups.template_takes(members[anchor])
+    return fused if keeps_templates(members[anchor], fused, taken_alone) else None
 
 
 class FuseOperators(GraphPass):
@@ -166,8 +192,9 @@ class FuseOperators(GraphPass):
         def new(t):
             return mapping.get(id(t), t)
 
-        for members in groups.ordered():
-            fused = _fused(members, groups) if len(members) > 1 else None
+        for g in groups.ordered():
+            members = groups.members_in_order(g)
+            fused = groups.fused(g) if len(members) > 1 else None
             if fused is None:
                 for node in members:
                     mapping.update(zip(map(id, node.outputs), reapply(node, [new(t) for t in node.inputs])))
