@@ -100,20 +100,21 @@ class Stem(nn.Module):
 
 
 class DenseAndInception(nn.Module):
-    """A DenseNet layer (input and new features concatenated) and an Inception module
-    (branches of 1x1, 3x3 and pooled 1x1 convolutions concatenated)."""
+    """A DenseNet layer (batch norm, ReLU and a convolution, whose features are concatenated
+    to its input) and an Inception module (branches of 1x1, 3x3 and pooled 1x1 convolutions
+    concatenated)."""
 
     def __init__(self, c=8):
         super().__init__()
         self.stem = conv_bn(c, c)
-        self.dense = conv_bn(c, 4)
+        self.dense = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, 4, 3, padding=1))
         self.branch1, self.branch3 = conv_bn(c + 4, 4, 1), conv_bn(c + 4, 6, 3)
         self.pooled = conv_bn(c + 4, 2, 1)
         self.out = conv_bn(12, 8, 1)
 
     def forward(self, x):
         h = F.relu(self.stem(x))
-        h = torch.cat([h, F.relu(self.dense(h))], 1)
+        h = torch.cat([h, self.dense(h)], 1)
         branches = [self.branch1(h), self.branch3(h), self.pooled(F.avg_pool2d(h, 3, 1, 1))]
         return F.relu(self.out(torch.cat([F.relu(b) for b in branches], dim=-3)))
 
@@ -193,7 +194,31 @@ def test_concatenations_along_channels_stay_channels_last():
     cats = [n for n in members(graph) if n.definition.name in ("cat", "concat")]
     assert len(cats) == 2 and all(n.attrs["dim"] == 3 for n in cats)
     assert count(graph, "avg_pool2d_channels_last") == 1
+    assert count(graph, "batch_norm_channels_last") == 1 and count(graph, "batch_norm") == 0
     assert count(graph, *PERMUTES) == 2
+
+
+class Pools(nn.Module):
+    """Pooling variants between convolutions, and an adaptive max pooling head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = conv_bn(8, 8), conv_bn(8, 8)
+        self.fc = nn.Linear(8 * 2 * 3, 4)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.conv1(x)), 3, 2, 1, dilation=1, ceil_mode=True)
+        h = F.avg_pool2d(h, 2, 1, 1, ceil_mode=False, count_include_pad=False)
+        h = F.max_pool2d(F.relu(self.conv2(h)), 2, dilation=2)
+        return self.fc(torch.flatten(F.adaptive_max_pool2d(h, (2, 3)), 1))
+
+
+def test_pooling_variants_run_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(Pools()), torch.randn(2, 8, 17, 15))
+    assert count(graph, "max_pool2d_channels_last") == 2 and count(graph, "avg_pool2d_channels_last") == 1
+    assert count(graph, "adaptive_max_pool2d_channels_last") == 1
+    assert count(graph, *PERMUTES) == 2                    # the input's, and the head's (N, 2, 3, C)
 
 
 def test_an_output_inside_the_region_is_converted_for_the_caller_only():
@@ -247,6 +272,33 @@ def test_broadcast_operands_activations_and_padding_stay_channels_last():
     assert count(graph, *PERMUTES) == 2
 
 
+class SqueezeExcite(nn.Module):
+    """A squeeze-and-excitation gate (mean over H and W kept as (N, C, 1, 1), 1x1 convolutions,
+    sigmoid) and a head that means over H and W without keepdim (timm's)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv = conv_bn(c, c)
+        self.squeeze, self.excite = nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+        self.fc = nn.Linear(c, 3)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))
+        h = h * torch.sigmoid(self.excite(F.relu(self.squeeze(h.mean((2, 3), keepdim=True)))))
+        return self.fc(h.mean((-1, -2))), h.amax(1, keepdim=True), h.sum(2)
+
+
+def test_means_over_the_spatial_dims_stay_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(SqueezeExcite()), torch.randn(2, 8, 7, 5))
+    assert count(graph, "conv2d_channels_last") == 3
+    means = [n for n in members(graph) if n.definition.name == "mean"]
+    assert sorted(n.attrs["dim"] for n in means) == [[1, 2], [1, 2]]
+    # the input's; the channel max (N, 1, H, W) leaves by a reshape; a sum over H alone
+    # (N, C, W) reads NCHW
+    assert count(graph, *PERMUTES) == 2
+
+
 class ConvNeXtStage(nn.Module):
     """A patchifying convolution, then a ConvNeXt block: a depthwise 7x7 convolution, the
     model's own permute to NHWC, layer norm and an MLP over the channels, the permute back, a
@@ -270,6 +322,18 @@ def test_the_models_own_permutes_cancel_with_the_conversions():
     graph = compiled(ConvNeXtStage().eval(), torch.randn(2, 4, 18, 14))
     assert count(graph, "conv2d_channels_last") == 2
     assert count(graph, *PERMUTES) == 2                    # the model's two are gone
+
+
+def test_float16_conversion_runs_before_the_layout_is_planned():
+    x = kiln.symbol([2, 3, 9, 9])
+    h = ops.relu(ops.conv2d(x, const(8, 3, 3, 3), const(8), padding=1))
+    graph = kiln.trace_from(ops.max_pool2d(ops.conv2d(h, const(8, 8, 1, 1), None), 2))
+    with PassContext(config={"use_fp16": True, "channels_last": "always"}):
+        opt = kiln.passes.optimize(graph)
+    convs = [n for n in members(opt) if n.definition.name == "conv2d_channels_last"]
+    assert len(convs) == 2 and all(n.outputs[0].dtype == kiln.dtypes.float16 for n in convs)
+    assert opt.outputs[0].dtype == kiln.dtypes.float32 and count(opt, *PERMUTES) == 2
+    run_both(graph, opt, torch.randn(2, 3, 9, 9), atol=2e-2, rtol=2e-2)
 
 
 def test_symbolic_weights_and_same_padding():
@@ -319,6 +383,17 @@ def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopp
     assert not runs_channels_last(_cuda_conv("float32"), "auto")
     assert not runs_channels_last(_cuda_conv(groups=2), "auto")
     assert runs_channels_last(_cuda_conv("bfloat16"), "auto")
+
+    def cuda(*shape):
+        return kiln.symbol(shape, "float16", "cuda")
+
+    x, w, depthwise = cuda(1, 8, 6, 6), cuda(8, 8, 3, 3), cuda(8, 1, 3, 3)
+    h = ops.relu(ops.conv2d(x, w, None, padding=1))
+    plain = kiln.trace_from(ops.conv2d(h, w, None, padding=1), [x, w])
+    mixed = kiln.trace_from(ops.conv2d(h, depthwise, None, padding=1, groups=8), [x, w, depthwise])
+    planned = apply(PlanLayout(), plain)
+    assert [n.definition.name for n in planned.nodes].count("conv2d_channels_last") == 2
+    assert apply(PlanLayout(), mixed) is mixed             # no conversions around the depthwise one
 
 
 def test_auto_leaves_cpu_graphs_alone_and_the_config_turns_the_pass_off():

@@ -10,7 +10,7 @@ vectors. The layout then travels forward with the data:
   `is_elementwise`) take their 4-D operands channels-last; a broadcast operand, such as a
   (1, C, 1, 1) or (C, 1, 1) constant, is permuted too;
 - pooling and batch norm run through `in_channels_last` (their own definitions reading and
-  writing channels-last memory);
+  writing channels-last memory); sums, means and extremes reduce over the permuted dims;
 - `pad` pads the permuted dims; a concatenation along the channels joins along the last dim;
 - a permute of channels-last data composes with the conversion (a model's own permute to
   NHWC costs nothing).
@@ -20,7 +20,9 @@ tensor, one conversion is made for all its readers, and converting a converted t
 gives the original. So conversions sit at the borders of regions only, constants (weights,
 broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
 layout. The PassContext config key "channels_last" chooses which convolutions start a region
-(see `runs_channels_last`; "never" turns the pass off).
+(see `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only
+where every conv2d in it runs channels-last: a graph that mixes in NCHW convolutions (the
+depthwise ones of MobileNet, say) would convert back and forth around each of them.
 """
 from __future__ import annotations
 
@@ -146,8 +148,8 @@ def _reads_in_place(load: Load, axes) -> bool:
 class _Planner:
     """The rewritten graph's tensors for the original graph's, each in its planned layout."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    def __init__(self, convolutions: set[int]):
+        self.convolutions = convolutions                # the conv2d nodes (by id) to run channels-last
         self.new: dict[int, Tensor] = {}          # original tensor (by id) -> its new value
         self.nhwc_ids: set[int] = set()            # original 4-D tensors whose new value is NHWC
         self.made: dict[tuple, tuple[Tensor, Tensor]] = {}   # (id(value), what) -> (value, result)
@@ -238,7 +240,7 @@ def reshaped(t: Tensor, shape) -> Tensor:
 
 def plan_convolution(p: _Planner, node: Operator):
     """conv2d as conv2d_channels_last, its input's channels padded (see the module docs)."""
-    if not runs_channels_last(node, p.mode):
+    if id(node) not in p.convolutions:
         return None
     args = arguments_of(node)
     groups = args["groups"]
@@ -311,10 +313,27 @@ def plan_permute(p: _Planner, node: Operator):
     return [p.convert(value, order) if order == NHWC_TO_NCHW else permuted(value, order)], False
 
 
+def plan_reduction(p: _Planner, node: Operator):
+    """A sum, mean, amax or amin of channels-last data: over the same dims, permuted. With
+    keepdim its result is channels-last too; without, it is plain data where the dims kept
+    keep their order (a mean over H and W gives (N, C) either way), else the node keeps NCHW."""
+    args = arguments_of(node)
+    dim = args["dim"]
+    if not p.is_nhwc(args["x"]) or dim in ((), []):
+        return None
+    dims = set(range(4)) if dim is None else {d % 4 for d in ([dim] if isinstance(dim, int) else dim)}
+    kept = [NCHW_TO_NHWC.index(d) for d in range(4) if d not in dims]
+    if not args["keepdim"] and kept != sorted(kept):
+        return None
+    moved = sorted(NCHW_TO_NHWC.index(d) for d in dims)
+    return [node.definition(**{**args, "x": p.value(args["x"]), "dim": moved})], bool(args["keepdim"])
+
+
 def plan_elementwise(p: _Planner, node: Operator):
-    """An element-wise operator (`is_elementwise`) with a channels-last 4-D operand: on
-    channels-last operands."""
-    if not any(t.ndim == 4 and p.is_nhwc(t) for t in node.inputs) or not is_elementwise(node):
+    """An element-wise operator (`is_elementwise`) with a 4-D result and a channels-last
+    operand: on channels-last operands."""
+    if (node.outputs[0].ndim != 4 or not any(t.ndim == 4 and p.is_nhwc(t) for t in node.inputs)
+            or not is_elementwise(node)):
         return None
     inputs = [p.nhwc(t) if t.ndim == 4 else p.broadcast_nhwc(t) for t in node.inputs]
     outs = reapply(node, inputs)
@@ -330,6 +349,7 @@ PLANS = {
     "permute": plan_permute,
     "transpose": plan_permute,
     **{name: plan_through_view for name in RUN_CHANNELS_LAST},
+    **{name: plan_reduction for name in ("sum", "mean", "amax", "amin")},
 }
 
 
@@ -344,10 +364,13 @@ class PlanLayout(GraphPass):
         if mode not in MODES:
             raise ValueError(f"PassContext config 'channels_last' must be one of {', '.join(MODES)}, "
                              f"got {mode!r}")
-        if (any(provided(name) is None for name in OPERATORS_USED)
-                or not any(runs_channels_last(n, mode) for n in graph.nodes)):
+        if any(provided(name) is None for name in OPERATORS_USED):
             return graph
-        planner = _Planner(mode)
+        convolutions = [n for n in graph.nodes if n.definition.name == "conv2d"]
+        taken = {id(n) for n in convolutions if runs_channels_last(n, mode)}
+        if not taken or (mode == "auto" and len(taken) < len(convolutions)):
+            return graph
+        planner = _Planner(taken)
         for node in graph.nodes:
             planner.plan(node)
         return trace_from([planner.nchw(t) for t in graph.outputs], graph.inputs)
