@@ -119,6 +119,31 @@ class DenseAndInception(nn.Module):
         return F.relu(self.out(torch.cat([F.relu(b) for b in branches], dim=-3)))
 
 
+class SplitsAndSoftmax(nn.Module):
+    """A channel split and shuffle (ShuffleNet), a slice of rows, a softmax over the channels
+    (a segmentation head)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv, self.branch = conv_bn(c, c), conv_bn(c // 2, c // 2)
+        self.head = nn.Conv2d(c, 5, 1)
+
+    def forward(self, x):
+        a, b = F.relu(self.conv(x)).chunk(2, dim=1)
+        h = torch.cat([b, F.relu(self.branch(a))], 1)[:, :, 1:]
+        parts = torch.split(h, [3, 5], dim=1)
+        return F.softmax(self.head(torch.cat([parts[1], parts[0]], 1)), dim=1)
+
+
+def test_splits_slices_and_softmax_along_the_channels_stay_channels_last():
+    torch.manual_seed(0)
+    graph = compiled(randomized(SplitsAndSoftmax()), torch.randn(2, 8, 7, 6))
+    assert {n.attrs["dim"] for n in members(graph)
+            if n.definition.name in ("chunk", "split", "cat", "softmax")} == {3}
+    assert [n.attrs["dim"] for n in members(graph) if n.definition.name == "slice"] == [1]
+    assert count(graph, *PERMUTES) == 2
+
+
 class WithIntermediate(nn.Module):
     """Returns a tensor from inside the region next to the block's output."""
 

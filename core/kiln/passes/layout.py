@@ -11,7 +11,8 @@ vectors. The layout then travels forward with the data:
   (1, C, 1, 1) or (C, 1, 1) constant, is permuted too;
 - pooling and batch norm run through `in_channels_last` (their own definitions reading and
   writing channels-last memory); sums, means and extremes reduce over the permuted dims;
-- `pad` pads the permuted dims; a concatenation along the channels joins along the last dim;
+- `pad` pads the permuted dims; concatenations, splits, slices and softmaxes work along the
+  permuted dim (channels: the last);
 - a permute of channels-last data composes with the conversion (a model's own permute to
   NHWC costs nothing).
 
@@ -40,6 +41,7 @@ from kiln.tensor import Tensor, from_torch, symbol
 MODES = ("auto", "always", "never")
 CHANNEL_MULTIPLE = 8      # channels of a channels-last convolution's input, padded with zeros to a multiple
 RUN_CHANNELS_LAST = ("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "batch_norm")
+ALONG_A_DIM = ("cat", "concat", "split", "chunk", "slice", "softmax", "log_softmax")
 OPERATORS_USED = ("conv2d_channels_last", "permute", "reshape", "pad")
 
 
@@ -289,15 +291,22 @@ def plan_pad(p: _Planner, node: Operator):
     return [node.definition(**{**args, "x": p.value(args["x"]), "pad": pad})], True
 
 
-def plan_concatenation(p: _Planner, node: Operator):
-    """A concatenation along the channels of 4-D tensors, one of them channels-last: along
-    the last dim."""
+def plan_along_dim(p: _Planner, node: Operator):
+    """An operator of ALONG_A_DIM on 4-D data with a channels-last operand: along the permuted
+    dim (channels: the last), on channels-last operands, its 4-D results channels-last."""
     args = arguments_of(node)
-    tensors = args["tensors"]
-    if (not isinstance(args["dim"], int) or args["dim"] % 4 != 1 or any(t.ndim != 4 for t in tensors)
-            or not any(p.is_nhwc(t) for t in tensors)):
+    if (not isinstance(args["dim"], int) or any(t.ndim != 4 for t in node.inputs + node.outputs)
+            or not any(p.is_nhwc(t) for t in node.inputs)):
         return None
-    return [node.definition(**{**args, "tensors": [p.nhwc(t) for t in tensors], "dim": 3})], True
+    nhwc = {id(t): p.nhwc(t) for t in node.inputs}
+    for name, v in args.items():
+        if isinstance(v, Tensor):
+            args[name] = nhwc[id(v)]
+        elif isinstance(v, list) and any(isinstance(e, Tensor) for e in v):
+            args[name] = [nhwc[id(e)] for e in v]
+    args["dim"] = NCHW_TO_NHWC.index(args["dim"] % 4)
+    outs = node.definition(**args)
+    return list(outs) if isinstance(outs, tuple) else [outs], True
 
 
 def plan_permute(p: _Planner, node: Operator):
@@ -344,12 +353,11 @@ def plan_elementwise(p: _Planner, node: Operator):
 PLANS = {
     "conv2d": plan_convolution,
     "pad": plan_pad,
-    "cat": plan_concatenation,
-    "concat": plan_concatenation,
     "permute": plan_permute,
     "transpose": plan_permute,
     **{name: plan_through_view for name in RUN_CHANNELS_LAST},
     **{name: plan_reduction for name in ("sum", "mean", "amax", "amin")},
+    **{name: plan_along_dim for name in ALONG_A_DIM},
 }
 
 
