@@ -199,22 +199,33 @@ def _cuda_conv(dtype="float16", groups=1):
 @pytest.fixture
 def hopper(monkeypatch):
     """The CUDA backend reports an sm_90 device (no GPU is used: nodes are only planned)."""
-    monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 90))
+    monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], unavailable=lambda: None,
+                                                              arch=lambda device: 90))
     return monkeypatch
 
 
-def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopper):
-    conv = _cuda_conv()
-    assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
+def _fake_sm90_template(monkeypatch):
+    """A channels-last convolution template for sm_90 contributed while the test runs."""
     choose = importlib.import_module("kiln.schedule.choose")
     contributed = choose.templates_for
     fake = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
                     applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
 
     def with_fake(op, target, arch=None):
-        return [fake] if (op, target) == ("conv2d_channels_last", "cuda") else contributed(op, target, arch)
+        if (op, target) == ("conv2d_channels_last", "cuda"):
+            return [fake] if arch is None or fake.min_arch <= arch else []
+        return contributed(op, target, arch)
 
-    hopper.setattr(choose, "templates_for", with_fake)
+    monkeypatch.setattr(choose, "templates_for", with_fake)
+
+
+def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopper):
+    conv = _cuda_conv()
+    assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
+    _fake_sm90_template(hopper)
+    hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 80))
+    assert not runs_channels_last(conv, "auto")            # an sm_80 device: the template is sm_90's
+    hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 90))
     assert runs_channels_last(conv, "auto") and runs_channels_last(conv, "always")
     assert not runs_channels_last(conv, "never")
     assert not runs_channels_last(_cuda_conv("float32"), "auto")
@@ -231,6 +242,19 @@ def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopp
     planned = apply(PlanLayout(), plain)
     assert [n.definition.name for n in planned.nodes].count("conv2d_channels_last") == 2
     assert apply(PlanLayout(), mixed) is mixed             # no conversions around the depthwise one
+
+
+def test_auto_plans_cuda_graphs_without_a_gpu(monkeypatch):
+    # regression: planning asked the absent GPU for its architecture (the NVRTC checks plan
+    # graphs of CUDA symbols on machines without one)
+    def no_arch(device):
+        raise AssertionError("the architecture of an absent GPU was asked for")
+
+    monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(
+        BACKENDS["cuda"], unavailable=lambda: "no GPU in this test", arch=no_arch))
+    assert not runs_channels_last(_cuda_conv(), "auto")
+    _fake_sm90_template(monkeypatch)
+    assert runs_channels_last(_cuda_conv(), "auto")        # a template for some architecture
 
 
 def test_auto_leaves_cpu_graphs_alone_and_the_config_turns_the_pass_off():
