@@ -66,7 +66,7 @@ def conv_padding(node: Operator) -> tuple[int, int] | None:
 
 def _padded_channels(channels: int, groups: int) -> int:
     """The channels a channels-last convolution's input gets: a multiple of CHANNEL_MULTIPLE
-    where the convolution is not grouped (its weight then has as many)."""
+    where the convolution is not grouped (its weight then has as many), else its own."""
     return channels if groups != 1 else -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
 
 
@@ -154,10 +154,10 @@ class _Planner:
     """The rewritten graph's tensors for the original graph's, each in its planned layout."""
 
     def __init__(self, convolutions: set[int]):
-        self.convolutions = convolutions                # the conv2d nodes (by id) to run channels-last
-        self.new: dict[int, Tensor] = {}          # original tensor (by id) -> its new value
-        self.nhwc_ids: set[int] = set()            # original 4-D tensors whose new value is NHWC
-        self.made: dict[tuple, tuple[Tensor, Tensor]] = {}   # (id(value), what) -> (value, result)
+        self.convolutions = convolutions                    # conv2d nodes (by id) to run channels-last
+        self.new: dict[int, Tensor] = {}                    # original tensor (by id) -> its new value
+        self.nhwc_ids: set[int] = set()                     # original tensors whose new value is NHWC
+        self.made: dict[tuple, tuple[Tensor, Tensor]] = {}  # (id(value), what) -> (value, result)
 
     def value(self, t: Tensor) -> Tensor:
         return self.new.get(id(t), t)
@@ -198,6 +198,7 @@ class _Planner:
         extra = channels - value.shape[-1]
         if extra == 0:
             return value
+
         def pad(v: Tensor) -> Tensor:
             if v.is_symbolic:
                 return provided("pad")(v, [0, extra])
@@ -252,7 +253,7 @@ def plan_convolution(p: _Planner, node: Operator):
     x = p.nhwc(args["x"])
     weight = p.convert(p.nchw(args["weight"]), NCHW_TO_NHWC)
     bias = None if args["bias"] is None else p.nchw(args["bias"])
-    if groups == 1:
+    if groups == 1:             # a grouped weight holds C / groups channels: nothing to pad
         channels = _padded_channels(x.shape[-1], groups)
         x, weight = p.channels_padded(x, channels), p.channels_padded(weight, channels)
     return [provided("conv2d_channels_last")(x, weight, bias, args["stride"], conv_padding(node),
