@@ -12,6 +12,7 @@ from kiln.passes.fused import FusedOperator
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.graph_pass import FunctionPass, GraphPass, Sequential, graph_pass
 from kiln.passes.instruments import DumpGraph, PassInstrument, PassTiming, PrintGraph
+from kiln.passes.layout import PlanLayout
 from kiln.passes.pattern import (
     Match, OpPattern, Pattern, RewritePattern, Wildcard, constant, op, rewrite_pattern, wildcard,
 )
@@ -22,6 +23,6 @@ __all__ = [
     "DEFAULT_CONFIG", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
     "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
-    "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "Wildcard", "constant",
+    "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "Wildcard", "constant",
     "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
 ]

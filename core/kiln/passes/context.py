@@ -19,6 +19,9 @@ DEFAULT_CONFIG = {
     "use_fp16": False,
     # let operators that sum in float16 keep doing so under use_fp16 (otherwise they run in float32)
     "use_fp16_reduction": False,
+    # which convolutions start channels-last regions (kiln.passes.layout.runs_channels_last):
+    # "auto" (16-bit ones on CUDA that a channels-last template takes), "always" or "never"
+    "channels_last": "auto",
 }
 
 _local = threading.local()

@@ -38,12 +38,14 @@ def is_anchor(node: Operator) -> bool:
     return isinstance(node, FusedOperator) or not node.task.is_injective or bool(templates_for(node))
 
 
-def keeps_templates(anchor: Operator, fused: FusedOperator) -> bool:
-    """False where a template takes the anchor's own task but none takes the fused one."""
+def keeps_templates(anchor: Operator, fused: FusedOperator, taken_alone: bool | None = None) -> bool:
+    """False where a template takes the anchor's own task (`taken_alone`, when known) but none
+    takes the fused one."""
     from kiln.schedule import schedules_for
     target = anchor.device.kind
-    return not schedules_for(anchor.task, target) or any(
-        t in templates_for(anchor) for t in schedules_for(fused.task, target))
+    if taken_alone is None:
+        taken_alone = bool(schedules_for(anchor.task, target))
+    return not taken_alone or any(t in templates_for(anchor) for t in schedules_for(fused.task, target))
 
 
 class _Groups:
@@ -61,6 +63,15 @@ class _Groups:
         self.templated = {self.group[id(n)] for n in self.nodes if templates_for(n)}
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
+        self.index = {id(n): k for k, n in enumerate(self.nodes)}
+        self.taken_alone: dict[int, bool] = {}      # anchor (by id) -> whether a template takes it
+
+    def template_takes(self, anchor: Operator) -> bool:
+        """Whether a schedule template takes `anchor`'s own task (found once per anchor)."""
+        if id(anchor) not in self.taken_alone:
+            from kiln.schedule import schedules_for
+            self.taken_alone[id(anchor)] = bool(schedules_for(anchor.task, anchor.device.kind))
+        return self.taken_alone[id(anchor)]
 
     def successors(self, g: int) -> set[int]:
         return {self.group[id(u)] for n in self.members[g] for t in n.outputs
@@ -156,7 +167,7 @@ class _Groups:
                 if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
         anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
         fused = FusedOperator(members, inputs, used, anchor)
-        return fused if keeps_templates(members[anchor], fused) else None
+        return fused if keeps_templates(members[anchor], fused, self.template_takes(members[anchor])) else None
 
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""

@@ -8,6 +8,7 @@ from kiln.passes.fold_constants import FoldConstants
 from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.graph_pass import GraphPass, Sequential
+from kiln.passes.layout import PlanLayout
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.plugins import registry
 
@@ -37,7 +38,9 @@ class PluginPass(GraphPass):
 
 def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential:
     """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
-    rewrites and before float16 conversion and fusion."""
+    rewrites (batch-norm folding among them) and before float16 conversion, layout planning
+    (which sees the types the graph runs in) and fusion (which fuses the layout conversions
+    into their neighbours)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
@@ -49,6 +52,7 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
         FoldConstants(),
         EliminateCommonSubexpressions(),
         ConvertToFloat16(),
+        PlanLayout(),
         FuseOperators(),
         EliminateDeadCode(),
     ], name="optimize")

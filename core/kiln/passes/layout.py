@@ -1,0 +1,388 @@
+"""Layout planning: convolution-heavy regions run channels-last (NHWC).
+
+A conv2d that `runs_channels_last` becomes `conv2d_channels_last` on (N, H, W, C) data with
+(O, kH, kW, C / groups) weights and a symmetric int padding ('same' and 'valid' resolved).
+Where an ungrouped convolution's channels are not a multiple of 8 (a first layer's 3), its
+input and weight are padded with zero channels up to one, so that a template reads 16-byte
+vectors. The layout then travels forward with the data:
+
+- element-wise and broadcasting operators (bias, activations, residual adds: see
+  `is_elementwise`) take their 4-D operands channels-last; a broadcast operand, such as a
+  (1, C, 1, 1) or (C, 1, 1) constant, is permuted too;
+- pooling and batch norm run through `in_channels_last` (their own definitions reading and
+  writing channels-last memory); sums, means and extremes reduce over the permuted dims;
+- `pad` pads the permuted dims; concatenations, splits, slices and softmaxes work along the
+  permuted dim (channels: the last);
+- a permute of channels-last data composes with the conversion (a model's own permute to
+  NHWC costs nothing).
+
+Every other operator, and every graph output, reads NCHW: where one needs a channels-last
+tensor, one conversion is made for all its readers, and converting a converted tensor back
+gives the original. So conversions sit at the borders of regions only, constants (weights,
+broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
+layout. The PassContext config key "channels_last" chooses which convolutions start a region
+(see `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only
+where every conv2d in it runs channels-last: a graph that mixes in NCHW convolutions (the
+depthwise ones of MobileNet, say) would convert back and forth around each of them.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.graph import Operator, trace_from
+from kiln.ir import Const, Load, Var, inline_task
+from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
+from kiln.passes.edit import arguments_of, reapply
+from kiln.passes.graph_pass import GraphPass
+from kiln.passes.patterns.provided import provided
+from kiln.passes.patterns.shape_chains import permutation
+from kiln.tensor import Tensor, from_torch, symbol
+
+MODES = ("auto", "always", "never")
+CHANNEL_MULTIPLE = 8      # channels of a channels-last convolution's input, padded with zeros to a multiple
+RUN_CHANNELS_LAST = ("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "batch_norm")
+ALONG_A_DIM = ("cat", "concat", "split", "chunk", "slice", "softmax", "log_softmax")
+OPERATORS_USED = ("conv2d_channels_last", "permute", "reshape", "pad")
+
+
+def _pair(value) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    value = tuple(value)
+    return value * 2 if len(value) == 1 else value
+
+
+def conv_padding(node: Operator) -> tuple[int, int] | None:
+    """conv2d `node`'s padding as (rows, columns) added on each side, or None where it pads
+    one side more than the other ('same' with an odd kernel span)."""
+    padding = node.attrs["padding"]
+    if padding == "valid":
+        return 0, 0
+    if padding == "same":
+        spans = [d * (k - 1) for d, k in zip(_pair(node.attrs["dilation"]), node.inputs[1].shape[2:])]
+        return None if any(s % 2 for s in spans) else (spans[0] // 2, spans[1] // 2)
+    return _pair(padding)
+
+
+def _padded_channels(channels: int, groups: int) -> int:
+    """The channels a channels-last convolution's input gets: a multiple of CHANNEL_MULTIPLE
+    where the convolution is not grouped (its weight then has as many), else its own."""
+    return channels if groups != 1 else -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+
+
+def runs_channels_last(node: Operator, mode: str) -> bool:
+    """Whether conv2d `node` runs channels-last under `mode` (PassContext config "channels_last"):
+
+    - "auto": convolutions on CUDA in float16 or bfloat16 with groups == 1 that a schedule
+      template on the device takes in their channels-last form (without such a template the
+      NCHW templates are faster); depthwise, grouped and float32 convolutions keep NCHW for now;
+    - "always": every convolution `conv2d_channels_last` can compute, on any device and in any
+      type (what the CPU tests run);
+    - "never": none.
+
+    In every mode the input must be 4-D and the padding the same on both sides."""
+    if (mode == "never" or node.definition.name != "conv2d" or node.inputs[0].ndim != 4
+            or conv_padding(node) is None):
+        return False
+    if mode == "always":
+        return True
+    return (node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float
+            and node.attrs["groups"] == 1 and _template_takes(node))
+
+
+def _template_takes(node: Operator) -> bool:
+    """Whether a schedule template for `node`'s device takes its conv2d_channels_last task (one
+    for any architecture where no GPU is here: graphs are planned for NVRTC checks too)."""
+    from kiln.runtime.backend import backend_for
+    from kiln.schedule import schedules_for
+    args = arguments_of(node)
+    x, w, bias = args["x"], args["weight"], args["bias"]
+    n, c, h, wd = x.shape
+    channels = _padded_channels(c, args["groups"])
+
+    def placeholder(shape):
+        return symbol(shape, x.dtype, node.device)
+
+    task, _, _ = provided("conv2d_channels_last").task({
+        "x": placeholder((n, h, wd, channels)),
+        "weight": placeholder((w.shape[0], *w.shape[2:], channels // args["groups"])),
+        "bias": None if bias is None else placeholder(bias.shape),
+        "stride": args["stride"], "padding": conv_padding(node), "dilation": args["dilation"],
+        "groups": args["groups"]})
+    backend = backend_for(node.device)
+    arch = None if backend.unavailable() else backend.arch(node.device)     # None: any (no GPU here)
+    return bool(schedules_for(task, node.device.kind, arch))
+
+
+def is_elementwise(node: Operator) -> bool:
+    """Whether `node` computes each element of its one output from its inputs' elements at the
+    same index, broadcast as torch broadcasts (missing leading dims, a size-1 dim read at 0),
+    and from nothing else: then it computes the same on operands permuted alike."""
+    if len(node.outputs) != 1 or not node.inputs or not node.task.is_injective:
+        return False
+    try:
+        shape = tuple(torch.broadcast_shapes(*(t.shape for t in node.inputs)))
+    except RuntimeError:
+        return False
+    if shape != node.outputs[0].shape:
+        return False
+    (out,) = inline_task(node.task).outputs
+    seen, todo = set(), [out.value]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, Var):
+            return False                      # an index used as a value (tril, arange-like)
+        if isinstance(e, Load):
+            if not _reads_in_place(e, out.axes):
+                return False
+            continue
+        todo.extend(e.children())
+    return True
+
+
+def _reads_in_place(load: Load, axes) -> bool:
+    offset = len(axes) - load.tensor.ndim
+    return offset >= 0 and all(
+        index is axes[offset + d] or (isinstance(index, Const) and index.value == 0 and size == 1)
+        for d, (index, size) in enumerate(zip(load.indices, load.tensor.shape)))
+
+
+class _Planner:
+    """The rewritten graph's tensors for the original graph's, each in its planned layout."""
+
+    def __init__(self, convolutions: set[int]):
+        self.convolutions = convolutions                    # conv2d nodes (by id) to run channels-last
+        self.new: dict[int, Tensor] = {}                    # original tensor (by id) -> its new value
+        self.nhwc_ids: set[int] = set()                     # original tensors whose new value is NHWC
+        self.made: dict[tuple, tuple[Tensor, Tensor]] = {}  # (id(value), what) -> (value, result)
+
+    def value(self, t: Tensor) -> Tensor:
+        return self.new.get(id(t), t)
+
+    def is_nhwc(self, t: Tensor) -> bool:
+        return id(t) in self.nhwc_ids
+
+    def nchw(self, t: Tensor) -> Tensor:
+        """Original tensor `t` in its own layout."""
+        return self.convert(self.value(t), NHWC_TO_NCHW) if self.is_nhwc(t) else self.value(t)
+
+    def nhwc(self, t: Tensor) -> Tensor:
+        """Original 4-D tensor `t` channels-last."""
+        return self.value(t) if self.is_nhwc(t) else self.convert(self.value(t), NCHW_TO_NHWC)
+
+    def _once(self, value: Tensor, what, make) -> Tensor:
+        key = (id(value), what)
+        if key not in self.made:
+            self.made[key] = (value, make(value))
+        return self.made[key][1]
+
+    def convert(self, value: Tensor, order: tuple) -> Tensor:
+        """`value` permuted by `order` (a layout conversion), made once (`permuted` makes
+        converting a conversion back give the original)."""
+        return self._once(value, order, lambda v: permuted(v, order))
+
+    def broadcast_nhwc(self, t: Tensor) -> Tensor:
+        """An operand of fewer than 4 dims broadcast against NCHW data, made 4-D and
+        channels-last, so that it broadcasts the same against NHWC data."""
+        value = self.nchw(t)
+        if value.ndim == 0:
+            return value
+        full = self._once(value, "4-D", lambda v: reshaped(v, (1,) * (4 - v.ndim) + v.shape))
+        return self.convert(full, NCHW_TO_NHWC)
+
+    def channels_padded(self, value: Tensor, channels: int) -> Tensor:
+        """Channels-last `value` with zero channels appended up to `channels`."""
+        extra = channels - value.shape[-1]
+        if extra == 0:
+            return value
+
+        def pad(v: Tensor) -> Tensor:
+            if v.is_symbolic:
+                return provided("pad")(v, [0, extra])
+            return from_torch(torch.nn.functional.pad(v.torch(), (0, extra)))
+
+        return self._once(value, "pad", pad)
+
+    def plan(self, node: Operator) -> None:
+        """Add `node` to the new graph, channels-last where it can be."""
+        planned = PLANS.get(node.definition.name, plan_elementwise)(self, node)
+        outs, in_nhwc = planned or (reapply(node, [self.nchw(t) for t in node.inputs]), False)
+        for old, new in zip(node.outputs, outs):
+            self.new[id(old)] = new
+            if in_nhwc:
+                self.nhwc_ids.add(id(old))
+
+
+def permuted(t: Tensor, order) -> Tensor:
+    """`t` permuted by `order`: computed now for a constant; `t`'s own source where `t` is a
+    permute that `order` undoes, one permute of that source where it composes with one; a
+    reshape where only size-1 dims move; a permute node otherwise."""
+    if not t.is_symbolic:
+        return from_torch(t.torch().permute(*order).contiguous())
+    producer = t.trace[0] if t.trace is not None else None
+    if producer is not None and producer.definition.name in ("permute", "transpose"):
+        inner = permutation(producer)
+        order = tuple(inner[k] for k in order)
+        source = producer.inputs[0]
+        return source if order == tuple(range(len(order))) else permuted(source, order)
+    moved = [k for k in order if t.shape[k] != 1]
+    if moved == sorted(moved):
+        return reshaped(t, permuted_shape(t.shape, order))
+    return provided("permute")(t, list(order))
+
+
+def reshaped(t: Tensor, shape) -> Tensor:
+    """`t` in `shape`: computed now for a constant, a reshape node otherwise."""
+    if not t.is_symbolic:
+        return from_torch(t.torch().reshape(shape).contiguous())
+    return provided("reshape")(t, list(shape))
+
+
+# Each plan gives (a node's outputs, whether they are channels-last), or None where the node
+# keeps NCHW.
+
+def plan_convolution(p: _Planner, node: Operator):
+    """conv2d as conv2d_channels_last, its input's channels padded (see the module docs)."""
+    if id(node) not in p.convolutions:
+        return None
+    args = arguments_of(node)
+    groups = args["groups"]
+    x = p.nhwc(args["x"])
+    weight = p.convert(p.nchw(args["weight"]), NCHW_TO_NHWC)
+    bias = None if args["bias"] is None else p.nchw(args["bias"])
+    if groups == 1:             # a grouped weight holds C / groups channels: nothing to pad
+        channels = _padded_channels(x.shape[-1], groups)
+        x, weight = p.channels_padded(x, channels), p.channels_padded(weight, channels)
+    return [provided("conv2d_channels_last")(x, weight, bias, args["stride"], conv_padding(node),
+                                             args["dilation"], groups)], True
+
+
+def plan_through_view(p: _Planner, node: Operator):
+    """An operator of RUN_CHANNELS_LAST on channels-last data, through `in_channels_last`."""
+    args = arguments_of(node)
+    first = next(iter(node.definition.signature.parameters))
+    data = args[first]
+    if (not isinstance(data, Tensor) or not p.is_nhwc(data) or len(node.outputs) != 1
+            or node.outputs[0].ndim != 4):
+        return None
+    names, operands, attributes = [], [], []
+    for name, v in args.items():
+        if name == first:
+            continue
+        if isinstance(v, Tensor):
+            names.append(name)
+            operands.append(p.nchw(v))
+        elif isinstance(v, list) and any(isinstance(e, Tensor) for e in v):
+            return None
+        else:
+            attributes.append((name, v))
+    return [in_channels_last(node.definition)(p.value(data), operands, tuple(names), tuple(attributes))], True
+
+
+def plan_pad(p: _Planner, node: Operator):
+    """pad of channels-last data: the same amounts, on the permuted dims."""
+    args = arguments_of(node)
+    if not p.is_nhwc(args["x"]):
+        return None
+    amounts = list(args["pad"]) + [0] * (8 - len(args["pad"]))
+    sides = {3 - k: amounts[2 * k:2 * k + 2] for k in range(4)}       # NCHW dim -> (before, after)
+    pad = [a for k in range(4) for a in sides[NCHW_TO_NHWC[3 - k]]]
+    while len(pad) > 2 and pad[-2:] == [0, 0]:
+        pad = pad[:-2]
+    return [node.definition(**{**args, "x": p.value(args["x"]), "pad": pad})], True
+
+
+def plan_along_dim(p: _Planner, node: Operator):
+    """An operator of ALONG_A_DIM on 4-D data with a channels-last operand: along the permuted
+    dim (channels: the last), on channels-last operands, its 4-D results channels-last."""
+    args = arguments_of(node)
+    if (not isinstance(args["dim"], int) or any(t.ndim != 4 for t in node.inputs + node.outputs)
+            or not any(p.is_nhwc(t) for t in node.inputs)):
+        return None
+    nhwc = {id(t): p.nhwc(t) for t in node.inputs}
+    for name, v in args.items():
+        if isinstance(v, Tensor):
+            args[name] = nhwc[id(v)]
+        elif isinstance(v, list) and any(isinstance(e, Tensor) for e in v):
+            args[name] = [nhwc[id(e)] for e in v]
+    args["dim"] = NCHW_TO_NHWC.index(args["dim"] % 4)
+    outs = node.definition(**args)
+    return list(outs) if isinstance(outs, tuple) else [outs], True
+
+
+def plan_permute(p: _Planner, node: Operator):
+    """A permute of channels-last data: one permute of the NHWC value, or none where the model
+    itself permutes to NHWC. Its result is in no particular layout."""
+    x = node.inputs[0]
+    if not p.is_nhwc(x):
+        return None
+    order = tuple(NHWC_TO_NCHW[k] for k in permutation(node))
+    value = p.value(x)
+    if order == (0, 1, 2, 3):
+        return [value], False
+    return [p.convert(value, order) if order == NHWC_TO_NCHW else permuted(value, order)], False
+
+
+def plan_reduction(p: _Planner, node: Operator):
+    """A sum, mean, amax or amin of channels-last data: over the same dims, permuted. With
+    keepdim its result is channels-last too; without, it is plain data where the dims kept
+    keep their order (a mean over H and W gives (N, C) either way), else the node keeps NCHW."""
+    args = arguments_of(node)
+    dim = args["dim"]
+    if not p.is_nhwc(args["x"]) or dim in ((), []):
+        return None
+    dims = set(range(4)) if dim is None else {d % 4 for d in ([dim] if isinstance(dim, int) else dim)}
+    kept = [NCHW_TO_NHWC.index(d) for d in range(4) if d not in dims]
+    if not args["keepdim"] and kept != sorted(kept):
+        return None
+    moved = sorted(NCHW_TO_NHWC.index(d) for d in dims)
+    return [node.definition(**{**args, "x": p.value(args["x"]), "dim": moved})], bool(args["keepdim"])
+
+
+def plan_elementwise(p: _Planner, node: Operator):
+    """An element-wise operator (`is_elementwise`) with a 4-D result and a channels-last
+    operand: on channels-last operands."""
+    if (node.outputs[0].ndim != 4 or not any(t.ndim == 4 and p.is_nhwc(t) for t in node.inputs)
+            or not is_elementwise(node)):
+        return None
+    inputs = [p.nhwc(t) if t.ndim == 4 else p.broadcast_nhwc(t) for t in node.inputs]
+    outs = reapply(node, inputs)
+    want = permuted_shape(node.outputs[0].shape, NCHW_TO_NHWC)
+    return (outs, True) if outs[0].shape == want else None
+
+
+PLANS = {
+    "conv2d": plan_convolution,
+    "pad": plan_pad,
+    "permute": plan_permute,
+    "transpose": plan_permute,
+    **{name: plan_through_view for name in RUN_CHANNELS_LAST},
+    **{name: plan_reduction for name in ("sum", "mean", "amax", "amin")},
+    **{name: plan_along_dim for name in ALONG_A_DIM},
+}
+
+
+class PlanLayout(GraphPass):
+    """Run convolution-heavy regions channels-last (see the module docs)."""
+
+    name = "plan_layout"
+    opt_level = 1
+
+    def transform(self, graph, ctx):
+        mode = ctx.config["channels_last"]
+        if mode not in MODES:
+            raise ValueError(f"PassContext config 'channels_last' must be one of {', '.join(MODES)}, "
+                             f"got {mode!r}")
+        if any(provided(name) is None for name in OPERATORS_USED):
+            return graph
+        convolutions = [n for n in graph.nodes if n.definition.name == "conv2d"]
+        taken = {id(n) for n in convolutions if runs_channels_last(n, mode)}
+        if not taken or (mode == "auto" and len(taken) < len(convolutions)):
+            return graph
+        planner = _Planner(taken)
+        for node in graph.nodes:
+            planner.plan(node)
+        return trace_from([planner.nchw(t) for t in graph.outputs], graph.inputs)
