@@ -153,11 +153,14 @@ def _compile_all(template_name, task, level):
 
 
 def _fused_block(dtype, depthwise):
-    """relu(conv2d(x, w, b) + x) on 16 channels at 14 x 14 (CUDA symbols), optimized."""
+    """relu(conv2d(x, w, b) + x) on 16 channels at 14 x 14 (CUDA symbols), optimized in NCHW
+    (layout planning off: the channels-last path is tests/cuda/test_conv_sm90*.py's)."""
+    from kiln.passes import PassContext
     x, b = kiln.symbol([1, 16, 14, 14], dtype, "cuda"), kiln.symbol([16], dtype, "cuda")
     w = kiln.symbol([16, 1, 3, 3] if depthwise else [16, 16, 3, 3], dtype, "cuda")
     y = ops.conv2d(x, w, b, padding=1, groups=16 if depthwise else 1)
-    return kiln.graph.optimize(kiln.trace_from(ops.relu(ops.add(y, x)), [x, w, b]))
+    with PassContext(config={"channels_last": "never"}):
+        return kiln.graph.optimize(kiln.trace_from(ops.relu(ops.add(y, x)), [x, w, b]))
 
 
 # ---------------------------------------------------------------- on a GPU

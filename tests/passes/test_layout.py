@@ -204,25 +204,27 @@ def hopper(monkeypatch):
     return monkeypatch
 
 
-def _fake_sm90_template(monkeypatch):
-    """A channels-last convolution template for sm_90 contributed while the test runs."""
+def _channels_last_templates(monkeypatch, fake: bool):
+    """While the test runs, the only channels-last convolution template is a fake one for
+    sm_90 (`fake`), or there is none."""
     choose = importlib.import_module("kiln.schedule.choose")
     contributed = choose.templates_for
-    fake = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
-                    applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
+    template = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
+                        applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
 
-    def with_fake(op, target, arch=None):
+    def replaced(op, target, arch=None):
         if (op, target) == ("conv2d_channels_last", "cuda"):
-            return [fake] if arch is None or fake.min_arch <= arch else []
+            return [template] if fake and (arch is None or template.min_arch <= arch) else []
         return contributed(op, target, arch)
 
-    monkeypatch.setattr(choose, "templates_for", with_fake)
+    monkeypatch.setattr(choose, "templates_for", replaced)
 
 
 def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopper):
     conv = _cuda_conv()
+    _channels_last_templates(hopper, fake=False)
     assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
-    _fake_sm90_template(hopper)
+    _channels_last_templates(hopper, fake=True)
     hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 80))
     assert not runs_channels_last(conv, "auto")            # an sm_80 device: the template is sm_90's
     hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 90))
@@ -252,8 +254,9 @@ def test_auto_plans_cuda_graphs_without_a_gpu(monkeypatch):
 
     monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(
         BACKENDS["cuda"], unavailable=lambda: "no GPU in this test", arch=no_arch))
+    _channels_last_templates(monkeypatch, fake=False)
     assert not runs_channels_last(_cuda_conv(), "auto")
-    _fake_sm90_template(monkeypatch)
+    _channels_last_templates(monkeypatch, fake=True)
     assert runs_channels_last(_cuda_conv(), "auto")        # a template for some architecture
 
 
