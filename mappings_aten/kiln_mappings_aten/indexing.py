@@ -2,6 +2,8 @@
 of indexing and of embeddings), gather, scatter, index_select, index_add, embedding."""
 import math
 
+import torch
+
 from kiln import ops
 from kiln.frontend.torch import register_function
 
@@ -48,11 +50,36 @@ def index(x, indices):
     return ops.reshape(picked, x.shape[:first] + flat.shape + x.shape[last:])
 
 
-def _leading(x, indices, values, accumulate=False) -> bool:
-    return bool(indices) and all(t is not None for t in indices)
+def _index_put_checked(x, indices, values, accumulate=False) -> bool:
+    return _adjacent(indices)
 
 
-@register_function(aten.index_put.default, check=_leading)
+@register_function(aten.index_put.default, check=_index_put_checked)
 def index_put(x, indices, values, accumulate=False):
-    """`x` with `values` written (or added) at the positions of index tensors on its leading dims."""
-    return ops.index_put(x, list(indices), ops.cast(values, x.dtype), accumulate)
+    """`x` with `values` written (or added) at the positions of index tensors on adjacent dims:
+    those dims are moved to the front for Kiln's index_put (which indexes leading dims), and
+    back."""
+    used = [k for k, t in enumerate(indices) if t is not None]
+    first, count = used[0], len(used)
+    values = ops.cast(values, x.dtype)
+    if first == 0:
+        return ops.index_put(x, [indices[k] for k in used], values, accumulate)
+    index_shape = _broadcast(indices, used)
+    index_ndim = len(index_shape)
+    target = x.shape[:first] + index_shape + x.shape[first + count:]
+    values = ops.expand(ops.reshape(values, (1,) * (len(target) - values.ndim) + values.shape),
+                        list(target))
+    front = list(range(first, first + count)) + list(range(first)) + list(range(first + count, x.ndim))
+    values_front = (list(range(first, first + index_ndim)) + list(range(first)) +
+                    list(range(first + index_ndim, len(target))))
+    written = ops.index_put(ops.permute(x, front), [indices[k] for k in used],
+                            ops.permute(values, values_front), accumulate)
+    return ops.permute(written, [front.index(d) for d in range(x.ndim)])
+
+
+def _broadcast(indices, used) -> tuple:
+    """The shape the index tensors broadcast to."""
+    shape = ()
+    for k in used:
+        shape = tuple(torch.broadcast_shapes(shape, indices[k].shape))
+    return shape

@@ -107,3 +107,30 @@ def _softmax_rule(op: str):
 
 softmax = register_function(aten._softmax.default)(_softmax_rule("softmax"))
 log_softmax = register_function(aten._log_softmax.default)(_softmax_rule("log_softmax"))
+
+
+def _floor_mode(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                divisor_override) -> bool:
+    return not ceil_mode and divisor_override is None and x.ndim in (3, 4)
+
+
+@register_function(aten.avg_pool2d_backward.default, check=_floor_mode)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    """Each output's gradient divided by its window's divisor, spread back over the window: a
+    transposed convolution with a kernel of ones, per channel (floor mode only)."""
+    kernel = (tuple(kernel_size) * 2)[:2] if len(kernel_size) == 1 else tuple(kernel_size)
+    stride = kernel if not stride else ((tuple(stride) * 2)[:2] if len(stride) == 1 else tuple(stride))
+    padding = (tuple(padding) * 2)[:2] if len(padding) == 1 else tuple(padding)
+    size, out = x.shape[-2:], grad.shape[-2:]
+    ones = ops.full((1, 1) + kernel, 1.0, dtype=grad.dtype, device=grad.device)
+    if count_include_pad:
+        scaled = ops.div(grad, kernel[0] * kernel[1])
+    else:
+        plane = ops.full((1, 1) + size, 1.0, dtype=grad.dtype, device=grad.device)
+        counts = ops.reshape(ops.conv2d(plane, ones, None, stride, padding), out)
+        scaled = ops.div(grad, counts)
+    planes = ops.reshape(scaled, (-1, 1) + out)
+    restore = [size[d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + kernel[d]) for d in range(2)]
+    spread = ops.conv_transpose2d(planes, ones, None, stride, padding, restore)
+    return ops.reshape(spread, x.shape)

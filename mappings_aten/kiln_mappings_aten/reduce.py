@@ -85,3 +85,24 @@ def var(x, dim=None, correction=None, keepdim=False):
 def var_mean(x, dim=None, correction=None, keepdim=False):
     dims = all_dims(dim)
     return ops.var(x, dims, _correction(correction), keepdim), ops.mean(x, dims, keepdim)
+
+
+@register_function(aten.linalg_vector_norm.default)
+def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    """The `ord`-norm over `dim` (every dim without it): max or min of |x| for +-inf, the count
+    of non-zeros for 0, else (sum |x|^ord)^(1/ord)."""
+    if dtype is not None:
+        x = ops.cast(x, dtype)
+    dims = all_dims(dim)
+    size = ops.abs(x)
+    if ord == float("inf"):
+        return ops.amax(size, dims, keepdim)
+    if ord == float("-inf"):
+        return ops.amin(size, dims, keepdim)
+    if ord == 0:
+        return ops.sum(ops.cast(ops.ne(x, 0), x.dtype), dims, keepdim)
+    if ord == 1:
+        return ops.sum(size, dims, keepdim)
+    if ord == 2:
+        return ops.sqrt(ops.sum(ops.mul(x, x), dims, keepdim))
+    return ops.pow(ops.sum(ops.pow(size, ord), dims, keepdim), 1.0 / ord)

@@ -2,7 +2,7 @@
 aliases), and the scatter forms of slicing write a slice back by concatenation."""
 import operator
 
-from kiln import ops
+from kiln import dtypes, ops
 from kiln.frontend.torch import register_function
 
 from kiln_mappings_aten.common import aten, same_signature
@@ -78,16 +78,16 @@ def _written(x, src, dim: int, start: int, end: int):
     return parts[0] if len(parts) == 1 else ops.cat(parts, dim)
 
 
-def _unit_step(x, src, dim=0, start=None, end=None, step=1) -> bool:
-    return step == 1
-
-
-@register_function(aten.slice_scatter.default, check=_unit_step)
+@register_function(aten.slice_scatter.default)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
-    """`x` with `src` written over `x[..., start:end]` along `dim` (unit steps only)."""
+    """`x` with `src` written over `x[..., start:end:step]` along `dim`."""
     dim %= x.ndim
     start, end = _bounds(x.shape[dim], start, end)
-    return _written(x, ops.cast(src, x.dtype), dim, start, end)
+    src = ops.cast(src, x.dtype)
+    if step == 1:
+        return _written(x, src, dim, start, end)
+    positions = ops.arange(start, end, step, dtype=dtypes.int64, device=x.device)
+    return ops.index_copy(x, dim, positions, src)
 
 
 @register_function(aten.select_scatter.default)
