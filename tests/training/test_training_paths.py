@@ -130,3 +130,18 @@ def test_fallback_runs_dropout_when_no_rule_maps_the_generator():
     finally:
         for rule in removed:
             mapping_registry().add(rule)
+
+
+def test_symbolic_trace_graph_returning_one_tensor():
+    """fx graphs of symbolic_trace may return a bare tensor (AOTAutograd wants a tuple)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randn(3, 6)
+    out = kiln_backend(gm, [x])(x)
+    assert isinstance(out, torch.Tensor) and out.requires_grad
+    out.sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(got, [p.grad for p in model.parameters()], rtol=1e-5, atol=1e-6)

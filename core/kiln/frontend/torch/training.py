@@ -13,6 +13,7 @@ backward is matmuls and a softmax rather than a fused kernel's backward op.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
@@ -65,5 +66,23 @@ def compile_for_training(gm: GraphModule, example_inputs,
 
     backend = aot_autograd(fw_compiler=compile_half, bw_compiler=compile_half,
                            decompositions=decompositions())
+    single = _returns_one_value(gm)
+    if single:
+        gm = _returning_tuple(gm)
     with sdpa_kernel([SDPBackend.MATH]):
-        return backend(gm, example_inputs)
+        compiled = backend(gm, example_inputs)
+    return (lambda *args: compiled(*args)[0]) if single else compiled
+
+
+def _returns_one_value(gm: GraphModule) -> bool:
+    """Whether the graph returns a bare value (symbolic_trace graphs may; dynamo's return tuples)."""
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    return not isinstance(output.args[0], (tuple, list))
+
+
+def _returning_tuple(gm: GraphModule) -> GraphModule:
+    """A copy of `gm` returning its value in a 1-tuple, as AOTAutograd requires."""
+    graph = copy.deepcopy(gm.graph)
+    output = next(iter(graph.find_nodes(op="output")))
+    output.args = ((output.args[0],),)
+    return GraphModule(gm, graph)
