@@ -19,6 +19,7 @@ def test_training_steps_match_eager(case, optimizer):
     eager = train(model, batches, optimizer, STEPS)
     torch._dynamo.reset()
     kiln = train(model, batches, optimizer, STEPS, compile_with="kiln")
+    assert kiln.kiln_graphs >= 2, "Kiln must compile and run the forward and the backward"
 
     assert set(kiln.first_grads) == set(eager.first_grads) == {
         n for n, p in model.named_parameters() if p.requires_grad}

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.frontend.torch import KilnFunction
+
 
 class Block(nn.Module):
     """A residual basic block (two 3x3 convolutions with batch norm), projecting when needed."""
@@ -96,6 +98,7 @@ class Run:
 
     losses: list[float] = field(default_factory=list)
     first_grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    kiln_graphs: int = 0   # graphs Kiln compiled and ran (forward and backward halves)
 
 
 def train(model: nn.Module, batches, optimizer: str, steps: int, compile_with=None,
@@ -103,6 +106,7 @@ def train(model: nn.Module, batches, optimizer: str, steps: int, compile_with=No
     """`steps` optimizer steps of a copy of `model` in train mode, cycling through `batches`;
     the forward compiled with torch.compile(backend=compile_with) when given."""
     model = copy.deepcopy(model).train()
+    before = {id(f) for f in KilnFunction.live()}
     step_fn = model if compile_with is None else torch.compile(model, backend=compile_with)
     opt = OPTIMIZERS[optimizer](model.parameters())
     torch.manual_seed(seed)
@@ -117,4 +121,5 @@ def train(model: nn.Module, batches, optimizer: str, steps: int, compile_with=No
                                if p.grad is not None}
         opt.step()
         run.losses.append(loss.item())
+    run.kiln_graphs = sum(1 for f in KilnFunction.live() if id(f) not in before and f.graphs)
     return run
