@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 # Every distribution of the repository that the default install includes (editable).
-DISTRIBUTIONS := core[cuda] ops_builtin mappings_builtin .
-PYPROJECTS := pyproject.toml core/pyproject.toml ops_builtin/pyproject.toml mappings_builtin/pyproject.toml
+DISTRIBUTIONS := core[cuda] ops_builtin mappings_builtin mappings_aten .
+PYPROJECTS := pyproject.toml core/pyproject.toml ops_builtin/pyproject.toml mappings_builtin/pyproject.toml mappings_aten/pyproject.toml
 # The test environment adds every further plugin under plugins/, so that their tests run too.
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 TEST_REQUIREMENTS := pytest pytest-xdist transformers expecttest

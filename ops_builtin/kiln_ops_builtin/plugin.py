@@ -4,11 +4,11 @@ from kiln.plugins import hookimpl
 
 from kiln_ops_builtin import (
     activations, attention, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
-    pool, reduce, resize, scatter, shape, sorting, special,
+    pool, random, reduce, resize, scatter, shape, sorting, special,
 )
 
 OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, grid_sample, reduce, normalization,
-                    shape, indexing, creation, special, sorting, cumulative, scatter)
+                    shape, indexing, creation, special, sorting, cumulative, scatter, random)
 
 
 @hookimpl

@@ -30,6 +30,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
+from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
@@ -51,7 +52,17 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
                    "which Kiln does not model:\n  " + "\n  ".join(mutations))
         return gm.forward
-    constants = constant_placeholders(gm, example_inputs)
+    if needs_autograd(gm, example_inputs):
+        return compile_for_training(
+            gm, example_inputs, lambda graph, examples: compile_graph(graph, examples, settings))
+    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
+
+
+def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
+                  constants: set[str] = frozenset()):
+    """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
+    fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
+    holding parameters and buffers."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:

@@ -27,9 +27,11 @@ def _public_names() -> dict[int, str]:
 
 def target_name(kind: str, target) -> str:
     """A readable, stable name of a torch target: 'torch.nn.functional.gelu', 'torch.Tensor.view',
-    'operator.add', 'torch.nn.Conv2d'."""
+    'operator.add', 'torch.nn.Conv2d', 'aten.convolution_backward.default'."""
     if kind == "method":
         return f"torch.Tensor.{target}"
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)      # 'aten.add.Tensor'
     public = _public_names().get(id(target))
     if public:
         return public

@@ -1,0 +1,88 @@
+"""Training: dynamo graphs that need autograd go through AOTAutograd, and Kiln compiles both halves.
+
+`needs_autograd(gm, example_inputs)` says whether outputs must carry gradients: grad mode is on
+and an input or a parameter requires grad. `compile_for_training` then hands the graph to
+torch's AOTAutograd, which traces forward and backward to core ATen (`decompositions()`:
+torch's core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps
+more simply than the op itself) and splits them; both ATen graphs are compiled by
+`compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping rules, the
+unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`).
+
+Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
+backward is matmuls and a softmax rather than a fused kernel's backward op.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx import GraphModule
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
+
+_aten = torch.ops.aten
+ALSO_DECOMPOSED = (
+    _aten.max_pool2d_with_indices.default,            # unfold, max and gather
+    _aten.max_pool2d_with_indices_backward.default,   # scatter_add
+    _aten.native_batch_norm.default,                  # var_mean and element-wise ops,
+    _aten._native_batch_norm_legit.default,           # running statistics included
+    _aten._native_batch_norm_legit_functional.default,
+    _aten._native_batch_norm_legit_no_training.default,
+    _aten.native_dropout.default,                     # rand_like, a comparison, a product
+)
+
+
+def decompositions() -> dict:
+    """The decomposition table handed to AOTAutograd."""
+    return {**core_aten_decompositions(), **get_decompositions(list(ALSO_DECOMPOSED))}
+
+
+def needs_autograd(gm: GraphModule, example_inputs) -> bool:
+    """Whether the graph's outputs must be differentiable: grad mode is on and an input or a
+    parameter of `gm` requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    return any(t.requires_grad for t in tensors + list(gm.parameters()))
+
+
+def compile_for_training(gm: GraphModule, example_inputs,
+                         compile_aten: Callable[[GraphModule, list], Callable]):
+    """`gm` as a differentiable function whose forward and backward ATen graphs are compiled by
+    `compile_aten` (the backward when autograd first needs it)."""
+    def compile_half(graph: GraphModule, examples):
+        rows, device = seed_random_ops(graph)
+        if rows:
+            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)]),
+                              rows, device)
+        else:
+            compiled = compile_aten(graph, list(examples))
+        return make_boxed_func(compiled)
+
+    backend = aot_autograd(fw_compiler=compile_half, bw_compiler=compile_half,
+                           decompositions=decompositions())
+    single = _returns_one_value(gm)
+    if single:
+        gm = _returning_tuple(gm)
+    with sdpa_kernel([SDPBackend.MATH]):
+        compiled = backend(gm, example_inputs)
+    return (lambda *args: compiled(*args)[0]) if single else compiled
+
+
+def _returns_one_value(gm: GraphModule) -> bool:
+    """Whether the graph returns a bare value (symbolic_trace graphs may; dynamo's return tuples)."""
+    output = next(iter(gm.graph.find_nodes(op="output")))
+    return not isinstance(output.args[0], (tuple, list))
+
+
+def _returning_tuple(gm: GraphModule) -> GraphModule:
+    """A copy of `gm` returning its value in a 1-tuple, as AOTAutograd requires."""
+    graph = copy.deepcopy(gm.graph)
+    output = next(iter(graph.find_nodes(op="output")))
+    output.args = ((output.args[0],),)
+    return GraphModule(gm, graph)

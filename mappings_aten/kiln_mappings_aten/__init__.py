@@ -1,0 +1,2 @@
+"""kiln-mappings-aten: rules from core ATen operators (and the few AOTAutograd leaves undecomposed)
+to Kiln operators, for the forward and backward graphs of training."""

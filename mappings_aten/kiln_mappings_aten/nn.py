@@ -1,0 +1,136 @@
+"""ATen neural-network operators: convolution and its backward (onto Kiln's convolutions and
+transposed convolutions), layer norm with its statistics, softmax, pooling.
+
+The gradients of a convolution are convolutions themselves: the input gradient is the
+transposed convolution of the output gradient (with the output padding that restores the input
+size), the weight gradient a correlation of the input with the output gradient in which stride
+and dilation trade places, one per group.
+"""
+from __future__ import annotations
+
+from kiln import dtypes, ops
+from kiln.frontend.torch import register_function
+
+from kiln_mappings_aten.common import aten, same_signature
+
+same_signature("adaptive_avg_pool2d", aten._adaptive_avg_pool2d.default)
+same_signature("adaptive_avg_pool3d", aten._adaptive_avg_pool3d.default)
+same_signature("avg_pool2d", aten.avg_pool2d.default)
+same_signature("avg_pool3d", aten.avg_pool3d.default)
+
+_SPATIAL_DIMS = (1, 2, 3)
+
+
+def _conv(nd: int):
+    return getattr(ops, f"conv{nd}d")
+
+
+def _conv_transpose(nd: int):
+    return getattr(ops, f"conv_transpose{nd}d")
+
+
+def _spatial(x, *args, **kwargs) -> bool:
+    return x.ndim - 2 in _SPATIAL_DIMS
+
+
+@register_function(aten.convolution.default, check=_spatial)
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    nd = x.ndim - 2
+    if transposed:
+        return _conv_transpose(nd)(x, weight, bias, stride, padding, output_padding, groups,
+                                   dilation)
+    return _conv(nd)(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _correlation(a, b, kernel, stride, padding, dilation, groups: int):
+    """Per group g, sum over batch and positions of a[n, i, p * stride - padding + k * dilation]
+    * b[n, o, p]: shape (groups * b's channels per group, a's channels per group, *kernel)."""
+    nd = a.ndim - 2
+    ca, cb = a.shape[1] // groups, b.shape[1] // groups
+    parts = []
+    for g in range(groups):
+        ag = a if groups == 1 else ops.slice(a, 1, g * ca, (g + 1) * ca)
+        bg = b if groups == 1 else ops.slice(b, 1, g * cb, (g + 1) * cb)
+        full = _conv(nd)(ops.transpose(ag, 0, 1), ops.transpose(bg, 0, 1), None, dilation,
+                         padding, stride, 1)
+        for d, k in enumerate(kernel):
+            if full.shape[2 + d] != k:
+                full = ops.slice(full, 2 + d, 0, k)
+        parts.append(ops.transpose(full, 0, 1))
+    return parts[0] if groups == 1 else ops.cat(parts, 0)
+
+
+@register_function(aten.convolution_backward.default, check=_spatial)
+def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """(input gradient, weight gradient, bias gradient), each None where output_mask says so."""
+    nd = x.ndim - 2
+    kernel = weight.shape[2:]
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        if transposed:
+            grad_input = _conv(nd)(grad, weight, None, stride, padding, dilation, groups)
+        else:
+            restore = [x.shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d]
+                                         + dilation[d] * (kernel[d] - 1) + 1) for d in range(nd)]
+            grad_input = _conv_transpose(nd)(grad, weight, None, stride, padding, restore, groups,
+                                             dilation)
+    if output_mask[1]:
+        inner, outer = (grad, x) if transposed else (x, grad)
+        grad_weight = _correlation(inner, outer, kernel, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_bias = ops.sum(grad, [0] + list(range(2, grad.ndim)))
+    return grad_input, grad_weight, grad_bias
+
+
+def _statistics_type(x):
+    return dtypes.float32 if x.dtype.is_16bit_float else x.dtype
+
+
+@register_function(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape)."""
+    dims = list(range(x.ndim - len(normalized_shape), x.ndim))
+    wide = ops.cast(x, _statistics_type(x))
+    mean = ops.mean(wide, dims, True)
+    centered = ops.sub(wide, mean)
+    rstd = ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
+    return ops.layer_norm(x, tuple(normalized_shape), weight, bias, eps), mean, rstd
+
+
+def _softmax_rule(op: str):
+    def rule(x, dim, half_to_float=False):
+        return getattr(ops, op)(x, dim, dtypes.float32 if half_to_float else None)
+    rule.__name__ = rule.__qualname__ = op
+    return rule
+
+
+softmax = register_function(aten._softmax.default)(_softmax_rule("softmax"))
+log_softmax = register_function(aten._log_softmax.default)(_softmax_rule("log_softmax"))
+
+
+def _floor_mode(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                divisor_override) -> bool:
+    return not ceil_mode and divisor_override is None and x.ndim in (3, 4)
+
+
+@register_function(aten.avg_pool2d_backward.default, check=_floor_mode)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    """Each output's gradient divided by its window's divisor, spread back over the window: a
+    transposed convolution with a kernel of ones, per channel (floor mode only)."""
+    kernel = (tuple(kernel_size) * 2)[:2] if len(kernel_size) == 1 else tuple(kernel_size)
+    stride = kernel if not stride else ((tuple(stride) * 2)[:2] if len(stride) == 1 else tuple(stride))
+    padding = (tuple(padding) * 2)[:2] if len(padding) == 1 else tuple(padding)
+    size, out = x.shape[-2:], grad.shape[-2:]
+    ones = ops.full((1, 1) + kernel, 1.0, dtype=grad.dtype, device=grad.device)
+    if count_include_pad:
+        scaled = ops.div(grad, kernel[0] * kernel[1])
+    else:
+        plane = ops.full((1, 1) + size, 1.0, dtype=grad.dtype, device=grad.device)
+        counts = ops.reshape(ops.conv2d(plane, ones, None, stride, padding), out)
+        scaled = ops.div(grad, counts)
+    planes = ops.reshape(scaled, (-1, 1) + out)
+    restore = [size[d] - ((out[d] - 1) * stride[d] - 2 * padding[d] + kernel[d]) for d in range(2)]
+    spread = ops.conv_transpose2d(planes, ones, None, stride, padding, restore)
+    return ops.reshape(spread, x.shape)

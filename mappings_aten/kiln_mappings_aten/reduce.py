@@ -1,0 +1,108 @@
+"""ATen reductions: sums, means, extremes, logical reductions and variance, over dim lists
+(an empty list meaning every dim, as in ATen)."""
+from kiln import ops
+from kiln.frontend.torch import register_function
+
+from kiln_mappings_aten.common import aten, all_dims
+
+
+@register_function(aten.sum.dim_IntList)
+def sum_(x, dim, keepdim=False, dtype=None):
+    return ops.sum(x, all_dims(dim), keepdim, dtype)
+
+
+@register_function(aten.sum.default)
+def sum_all(x, dtype=None):
+    return ops.sum(x, None, False, dtype)
+
+
+@register_function(aten.mean.dim)
+def mean(x, dim, keepdim=False, dtype=None):
+    return ops.mean(x, all_dims(dim), keepdim, dtype)
+
+
+@register_function(aten.mean.default)
+def mean_all(x, dtype=None):
+    return ops.mean(x, None, False, dtype)
+
+
+def _extreme(op: str):
+    def rule(x, dim=(), keepdim=False):
+        return getattr(ops, op)(x, all_dims(dim), keepdim)
+    rule.__name__ = rule.__qualname__ = op
+    return rule
+
+
+amax = register_function(aten.amax.default)(_extreme("amax"))
+amin = register_function(aten.amin.default)(_extreme("amin"))
+
+
+@register_function(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return tuple(ops.max_dim(x, dim, keepdim))
+
+
+@register_function(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return tuple(ops.min_dim(x, dim, keepdim))
+
+
+@register_function(aten.max.default)
+def max_all(x):
+    return ops.amax(x)
+
+
+@register_function(aten.min.default)
+def min_all(x):
+    return ops.amin(x)
+
+
+@register_function(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return ops.argmax(x, dim, keepdim)
+
+
+@register_function(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    return ops.any(x, all_dims(dim), keepdim)
+
+
+@register_function(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    return ops.all(x, all_dims(dim), keepdim)
+
+
+def _correction(correction) -> float:
+    return 1 if correction is None else correction
+
+
+@register_function(aten.var.correction)
+def var(x, dim=None, correction=None, keepdim=False):
+    return ops.var(x, all_dims(dim), _correction(correction), keepdim)
+
+
+@register_function(aten.var_mean.correction)
+def var_mean(x, dim=None, correction=None, keepdim=False):
+    dims = all_dims(dim)
+    return ops.var(x, dims, _correction(correction), keepdim), ops.mean(x, dims, keepdim)
+
+
+@register_function(aten.linalg_vector_norm.default)
+def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    """The `ord`-norm over `dim` (every dim without it): max or min of |x| for +-inf, the count
+    of non-zeros for 0, else (sum |x|^ord)^(1/ord)."""
+    if dtype is not None:
+        x = ops.cast(x, dtype)
+    dims = all_dims(dim)
+    size = ops.abs(x)
+    if ord == float("inf"):
+        return ops.amax(size, dims, keepdim)
+    if ord == float("-inf"):
+        return ops.amin(size, dims, keepdim)
+    if ord == 0:
+        return ops.sum(ops.cast(ops.ne(x, 0), x.dtype), dims, keepdim)
+    if ord == 1:
+        return ops.sum(size, dims, keepdim)
+    if ord == 2:
+        return ops.sqrt(ops.sum(ops.mul(x, x), dims, keepdim))
+    return ops.pow(ops.sum(ops.pow(size, ord), dims, keepdim), 1.0 / ord)

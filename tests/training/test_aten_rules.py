@@ -1,0 +1,113 @@
+"""Forward and backward of single operators through Kiln's ATen rules, against eager: odd
+shapes, non-contiguous inputs, every gradient compared."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def check(fn, *inputs, rtol=1e-4, atol=1e-5):
+    """fn(*inputs) and the gradients of every floating-point input, Kiln against eager."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor)
+              else t for t in inputs]
+    out = torch.compile(fn, backend="kiln")(*leaves)
+    assert out.requires_grad
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    got = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            t.grad = None
+    expected = fn(*leaves)
+    (expected * weights).sum().backward()
+    want = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    assert all(g is not None for g in got)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+def transposed(*shape):
+    """A random non-contiguous tensor of `shape` (its last two dims swapped in memory)."""
+    return torch.randn(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [
+    (1, 0, 1, 1), (2, 1, 1, 1), (2, 2, 2, 1), (1, 1, 1, 2), (3, 1, 2, 3), (2, 0, 1, 6)])
+def test_conv2d(stride, padding, dilation, groups):
+    torch.manual_seed(0)
+    x, w, b = transposed(2, 6, 11, 9), torch.randn(6, 6 // groups, 3, 2), torch.randn(6)
+    check(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b)
+
+
+def test_conv1d_and_conv3d_without_bias():
+    torch.manual_seed(0)
+    check(lambda x, w: F.conv1d(x, w, None, 2, 1, 2), torch.randn(3, 4, 17), torch.randn(5, 4, 3))
+    check(lambda x, w: F.conv3d(x, w, None, (1, 2, 1), 1), torch.randn(2, 2, 5, 7, 4),
+          torch.randn(3, 2, 3, 3, 2))
+
+
+@pytest.mark.parametrize("stride,padding,output_padding,groups", [(1, 0, 0, 1), (2, 1, 1, 1), (2, 0, 1, 2)])
+def test_conv_transpose2d(stride, padding, output_padding, groups):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 4, 5, 6), torch.randn(4, 6 // groups, 3, 3), torch.randn(6)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups), x, w, b)
+
+
+def test_batch_norm_training_updates_running_statistics():
+    torch.manual_seed(0)
+    mean, var = torch.randn(5), torch.rand(5) + 0.5
+    kiln_mean, kiln_var = mean.clone(), var.clone()
+    x, w, b = torch.randn(3, 5, 4, 7), torch.rand(5) + 0.5, torch.randn(5)
+    check(lambda x, w, b: F.batch_norm(x, kiln_mean, kiln_var, w, b, True, 0.3), x, w, b)
+    for _ in range(2):  # check ran the model once compiled and once eagerly
+        F.batch_norm(x, mean, var, w, b, True, 0.3)
+    torch.testing.assert_close((kiln_mean, kiln_var), (mean, var))
+
+
+def test_layer_norm_softmax_gelu_log_softmax():
+    torch.manual_seed(0)
+    x, w, b = transposed(3, 5, 6), torch.randn(6), torch.randn(6)
+    check(lambda x, w, b: F.gelu(F.layer_norm(x, (6,), w, b)).softmax(-1), x, w, b)
+    check(lambda x: F.log_softmax(F.silu(x), 1) * x.mean((0, 2), keepdim=True), x)
+
+
+def test_pools():
+    torch.manual_seed(0)
+    x = transposed(2, 3, 9, 11)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1), x)
+    check(lambda x: F.max_pool2d(x, (2, 3), (2, 1), ceil_mode=True), x)
+    check(lambda x: F.avg_pool2d(x, 3, 2, 1), x)
+    check(lambda x: F.avg_pool2d(x, (3, 2), (1, 2), (1, 0), count_include_pad=False), x)
+
+
+def test_matrix_products_and_reductions():
+    torch.manual_seed(0)
+    a, b, bias = torch.randn(5, 7), transposed(7, 3), torch.randn(3)
+    check(lambda a, b, bias: torch.addmm(bias, a, b, beta=0.5, alpha=2.0), a, b, bias)
+    check(lambda a, b: torch.bmm(a.expand(4, 5, 7), b.expand(4, 7, 3)).amax(0), a, b)
+    check(lambda a: torch.var_mean(a, 1, correction=0)[0] * a.sum(1) / a.norm(dim=1), a)
+    check(lambda a: a.norm(p=3, dim=0) + a.norm(p=float("inf")) + a.norm(p=1), a)
+
+
+def test_gather_and_index_backward():
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5)
+    rows = torch.tensor([[0, -1, 2], [3, 3, 1]])
+    check(lambda x: x[:, rows] * 2, x)                       # index_put after leading dims
+    check(lambda x: x[rows] + x[rows, torch.tensor([1, 5, 0])].unsqueeze(2), x)
+    check(lambda x: torch.gather(x, 2, torch.tensor([[[4, 0], [1, 1]]]).expand(4, 2, 2)), x)
+    check(lambda w: F.embedding(torch.tensor([[1, 3, 1], [0, 1, 2]]), w), torch.randn(4, 3))
+
+
+def test_slices_and_views():
+    torch.manual_seed(0)
+    x = transposed(3, 8, 6)
+    check(lambda x: torch.cat([x[:, 1:-2:2], x[:, -3:]], 1).permute(2, 0, 1).flatten(1), x)
+    check(lambda x: x[1] * x[:, 2:3].sum() + x.select(2, 1).unsqueeze(-1), x)
+    check(lambda x: torch.stack(x.split([3, 5], 1)[1].unbind(0)), x)

@@ -1,0 +1,147 @@
+"""Which path a graph takes (inference through torch-level rules, training through AOTAutograd
+and ATen-level rules) and how unmapped ATen operators are reported or run in PyTorch."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+from kiln.frontend.torch import KilnFunction, kiln_backend
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    yield
+    kiln.torch.dynamo_config.reset()
+    torch._dynamo.reset()
+
+
+class ConvHead(nn.Module):
+    """A convolution, an adaptive average pool to 3x3 (its backward is an ATen op Kiln does not
+    map) and a sum of squares."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(self.conv(x), 3).square().sum()
+
+
+class Backends:
+    """A torch.compile backend recording what kiln_backend returned."""
+
+    def __init__(self):
+        self.returned = []
+
+    def __call__(self, gm, example_inputs):
+        self.returned.append(kiln_backend(gm, example_inputs))
+        return self.returned[-1]
+
+
+def test_outputs_carry_gradients_of_parameters():
+    """The issue's report: a compiled model's outputs came back with requires_grad=False."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 5), nn.GELU(), nn.Linear(5, 3))
+    x = torch.randn(4, 7)
+    out = torch.compile(model, backend="kiln")(x)
+    assert out.requires_grad and out.grad_fn is not None
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_input_gradients_without_parameters():
+    def f(x, y):
+        return (torch.softmax(x @ y.t(), -1) * x.sum(1, keepdim=True)).sum()
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 6, requires_grad=True), torch.randn(3, 6, requires_grad=True)
+    torch.compile(f, backend="kiln")(x, y).backward()
+    got = x.grad.clone(), y.grad.clone()
+    x.grad = y.grad = None
+    f(x, y).backward()
+    torch.testing.assert_close(got, (x.grad, y.grad), rtol=1e-5, atol=1e-6)
+
+
+def test_inference_keeps_the_torch_level_path():
+    model = nn.Linear(4, 2)
+    backend = Backends()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(torch.randn(3, 4))
+    assert not out.requires_grad
+    assert isinstance(backend.returned[0], KilnFunction), "no_grad must not go through AOTAutograd"
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(torch.randn(3, 4))
+    assert out.requires_grad and not isinstance(backend.returned[1], KilnFunction)
+
+
+def test_unmapped_backward_operator_is_one_clear_error():
+    torch.manual_seed(0)
+    loss = torch.compile(ConvHead(), backend="kiln")(torch.randn(2, 2, 9, 9))
+    with pytest.raises(kiln.UnmappedOperatorError) as info:
+        loss.backward()     # the backward graph is compiled when autograd first needs it
+    assert [(o.name, o.count) for o in info.value.operators] == [
+        ("aten._adaptive_avg_pool2d_backward.default", 1)]
+    assert "fallback_to_eager(True)" in str(info.value)
+
+
+def test_unmapped_forward_operator_is_one_clear_error():
+    x = torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda t: (t.cumsum(1) * t.cummax(1).values).sum(), backend="kiln")(x)
+    error = getattr(info.value, "inner_exception", info.value)  # dynamo wraps backend errors
+    assert isinstance(error, kiln.UnmappedOperatorError), repr(info.value)
+    assert {o.name for o in error.operators} == {"aten.cumsum.default", "aten.cummax.default"}
+
+
+def test_fallback_runs_unmapped_backward_operator_in_pytorch():
+    kiln.torch.dynamo_config.fallback_to_eager(True)
+    torch.manual_seed(0)
+    model, x = ConvHead(), torch.randn(2, 2, 9, 9)
+    with pytest.warns(UserWarning, match="aten._adaptive_avg_pool2d_backward.default"):
+        torch.compile(model, backend="kiln")(x).backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_fallback_runs_dropout_when_no_rule_maps_the_generator():
+    """With the random op run in PyTorch (fallback), dropout still trains: the seeded node runs
+    torch's own generator."""
+    kiln.torch.dynamo_config.fallback_to_eager(True)
+    from kiln.frontend.torch import mapping_registry
+    from kiln.frontend.torch.random import seeded_uniform
+    removed = mapping_registry().remove(seeded_uniform)
+    try:
+        x = torch.rand(64, 33) + 0.5
+        w = torch.tensor(2.0, requires_grad=True)
+        with pytest.warns(UserWarning, match="seeded_uniform"):
+            y = torch.compile(lambda t: F.dropout(t * w, 0.25, training=True), backend="kiln")(x)
+        kept = y != 0
+        assert abs(kept.float().mean().item() - 0.75) < 0.03
+        y.sum().backward()
+        torch.testing.assert_close(w.grad, (x * kept).sum() / 0.75, rtol=1e-4, atol=0)
+    finally:
+        for rule in removed:
+            mapping_registry().add(rule)
+
+
+def test_symbolic_trace_graph_returning_one_tensor():
+    """fx graphs of symbolic_trace may return a bare tensor (AOTAutograd wants a tuple)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randn(3, 6)
+    out = kiln_backend(gm, [x])(x)
+    assert isinstance(out, torch.Tensor) and out.requires_grad
+    out.sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(got, [p.grad for p in model.parameters()], rtol=1e-5, atol=1e-6)
