@@ -93,6 +93,21 @@ def test_multiples_of_the_divisor_move_out_of_div_and_mod():
     assert_equivalent(mod, simplify(mod), [i, j])
 
 
+def test_a_row_index_read_back_through_another_grouping_of_its_dims():
+    # layer_norm over rows of (4, 7, 129) flattened to (28, 129): element (o, e) of the output
+    # reads the statistics of row ((o * 129 + e) // 903, (o * 129 + e) // 129 % 7), which is o
+    o, e = Var("o", 28), Var("e", 129)
+    flat = o * 129 + e
+    first, second = flat // 903, flat // 129 % 7
+    assert simplify(first).key() == (o // 7).key()
+    assert simplify(second).key() == (o % 7).key()
+    assert simplify(simplify(first) * 7 + simplify(second)) is o
+    mod = (o * 129 + e + 5) % 903                 # the low part may not reach past the divisor
+    assert_equivalent(mod, simplify(mod), [o, e])
+    for x in (first, second, flat % 903, (o * 6 + e % 3 * 2) // 12, (o * 6 + e % 3 * 2) % 12):
+        assert_equivalent(x, simplify(x), [o, e])
+
+
 def test_constants_fold_and_identities_vanish():
     i = Var("i", 9)
     int64 = dtypes.int64

@@ -1,6 +1,7 @@
-"""nn.MultiheadAttention's functional core, F.multi_head_attention_forward, composed from
-linear, batched matmul and softmax (inference: no dropout, no bias_k/bias_v, no zero
-attention, no static keys)."""
+"""nn.MultiheadAttention's functional core, F.multi_head_attention_forward: the projections as
+linears around the fused `attention` operator, or, where the caller wants the attention
+weights too, batched matmuls around a softmax (inference: no dropout, no bias_k/bias_v, no
+zero attention, no static keys)."""
 import math
 
 import torch.nn.functional as F
@@ -32,6 +33,16 @@ def _heads(x, length: int, batch: int, heads: int, head_dim: int):
     return ops.transpose(ops.reshape(x, (length, batch * heads, head_dim)), 0, 1)
 
 
+def _fused(q, k, v, mask, length: int, source: int, batch: int, heads: int, head_dim: int):
+    """The attention of heads (batch * heads, length, head_dim) through the `attention`
+    operator, as (length, batch, heads * head_dim)."""
+    split = lambda t, n: ops.reshape(t, (batch, heads, n, head_dim))
+    if mask is not None:
+        mask = ops.reshape(ops.expand(mask, (batch * heads, length, source)), (batch, heads, length, source))
+    out = ops.attention(split(q, length), split(k, source), split(v, source), mask)
+    return ops.reshape(ops.permute(out, (2, 0, 1, 3)), (length, batch, heads * head_dim))
+
+
 @register_function(F.multi_head_attention_forward, check=_supported)
 def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
                                  in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p,
@@ -54,7 +65,12 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         weights = tuple(ops.slice(in_proj_weight, 0, k * embed, (k + 1) * embed) for k in range(3))
     biases = (None,) * 3 if in_proj_bias is None else \
         tuple(ops.slice(in_proj_bias, 0, k * embed, (k + 1) * embed) for k in range(3))
-    q, k, v = (ops.linear(t, w, b) for t, w, b in zip((query, key, value), weights, biases))
+    if query is key is value and not use_separate_proj_weight:
+        # self-attention: one projection of 3 * embed, read by the attention through slices
+        qkv = ops.linear(query, in_proj_weight, in_proj_bias)
+        q, k, v = (ops.slice(qkv, 2, n * embed, (n + 1) * embed) for n in range(3))
+    else:
+        q, k, v = (ops.linear(t, w, b) for t, w, b in zip((query, key, value), weights, biases))
     q = _heads(q, length, batch, num_heads, head_dim)
     k = _heads(k, source, batch, num_heads, head_dim)
     v = _heads(v, source, batch, num_heads, head_dim)
@@ -67,6 +83,10 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         padding = ops.reshape(ops.expand(padding, (batch, num_heads, 1, source)),
                               (batch * num_heads, 1, source))
         mask = padding if mask is None else ops.add(mask, padding)
+    if not need_weights:
+        out = _fused(q, k, v, mask, length, source, batch, num_heads, head_dim)
+        out = ops.linear(out, out_proj_weight, out_proj_bias)
+        return (ops.squeeze(out, 1) if unbatched else out), None
 
     scores = ops.matmul(ops.mul(q, 1 / math.sqrt(head_dim)), ops.transpose(k, 1, 2))
     if mask is not None:

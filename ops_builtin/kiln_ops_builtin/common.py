@@ -109,15 +109,6 @@ def ravel(index, shape):
     return flat
 
 
-def unravel(flat, shape) -> list:
-    """The row-major index of the flat position `flat` in `shape`."""
-    index = []
-    for s in reversed(shape):
-        index.append(flat % s)
-        flat = flat // s
-    return index[::-1]
-
-
 def clamp_index(i, size: int):
     """Index expression `i` (any integer type) clamped into [0, size), for indices Kiln computes
     itself and knows to be in range (user indices go through `indexing.checked_index`, which

@@ -14,9 +14,10 @@ import math
 
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select
+from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select,
+                     unravel)
 
-from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim, unravel
+from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim
 from kiln_ops_builtin.shape import dim_of, narrowed, reshaped
 
 INDEX_TYPES = (dtypes.int64, dtypes.int32)

@@ -17,10 +17,10 @@ import torch
 
 from kiln import dtypes, ir
 from kiln.graph import OperatorError, operator
-from kiln.ir import TensorNode, cast, compute, reduce, select
+from kiln.ir import TensorNode, cast, compute, reduce, select, unravel
 
 from kiln_ops_builtin.common import (accumulator_type, broadcast_load, broadcast_shape, clamp_index,
-                                     normalize_dim, ravel, unravel)
+                                     normalize_dim, ravel)
 from kiln_ops_builtin.indexing import checked_index
 
 INDEX_TYPES = (dtypes.int64, dtypes.int32)

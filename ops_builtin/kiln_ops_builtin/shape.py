@@ -6,9 +6,9 @@ import math
 from operator import index as operator_index
 
 from kiln.graph import OperatorError, operator
-from kiln.ir import TensorNode, cast, compute, select
+from kiln.ir import TensorNode, cast, compute, select, unravel
 
-from kiln_ops_builtin.common import normalize_dim, ravel, result_type, unravel
+from kiln_ops_builtin.common import normalize_dim, ravel, result_type
 
 
 def _ints(op: str, what: str, values) -> list[int]:

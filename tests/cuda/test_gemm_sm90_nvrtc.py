@@ -52,7 +52,7 @@ def test_batch_broadcast_gets_no_batch_dimension():
     assert a.dims == (64, 128, 6) and a.strides[2] == 128 * 64      # (2, 3) contiguous: one dim
     assert b.dims == (128, 64, 3) and b.strides[2] == 64 * 128      # broadcast over the 2: absent
     a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), gemm_sm90.space(0)[0])
-    assert len(a.dims) == 3 and len(b.dims) == 2
+    assert a.dims == (96, 520) and len(b.dims) == 2      # contiguous (batch, row) of A: one M of 520 rows
 
 
 def test_tensor_map_arg_rejects_bad_strides():

@@ -34,6 +34,22 @@ def test_multihead_attention():
     compile_and_compare(Attend(), q, kv, mask)
 
 
+@pytest.mark.parametrize("form", ["key_padding", "float_mask", "unbatched"])
+def test_multihead_attention_without_weights_runs_the_attention_operator(form):
+    mha = _eval(nn.MultiheadAttention(16, 4, batch_first=True))
+    q, kv = torch.randn(3, 5, 16), torch.randn(3, 7, 16)
+    padding = torch.rand(3, 7) > 0.7
+    padding[:, 0] = False                      # every query keeps a key
+    kwargs = {"key_padding": dict(key_padding_mask=padding), "float_mask": dict(attn_mask=torch.randn(5, 7)),
+              "unbatched": {}}[form]
+    if form == "unbatched":
+        q, kv = q[0], kv[0]
+    capture, _ = compile_and_compare(lambda q, kv: mha(q, kv, kv, need_weights=False, **kwargs)[0], q, kv)
+    graph = next(iter(capture.compiled[0].graphs.values())).graph
+    assert "attention" in {n.definition.name for n in graph.nodes}
+    assert "softmax" not in {n.definition.name for n in graph.nodes}
+
+
 def test_multihead_attention_with_weights():
     mha = _eval(nn.MultiheadAttention(12, 3, kdim=8, vdim=10))
     q, k, v = torch.randn(4, 2, 12), torch.randn(6, 2, 8), torch.randn(6, 2, 10)

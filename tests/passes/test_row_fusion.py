@@ -63,6 +63,11 @@ CASES = {
     "hf_llama_rms_norm_bf16": (hf_llama_rms_norm, lambda n: [("bfloat16", 3, 9, n), ("bfloat16", n)], 1, 2e-2),
     "hand_written_softmax": (hand_softmax, lambda n: [(4, 5, n), (5, n)], 2, 1e-5),
     "hand_written_layer_norm": (hand_layer_norm, lambda n: [(6, n), (6, n), (n,)], 2, 1e-4),
+    # GPT-2's Conv1D flattens the normalized rows before its addmm: the reshape joins the row kernel
+    "layer_norm_flattened": (lambda x, w, c: F.layer_norm(x, (x.shape[-1],), w, c).reshape(-1, x.shape[-1]),
+                             lambda n: [(4, 7, n), (n,), (n,)], 2, 1e-4),
+    "softmax_rows_regrouped": (lambda x: torch.softmax(x, -1).reshape(5, 3, 2, -1),
+                               lambda n: [(2, 3, 5, n)], 2, 1e-5),
 }
 ROW_LENGTHS = (1, 37, 129, 1001)
 

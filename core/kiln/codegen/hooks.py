@@ -26,10 +26,10 @@ from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, cast, select, walk
+from kiln.ir.expr import Cast, Check, Const, Expr, Load, Reduce, Select, Var, cast, select, walk
 from kiln.ir.index import unravel
 from kiln.ir.inline import inline_task, substitute
-from kiln.ir.simplify import simplify
+from kiln.ir.simplify import linear_terms, simplify
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class Operand:
     batch_strides: tuple[int, ...]
     x_stride: int
     k_stride: int
+
+    def strides_multiple_of(self, n: int) -> bool:
+        """Whether every stride but the unit ones is a multiple of `n` elements (views fused
+        before a GEMM may give other strides than K and N)."""
+        return all(s % n == 0 for s in (self.x_stride, self.k_stride, *self.batch_strides) if s != 1)
 
     @property
     def k_contiguous(self) -> bool:
@@ -93,31 +98,52 @@ def strip_cast(e: Expr) -> Expr:
     return e.a if isinstance(e, Cast) else e
 
 
-def _operand(load: Load, roles: dict[int, str], nbatch: int, x_role: str, params: dict,
-             x_extent: int, k_extent: int) -> Operand | None:
-    strides = row_major_strides(load.tensor.shape)
-    coef = {}
-    for index, stride in zip(load.indices, strides):
-        if isinstance(index, Const) and index.value == 0:
-            continue
-        if not isinstance(index, Var) or id(index) not in roles or roles[id(index)] in coef:
-            return None
-        coef[roles[id(index)]] = stride
-    if x_role not in coef and x_extent == 1 and "k" in coef:
-        # a single row (M = 1) or column (N = 1): its index is the constant 0, and any stride
-        # reads the same elements; this one keeps the operand's K-major or MN-major layout
-        coef[x_role] = k_extent if coef["k"] == 1 else 1
-    if set(coef) - {x_role, "k"} - {f"b{d}" for d in range(nbatch)} or "k" not in coef or x_role not in coef:
+def _offset_coefficients(load: Load) -> dict[int, tuple[Var, int]] | None:
+    """{id(v): (v, c)} where the element `load` reads sits at sum(c * v) of its buffer, over the
+    index variables v of extent > 1; None when its offset is no such sum with positive c (a
+    constant term, a product or quotient of variables). The offset is simplified whole, so a
+    reshape's (i // d) * d + i % d folds back into i."""
+    flat = Const(0, dtypes.int64)
+    for index, stride in zip(load.indices, row_major_strides(load.tensor.shape)):
+        flat = flat + index * stride
+    terms, const = linear_terms(simplify(flat))
+    if const or any(not isinstance(t, Var) or k <= 0 for t, k in terms):
         return None
-    if id(load.tensor) not in params:
-        return None
-    return Operand(params[id(load.tensor)], load.tensor.dtype,
-                   tuple(coef.get(f"b{d}", 0) for d in range(nbatch)), coef[x_role], coef["k"])
+    coef: dict[int, tuple[Var, int]] = {}
+    for t, k in terms:
+        if t.extent != 1:
+            coef[id(t)] = (t, coef.get(id(t), (t, 0))[1] + k)
+    return coef
+
+
+def _rows(own: list[tuple[Var, int]]) -> tuple[int, list[tuple[Var, int]], list[Var]]:
+    """Split the variables only one operand uses, with their offset coefficients, into one GEMM
+    dimension (x) and batch dimensions: (x's stride, [(v, multiplier)] with x = sum(multiplier *
+    v) in mixed radix, [batch variables]). Smallest coefficient first, a variable joins x where
+    its coefficient is the stride of x's extent so far."""
+    chain, rest, stride, extent = [], [], 0, 1
+    for v, c in sorted(own, key=lambda vc: vc[1]):
+        if not chain:
+            stride = c
+        if c == stride * extent:
+            chain.append((v, extent))
+            extent *= v.extent
+        else:
+            rest.append(v)
+    return stride, chain, rest
 
 
 def match_contraction(task: Task) -> Contraction | None:
     """The contraction `task` computes, or None when it is not one (or its operands are not
-    plain loads of its inputs)."""
+    plain loads of its inputs).
+
+    The output's index variables (of extent > 1) sort into three kinds by the operands that read
+    with them: both (batch dimensions), A only (GEMM rows m) or B only (columns n); B is the
+    operand that reads with the output's last axis (the second factor where that axis has
+    extent 1). The variables of each of m and n
+    form one mixed-radix number over the operand's memory (a linear's (batch, row) merge into m),
+    so an output written permuted or reshaped (`linear(x).view(b, s, h, d).transpose(1, 2)`)
+    is the same GEMM, its epilogue storing each element where the output wants it."""
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None
@@ -128,44 +154,92 @@ def match_contraction(task: Task) -> Contraction | None:
     if len(reduces) != 1 or reduces[0].op != "sum" or len(reduces[0].axes) != 1:
         return None
     r = reduces[0]
+    k = r.axes[0]
     body = strip_cast(r.body)
-    if getattr(body, "op", None) != "mul":
+    if getattr(body, "op", None) != "mul" or not isinstance(k.extent, int):
         return None
     x, y = strip_cast(body.a), strip_cast(body.b)
     if not (isinstance(x, Load) and isinstance(y, Load)) or x.dtype != y.dtype:
         return None
-    axes = out.axes
-    nbatch = len(axes) - 2
-    roles = {id(a): f"b{d}" for d, a in enumerate(axes[:nbatch])}
-    roles.update({id(axes[-2]): "m", id(axes[-1]): "n", id(r.axes[0]): "k"})
-    d = CudaDialect()
     params = KernelArgs.names(lowered.inputs)
-    if not isinstance(r.axes[0].extent, int):
+    coefs = [_offset_coefficients(x), _offset_coefficients(y)]
+    if None in coefs or id(x.tensor) not in params or id(y.tensor) not in params:
         return None
-    sizes = {"m": out.shape[-2], "n": out.shape[-1]}
-    operand = lambda load, role: _operand(load, roles, nbatch, role, params, sizes[role], r.axes[0].extent)
-    a, b = operand(x, "m"), operand(y, "n")
-    if a is None or b is None:
-        a, b = operand(y, "m"), operand(x, "n")
-    if a is None or b is None:
+    axes = [a for a in out.axes if a.extent != 1]
+    known = {id(a) for a in axes} | {id(k)}
+    if any(i not in known for c in coefs for i in c) or any(id(k) not in c for c in coefs) \
+            or any(all(id(a) not in c for c in coefs) for a in axes):
         return None
+    if axes and axes[-1] is out.axes[-1] and id(axes[-1]) in coefs[0] and id(axes[-1]) not in coefs[1]:
+        (x, y), coefs = (y, x), coefs[::-1]
+    ca, cb = coefs
+    own = lambda mine, other: [mine[id(a)] for a in axes if id(a) in mine and id(a) not in other]
+    (a_stride, m_chain, a_batch), (b_stride, n_chain, b_batch) = _rows(own(ca, cb)), _rows(own(cb, ca))
+    loose = {id(v) for v in a_batch + b_batch}
+    batch = [a for a in axes if (id(a) in ca and id(a) in cb) or id(a) in loose]
+    M, N, K = _prod(v.extent for v, _ in m_chain), _prod(v.extent for v, _ in n_chain), k.extent
+    # a single row (M = 1) or column (N = 1) has any stride; this one keeps the K-major or MN-major layout
+    a_stride = a_stride or (K if ca[id(k)][1] == 1 else 1)
+    b_stride = b_stride or (K if cb[id(k)][1] == 1 else 1)
+    operand = lambda load, c, stride: Operand(params[id(load.tensor)], load.tensor.dtype,
+                                              tuple(c.get(id(v), (v, 0))[1] for v in batch), stride, c[id(k)][1])
+    d = CudaDialect()
     decl = KernelArgs.params(d, lowered.inputs, [out])
-    names = KernelArgs.args(len(lowered.inputs))
 
     def index_of(bvar, mvar, nvar):
-        return {**unravel_index(bvar, axes[:nbatch], out.shape[:nbatch]), id(axes[-2]): mvar, id(axes[-1]): nvar}
+        index = {id(a): Const(0, dtypes.int64) for a in out.axes}
+        index.update(unravel_index(bvar, batch, [v.extent for v in batch]))
+        for var, chain in ((mvar, m_chain), (nvar, n_chain)):
+            index.update({id(v): simplify((var // mult) % v.extent) for v, mult in chain})
+        return index
 
-    return Contraction(out.shape[:-2], out.shape[-2], out.shape[-1], r.axes[0].extent, a, b, r.dtype,
-                       out.dtype, ", ".join(decl), ", ".join(names), render_epilogue(lowered, out, decl, index_of, True))
+    n_contiguous = bool(axes) and bool(n_chain) and n_chain[0][0] is axes[-1] and axes[-1] is out.axes[-1]
+    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, (_prod(v.extent for v in batch), M, N))
+    return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
+                       r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue)
+
+
+def _row_loads(value: Expr, row: Var) -> list[Load]:
+    """The loads `value` always makes (not under a branch that reads memory, nor behind a check)
+    whose element depends on `row`: what an epilogue reads per output row (a residual), as
+    opposed to per column (a bias, which stays in cache)."""
+    found, seen = {}, set()
+
+    def visit(e):
+        if id(e) in seen or isinstance(e, (Const, Var, Reduce)):
+            return
+        seen.add(id(e))
+        if isinstance(e, Load):
+            if any(x is row for i in e.indices for x in walk(i)):
+                found.setdefault(e.key(), e)
+            return
+        if isinstance(e, Select) and any(isinstance(x, (Load, Reduce)) for b in (e.a, e.b) for x in walk(b)):
+            visit(e.cond)
+        elif isinstance(e, Check):
+            visit(e.ok)
+        else:
+            for k in e.children():
+                visit(k)
+
+    visit(value)
+    return list(found.values())
 
 
 def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3) -> str:
-    """Two device functions computing and storing output elements from accumulators:
+    """Device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
     with one packed store where n is the output's innermost, contiguous index and alignment
     allows. `index_of(bvar, mvar, nvar)` maps the output's axes (by id) to expressions of them.
-    `extents` bound (b, m, n), so that the simplifier can fold an unravelled index back."""
+    `extents` bound (b, m, n), so that the simplifier can fold an unravelled index back.
+
+    The pair also comes in two halves, so that a template can have the loads of several rows
+    in flight before it computes any of them: `kiln_fetch2(params, b, m, n, f)` loads what
+    the pair reads per row (a residual) into a `kiln_fetched f`, and
+    `kiln_epilogue2_fetched(params, b, m, n, acc0, acc1, f)` is `kiln_epilogue2` reading those
+    values from `f`. (Called one after the other, every store of a row would otherwise wait
+    for the next row's loads: the compiler cannot move a load above an earlier store that might
+    write the same memory.)"""
     d = CudaDialect()
     N = out.shape[-1]
     bvar, mvar = Var("b", extents[0]), Var("m", extents[1])
@@ -177,25 +251,27 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     head = "static __device__ __forceinline__ void"
     out0 = KernelArgs.output(0)
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
-    functions = []
-    for count in (1, 2):
+    acc_type = d.value_type(top_reduces(out.value)[0].dtype)
+    pair = [simplify(substitute(out.value, index_of(bvar, mvar, nv))) for nv in nvars]
+    fetched = [load for value in pair for load in _row_loads(value, mvar)]
+    fetched = list({load.key(): load for load in fetched}.values())
+
+    def body(count: int, seeded: dict) -> list[str]:
         em = Emitter(d, names, strides)
+        em.scopes[0].update(seeded)
         values, offsets = [], []
         for k in range(count):
             index = index_of(bvar, mvar, nvars[k])
-            value = simplify(substitute(out.value, index))
+            value = pair[k] if count == 2 else simplify(substitute(out.value, index))
             em.scopes[0][top_reduces(value)[0].key()] = f"acc{k}" if count == 2 else "acc"
             values.append(d.store(out.dtype, em.emit(value)))
             flat = sum(index[id(a)] * s for a, s in zip(out.axes, out_strides) if s and out.shape[out.axes.index(a)] > 1) \
                 if any(sz > 1 for sz in out.shape) else 0
             offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
-        acc_type = d.value_type(top_reduces(out.value)[0].dtype)
+        size = out.dtype.nbytes
         if count == 1:
             em.line(f"{out0}[{offsets[0]}] = {values[0]};")
-            functions.append(f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(em.lines) + "\n}\n")
-            continue
-        size = out.dtype.nbytes
-        if n_contiguous and N % 2 == 0 and size in (2, 4):
+        elif n_contiguous and N % 2 == 0 and size in (2, 4):
             word = "uint32_t" if size == 2 else "uint64_t"
             as_bits = (lambda v: f"(uint32_t)(uint16_t)({v})") if size == 2 else (lambda v: f"(uint64_t)__float_as_uint({v})") \
                 if out.dtype.is_float else (lambda v: f"(uint64_t)(uint32_t)({v})")
@@ -203,9 +279,22 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
         else:
             em.line(f"{out0}[{offsets[0]}] = {values[0]};")
             em.line(f"{out0}[{offsets[1]}] = {values[1]};")
-        functions.append(f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n"
-                         f"    const int64_t n1 = n + 1;\n" + "\n".join(em.lines) + "\n}\n")
-    return "".join(functions)
+        return em.lines
+
+    fetch = Emitter(d, names, strides)
+    for k, load in enumerate(fetched):
+        fetch.line(f"f.f{k} = {fetch.emit(load)};")
+    fields = "".join(f" {d.value_type(load.dtype)} f{k};" for k, load in enumerate(fetched))
+    n1 = "    const int64_t n1 = n + 1;\n"
+    return "".join([
+        f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(body(1, {})) + "\n}\n",
+        f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n{n1}"
+        + "\n".join(body(2, {})) + "\n}\n",
+        f"struct kiln_fetched {{{fields} }};\n",
+        f"{head} kiln_fetch2({params}, kiln_fetched& f) {{\n{n1}" + "\n".join(fetch.lines) + "\n}\n",
+        f"{head} kiln_epilogue2_fetched({params}, {acc_type} acc0, {acc_type} acc1, const kiln_fetched& f) {{\n{n1}"
+        + "\n".join(body(2, {load.key(): f"f.f{k}" for k, load in enumerate(fetched)})) + "\n}\n",
+    ])
 
 
 def unravel_index(var: Var, axes, extents) -> dict:

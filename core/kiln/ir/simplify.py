@@ -7,6 +7,8 @@ and a `//` or `%` whose operand provably lies in [0, c) folds away.
 """
 from __future__ import annotations
 
+import math
+
 from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Select, Var
 from kiln.ir.opcodes import BinaryOp
 from kiln.ir.rewrite import rewrite
@@ -47,21 +49,21 @@ def bounds(e: Expr) -> tuple[int, int] | None:
     return None
 
 
-def _linear(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
-    """Split an integer expression into sum(coeff * term) + constant."""
+def linear_terms(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
+    """Split an integer expression into sum(coeff * term) + constant: ([(term, coeff)], constant)."""
     if isinstance(e, Const):
         return [], e.value
     if isinstance(e, Binary) and e.op in (BinaryOp.ADD, BinaryOp.SUB):
-        ta, ca = _linear(e.a)
-        tb, cb = _linear(e.b)
+        ta, ca = linear_terms(e.a)
+        tb, cb = linear_terms(e.b)
         sign = 1 if e.op == BinaryOp.ADD else -1
         return ta + [(t, sign * c) for t, c in tb], ca + sign * cb
     if isinstance(e, Binary) and e.op == BinaryOp.MUL:
         if isinstance(e.b, Const):
-            terms, c = _linear(e.a)
+            terms, c = linear_terms(e.a)
             return [(t, k * e.b.value) for t, k in terms], c * e.b.value
         if isinstance(e.a, Const):
-            terms, c = _linear(e.b)
+            terms, c = linear_terms(e.b)
             return [(t, k * e.a.value) for t, k in terms], c * e.a.value
     return [(e, 1)], 0
 
@@ -108,6 +110,27 @@ def _rebuild(terms: list[tuple[Expr, int]], const: int, like: Expr) -> Expr:
     return out
 
 
+def _radix_split(terms: list[tuple[Expr, int]], const: int, c: int, e: Binary) -> Expr | None:
+    """`e` (x // c or x % c, x = sum(terms) + const) through a divisor g of c that splits x into
+    g * high + low with 0 <= low < g: x // c = high // (c / g) and x % c = (high % (c / g)) * g + low.
+    A reshape's index of merged dims read back at another grouping: (129 * o + e) // 903, e < 129,
+    is o // 7."""
+    for g in sorted({math.gcd(c, k) for _, k in terms} - {1, c}, reverse=True):
+        high = [(x, k // g) for x, k in terms if k % g == 0]
+        low = _rebuild([(x, k) for x, k in terms if k % g != 0], const % g, e)
+        lb = bounds(low)
+        if not high or lb is None or lb[0] < 0 or lb[1] >= g:
+            continue
+        t = e.dtype
+        quotient = Binary(e.op, _rebuild(high, const // g, e), Const(c // g, t), t)
+        quotient = _simplify_int(quotient, quotient.a, quotient.b)
+        if e.op == BinaryOp.FLOORDIV:
+            return quotient
+        return _simplify_int(Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, quotient, Const(g, t), t), low, t),
+                             Binary(BinaryOp.MUL, quotient, Const(g, t), t), low)
+    return None
+
+
 def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
     t = e.dtype
     if isinstance(a, Const) and isinstance(b, Const):
@@ -121,18 +144,22 @@ def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
         if e.op == BinaryOp.MOD and y != 0:
             return Const(x % y, t)
     if e.op in (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL):
-        terms, const = _linear(Binary(e.op, a, b, t))
+        terms, const = linear_terms(Binary(e.op, a, b, t))
         return _rebuild(terms, const, e)
     if e.op in (BinaryOp.FLOORDIV, BinaryOp.MOD) and isinstance(b, Const) and b.value > 0:
         c = b.value
         if c == 1:
             return a if e.op == BinaryOp.FLOORDIV else Const(0, t)
-        terms, const = _linear(a)
+        terms, const = linear_terms(a)
         whole = [(x, k // c) for x, k in terms if k % c == 0]
         rest = [(x, k) for x, k in terms if k % c != 0]
         rest_expr = _rebuild(rest, const % c, e)
         whole_const = const // c
         rb = bounds(rest_expr)
+        if not (rb is not None and 0 <= rb[0] and rb[1] < c):
+            radix = _radix_split(terms, const, c, e)
+            if radix is not None:
+                return radix
         if e.op == BinaryOp.FLOORDIV:
             if rb is not None and 0 <= rb[0] and rb[1] < c:
                 return _rebuild(whole, whole_const, e)

@@ -75,8 +75,9 @@ def compose_task(name: str, nodes: Sequence[Operator], inputs: Sequence[Tensor],
     """One Task computing `outputs` of the member `nodes` (in order) from `inputs`.
 
     Where the group has one output and the anchor one output holding a reduction, the anchor
-    is folded into that output (see `fold_anchor`) and the task takes the anchor operator's
-    name, so the anchor's templates may take it; otherwise it is named `name`."""
+    is folded into that output (see `fold_anchor`; the output may be the anchor's own, read
+    through views before it) and the task takes the anchor operator's name, so the anchor's
+    templates may take it; otherwise it is named `name`."""
     nodes_of: dict[int, object] = {id(t): TensorInput(f"in{k}", t.shape, t.dtype)
                                    for k, t in enumerate(inputs)}
     for node in nodes:
@@ -91,8 +92,10 @@ def compose_task(name: str, nodes: Sequence[Operator], inputs: Sequence[Tensor],
     task_inputs = [nodes_of[id(t)] for t in inputs]
     task_outputs = [nodes_of[id(t)] for t in outputs]
     reduction = nodes_of[id(anchor.outputs[0])]
-    if (len(task_outputs) == 1 and len(anchor.outputs) == 1 and task_outputs[0] is not reduction
-            and isinstance(reduction, Compute) and reduction.has_reduce):
+    if (len(task_outputs) == 1 and len(anchor.outputs) == 1 and isinstance(reduction, Compute)
+            and reduction.has_reduce):
+        if task_outputs[0] is reduction:      # views before the anchor only
+            return Task(anchor.definition.name, task_inputs, task_outputs)
         folded = fold_anchor(task_outputs[0], reduction)
         if folded is not None:
             return Task(anchor.definition.name, task_inputs, [folded])

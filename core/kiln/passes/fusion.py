@@ -6,13 +6,15 @@ conv2d, softmax, ...); every other operator is injective. Groups grow from singl
 - epilogue: an injective node joins the group producing one of its inputs, where that input
   has no other user and is not a graph output;
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
-  graph output), unless that group's anchor is template-scheduled;
+  graph output), unless that group's anchor is template-scheduled and the node computes
+  anything (a view, such as the slices and head permutes before attention, joins where the
+  template reads views: `Template.reads_views`);
 - rows: a reduction's group joins the reduction group reading it where the two make one row
   task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
 
 A group never gets two anchors (but as one row task) and never a cycle through another group,
-and a node does not join a group whose anchor's schedule template would take the anchor alone
-but not the group (templates read plain inputs and render epilogues through their hooks: see
+and a node does not join a group whose anchor's best schedule template would take the anchor
+alone but not the group (templates read plain inputs and render epilogues through their hooks: see
 `kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
 with the element-wise operators after it). Element-wise chains without an anchor become one
 auto-scheduled kernel; groups with one become `FusedOperator`s recording their (first) anchor.
@@ -38,14 +40,30 @@ def is_anchor(node: Operator) -> bool:
     return isinstance(node, FusedOperator) or not node.task.is_injective or bool(templates_for(node))
 
 
-def keeps_templates(anchor: Operator, fused: FusedOperator, taken_alone: bool | None = None) -> bool:
-    """False where a template takes the anchor's own task (`taken_alone`, when known) but none
-    takes the fused one."""
-    from kiln.schedule import schedules_for
-    target = anchor.device.kind
-    if taken_alone is None:
-        taken_alone = bool(schedules_for(anchor.task, target))
-    return not taken_alone or any(t in templates_for(anchor) for t in schedules_for(fused.task, target))
+def best_template(node: Operator):
+    """The template that would schedule `node` alone on its device (for any architecture where no
+    GPU is here), or None."""
+    from kiln.schedule import device_arch, schedules_for
+    found = schedules_for(node.task, node.device.kind, device_arch(node.device))
+    return found[0] if found else None
+
+
+def keeps_templates(anchor: Operator, fused: FusedOperator, best=...) -> bool:
+    """False where a template would schedule the anchor alone (`best`, when known) but does not
+    take the fused task: fusion never trades a kernel for a slower template's (a float16 GEMM's
+    tensor-core engine for the SIMT one, say)."""
+    from kiln.schedule import device_arch, schedules_for
+    best = best_template(anchor) if best is ... else best
+    return best is None or best in schedules_for(fused.task, anchor.device.kind, device_arch(anchor.device))
+
+
+def moves_data(node: Operator) -> bool:
+    """Whether `node` only moves data: each element of each output is an input element (a view,
+    or the parts of a split)."""
+    from kiln.ir.expr import Load
+    from kiln.ir.inline import inline_task
+    lowered = inline_task(node.task)
+    return not lowered.temporaries and all(isinstance(b.value, Load) for b in lowered.buffers)
 
 
 class _Groups:
@@ -64,14 +82,19 @@ class _Groups:
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
-        self.taken_alone: dict[int, bool] = {}      # anchor (by id) -> whether a template takes it
+        self.best: dict[int, object] = {}      # anchor (by id) -> the template taking it alone
 
-    def template_takes(self, anchor: Operator) -> bool:
-        """Whether a schedule template takes `anchor`'s own task (found once per anchor)."""
-        if id(anchor) not in self.taken_alone:
-            from kiln.schedule import schedules_for
-            self.taken_alone[id(anchor)] = bool(schedules_for(anchor.task, anchor.device.kind))
-        return self.taken_alone[id(anchor)]
+    def best_template(self, anchor: Operator):
+        """`best_template(anchor)`, found once per anchor."""
+        if id(anchor) not in self.best:
+            self.best[id(anchor)] = best_template(anchor)
+        return self.best[id(anchor)]
+
+    def reads_views(self, g: int) -> bool:
+        """Whether the best template of group g's anchor reads views fused before it."""
+        anchor = next((n for n in self.members[g] if id(n) in self.anchor_nodes), None)
+        best = None if anchor is None or isinstance(anchor, FusedOperator) else self.best_template(anchor)
+        return bool(getattr(best, "reads_views", False))
 
     def successors(self, g: int) -> set[int]:
         return {self.group[id(u)] for n in self.members[g] for t in n.outputs
@@ -123,13 +146,16 @@ class _Groups:
 
     def fuse_prologues(self) -> None:
         """Each anchor-free group joins the one group that reads all outputs of its last node,
-        unless that group's anchor is template-scheduled (templates read plain inputs)."""
+        unless that group's anchor is template-scheduled (templates read plain inputs) and the
+        group computes anything: views (slices, reshapes, permutes) are index arithmetic that a
+        template declaring `reads_views` reads through, where it still takes the group."""
         for node in reversed(self.nodes):
             g = self.group[id(node)]
             if self.anchors[g] or any(id(t) in self.outputs for t in node.outputs):
                 continue
             consumers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())} - {g}
-            if len(consumers) == 1 and not consumers & self.templated:
+            if len(consumers) == 1 and (not consumers & self.templated or self.reads_views(next(iter(consumers)))
+                                        and all(map(moves_data, self.members[g]))):
                 self.merge(consumers.pop(), g)
 
     def fuse_row_reductions(self) -> None:
@@ -167,7 +193,7 @@ class _Groups:
                 if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
         anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
         fused = FusedOperator(members, inputs, used, anchor)
-        return fused if keeps_templates(members[anchor], fused, self.template_takes(members[anchor])) else None
+        return fused if keeps_templates(members[anchor], fused, self.best_template(members[anchor])) else None
 
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""

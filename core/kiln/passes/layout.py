@@ -93,8 +93,7 @@ def runs_channels_last(node: Operator, mode: str) -> bool:
 def _template_takes(node: Operator) -> bool:
     """Whether a schedule template for `node`'s device takes its conv2d_channels_last task (one
     for any architecture where no GPU is here: graphs are planned for NVRTC checks too)."""
-    from kiln.runtime.backend import backend_for
-    from kiln.schedule import schedules_for
+    from kiln.schedule import device_arch, schedules_for
     args = arguments_of(node)
     x, w, bias = args["x"], args["weight"], args["bias"]
     n, c, h, wd = x.shape
@@ -109,9 +108,7 @@ def _template_takes(node: Operator) -> bool:
         "bias": None if bias is None else placeholder(bias.shape),
         "stride": args["stride"], "padding": conv_padding(node), "dilation": args["dilation"],
         "groups": args["groups"]})
-    backend = backend_for(node.device)
-    arch = None if backend.unavailable() else backend.arch(node.device)     # None: any (no GPU here)
-    return bool(schedules_for(task, node.device.kind, arch))
+    return bool(schedules_for(task, node.device.kind, device_arch(node.device)))
 
 
 def is_elementwise(node: Operator) -> bool:

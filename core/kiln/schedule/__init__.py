@@ -4,7 +4,8 @@ Templates contributed by plugins are tried by priority (highest first) where the
 task's operator and the device's kind; the auto-scheduler's rules handle everything else (see
 `kiln.schedule.choose`).
 """
-from kiln.schedule.choose import (AUTO_RULES, BuildSettings, Template, build_task, choose, schedules_for,
-                                  templates_for)
+from kiln.schedule.choose import (AUTO_RULES, BuildSettings, Template, build_task, choose, device_arch,
+                                  schedules_for, templates_for)
 
-__all__ = ["AUTO_RULES", "BuildSettings", "Template", "build_task", "choose", "schedules_for", "templates_for"]
+__all__ = ["AUTO_RULES", "BuildSettings", "Template", "build_task", "choose", "device_arch", "schedules_for",
+           "templates_for"]

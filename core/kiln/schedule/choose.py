@@ -39,7 +39,9 @@ class Template:
     (level 0: one default, 1: a few, 2: many). `applies(task)` may decline a task (a dtype,
     layout or shape the template does not handle). `min_arch` is the lowest GPU architecture
     it runs on (90 for Hopper-only instructions), 0 for any. Higher `priority` wins among the
-    templates that apply. `suggest(task, sm_count)`, when given, ranks knob settings fitted to
+    templates that apply. `reads_views` says that `applies` checks how the task reads its inputs
+    (its strides and offsets), so fusion may put views (slices, reshapes, permutes) before the
+    template's operator, as index arithmetic the template reads through. `suggest(task, sm_count)`, when given, ranks knob settings fitted to
     the task's shape on a GPU of `sm_count` multiprocessors (best guess first): tuning level 0
     takes its first instead of `space(0)`'s, and levels 1 and 2 time its first few alongside
     `space(level)`. CPU templates are not timed: they run with their level-0 knobs.
@@ -54,6 +56,7 @@ class Template:
     space: Callable[[int], list[dict]] = field(default=lambda level: [{}])
     min_arch: int = 0
     suggest: Callable | None = None
+    reads_views: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,13 @@ def templates_for(operator: str, target: str, arch: int | None = None) -> list[T
              if isinstance(t, Template) and t.target == target and operator in t.operators
              and (arch is None or t.min_arch <= arch)]
     return sorted(found, key=lambda t: -t.priority)
+
+
+def device_arch(device: Device) -> int | None:
+    """The architecture number of `device`'s GPU (90 for sm_90), None for a CPU or where no GPU
+    is here (graphs of CUDA symbols are planned for NVRTC checks too: any architecture)."""
+    backend = backend_for(device)
+    return None if backend.unavailable() else backend.arch(device)
 
 
 def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Template]:

@@ -32,7 +32,7 @@ from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import reduce_init
 from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, walk
 from kiln.ir.inline import Lowered, substitute
-from kiln.ir.simplify import _linear, bounds, simplify
+from kiln.ir.simplify import bounds, linear_terms, simplify
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
@@ -112,7 +112,7 @@ def _stream_offset(load: Load, strides: dict, o: Var, e: Var) -> tuple[Expr, int
     span = bounds(flat)
     if span is None or span[0] < 0 or span[1] >= numel(load.tensor.shape):
         return None
-    terms, const = _linear(flat)
+    terms, const = linear_terms(flat)
     unit = sum(k for t, k in terms if t is e)
     rest = [(t, k) for t, k in terms if t is not e]
     if unit != 1 or any(isinstance(x, Var) and x is not o for t, _ in rest for x in walk(t)):

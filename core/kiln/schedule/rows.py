@@ -40,35 +40,55 @@ def _unit_index(i: Expr) -> bool:
     return (isinstance(i, Const) and i.value == 0) or (isinstance(i, Var) and i.extent == 1)
 
 
+def _flat(indices, shape) -> Expr:
+    """The simplified row-major flat index of `indices` in `shape`."""
+    flat = Const(0, dtypes.int64)
+    for i, size in zip(indices, shape):
+        flat = flat * size + i
+    return simplify(flat)
+
+
+def _row_axes(shape: tuple[int, ...], rows: int) -> int | None:
+    """The largest p < len(shape) whose leading axes `shape[:p]` hold `rows` elements, or None."""
+    found, n = None, 1
+    for p, size in enumerate(shape):
+        if n == rows:
+            found = p
+        n *= size
+    return found
+
+
 def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
     """The number p of leading axes of the output that make `lowered` a row task, or None.
 
-    Every temporary must have the shape of the output's first p axes (or that shape followed
-    by 1s: a statistic kept with its reduced dims) and be read only at its reader's own first
-    p indices (and 0 in its trailing dims of extent 1); the output must have further axes (the
-    row), hold no reduction itself, and have `min_rows` rows at least."""
+    Every temporary must hold one value per row (its shape without trailing 1s, a statistic
+    kept with its reduced dims, has as many elements as the output's first p axes) and be read
+    only at its reader's own row: the flat index of the read's leading indices is the flat
+    index of the reader's row (the output may be a reshape of the rows the statistics were
+    computed over: layer_norm(x).view(-1, d)). The output must have further axes (the row),
+    hold no reduction itself, and have `min_rows` rows at least."""
     temps = lowered.temporaries
     if not temps or len(lowered.outputs) != 1:
         return None
     out = lowered.outputs[0]
-    p = max(_statistic_prefix(t.shape) for t in temps)
-    if _top_reduces(out.value) or p == 0 or p >= len(out.shape):
+    counts = {numel(t.shape[:_statistic_prefix(t.shape)]) for t in temps}
+    if len(counts) != 1 or _top_reduces(out.value):
         return None
-    if any(len(t.shape) < p or t.shape[:p] != out.shape[:p] or any(s != 1 for s in t.shape[p:])
-           for t in temps):
+    rows = counts.pop()
+    p = _row_axes(out.shape, rows)
+    if p is None or p == 0 or p >= len(out.shape) or rows < min_rows:
         return None
-    temp_ids = {id(t) for t in temps}
+    temp_ids = {id(t): _statistic_prefix(t.shape) for t in temps}
     for buf in lowered.buffers:
+        own = p if buf is out else temp_ids[id(buf)]
+        row = _flat(buf.axes[:own], buf.shape[:own]).key()
         for e in walk(buf.value):
             if isinstance(e, Load) and id(e.tensor) in temp_ids:
-                lead, rest = e.indices[:p], e.indices[p:]
-                if len(lead) != p or any(i is not a and not (a.extent == 1 and _unit_index(i))
-                                         for i, a in zip(lead, buf.axes[:p])):
+                lead = temp_ids[id(e.tensor)]
+                if _flat(e.indices[:lead], e.tensor.shape[:lead]).key() != row:
                     return None
-                if not all(_unit_index(i) for i in rest):
+                if not all(_unit_index(i) for i in e.indices[lead:]):
                     return None
-    if numel(out.shape[:p]) < min_rows:
-        return None
     return p
 
 
@@ -99,11 +119,12 @@ def row_form(lowered: Lowered, p: int) -> RowForm:
     scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in temps}
 
     def row_index(buf) -> dict:
-        index = unravel_index(o, buf.axes[:p], out.shape[:p])
+        own = p if buf is out else _statistic_prefix(buf.shape)
+        index = unravel_index(o, buf.axes[:own], buf.shape[:own])
         if buf is out:
             index.update(unravel_index(e, buf.axes[p:], out.shape[p:]))
         else:
-            index.update({id(a): Const(0, dtypes.int64) for a in buf.axes[p:]})
+            index.update({id(a): Const(0, dtypes.int64) for a in buf.axes[own:]})
         return index
 
     def value_of(buf) -> Expr:

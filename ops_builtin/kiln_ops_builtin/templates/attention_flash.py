@@ -393,4 +393,4 @@ def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
 
 
 TEMPLATE = Template("attention_flash", ("attention",), "cuda", render, priority=10, applies=applies, space=space,
-                    suggest=suggest)
+                    suggest=suggest, reads_views=True)

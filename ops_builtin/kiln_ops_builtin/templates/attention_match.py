@@ -16,8 +16,8 @@ output element `select(total == 0, 0, sum_j exp(S - shift) * v[.., j, e] / total
   renders into them.
 
 It returns None for anything else (an operand computed by a fused prologue, strides that are
-not whole 16-byte chunks, an epilogue that permutes the output), and the auto-scheduler keeps
-the semantics.
+not whole 16-byte chunks, an epilogue that moves the value column or reshapes the output), and
+the auto-scheduler keeps the semantics.
 """
 from __future__ import annotations
 
@@ -164,16 +164,21 @@ def _peel_scores(value: Expr, axes, causal: bool):
 
 
 def _find_element(out: Compute):
-    """The attention element `select(total == 0, 0, weighted / total)` inside the output's
-    value, read at the output's own row (batch.., i) -- or None."""
+    """(the attention element `select(total == 0, 0, weighted / total)` inside the output's
+    value, the output axes of its row (batch.., i) in the attention's order) -- or None. The
+    row's indices must be distinct output axes, all but the output's last (the value column
+    e): an output written with its heads and rows swapped (`attention(..).transpose(1, 2)`)
+    is the same kernel, its epilogue storing where the output wants."""
     for e in walk(out.value):
         if (isinstance(e, Select) and isinstance(e.cond, Binary) and e.cond.op == "eq"
                 and isinstance(e.cond.a, Load) and _is_const(e.cond.b, 0.0) and _is_const(e.a, 0.0)
                 and isinstance(e.b, Binary) and e.b.op == "div" and isinstance(e.b.a, Reduce)
                 and isinstance(e.b.b, Load) and e.b.b.key() == e.cond.a.key()):
             row = e.cond.a.indices
-            if len(row) == len(out.axes) - 1 and all(x is a for x, a in zip(row, out.axes)):
-                return e
+            axes = {id(a): a for a in out.axes[:-1]}
+            if len(row) == len(out.axes) - 1 and len({id(x) for x in row}) == len(row) \
+                    and all(id(x) in axes for x in row):
+                return e, list(row)
             return None
     return None
 
@@ -184,9 +189,10 @@ def match_attention(task) -> Attention | None:
     if len(lowered.outputs) != 1 or len(lowered.buffers) != 4:
         return None
     out = lowered.outputs[0]
-    element = _find_element(out)
-    if element is None:
+    found = _find_element(out)
+    if found is None:
         return None
+    element, row = found
     weighted, total = element.b.a, element.cond.a.tensor
     body = weighted.body
     if not (weighted.op == "sum" and len(weighted.axes) == 1 and isinstance(body, Binary) and body.op == "mul"
@@ -214,10 +220,10 @@ def match_attention(task) -> Attention | None:
     roles.update({id(scores.axes[-2]): "i", id(scores.axes[-1]): "j", id(dot.axes[0]): "d"})
     q = _strided(prod.a, params, roles, "i", "d", group, head)
     k = _strided(prod.b, params, roles, "j", "d", group, head)
-    out_roles = {id(a): f"b{n}" for n, a in enumerate(out.axes[:-2])}
+    out_roles = {id(a): f"b{n}" for n, a in enumerate(row[:-1])}
     out_roles.update({id(weighted.axes[0]): "j", id(out.axes[-1]): "e"})
-    v = _strided(body.b, params, out_roles, "j", "e", group, id(out.axes[-3]) if len(batch) else None)
-    if q is None or k is None or v is None or out.shape[:-1] != batch + (Lq,):
+    v = _strided(body.b, params, out_roles, "j", "e", group, id(row[-2]) if len(batch) else None)
+    if q is None or k is None or v is None or tuple(a.extent for a in row) != batch + (Lq,):
         return None
     D = dot.axes[0].extent
     d = CudaDialect()
@@ -228,7 +234,7 @@ def match_attention(task) -> Attention | None:
     plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: weighted if e is element else None))
 
     def index_of(bvar, mvar, nvar):
-        return {**unravel_index(bvar, out.axes[:-2], out.shape[:-2]), id(out.axes[-2]): mvar, id(out.axes[-1]): nvar}
+        return {**unravel_index(bvar, row[:-1], batch), id(row[-1]): mvar, id(out.axes[-1]): nvar}
 
     hooks += render_epilogue(lowered, plain, decl, index_of, True)
     return Attention(q.dtype, batch, group, Lq, Lk, D, Dv, q, k, v, scale, bool(task.attrs.get("is_causal")), kind,

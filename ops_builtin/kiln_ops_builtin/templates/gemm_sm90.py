@@ -144,4 +144,4 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,
-                    space=space, min_arch=90, suggest=suggest)
+                    space=space, min_arch=90, suggest=suggest, reads_views=True)

@@ -166,4 +166,4 @@ def render(task, R, KW, SPLIT=1) -> CudaProgram:
 
 
 TEMPLATE = Template("gemv", ("matmul", "linear"), "cuda", render, priority=40, applies=applies, space=space,
-                    suggest=suggest)
+                    suggest=suggest, reads_views=True)

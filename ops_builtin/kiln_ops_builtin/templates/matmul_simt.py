@@ -248,4 +248,4 @@ def render(task, BM, BN, BK, MIN_BLOCKS=1, SPLIT=1) -> CudaProgram:
 
 
 TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
-                    render, priority=10, applies=applies, space=space, suggest=suggest)
+                    render, priority=10, applies=applies, space=space, suggest=suggest, reads_views=True)

@@ -181,7 +181,8 @@ def space(level: int) -> list[dict]:
 def applies(task) -> bool:
     c = match_contraction(task)
     return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
-            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or (c.b.x_contiguous and c.N % 8 == 0)))
+            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or (c.b.x_contiguous and c.N % 8 == 0))
+            and c.a.strides_multiple_of(8) and c.b.strides_multiple_of(8))
 
 
 def suggest(task, sm_count: int) -> list[dict]:
@@ -214,4 +215,4 @@ def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
 
 
 TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies, space=space,
-                    suggest=suggest)
+                    suggest=suggest, reads_views=True)

@@ -154,7 +154,8 @@ def suggest(task, sm_count: int) -> list[dict]:
 def applies(task) -> bool:
     c = match_contraction(task)
     return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
-            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or c.b.x_contiguous))
+            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or c.b.x_contiguous)
+            and c.a.strides_multiple_of(8) and (c.b.strides_multiple_of(8) or not c.b.k_contiguous))
 
 
 def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
@@ -187,4 +188,4 @@ def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
 
 
 TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,
-                    space=space, min_arch=90, suggest=suggest)
+                    space=space, min_arch=90, suggest=suggest, reads_views=True)

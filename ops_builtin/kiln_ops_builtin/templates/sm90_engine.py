@@ -126,7 +126,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         if (held >= 0) kiln_bar_arrive(&empty[held]);
         if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
-        // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows
+        // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows;
+        // what the epilogue reads per row (a residual) is loaded for all 8 rows first
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
@@ -139,12 +140,18 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                         *(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] =
                             make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]);
                 __syncwarp();
+                kiln_fetched fetched[8];
+#pragma unroll
+                for (int rr = 0; rr < 8; ++rr) {
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + rr * 2 + lane / 16, n = n0 + q * 32 + (lane % 16) * 2;
+                    if (m < M && n + 1 < N) KILN_FETCH2(bz, m, n, fetched[rr]);
+                }
 #pragma unroll
                 for (int rr = 0; rr < 8; ++rr) {
                     const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
                     const float2 v = *(const float2*)&staged[row * EPI_LD + col];
                     const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
-                    if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, v.x, v.y);
+                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[rr]);
                     else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
                 }
                 __syncwarp();

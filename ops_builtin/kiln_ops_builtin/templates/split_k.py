@@ -6,8 +6,9 @@ A template kernel launched on a grid (tiles, SPLIT, batch) walks only the k-tile
 
 (k-tiles KT0 .. KT0 + KT - 1; split boundaries are whole k-tiles, so bounds checks against K stay
 exact) and hands each finished accumulator to `KILN_STORE(b, m, n, v)` or
-`KILN_STORE2(b, m, n, v0, v1)` (n even, n + 1 < N). With SPLIT = 1 these are the core's
-epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
+`KILN_STORE2(b, m, n, v0, v1)` (n even, n + 1 < N), or, loading what the epilogue reads per row
+first, `KILN_FETCH2(b, m, n, f)` into a `kiln_fetched f` and then
+`KILN_STORE2_FETCHED(b, m, n, v0, v1, f)`. With SPLIT = 1 these are the core's epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
 [SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`, adds the SPLIT partials of each
 element in a fixed order (deterministic, no atomics) and applies the epilogue hooks, so
 fusion works the same either way.
@@ -91,14 +92,18 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
     defines = {"SPLIT": split, "KT_SPLIT": -(-k_tiles // split), "BATCH": batch}
     if split == 1:
         defines.update({"PARAMS": params, "KILN_STORE(b, m, n, v)": "kiln_epilogue(ARGS, b, m, n, v)",
-                        "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)"})
+                        "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)",
+                        "KILN_FETCH2(b, m, n, f)": "kiln_fetch2(ARGS, b, m, n, f)",
+                        "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": "kiln_epilogue2_fetched(ARGS, b, m, n, v0, v1, f)"})
         return SplitK(defines)
     partial = STORE_PARTIAL.replace("blockIdx.y", split_index)
     pair = (f"(*(float2*)&{partial} = make_float2(v0, v1))" if N % 2 == 0     # n even: 8-byte aligned
             else f"({partial} = (v0), {partial.replace('(n)]', '(n) + 1]')} = (v1))")
     defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws",
                     "KILN_STORE(b, m, n, v)": f"({partial} = (v))",
-                    "KILN_STORE2(b, m, n, v0, v1)": pair})
+                    "KILN_STORE2(b, m, n, v0, v1)": pair,
+                    "KILN_FETCH2(b, m, n, f)": "((void)0)",
+                    "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": pair})
     workspace = KernelArgs.temporary(len(temporaries))
     temporaries.append(((split, batch, M, N), dtypes.float32))
     total = batch * M * -(-N // 2)
