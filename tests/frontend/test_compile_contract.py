@@ -214,3 +214,17 @@ def test_view_mutations_are_found_in_symbolically_traced_graphs():
     gm = torch.fx.symbolic_trace(_write_through_select)
     assert len(view_mutations(gm)) == 1
     assert view_mutations(torch.fx.symbolic_trace(lambda x: x.add_(1).view(-1) * 2)) == []
+
+
+def test_parameters_given_new_memory_are_read_from_it():
+    """Constants are keyed by their memory on every call: `p.data = ...` (same Parameter, new
+    storage) and in-place updates must both show in the next result."""
+    model = nn.Sequential(nn.Linear(12, 7), nn.ReLU(), nn.Linear(7, 5)).eval()
+    compiled = torch.compile(model, backend="kiln")
+    x = torch.randn(3, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.data = torch.randn(7, 12)
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].bias.add_(1.5)
+        torch.testing.assert_close(compiled(x), model(x))

@@ -239,7 +239,9 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     `kiln_epilogue2_fetched(params, b, m, n, acc0, acc1, f)` is `kiln_epilogue2` reading those
     values from `f`. (Called one after the other, every store of a row would otherwise wait
     for the next row's loads: the compiler cannot move a load above an earlier store that might
-    write the same memory.)"""
+    write the same memory.) `kiln_prefetch(params, b, m, n)` asks for the lines of those loads
+    at element (b, m, n) to be brought into L2 (a hint: it never faults), so that a template can
+    start them long before its epilogue."""
     d = CudaDialect()
     N = out.shape[-1]
     bvar, mvar = Var("b", extents[0]), Var("m", extents[1])
@@ -265,7 +267,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
             value = pair[k] if count == 2 else simplify(substitute(out.value, index))
             em.scopes[0][top_reduces(value)[0].key()] = f"acc{k}" if count == 2 else "acc"
             values.append(d.store(out.dtype, em.emit(value)))
-            flat = sum(index[id(a)] * s for a, s in zip(out.axes, out_strides) if s and out.shape[out.axes.index(a)] > 1) \
+            flat = sum(index[id(a)] * s for a, s, size in zip(out.axes, out_strides, out.shape) if s and size > 1) \
                 if any(sz > 1 for sz in out.shape) else 0
             offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
         size = out.dtype.nbytes
@@ -281,9 +283,12 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
             em.line(f"{out0}[{offsets[1]}] = {values[1]};")
         return em.lines
 
-    fetch = Emitter(d, names, strides)
+    fetch, prefetch = Emitter(d, names, strides), Emitter(d, names, strides)
     for k, load in enumerate(fetched):
         fetch.line(f"f.f{k} = {fetch.emit(load)};")
+        if not any(x is nvars[1] for i in load.indices for x in walk(i)):
+            prefetch.line(f'asm volatile("prefetch.global.L2 [%0];" :: "l"({names[id(load.tensor)]} + '
+                          f'{prefetch.offset(load)}));')
     fields = "".join(f" {d.value_type(load.dtype)} f{k};" for k, load in enumerate(fetched))
     n1 = "    const int64_t n1 = n + 1;\n"
     return "".join([
@@ -292,6 +297,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
         + "\n".join(body(2, {})) + "\n}\n",
         f"struct kiln_fetched {{{fields} }};\n",
         f"{head} kiln_fetch2({params}, kiln_fetched& f) {{\n{n1}" + "\n".join(fetch.lines) + "\n}\n",
+        f"{head} kiln_prefetch({params}) {{\n" + "\n".join(prefetch.lines) + "\n}\n",
         f"{head} kiln_epilogue2_fetched({params}, {acc_type} acc0, {acc_type} acc1, const kiln_fetched& f) {{\n{n1}"
         + "\n".join(body(2, {load.key(): f"f.f{k}" for k, load in enumerate(fetched)})) + "\n}\n",
     ])

@@ -9,6 +9,7 @@ from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.graph_pass import GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
+from kiln.passes.sibling_linears import MergeSiblingLinears
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.plugins import registry
 
@@ -38,9 +39,10 @@ class PluginPass(GraphPass):
 
 def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential:
     """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
-    rewrites (batch-norm folding among them) and before float16 conversion, layout planning
-    (which sees the types the graph runs in) and fusion (which fuses the layout conversions
-    into their neighbours)."""
+    rewrites (batch-norm folding among them) and before the merging of sibling linears,
+    constant folding (which computes their concatenated weights), float16 conversion, layout
+    planning (which sees the types the graph runs in) and fusion (which fuses the layout
+    conversions into their neighbours)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
@@ -49,6 +51,7 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
         EliminateCommonSubexpressions(),
         RewriteSubgraphs(),
         *plugin_passes,
+        MergeSiblingLinears(),
         FoldConstants(),
         EliminateCommonSubexpressions(),
         ConvertToFloat16(),

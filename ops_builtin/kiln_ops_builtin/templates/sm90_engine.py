@@ -95,6 +95,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
             parity ^= (passed / STAGES) & 1;
             continue;
         }
+        // what the epilogue reads per row (a residual) goes to L2 while the tile's main loop runs
+        for (int p = t; p < 64 * MI * (BN / 32); p += 128) {
+            const int64_t m = m0 + SLAB * 64 + p / (BN / 32), n = n0 + p % (BN / 32) * 32;
+            if (m < M && n < N) KILN_PREFETCH(bz, m, n);
+        }
         // ping-pong: one consumer in its main loop at a time (each full barrier then waits on the
         // phase right after the one last seen, so parities cannot alias); named barrier 1 + c
         // means "consumer c may start"
@@ -127,12 +132,23 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
         // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows;
-        // what the epilogue reads per row (a residual) is loaded for all 8 rows first
+        // what the epilogue reads per row (a residual) is loaded for the 8 rows of the next block
+        // while this one is stored
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
+        auto fetch_rows = [&](int i, int q, kiln_fetched* fetched) {
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+            for (int rr = 0; rr < 8; ++rr) {
+                const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + rr * 2 + lane / 16, n = n0 + q * 32 + (lane % 16) * 2;
+                if (m < M && n + 1 < N) KILN_FETCH2(bz, m, n, fetched[rr]);
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+            kiln_fetched fetched[2][8];
+            fetch_rows(i, 0, fetched[0]);
 #pragma unroll
             for (int q = 0; q < BN / 32; ++q) {
+                if (q + 1 < BN / 32) fetch_rows(i, q + 1, fetched[(q + 1) % 2]);
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
@@ -140,22 +156,17 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                         *(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] =
                             make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]);
                 __syncwarp();
-                kiln_fetched fetched[8];
-#pragma unroll
-                for (int rr = 0; rr < 8; ++rr) {
-                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + rr * 2 + lane / 16, n = n0 + q * 32 + (lane % 16) * 2;
-                    if (m < M && n + 1 < N) KILN_FETCH2(bz, m, n, fetched[rr]);
-                }
 #pragma unroll
                 for (int rr = 0; rr < 8; ++rr) {
                     const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
                     const float2 v = *(const float2*)&staged[row * EPI_LD + col];
                     const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
-                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[rr]);
+                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[q % 2][rr]);
                     else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
                 }
                 __syncwarp();
             }
+        }
     }
 }
 """

@@ -8,7 +8,9 @@ A template kernel launched on a grid (tiles, SPLIT, batch) walks only the k-tile
 exact) and hands each finished accumulator to `KILN_STORE(b, m, n, v)` or
 `KILN_STORE2(b, m, n, v0, v1)` (n even, n + 1 < N), or, loading what the epilogue reads per row
 first, `KILN_FETCH2(b, m, n, f)` into a `kiln_fetched f` and then
-`KILN_STORE2_FETCHED(b, m, n, v0, v1, f)`. With SPLIT = 1 these are the core's epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
+`KILN_STORE2_FETCHED(b, m, n, v0, v1, f)`, and `KILN_PREFETCH(b, m, n)` brings what the
+epilogue will read per row at (b, m, n .. n + 31) into L2. With SPLIT = 1 these are the core's
+epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
 [SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`, adds the SPLIT partials of each
 element in a fixed order (deterministic, no atomics) and applies the epilogue hooks, so
 fusion works the same either way.
@@ -94,6 +96,7 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
         defines.update({"PARAMS": params, "KILN_STORE(b, m, n, v)": "kiln_epilogue(ARGS, b, m, n, v)",
                         "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)",
                         "KILN_FETCH2(b, m, n, f)": "kiln_fetch2(ARGS, b, m, n, f)",
+                        "KILN_PREFETCH(b, m, n)": "kiln_prefetch(ARGS, b, m, n)",
                         "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": "kiln_epilogue2_fetched(ARGS, b, m, n, v0, v1, f)"})
         return SplitK(defines)
     partial = STORE_PARTIAL.replace("blockIdx.y", split_index)
@@ -103,6 +106,7 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
                     "KILN_STORE(b, m, n, v)": f"({partial} = (v))",
                     "KILN_STORE2(b, m, n, v0, v1)": pair,
                     "KILN_FETCH2(b, m, n, f)": "((void)0)",
+                    "KILN_PREFETCH(b, m, n)": "((void)0)",
                     "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": pair})
     workspace = KernelArgs.temporary(len(temporaries))
     temporaries.append(((split, batch, M, N), dtypes.float32))

@@ -122,7 +122,9 @@ class KilnFunction:
         return list(cls._live)
 
     def __call__(self, *args):
-        key = tuple(_signature(a, c) for a, c in zip(args, self.constant))
+        # a constant is keyed by its memory alone (dynamo's guards already fix its shape and
+        # dtype): the same memory is the tensor the graph holds, new memory traces anew
+        key = tuple(a.data_ptr() if c else _signature(a) for a, c in zip(args, self.constant))
         compiled = self.graphs.get(key)
         if compiled is None:  # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
@@ -199,10 +201,9 @@ class CompiledRun:
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else v)
 
 
-def _signature(arg, constant: bool):
+def _signature(arg):
     if isinstance(arg, torch.Tensor):
-        identity = (id(arg), arg.data_ptr()) if constant else ()
-        return (tuple(arg.shape), arg.dtype, arg.device) + identity
+        return (tuple(arg.shape), arg.dtype, arg.device)
     try:
         hash(arg)
         return arg
