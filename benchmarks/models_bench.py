@@ -41,8 +41,15 @@ def gpt2() -> torch.nn.Module:
 
 
 def torchvision_model(name: str) -> torch.nn.Module:
+    """A torchvision model, randomly initialized; parameters initialized to zeros (ViT's
+    classification head) get random values, or every output would be zero and compare equal."""
     import torchvision
-    return getattr(torchvision.models, name)()
+    model = getattr(torchvision.models, name)()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim > 1 and not p.any():
+                p.normal_(0, p.shape[-1] ** -0.5)
+    return model
 
 
 def llama_1b() -> torch.nn.Module:

@@ -3,7 +3,8 @@ against a float64 reference next to eager's own error: the views around attentio
 by view + transpose, GPT-2's split of one fused projection, the heads merged back, Llama's
 rotary embedding, nn.MultiheadAttention) are index arithmetic inside the GEMM and attention
 kernels, and every projection runs on its best template (once, the heads' transposes made the
-Q/K/V projections fall to the SIMT GEMM and left copy kernels around the attention)."""
+Q/K/V projections fall to the SIMT GEMM and left copy kernels around the attention). Separate
+Q/K/V projections of one input merge into one GEMM (`MergeSiblingLinears`)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -82,7 +83,7 @@ class MultiheadBlock(nn.Module):
 
 # model: (inputs for a batch and a sequence length, the kernels it should take)
 CASES = {
-    "self_attention": (SelfAttention, lambda b, s: [(b, s, E)], 5),
+    "self_attention": (SelfAttention, lambda b, s: [(b, s, E)], 3),
     "fused_projection": (FusedProjection, lambda b, s: [(b, s, E)], 3),
     "rotary": (Rotary, lambda b, s: [(b, s, E), (s, E // H), (s, E // H)], None),
     "multihead": (MultiheadBlock, lambda b, s: [(b, s, E)], 3),
