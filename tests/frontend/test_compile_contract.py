@@ -228,3 +228,61 @@ def test_parameters_given_new_memory_are_read_from_it():
         torch.testing.assert_close(compiled(x), model(x))
         model[2].bias.add_(1.5)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_weights_folded_into_constants_follow_in_place_updates():
+    """Merged Q/K/V weights and batch norm folded into a convolution are constants computed at
+    compile time: an in-place update of the parameters they came from must not leave them
+    stale."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+            self.q, self.k = nn.Linear(4, 5), nn.Linear(4, 5)
+
+        def forward(self, x):
+            h = self.bn(self.conv(x)).mean((2, 3))
+            return self.q(h) * self.k(h)
+
+    model = Block().eval()
+    compiled = torch.compile(model, backend="kiln")
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        model.k.weight.mul_(-2)
+        model.bn.running_mean.add_(0.5)
+        torch.testing.assert_close(compiled(x), model(x))
+        model.load_state_dict({k: torch.randn_like(v) if v.is_floating_point() else v
+                               for k, v in model.state_dict().items()})
+        model.bn.running_var.abs_()
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_greedy_decoding_with_a_static_kv_cache_builds_once():
+    """A decode loop over transformers' StaticCache (the cache updated in place at
+    `cache_position`): one compiled graph serves every step, and the tokens are eager's."""
+    from kiln.frontend.torch.backend import KilnFunction
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                      max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 50, (1, 5))
+
+    def decode(step, steps=10):
+        cache = transformers.StaticCache(config=config, max_batch_size=1, max_cache_len=24,
+                                         dtype=torch.float32)
+        logits = model(prompt, past_key_values=cache, cache_position=torch.arange(5)).logits
+        tokens = [logits[:, -1:].argmax(-1)]
+        for i in range(steps):
+            logits = step(tokens[-1], past_key_values=cache, cache_position=torch.tensor([5 + i])).logits
+            tokens.append(logits[:, -1:].argmax(-1))
+        return [t.item() for t in tokens]
+
+    before = set(map(id, KilnFunction.live()))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        want = decode(model)
+        assert decode(torch.compile(model, backend="kiln")) == want
+    compiled = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
+    assert [len(f.graphs) for f in compiled] == [1]

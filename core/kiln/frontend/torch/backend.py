@@ -16,6 +16,7 @@ with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view sema
 """
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 
@@ -108,6 +109,9 @@ class KilnFunction:
         self.settings = settings
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.constant = [n.name in constants for n in placeholders]
+        self._constant_positions = [k for k, c in enumerate(self.constant) if c]
+        self._input_positions = [k for k, c in enumerate(self.constant) if not c]
+        self._constants_state: dict[tuple, tuple] = {}
         # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
         self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
                         for n in placeholders]
@@ -122,12 +126,19 @@ class KilnFunction:
         return list(cls._live)
 
     def __call__(self, *args):
-        # a constant is keyed by its memory alone (dynamo's guards already fix its shape and
-        # dtype): the same memory is the tensor the graph holds, new memory traces anew
-        key = tuple(a.data_ptr() if c else _signature(a) for a, c in zip(args, self.constant))
+        key = tuple(_signature(args[k]) for k in self._input_positions)
+        # Constants are checked by memory and version (dynamo's guards fix their shapes and
+        # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
+        # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
+        # since folded constants (merged or transposed weights) hold the values they were
+        # computed from.
+        constants = [args[k] for k in self._constant_positions]
+        state = (tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants)))
         compiled = self.graphs.get(key)
-        if compiled is None:  # kernels are built (and tuned) by this first run
+        if compiled is None or self._constants_state[key] != state:
+            # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
+            self._constants_state[key] = state
         return compiled(args)
 
     def _compile(self, args) -> CompiledRun:
@@ -199,6 +210,9 @@ class CompiledRun:
         outs = iter(outs)
         return map_aggregate(self.structure,
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else v)
+
+
+_version = operator.attrgetter("_version")
 
 
 def _signature(arg):

@@ -12,7 +12,9 @@ nodes read the updated value; `mutated_inputs` tells the caller which inputs to 
 Views (`y = x[0]; y.add_(1)` changing x) are not tracked: the backend hands graphs that change
 a tensor through a view to PyTorch (`kiln.frontend.torch.aliasing`).
 
-Calls with no effect on values (`NO_EFFECT_CALLS`: usage logging, grad mode) are skipped, and
+Inside torch.autocast regions (`kiln.frontend.torch.autocast`) a node's floating inputs are cast
+to the dtype PyTorch produced for it. Calls with no effect on values (`NO_EFFECT_CALLS`: usage
+logging, grad mode) are skipped, and
 shape arithmetic (`SHAPE_FUNCTIONS`: torch.Size, sym_size and the sym_* helpers) runs in Python
 on the concrete sizes of the run, so a graph dynamo traced with SymInts runs, specialized, at
 each size. Each rule's result is checked against dynamo's metadata (`node.meta`): a tensor of
@@ -31,6 +33,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate, map_arg
 
+from kiln.frontend.torch.autocast import REGION_CALLS, Regions
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
 from kiln.tensor import Tensor, from_torch
@@ -169,7 +172,7 @@ class Interpreter:
             return True
         kind, target = self.kind_and_target(node)
         if kind == FUNCTION and (target in NO_EFFECT_CALLS or target in SHAPE_FUNCTIONS or
-                                 target in _SIZE_QUERIES):
+                                 target in _SIZE_QUERIES or target in REGION_CALLS):
             return True
         if kind == METHOD:
             return any(self.registry.has(METHOD, t) for t in self._method_targets(target))
@@ -200,6 +203,7 @@ class Interpreter:
         aliases: dict[Node, list[Node]] = {}  # nodes that are one tensor, mutated in place
         placeholders = iter(inputs)
         self._bindings = {}
+        self._autocast = Regions()
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 value = next(placeholders)
@@ -262,6 +266,8 @@ class Interpreter:
             return self._call_module(node, args, kwargs)
         if kind == FUNCTION and target in NO_EFFECT_CALLS:
             return None
+        if kind == FUNCTION and target in REGION_CALLS:
+            return self._autocast.call(target, args)
         if kind == FUNCTION and target in _SIZE_QUERIES:
             return _SIZE_QUERIES[target](*args, **kwargs)
         if kind == FUNCTION and target in SHAPE_FUNCTIONS:
@@ -290,6 +296,7 @@ class Interpreter:
         return self._apply(node, found[0], found[1], args, kwargs)
 
     def _apply(self, node: Node, rule, handler, args, kwargs):
+        args, kwargs = self._autocast.cast_inputs(_expected_meta(node), args, kwargs)
         try:
             value = handler(*args, **kwargs)
         except NotImplementedError:
