@@ -1,5 +1,5 @@
 """torch.nn.functional and linear algebra: linear, matmul, convolution, pooling, normalization,
-dropout, embedding and embedding_bag, padding, interpolation, grid_sample and
+dropout, embedding and embedding_bag, padding, interpolation, grid_sample, affine_grid and
 scaled_dot_product_attention."""
 import math
 
@@ -186,6 +186,11 @@ def _sampled(input, grid, mode="bilinear", *args, **kwargs) -> bool:
 @register_function(F.grid_sample, check=_sampled)
 def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
     return ops.grid_sample(input, grid, mode, padding_mode, bool(align_corners))
+
+
+@register_function(F.affine_grid, check=lambda theta, size, align_corners=None: len(size) == 4)
+def affine_grid(theta, size, align_corners=None):
+    return ops.affine_grid(theta, list(size), bool(align_corners))
 
 
 def _pad_mode(input, pad, mode="constant", value=None) -> bool:

@@ -1,6 +1,6 @@
 """grid_sample: values of a 2-d image at the positions a grid holds, as
 torch.nn.functional.grid_sample computes them (bilinear or nearest sampling; zeros, border or
-reflection padding; align_corners either way).
+reflection padding; align_corners either way); affine_grid: the grid an affine transform makes.
 
 A grid position in [-1, 1] maps to a pixel coordinate (-1 and 1 are the centres of the corner
 pixels with align_corners, their outer edges without); border padding clamps the coordinate
@@ -73,3 +73,33 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
                 + (pixel(y0 + 1, x0) * (1 - fx) + pixel(y0 + 1, x0 + 1) * fx) * fy)
 
     return compute((n, c) + tuple(grid.shape[1:3]), element, dtype=input.dtype)
+
+
+def _base(i, steps: int, align_corners: bool, dtype):
+    """The normalized coordinate of pixel `i` of `steps` (torch's linspace from -1 to 1, shrunk
+    to the pixel centres without align_corners; 0 for a single pixel)."""
+    if steps <= 1:
+        return cast(0, dtype)
+    x = cast(i, dtype) * (2 / (steps - 1)) - 1
+    return x if align_corners else x * ((steps - 1) / steps)
+
+
+@operator("affine_grid")
+def affine_grid(theta, size, align_corners=False):
+    """torch.nn.functional.affine_grid for 2-d images: theta (N, 2, 3), size (N, C, H, W), the
+    grid (N, H, W, 2) of theta applied to each output pixel's (x, y, 1); 3-d volumes (5-d size)
+    are not supported."""
+    op = "affine_grid"
+    check_dtype(op, theta, dtypes.FLOATS)
+    size = [int(s) for s in size]
+    if len(size) != 4 or theta.shape != (size[0], 2, 3):
+        raise OperatorError(f"{op}: expected theta (N, 2, 3) and size (N, C, H, W), got {theta.shape} and "
+                            f"{tuple(size)} (5-d sizes, 3-d volumes, are not supported)")
+    n, _, h, w = size
+    align = bool(align_corners)
+
+    def element(b, y, x, c):
+        return (_base(x, w, align, theta.dtype) * theta[b, c, 0] + _base(y, h, align, theta.dtype) * theta[b, c, 1]
+                + theta[b, c, 2])
+
+    return compute((n, h, w, 2), element, dtype=theta.dtype)

@@ -289,3 +289,13 @@ def test_grid_sample(mode, padding_mode, align_corners):
     compile_and_compare(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode,
                                                    align_corners=align_corners), x, grid)
 
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [(2, 3, 7, 9), (1, 1, 1, 5)])
+def test_affine_grid_and_a_spatial_transformer(size, align_corners):
+    theta = torch.randn(size[0], 2, 3)
+    compile_and_compare(lambda t: F.affine_grid(t, list(size), align_corners=align_corners), theta)
+    x = torch.randn(size)
+    compile_and_compare(lambda x, t: F.grid_sample(x, F.affine_grid(t, list(size), align_corners=align_corners),
+                                                   align_corners=align_corners), x, theta)
