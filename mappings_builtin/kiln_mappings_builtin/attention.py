@@ -1,9 +1,11 @@
 """nn.MultiheadAttention's functional core, F.multi_head_attention_forward: the projections as
 linears around the fused `attention` operator, or, where the caller wants the attention
 weights too, batched matmuls around a softmax (inference: no dropout, no bias_k/bias_v, no
-zero attention, no static keys)."""
+zero attention, no static keys); and nn.TransformerEncoderLayer's inference fast path,
+`torch._transformer_encoder_layer_fwd`."""
 import math
 
+import torch
 import torch.nn.functional as F
 
 from kiln import dtypes, ops
@@ -103,3 +105,43 @@ def multi_head_attention_forward(query, key, value, embed_dim_to_check, num_head
         if unbatched:
             weights_out = ops.squeeze(weights_out, 0)
     return (ops.squeeze(out, 1) if unbatched else out), weights_out
+
+
+def _encoder_mask(mask, mask_type, batch: int, heads: int, length: int, dtype):
+    """The merged mask of the encoder layer's fast path (True or -inf: not attended) as an
+    additive mask broadcasting to the scores (batch, heads, length, length): type 0 is an
+    attention mask (length, length), 1 a key padding mask (batch, length), 2 both merged
+    (batch, heads, length, length)."""
+    if mask is None:
+        return None
+    mask = _additive(mask, dtype)
+    return ops.reshape(mask, (batch, 1, 1, length)) if mask_type == 1 else mask
+
+
+@register_function(torch._transformer_encoder_layer_fwd)
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                  use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2,
+                                  norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
+                                  mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's inference fast path (batch first, (N, L, E)): self-attention
+    on one projection, the feed-forward block with GELU or ReLU, layer norms before or after."""
+    batch, length, _ = src.shape
+    head_dim = embed_dim // num_heads
+    heads = lambda t: ops.permute(ops.reshape(t, (batch, length, num_heads, head_dim)), (0, 2, 1, 3))
+    norm = lambda x, w, b: ops.layer_norm(x, [embed_dim], w, b, eps)
+
+    def attend(x):
+        q, k, v = (heads(t) for t in ops.split(ops.linear(x, qkv_weight, qkv_bias), embed_dim, -1))
+        out = ops.attention(q, k, v, _encoder_mask(mask, mask_type, batch, num_heads, length, src.dtype))
+        return ops.linear(ops.reshape(ops.permute(out, (0, 2, 1, 3)), (batch, length, embed_dim)),
+                          proj_weight, proj_bias)
+
+    def feed_forward(x):
+        hidden = ops.linear(x, ffn_weight_1, ffn_bias_1)
+        return ops.linear(ops.gelu(hidden) if use_gelu else ops.relu(hidden), ffn_weight_2, ffn_bias_2)
+
+    if norm_first:
+        x = ops.add(src, attend(norm(src, norm_weight_1, norm_bias_1)))
+        return ops.add(x, feed_forward(norm(x, norm_weight_2, norm_bias_2)))
+    x = norm(ops.add(src, attend(src)), norm_weight_1, norm_bias_1)
+    return norm(ops.add(x, feed_forward(x)), norm_weight_2, norm_bias_2)

@@ -50,6 +50,22 @@ def test_multihead_attention_without_weights_runs_the_attention_operator(form):
     assert "softmax" not in {n.definition.name for n in graph.nodes}
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_fast_path(padded, norm_first, activation):
+    """nn.TransformerEncoder in eval mode runs torch._transformer_encoder_layer_fwd per layer,
+    with or without a key padding mask. (With a square attention mask PyTorch first asks the
+    data whether the mask is causal, `bool(tensor)`, and dynamo breaks the graph there.)"""
+    layer = nn.TransformerEncoderLayer(16, 4, 24, activation=activation, norm_first=norm_first, batch_first=True)
+    encoder = _eval(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False))
+    x = torch.randn(3, 7, 16)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[0, 5:], padding[2, 3:] = True, True
+    kwargs = {"src_key_padding_mask": padding} if padded else {}
+    capture, _ = compile_and_compare(encoder, x, **kwargs)
+    assert torch._transformer_encoder_layer_fwd in {n.target for g in capture.graphs for n in g.graph.nodes}
+
+
 def test_multihead_attention_with_weights():
     mha = _eval(nn.MultiheadAttention(12, 3, kdim=8, vdim=10))
     q, k, v = torch.randn(4, 2, 12), torch.randn(6, 2, 8), torch.randn(6, 2, 10)
