@@ -161,12 +161,12 @@ def valid(knobs: dict) -> bool:
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: four key warps of 16 keys each over 16 rows, keys split four ways; 1: key tiles
-    of 32 to 128 keys, more warps, 32 to 128 rows, splits from 2 to 16; 2: more of each."""
+    """Level 0: four key warps of 16 keys each over 16 rows, keys split four ways; 1: that tile
+    unsplit and split 2 to 16 ways, key tiles of 128 keys, 32 to 128 rows; 2: more of each."""
     if level == 0:
         return [_k(16, 4, 1, 1, 4)]
-    out = [_k(16, 4, 1, 1, s) for s in (2, 4, 8, 16)] + [_k(32, 4, 1, 1, 4), _k(16, 8, 1, 1, 4), _k(16, 4, 2, 1, 4),
-                                                         _k(32, 4, 2, 2, 4), _k(64, 4, 2, 4, 2)]
+    out = [_k(16, 4, 1, 1, s) for s in (1, 2, 4, 8, 16)] + [_k(32, 4, 1, 1, 4), _k(16, 8, 1, 1, 4),
+                                                            _k(16, 4, 2, 1, 4), _k(32, 4, 2, 2, 4), _k(64, 4, 2, 4, 2)]
     if level == 2:
         out += [_k(16, 2, 1, 1, 8), _k(32, 4, 1, 1, 8), _k(16, 8, 2, 2, 4), _k(32, 8, 1, 2, 8), _k(64, 4, 1, 4, 4),
                 _k(16, 4, 1, 1, 32)]
