@@ -60,7 +60,8 @@ def _reference(q, k, v, mask=None, causal=False):
 
 
 def _eager(q, k, v, mask=None, causal=False):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
 
 def _relative_error(got, want):

@@ -1,9 +1,10 @@
 """The decode attention template (`attention_decode`) without a GPU: which attention tasks it
-takes (and that it is chosen over `attention_flash` for them, and not for long queries), its
-level-0 choices (rows packed per key/value head, keys split to fill the GPU), its programs
-(the split-KV partials in `attention_flash`'s layout), and every knob setting compiled with
-NVRTC for sm_80 and sm_90 (each head dim, both 16-bit types, bool and float masks, causal,
-grouped-query heads, a strided query view); the operator on the CPU under KILN_NVRTC_CHECK."""
+takes (and that it is chosen over `attention_flash` for them, and not for long queries), a
+transposed query view fused in and read in place, its level-0 choices (rows packed per
+key/value head, keys split to fill the GPU), its programs (the split-KV partials in
+`attention_flash`'s layout), and every knob setting compiled with NVRTC for sm_80 and sm_90
+(each head dim, both 16-bit types, bool and float masks, causal, grouped-query heads, a strided
+query view); the operator on the CPU under KILN_NVRTC_CHECK."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from kiln.runtime import cuda as rt
 from kiln.schedule import schedules_for
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_decode, attention_flash
+from kiln_ops_builtin.templates.attention_match import match_attention
 
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
@@ -59,6 +61,20 @@ def test_chosen_over_flash_for_decoding_only():
     assert names(_task((4, 32, 4096, 128), (4, 8, 4096, 128), causal=True)) == ["attention_flash"]
     assert names(_task((8, 12, 128, 64), (8, 12, 128, 64))) == ["attention_flash"]
     assert names(_task((8, 32, 1, 128), (8, 8, 128, 128))) == ["attention_flash"]            # few keys
+
+
+@pytest.mark.parametrize("b,hq,hkv,lq,lk,d", [(8, 32, 8, 1, 4096, 128), (1, 16, 2, 16, 2049, 96)])
+def test_transposed_query_view_fuses_into_decode(b, hq, hkv, lq, lk, d):
+    """A graph on CUDA symbols (planned without a GPU): q given as [B, L, H, D] and transposed
+    to [B, H, L, D] is read in place by the one attention kernel, which this template takes."""
+    q = kiln.symbol([b, lq, hq, d], "float16", device="cuda")
+    k, v = (kiln.symbol([b, hkv, lk, d], "float16", device="cuda") for _ in "kv")
+    graph = kiln.graph.optimize(kiln.trace_from(kiln.ops.attention(kiln.ops.transpose(q, 1, 2), k, v)))
+    nodes = [n for n in graph.nodes if n.name != "Constant"]
+    assert len(nodes) == 1 and nodes[0].task.name == "attention"
+    assert schedules_for(nodes[0].task, "cuda", 90)[0].name == "attention_decode"
+    if lq > 1:
+        assert match_attention(nodes[0].task).q.row_stride == hq * d
 
 
 def test_level0_choice():

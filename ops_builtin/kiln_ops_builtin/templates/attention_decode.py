@@ -116,7 +116,8 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
             const int row = wk * ROW_BLOCK + wr * MT * 16 + mt * 16 + (lane >> 2) + h * 8;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
-                *(float2*)&shares[row * D + dt * 8 + (lane & 3) * 2] = make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                *(float2*)&shares[row * D + dt * 8 + (lane & 3) * 2] =
+                    make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
             if ((lane & 3) == 0) *(float2*)&share_stats[row * 2] = make_float2(mx[mt][h], total);
         }
     __syncthreads();
@@ -161,12 +162,13 @@ def valid(knobs: dict) -> bool:
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: four key warps of 16 keys each over 16 rows, keys split four ways; 1: that tile
-    unsplit and split 2 to 16 ways, key tiles of 128 keys, 32 to 128 rows; 2: more of each."""
+    """Level 0: four key warps of 16 keys each over 16 rows, the keys split four ways; 1: that
+    tile unsplit and split 2 to 16 ways, 32-key warps, eight warps, 32 to 128 rows; 2: more of
+    each."""
     if level == 0:
         return [_k(16, 4, 1, 1, 4)]
-    out = [_k(16, 4, 1, 1, s) for s in (1, 2, 4, 8, 16)] + [_k(32, 4, 1, 1, 4), _k(16, 8, 1, 1, 4),
-                                                            _k(16, 4, 2, 1, 4), _k(32, 4, 2, 2, 4), _k(64, 4, 2, 4, 2)]
+    out = [_k(16, 4, 1, 1, s) for s in (1, 2, 4, 8, 16)]
+    out += [_k(32, 4, 1, 1, 4), _k(16, 8, 1, 1, 4), _k(16, 4, 2, 1, 4), _k(32, 4, 2, 2, 4), _k(64, 4, 2, 4, 2)]
     if level == 2:
         out += [_k(16, 2, 1, 1, 8), _k(32, 4, 1, 1, 8), _k(16, 8, 2, 2, 4), _k(32, 8, 1, 2, 8), _k(64, 4, 1, 4, 4),
                 _k(16, 4, 1, 1, 32)]
@@ -174,6 +176,8 @@ def space(level: int) -> list[dict]:
 
 
 def applies(task) -> bool:
+    """Attention tasks of at most MAX_QUERIES queries against at least MIN_KEYS keys that
+    `attention_flash` would take (16-bit, its head dims, D == Dv)."""
     a = match_attention(task)
     return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16)
             and a.q.dtype == a.k.dtype == a.v.dtype and a.D == a.Dv and a.D in HEAD_DIMS
@@ -206,6 +210,8 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 
 def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
+    """The decode kernel for `task` (see the module doc), and `kiln_attention_combine` after it
+    when SPLIT > 1."""
     a: Attention = match_attention(task)
     knobs = _k(BN, NW, MT, WR, SPLIT)
     if not valid(knobs):
@@ -219,7 +225,8 @@ def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
         **operand_defines(a, "qbh", "kbh"), "BN": BN, "NW": NW, "NT": NW * 32, "MT": MT, "WR": WR, "WK": wk,
         "KT": kt, "ROW_BLOCK": row_block, "ROW_BLOCKS": row_blocks, "QUERY_ROWS": rows, "GROUP": a.group,
         "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-_keys(a) // kt)) // SPLIT),
-        "QUERY_BH(bh, r)": "((bh) * GROUP + (r) / LQ)", "QUERY_I(r)": "((r) % LQ)", "QUERY_OK(r)": "((r) < QUERY_ROWS)",
+        "QUERY_BH(bh, r)": "((bh) * GROUP + (r) / LQ)", "QUERY_I(r)": "((r) % LQ)",
+        "QUERY_OK(r)": "((r) < QUERY_ROWS)",
     }
     if SPLIT > 1:
         sk = split_kv(a, SPLIT, params, args)

@@ -16,7 +16,10 @@ masked row keeps sum 0 and gets zeros, as the operator defines.
 Decoding (a few queries against many keys) splits the keys SPLIT ways (split-KV): each CTA
 writes its share's unnormalized output, row maximum and sum to float32 temporaries, and
 `kiln_attention_combine` rescales the shares to the common maximum, normalizes, and stores
-through the epilogue hooks. Warps whose rows are all past the queries skip the math.
+through the epilogue hooks. Warps whose rows are all past the queries skip the math. Where it
+applies (at most 16 queries, at least 256 keys) `attention_decode` takes decoding instead: one
+CTA per key/value head reads the keys once for all its query heads, with this tile step
+(`kiln_attend`, its rows mapped to queries by the QUERY_* macros) and this merge.
 
 The task is read by `attention_match.match_attention`: q, k and v straight from their inputs
 (any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
@@ -333,7 +336,8 @@ def split_kv(a: Attention, split: int, params: str, args: tuple) -> SplitKV:
     maximum and the sum, and `kiln_attention_combine` stores the merged rows through the
     epilogue hooks."""
     part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
-    temporaries = [((split, a.batch_count, a.Lq, a.D), dtypes.float32), ((split, a.batch_count, a.Lq, 2), dtypes.float32)]
+    rows = (split, a.batch_count, a.Lq)
+    temporaries = [(rows + (a.D,), dtypes.float32), (rows + (2,), dtypes.float32)]
     args = args + (part, stats)
     combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=a.batch_count * a.Lq * a.D // 2,
                      per_block=256, waves=8)
@@ -432,7 +436,8 @@ def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
         launches.append(sk.combine)
     defines["KERNEL_PARAMS"] = params
     source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    launches.insert(0, Launch("kiln_attention_flash", args, (NW * 32, 1, 1), grid=(SPLIT * m_blocks * a.batch_count, 1, 1),
+    blocks = SPLIT * m_blocks * a.batch_count
+    launches.insert(0, Launch("kiln_attention_flash", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=smem_bytes(knobs, a.D)))
     return CudaProgram(source, launches, temporaries, alignment=16)
 
