@@ -7,9 +7,11 @@ keys, 128); long sequences at head dims 64 and 96; and more decoding (`attention
 shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head dim 64. Each side
 runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA events,
 median of several replays (`gemm_bench`'s timing). `--sweep` also times every knob setting of
-the template's tuning level 2; `--shapes` picks shapes by name. Prints the GPU's name and a
+the template's tuning level 2; `--shapes` picks shapes by name, `--template` times another
+template that takes them (`attention_flash` on the decode shapes). Prints the GPU's name and a
 table; `--json PATH` writes every row.
-Usage: python3 benchmarks/attention_bench.py [--sweep] [--shapes decode,decode-mha] [--json out.json]
+Usage: python3 benchmarks/attention_bench.py [--sweep] [--shapes decode,decode-mha] [--template NAME]
+       [--json out.json]
 """
 from __future__ import annotations
 
@@ -69,12 +71,15 @@ def _registers(runner, kernel) -> tuple[int, int]:
             driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn)[1])
 
 
-def _case(name, b, hq, hkv, lq, lk, d, causal, dtype, sweep):
+def _case(name, b, hq, hkv, lq, lk, d, causal, dtype, sweep, template_name=None):
     from kiln.schedule import schedules_for
     from kiln.schedule.tuner import candidates
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for h, n in ((hq, lq), (hkv, lk), (hkv, lk)))
     task = _task(q, k, v, causal)
-    template = schedules_for(task, "cuda", 90)[0]
+    templates = schedules_for(task, "cuda", 90)
+    template = next((t for t in templates if t.name == template_name), None) if template_name else templates[0]
+    if template is None:
+        raise ValueError(f"{template_name} does not take this shape (these do: {[t.name for t in templates]})")
     knobs = candidates(template, task, torch.cuda.get_device_properties(0).multi_processor_count, 0)[0]
     out = torch.empty(task.outputs[0].shape, dtype=dtype, device="cuda")
     ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
@@ -113,6 +118,7 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="also time every level-2 knob setting")
     parser.add_argument("--dtypes", default="float16,bfloat16")
     parser.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="names of the shapes to time")
+    parser.add_argument("--template", help="time this template (e.g. attention_flash) instead of the one Kiln picks")
     opts = parser.parse_args()
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}, torch {torch.__version__}", flush=True)
@@ -120,7 +126,7 @@ def main():
     for dtype in [getattr(torch, n) for n in opts.dtypes.split(",")]:
         for shape in [s for s in SHAPES if s[0] in opts.shapes.split(",")]:
             try:
-                row = _case(*shape, dtype, opts.sweep)
+                row = _case(*shape, dtype, opts.sweep, opts.template)
             except Exception as exc:         # a shape one side cannot run: reported, the others still timed
                 print(f"{shape[0]:10s} {str(dtype)[6:]:9s} FAILED: {type(exc).__name__}: {exc}", flush=True)
                 rows.append({"name": shape[0], "dtype": str(dtype)[6:], "error": f"{type(exc).__name__}: {exc}"})
