@@ -133,11 +133,13 @@ def test_every_knob_compiles(name):
 
 
 @needs_nvrtc
-def test_strided_query_view_compiles():
-    task = _blhd_task(1, 16, 16, 2, 2049, 96)
-    knobs = attention_decode.space(0) + attention_decode.suggest(task, 132)[:1]
-    programs = [attention_decode.render(task, **k) for k in knobs]
-    rt.compile_many([(p.source, "attention_decode_blhd", arch) for p in programs for arch in ("sm_80", "sm_90")])
+def test_other_layouts_compile():
+    """A strided query view, heads without leading dims, no heads at all: level 0 and the suggestion."""
+    tasks = [_blhd_task(1, 16, 16, 2, 2049, 96), _task((8, 2, 128), (2, 300, 128), dtype=bf16),
+             _task((4, 64), (1000, 64))]
+    programs = [attention_decode.render(task, **k) for task in tasks
+                for k in attention_decode.space(0) + attention_decode.suggest(task, 132)[:1]]
+    rt.compile_many([(p.source, "attention_decode_layouts", arch) for p in programs for arch in ("sm_80", "sm_90")])
 
 
 @needs_nvrtc
