@@ -4,7 +4,8 @@ the same inputs) plus a little: issue 12's decode shape and smaller ones with ev
 grouped-query groups of 1 to 8, 1 to 16 queries, key counts that are no multiple of the tiles,
 both 16-bit types, a bool key-padding mask, an additive float mask, causal, a sequence with no
 keys (zeros), a [B, L, H, D] query read in place through torch.compile, and every level-1
-knob setting; each task checked to take this template."""
+knob setting. Until these tests and its timings have run on a GPU, the template ranks after
+attention_flash (which Kiln therefore still chooses), so they run it by name."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,9 +85,10 @@ def _task(q, k, v, mask=None, causal=False):
 
 
 def _run_op(q, k, v, mask=None, causal=False):
-    assert schedules_for(_task(q, k, v, mask, causal), "cuda", device_arch(kiln.device("cuda")))[0].name == \
-        "attention_decode"
-    return kiln.ops.attention(q, k, v, mask=mask, is_causal=causal).torch()
+    task = _task(q, k, v, mask, causal)
+    assert "attention_decode" in [t.name for t in schedules_for(task, "cuda", device_arch(kiln.device("cuda")))]
+    knobs = attention_decode.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    return _load(task, knobs)([q, k, v] + ([mask] if mask is not None else []))
 
 
 CASES = [pytest.param(s, v, id=f"{s}-{v}") for s in SHAPES for v in VARIANTS if v != "causal" or SHAPES[s][3] > 1]
@@ -128,10 +130,13 @@ def test_blhd_query_read_in_place(shape, dtype):
     graph = next(iter(capture.compiled[0].graphs.values())).graph
     nodes = [n for n in graph.nodes if n.name != "Constant"]
     assert len(nodes) == 1 and nodes[0].task.name == "attention", [n.name for n in nodes]      # the view fused
-    assert schedules_for(nodes[0].task, "cuda", device_arch(nodes[0].device))[0].name == "attention_decode"
+    task = nodes[0].task
+    assert attention_decode.applies(task)
     if lq > 1:
-        assert match_attention(nodes[0].task).q.row_stride == hq * d
+        assert match_attention(task).q.row_stride == hq * d
     _check(out, q_blhd.transpose(1, 2), k, v)
+    knobs = attention_decode.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    _check(_load(task, knobs)([q_blhd, k, v]), q_blhd.transpose(1, 2), k, v)
 
 
 def _load(task, knobs):

@@ -1,5 +1,5 @@
 """The decode attention template (`attention_decode`) without a GPU: which attention tasks it
-takes (and that it is chosen over `attention_flash` for them, and not for long queries), a
+takes (and that it ranks after `attention_flash` for them, and is absent for long queries), a
 transposed query view fused in and read in place, its level-0 choices (rows packed per
 key/value head, keys split to fill the GPU), its programs (the split-KV partials in
 `attention_flash`'s layout), and every knob setting compiled with NVRTC for sm_80 and sm_90
@@ -53,10 +53,12 @@ def test_takes_few_queries_against_many_keys():
     assert not attention_decode.applies(_task((2, 4, 1, 64), (2, 2, 1000, 64), (2, 2, 1000, 128)))   # Dv != D
 
 
-def test_chosen_over_flash_for_decoding_only():
+def test_ranked_after_flash_for_decoding_only():
+    """Ranked after attention_flash until its GPU tests and timings are in: Kiln does not choose
+    it yet."""
     names = lambda task: [t.name for t in schedules_for(task, "cuda", 90)]
-    assert names(_task()) == ["attention_decode", "attention_flash"]
-    assert names(_task((3, 12, 1, 80), (3, 4, 777, 80), mask=((3, 1, 1, 777), dtypes.boolean)))[0] == \
+    assert names(_task()) == ["attention_flash", "attention_decode"]
+    assert names(_task((3, 12, 1, 80), (3, 4, 777, 80), mask=((3, 1, 1, 777), dtypes.boolean)))[1] == \
         "attention_decode"
     assert names(_task((4, 32, 4096, 128), (4, 8, 4096, 128), causal=True)) == ["attention_flash"]
     assert names(_task((8, 12, 128, 64), (8, 12, 128, 64))) == ["attention_flash"]
@@ -72,7 +74,7 @@ def test_transposed_query_view_fuses_into_decode(b, hq, hkv, lq, lk, d):
     graph = kiln.graph.optimize(kiln.trace_from(kiln.ops.attention(kiln.ops.transpose(q, 1, 2), k, v)))
     nodes = [n for n in graph.nodes if n.name != "Constant"]
     assert len(nodes) == 1 and nodes[0].task.name == "attention"
-    assert schedules_for(nodes[0].task, "cuda", 90)[0].name == "attention_decode"
+    assert attention_decode.applies(nodes[0].task)
     if lq > 1:
         assert match_attention(nodes[0].task).q.row_stride == hq * d
 

@@ -1,6 +1,11 @@
 """Attention for decoding (sm_80+): a few queries (at most 16) against many keys (at least
 256), float16 and bfloat16, head dims 64, 80, 96 and 128.
 
+Not yet verified on a GPU: its priority ranks it after `attention_flash`, so Kiln does not
+choose it; `tests/cuda/test_attention_decode.py` and `benchmarks/attention_bench.py
+--template attention_decode` run it by name. Once they pass and it is faster, its priority goes
+above flash's.
+
 Decoding is a stream over the KV cache, each key and value used by only `group * Lq` query
 rows (the queries of the query heads that share its key/value head). `attention_flash`, one
 CTA per query head, reads every key and value once per query head (`group` times for
@@ -242,5 +247,5 @@ def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
     return CudaProgram(source, launches, temporaries, alignment=16)
 
 
-TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=20, applies=applies, space=space,
+TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=5, applies=applies, space=space,
                     suggest=suggest, reads_views=True)

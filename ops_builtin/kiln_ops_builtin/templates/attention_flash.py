@@ -16,10 +16,11 @@ masked row keeps sum 0 and gets zeros, as the operator defines.
 Decoding (a few queries against many keys) splits the keys SPLIT ways (split-KV): each CTA
 writes its share's unnormalized output, row maximum and sum to float32 temporaries, and
 `kiln_attention_combine` rescales the shares to the common maximum, normalizes, and stores
-through the epilogue hooks. Warps whose rows are all past the queries skip the math. Where it
-applies (at most 16 queries, at least 256 keys) `attention_decode` takes decoding instead: one
-CTA per key/value head reads the keys once for all its query heads, with this tile step
-(`kiln_attend`, its rows mapped to queries by the QUERY_* macros) and this merge.
+through the epilogue hooks. Warps whose rows are all past the queries skip the math.
+`attention_decode` (at most 16 queries, at least 256 keys; ranked after this template until it
+has been verified on a GPU) reads the keys once for all the query heads of a key/value head,
+with this tile step (`kiln_attend`, its rows mapped to queries by the QUERY_* macros) and this
+merge.
 
 The task is read by `attention_match.match_attention`: q, k and v straight from their inputs
 (any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
