@@ -17,6 +17,10 @@ Decoding (a few queries against many keys) splits the keys SPLIT ways (split-KV)
 writes its share's unnormalized output, row maximum and sum to float32 temporaries, and
 `kiln_attention_combine` rescales the shares to the common maximum, normalizes, and stores
 through the epilogue hooks. Warps whose rows are all past the queries skip the math.
+`attention_decode` (at most 16 queries, at least 256 keys; ranked after this template until it
+has been verified on a GPU) reads the keys once for all the query heads of a key/value head,
+with this tile step (`kiln_attend`, its rows mapped to queries by the QUERY_* macros) and this
+merge.
 
 The task is read by `attention_match.match_attention`: q, k and v straight from their inputs
 (any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
@@ -26,6 +30,7 @@ and the output through the epilogue hooks, where fused epilogues go.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from kiln import dtypes
 from kiln.codegen import ptx
@@ -70,8 +75,9 @@ static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint1
     }
 }
 
-// One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 query rows from row0: S = Q K^T, the
-// online softmax, O += P V. EDGE: some key of the tile is past LK or (causal) after a row.
+// One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 tile rows from row0: S = Q K^T, the
+// online softmax, O += P V. Tile row r is query QUERY_I(r) of flat batch QUERY_BH(bh, r), a real
+// query where QUERY_OK(r). EDGE: some key of the tile is past LK or (causal) after a row.
 template <bool EDGE>
 static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2],
                                                    const uint16_t* qs, const uint16_t* ks, const uint16_t* vs,
@@ -105,7 +111,7 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int i = row0 + mt * 16 + (lane >> 2) + h * 8;
+            const int r = row0 + mt * 16 + (lane >> 2) + h * 8, i = QUERY_I(r);
             float top = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt)
@@ -118,11 +124,11 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
                     float x = s[mt][nt][2 * h + c] * SCALE_LOG2;
 #endif
 #if HAS_MASK
-                    if (i < LQ && j < LK) {
+                    if (QUERY_OK(r) && j < LK) {
 #if MASK_BOOL
-                        if (!kiln_mask(ARGS, bh, i, j)) x = -INFINITY;
+                        if (!kiln_mask(ARGS, QUERY_BH(bh, r), i, j)) x = -INFINITY;
 #else
-                        x += kiln_mask(ARGS, bh, i, j) * 1.4426950408889634f;
+                        x += kiln_mask(ARGS, QUERY_BH(bh, r), i, j) * 1.4426950408889634f;
 #endif
                     }
 #endif
@@ -181,6 +187,33 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
             }
         }
     }
+}
+
+// The merge of `count` partial results of one row, share s having its maximum and sum at
+// stats[s * stats_step] and its unnormalized values n, n + 1 at part[s * part_step]: each
+// rescaled to the largest maximum among the shares that saw a key (sum > 0), which goes to
+// `top` (-inf where none did), their rescaled sum to `total`; returns the merged values.
+static __device__ __forceinline__ float2 kiln_merge_shares(int count, const float* stats, int64_t stats_step,
+                                                           const float* part, int64_t part_step, float& top,
+                                                           float& total) {
+    top = -INFINITY;
+    for (int s = 0; s < count; ++s) {
+        const float2 st = *(const float2*)&stats[s * stats_step];
+        if (st.y > 0.f) top = fmaxf(top, st.x);
+    }
+    float l = 0.f, o0 = 0.f, o1 = 0.f;
+    for (int s = 0; s < count; ++s) {
+        const float2 st = *(const float2*)&stats[s * stats_step];
+        if (st.y > 0.f) {
+            const float f = kiln_ex2(st.x - top);
+            const float2 p = *(const float2*)&part[s * part_step];
+            l += st.y * f;
+            o0 += p.x * f;
+            o1 += p.y * f;
+        }
+    }
+    total = l;
+    return make_float2(o0, o1);
 }
 """
 
@@ -272,33 +305,65 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PAR
 """
 
 COMBINE = r"""
-// out[bh, i, n..n+1] from the SPLIT partial results of row (bh, i): each split's share rescaled
-// to the largest maximum among the splits that saw a key (sum > 0); zeros where none did
+// out[bh, i, n..n+1] from the SPLIT partial results of row (bh, i) ([SPLIT][BATCH][LQ][D] values
+// in PART, [SPLIT][BATCH][LQ][2] maxima and sums in STATS); zeros where no split saw a key
 extern "C" __global__ void __launch_bounds__(256) kiln_attention_combine(KERNEL_PARAMS) {
-    const int64_t rows = (int64_t)BATCH * LQ, total = rows * (D / 2);
-    for (int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x; idx < total; idx += (int64_t)gridDim.x * 256) {
+    const int64_t rows = (int64_t)BATCH * LQ, items = rows * (D / 2);
+    for (int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x; idx < items; idx += (int64_t)gridDim.x * 256) {
         const int64_t row = idx / (D / 2), n = idx % (D / 2) * 2;
-        float top = -INFINITY;
-        for (int s = 0; s < SPLIT; ++s) {
-            const float2 st = *(const float2*)&STATS[(s * rows + row) * 2];
-            if (st.y > 0.f) top = fmaxf(top, st.x);
-        }
-        float l = 0.f, o0 = 0.f, o1 = 0.f;
-        for (int s = 0; s < SPLIT; ++s) {
-            const float2 st = *(const float2*)&STATS[(s * rows + row) * 2];
-            if (st.y > 0.f) {
-                const float f = kiln_ex2(st.x - top);
-                const float2 p = *(const float2*)&PART[(s * rows + row) * D + n];
-                l += st.y * f;
-                o0 += p.x * f;
-                o1 += p.y * f;
-            }
-        }
+        float top, l;
+        const float2 o = kiln_merge_shares(SPLIT, STATS + row * 2, rows * 2, PART + row * D + n, rows * D, top, l);
         const float inv = l == 0.f ? 0.f : 1.f / l;
-        kiln_epilogue2(ARGS, row / LQ, row % LQ, n, o0 * inv, o1 * inv);
+        kiln_epilogue2(ARGS, row / LQ, row % LQ, n, o.x * inv, o.y * inv);
     }
 }
 """
+
+
+class SplitKV(NamedTuple):
+    """What splitting the keys `SPLIT` ways adds to an attention program."""
+
+    params: str               # the kernel parameters, the temporaries' appended
+    args: tuple               # the kernel arguments, likewise
+    temporaries: list         # float32 [SPLIT][BATCH][LQ][D] values and [SPLIT][BATCH][LQ][2] maxima and sums
+    defines: dict             # PART and STATS, the temporaries' names
+    kernels: list             # COMBINE's source (it needs DEVICE's `kiln_merge_shares`)
+    combine: Launch           # `kiln_attention_combine`, after the attention kernel
+
+
+def split_kv(a: Attention, split: int, params: str, args: tuple) -> SplitKV:
+    """The partial results of `split` key shares of `a` and the kernel that merges them: each
+    share writes its rows' unnormalized values relative to their maximum (log2 domain), the
+    maximum and the sum, and `kiln_attention_combine` stores the merged rows through the
+    epilogue hooks."""
+    part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
+    rows = (split, a.batch_count, a.Lq)
+    temporaries = [(rows + (a.D,), dtypes.float32), (rows + (2,), dtypes.float32)]
+    args = args + (part, stats)
+    combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=a.batch_count * a.Lq * a.D // 2,
+                     per_block=256, waves=8)
+    return SplitKV(params + f", float* __restrict__ {part}, float* __restrict__ {stats}", args, temporaries,
+                   {"PART": part, "STATS": stats}, [COMBINE], combine)
+
+
+def operand_defines(a: Attention, q_flat: str, kv_flat: str) -> dict:
+    """The #defines every attention kernel reads: sizes, mask, causality, scale (in the log2
+    domain; RAW_MAX: the row maximum is taken before scaling, as a positive scale without a
+    float mask allows), the operands' inputs, bases (Q_BASE for the flat query batch index
+    named `q_flat`, K_BASE and V_BASE for `kv_flat`) and row strides, and the MMA and packing
+    wrappers of the dtype."""
+    return {
+        "D": a.D, "LDS": a.D + PAD, "LQ": a.Lq, "LK": a.Lk, "BATCH": a.batch_count, "CAUSAL": int(a.causal),
+        "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
+        "RAW_MAX": int(a.scale > 0 and a.mask != "float"),
+        "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
+        "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
+        "Q_BASE": a.q.base(a.batch, a.group, q_flat), "K_BASE": a.k.base(a.batch, a.group, kv_flat),
+        "V_BASE": a.v.base(a.batch, a.group, kv_flat),
+        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}",
+        "V_RS": f"(int64_t){a.v.row_stride}",
+        "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
+    }
 
 
 def smem_bytes(knobs: dict, d: int) -> int:
@@ -358,35 +423,21 @@ def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
         raise ValueError(f"attention_flash: invalid knobs {knobs} (BM = NW warps x 16 or 32 rows, BN a multiple "
                          f"of 16, at most {MAX_SMEM} bytes of shared memory, SPLIT >= 1)")
     m_blocks = -(-a.Lq // BM)
-    args, kernels, temporaries, params = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params
-    blocks = SPLIT * m_blocks * a.batch_count
+    args, kernels, temporaries, params, launches = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params, []
     defines = {
-        "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW), "D": a.D, "LDS": a.D + PAD,
-        "LQ": a.Lq, "LK": a.Lk, "M_BLOCKS": m_blocks, "BATCH": a.batch_count, "CAUSAL": int(a.causal),
-        "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-a.Lk // BN)) // SPLIT),
-        "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
-        "RAW_MAX": int(a.scale > 0 and a.mask != "float"),
-        "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
-        "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
-        "Q_BASE": a.q.base(a.batch, a.group, "bh"), "K_BASE": a.k.base(a.batch, a.group, "bh"),
-        "V_BASE": a.v.base(a.batch, a.group, "bh"),
-        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}",
-        "V_RS": f"(int64_t){a.v.row_stride}",
-        "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
+        **operand_defines(a, "bh", "bh"), "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW),
+        "M_BLOCKS": m_blocks, "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-a.Lk // BN)) // SPLIT),
+        "QUERY_BH(bh, r)": "(bh)", "QUERY_I(r)": "(r)", "QUERY_OK(r)": "((r) < LQ)",
     }
-    launches = []
     if SPLIT > 1:
-        part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
-        temporaries = [((SPLIT, a.batch_count, a.Lq, a.D), dtypes.float32),
-                       ((SPLIT, a.batch_count, a.Lq, 2), dtypes.float32)]
-        params += f", float* __restrict__ {part}, float* __restrict__ {stats}"
-        args += (part, stats)
-        defines.update({"PART": part, "STATS": stats})
-        kernels.append(COMBINE)
-        launches.append(Launch("kiln_attention_combine", args, (256, 1, 1), items=a.batch_count * a.Lq * a.D // 2,
-                               per_block=256, waves=8))
+        sk = split_kv(a, SPLIT, params, args)
+        params, args, temporaries = sk.params, sk.args, sk.temporaries
+        defines.update(sk.defines)
+        kernels += sk.kernels
+        launches.append(sk.combine)
     defines["KERNEL_PARAMS"] = params
     source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
+    blocks = SPLIT * m_blocks * a.batch_count
     launches.insert(0, Launch("kiln_attention_flash", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=smem_bytes(knobs, a.D)))
     return CudaProgram(source, launches, temporaries, alignment=16)
