@@ -286,3 +286,33 @@ def test_greedy_decoding_with_a_static_kv_cache_builds_once():
         assert decode(torch.compile(model, backend="kiln")) == want
     compiled = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
     assert [len(f.graphs) for f in compiled] == [1]
+
+
+def test_buffers_the_model_changes_itself_do_not_retrace(monkeypatch):
+    """A buffer the forward pass updates in place (a running count, a KV cache registered on the
+    module) is written back by Kiln; that write must not count as a user's change of the
+    constants, or every call would trace and build the graph again."""
+    from kiln.frontend.torch.backend import KilnFunction
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(4))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.linear(x) + self.calls
+
+    traces = []
+    original = KilnFunction._compile
+    monkeypatch.setattr(KilnFunction, "_compile", lambda self, args: traces.append(1) or original(self, args))
+    model, eager = Counter().eval(), Counter().eval()
+    eager.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), eager(x))
+    torch.testing.assert_close(model.calls, eager.calls)
+    assert len(traces) == 1

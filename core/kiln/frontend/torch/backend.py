@@ -28,7 +28,7 @@ from kiln.frontend.torch.aliasing import view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
-from kiln.frontend.torch.interpreter import Interpreter
+from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
@@ -108,7 +108,10 @@ class KilnFunction:
         self.gm = gm
         self.settings = settings
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.constant = [n.name in constants for n in placeholders]
+        # a parameter or buffer the graph changes in place (a running count, a cache) is an
+        # input: as a constant, what is computed from it would be folded at compile time
+        changed = _changed_in_place(gm)
+        self.constant = [n.name in constants and n not in changed for n in placeholders]
         self._constant_positions = [k for k, c in enumerate(self.constant) if c]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
         self._constants_state: dict[tuple, tuple] = {}
@@ -132,14 +135,16 @@ class KilnFunction:
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
         # since folded constants (merged or transposed weights) hold the values they were
         # computed from.
-        constants = [args[k] for k in self._constant_positions]
-        state = (tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants)))
         compiled = self.graphs.get(key)
-        if compiled is None or self._constants_state[key] != state:
+        if compiled is None or self._constants_state[key] != self._state_of_constants(args):
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
-            self._constants_state[key] = state
+            self._constants_state[key] = self._state_of_constants(args)
         return compiled(args)
+
+    def _state_of_constants(self, args) -> tuple:
+        constants = [args[k] for k in self._constant_positions]
+        return tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants))
 
     def _compile(self, args) -> CompiledRun:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
@@ -213,6 +218,19 @@ class CompiledRun:
 
 
 _version = operator.attrgetter("_version")
+
+
+def _changed_in_place(gm: GraphModule) -> set:
+    """The placeholders that nodes of `gm` change in place, directly or through the result of
+    an earlier in-place call (`x.add_(1).mul_(2)`)."""
+    changed, root = set(), {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            root[node] = node
+        elif mutates(node) and node.args and node.args[0] in root:
+            changed.add(root[node.args[0]])
+            root[node] = root[node.args[0]]
+    return changed
 
 
 def _signature(arg):
