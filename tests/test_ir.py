@@ -145,19 +145,6 @@ def test_comparisons_decided_by_bounds_fold_and_select_follows():
     assert simplify(guarded).key() == simplify(i < 4).key()
 
 
-def test_equality_operators_build_comparisons():
-    """`i == j` and `i != j` are expressions, as `<` is (they compared identities, so a compute
-    definition writing `select(i == j, ...)` silently got a constant)."""
-    i, j = Var("i", 4), Var("j", 4)
-    for e, op in ((i == j, "eq"), (i != j, "ne"), (i == 2, "eq")):
-        assert isinstance(e, Binary) and e.op == op
-    eye = select(i == j, Const(1.0, dtypes.float32), Const(0.0, dtypes.float32))
-    for a, b in itertools.product(range(4), repeat=2):
-        assert evaluate(eye, {id(i): a, id(j): b}) == float(a == b)
-    with pytest.raises(TypeError, match="no truth value"):
-        bool(i == j)
-
-
 def test_division_by_a_negative_or_unknown_divisor_is_kept():
     i, j = Var("i", 5), Var("j", 3)
     for e in (i // (j + 1), i % (j + 1), (i * 4) // Const(-2, dtypes.int64)):

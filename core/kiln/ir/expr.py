@@ -61,9 +61,6 @@ class Expr:
     def __le__(self, o): return binary(BinaryOp.LE, self, o)
     def __gt__(self, o): return binary(BinaryOp.GT, self, o)
     def __ge__(self, o): return binary(BinaryOp.GE, self, o)
-    # == and != build comparisons, as < and > do (`select(i == j, a, b)`); identity is `is`
-    def __eq__(self, o): return binary(BinaryOp.EQ, self, o)
-    def __ne__(self, o): return binary(BinaryOp.NE, self, o)
     def __and__(self, o): return binary(BinaryOp.AND if self.dtype.is_bool else BinaryOp.BITAND, self, o)
     def __or__(self, o): return binary(BinaryOp.OR if self.dtype.is_bool else BinaryOp.BITOR, self, o)
     def __xor__(self, o): return binary(BinaryOp.NE if self.dtype.is_bool else BinaryOp.BITXOR, self, o)
