@@ -1,10 +1,11 @@
-"""ATen creation operators (full, arange, the *_like family, scalar tensors) and uniform random
-numbers (`seeded_uniform`, what the backend makes of aten.rand and aten.rand_like)."""
+"""ATen creation operators (full, arange, the *_like family, scalar tensors) and random numbers
+(`seeded_uniform` and `seeded_normal`, what the backend makes of aten.rand(_like) and
+aten.randn(_like))."""
 import torch
 
 from kiln import ops
 from kiln.frontend.torch import register_function
-from kiln.frontend.torch.random import seeded_uniform
+from kiln.frontend.torch.random import seeded_normal, seeded_uniform
 
 from kiln_mappings_aten.common import aten
 
@@ -53,11 +54,16 @@ def arange_from(start, end, step=1, dtype=None, layout=None, device=None, pin_me
     return ops.arange(start, end, step, dtype=dtype, device=device)
 
 
-@register_function(seeded_uniform)
-def uniform(seeds, row, size_or_like, dtype=None):
-    """Kiln's counter-based generator keyed by `seeds[row]`."""
-    like = not isinstance(size_or_like, (list, tuple))
-    size = size_or_like.shape if like else size_or_like
-    if dtype is None:
-        dtype = size_or_like.dtype if like else torch.get_default_dtype()
-    return ops.random_uniform(seeds, row, tuple(size), dtype)
+def _random(op: str):
+    def rule(seeds, row, size_or_like, dtype=None):
+        """Kiln's counter-based generator keyed by `seeds[row]`."""
+        like = not isinstance(size_or_like, (list, tuple))
+        size = size_or_like.shape if like else size_or_like
+        if dtype is None:
+            dtype = size_or_like.dtype if like else torch.get_default_dtype()
+        return getattr(ops, op)(seeds, row, tuple(size), dtype)
+    return rule
+
+
+uniform = register_function(seeded_uniform)(_random("random_uniform"))
+normal = register_function(seeded_normal)(_random("random_normal"))

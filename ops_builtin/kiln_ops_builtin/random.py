@@ -15,7 +15,7 @@ import math
 
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import cast, compute, shift_right
+from kiln.ir import cast, compute, cos, log, shift_right, sqrt
 
 from kiln_ops_builtin.common import ravel
 
@@ -48,19 +48,7 @@ def random_bits(counter, key_low, key_high):
 def random_uniform(seeds, row, size, dtype=None):
     """A tensor of shape `size` uniform on [0, 1), keyed by `seeds[row]` (int64 words in
     [0, 2**32)); float32 unless `dtype` (a floating-point type) says otherwise."""
-    if seeds.dtype != dtypes.int64 or seeds.ndim != 2 or seeds.shape[1] != 2:
-        raise OperatorError(f"random_uniform: seeds must be an int64 tensor of shape (n, 2), got "
-                            f"{seeds.dtype}{list(seeds.shape)}")
-    if not isinstance(row, int) or not 0 <= row < seeds.shape[0]:
-        raise OperatorError(f"random_uniform: row {row!r} is not a row of seeds {list(seeds.shape)}")
-    if not all(isinstance(s, int) and s >= 0 for s in size):
-        raise OperatorError(f"random_uniform: size must be non-negative ints, got {size!r}")
-    t = dtypes.data_type(dtype) if dtype is not None else dtypes.float32
-    if not t.is_float:
-        raise OperatorError(f"random_uniform: dtype must be a floating-point type, got {t}")
-    if math.prod(size) >= 1 << 40:
-        raise OperatorError(f"random_uniform: {math.prod(size)} elements exceed the counter's 2**40")
-    shape = tuple(size)
+    t, shape = _checked("random_uniform", seeds, row, size, dtype, 1)
     bits = _BITS.get(t, _MANTISSA_BITS)
     scale = 1.0 / (1 << bits)
 
@@ -69,3 +57,36 @@ def random_uniform(seeds, row, size, dtype=None):
         value = shift_right(random_bits(counter, seeds[row, 0], seeds[row, 1]), _MANTISSA_BITS - bits)
         return cast(cast(value, dtypes.float32) * scale, t)
     return compute(shape, element)
+
+
+@operator("random_normal")
+def random_normal(seeds, row, size, dtype=None):
+    """A tensor of shape `size` of standard normal numbers, keyed by `seeds[row]` (as
+    `random_uniform`); float32 unless `dtype` says otherwise. Element i is the Box-Muller
+    transform of the float32 uniforms at counters 2i and 2i + 1: sqrt(-2 ln(1 - u)) cos(2 pi v)."""
+    t, shape = _checked("random_normal", seeds, row, size, dtype, 2)
+    scale = 1.0 / (1 << _MANTISSA_BITS)
+
+    def element(*i):
+        counter = 2 * cast(ravel(i, shape), dtypes.int64) if shape else cast(0, dtypes.int64)
+        u, v = (cast(random_bits(c, seeds[row, 0], seeds[row, 1]), dtypes.float32) * scale
+                for c in (counter, counter + 1))
+        return cast(sqrt(log(1 - u) * -2.0) * cos(v * (2 * math.pi)), t)
+    return compute(shape, element)
+
+
+def _checked(op: str, seeds, row, size, dtype, per_element: int):
+    """The dtype and shape of a random operator's result, its arguments checked."""
+    if seeds.dtype != dtypes.int64 or seeds.ndim != 2 or seeds.shape[1] != 2:
+        raise OperatorError(f"{op}: seeds must be an int64 tensor of shape (n, 2), got "
+                            f"{seeds.dtype}{list(seeds.shape)}")
+    if not isinstance(row, int) or not 0 <= row < seeds.shape[0]:
+        raise OperatorError(f"{op}: row {row!r} is not a row of seeds {list(seeds.shape)}")
+    if not all(isinstance(s, int) and s >= 0 for s in size):
+        raise OperatorError(f"{op}: size must be non-negative ints, got {size!r}")
+    t = dtypes.data_type(dtype) if dtype is not None else dtypes.float32
+    if not t.is_float:
+        raise OperatorError(f"{op}: dtype must be a floating-point type, got {t}")
+    if math.prod(size) * per_element >= 1 << 40:
+        raise OperatorError(f"{op}: {math.prod(size)} elements exceed the counter's 2**40")
+    return t, tuple(size)

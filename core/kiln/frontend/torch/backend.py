@@ -31,6 +31,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
+from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.log import dump_folder, logger, stage
@@ -53,7 +54,7 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
                    "which Kiln does not model:\n  " + "\n  ".join(mutations))
         return gm.forward
-    if needs_autograd(gm, example_inputs):
+    if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs, lambda graph, examples: compile_graph(graph, examples, settings))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
