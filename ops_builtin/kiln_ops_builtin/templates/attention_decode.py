@@ -72,26 +72,12 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
         kiln_cp_async16(Qs + row * LDS + c * 8, src, ok ? 16 : 0);
     }
     auto load_keys = [&](int stage, int n0) {
-        if (n0 + KT <= LK) {
-            kiln_load_rows<KT, false>(Ks + stage * KT * LDS, K + n0 * K_RS, K_RS, KT, tid);
-            kiln_load_rows<KT, false>(Vs + stage * KT * LDS, V + n0 * V_RS, V_RS, KT, tid);
-        } else {
-            kiln_load_rows<KT, true>(Ks + stage * KT * LDS, K + n0 * K_RS, K_RS, LK - n0, tid);
-            kiln_load_rows<KT, true>(Vs + stage * KT * LDS, V + n0 * V_RS, V_RS, LK - n0, tid);
-        }
+        kiln_load_keys<KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid);
     };
     if (t0 < t1) load_keys(0, t0 * KT);
     kiln_cp_async_commit();
     float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
-        mx[mt][0] = mx[mt][1] = -INFINITY;
-        sum[mt][0] = sum[mt][1] = 0.f;
-    }
+    kiln_start_rows(o, mx, sum);
     const int row0 = r0 + wr * MT * 16;
     const uint16_t* qs = Qs + wr * MT * 16 * LDS;
     for (int t = t0; t < t1; ++t) {

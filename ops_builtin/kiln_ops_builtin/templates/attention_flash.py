@@ -75,6 +75,33 @@ static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint1
     }
 }
 
+// Keys n0 .. n0 + ROWS of K and V (rows at K_RS, V_RS) into the tiles `ks` and `vs`, rows past LK
+// zero-filled.
+template <int ROWS>
+static __device__ __forceinline__ void kiln_load_keys(uint16_t* ks, uint16_t* vs, const uint16_t* K, const uint16_t* V,
+                                                      int n0, int tid) {
+    if (n0 + ROWS <= LK) {
+        kiln_load_rows<ROWS, false>(ks, K + n0 * K_RS, K_RS, ROWS, tid);
+        kiln_load_rows<ROWS, false>(vs, V + n0 * V_RS, V_RS, ROWS, tid);
+    } else {
+        kiln_load_rows<ROWS, true>(ks, K + n0 * K_RS, K_RS, LK - n0, tid);
+        kiln_load_rows<ROWS, true>(vs, V + n0 * V_RS, V_RS, LK - n0, tid);
+    }
+}
+
+// A warp's online-softmax state before its first key: outputs 0, row maxima -inf, sums 0.
+static __device__ __forceinline__ void kiln_start_rows(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+        mx[mt][0] = mx[mt][1] = -INFINITY;
+        sum[mt][0] = sum[mt][1] = 0.f;
+    }
+}
+
 // One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 tile rows from row0: S = Q K^T, the
 // online softmax, O += P V. Tile row r is query QUERY_I(r) of flat batch QUERY_BH(bh, r), a real
 // query where QUERY_OK(r). EDGE: some key of the tile is past LK or (causal) after a row.
@@ -237,26 +264,12 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PAR
     if (m0 + BM <= LQ) kiln_load_rows<BM, false>(Qs, Q + m0 * Q_RS, Q_RS, BM, tid);
     else kiln_load_rows<BM, true>(Qs, Q + m0 * Q_RS, Q_RS, LQ - m0, tid);
     auto load_keys = [&](int stage, int n0) {
-        if (n0 + BN <= LK) {
-            kiln_load_rows<BN, false>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, BN, tid);
-            kiln_load_rows<BN, false>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, BN, tid);
-        } else {
-            kiln_load_rows<BN, true>(Ks + stage * BN * LDS, K + n0 * K_RS, K_RS, LK - n0, tid);
-            kiln_load_rows<BN, true>(Vs + stage * BN * LDS, V + n0 * V_RS, V_RS, LK - n0, tid);
-        }
+        kiln_load_keys<BN>(Ks + stage * BN * LDS, Vs + stage * BN * LDS, K, V, n0, tid);
     };
     if (t0 < t1) load_keys(0, t0 * BN);
     kiln_cp_async_commit();
     float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
-        mx[mt][0] = mx[mt][1] = -INFINITY;
-        sum[mt][0] = sum[mt][1] = 0.f;
-    }
+    kiln_start_rows(o, mx, sum);
     const uint16_t* qs = Qs + warp * MT * 16 * LDS;
     for (int t = t0; t < t1; ++t) {
         if (t + 1 < t1) load_keys((t + 1 - t0) & 1, (t + 1) * BN);
