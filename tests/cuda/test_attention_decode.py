@@ -16,6 +16,8 @@ from kiln.schedule import device_arch, schedules_for
 from kiln_ops_builtin.templates import attention_decode
 from kiln_ops_builtin.templates.attention_match import match_attention
 
+from tests.cuda.attention_support import load_template
+
 from tests.frontend.frontend_support import Capture
 
 pytestmark = pytest.mark.cuda
@@ -88,7 +90,7 @@ def _run_op(q, k, v, mask=None, causal=False):
     task = _task(q, k, v, mask, causal)
     assert "attention_decode" in [t.name for t in schedules_for(task, "cuda", device_arch(kiln.device("cuda")))]
     knobs = attention_decode.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[0]
-    return _load(task, knobs)([q, k, v] + ([mask] if mask is not None else []))
+    return load_template(attention_decode, task, knobs)([q, k, v] + ([mask] if mask is not None else []))
 
 
 CASES = [pytest.param(s, v, id=f"{s}-{v}") for s in SHAPES for v in VARIANTS if v != "causal" or SHAPES[s][3] > 1]
@@ -136,18 +138,9 @@ def test_blhd_query_read_in_place(shape, dtype):
         assert match_attention(task).q.row_stride == hq * d
     _check(out, q_blhd.transpose(1, 2), k, v)
     knobs = attention_decode.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[0]
-    _check(_load(task, knobs)([q_blhd, k, v]), q_blhd.transpose(1, 2), k, v)
+    _check(load_template(attention_decode, task, knobs)([q_blhd, k, v]), q_blhd.transpose(1, 2), k, v)
 
 
-def _load(task, knobs):
-    from kiln.runtime.backend import backend_for
-    runner = backend_for(kiln.device("cuda")).load(attention_decode.render(task, **knobs), kiln.device("cuda"))
-
-    def run(inputs):
-        out = torch.full(task.outputs[0].shape, float("nan"), dtype=task.outputs[0].dtype.torch_dtype, device="cuda")
-        runner(inputs, [out])
-        return out
-    return run
 
 
 @pytest.mark.parametrize("knobs", attention_decode.space(1), ids=lambda k: "-".join(map(str, k.values())))
@@ -157,5 +150,5 @@ def _load(task, knobs):
 def test_every_level1_knob(knobs, shape, variant, dtype):
     q, k, v, mask, causal = _inputs(SHAPES[shape], dtype, variant)
     task = _task(q, k, v, mask, causal)
-    out = _load(task, knobs)([q, k, v] + ([mask] if mask is not None else []))
+    out = load_template(attention_decode, task, knobs)([q, k, v] + ([mask] if mask is not None else []))
     _check(out, q, k, v, mask, causal)

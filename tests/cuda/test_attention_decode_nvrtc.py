@@ -4,10 +4,9 @@ transposed query view fused in and read in place, its level-0 choices (rows pack
 key/value head, keys split to fill the GPU), its programs (the split-KV partials in
 `attention_flash`'s layout), and every knob setting compiled with NVRTC for sm_80 and sm_90
 (each head dim, both 16-bit types, bool and float masks, causal, grouped-query heads, a strided
-query view); the operator on the CPU under KILN_NVRTC_CHECK."""
+query view). The operator on the CPU under KILN_NVRTC_CHECK with a decode shape is in
+test_attention_flash_nvrtc.py."""
 import pytest
-import torch
-import torch.nn.functional as F
 
 import kiln
 from kiln import dtypes
@@ -18,18 +17,16 @@ from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_decode, attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
+from tests.cuda.attention_support import attention_task
+
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
 f16, bf16 = dtypes.float16, dtypes.bfloat16
 DECODE = ((8, 32, 1, 128), (8, 8, 4096, 128))          # issue 12's decode shape: q, k and v
 
 
-def _task(q=DECODE[0], k=DECODE[1], v=None, dtype=f16, mask=None, causal=False, scale=None):
-    ins = [TensorInput("q", q, dtype), TensorInput("k", k, dtype), TensorInput("v", v or k, dtype)]
-    if mask is not None:
-        ins.append(TensorInput("mask", mask[0], mask[1]))
-    out = attention_op.attention.definition(*ins[:3], ins[3] if mask else None, scale, causal)
-    return Task("attention", ins, [out], {"scale": scale, "is_causal": causal})
+def _task(q=DECODE[0], k=DECODE[1], *args, **kwargs):
+    return attention_task(q, k, *args, **kwargs)
 
 
 def _blhd_task(b, lq, hq, hkv, lk, d, dtype=f16):
@@ -142,14 +139,3 @@ def test_other_layouts_compile():
     programs = [attention_decode.render(task, **k) for task in tasks
                 for k in attention_decode.space(0) + attention_decode.suggest(task, 132)[:1]]
     rt.compile_many([(p.source, "attention_decode_layouts", arch) for p in programs for arch in ("sm_80", "sm_90")])
-
-
-@needs_nvrtc
-def test_operator_on_cpu_under_nvrtc_check(monkeypatch):
-    monkeypatch.setenv("KILN_NVRTC_CHECK", "sm_80,sm_90")
-    q, k, v = (torch.randn(s, dtype=torch.float16) for s in ((1, 4, 2, 64), (1, 2, 300, 64), (1, 2, 300, 64)))
-    mask = torch.rand(1, 1, 1, 300) > 0.3
-    out = kiln.ops.attention(q, k, v, mask=mask).torch()
-    expected = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(2, 1),
-                                              v.double().repeat_interleave(2, 1), attn_mask=mask)
-    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=1e-2)

@@ -15,6 +15,8 @@ from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
+from tests.cuda.attention_support import load_template
+
 pytestmark = pytest.mark.cuda
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}
@@ -100,7 +102,7 @@ def test_decode_splits_keys(lq, d):
     task = definition.task(definition.bind([kiln.from_torch(t) for t in (q, k, v)], {"mask": kiln.from_torch(mask)}))[0]
     knobs = attention_flash.suggest(task, 132)[0]
     assert knobs.get("SPLIT", 1) > 1
-    out = _load(task, knobs)([q, k, v, mask])          # flash by name: attention_decode also applies
+    out = load_template(attention_flash, task, knobs)([q, k, v, mask])   # by name: attention_decode applies too
     assert (out[2] == 0).all()
     _check(out, _reference(q, k, v, mask), torch.float16)
 
@@ -120,20 +122,11 @@ def test_blhd_views_read_in_place(dtype):
     match = match_attention(task)
     assert match.q.row_stride == 8 * 96 and match.k.row_stride == 2 * 96
     q, k, v = _randn(2, 150, 8, 96, dtype=dtype), _randn(2, 150, 2, 96, dtype=dtype), _randn(2, 150, 2, 96, dtype=dtype)
-    out = _load(task, attention_flash.suggest(task, 132)[0])([q, k, v])
+    out = load_template(attention_flash, task, attention_flash.suggest(task, 132)[0])([q, k, v])
     expected = _reference(*(t.transpose(1, 2) for t in (q, k, v)), causal=True)
     _check(out, expected, dtype)
 
 
-def _load(task, knobs):
-    from kiln.runtime.backend import backend_for
-    runner = backend_for(kiln.device("cuda")).load(attention_flash.render(task, **knobs), kiln.device("cuda"))
-
-    def run(inputs):
-        out = torch.full(task.outputs[0].shape, float("nan"), dtype=task.outputs[0].dtype.torch_dtype, device="cuda")
-        runner(inputs, [out])
-        return out
-    return run
 
 
 def test_fused_epilogue_renders_into_the_hooks():
@@ -145,7 +138,7 @@ def test_fused_epilogue_renders_into_the_hooks():
     task = Task("attention", [q, k, v, bias], [fold_anchor(epilogue, att)], {"is_causal": True})
     assert attention_flash.applies(task)
     tq, tk, tv, tb = (_randn(*s, dtype=torch.float16) for s in ((2, 4, 100, 64),) * 3 + ((64,),))
-    out = _load(task, attention_flash.suggest(task, 132)[0])([tq, tk, tv, tb])
+    out = load_template(attention_flash, task, attention_flash.suggest(task, 132)[0])([tq, tk, tv, tb])
     _check(out, (_reference(tq, tk, tv, causal=True).half() * 2 + tb).double(), torch.float16)
 
 
@@ -159,6 +152,6 @@ def test_every_level1_knob(knobs, case):
     args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
                            {"mask": None if m is None else kiln.from_torch(m), "scale": scale, "is_causal": causal})
     task = definition.task(args)[0]
-    out = _load(task, knobs)([q, k, v] + ([m] if m is not None else []))
+    out = load_template(attention_flash, task, knobs)([q, k, v] + ([m] if m is not None else []))
     _check(out, _reference(q, k, v, m, causal, scale), dtype)
 

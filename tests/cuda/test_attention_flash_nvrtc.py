@@ -15,17 +15,15 @@ from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
+from tests.cuda.attention_support import attention_task
+
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
 f16, bf16 = dtypes.float16, dtypes.bfloat16
 
 
-def _task(q=(2, 4, 70, 64), k=(2, 2, 75, 64), v=None, dtype=f16, mask=None, causal=False, scale=None):
-    ins = [TensorInput("q", q, dtype), TensorInput("k", k, dtype), TensorInput("v", v or k, dtype)]
-    if mask is not None:
-        ins.append(TensorInput("mask", mask[0], mask[1]))
-    out = attention_op.attention.definition(*ins[:3], ins[3] if mask else None, scale, causal)
-    return Task("attention", ins, [out], {"scale": scale, "is_causal": causal})
+def _task(q=(2, 4, 70, 64), k=(2, 2, 75, 64), *args, **kwargs):
+    return attention_task(q, k, *args, **kwargs)
 
 
 def test_takes_16bit_head_dims_it_supports():
@@ -112,10 +110,14 @@ def test_every_knob_compiles(name):
 
 
 @needs_nvrtc
-def test_operator_on_cpu_under_nvrtc_check(monkeypatch):
+@pytest.mark.parametrize("queries,keys", [(20, 24), (2, 300)], ids=["prefill", "decode"])
+def test_operator_on_cpu_under_nvrtc_check(monkeypatch, queries, keys):
+    """The attention operator on the CPU, every program Kiln may build for it compiled for the
+    GPU: a short prefill, and decoding (which `attention_decode` also takes)."""
     monkeypatch.setenv("KILN_NVRTC_CHECK", "sm_80,sm_90")
-    q, k, v = (torch.randn(s, dtype=torch.float16) for s in ((1, 4, 20, 64), (1, 2, 24, 64), (1, 2, 24, 64)))
-    mask = torch.rand(1, 1, 20, 24) > 0.3
+    q, k, v = (torch.randn(s, dtype=torch.float16)
+               for s in ((1, 4, queries, 64), (1, 2, keys, 64), (1, 2, keys, 64)))
+    mask = torch.rand(1, 1, queries, keys) > 0.3
     out = kiln.ops.attention(q, k, v, mask=mask).torch()
     expected = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(2, 1),
                                               v.double().repeat_interleave(2, 1), attn_mask=mask)
