@@ -136,16 +136,14 @@ class KilnFunction:
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
         # since folded constants (merged or transposed weights) hold the values they were
         # computed from.
+        constants = [args[k] for k in self._constant_positions]
+        state = tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants))
         compiled = self.graphs.get(key)
-        if compiled is None or self._constants_state[key] != self._state_of_constants(args):
+        if compiled is None or self._constants_state[key] != state:
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
-            self._constants_state[key] = self._state_of_constants(args)
+            self._constants_state[key] = state
         return compiled(args)
-
-    def _state_of_constants(self, args) -> tuple:
-        constants = [args[k] for k in self._constant_positions]
-        return tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants))
 
     def _compile(self, args) -> CompiledRun:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
