@@ -1,0 +1,127 @@
+"""DistributedDataParallel training of a tiny Llama-style model compiled by Kiln, and the
+one-process run on the global batch it must reproduce.
+
+`ddp_losses` starts `world` processes (gloo on the CPU, NCCL on GPUs, one GPU a process); each
+wraps the model in DDP (buckets of 1 MB, so that dynamo's DDP optimizer splits the graph into
+several pieces, each compiled by the backend), trains on its slice of every global batch and
+records the loss averaged over the processes, which is the global batch's mean loss. Rank 0
+writes the losses and the median step time to a JSON file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import statistics
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from training_support import LanguageModel
+
+VOCAB, LENGTH = 96, 16
+BUCKET_MB = 1   # DDP's (and dynamo's DDP optimizer's) first bucket holds 1 MB: the model's ~1.9 MB make two
+
+
+def tiny_llama(seed: int = 0) -> LanguageModel:
+    import transformers
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=256, max_position_embeddings=LENGTH)
+    return LanguageModel(transformers.LlamaForCausalLM(config))
+
+
+def global_batches(steps: int, batch: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` global batches of random tokens, cycling through two, so that the loss falls."""
+    generator = torch.Generator().manual_seed(seed)
+    two = [(torch.randint(0, VOCAB, (batch, LENGTH), generator=generator),
+            torch.randint(0, VOCAB, (batch, LENGTH), generator=generator)) for _ in range(2)]
+    return [two[i % 2] for i in range(steps)]
+
+
+def _optimizer(params):
+    # SGD: Adam's first steps divide gradients by their own magnitude, so a gradient element that
+    # is zero up to rounding (summed in another order by the all-reduce) moves by a whole lr
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _timed_steps(step, steps: int, device: str) -> tuple[list[float], list[float]]:
+    """Run `step(i)` for i < steps; (its losses, its times in ms)."""
+    losses, times = [], []
+    for i in range(steps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            losses.append(step(i))
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            losses.append(step(i))
+    return losses, times
+
+
+def single_process_losses(model, batches, device: str, backend: str | None) -> tuple[list[float], list[float]]:
+    """Losses (and step times) of training a copy of `model` on the whole batches in one process."""
+    model = copy.deepcopy(model).to(device).train()
+    run = model if backend is None else torch.compile(model, backend=backend)
+    opt = _optimizer(model.parameters())
+
+    def step(i):
+        ids, labels = (t.to(device) for t in batches[i])
+        opt.zero_grad()
+        loss = run(ids, labels)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return _timed_steps(step, len(batches), device)
+
+
+def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str, out: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        where = f"cuda:{rank}" if device == "cuda" else "cpu"
+        model = copy.deepcopy(model).to(where).train()   # spawn shares the caller's tensors
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=BUCKET_MB)
+        run = torch.compile(ddp, backend=backend)
+        opt = _optimizer(ddp.parameters())
+
+        def step(i):
+            ids, labels = (t.chunk(world)[rank].to(where) for t in batches[i])
+            opt.zero_grad()
+            loss = run(ids, labels)
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            return mean.item() / world
+        losses, times = _timed_steps(step, len(batches), device)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"losses": losses, "step_ms": statistics.median(times[3:]) if len(times) > 3 else None}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_losses(model, batches, world: int, device: str, backend: str = "kiln") -> dict:
+    """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA)} of DDP
+    training over `world` processes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        mp.spawn(_worker, args=(world, _free_port(), model, batches, device, backend, out), nprocs=world)
+        with open(out) as f:
+            return json.load(f)
