@@ -149,3 +149,48 @@ def test_a_bool_mask_added_to_the_scores_is_added_not_a_keep_mask():
         opt = kiln.graph.optimize(graph)
     assert "Attention" not in names(opt)
     run_both(graph, opt, torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6))
+
+
+class GroupedQuery(nn.Module):
+    """Hugging Face's eager grouped-query attention (Llama, Mistral, Qwen2): keys and values
+    repeated per query head (`repeat_kv`), a float32 softmax cast back, a constant mask."""
+
+    def __init__(self, mask_kind, heads=4, kv_heads=2, length=9):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+        keep = torch.ones(length, length, dtype=torch.bool).tril()
+        if mask_kind == "padding":           # not causal: one key dropped for every query
+            keep = torch.ones(length, length, dtype=torch.bool)
+            keep[:, 2] = False
+        self.register_buffer("mask", torch.zeros(1, 1, length, length).masked_fill(~keep, torch.finfo(torch.float32).min))
+
+    @staticmethod
+    def repeat_kv(x, n):
+        b, h, s, d = x.shape
+        return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+    def forward(self, q, k, v):
+        n = self.heads // self.kv_heads
+        k, v = self.repeat_kv(k, n), self.repeat_kv(v, n)
+        scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5 + self.mask[:, :, :, : k.shape[-2]].to(q.dtype)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, v).transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "padding"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_query_attention_with_a_float32_softmax(mask_kind, dtype):
+    """One attention operator on the unrepeated keys and values; a causal constant mask
+    becomes is_causal (the mask is not read), another stays a mask."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 9, 16, dtype=dtype)
+    k, v = torch.randn(2, 2, 9, 16, dtype=dtype), torch.randn(2, 2, 9, 16, dtype=dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    capture, _ = compile_and_compare(GroupedQuery(mask_kind).eval(), q, k, v, atol=tol, rtol=tol)
+    (fused,) = [n for c in capture.compiled for g in c.graphs.values() for n in g.graph.nodes
+                if n.name.endswith("Attention")]
+    assert "Softmax" not in _compiled_names(capture) and "Expand" not in _compiled_names(capture)
+    attention = fused.fused_graph.nodes[fused.attrs["anchor"]]
+    assert [t.shape for t in attention.inputs[:3]] == [(2, 4, 9, 16), (2, 2, 9, 16), (2, 2, 9, 16)]
+    assert attention.attrs.get("is_causal", False) == (mask_kind == "causal")
+    assert len(attention.inputs) == (3 if mask_kind == "causal" else 4)

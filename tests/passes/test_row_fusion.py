@@ -253,3 +253,17 @@ def test_statistics_of_other_types_and_axes(case):
     (node,) = graph.nodes
     assert ("for (int64_t e = 0;" in auto_program(node.task, "cpu").source) == is_row
     torch.testing.assert_close(graph(x).torch(), reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lead", [(1,), (1, 1), (2, 1)])
+def test_leading_dims_of_one_keep_the_row_kernel(lead):
+    """A batch of one (Llama at batch 1: x of [1, tokens, hidden]) reads its statistic at a
+    constant 0 where the output's row is an axis of extent 1: still one row kernel."""
+    x, w = kiln.symbol([*lead, 70, 96], "bfloat16", "cuda"), kiln.symbol([96], "bfloat16", "cuda")
+    llama = ops.mul(ops.mul(x, ops.rsqrt(ops.add(ops.mean(ops.pow(x, 2), -1, True), 1e-6))), w)
+    (node,) = kiln.graph.optimize(kiln.trace_from(llama, [x, w])).nodes
+    assert auto_program(node.task, "cuda").kernel_names == ["kiln_row"]
+    xc, wc = torch.randn(*lead, 70, 96), torch.randn(96)
+    (got,) = _compiled_nodes(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+                             [xc, wc], 1e-5)
+    assert "kiln_row" in auto_program(got.task, "cuda").kernel_names

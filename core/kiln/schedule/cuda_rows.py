@@ -3,7 +3,9 @@
 Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares: each
 temporary is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
 kernel computes a row's statistics into registers and then writes the row (tasks of fewer
-than MIN_ROWS rows get the general kernels instead, which spread one row over a block). A warp
+than MIN_ROWS rows get the general kernels instead, which spread one row over a block). An
+element-wise task (one injective output) is a row task without statistics: rows of at least
+ELEMENTWISE_ROW elements, written in packs, each row's index arithmetic done once. A warp
 takes a row of up to 32 * ROW_WARP_PACKS packs (several rows per block), a block a longer one
 (sized for about ROW_BLOCK_PACKS packs a thread).
 
@@ -36,7 +38,7 @@ from kiln.ir.simplify import bounds, linear_terms, simplify
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
-from kiln.schedule.rows import reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
+from kiln.schedule.rows import elementwise_prefix, reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
 MAX_VECTOR = 8           # elements in a pack at most
@@ -46,6 +48,7 @@ ROW_CACHE_BYTES = 256    # registers a thread may give the statistics' streams (
 ROW_KEEP_BYTES = 128     # registers a thread may give values kept for the output (exp(x - max))
 ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unroll fully)
 MIN_ROWS = 64            # fewer rows than this would leave most multiprocessors idle
+ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 
 PACK_TYPE = ("template <typename T, int V>\n"
              "struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) kiln_pack { T v[V]; };\n")
@@ -296,8 +299,11 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
 
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
-    """The one-kernel program of a row task (see the module doc); None for any other task."""
+    """The one-kernel program of a row task or an element-wise one (see the module doc); None
+    for any other task."""
     p = row_prefix(lowered, min_rows=MIN_ROWS)
+    if p is None:
+        p = elementwise_prefix(lowered, MIN_ROWS, ELEMENTWISE_ROW)
     if p is None:
         return None
     d = CudaDialect()

@@ -8,6 +8,8 @@ computes a row's statistics once, into locals (registers), and then writes the r
 rule (`kiln.schedule.cpu_rows`) and the CUDA rule (`kiln.schedule.cuda_rows`) share what is
 here: recognising the task (`row_prefix`) and its row form (`row_form`), in which every value
 is an expression of the row `o` and the element `e` of the row, and each statistic a scalar.
+An element-wise task (`elementwise_prefix`) is a row task with no statistics: the same kernels
+write it a pack of elements at a time, its index arithmetic once a row.
 """
 from __future__ import annotations
 
@@ -41,10 +43,11 @@ def _unit_index(i: Expr) -> bool:
 
 
 def _flat(indices, shape) -> Expr:
-    """The simplified row-major flat index of `indices` in `shape`."""
+    """The simplified row-major flat index of `indices` in `shape` (an index that is always 0,
+    an axis of extent 1 among them, counts as 0: a batch of one reads its rows at a constant)."""
     flat = Const(0, dtypes.int64)
     for i, size in zip(indices, shape):
-        flat = flat * size + i
+        flat = flat * size + (Const(0, dtypes.int64) if _unit_index(i) else i)
     return simplify(flat)
 
 
@@ -90,6 +93,20 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
                 if not all(_unit_index(i) for i in e.indices[lead:]):
                     return None
     return p
+
+
+def elementwise_prefix(lowered: Lowered, min_rows: int, min_row_len: int) -> int | None:
+    """For a task of one injective output and nothing else (no temporary, no reduction), the
+    number p of leading axes that leave it at least `min_rows` rows of at least `min_row_len`
+    elements (as few trailing axes in the row as that takes, so that the row's element is one
+    axis where it can be); None for any other task or where no such split exists."""
+    if lowered.temporaries or len(lowered.outputs) != 1 or _top_reduces(lowered.outputs[0].value):
+        return None
+    shape = lowered.outputs[0].shape
+    for p in range(len(shape) - 1, 0, -1):
+        if numel(shape[p:]) >= min_row_len:
+            return p if numel(shape[:p]) >= min_rows else None
+    return None
 
 
 @dataclass

@@ -8,6 +8,12 @@ masked_fill) with a fill of -inf (a bool keep-mask) or of at most -1e30 (added: 
 scores absorb it exactly). The mask must not widen the scores nor change their dtype.
 One difference remains: a query whose keys are all masked by -inf gets zeros from the
 operator (as scaled_dot_product_attention returns) where the written-out softmax gives NaN.
+
+A constant mask that is exactly the causal one (keep key j for query i where j <= i: True, or
+0 against at most -1e30) becomes `is_causal`, so that templates skip the masked blocks instead
+of reading the mask. Keys and values repeated per query head (`repeat_kv` of Hugging Face's
+grouped-query attention: unsqueeze, expand, reshape) are read through the operator's own
+grouping instead (`grouped_attention`).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from kiln.graph import OperatorError
 from kiln.passes.edit import arguments_of
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
 from kiln.passes.patterns.provided import provided
-from kiln.passes.patterns.shape_chains import PERMUTES, permutation
+from kiln.passes.patterns.shape_chains import PERMUTES, RESHAPES, permutation
 from kiln.tensor import Tensor
 
 
@@ -77,6 +83,20 @@ def _same_scores(m, node) -> bool:
     return masked.shape == scores.shape and masked.dtype == scores.dtype
 
 
+def _is_causal_mask(mask: Tensor, lq: int, lk: int) -> bool:
+    """Whether constant `mask` (broadcast to [..., lq, lk]) keeps exactly the keys j <= i of each
+    query i: a bool mask True there and False elsewhere, or an additive one 0 there and at most
+    ABSORBED_FILL elsewhere."""
+    if mask.is_symbolic or mask.ndim < 2 or mask.shape[-2:] not in ((lq, lk), (1, lk)):
+        return False
+    import torch
+    values = mask.torch()
+    keep = torch.ones(lq, lk, dtype=torch.bool, device=values.device).tril()
+    if values.dtype == torch.bool:
+        return bool((values == keep).all())
+    return bool(((values == 0) == keep).all() and (values[..., ~keep] <= ABSORBED_FILL).all())
+
+
 def _attention(m, root, mask):
     """The attention operator replacing `root`, or None where none is provided or it does
     not compute exactly what `root` does (its shapes, dtypes or signature differ)."""
@@ -85,7 +105,9 @@ def _attention(m, root, mask):
         return None
     params = inspect.signature(attention.definition).parameters
     kwargs = {"scale": scale}
-    if mask is not None:
+    if mask is not None and _is_causal_mask(mask, m[_q].shape[-2], key.shape[-2]):
+        kwargs["is_causal"] = True
+    elif mask is not None:
         kwargs["mask"] = mask
     if not set(kwargs) <= set(params):
         return None
@@ -143,4 +165,42 @@ def recast_filled_attention(m):
     return _filled_attention(m, _with_recast_fill)
 
 
-ATTENTION_PATTERNS = (masked_attention, filled_attention, recast_filled_attention, attention)
+def _repeated(t: Tensor) -> Tensor | None:
+    """x where `t` is x [..., H, L, D] repeated per head to [..., H * R, L, D] as
+    reshape(expand(unsqueeze(x, -3))) (head h of `t` is head h // R of x), else None."""
+    chain = []
+    for names in (RESHAPES, ("expand",), ("unsqueeze",)):
+        if t.trace is None or t.trace[0].definition.name not in names:
+            return None
+        chain.append(t)
+        t = t.trace[0].inputs[0]
+    (out, expanded, unsqueezed), x = chain, t
+    lead, (h, length, d) = x.shape[:-3], x.shape[-3:]
+    if x.ndim < 3 or unsqueezed.shape != lead + (h, 1, length, d):
+        return None
+    repeats = expanded.shape[-3]
+    ok = expanded.shape == lead + (h, repeats, length, d) and out.shape == lead + (h * repeats, length, d)
+    return x if ok else None
+
+
+_q2, _k2, _v2 = wildcard(), wildcard(), wildcard()
+_grouped = op("attention", _q2, op(RESHAPES, _k2), op(RESHAPES, _v2))
+
+
+@rewrite_pattern("grouped_attention", _grouped)
+def grouped_attention(m):
+    """attention(q, repeat(k), repeat(v)) for keys and values repeated per query head is
+    attention(q, k, v): the operator reads key/value head h // R for query head h itself."""
+    node = m[_grouped]
+    k, v = _repeated(node.inputs[1]), _repeated(node.inputs[2])
+    if k is None or v is None or k.shape[-3] != v.shape[-3]:
+        return None
+    kwargs = {n: a for n, a in arguments_of(node).items() if n not in ("q", "k", "v", "mask")}
+    if len(node.inputs) > 3:
+        kwargs["mask"] = node.inputs[3]
+    out = node.definition(m[_q2], k, v, **kwargs)
+    want = node.outputs[0]
+    return out if out.shape == want.shape and out.dtype == want.dtype else None
+
+
+ATTENTION_PATTERNS = (masked_attention, filled_attention, recast_filled_attention, attention, grouped_attention)
