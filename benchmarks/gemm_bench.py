@@ -4,8 +4,11 @@ The issue-10 shape list: float16/bfloat16 4096^3 and 8192 x 2048 x 8192 (x @ W a
 the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072), the
 decode-shaped linears (M of 1, 4, 16 against Llama-sized weights) and the attention-shaped
 batched matmuls. Each side runs as a CUDA graph of REPS calls (launch gaps out of
-the numbers), timed with CUDA events, median of several replays. Prints the GPU's name and a
-table; `--json PATH` writes every row. Usage: python3 benchmarks/gemm_bench.py [--json out.json]
+the numbers), timed with CUDA events, median of several replays. Group `tf32` times float32
+x @ W.T with TF32 allowed on both sides (torch.backends.cuda.matmul.allow_tf32, which Kiln's
+linear then carries as `allow_tf32`); group `fp32` float32 without TF32; every other group runs
+with TF32 off. Prints the GPU's name and a table; `--json PATH` writes every row.
+Usage: python3 benchmarks/gemm_bench.py [--only square,tf32] [--json out.json]
 """
 from __future__ import annotations
 
@@ -23,8 +26,10 @@ REPS = 20
 
 
 def _task(op, args):
+    """The task of `op` on `args`, allowed TF32 where they are float32 and torch allows it now."""
     definition = registry().operator(op)
-    return definition.task(definition.bind([kiln.from_torch(t) for t in args], {}))[0]
+    tf32 = args[0].dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return definition.task(definition.bind([kiln.from_torch(t) for t in args], {"allow_tf32": True} if tf32 else {}))[0]
 
 
 def _graph_time(fn) -> float:
@@ -122,6 +127,11 @@ def cases():
             dtype = torch.bfloat16 if M == 4 else torch.float16
             yield ("decode", f"{M}x{K}x{N} x@W.T", "linear", (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype)),
                    lin, 2 * M * N * K)
+    for M, K, N in ((4096, 4096, 4096), (8192, 2048, 8192)):
+        yield ("tf32", f"{M}x{K}x{N} x@W.T", "linear", (_r(M, K, dtype=torch.float32), _r(N, K, dtype=torch.float32)),
+               lin, 2 * M * N * K)
+    yield ("fp32", "4096x4096x4096 x@W", "matmul", (_r(4096, 4096, dtype=torch.float32),
+                                                    _r(4096, 4096, dtype=torch.float32)), torch.matmul, 2 * 4096 ** 3)
     for B, M, K, N in ((96, 128, 64, 128), (96, 128, 128, 64), (32, 1024, 128, 1024)):
         dtype = torch.float16
         yield ("batched", f"{B}x{M}x{K}x{N}", "matmul", (_r(B, M, K, dtype=dtype), _r(B, K, N, dtype=dtype)),
@@ -134,13 +144,13 @@ def main():
     parser.add_argument("--sweep", default="", help="groups whose shapes also time every gemm_sm90 knob setting")
     parser.add_argument("--only", default="", help="comma-separated groups: square, linear, decode, batched")
     opts = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}, torch {torch.__version__}", flush=True)
     rows = []
     for group, name, op, args, ref, flops in cases():
         if opts.only and group not in opts.only.split(","):
             continue
+        torch.backends.cuda.matmul.allow_tf32 = group == "tf32"
         row = dict(_case(name, op, args, ref, flops), group=group)
         if group in opts.sweep.split(","):
             best = _sweep(op, args, ref, flops)
@@ -160,7 +170,7 @@ def main():
         print(f"{group}: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, min {min(ratios):.3f}")
     if opts.json:
         with open(opts.json, "w") as f:
-            json.dump({"gpu": gpu, "torch": torch.__version__, "tf32": False, "rows": rows}, f, indent=1)
+            json.dump({"gpu": gpu, "torch": torch.__version__, "tf32": "group tf32 only", "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Matrix products: matmul (with torch.matmul's 1-D and batched broadcasting rules) and linear.
 
 Float32/float64 and integers accumulate in their own type; float16/bfloat16 accumulate in
-float32 and round once to their type.
+float32 and round once to their type. `allow_tf32` lets a GPU template round float32 operands
+to TF32 on tensor cores (as `torch.backends.cuda.matmul.allow_tf32` lets cuBLAS); it does not
+change the definition, which the CPU computes in float32.
 """
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
@@ -23,9 +25,9 @@ def _check_operands(op: str, *tensors) -> None:
 
 
 @operator("matmul")
-def matmul(x, y):
+def matmul(x, y, allow_tf32=False):
     """torch.matmul: dot product (1-D x 1-D), matrix-vector, vector-matrix, and matrix
-    products with the batch dimensions broadcast."""
+    products with the batch dimensions broadcast (`allow_tf32`: see the module doc)."""
     _check_operands("matmul", x, y)
     k = x.shape[-1]
     ky = y.shape[0] if y.ndim == 1 else y.shape[-2]
@@ -48,9 +50,10 @@ def matmul(x, y):
 
 
 @operator("linear")
-def linear(x, weight, bias=None):
+def linear(x, weight, bias=None, allow_tf32=False):
     """torch.nn.functional.linear: x @ weight^T + bias, for x of shape (..., in_features),
-    weight of shape (out_features, in_features) and bias of shape (out_features,)."""
+    weight of shape (out_features, in_features) and bias of shape (out_features,)
+    (`allow_tf32`: see the module doc)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     _check_operands("linear", *tensors)
     if weight.ndim != 2:

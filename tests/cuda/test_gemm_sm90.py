@@ -1,7 +1,8 @@
 """The Hopper GEMM engine (`gemm_sm90`) on the GPU: every knob setting of its level-1 space and
 its suggestions, both B layouts (x @ W and x @ W.T), a column-major A (a transpose fused into
 the matmul), batched matmuls with broadcasting, odd M and N, fused bias; float16 and bfloat16,
-against a float64 reference on fresh random inputs, into NaN-poisoned outputs."""
+and float32 on TF32 tensor cores (K-major operands, `allow_tf32`), against a float64
+reference on fresh random inputs, into NaN-poisoned outputs."""
 import pytest
 import torch
 
@@ -23,18 +24,20 @@ CALLS = {
     "bmm_shared_b": ("matmul", lambda dt: [rand((4, 130, 96), dt), rand((96, 264), dt)], torch.matmul),
 }
 DTYPES = (torch.float16, torch.bfloat16)
+TF32_CALLS = ("linear_odd", "linear_3d")    # TF32 operands are K-major only
 
 
 def _task(op, args):
     definition = registry().operator(op)
+    tf32 = {"allow_tf32": True} if args[0].dtype == torch.float32 else {}
     return definition.task(definition.bind([kiln.from_torch(t) if isinstance(t, torch.Tensor) else t
-                                            for t in args], {}))[0]
+                                            for t in args], tf32))[0]
 
 
 def _programs():
     from kiln_ops_builtin.templates import gemm_sm90
     for call, (op, make, _) in CALLS.items():
-        for dtype in DTYPES:
+        for dtype in DTYPES + ((torch.float32,) if call in TF32_CALLS else ()):
             task = _task(op, make(dtype))
             assert gemm_sm90.applies(task), call
             settings = []
@@ -49,8 +52,8 @@ def _programs():
 def _check(out, expected):
     assert not out.isnan().any(), "some outputs were never written"
     err = ((out.double() - expected).norm() / expected.norm()).item()
-    assert err < 1e-2, f"relative error {err}"
-    tol = 1e-2 if out.dtype == torch.float16 else 3e-2
+    assert err < (2e-3 if out.dtype == torch.float32 else 1e-2), f"relative error {err}"   # TF32: 10-bit mantissas
+    tol = 1e-2 if out.dtype in (torch.float16, torch.float32) else 3e-2
     torch.testing.assert_close(out.double(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
 
 
@@ -81,3 +84,28 @@ def test_transposed_a_fused_into_gemm(dtype):
     compiled = torch.compile(lambda x, y: torch.relu(x.t() @ y), backend="kiln")
     out = compiled(a, b)
     _check(out, torch.relu(a.double().t() @ b.double()))
+
+
+def test_tf32_follows_torchs_flag():
+    """With torch's allow_tf32 a float32 linear runs on gemm_sm90's TF32 path (its error is
+    TF32's, no more than twice cuBLAS's under the same flag); without it, in float32."""
+    from kiln.runtime.cuda import arch_number, device_info
+    if arch_number(device_info(0)["arch"]) < 90:
+        pytest.skip("gemm_sm90 needs sm_90")
+    x, w = rand((999, 776), torch.float32).cuda(), rand((1032, 776), torch.float32).cuda()
+    expected = x.double() @ w.double().t()
+    rel = lambda out: ((out.double() - expected).norm() / expected.norm()).item()
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch._dynamo.reset()
+        tf32 = torch.compile(torch.nn.functional.linear, backend="kiln")(x, w)
+        cublas = rel(torch.nn.functional.linear(x, w))
+        assert 1e-6 < rel(tf32) <= 2 * cublas + 1e-6, (rel(tf32), cublas)   # rounded as TF32, as cuBLAS
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch._dynamo.reset()
+        full = torch.compile(torch.nn.functional.linear, backend="kiln")(x, w)
+        assert rel(full) < 1e-6
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+        torch._dynamo.reset()

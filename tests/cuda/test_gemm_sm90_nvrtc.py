@@ -36,6 +36,29 @@ def test_declines_what_tma_cannot_describe():
     assert not gemm_sm90.applies(_task("matmul", (64, 72), (72, 64), dtype=torch.float32))
 
 
+def _tf32_task(op, *shapes):
+    definition = registry().operator(op)
+    args = [kiln.from_torch(torch.ones(s)) for s in shapes]
+    return definition.task(definition.bind(args, {"allow_tf32": True}))[0]
+
+
+def test_float32_only_with_allow_tf32_and_k_major_operands():
+    assert gemm_sm90.applies(_tf32_task("linear", (64, 72), (45, 72)))
+    assert not gemm_sm90.applies(_task("linear", (64, 72), (45, 72), dtype=torch.float32))   # not allowed
+    assert not gemm_sm90.applies(_tf32_task("matmul", (64, 72), (72, 64)))       # N-major B: no TF32 transpose
+    assert not gemm_sm90.applies(_tf32_task("linear", (64, 70), (45, 70)))       # rows of 280 bytes
+    a, b = _maps(_tf32_task("linear", (1000, 776), (4104, 776)), gemm_sm90.space(0)[0])
+    assert (a.box, b.box) == ((32, 128), (32, 256))                              # 128-byte rows of 32 floats
+
+
+@needs_nvrtc
+def test_tf32_knobs_compile_with_nvrtc():
+    task = _tf32_task("linear", (3, 45, 776), (1032, 776), (1032,))
+    programs = [gemm_sm90.render(task, **knobs) for knobs in gemm_sm90.space(1)]
+    assert all("k8.f32.tf32.tf32" in p.source for p in programs)
+    rt.compile_many([(p.source, f"tf32_{k}", p.arch_for("sm_90")) for k, p in enumerate(programs)], workers=2)
+
+
 def test_b_layouts_map_k_major_and_n_major():
     knobs = gemm_sm90.space(0)[0]
     a, b = _maps(_task("linear", (1000, 776), (4104, 776)), knobs)

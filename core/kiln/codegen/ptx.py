@@ -151,6 +151,17 @@ def wgmma_m64k16(bn: int, t: DataType, trans_a: int = 0, trans_b: int = 0) -> st
             f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
 
 
+
+def wgmma_m64k8_tf32(bn: int) -> str:
+    """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k8 product of float32 tiles read as TF32
+    (both K-major: TF32 operands have no transpose bit), accumulated into the float array `acc`."""
+    regs = bn // 2
+    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
+    slots = ",".join(f"%{k}" for k in range(regs))
+    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"'
+            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
+
 CVT_EX2 = r"""
 // two floats rounded to one register of 16-bit floats, `lo` in the low half
 static __device__ __forceinline__ unsigned kiln_pack_f16x2(float lo, float hi) {

@@ -22,6 +22,8 @@ DEFAULT_CONFIG = {
     # which convolutions start channels-last regions (kiln.passes.layout.runs_channels_last):
     # "auto" (16-bit ones on CUDA that a channels-last template takes), "always" or "never"
     "channels_last": "auto",
+    # float32 matrix products on CUDA may run on TF32 tensor cores (kiln.passes.tf32)
+    "allow_tf32": False,
 }
 
 _local = threading.local()

@@ -11,6 +11,7 @@ from kiln.passes.graph_pass import GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
 from kiln.passes.sibling_linears import MergeSiblingLinears
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
+from kiln.passes.tf32 import AllowTF32
 from kiln.plugins import registry
 
 
@@ -40,7 +41,8 @@ class PluginPass(GraphPass):
 def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential:
     """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
     rewrites (batch-norm folding among them) and before the merging of sibling linears,
-    constant folding (which computes their concatenated weights), float16 conversion, layout
+    constant folding (which computes their concatenated weights), float16 conversion, the TF32
+permission of float32 matrix products, layout
     planning (which sees the types the graph runs in) and fusion (which fuses the layout
     conversions into their neighbours)."""
     if plugin_passes is None:
@@ -55,6 +57,7 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
         FoldConstants(),
         EliminateCommonSubexpressions(),
         ConvertToFloat16(),
+        AllowTF32(),
         PlanLayout(),
         FuseOperators(),
         EliminateDeadCode(),

@@ -1,4 +1,6 @@
-"""Hopper GEMM engine: matmul, batched matmul and linear in float16/bfloat16 on sm_90a.
+"""Hopper GEMM engine: matmul, batched matmul and linear in float16/bfloat16 on sm_90a, and in
+float32 on TF32 tensor cores where the task allows it (`allow_tf32`, set from torch's
+`torch.backends.cuda.matmul.allow_tf32`).
 
 The persistent, warp-specialized kernel of `sm90_engine`, its producer thread issuing TMA
 copies (`cp.async.bulk.tensor`, 128-byte swizzled boxes) of both operands.
@@ -10,9 +12,10 @@ so an operand broadcast over a batch dimension (stride 0) simply has none. Edges
 zero-fills out-of-range boxes and the stores are guarded. Split-K (SPLIT > 1) makes work units
 (tile, split) and sums the float32 partials in `split_k`'s kernel.
 
-Declines (older templates take over): other dtypes, strides TMA cannot describe (every non-unit
-stride a multiple of 16 bytes, so K % 8 == 0 for K-major rows), more than three batch
-dimensions per operand.
+Declines (older templates take over): other dtypes, float32 without `allow_tf32` or with an
+operand that is not K-major (TF32 has no transpose bit), strides TMA cannot describe (every
+non-unit stride a multiple of 16 bytes, so K % 8 == 0 for K-major 16-bit rows), more than
+three batch dimensions per operand.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from kiln.codegen.hooks import Contraction, Operand, match_contraction
 from kiln.runtime.cuda import CudaProgram, TensorMapArg
 from kiln.schedule import Template
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, program
+from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, k_block, program
 from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, smem_bytes  # noqa: F401 (this template's limits, as before)
 from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
 
@@ -56,10 +59,10 @@ def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name:
     x0 = "m0" if name == "A" else "n0"
     if operand.k_stride == 1:
         arg = TensorMapArg(operand.param, operand.dtype, (c.K, extent) + bdims, (1, operand.x_stride) + bstrides,
-                           (BK, rows) + (1,) * len(batch))
+                           (k_block(operand.dtype), rows) + (1,) * len(batch))
         load = f"kiln_tma_{rank}d(dst, &tm{name}, &full[stage], k0, (int){x0}{coords});"
         return arg, load, 0
-    if operand.x_stride == 1:
+    if operand.x_stride == 1 and operand.dtype.is_16bit_float:
         arg = TensorMapArg(operand.param, operand.dtype, (extent, c.K) + bdims, (1, operand.k_stride) + bstrides,
                            (64, BK) + (1,) * len(batch))
         load = (f"for (int j = 0; j < {rows // 64}; ++j) kiln_tma_{rank}d(dst + j * 64 * BK, &tm{name}, &full[stage], "
@@ -113,9 +116,10 @@ def suggest(task, sm_count: int) -> list[dict]:
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate. Smaller grids take 64 x 64,
     split over K up to a wave (at least four k-tiles per split)."""
     c = match_contraction(task)
-    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count,
+                          c.a.dtype.nbytes)
     tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
-    k_tiles = -(-c.K // BK)
+    k_tiles = -(-c.K // k_block(c.a.dtype))
     if tiles(64, 128) >= 0.7 * sm_count:
         cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (c.K + 2 * BK) / entry[2]
         first = dict(min(WAVE_TILES, key=cost)[1])
@@ -129,7 +133,10 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 def applies(task) -> bool:
     c = match_contraction(task)
-    return (c is not None and c.K > 0 and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
+    if c is None or c.K <= 0 or c.a.dtype != c.b.dtype:
+        return False
+    tf32 = c.a.dtype == dtypes.float32 and bool(task.attrs.get("allow_tf32"))
+    return ((c.a.dtype.is_16bit_float or tf32)
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 

@@ -2,7 +2,7 @@
 (matmul, linear) and conv_sm90 (implicit-GEMM convolution) instantiate.
 
 One producer warpgroup (registers lowered with `setmaxnreg.dec`) walks the CTA's output tiles
-and fills a STAGES-deep ring of shared memory with BK = 64-deep slices of A and B in the
+and fills a STAGES-deep ring of shared memory with 128-byte-deep slices of K of A and B in the
 layout TMA's 128-byte swizzle gives; each slot has a *full* mbarrier (the copies' transaction
 bytes and arrivals) and an *empty* one (the consumers' release). How a slot is filled is the
 instantiating template's `Producer`: thread 0 issues TMA box copies (`cp.async.bulk.tensor`)
@@ -11,8 +11,11 @@ after expecting their bytes, and where an operand is no box (the im2col of a con
 signalling the full barrier with `cp.async.mbarrier.arrive.noinc` (counted in its init count),
 and the consumers fence the async proxy before reading such a slot.
 
+A stage's rows are 128 bytes of K: KB = 64 elements of 16-bit operands, or 32 float32
+operands that the tensor cores read as TF32 (`k_block`; TF32 operands must both be K-major).
 CW consumer warpgroups (`setmaxnreg.inc`) each own MI slabs of 64 rows x BN columns of the
-BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` straight from shared memory, one
+BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` (k8 for TF32: the same 32 bytes
+of K) straight from shared memory, one
 group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the producer already
 fetches the next tile; each warp first stages 16 x 32 blocks of its accumulators in shared
 memory, so every store instruction writes two whole 128-byte rows. With PP = 1 (ping-pong) the
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import template_source
 from kiln.dtypes import DataType
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln_ops_builtin.templates import split_k
 
-BK = 64
+BK = 64              # 16-bit units in a stage's row: 128 bytes, the swizzle's width
 MAX_SMEM = 227 * 1024
 MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (one 64 x 64 box)
 SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
@@ -58,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
     __syncthreads();
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, per_batch = tiles_m * tiles_n;
     const int units = per_batch * BATCH * SPLIT;
-    const int k_tiles = (K + BK - 1) / BK;
+    const int k_tiles = (K + KB - 1) / KB;
     int stage = 0, parity = 0;
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
@@ -70,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                 kiln_bar_wait(&empty[stage], parity ^ 1);
                 uint16_t* as = As + stage * BM * BK;
                 uint16_t* bs = Bs + stage * BN * BK;
-                const int k0 = kt * BK;
+                const int k0 = kt * KB;
                 if (tid == 0) {
                     kiln_bar_expect(&full[stage], TMA_BYTES);
                     LOAD_TMA
@@ -204,10 +208,25 @@ class Producer:
     source: str = ""
 
 
+def k_block(dtype: DataType) -> int:
+    """Elements of K in one 128-byte stage row: 64 for 16-bit operands, 32 for TF32 (float32)."""
+    return 128 // dtype.nbytes
+
+
+def wgmma(bn: int, dtype: DataType, trans_a: int, trans_b: int) -> str:
+    """The WGMMA macro for operands of `dtype` (16-bit, or float32 read as TF32, K-major only)."""
+    if dtype == dtypes.float32:
+        if trans_a or trans_b:
+            raise ValueError("TF32 wgmma reads K-major operands only")
+        return ptx.wgmma_m64k8_tf32(bn)
+    return ptx.wgmma_m64k16(bn, dtype, trans_a, trans_b)
+
+
 @dataclass
 class Problem:
-    """A batch x M x N x K contraction with operands of 16-bit float type `dtype`, and its
-    kernel parameters, their names (`args`) and the epilogue hooks the core rendered."""
+    """A batch x M x N x K contraction with operands of `dtype` (16-bit floats, or float32 read
+    as TF32), and its kernel parameters, their names (`args`) and the epilogue hooks the core
+    rendered."""
 
     M: int
     N: int
@@ -261,12 +280,13 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
                          f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
     args, temporaries = tuple(p.args.split(", ")), []
-    sk = split_k.plan(SPLIT, p.M, p.N, p.K, BK, p.batch, p.params, args, temporaries, split_index="ks")
+    kb = k_block(p.dtype)
+    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks")
     gathered = producer.threads > 1
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}"
                                                         for name in producer.maps),
-        "BM": block_m(knobs), "BN": BN, "BK": BK, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
+        "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
         "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
@@ -275,7 +295,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),
         **producer.defines, **sk.defines,
     }
-    source = template_source([ptx.wgmma_m64k16(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
+    source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
                               KERNEL, sk.source], defines, p.epilogue,
                              ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
     units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT

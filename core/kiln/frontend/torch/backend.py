@@ -253,7 +253,7 @@ def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
     instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
     outer = PassContext.current()
     config = {**outer.config, "use_fp16": settings.use_fp16,
-              "use_fp16_reduction": settings.use_fp16_reduction}
+              "use_fp16_reduction": settings.use_fp16_reduction, "allow_tf32": settings.allow_tf32}
     instruments = list(outer.instruments)
     if folder is not None:
         instruments.append(DumpGraph(str(folder / "passes")))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import torch
+
 MODES = {
     "default": {},
     "reduce-overhead": {"use_cuda_graph": True},
@@ -30,6 +32,7 @@ class Settings:
     use_fp16_reduction: bool = False
     print_input_graph: bool = False
     fallback_to_eager: bool = False
+    allow_tf32: bool = False
 
 
 class DynamoConfig:
@@ -82,7 +85,9 @@ class DynamoConfig:
 
     def resolve(self, options: dict | None = None, mode: str | None = None) -> Settings:
         """The settings for one compile: these, updated by torch.compile's `mode` (given as
-        torch.compile's keyword or as options["mode"]) and `options`."""
+        torch.compile's keyword or as options["mode"]) and `options`; `allow_tf32` is
+        torch's `torch.backends.cuda.matmul.allow_tf32` now (dynamo compiles again when it
+        changes) unless `options` sets it."""
         options = dict(options or {})
         in_options = options.pop("mode", None)
         if mode and in_options and mode != in_options:
@@ -97,7 +102,7 @@ class DynamoConfig:
         if unknown:
             raise ValueError(f"backend 'kiln' does not know option(s) {', '.join(unknown)}; "
                              f"expected some of {', '.join(sorted(known))}")
-        return replace(self.settings, **{**MODES[mode], **options})
+        return replace(self.settings, **{"allow_tf32": torch.backends.cuda.matmul.allow_tf32, **MODES[mode], **options})
 
     def __repr__(self) -> str:
         return f"DynamoConfig({self.settings})"

@@ -1,0 +1,35 @@
+"""TF32 permission: float32 matrix products on CUDA may run on TF32 tensor cores.
+
+When the context's config sets `allow_tf32` (the backend copies torch's
+`torch.backends.cuda.matmul.allow_tf32` at compile time, which `torch.set_float32_matmul_
+precision("high")` also sets), every float32 `matmul` and `linear` on a CUDA device is made
+again with its `allow_tf32` attribute set, which a template may read (gemm_sm90 does). The
+graph's values are those of the definition; only how a GPU rounds the operands may change, as
+PyTorch's own matrix products do under the same flag.
+"""
+from kiln import dtypes
+from kiln.passes.edit import arguments_of, rebuild
+from kiln.passes.graph_pass import GraphPass
+
+PRODUCTS = ("matmul", "linear")
+
+
+def _allowed(node, inputs):
+    if (node.definition.name not in PRODUCTS or node.device.kind != "cuda" or node.attrs.get("allow_tf32")
+            or "allow_tf32" not in node.definition.signature.parameters
+            or any(t.dtype != dtypes.float32 for t in node.inputs)):
+        return None
+    swap = {id(old): new for old, new in zip(node.inputs, inputs)}
+    args = {k: swap.get(id(v), v) for k, v in arguments_of(node).items()}
+    out = node.definition(**{**args, "allow_tf32": True})
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+class AllowTF32(GraphPass):
+    """Mark float32 matrix products on CUDA `allow_tf32` when the config allows TF32."""
+
+    name = "allow_tf32"
+    opt_level = 0
+
+    def transform(self, graph, ctx):
+        return rebuild(graph, _allowed) if ctx.config["allow_tf32"] else graph
