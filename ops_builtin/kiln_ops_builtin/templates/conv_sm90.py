@@ -157,12 +157,12 @@ def applies(task) -> bool:
             and max(conv.gemm.M, conv.gemm.N * conv.gemm.K) < 2 ** 31)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> CudaProgram:
     conv = match_conv_nhwc(task)
     g = conv.gemm
     producer = _producer(conv, block_m(_k(BN, CW, MI, STAGES, PP)), BN)
     problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks)
-    return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP)
+    return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 
 TEMPLATE = Template("conv_sm90", ("conv2d_channels_last",), "cuda", render, priority=30, applies=applies,

@@ -91,13 +91,13 @@ FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k
 
 def space(level: int) -> list[dict]:
     """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; 1 and 2 add other tiles, depths,
-    ping-pong consumers and split-K."""
+    ping-pong consumers and split-K (2: and epilogue fetch depths other than the default)."""
     if level == 0:
         return [dict(DEFAULT)]
     out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2)]
     if level == 2:
         out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
-                _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6)]
+                _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), dict(PING_PONG, FETCH=1), dict(DEFAULT, FETCH=2)]
     return [dict(k) for k in out if fits(k)]
 
 
@@ -140,14 +140,14 @@ def applies(task) -> bool:
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> CudaProgram:
     c: Contraction = match_contraction(task)
     bm = 64 * MI * (1 if PP else CW)
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
     problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue)
-    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP)
+    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,

@@ -42,6 +42,7 @@ MN_LBO = 8192        # bytes between 64-element MN chunks of an MN-major stage (
 SWIZZLE_ATOM = 1024  # bytes of eight 128-byte rows: the swizzle pattern's period
 EPI_LD = 36          # floats per row of a warp's 16 x 32 epilogue staging block (padded against bank conflicts)
 REGISTERS = 65536     # the register file, shared out between the warpgroups by setmaxnreg
+EPILOGUE_REGS = 72    # a consumer's registers besides its accumulators and fetched values
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARAMS, TENSOR_MAPS) {
@@ -136,8 +137,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
         // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows;
-        // what the epilogue reads per row (a residual) is loaded for the 8 rows of the next block
-        // while this one is stored
+        // what the epilogue reads per row (a residual) is loaded FETCH blocks ahead of the block
+        // being stored, so that that many blocks' loads are in flight at once
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
         auto fetch_rows = [&](int i, int q, kiln_fetched* fetched) {
 #pragma unroll
@@ -148,11 +149,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         };
 #pragma unroll
         for (int i = 0; i < MI; ++i) {
-            kiln_fetched fetched[2][8];
-            fetch_rows(i, 0, fetched[0]);
+            kiln_fetched fetched[FETCH + 1][8];
+#pragma unroll
+            for (int q = 0; q < FETCH && q < BN / 32; ++q) fetch_rows(i, q, fetched[q]);
 #pragma unroll
             for (int q = 0; q < BN / 32; ++q) {
-                if (q + 1 < BN / 32) fetch_rows(i, q + 1, fetched[(q + 1) % 2]);
+                if (q + FETCH < BN / 32) fetch_rows(i, q + FETCH, fetched[(q + FETCH) % (FETCH + 1)]);
 #pragma unroll
                 for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
@@ -165,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                     const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
                     const float2 v = *(const float2*)&staged[row * EPI_LD + col];
                     const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
-                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[q % 2][rr]);
+                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[q % (FETCH + 1)][rr]);
                     else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
                 }
                 __syncwarp();
@@ -273,8 +275,18 @@ def stage_desc(trans: int) -> str:
     return f"(kiln_gdesc((S), 16, {SWIZZLE_ATOM}) + 2 * (KK))"
 
 
-def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8) -> CudaProgram:
-    """The engine's program for problem `p` filled by `producer`, kernel named `kernel`."""
+def fetch_depth(knobs: dict, producer_regs: int = 40) -> int:
+    """How many 16 x 32 epilogue blocks ahead a consumer loads what the epilogue reads (1 to
+    BN / 32 - 1, at most 3): as many as the registers the accumulators leave hold, a block
+    taking 16 (one 16-bit residual: 8 rows x 2 values)."""
+    free = consumer_registers(knobs["CW"], producer_regs) - knobs["BN"] // 2 * knobs["MI"] - EPILOGUE_REGS
+    return max(1, min(free // 16 - 1, knobs["BN"] // 32 - 1, 3))
+
+
+def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8,
+            FETCH=None) -> CudaProgram:
+    """The engine's program for problem `p` filled by `producer`, kernel named `kernel` (FETCH:
+    see `fetch_depth`, its default)."""
     knobs = tile_knobs(BN, CW, MI, STAGES, PP)
     if not fits(knobs, producer.regs):
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
@@ -288,6 +300,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
                                                         for name in producer.maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
         "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
+        "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
         "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
