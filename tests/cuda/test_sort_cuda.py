@@ -12,6 +12,7 @@ import torch
 
 import kiln
 from kiln.plugins.registry import registry
+from kiln_ops_builtin.templates import sort_bitonic
 from tests.support import assert_close
 
 pytestmark = pytest.mark.cuda
@@ -67,6 +68,22 @@ def test_the_template_sorts_on_the_gpu():
     definition = registry().operator("topk")
     task = definition.task(definition.bind([kiln.from_torch(_values((64, 32000), torch.float32)), 50], {}))[0]
     assert schedules_for(task, "cuda", arch_number(device_info(0)["arch"]))[0].name == "sort_bitonic"
+
+
+@pytest.mark.parametrize("knobs", sort_bitonic.space(1), ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_knob_setting(dtype, knobs):
+    """Each tuning candidate: the default tile, 256 and 1024 threads, 2048-item chunks merged."""
+    from kiln.runtime.backend import backend_for
+    x = _values((3, 5000), dtype)
+    definition = registry().operator("sort")
+    task = definition.task(definition.bind([kiln.from_torch(x), 1, True], {}))[0]
+    runner = backend_for(kiln.device(DEVICE)).load(sort_bitonic.render(task, **knobs), kiln.device(DEVICE))
+    values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64, device=DEVICE)
+    runner([x], [values, indices])
+    expected = _stable(x, 1, True)
+    _same(values, expected.values)
+    _same(indices, expected.indices)
 
 
 @pytest.mark.parametrize("n", LENGTHS)

@@ -10,12 +10,14 @@ compares the two structurally (names and identities aside), and returns the call
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 from kiln.graph import OperatorDef
-from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var
+from kiln.ir import Expr, Load, Task, TensorInput, Var
 
-_found: "weakref.WeakKeyDictionary[Task, dict]" = weakref.WeakKeyDictionary()
+_found: "weakref.WeakKeyDictionary[Task, dict | None]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()      # kernels are built by several threads (kiln.graph.compile)
 
 
 def _arguments(task: Task, definition: OperatorDef) -> dict | None:
@@ -75,7 +77,7 @@ def _structure(task: Task, table: dict) -> list[int]:
             memo[id(t)] = number(label)
         return memo[id(t)]
 
-    return [tensor(t) if isinstance(t, (Compute, TensorInput)) else -1 for t in task.outputs]
+    return [tensor(t) for t in task.outputs]
 
 
 def own_call(task: Task, definition: OperatorDef) -> dict | None:
@@ -83,8 +85,9 @@ def own_call(task: Task, definition: OperatorDef) -> dict | None:
     or None where it is not one (fused, another operator's, built otherwise)."""
     if task.name != definition.name:
         return None
-    if task in _found:
-        return _found[task]
+    with _lock:
+        if task in _found:
+            return _found[task]
     arguments = None
     call = _arguments(task, definition)
     try:
@@ -96,5 +99,6 @@ def own_call(task: Task, definition: OperatorDef) -> dict | None:
         table: dict = {}
         if _structure(task, table) == _structure(Task(task.name, task.inputs, outputs), table):
             arguments = call
-    _found[task] = arguments
+    with _lock:
+        _found[task] = arguments
     return arguments

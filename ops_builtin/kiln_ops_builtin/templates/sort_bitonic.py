@@ -19,8 +19,10 @@ argsort and topk take ranks 0.., kthvalue k - 1, median (n - 1) // 2 (a row with
 NaN, at the rank of the row's count of numbers), nanmedian (numbers - 1) // 2; values are read
 back from the input at the item's position.
 
-Takes the operators' own tasks (`own_task`), of every dtype but float16 kinds it does not know,
-over rows of length below 2^31; mode keeps the rank count.
+Takes the operators' own tasks (`own_task`: fusion leaves them alone) of every dtype, rows
+shorter than 2^31 elements; mode keeps the rank count. Work is O(n log^2 n) per row; every step
+of the network goes through shared memory (no register or warp-shuffle phases yet), and topk,
+kthvalue and the medians sort whole rows (no radix selection).
 """
 from __future__ import annotations
 
