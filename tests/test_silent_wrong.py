@@ -151,21 +151,50 @@ def test_a_failed_check_in_an_unselected_branch_does_not_fire():
     assert_close(fn(x, i), torch.where(i >= 0, torch.index_select(x, 1, i.clamp(min=0)), 0.0))
 
 
+def _run_on_the_gpu_in_a_child(code: str) -> tuple[int, str, str]:
+    """(return code, stdout, stdout + stderr) of `code` run by a child Python: a device-side
+    trap leaves the CUDA context unusable."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.cuda
 def test_cuda_out_of_range_embedding_index_traps_instead_of_clamping():
     """A device-side trap, like PyTorch's device-side assertion: the next synchronizing call
-    raises. Run it in a child process: a trap leaves the CUDA context unusable."""
-    import subprocess
-    import sys
+    raises."""
     code = ("import torch, kiln\n"
             "w = torch.randn(5, 2, device='cuda')\n"
             "out = kiln.ops.embedding(torch.tensor([1, 1000], device='cuda'), w).torch()\n"
             "torch.cuda.synchronize()\n"
             "print('VALUE', out.tolist())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "VALUE" not in proc.stdout, proc.stdout
-    output = proc.stdout + proc.stderr      # the device's printf is flushed at best effort
+    returncode, stdout, output = _run_on_the_gpu_in_a_child(code)
+    assert returncode != 0 and "VALUE" not in stdout, stdout
+    # the device's printf is flushed at best effort
     assert "embedding: index 1000 is out of range" in output or "CUDA error" in output, output
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("call", [
+    "scatter_add(x, 0, torch.tensor([[0, 1, 2, 0], [1, 1000, 0, 2]], device='cuda'), torch.randn(2, 4, device='cuda'))",
+    "index_add(x, 0, torch.tensor([0, 1000], device='cuda'), torch.randn(2, 4, device='cuda'))",
+    "index_put(x, [torch.tensor([0, 1000], device='cuda')], torch.randn(4, device='cuda'), True)",
+    "scatter_reduce(x, 0, torch.tensor([[0, 1, 2, 0], [1, 1000, 0, 2]], device='cuda'), "
+    "torch.randn(2, 4, device='cuda'), 'amax', False)",
+])
+def test_cuda_out_of_range_atomic_scatter_index_traps(call):
+    """The atomic scatters (`scatter_atomic`) check every source's index as the gathering
+    definitions do: an index out of range traps instead of writing out of bounds."""
+    op = call.split("(")[0]
+    code = ("import torch, kiln\n"
+            "x = torch.randn(3, 4, device='cuda')\n"
+            f"out = kiln.ops.{call}.torch()\n"
+            "torch.cuda.synchronize()\n"
+            "print('VALUE', out.tolist())\n")
+    returncode, stdout, output = _run_on_the_gpu_in_a_child(code)
+    assert returncode != 0 and "VALUE" not in stdout, stdout
+    assert f"{op}: index 1000 is out of bounds for dimension 0 with size 3" in output or "CUDA error" in output, output
 
 
 @pytest.mark.cuda

@@ -8,10 +8,16 @@ and m candidates, right for the index sizes of models, not for huge scatters. Wh
 candidates write one element without reduction, the last one wins (PyTorch's CPU order).
 Negative indices count from the end; an index out of range fails the kernel (IndexError on the
 CPU, a trap on CUDA) instead of matching nothing.
+
+A `Scattered` describes each scatter from both sides: the candidates of an output element for
+these compute definitions, and where each source element goes, for schedules that add every
+source into its target once (`reduction`; the CUDA template `scatter_atomic`).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -39,10 +45,50 @@ def _check_index(op: str, index: TensorNode) -> None:
         raise OperatorError(f"{op}: index must be int64 or int32, got {index.dtype}")
 
 
-def _gathered(x: TensorNode, extents, match, value, how: str, include_self: bool = True):
-    """Output of `x`'s shape: element p combines value(p, r) over the candidate positions r of
-    `extents` for which match(p, r) holds, by `how` ('last' or one of REDUCTIONS)."""
+@dataclass(frozen=True)
+class Scattered:
+    """One scatter into `x`, seen from both sides.
+
+    From the sources: source element s (a multi-index over `sources`) goes to the element of
+    `x` at `target(s)` (one index expression per dim of x, or one for a 0-d x; user indices
+    wrapped and checked) with the value `value(s)`. From the output: element p of x gathers
+    the source elements `source_of(p, r)` over the candidates r (a multi-index over
+    `candidates`) whose targets equal p in the `scattered` dims and for which every condition
+    of `inside(p)` holds."""
+
+    sources: tuple[int, ...]
+    target: Callable
+    value: Callable
+    candidates: list[int]
+    source_of: Callable
+    scattered: tuple[int, ...]
+    inside: Callable = lambda p: ()
+
+    def match(self, p, r):
+        """Whether candidate r of output element p lands on it."""
+        target, at = self.target(self.source_of(p, r)), list(p) or [0]
+        hit = None
+        for k in self.scattered:
+            h = ir.eq(target[k], at[k])
+            hit = h if hit is None else hit & h
+        for condition in self.inside(p):
+            hit = hit & condition
+        return hit
+
+    def scaled(self, alpha) -> "Scattered":
+        """The same scatter with every value multiplied by `alpha` (none where it is 1)."""
+        return self if alpha == 1 else replace(self, value=lambda s, value=self.value: value(s) * alpha)
+
+
+def _gathered(x: TensorNode, scattered: Scattered, how: str, include_self: bool = True):
+    """Output of `x`'s shape: element p combines the values of its candidates by `how` ('last'
+    or one of REDUCTIONS)."""
     out_t = x.dtype
+    extents = scattered.candidates
+    match = scattered.match
+
+    def value(p, r):
+        return scattered.value(scattered.source_of(p, r))
 
     def element(*p):
         own = x[p]
@@ -80,9 +126,9 @@ def _limit(t: dtypes.DataType, low: bool) -> int:
     return (0 if low else 1) if info is None else (info.min if low else info.max)
 
 
-def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src):
-    """match and value for scatter-like operators: index and src have x's rank, index no
-    larger than x outside `dim` (and than src everywhere)."""
+def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src) -> Scattered:
+    """Scatter-like operators: index and src have x's rank, index no larger than x outside
+    `dim` (and than src everywhere); source element s goes to s with dim replaced by index[s]."""
     d = normalize_dim(op, dim, x.ndim)
     _check_index(op, index)
     if index.ndim != x.ndim or any(index.shape[k] > x.shape[k] for k in range(x.ndim) if k != d):
@@ -95,45 +141,53 @@ def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src):
     n = x.shape[d] if x.ndim else 1
     m = index.shape[d] if index.ndim else 1
 
-    def at(p, r):
+    def target(s):
+        return [_position(op, index[s], d, n) if k == d else s[k] for k in range(max(x.ndim, 1))]
+
+    def source_of(p, r):
         return [r[0] if k == d else clamp_index(p[k], index.shape[k]) for k in range(x.ndim)]
 
-    def match(p, r):
-        hit = ir.eq(_position(op, index[at(p, r)], d, n), p[d] if x.ndim else 0)
-        for k in range(x.ndim):
-            if k != d and index.shape[k] < x.shape[k]:
-                hit = hit & (p[k] < index.shape[k])
-        return hit
+    def inside(p):
+        return [p[k] < index.shape[k] for k in range(x.ndim) if k != d and index.shape[k] < x.shape[k]]
 
-    def value(p, r):
-        return src[at(p, r)] if isinstance(src, TensorNode) else src
+    def value(s):
+        return src[s] if isinstance(src, TensorNode) else src
 
-    return [m], match, value
+    return Scattered(tuple(index.shape), target, value, [m], source_of, (d,), inside)
 
 
 @operator("scatter")
 def scatter(x, dim, index, src):
     """x with src[j] (a tensor, or one Python scalar) written at x[j with dim replaced by index[j]]."""
-    return _gathered(x, *_along_dim("scatter", x, dim, index, src), "last")
+    return _gathered(x, _along_dim("scatter", x, dim, index, src), "last")
+
+
+def _scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if reduce not in REDUCTIONS:
+        raise OperatorError(f"scatter_reduce: reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+    return _along_dim("scatter_reduce", x, dim, index, src), reduce, include_self
 
 
 @operator("scatter_reduce")
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     """x with src[j] combined into x[j with dim replaced by index[j]] by `reduce` ('sum', 'prod',
     'mean', 'amax' or 'amin'); without `include_self` x's own value joins only untouched elements."""
-    if reduce not in REDUCTIONS:
-        raise OperatorError(f"scatter_reduce: reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
-    return _gathered(x, *_along_dim("scatter_reduce", x, dim, index, src), reduce, include_self)
+    return _gathered(x, *_scatter_reduce(x, dim, index, src, reduce, include_self))
+
+
+def _scatter_add(x, dim, index, src):
+    return _along_dim("scatter_add", x, dim, index, src), "sum", True
 
 
 @operator("scatter_add")
 def scatter_add(x, dim, index, src):
     """x with src[j] added into x[j with dim replaced by index[j]]."""
-    return _gathered(x, *_along_dim("scatter_add", x, dim, index, src), "sum")
+    return _gathered(x, *_scatter_add(x, dim, index, src))
 
 
-def _index_along(op: str, x: TensorNode, dim, index: TensorNode, source):
-    """match and value for index_* operators: a 1-D index picks slices of x along `dim`."""
+def _index_along(op: str, x: TensorNode, dim, index: TensorNode, source) -> Scattered:
+    """index_* operators: a 1-D index picks slices of x along `dim`; source element s goes to s
+    with dim replaced by index[s along dim]."""
     d = normalize_dim(op, dim, x.ndim)
     _check_index(op, index)
     if index.ndim > 1:
@@ -145,30 +199,36 @@ def _index_along(op: str, x: TensorNode, dim, index: TensorNode, source):
             raise OperatorError(f"{op}: source of shape {source.shape} must have shape {want} "
                                 f"(input {x.shape}, {m} indices along dim {dim})")
     n = x.shape[d] if x.ndim else 1
+    shape = x.shape or (1,)
 
-    def match(p, r):
-        return ir.eq(_position(op, index[r if index.ndim else []], d, n), p[d] if x.ndim else 0)
+    def target(s):
+        return [_position(op, index[[s[d]] if index.ndim else []], d, n) if k == d else s[k]
+                for k in range(len(shape))]
 
-    def value(p, r):
-        if not isinstance(source, TensorNode):
-            return source
-        return source[[r[0] if k == d else p[k] for k in range(source.ndim)]]
+    def source_of(p, r):
+        return [r[0] if k == d else p[k] for k in range(x.ndim)] or [r[0]]
 
-    return [m], match, value
+    def value(s):
+        return source[s[:source.ndim]] if isinstance(source, TensorNode) else source
+
+    return Scattered(tuple(m if k == d else size for k, size in enumerate(shape)), target, value, [m], source_of,
+                     (d,))
+
+
+def _index_add(x, dim, index, source, alpha=1):
+    return _index_along("index_add", x, dim, index, source).scaled(alpha), "sum", True
 
 
 @operator("index_add")
 def index_add(x, dim, index, source, alpha=1):
     """x with alpha * source[.., j, ..] added into x[.., index[j], ..] along `dim`."""
-    extents, match, value = _index_along("index_add", x, dim, index, source)
-    scaled = value if alpha == 1 else (lambda p, r: value(p, r) * alpha)
-    return _gathered(x, extents, match, scaled, "sum")
+    return _gathered(x, *_index_add(x, dim, index, source, alpha))
 
 
 @operator("index_copy")
 def index_copy(x, dim, index, source):
     """x with source[.., j, ..] written at x[.., index[j], ..] along `dim`."""
-    return _gathered(x, *_index_along("index_copy", x, dim, index, source), "last")
+    return _gathered(x, _index_along("index_copy", x, dim, index, source), "last")
 
 
 @operator("index_fill")
@@ -179,16 +239,12 @@ def index_fill(x, dim, index, value):
         if value.ndim:
             raise OperatorError(f"index_fill: value must be a scalar or a 0-d tensor, got shape {value.shape}")
         fill = value
-        extents, match, _ = _index_along("index_fill", x, dim, index, None)
-        return _gathered(x, extents, match, lambda p, r: fill[()], "last")
-    return _gathered(x, *_index_along("index_fill", x, dim, index, value), "last")
+        scattered = _index_along("index_fill", x, dim, index, None)
+        return _gathered(x, replace(scattered, value=lambda s: fill[()]), "last")
+    return _gathered(x, _index_along("index_fill", x, dim, index, value), "last")
 
 
-@operator("index_put")
-def index_put(x, indices, values, accumulate=False):
-    """x with `values` written (or added, with `accumulate`) at the positions the integer index
-    tensors `indices` give for x's leading dims; indices broadcast together, values broadcast
-    to the indexed shape."""
+def _index_put(x, indices, values, accumulate=False):
     if not isinstance(indices, (list, tuple)) or not indices or len(indices) > x.ndim:
         raise OperatorError(f"index_put: indices must be 1 to {x.ndim} index tensors, got {indices!r}")
     for t in indices:
@@ -197,25 +253,32 @@ def index_put(x, indices, values, accumulate=False):
         _check_index("index_put", t)
     k = len(indices)
     index_shape = broadcast_shape("index_put", *[t.shape for t in indices])
-    target = tuple(index_shape) + tuple(x.shape[k:])
+    target_shape = tuple(index_shape) + tuple(x.shape[k:])
     if isinstance(values, TensorNode):
-        broadcast_shape("index_put", values.shape, target)
+        broadcast_shape("index_put", values.shape, target_shape)
     extents = [math.prod(index_shape)] if index_shape else [1]
+    n = len(index_shape)
 
-    def match(p, r):
-        j = unravel(r[0], index_shape)
-        hit = None
-        for m, t in enumerate(indices):
-            h = ir.eq(_position("index_put", broadcast_load(t, j, index_shape), m, x.shape[m]), p[m])
-            hit = h if hit is None else hit & h
-        return hit
+    def target(s):
+        return [_position("index_put", broadcast_load(t, s[:n], index_shape), m, x.shape[m])
+                for m, t in enumerate(indices)] + list(s[n:])
 
-    def value(p, r):
-        if not isinstance(values, TensorNode):
-            return values
-        return broadcast_load(values, list(unravel(r[0], index_shape)) + list(p[k:]), target)
+    def source_of(p, r):
+        return list(unravel(r[0], index_shape)) + list(p[k:])
 
-    return _gathered(x, extents, match, value, "sum" if accumulate else "last")
+    def value(s):
+        return broadcast_load(values, s, target_shape) if isinstance(values, TensorNode) else values
+
+    scattered = Scattered(target_shape, target, value, extents, source_of, tuple(range(k)))
+    return scattered, "sum" if accumulate else "last", True
+
+
+@operator("index_put")
+def index_put(x, indices, values, accumulate=False):
+    """x with `values` written (or added, with `accumulate`) at the positions the integer index
+    tensors `indices` give for x's leading dims; indices broadcast together, values broadcast
+    to the indexed shape."""
+    return _gathered(x, *_index_put(x, indices, values, accumulate))
 
 
 @operator("masked_scatter")
@@ -239,10 +302,29 @@ def masked_scatter(x, mask, source):
     return compute(x.shape, element)
 
 
+def _index_reduce(x, dim, index, source, reduce, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise OperatorError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
+    return _index_along("index_reduce", x, dim, index, source), reduce, include_self
+
+
 @operator("index_reduce")
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     """x with source[.., j, ..] combined into x[.., index[j], ..] along `dim` by `reduce`
     ('prod', 'mean', 'amax' or 'amin')."""
-    if reduce not in ("prod", "mean", "amax", "amin"):
-        raise OperatorError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
-    return _gathered(x, *_index_along("index_reduce", x, dim, index, source), reduce, include_self)
+    return _gathered(x, *_index_reduce(x, dim, index, source, reduce, include_self))
+
+
+_REDUCING = {"scatter_add": _scatter_add, "scatter_reduce": _scatter_reduce, "index_add": _index_add,
+             "index_put": _index_put, "index_reduce": _index_reduce}
+
+
+def reduction(op: str, arguments: dict) -> tuple[Scattered, str, bool] | None:
+    """(scatter, reduction, include_self) of a call of operator `op` (its arguments by parameter
+    name) that combines its sources into x by a reduction of REDUCTIONS; None for any other
+    call (a scatter whose last source wins, another operator)."""
+    build = _REDUCING.get(op)
+    if build is None:
+        return None
+    found = build(**arguments)
+    return found if found[1] in REDUCTIONS else None

@@ -4,7 +4,9 @@ Each is a rank-by-counting network, fully parallel and the same on every target:
 element i in its row is the number of elements ordered before it (smaller, or equal with a
 lower position, so ties keep their order: a stable sort), and the element of rank k is found by
 a second count. Work is O(n^2) per row of length n: right for the rows of a few thousand that
-models sort (top-k sampling, median filters), slow for long ones.
+models sort (top-k sampling, median filters), slow for long ones. On CUDA the template
+`kiln_ops_builtin.templates.sort_bitonic` computes the same results (all but mode's) by sorting
+each row; these definitions remain the CPU's and any other target's.
 
 NaN orders above every number (first when descending), as in PyTorch.
 """

@@ -1,0 +1,204 @@
+"""Scatters with atomics on CUDA: scatter_add, scatter_reduce, index_add, index_put with
+accumulate and index_reduce.
+
+The operators' compute definitions (`kiln_ops_builtin.scatter`) gather, for each output
+element, over every candidate source; this template visits each source element once instead
+and combines its value into its target with an atomic operation: atomicAdd for sums (float32,
+float64, int32, int64), atomicMax/atomicMin for integer amax/amin, a compare-and-swap loop
+for products and float amax/amin (NaN propagating, as the definitions' maximum). 16-bit
+floats accumulate in a float32 temporary and are rounded once at the end (PyTorch's opmath
+type, as the definitions do). Where each source goes, and its value, are the operator's
+`Scattered` description rendered by the core's emitter into two device functions,
+`kiln_target(params, s)` (the flat output offset, user indices wrapped and checked: an index
+out of range traps) and `kiln_value(params, s)`.
+
+The kernels, in order (each a grid-stride loop): where some outputs keep x's own value only if
+no source lands on them (include_self=False) or a mean needs counts, zero the counts and count
+the sources landing on each output; set the accumulators (x's value, or the reduction's
+identity where sources land and x is left out); combine every source; where needed, divide
+means and round 16-bit accumulators into the output. The order in which sources combine is not
+fixed, so float sums and means may differ from the definitions' in the last bits, as
+PyTorch's CUDA scatters do.
+
+Takes the operators' own tasks (`own_task`) of x of float32, float64, float16, bfloat16, int32
+and int64; 8- and 16-bit integers, bool and 0-d x keep the gathering definitions.
+"""
+from __future__ import annotations
+
+import math
+
+from kiln import dtypes
+from kiln.codegen.cuda import CudaDialect, template_source
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.ir import Var, cast, simplify, unravel
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule import Template
+
+from kiln_ops_builtin import scatter
+from kiln_ops_builtin.templates.own_task import own_call
+
+DEFINITIONS = {d.name: d for d in (scatter.scatter_add, scatter.scatter_reduce, scatter.index_add,
+                                   scatter.index_put, scatter.index_reduce)}
+ACCUMULATORS = {dtypes.float32: dtypes.float32, dtypes.float64: dtypes.float64, dtypes.float16: dtypes.float32,
+                dtypes.bfloat16: dtypes.float32, dtypes.int32: dtypes.int32, dtypes.int64: dtypes.int64}
+BITS = {dtypes.float32: ("unsigned int", "__float_as_uint({})", "__uint_as_float({})"),
+        dtypes.float64: ("unsigned long long", "(unsigned long long)__double_as_longlong({})",
+                         "__longlong_as_double((long long){})"),
+        dtypes.int32: ("unsigned int", "(unsigned int)({})", "(int32_t)({})"),
+        dtypes.int64: ("unsigned long long", "(unsigned long long)({})", "(int64_t)({})")}
+THREADS = 256
+
+KERNEL = r"""
+#if COUNTING
+extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_zero(PARAMS) {
+    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS)
+        COUNTS[p] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_count(PARAMS) {
+    for (int64_t s = (int64_t)blockIdx.x * THREADS + threadIdx.x; s < SOURCES; s += (int64_t)gridDim.x * THREADS)
+        atomicAdd(&COUNTS[kiln_target(ARGS, s)], 1);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_init(PARAMS) {
+    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS) {
+        ACC_T v = (ACC_T)LOAD_X(in0[p]);
+#if !INCLUDE_SELF
+        if (COUNTS[p] > 0) v = IDENTITY;
+#endif
+        ACC[p] = v;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_apply(PARAMS) {
+    for (int64_t s = (int64_t)blockIdx.x * THREADS + threadIdx.x; s < SOURCES; s += (int64_t)gridDim.x * THREADS)
+        kiln_combine(&ACC[kiln_target(ARGS, s)], kiln_value(ARGS, s));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_finish(PARAMS) {
+    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS) {
+        ACC_T v = ACC[p];
+#if MEAN
+        if (COUNTS[p] > 0) v = DIVIDE(v, (ACC_T)(COUNTS[p] + INCLUDE_SELF));
+#endif
+        out0[p] = STORE(v);
+    }
+}
+"""
+
+
+def plan(task):
+    """(x, Scattered, reduction, include_self) of a task the template takes, else None."""
+    definition = DEFINITIONS.get(task.name)
+    call = own_call(task, definition) if definition is not None else None
+    if call is None:
+        return None
+    x = call["x"]
+    if x.ndim == 0 or x.dtype not in ACCUMULATORS or 0 in x.shape:
+        return None
+    found = scatter.reduction(task.name, call)
+    return None if found is None else (x, *found)
+
+
+def applies(task) -> bool:
+    return plan(task) is not None
+
+
+def _combine(how: str, acc: dtypes.DataType, d: CudaDialect) -> str:
+    """`kiln_combine(p, v)`: v combined into *p atomically."""
+    t = d.value_type(acc)
+    head = f"static __device__ __forceinline__ void kiln_combine({t}* p, {t} v) {{\n"
+    if how in ("sum", "mean"):
+        if acc == dtypes.int64:
+            return head + "    atomicAdd((unsigned long long*)p, (unsigned long long)v);\n}\n"
+        return head + "    atomicAdd(p, v);\n}\n"
+    if how in ("amax", "amin") and not acc.is_float:
+        return head + f"    atomic{'Max' if how == 'amax' else 'Min'}(p, v);\n}}\n"
+    bits, to_bits, from_bits = BITS[acc]
+    if how == "prod":
+        combined = "a * v" if acc.is_float else f"({t})(({bits})a * ({bits})v)"
+    else:
+        combined = d.binary("max" if how == "amax" else "min", acc, "a", "v", acc)
+    return head + (f"    {bits}* word = ({bits}*)p;\n    {bits} old = *word, seen;\n    do {{\n"
+                   f"        seen = old;\n        const {t} a = {from_bits.format('seen')};\n"
+                   f"        const {bits} next = {to_bits.format(combined)};\n"
+                   "        if (next == seen) return;\n        old = atomicCAS(word, seen, next);\n"
+                   "    } while (old != seen);\n}\n")
+
+
+def _hooks(task, scattered, how: str, acc: dtypes.DataType, decl: list[str], d: CudaDialect) -> str:
+    """`kiln_target(params, s)` and `kiln_value(params, s)` of source element s (flat)."""
+    x = task.inputs[0]
+    s = Var("s", max(1, math.prod(scattered.sources)))
+    index = unravel(s, scattered.sources)
+    names = {**KernelArgs.names(task.inputs), id(s): "s"}
+    strides = {id(t): row_major_strides(t.shape) for t in task.inputs}
+    flat = sum((i * stride for i, stride in zip(scattered.target(index), row_major_strides(x.shape))), 0)
+    value = scattered.value(index)
+    value = cast(cast(value, x.dtype), acc) if how in ("amax", "amin") else cast(value, acc)
+    out = []
+    for name, t, e in (("kiln_target", "int64_t", cast(flat, dtypes.int64)), ("kiln_value", d.value_type(acc), value)):
+        em = Emitter(d, names, strides)
+        result = em.emit(simplify(e))
+        out.append(f"static __device__ __forceinline__ {t} {name}({', '.join(decl)}, int64_t s) {{\n"
+                   + "\n".join(em.lines) + f"\n    return {result};\n}}\n")
+    return "".join(out)
+
+
+def _identity(how: str, acc: dtypes.DataType, d: CudaDialect) -> str:
+    if how in ("sum", "mean"):
+        return d.const(0, acc)
+    if how == "prod":
+        return d.const(1, acc)
+    low = how == "amax"
+    if acc.is_float:
+        return d.const(-math.inf if low else math.inf, acc)
+    bits = acc.nbytes * 8
+    return d.const(-(1 << (bits - 1)) if low else (1 << (bits - 1)) - 1, acc)
+
+
+def space(level: int) -> list[dict]:
+    """One setting: the kernels are bound by memory and atomics, not by a tile."""
+    return [{}]
+
+
+def render(task) -> CudaProgram:
+    found = plan(task)
+    if found is None:
+        raise ValueError(f"scatter_atomic: does not take {task!r}")
+    x, scattered, how, include_self = found
+    d = CudaDialect()
+    acc = ACCUMULATORS[x.dtype]
+    counting = how == "mean" or not include_self
+    temporaries, acc_name, counts = [], KernelArgs.output(0), ""
+    decl = KernelArgs.params(d, task.inputs, task.outputs)
+    if acc != x.dtype:
+        acc_name = KernelArgs.temporary(len(temporaries))
+        decl.append(f"{d.value_type(acc)}* __restrict__ {acc_name}")
+        temporaries.append((x.shape, acc))
+    if counting:
+        counts = KernelArgs.temporary(len(temporaries))
+        decl.append(f"int* __restrict__ {counts}")
+        temporaries.append((x.shape, dtypes.int32))
+    args = KernelArgs.args(len(task.inputs)) + [KernelArgs.temporary(k) for k in range(len(temporaries))]
+    numel, sources = math.prod(x.shape), math.prod(scattered.sources)
+    defines = {
+        "THREADS": THREADS, "NUMEL": f"((int64_t){numel})", "SOURCES": f"((int64_t){sources})",
+        "ACC_T": d.value_type(acc), "ACC": acc_name, "COUNTS": counts, "LOAD_X(v)": d.load(x.dtype, "(v)"),
+        "STORE(v)": d.store(x.dtype, "(v)"), "IDENTITY": _identity(how, acc, d), "INCLUDE_SELF": int(include_self),
+        "MEAN": int(how == "mean"), "COUNTING": int(counting),
+        "DIVIDE(a, b)": "((a) / (b))" if acc.is_float else "((ACC_T)kiln_floordiv_i64((a), (b)))", "PARAMS": ", ".join(decl), "ARGS": ", ".join(args),
+    }
+    hooks = _combine(how, acc, d) + _hooks(task, scattered, how, acc, decl, d)
+    block = (THREADS, 1, 1)
+    names = tuple(args)
+    over = lambda kernel, items: Launch(kernel, names, block, items=items, per_block=THREADS)
+    launches = [over("kiln_scatter_zero", numel), over("kiln_scatter_count", sources)] if counting else []
+    launches += [over("kiln_scatter_init", numel), over("kiln_scatter_apply", sources)]
+    if acc != x.dtype or how == "mean":
+        launches.append(over("kiln_scatter_finish", numel))
+    return CudaProgram(template_source([KERNEL], defines, hooks), launches, temporaries)
+
+
+TEMPLATE = Template("scatter_atomic", tuple(DEFINITIONS), "cuda", render, priority=10, applies=applies, space=space)
