@@ -363,18 +363,20 @@ def test_auto_takes_the_convolutions_conv_depthwise_nhwc_takes(hopper):
         return kiln.symbol(shape, "float16", "cuda")
 
     x, expand, project = cuda(1, 16, 9, 7), cuda(48, 16, 1, 1), cuda(16, 48, 1, 1)
+    squeeze, excite = cuda(12, 48, 1, 1), cuda(48, 12, 1, 1)
     h = ops.hardswish(ops.conv2d(x, expand, None))
 
     def block(depthwise, groups):
-        graph = kiln.trace_from(ops.add(x, ops.conv2d(ops.relu(ops.conv2d(h, depthwise, None, padding=1,
-                                                                           groups=groups)), project, None)),
-                                [x, expand, depthwise, project])
+        d = ops.relu(ops.conv2d(h, depthwise, None, padding=1, groups=groups))
+        gate = ops.conv2d(ops.relu(ops.conv2d(ops.adaptive_avg_pool2d(d, 1), squeeze, None)), excite, None)
+        graph = kiln.trace_from(ops.add(x, ops.conv2d(ops.mul(d, ops.hardsigmoid(gate)), project, None)),
+                                [x, expand, depthwise, project, squeeze, excite])
         return graph, apply(PlanLayout(), graph)
 
-    graph, planned = block(cuda(48, 1, 3, 3), 48)
-    assert count(planned, "conv2d_channels_last") == 3 and count(planned, "conv2d") == 0
+    graph, planned = block(cuda(48, 1, 3, 3), 48)          # MobileNetV3's, squeeze-excitation and all
+    assert count(planned, "conv2d_channels_last") == 5 and count(planned, "conv2d") == 0
     assert count(planned, *PERMUTES) == 2                  # the input's and the output's (the weights: reshapes)
     assert [n.inputs[1].shape for n in planned.nodes if n.definition.name == "conv2d_channels_last"] == \
-        [(48, 1, 1, 16), (48, 3, 3, 1), (16, 1, 1, 48)]
+        [(48, 1, 1, 16), (48, 3, 3, 1), (12, 1, 1, 48), (48, 1, 1, 16), (16, 1, 1, 48)]
     graph, planned = block(cuda(48, 16, 3, 3), 3)         # no channels-last template for 16 a group
     assert planned is graph

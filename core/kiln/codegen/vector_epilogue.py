@@ -54,6 +54,23 @@ def vector_stores(out, index_of, vector: int, extents=(1 << 62,) * 3) -> bool:
     return _stores(out, index_of(b, m, n), n, vector)
 
 
+def _store(ref: str, values: list[str], dtype) -> str:
+    """The statement storing `values` (of `dtype`, at most 16 bytes) at `ref` and after, as one
+    store of 32-bit words by intrinsic (NVVM splits some plain vector-typed stores into words)."""
+    size = dtype.nbytes
+    if len(values) * size < 4:
+        return f"{ref} = {values[0]};"
+    if size == 2:
+        words = [f"((uint32_t){lo} | ((uint32_t){hi} << 16))" for lo, hi in zip(values[::2], values[1::2])]
+    elif dtype.is_float:
+        words = [f"__float_as_uint({v})" for v in values]
+    else:
+        words = [f"(uint32_t)({v})" for v in values]
+    if len(words) == 1:
+        return f"__stwb((unsigned*)&{ref}, {words[0]});"
+    return f"__stwb((uint{len(words)}*)&{ref}, make_uint{len(words)}({', '.join(words)}));"
+
+
 def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int, extents=(1 << 62,) * 3) -> str:
     """The device function `kiln_epilogue_v(params, b, m, n, const ACC* acc)` (see the module
     docs) of output `out` of `lowered`, over kernel parameters `decl`. `index_of(bvar, mvar,
@@ -78,13 +95,12 @@ def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int,
         for k in range(vector):
             element = load if k == 0 else simplify(substitute(load, {id(nvar): nvar + k}))
             em.scopes[0][element.key()] = em.let(load.dtype, d.load(load.dtype, f"s{j}.v[{k}]"))
-    out_pack = f"kiln_pack<{d.storage_type(out.dtype)}, {vector}>"
-    em.line(f"{out_pack} o;")
+    stored = []
     for k, value in enumerate(shifted):
         em.scopes[0][top_reduces(value)[0].key()] = f"acc[{k}]"
-        em.line(f"o.v[{k}] = {d.store(out.dtype, em.emit(value))};")
+        stored.append(d.store(out.dtype, em.emit(value)))
     offset = em.emit(_flat([index[id(a)] for a in out.axes], out.shape))
-    em.line(f"*({out_pack}*)&{KernelArgs.output(0)}[{offset}] = o;")
+    em.line(_store(f"{KernelArgs.output(0)}[{offset}]", stored, out.dtype))
     acc_type = d.value_type(top_reduces(first)[0].dtype)
     return (f"static __device__ __forceinline__ void kiln_epilogue_v({', '.join(decl)}, int64_t b, int64_t m, "
             f"int64_t n, const {acc_type}* acc) {{\n" + "\n".join(em.lines) + "\n}\n")
