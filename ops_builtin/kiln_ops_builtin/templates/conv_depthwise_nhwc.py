@@ -38,7 +38,7 @@ PACK_BYTES = 16
 MAX_KERNEL = 7
 MAX_THREADS = 512
 SMEM_LIMIT = 96 * 1024        # bytes of shared memory a block may take (two blocks fit an SM)
-WANTED_WARPS = 16             # warps per multiprocessor the level-0 choice aims for
+WANTED_WARPS = 8              # warps per multiprocessor the level-0 choice aims for
 DEFAULT = {"CB": 64, "PX": 4, "TX": 4, "TH": 4}
 
 KERNEL = r"""
@@ -170,13 +170,14 @@ def _fit(conv: ConvNHWC, CB, PX, TX, TH) -> dict | None:
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 64 channels x 4 rows x 16 columns (4 pixels a thread); level 1 adds narrower
-    and wider rows, fewer pixels a thread, fewer channels; level 2 a grid of them."""
+    """Level 0: 64 channels x 4 rows x 16 columns (4 pixels a thread; `suggest` fits a first
+    choice to the convolution instead); level 1 adds narrower and wider rows, fewer and more
+    pixels a thread, fewer channels; level 2 a grid of them."""
     out = [dict(DEFAULT)]
     if level >= 1:
         out += [{"CB": 64, "PX": 2, "TX": 8, "TH": 2}, {"CB": 32, "PX": 4, "TX": 2, "TH": 8},
                 {"CB": 64, "PX": 8, "TX": 2, "TH": 4}, {"CB": 32, "PX": 1, "TX": 8, "TH": 8},
-                {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
+                {"CB": 32, "PX": 2, "TX": 8, "TH": 4}, {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
     if level >= 2:
         out += [{"CB": cb, "PX": px, "TX": tx, "TH": th} for cb in (16, 32, 64) for px in (1, 2, 4, 8)
                 for tx, th in ((2, 2), (4, 4), (8, 2), (2, 8)) if {"CB": cb, "PX": px, "TX": tx, "TH": th} not in out]
@@ -188,23 +189,29 @@ def _blocks(conv: ConvNHWC, knobs: dict) -> int:
             * -(-conv.channels // knobs["CB"]))
 
 
+def _balanced(total: int, most: int) -> int:
+    """The tile size up to `most` that covers `total` in as few tiles as `most` does, evenly."""
+    return -(-total // -(-total // most))
+
+
 def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this convolution, best guess first, then level 1's. The guess takes
-    up to 64 channels a block, split evenly; pixels a thread (4, 8 for 5- and 7-wide filters)
-    halved while the grid would have fewer than WANTED_WARPS warps a multiprocessor (a small
-    layer at batch 1 wants threads more than reuse); 4 threads along a row, rows up to 128
-    threads a block; then fewer rows while the grid has fewer blocks than multiprocessors."""
+    up to 64 channels a block (32 for 5- and 7-wide filters, whose windows take more shared
+    memory), split evenly; pixels a thread (2, 4 for 5- and 7-wide filters) halved while the
+    grid would have fewer than WANTED_WARPS warps a multiprocessor (a small layer at batch 1
+    wants threads more than reuse); rows cut into even tiles of up to 8 threads, rows up to
+    128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors."""
     conv = match_conv_nhwc(task)
     v = vector_width(conv)
-    CB = -(-conv.channels // -(-conv.channels // 64) // v) * v
-    PX = 8 if conv.kw >= 5 else 4
+    CB = _balanced(-(-conv.channels // v), (32 if conv.kw >= 5 else 64) // v) * v
+    PX = 4 if conv.kw >= 5 else 2
     packs = conv.batch * conv.out_h * -(-conv.channels // v)
     while PX > 1 and packs * -(-conv.out_w // PX) < WANTED_WARPS * 32 * sm_count:
         PX //= 2
-    TX = min(4, -(-conv.out_w // PX))
-    TH = max(1, min(conv.out_h, 128 // (CB // v * TX)))
+    TX = _balanced(-(-conv.out_w // PX), 8)
+    TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
     while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH)) < sm_count:
-        TH //= 2
+        TH = _balanced(conv.out_h, TH // 2)
     fitted = _fit(conv, CB, PX, TX, TH)
     first = {k: fitted[k] for k in DEFAULT}
     return [first] + [k for k in space(1) if k != first]
