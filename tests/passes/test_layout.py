@@ -380,3 +380,17 @@ def test_auto_takes_the_convolutions_conv_depthwise_nhwc_takes(hopper):
         [(48, 1, 1, 16), (48, 3, 3, 1), (12, 1, 1, 48), (48, 1, 1, 16), (16, 1, 1, 48)]
     graph, planned = block(cuda(48, 16, 3, 3), 3)         # no channels-last template for 16 a group
     assert planned is graph
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("model,size", [(TinyMobileNetV3, 29), (TinyEfficientNet, 27), (TinyConvNeXt, 36)],
+                         ids=["mobilenet_v3", "efficientnet", "convnext"])
+def test_depthwise_networks_on_cuda_by_default(model, size, dtype):
+    # "auto": conv_sm90 takes the ungrouped convolutions, conv_depthwise_nhwc the depthwise ones
+    torch.manual_seed(0)
+    net = randomized(model()).cuda().to(dtype)
+    tol = 3e-2 if dtype == torch.float16 else 1e-1
+    graph = compiled(net, torch.randn(2, 3, size, size + 2, device="cuda", dtype=dtype), mode="auto", atol=tol,
+                     rtol=tol)
+    assert count(graph, "conv2d") == 0 and count(graph, *PERMUTES) == 1
