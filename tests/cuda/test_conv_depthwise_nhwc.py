@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.graph import optimize
-from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 from kiln.schedule import schedules_for
+from tests.cuda.conv_support import channels_last_task as _task, reference as _reference
 from tests.support import rand
 
 pytestmark = pytest.mark.cuda
@@ -43,17 +43,6 @@ def _tensors(name, dtype, device, bias=True):
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     x, w = rand(xs, dtype, -1, 1, generator=g).to(device), rand(ws, dtype, -1, 1, generator=g).to(device)
     return x, w, rand((ws[0],), dtype, generator=g).to(device) if bias else None, kwargs
-
-
-def _task(tensors, kwargs):
-    definition = registry().operator("conv2d_channels_last")
-    return definition.task(definition.bind([kiln.from_torch(t) for t in tensors if t is not None], kwargs))[0]
-
-
-def _reference(x, w, b, kwargs):
-    out = F.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(0, 3, 1, 2), None if b is None else b.double(),
-                   **kwargs)
-    return out.permute(0, 2, 3, 1)
 
 
 def _check(out, expected):

@@ -13,12 +13,12 @@ from kiln.codegen.vector_epilogue import render_vector_epilogue
 from kiln.graph import optimize, trace_from
 from kiln.ir.inline import inline_task
 from kiln.passes import FusedOperator
-from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 from kiln.schedule import schedules_for
 from kiln.schedule.choose import check_nvrtc
 from kiln_ops_builtin.templates import conv_depthwise_nhwc as dw
 from kiln_ops_builtin.templates.conv_nhwc import match_conv_nhwc
+from tests.cuda.conv_support import random_task
 
 SMS = 132
 ops = kiln.ops
@@ -38,12 +38,8 @@ SHAPES = {
 }
 
 
-def _task(x_shape, w_shape, dtype=torch.float16, bias=True, **kwargs):
-    definition = registry().operator("conv2d_channels_last")
-    args = [kiln.from_torch(torch.randn(x_shape).to(dtype)), kiln.from_torch(torch.randn(w_shape).to(dtype))]
-    if bias:
-        args.append(kiln.from_torch(torch.randn(w_shape[0]).to(dtype)))
-    return definition.task(definition.bind(args, kwargs))[0]
+def _task(x_shape, w_shape, dtype=torch.float16, **kwargs):
+    return random_task(x_shape, w_shape, dtype, bias=True, **kwargs)
 
 
 def _pair(v):
