@@ -228,40 +228,23 @@ class InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
-class TinyMobileNetV3(nn.Module):
-    """MobileNetV3-large's structure at toy width: a hardswish stem, inverted residuals with
-    ReLU or hardswish, 3x3 and 5x5 depthwise convolutions, strides 1 and 2, squeeze-excitation
-    gated by hardsigmoid, and the pooled head (1x1 convolution, flatten, linear, hardswish)."""
+class TinyMobileNet(nn.Module):
+    """MobileNetV3-large's and EfficientNet-B0's blocks at toy width: a hardswish stem; an
+    inverted residual with hardswish, a 5x5 stride-2 depthwise convolution and a
+    squeeze-excitation gated by hardsigmoid (MobileNetV3's); one with SiLU, a 3x3 depthwise
+    convolution, a squeeze-excitation gated by a sigmoid with 6 squeezed channels (no multiple
+    of 8) and a residual add (EfficientNet's); the pooled head (1x1 convolution, flatten,
+    linear)."""
 
     def __init__(self):
         super().__init__()
-        se = lambda c: SqueezeExcitation(c, c // 4)
+        hard = lambda c: SqueezeExcitation(c, c // 4)
+        efficient = lambda c: SqueezeExcitation(c, 6, nn.SiLU, nn.Sigmoid)
         self.stem = nn.Sequential(conv_bn(3, 16, 3, 2), nn.Hardswish())
-        self.blocks = nn.Sequential(InvertedResidual(16, 16, 16, 3, 1, nn.ReLU),
-                                    InvertedResidual(16, 48, 24, 5, 2, nn.Hardswish, se),
-                                    InvertedResidual(24, 72, 24, 3, 1, nn.Hardswish, se))
+        self.blocks = nn.Sequential(InvertedResidual(16, 48, 24, 5, 2, nn.Hardswish, hard),
+                                    InvertedResidual(24, 72, 24, 3, 1, nn.SiLU, efficient))
         self.head = nn.Sequential(conv_bn(24, 96, 1), nn.Hardswish())
-        self.classifier = nn.Sequential(nn.Linear(96, 32), nn.Hardswish(), nn.Dropout(0.2), nn.Linear(32, 10))
-
-    def forward(self, x):
-        h = F.adaptive_avg_pool2d(self.head(self.blocks(self.stem(x))), 1)
-        return self.classifier(torch.flatten(h, 1))
-
-
-class TinyEfficientNet(nn.Module):
-    """EfficientNet-B0's structure at toy width: SiLU everywhere, squeeze-excitation gated by a
-    sigmoid with as few squeezed channels as the block's input has over 4 (4: no multiple of 8),
-    3x3 and 5x5 depthwise convolutions."""
-
-    def __init__(self):
-        super().__init__()
-        se = lambda squeezed: lambda c: SqueezeExcitation(c, squeezed, nn.SiLU, nn.Sigmoid)
-        self.stem = nn.Sequential(conv_bn(3, 16, 3, 2), nn.SiLU())
-        self.blocks = nn.Sequential(InvertedResidual(16, 16, 16, 3, 1, nn.SiLU, se(4)),
-                                    InvertedResidual(16, 96, 24, 5, 2, nn.SiLU, se(4)),
-                                    InvertedResidual(24, 144, 24, 3, 1, nn.SiLU, se(6)))
-        self.head = nn.Sequential(conv_bn(24, 64, 1), nn.SiLU())
-        self.fc = nn.Linear(64, 10)
+        self.fc = nn.Linear(96, 10)
 
     def forward(self, x):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.head(self.blocks(self.stem(x))), 1), 1))
@@ -286,18 +269,16 @@ class ConvNeXtBlock(nn.Module):
 
 class TinyConvNeXt(nn.Module):
     """ConvNeXt-tiny's structure at toy width: a 4x4 stride-4 patchifying stem and LayerNorm2d,
-    blocks of both kinds, a downsampling LayerNorm2d and 2x2 stride-2 convolution, the pooled
-    head (LayerNorm2d, flatten, linear)."""
+    a block of each kind, a downsampling LayerNorm2d and 2x2 stride-2 convolution, the pooled
+    head (LayerNorm2d, flatten)."""
 
     def __init__(self):
         super().__init__()
         self.stem, self.stem_norm = nn.Conv2d(3, 16, 4, 4), nn.LayerNorm(16, eps=1e-6)
-        self.stage1 = ConvNeXtBlock(16)
+        self.blocks = nn.Sequential(ConvNeXtBlock(16), ConvNeXtBlock(16, nhwc_scale=True))
         self.down_norm, self.down = nn.LayerNorm(16, eps=1e-6), nn.Conv2d(16, 24, 2, 2)
-        self.stage2 = ConvNeXtBlock(24, nhwc_scale=True)
-        self.head_norm, self.fc = nn.LayerNorm(24, eps=1e-6), nn.Linear(24, 10)
+        self.head_norm = nn.LayerNorm(24, eps=1e-6)
 
     def forward(self, x):
-        h = self.stage1(layer_norm_2d(self.stem(x), self.stem_norm))
-        h = self.stage2(self.down(layer_norm_2d(h, self.down_norm)))
-        return self.fc(torch.flatten(layer_norm_2d(F.adaptive_avg_pool2d(h, 1), self.head_norm), 1))
+        h = self.down(layer_norm_2d(self.blocks(layer_norm_2d(self.stem(x), self.stem_norm)), self.down_norm))
+        return torch.flatten(layer_norm_2d(F.adaptive_avg_pool2d(h, 1), self.head_norm), 1)

@@ -19,7 +19,7 @@ from kiln.schedule import Template
 from tests.frontend.frontend_support import Capture
 from tests.passes.layout_models import (
     BasicBlock, Bottleneck, Broadcasts, Classifier, ConvNeXtStage, DenseAndInception, Pools,
-    SplitsAndSoftmax, SqueezeExcite, Stem, TinyConvNeXt, TinyEfficientNet, TinyMobileNetV3, TinyResNet,
+    SplitsAndSoftmax, SqueezeExcite, Stem, TinyConvNeXt, TinyMobileNet, TinyResNet,
     WithIntermediate, randomized,
 )
 from tests.passes.passes_support import apply, const, run_both
@@ -331,8 +331,7 @@ def test_resnet_structure_on_cuda(dtype):
     assert count(graph, "conv2d_channels_last") == 13 and count(graph, *PERMUTES) == 1
 
 
-@pytest.mark.parametrize("model,size", [(TinyMobileNetV3, 29), (TinyEfficientNet, 27), (TinyConvNeXt, 36)],
-                         ids=["mobilenet_v3", "efficientnet", "convnext"])
+@pytest.mark.parametrize("model,size", [(TinyMobileNet, 29), (TinyConvNeXt, 36)], ids=["mobilenet", "convnext"])
 def test_depthwise_networks_run_channels_last_with_one_conversion(model, size):
     # squeeze-excitation (pool, 1x1 convolutions on (N, C, 1, 1), gate, product), hardswish,
     # SiLU, ConvNeXt's permutes around its layer norms and MLPs, layer scales of both shapes:
@@ -384,8 +383,7 @@ def test_auto_takes_the_convolutions_conv_depthwise_nhwc_takes(hopper):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("model,size", [(TinyMobileNetV3, 29), (TinyEfficientNet, 27), (TinyConvNeXt, 36)],
-                         ids=["mobilenet_v3", "efficientnet", "convnext"])
+@pytest.mark.parametrize("model,size", [(TinyMobileNet, 29), (TinyConvNeXt, 36)], ids=["mobilenet", "convnext"])
 def test_depthwise_networks_on_cuda_by_default(model, size, dtype):
     # "auto": conv_sm90 takes the ungrouped convolutions, conv_depthwise_nhwc the depthwise ones
     torch.manual_seed(0)
