@@ -54,18 +54,19 @@ def vector_stores(out, index_of, vector: int, extents=(1 << 62,) * 3) -> bool:
     return _stores(out, index_of(b, m, n), n, vector)
 
 
-def _store(ref: str, values: list[str], dtype) -> str:
-    """The statement storing `values` (of `dtype`, at most 16 bytes) at `ref` and after, as one
-    store of 32-bit words by intrinsic (NVVM splits some plain vector-typed stores into words)."""
+def _store(base: str, offset: str, values: list[str], dtype) -> str:
+    """The statement storing `values` (of `dtype`, at most 16 bytes) at `base[offset]` and after:
+    as one store of 32-bit words by intrinsic where they make whole words of 2- or 4-byte
+    elements (NVVM splits some plain vector-typed stores into words), else one by one."""
     size = dtype.nbytes
-    if len(values) * size < 4:
-        return f"{ref} = {values[0]};"
+    if size not in (2, 4) or len(values) * size < 4:
+        return " ".join(f"{base}[{offset} + {k}] = {v};" for k, v in enumerate(values))
     if size == 2:
-        words = [f"((uint32_t){lo} | ((uint32_t){hi} << 16))" for lo, hi in zip(values[::2], values[1::2])]
-    elif dtype.is_float:
-        words = [f"__float_as_uint({v})" for v in values]
+        words = [f"((uint32_t)(uint16_t)({lo}) | ((uint32_t)(uint16_t)({hi}) << 16))"
+                 for lo, hi in zip(values[::2], values[1::2])]
     else:
-        words = [f"(uint32_t)({v})" for v in values]
+        words = [f"__float_as_uint({v})" if dtype.is_float else f"(uint32_t)({v})" for v in values]
+    ref = f"{base}[{offset}]"
     if len(words) == 1:
         return f"__stwb((unsigned*)&{ref}, {words[0]});"
     return f"__stwb((uint{len(words)}*)&{ref}, make_uint{len(words)}({', '.join(words)}));"
@@ -75,7 +76,8 @@ def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int,
     """The device function `kiln_epilogue_v(params, b, m, n, const ACC* acc)` (see the module
     docs) of output `out` of `lowered`, over kernel parameters `decl`. `index_of(bvar, mvar,
     nvar)` maps the output's axes (by id) to expressions of them; `extents` bound (b, m, n).
-    Raises ValueError where the output does not qualify (`vector_stores`)."""
+    The program must ask for pointers aligned to the packs (`CudaProgram.alignment`). Raises
+    ValueError where the output does not qualify (`vector_stores`)."""
     d = CudaDialect()
     bvar, mvar, nvar = _variables(extents)
     index = index_of(bvar, mvar, nvar)
@@ -100,7 +102,7 @@ def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int,
         em.scopes[0][top_reduces(value)[0].key()] = f"acc[{k}]"
         stored.append(d.store(out.dtype, em.emit(value)))
     offset = em.emit(_flat([index[id(a)] for a in out.axes], out.shape))
-    em.line(_store(f"{KernelArgs.output(0)}[{offset}]", stored, out.dtype))
+    em.line(_store(KernelArgs.output(0), offset, stored, out.dtype))
     acc_type = d.value_type(top_reduces(first)[0].dtype)
     return (f"static __device__ __forceinline__ void kiln_epilogue_v({', '.join(decl)}, int64_t b, int64_t m, "
             f"int64_t n, const {acc_type}* acc) {{\n" + "\n".join(em.lines) + "\n}\n")
