@@ -13,6 +13,11 @@ the PX input packs under the tap. Outputs go through the core's vector epilogue 
 (`kiln_epilogue_v`: GEMM row m the output pixel, column n the channel), one pack per pixel, so
 bias, folded batch norm, activations and residual adds fuse in, read as packs too.
 
+Shared memory holds a pack as quads of 4 floats (16 bytes), quad h of every pack of a pixel
+before quad h + 1, so that neighbouring threads (neighbouring packs) read neighbouring 16
+bytes; each pixel is padded to the size that leaves the fewest bank conflicts for the block's
+threads, which read pixels PX * stride apart (`_pixel_floats`).
+
 The input comes from DRAM once (the windows of neighbouring tiles overlap by the filter's
 halo, read again from L2) and each output is written once. Where the channels are not a
 multiple of 8 (16-bit) or 4 (float32), V is the largest power of two that divides them (and
@@ -44,30 +49,39 @@ DEFAULT = {"CB": 64, "PX": 4, "TX": 4, "TH": 4}
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS) {
     typedef kiln_pack<T, V> in_pack;
-    typedef kiln_pack<ACC, V> acc_pack;
-    typedef kiln_pack<ACC, V * G> weight_pack;
+    typedef kiln_pack<ACC, QW> quad;
+    typedef kiln_pack<ACC, WQW> weight_quad;
     extern __shared__ float4 kiln_dw_smem[];
-    ACC* xs = (ACC*)kiln_dw_smem;                  // the input window [IH_T][IW_T][CB]
-    ACC* ws = xs + IH_T * IW_T * CB;               // the block's filters [KH * KW][CB][G]
+    // the input window: quad h of channel pack cv of pixel p at p * PIX + (h * CBV + cv) * QW
+    ACC* xs = (ACC*)kiln_dw_smem;
+    // the filters: quad h of the V * G weights of channel pack cv for tap t at ((t * WQ + h) * CBV + cv) * WQW
+    ACC* ws = xs + IH_T * IW_T * PIX;
     const int tile = blockIdx.x, c0 = blockIdx.y * CB;
     const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
     const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
     for (int i = threadIdx.x; i < IH_T * IW_T * CBV; i += NT) {
         const int p = i / CBV, cv = i - p * CBV, iy = ih0 + p / IW_T, ix = iw0 + p % IW_T, c = c0 + cv * V;
-        acc_pack v;
+        ACC v[V];
         if ((unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W && c < C) {
             const in_pack raw = *(const in_pack*)&X[((int64_t)(b * H + iy) * W + ix) * C + c];
 #pragma unroll
-            for (int e = 0; e < V; ++e) v.v[e] = LOAD(raw.v[e]);
+            for (int e = 0; e < V; ++e) v[e] = LOAD(raw.v[e]);
         } else {
 #pragma unroll
-            for (int e = 0; e < V; ++e) v.v[e] = (ACC)0;
+            for (int e = 0; e < V; ++e) v[e] = (ACC)0;
         }
-        *(acc_pack*)&xs[p * CB + cv * V] = v;
+#pragma unroll
+        for (int h = 0; h < V / QW; ++h) {
+            quad q;
+#pragma unroll
+            for (int j = 0; j < QW; ++j) q.v[j] = v[h * QW + j];
+            *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
+        }
     }
     for (int i = threadIdx.x; i < KH * KW * CB * G; i += NT) {
-        const int g = i % G, c = c0 + i / G % CB, tap = i / (G * CB);
-        ws[i] = c < C ? (ACC)LOAD(WT[((int64_t)c * (KH * KW) + tap) * G + g]) : (ACC)0;
+        const int r = i / (WQW * CBV) % WQ * WQW + i % WQW, cv = i / WQW % CBV, tap = i / (WQW * CBV * WQ);
+        const int c = c0 + cv * V + r / G;        // weight r = e * G + g of the pack: channel e, group input g
+        ws[i] = c < C ? (ACC)LOAD(WT[((int64_t)c * (KH * KW) + tap) * G + r % G]) : (ACC)0;
     }
     __syncthreads();
     const int cv = threadIdx.x % CBV, strip = threadIdx.x / CBV % TX, row = threadIdx.x / (CBV * TX);
@@ -80,17 +94,29 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
         for (int e = 0; e < V; ++e) acc[p][e] = (ACC)0;
 #pragma unroll
     for (int ky = 0; ky < KH; ++ky) {
-        const ACC* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * CB + cv * V;
+        const ACC* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
 #pragma unroll
         for (int kx = 0; kx < KW; ++kx) {
-            const weight_pack w = *(const weight_pack*)&ws[((ky * KW + kx) * CB + cv * V) * G];
+            ACC w[V * G];
+#pragma unroll
+            for (int h = 0; h < WQ; ++h) {
+                const weight_quad q = *(const weight_quad*)&ws[(((ky * KW + kx) * WQ + h) * CBV + cv) * WQW];
+#pragma unroll
+                for (int j = 0; j < WQW; ++j) w[h * WQW + j] = q.v[j];
+            }
 #pragma unroll
             for (int p = 0; p < PX; ++p) {
-                const acc_pack in = *(const acc_pack*)&xrow[(p * SW + kx * DW) * CB];
+                ACC in[V];
+#pragma unroll
+                for (int h = 0; h < V / QW; ++h) {
+                    const quad q = *(const quad*)&xrow[(p * SW + kx * DW) * PIX + h * CBV * QW];
+#pragma unroll
+                    for (int j = 0; j < QW; ++j) in[h * QW + j] = q.v[j];
+                }
 #pragma unroll
                 for (int e = 0; e < V; ++e)
 #pragma unroll
-                    for (int g = 0; g < G; ++g) acc[p][e] += in.v[e / G * G + g] * w.v[e * G + g];
+                    for (int g = 0; g < G; ++g) acc[p][e] += in[e / G * G + g] * w[e * G + g];
             }
         }
     }
@@ -134,13 +160,36 @@ def applies(task) -> bool:
 
 
 def _tile(conv: ConvNHWC, CB, PX, TX, TH) -> dict:
-    """The tile's derived sizes: channel packs per block, columns, input window, threads,
-    shared memory bytes."""
+    """The tile's derived sizes: channel packs per block, columns, input window, threads, the
+    window's floats per pixel, shared memory bytes."""
     v, group = vector_width(conv), conv.channels // conv.groups
     ih = (TH - 1) * conv.stride[0] + (conv.kh - 1) * conv.dilation[0] + 1
     iw = (TX * PX - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1
-    return {"CBV": CB // v, "TW": TX * PX, "IH_T": ih, "IW_T": iw, "NT": CB // v * TX * TH,
-            "smem": (ih * iw * CB + conv.kh * conv.kw * CB * group) * 4}
+    tile = {"CBV": CB // v, "TW": TX * PX, "IH_T": ih, "IW_T": iw, "NT": CB // v * TX * TH}
+    tile["PIX"] = _pixel_floats(conv, v, CB, PX, TX, tile)
+    return {**tile, "smem": (ih * iw * tile["PIX"] + conv.kh * conv.kw * CB * group) * 4}
+
+
+def _pixel_floats(conv: ConvNHWC, v: int, CB: int, PX: int, TX: int, tile: dict) -> int:
+    """Floats a pixel of the input window takes in shared memory: its CB channels and the
+    padding (up to a bank row) that leaves the fewest bank conflicts where the block's threads
+    read it (a warp's accesses of QW floats go in 32 / QW lanes at a time; lanes of one channel
+    pack read the same pixel, those of the next strip or row pixels PX * SW or a row apart)."""
+    qw = min(v, 4)
+    slots = 32 // qw
+
+    def cost(pix: int) -> int:
+        total = 0
+        for first in range(0, tile["NT"], slots):
+            found: dict[int, set] = {}
+            for t in range(first, min(first + slots, tile["NT"])):
+                cv, strip, row = t % tile["CBV"], t // tile["CBV"] % TX, t // (tile["CBV"] * TX)
+                unit = ((row * conv.stride[0] * tile["IW_T"] + strip * PX * conv.stride[1]) * pix) // qw + cv
+                found.setdefault(unit % slots, set()).add(unit)
+            total += max(map(len, found.values()))
+        return total
+
+    return min((CB + pad * qw for pad in range(slots)), key=lambda pix: (cost(pix), pix))
 
 
 def _fit(conv: ConvNHWC, CB, PX, TX, TH) -> dict | None:
@@ -227,7 +276,9 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
     args = KernelArgs.args(len(lowered.inputs))
     epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv))
     tiles_y, tiles_x = -(-conv.out_h // k["TH"]), -(-conv.out_w // k["TW"])
-    defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": conv.channels // conv.groups,
+    group = conv.channels // conv.groups
+    defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": group,
+               "QW": min(v, 4), "WQW": min(v * group, 4), "WQ": max(1, v * group // 4), "PIX": k["PIX"],
                "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
                "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
                "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
