@@ -118,6 +118,15 @@ def test_level0_choice(xs, k, stride, first):
     assert fitted["NT"] <= dw.MAX_THREADS and fitted["smem"] <= dw.SMEM_LIMIT
 
 
+@pytest.mark.parametrize("xs,k,knobs,pixel", [
+    ((1, 112, 112, 16), 3, {"CB": 16, "PX": 1, "TX": 8, "TH": 8}, 24),     # pixels 16 floats apart: 2-way conflicts
+    ((8, 56, 56, 96), 7, {"CB": 32, "PX": 4, "TX": 7, "TH": 4}, 36),
+    ((8, 56, 56, 96), 7, {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, 64)])     # a warp reads whole bank rows
+def test_window_pixels_are_padded_against_bank_conflicts(xs, k, knobs, pixel):
+    conv = match_conv_nhwc(_task(xs, (xs[-1], k, k, 1), padding=k // 2, groups=xs[-1]))
+    assert dw._fit(conv, **knobs)["PIX"] == pixel
+
+
 def test_knobs_are_fitted_to_the_convolution():
     conv = match_conv_nhwc(_task((1, 3, 5, 24), (24, 7, 7, 1), padding=3, groups=24))
     for knobs in dw.space(2):
