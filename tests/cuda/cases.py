@@ -41,6 +41,12 @@ def args(*makers, **kwargs):
     return lambda dtype, dev: (tuple(m(dtype, dev) if callable(m) else m for m in makers), kwargs)
 
 
+def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """Kiln's conv2d_channels_last in PyTorch: NHWC data, (O, kH, kW, C / groups) weights."""
+    out = F.conv2d(x.permute(0, 3, 1, 2), weight.permute(0, 3, 1, 2), bias, stride, padding, dilation, groups)
+    return out.permute(0, 2, 3, 1)
+
+
 CASES = [
     Case("relu", "relu", unary((33, 65)), torch.relu, FLOAT),
     Case("gelu_tanh", "gelu", args(_r(7, 300), approximate="tanh"), F.gelu, FLOAT),
@@ -89,6 +95,9 @@ CASES = [
     Case("linear", "linear", args(_r(5, 7, 32), _r(20, 32), _r(20)), F.linear, FLOAT),
     Case("conv2d", "conv2d", args(_r(2, 3, 9, 9), _r(8, 3, 3, 3), _r(8), stride=2, padding=1), F.conv2d, FLOAT),
     Case("conv2d_depthwise", "conv2d", args(_r(1, 6, 8, 8), _r(6, 1, 3, 3), None, 1, 1, 1, 6), F.conv2d),
+    Case("conv2d_channels_last_depthwise", "conv2d_channels_last",
+         args(_r(2, 7, 9, 24), _r(24, 5, 5, 1), _r(24), stride=2, padding=2, groups=24), conv2d_channels_last,
+         (torch.float16,), tol={"atol": 1e-2, "rtol": 1e-2}),
     Case("conv1d", "conv1d", args(_r(2, 4, 20), _r(5, 4, 3)), F.conv1d),
     Case("max_pool2d", "max_pool2d", args(_r(2, 3, 10, 10), 3, 2, 1), F.max_pool2d, FLOAT),
     Case("avg_pool2d", "avg_pool2d", args(_r(2, 3, 10, 10), 2), F.avg_pool2d),

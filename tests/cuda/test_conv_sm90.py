@@ -6,13 +6,12 @@ conv_tc's fallback for channels conv_sm90 declines; against float64 F.conv2d on 
 into NaN-poisoned outputs."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import kiln
 from kiln.graph import optimize
-from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 from kiln.schedule import schedules_for
+from tests.cuda.conv_support import channels_last_task as _task, reference as _reference
 from tests.support import rand
 
 pytestmark = pytest.mark.cuda
@@ -43,17 +42,6 @@ def _tensors(name, dtype, device):
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     return rand(xs, dtype, -1, 1, generator=g).to(device), rand(ws, dtype, -1, 1, generator=g).to(device), \
         rand((ws[0],), dtype, generator=g).to(device), kwargs
-
-
-def _task(tensors, kwargs):
-    definition = registry().operator("conv2d_channels_last")
-    return definition.task(definition.bind([kiln.from_torch(t) for t in tensors], kwargs))[0]
-
-
-def _reference(x, w, b, kwargs):
-    out = F.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(0, 3, 1, 2), None if b is None else b.double(),
-                   **kwargs)
-    return out.permute(0, 2, 3, 1)
 
 
 def _check(out, expected):

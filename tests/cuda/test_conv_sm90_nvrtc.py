@@ -7,25 +7,17 @@ import torch
 
 import kiln
 from kiln.graph import optimize
-from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 from kiln.runtime.cuda import TensorMapArg
 from kiln.schedule import schedules_for
 from kiln.schedule.choose import check_nvrtc
 from kiln_ops_builtin.templates import conv_sm90, conv_tc, sm90_engine
 from kiln_ops_builtin.templates.conv_nhwc import match_conv_nhwc
+from tests.cuda.conv_support import random_task as _task
 
 SMS = 132
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
-
-
-def _task(x_shape, w_shape, dtype=torch.float16, bias=False, **kwargs):
-    definition = registry().operator("conv2d_channels_last")
-    args = [kiln.from_torch(torch.randn(x_shape).to(dtype)), kiln.from_torch(torch.randn(w_shape).to(dtype))]
-    if bias:
-        args.append(kiln.from_torch(torch.randn(w_shape[0]).to(dtype)))
-    return definition.task(definition.bind(args, kwargs))[0]
 
 
 # (x shape, weight shape, keyword arguments): stride 2 and padding, dilation, 1x1 (a GEMM), a

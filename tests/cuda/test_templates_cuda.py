@@ -1,11 +1,12 @@
 """Every knob setting of every CUDA template (tuning level 1) that applies on this GPU, run
 against PyTorch: matmul with tile edges, batched matmul with broadcasting, linear with bias,
-convolutions as implicit GEMM."""
+convolutions as implicit GEMM, a depthwise convolution on channels-last data."""
 import pytest
 import torch
 
 import kiln
 from kiln.plugins.registry import registry
+from tests.cuda.cases import conv2d_channels_last
 from tests.support import assert_close, rand
 
 pytestmark = pytest.mark.cuda
@@ -19,6 +20,8 @@ CALLS = {
                           torch.nn.functional.conv2d),
     "conv_transpose2d": ("conv_transpose2d", lambda dt: [rand((2, 6, 7, 7), dt), rand((6, 4, 3, 3), dt), None, 2],
                          torch.nn.functional.conv_transpose2d),
+    "depthwise_channels_last": ("conv2d_channels_last", lambda dt: [rand((2, 9, 7, 24), dt), rand((24, 5, 5, 1), dt),
+                                                                    rand((24,), dt), 2, 2, 1, 24], conv2d_channels_last),
 }
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

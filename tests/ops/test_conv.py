@@ -130,6 +130,7 @@ def test_traced_graph():
     ((2, 7, 6, 4), (6, 3, 3, 4), True, dict(padding=1)),
     ((1, 9, 5, 6), (4, 3, 2, 3), False, dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)),
     ((3, 5, 5, 8), (8, 1, 1, 8), True, {}),
+    ((2, 7, 9, 12), (12, 5, 5, 1), True, dict(stride=2, padding=2, groups=12)),
 ])
 def test_conv2d_channels_last_is_conv2d_on_permuted_data(dtype, xs, ws, bias, kw):
     x, w = rand(xs, dtype=dtype), rand(ws, dtype=dtype)

@@ -193,3 +193,92 @@ class ConvNeXtStage(nn.Module):
         h = self.dw(x).permute(0, 2, 3, 1)
         h = self.down(F.gelu(self.up(self.norm(h)))).permute(0, 3, 1, 2)
         return x + h
+
+
+def layer_norm_2d(x, norm: nn.LayerNorm):
+    """torchvision's LayerNorm2d: a layer norm over the channels of NCHW data, by permutes."""
+    return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class SqueezeExcitation(nn.Module):
+    """torchvision's: average pool to (N, C, 1, 1), two 1x1 convolutions, a gate, a product."""
+
+    def __init__(self, c, squeezed, activation=nn.ReLU, gate=nn.Hardsigmoid):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, squeezed, 1), nn.Conv2d(squeezed, c, 1)
+        self.activation, self.gate = activation(), gate()
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.activation(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3's and EfficientNet's block: a 1x1 expansion, a depthwise convolution, an
+    optional squeeze-excitation, a 1x1 projection, a residual add where the shapes allow."""
+
+    def __init__(self, cin, expanded, cout, kernel, stride, activation, se=None):
+        super().__init__()
+        layers = [] if expanded == cin else [conv_bn(cin, expanded, 1), activation()]
+        layers += [conv_bn(expanded, expanded, kernel, stride, groups=expanded), activation()]
+        layers += [] if se is None else [se(expanded)]
+        self.body = nn.Sequential(*layers, conv_bn(expanded, cout, 1))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class TinyMobileNet(nn.Module):
+    """MobileNetV3-large's and EfficientNet-B0's blocks at toy width: a hardswish stem; an
+    inverted residual with hardswish, a 5x5 stride-2 depthwise convolution and a
+    squeeze-excitation gated by hardsigmoid (MobileNetV3's); one with SiLU, a 3x3 depthwise
+    convolution, a squeeze-excitation gated by a sigmoid with 6 squeezed channels (no multiple
+    of 8) and a residual add (EfficientNet's); the pooled head (1x1 convolution, flatten,
+    linear)."""
+
+    def __init__(self):
+        super().__init__()
+        hard = lambda c: SqueezeExcitation(c, c // 4)
+        efficient = lambda c: SqueezeExcitation(c, 6, nn.SiLU, nn.Sigmoid)
+        self.stem = nn.Sequential(conv_bn(3, 16, 3, 2), nn.Hardswish())
+        self.blocks = nn.Sequential(InvertedResidual(16, 48, 24, 5, 2, nn.Hardswish, hard),
+                                    InvertedResidual(24, 72, 24, 3, 1, nn.SiLU, efficient))
+        self.head = nn.Sequential(conv_bn(24, 96, 1), nn.Hardswish())
+        self.fc = nn.Linear(96, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.head(self.blocks(self.stem(x))), 1), 1))
+
+
+class ConvNeXtBlock(nn.Module):
+    """torchvision's CNBlock (`nhwc_scale` False: the layer scale, of shape (C, 1, 1), multiplies
+    after the permute back) or timm's (True: of shape (C,), before it)."""
+
+    def __init__(self, c, nhwc_scale=False):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm, self.up, self.down = nn.LayerNorm(c, eps=1e-6), nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.nhwc_scale = nhwc_scale
+        self.scale = nn.Parameter(torch.rand(c) + 0.5 if nhwc_scale else torch.rand(c, 1, 1) + 0.5)
+
+    def forward(self, x):
+        h = self.down(F.gelu(self.up(self.norm(torch.permute(self.dw(x), [0, 2, 3, 1])))))
+        h = torch.permute(h * self.scale, [0, 3, 1, 2]) if self.nhwc_scale else self.scale * h.permute(0, 3, 1, 2)
+        return h + x
+
+
+class TinyConvNeXt(nn.Module):
+    """ConvNeXt-tiny's structure at toy width: a 4x4 stride-4 patchifying stem and LayerNorm2d,
+    a block of each kind, a downsampling LayerNorm2d and 2x2 stride-2 convolution, the pooled
+    head (LayerNorm2d, flatten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.stem_norm = nn.Conv2d(3, 16, 4, 4), nn.LayerNorm(16, eps=1e-6)
+        self.blocks = nn.Sequential(ConvNeXtBlock(16), ConvNeXtBlock(16, nhwc_scale=True))
+        self.down_norm, self.down = nn.LayerNorm(16, eps=1e-6), nn.Conv2d(16, 24, 2, 2)
+        self.head_norm = nn.LayerNorm(24, eps=1e-6)
+
+    def forward(self, x):
+        h = self.down(layer_norm_2d(self.blocks(layer_norm_2d(self.stem(x), self.stem_norm)), self.down_norm))
+        return torch.flatten(layer_norm_2d(F.adaptive_avg_pool2d(h, 1), self.head_norm), 1)

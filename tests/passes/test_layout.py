@@ -19,7 +19,8 @@ from kiln.schedule import Template
 from tests.frontend.frontend_support import Capture
 from tests.passes.layout_models import (
     BasicBlock, Bottleneck, Broadcasts, Classifier, ConvNeXtStage, DenseAndInception, Pools,
-    SplitsAndSoftmax, SqueezeExcite, Stem, TinyResNet, WithIntermediate, randomized,
+    SplitsAndSoftmax, SqueezeExcite, Stem, TinyConvNeXt, TinyMobileNet, TinyResNet,
+    WithIntermediate, randomized,
 )
 from tests.passes.passes_support import apply, const, run_both
 
@@ -206,11 +207,12 @@ def hopper(monkeypatch):
 
 def _channels_last_templates(monkeypatch, fake: bool):
     """While the test runs, the only channels-last convolution template is a fake one for
-    sm_90 (`fake`), or there is none."""
+    sm_90 that takes ungrouped convolutions (`fake`), or there is none."""
     choose = importlib.import_module("kiln.schedule.choose")
     contributed = choose.templates_for
     template = Template("fake_conv_sm90", ("conv2d_channels_last",), "cuda", render=None, min_arch=90,
-                        applies=lambda task: task.inputs[0].shape[-1] % 8 == 0)
+                        applies=lambda task: task.inputs[0].shape[-1] % 8 == 0
+                        and task.inputs[1].shape[-1] == task.inputs[0].shape[-1])
 
     def replaced(op, target, arch=None):
         if (op, target) == ("conv2d_channels_last", "cuda"):
@@ -220,7 +222,7 @@ def _channels_last_templates(monkeypatch, fake: bool):
     monkeypatch.setattr(choose, "templates_for", replaced)
 
 
-def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopper):
+def test_auto_takes_16bit_cuda_convolutions_that_a_template_takes(hopper):
     conv = _cuda_conv()
     _channels_last_templates(hopper, fake=False)
     assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
@@ -231,7 +233,7 @@ def test_auto_takes_16bit_ungrouped_cuda_convolutions_that_a_template_takes(hopp
     assert runs_channels_last(conv, "auto") and runs_channels_last(conv, "always")
     assert not runs_channels_last(conv, "never")
     assert not runs_channels_last(_cuda_conv("float32"), "auto")
-    assert not runs_channels_last(_cuda_conv(groups=2), "auto")
+    assert not runs_channels_last(_cuda_conv(groups=2), "auto")       # the fake template declines it
     assert runs_channels_last(_cuda_conv("bfloat16"), "auto")
 
     def cuda(*shape):
@@ -327,3 +329,66 @@ def test_resnet_structure_on_cuda(dtype):
     tol = 3e-2 if dtype == torch.float16 else 1e-1
     graph = compiled(model, torch.randn(2, 3, 32, 32, device="cuda", dtype=dtype), atol=tol, rtol=tol)
     assert count(graph, "conv2d_channels_last") == 13 and count(graph, *PERMUTES) == 1
+
+
+@pytest.mark.parametrize("model,size", [(TinyMobileNet, 29), (TinyConvNeXt, 36)], ids=["mobilenet", "convnext"])
+def test_depthwise_networks_run_channels_last_with_one_conversion(model, size):
+    # squeeze-excitation (pool, 1x1 convolutions on (N, C, 1, 1), gate, product), hardswish,
+    # SiLU, ConvNeXt's permutes around its layer norms and MLPs, layer scales of both shapes:
+    # the input's conversion is the only one, the pooled head leaves by a reshape
+    torch.manual_seed(0)
+    graph = compiled(randomized(model()), torch.randn(2, 3, size, size + 2))
+    convs = [n for n in members(graph) if n.definition.name == "conv2d_channels_last"]
+    assert count(graph, "conv2d") == 0 and any(n.attrs["groups"] > 1 for n in convs)
+    assert count(graph, *PERMUTES) == 1
+
+
+def test_auto_takes_the_convolutions_conv_depthwise_nhwc_takes(hopper):
+    # the built-in templates decide: conv_sm90 the ungrouped ones, conv_depthwise_nhwc
+    # depthwise and small-group ones (G channels a group dividing its 8-channel packs)
+    def conv(c, o, g, k=3, dtype="float16"):
+        x, w = kiln.symbol([1, c, 9, 7], dtype, "cuda"), kiln.symbol([o, c // g, k, k], dtype, "cuda")
+        return ops.conv2d(x, w, None, padding=k // 2, groups=g).trace[0]
+
+    assert runs_channels_last(conv(24, 24, 24), "auto") and runs_channels_last(conv(40, 40, 40, 5, "bfloat16"), "auto")
+    assert runs_channels_last(conv(96, 96, 96, 7), "auto") and runs_channels_last(conv(32, 32, 8), "auto")
+    assert runs_channels_last(conv(20, 20, 20), "auto")                # 4-channel packs
+    assert not runs_channels_last(conv(24, 24, 24, dtype="float32"), "auto")
+    assert not runs_channels_last(conv(32, 32, 2), "auto")             # 16 channels a group
+    assert not runs_channels_last(conv(16, 32, 16), "auto")            # a channel multiplier
+    assert not runs_channels_last(conv(16, 16, 16, 9), "auto")         # a 9x9 filter
+
+    def cuda(*shape):
+        return kiln.symbol(shape, "float16", "cuda")
+
+    x, expand, project = cuda(1, 16, 9, 7), cuda(48, 16, 1, 1), cuda(16, 48, 1, 1)
+    squeeze, excite = cuda(12, 48, 1, 1), cuda(48, 12, 1, 1)
+    h = ops.hardswish(ops.conv2d(x, expand, None))
+
+    def block(depthwise, groups):
+        d = ops.relu(ops.conv2d(h, depthwise, None, padding=1, groups=groups))
+        gate = ops.conv2d(ops.relu(ops.conv2d(ops.adaptive_avg_pool2d(d, 1), squeeze, None)), excite, None)
+        graph = kiln.trace_from(ops.add(x, ops.conv2d(ops.mul(d, ops.hardsigmoid(gate)), project, None)),
+                                [x, expand, depthwise, project, squeeze, excite])
+        return graph, apply(PlanLayout(), graph)
+
+    graph, planned = block(cuda(48, 1, 3, 3), 48)          # MobileNetV3's, squeeze-excitation and all
+    assert count(planned, "conv2d_channels_last") == 5 and count(planned, "conv2d") == 0
+    assert count(planned, *PERMUTES) == 2                  # the input's and the output's (the weights: reshapes)
+    assert [n.inputs[1].shape for n in planned.nodes if n.definition.name == "conv2d_channels_last"] == \
+        [(48, 1, 1, 16), (48, 3, 3, 1), (12, 1, 1, 48), (48, 1, 1, 16), (16, 1, 1, 48)]
+    graph, planned = block(cuda(48, 16, 3, 3), 3)         # no channels-last template for 16 a group
+    assert planned is graph
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("model,size", [(TinyMobileNet, 29), (TinyConvNeXt, 36)], ids=["mobilenet", "convnext"])
+def test_depthwise_networks_on_cuda_by_default(model, size, dtype):
+    # "auto": conv_sm90 takes the ungrouped convolutions, conv_depthwise_nhwc the depthwise ones
+    torch.manual_seed(0)
+    net = randomized(model()).cuda().to(dtype)
+    tol = 3e-2 if dtype == torch.float16 else 1e-1
+    graph = compiled(net, torch.randn(2, 3, size, size + 2, device="cuda", dtype=dtype), mode="auto", atol=tol,
+                     rtol=tol)
+    assert count(graph, "conv2d") == 0 and count(graph, *PERMUTES) == 1

@@ -2,7 +2,8 @@
 
 Kernels compile with NVRTC and no include path, so the prelude defines the fixed-width integer
 types itself and converts 16-bit floats with PTX instructions (they are stored as raw
-`uint16_t` bits, as in the C dialect). The arithmetic helpers are the C dialect's, made device
+`uint16_t` bits, as in the C dialect). `kiln_pack<T, V>` is V values of T read or written as
+one aligned access (16 bytes at most). The arithmetic helpers are the C dialect's, made device
 functions, so both backends compute the same values.
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ static __device__ __forceinline__ float kiln_bf2f(uint16_t b) { return __uint_as
 static __device__ __forceinline__ uint16_t kiln_f2bf(float f) {
     uint16_t h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+template <typename T, int V>
+struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) kiln_pack { T v[V]; };
 """ + _SHARED_HELPERS
 
 

@@ -199,10 +199,10 @@ def match_contraction(task: Task) -> Contraction | None:
                        r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue)
 
 
-def _row_loads(value: Expr, row: Var) -> list[Load]:
+def unconditional_loads(value: Expr, row: Var) -> list[Load]:
     """The loads `value` always makes (not under a branch that reads memory, nor behind a check)
-    whose element depends on `row`: what an epilogue reads per output row (a residual), as
-    opposed to per column (a bias, which stays in cache)."""
+    whose element depends on `row`: with the GEMM row m, what an epilogue reads per output row
+    (a residual), as opposed to per column (a bias, which stays in cache)."""
     found, seen = {}, set()
 
     def visit(e):
@@ -255,7 +255,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
     acc_type = d.value_type(top_reduces(out.value)[0].dtype)
     pair = [simplify(substitute(out.value, index_of(bvar, mvar, nv))) for nv in nvars]
-    fetched = [load for value in pair for load in _row_loads(value, mvar)]
+    fetched = [load for value in pair for load in unconditional_loads(value, mvar)]
     fetched = list({load.key(): load for load in fetched}.values())
 
     def body(count: int, seeded: dict) -> list[str]:

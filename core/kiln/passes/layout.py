@@ -14,7 +14,8 @@ vectors. The layout then travels forward with the data:
 - `pad` pads the permuted dims; concatenations, splits, slices and softmaxes work along the
   permuted dim (channels: the last);
 - a permute of channels-last data composes with the conversion (a model's own permute to
-  NHWC costs nothing).
+  NHWC costs nothing), and a model's permute back to NCHW (ConvNeXt's, after its layer norm and
+  MLP over the channels) gives channels-last data again: the data it permutes.
 
 Every other operator, and every graph output, reads NCHW: where one needs a channels-last
 tensor, one conversion is made for all its readers, and converting a converted tensor back
@@ -22,8 +23,8 @@ gives the original. So conversions sit at the borders of regions only, constants
 broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
 layout. The PassContext config key "channels_last" chooses which convolutions start a region
 (see `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only
-where every conv2d in it runs channels-last: a graph that mixes in NCHW convolutions (the
-depthwise ones of MobileNet, say) would convert back and forth around each of them.
+where every conv2d in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
+ones no channels-last template takes, say) would convert back and forth around each of them.
 """
 from __future__ import annotations
 
@@ -73,9 +74,10 @@ def _padded_channels(channels: int, groups: int) -> int:
 def runs_channels_last(node: Operator, mode: str) -> bool:
     """Whether conv2d `node` runs channels-last under `mode` (PassContext config "channels_last"):
 
-    - "auto": convolutions on CUDA in float16 or bfloat16 with groups == 1 that a schedule
-      template on the device takes in their channels-last form (without such a template the
-      NCHW templates are faster); depthwise, grouped and float32 convolutions keep NCHW for now;
+    - "auto": convolutions on CUDA in float16 or bfloat16 that a schedule template on the
+      device takes in their channels-last form (without such a template the NCHW templates are
+      faster): the implicit GEMMs take ungrouped ones, conv_depthwise_nhwc depthwise and
+      small-group ones; float32 convolutions keep NCHW for now;
     - "always": every convolution `conv2d_channels_last` can compute, on any device and in any
       type (what the CPU tests run);
     - "never": none.
@@ -86,8 +88,7 @@ def runs_channels_last(node: Operator, mode: str) -> bool:
         return False
     if mode == "always":
         return True
-    return (node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float
-            and node.attrs["groups"] == 1 and _template_takes(node))
+    return node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float and _template_takes(node)
 
 
 def _template_takes(node: Operator) -> bool:
@@ -312,10 +313,11 @@ def plan_along_dim(p: _Planner, node: Operator):
 
 def plan_permute(p: _Planner, node: Operator):
     """A permute of channels-last data: one permute of the NHWC value, or none where the model
-    itself permutes to NHWC. Its result is in no particular layout."""
+    itself permutes to NHWC; its result is in no particular layout. A permute of other 4-D data
+    to NCHW, (0, 3, 1, 2): none, its result is that data, channels-last."""
     x = node.inputs[0]
     if not p.is_nhwc(x):
-        return None
+        return ([p.value(x)], True) if x.ndim == 4 and tuple(permutation(node)) == NHWC_TO_NCHW else None
     order = tuple(NHWC_TO_NCHW[k] for k in permutation(node))
     value = p.value(x)
     if order == (0, 1, 2, 3):

@@ -50,9 +50,6 @@ ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unrol
 MIN_ROWS = 64            # fewer rows than this would leave most multiprocessors idle
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 
-PACK_TYPE = ("template <typename T, int V>\n"
-             "struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) kiln_pack { T v[V]; };\n")
-
 
 @dataclass(eq=False)
 class Stream:
@@ -341,4 +338,4 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
                     per_block=threads // 32 if plan.warp else 1, waves=64)
     tensors = [s.tensor for s in streams.values()] + [out]
     alignment = max(min(PACK_BYTES, t.dtype.nbytes * vector) for t in tensors) if vector > 1 else 1
-    return CudaProgram(d.prelude + "\n" + PACK_TYPE + "\n" + source, [launch], [], alignment=alignment)
+    return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=alignment)

@@ -3,14 +3,18 @@
 `conv2d_channels_last` (and a fused group anchored on it) computes
 
     out[b, oy, ox, o] = epilogue(sum over (ry, rx, c) of
-        select(in bounds, x[b, oy*sh - ph + ry*dh, ox*sw - pw + rx*dw, c], 0) * weight[o, ry, rx, c])
+        select(in bounds, x[b, oy*sh - ph + ry*dh, ox*sw - pw + rx*dw, g(o) + c], 0) * weight[o, ry, rx, c])
+
+where g(o) = o // (out_channels / groups) * (channels / groups) is the first input channel of
+o's group (0 without groups).
 
 `match_conv_nhwc` reads the geometry back from the lowered task's IR (not from operator
 attributes, so a fused task is read the same way), and only where x and the weight are plain
 loads of task inputs: a prologue fused into an operand (an activation, a pad) makes it decline,
 since the templates built on it copy the operands raw. The window indices must be affine in
 (output pixel, tap) with no division; the in-bounds guard is checked against the geometry at the
-edges and inside of the output and kernel windows.
+edges and inside of the output and kernel windows, and a grouped convolution's channel index
+at the edges of the groups.
 """
 from __future__ import annotations
 
@@ -30,9 +34,11 @@ from kiln.ir.simplify import simplify
 @dataclass(frozen=True)
 class ConvNHWC:
     """A channels-last convolution x (batch, height, width, channels) * weight (out_channels, kh,
-    kw, channels) -> (batch, out_h, out_w, out_channels), groups 1, as the GEMM M = batch * out_h
-    * out_w pixels, N = out_channels, K = kh * kw * channels in (ry, rx, c) order. `x` and
-    `weight` are the kernel argument names of the operands; `gemm` holds the epilogue hooks."""
+    kw, channels / groups) -> (batch, out_h, out_w, out_channels). Without groups it is the GEMM
+    M = batch * out_h * out_w pixels, N = out_channels, K = kh * kw * channels in (ry, rx, c)
+    order, and `gemm` holds its load and epilogue hooks (None for a grouped convolution). `x` and
+    `weight` are the kernel argument names of the operands; `channels_innermost`: the output's
+    innermost axis is the output channel (no permute fused into the epilogue)."""
 
     batch: int
     height: int
@@ -49,7 +55,9 @@ class ConvNHWC:
     x: str
     weight: str
     dtype: DataType
-    gemm: HookedGemm
+    groups: int
+    channels_innermost: bool
+    gemm: HookedGemm | None
 
     @property
     def is_gemm(self) -> bool:
@@ -120,6 +128,17 @@ def _guard_ok(cond, vars_y, vars_x, geo_y, geo_x, size_y, size_x) -> bool:
     return all(_value(cond, {oy: y[0], ry: y[1], ox: x[0], rx: x[1]}) == int(want) for y, x, want in checks)
 
 
+def _group_start_ok(ic: Expr, oc: Var, rc: Var, out_channels: int, group_in: int, group_out: int) -> bool:
+    """Whether input channel index `ic` is oc // group_out * group_in + rc at the edges of the
+    groups (`rc` a reduction axis of extent group_in)."""
+    if not variables_of(ic) <= {id(oc), id(rc)}:
+        return False
+    outs = {o for g in (0, 1, out_channels // group_out // 2, out_channels // group_out - 1)
+            for o in (g * group_out, g * group_out + group_out - 1) if 0 <= o < out_channels}
+    return all(_value(ic, {oc: o, rc: c}) == o // group_out * group_in + c
+               for o in sorted(outs) for c in sorted({0, group_in - 1}))
+
+
 def _match(task: Task) -> ConvNHWC | None:
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
@@ -154,16 +173,20 @@ def _match(task: Task) -> ConvNHWC | None:
     shape = dict(zip(map(id, out.axes), out.shape))
     (b, oy, ox), (out_h, out_w) = m_axes, (shape[id(m_axes[1])], shape[id(m_axes[2])])
     ib, iy, ix, ic = xl.indices
-    if (ic is not rc or wc != channels or shape[id(b)] != batch or shape[id(n_axes[0])] != out_channels
+    groups = channels // wc
+    if (channels % wc or out_channels % groups or shape[id(b)] != batch or shape[id(n_axes[0])] != out_channels
             or not (ib is b or (isinstance(ib, Const) and ib.value == 0 and batch == 1))):
+        return None
+    if not (ic is rc if groups == 1 else _group_start_ok(ic, n_axes[0], rc, out_channels, wc, out_channels // groups)):
         return None
     geo_y, geo_x = _window(iy, oy, ry, out_h, kh), _window(ix, ox, rx, out_w, kw)
     if geo_y is None or geo_x is None or not _guard_ok(cond, (oy, ry, out_h, kh), (ox, rx, out_w, kw), geo_y, geo_x,
                                                        height, width):
         return None
-    gemm = match_hooked_gemm(task)
-    if gemm is None or (gemm.M, gemm.N, gemm.K) != (batch * out_h * out_w, out_channels, kh * kw * channels):
+    gemm = match_hooked_gemm(task) if groups == 1 else None
+    if groups == 1 and (gemm is None or (gemm.M, gemm.N, gemm.K) != (batch * out_h * out_w, out_channels,
+                                                                     kh * kw * channels)):
         return None
     return ConvNHWC(batch, height, width, channels, out_channels, kh, kw, out_h, out_w, (geo_y[0], geo_x[0]),
                     (geo_y[1], geo_x[1]), (geo_y[2], geo_x[2]), params[id(xl.tensor)], params[id(wl.tensor)],
-                    xl.tensor.dtype, gemm)
+                    xl.tensor.dtype, groups, out.axes[-1] is n_axes[0], gemm)

@@ -15,8 +15,8 @@ out its rows' window corners once per tile (registers: the pixel offset, and the
 x packed in one word), so a k-slice costs a few adds and compares per copy. A 1x1, stride-1,
 unpadded convolution is a plain GEMM: x viewed as [pixels, channels] comes by TMA too.
 
-Declines (conv_tc takes over): groups other than 1 (the operator's grouped form does not
-match), channels not a multiple of 8, operands that are not plain loads (a fused prologue),
+Declines (conv_tc takes over): groups other than 1 (conv_depthwise_nhwc's), channels not a
+multiple of 8, operands that are not plain loads (a fused prologue),
 other dtypes, inputs of 2^31 elements or more.
 """
 from __future__ import annotations
@@ -151,7 +151,8 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 def applies(task) -> bool:
     conv = match_conv_nhwc(task)
-    return (conv is not None and conv.dtype in (dtypes.float16, dtypes.bfloat16) and conv.channels % 8 == 0
+    return (conv is not None and conv.groups == 1 and conv.dtype in (dtypes.float16, dtypes.bfloat16)
+            and conv.channels % 8 == 0
             and conv.gemm.acc_dtype == dtypes.float32 and max(conv.height, conv.width) < 2 ** 15
             and (conv.batch + 1) * conv.height * conv.width * conv.channels < 2 ** 31
             and max(conv.gemm.M, conv.gemm.N * conv.gemm.K) < 2 ** 31)

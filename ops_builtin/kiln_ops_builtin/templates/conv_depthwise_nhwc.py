@@ -1,0 +1,295 @@
+"""Depthwise and grouped conv2d on channels-last data: `conv2d_channels_last` with groups > 1,
+as many output channels as input channels and G = channels / groups of them per group (1 for a
+depthwise convolution; G must divide the vector width), float16, bfloat16 or float32.
+
+A block computes a tile of TH output rows x TW = TX * PX columns x CB channels of one image. It
+first copies the input window the tile reads into shared memory, converted to float32 (zero
+outside the image, so padding costs no test later), with V-channel packs (16 bytes of input:
+eight 16-bit channels, four float32 ones): consecutive threads copy consecutive packs of a pixel,
+then the next pixel, so a warp reads whole lines; and the block's filters. Then each of its
+(CB / V) * TX * TH threads computes PX neighbouring output pixels of one row for V channels,
+accumulating in float32 registers: for each filter tap it reads the V * G weights once and
+the PX input packs under the tap. Outputs go through the core's vector epilogue hook
+(`kiln_epilogue_v`: GEMM row m the output pixel, column n the channel), one pack per pixel, so
+bias, folded batch norm, activations and residual adds fuse in, read as packs too.
+
+Shared memory holds a pack as quads of 4 floats (16 bytes), quad h of every pack of a pixel
+before quad h + 1, so that neighbouring threads (neighbouring packs) read neighbouring 16
+bytes; each pixel is padded to the size that leaves the fewest bank conflicts for the block's
+threads, which read pixels PX * stride apart (`_pixel_floats`).
+
+The input comes from DRAM once (the windows of neighbouring tiles overlap by the filter's
+halo, read again from L2) and each output is written once. Where the channels are not a
+multiple of 8 (16-bit) or 4 (float32), V is the largest power of two that divides them (and
+that G divides).
+
+Declines: kernels over MAX_KERNEL, strides other than 1 and 2, a channel multiplier (more output
+than input channels), G that divides no vector width, float64, an epilogue that permutes the
+output (its innermost index must be the channel), operands that are not plain loads.
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
+from kiln.codegen.emitter import KernelArgs
+from kiln.codegen.hooks import unravel_index
+from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
+from kiln.ir.inline import inline_task
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule import Template
+from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
+
+PACK_BYTES = 16
+MAX_KERNEL = 7
+MAX_THREADS = 512
+SMEM_LIMIT = 96 * 1024        # bytes of shared memory a block may take (two blocks fit an SM)
+WANTED_WARPS = 8              # warps per multiprocessor the level-0 choice aims for
+DEFAULT = {"CB": 64, "PX": 4, "TX": 4, "TH": 4}
+
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS) {
+    typedef kiln_pack<T, V> in_pack;
+    typedef kiln_pack<ACC, QW> quad;
+    typedef kiln_pack<ACC, WQW> weight_quad;
+    extern __shared__ float4 kiln_dw_smem[];
+    // the input window: quad h of channel pack cv of pixel p at p * PIX + (h * CBV + cv) * QW
+    ACC* xs = (ACC*)kiln_dw_smem;
+    // the filters: quad h of the V * G weights of channel pack cv for tap t at ((t * WQ + h) * CBV + cv) * WQW
+    ACC* ws = xs + IH_T * IW_T * PIX;
+    const int tile = blockIdx.x, c0 = blockIdx.y * CB;
+    const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
+    const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
+    for (int i = threadIdx.x; i < IH_T * IW_T * CBV; i += NT) {
+        const int p = i / CBV, cv = i - p * CBV, iy = ih0 + p / IW_T, ix = iw0 + p % IW_T, c = c0 + cv * V;
+        ACC v[V];
+        if ((unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W && c < C) {
+            const in_pack raw = *(const in_pack*)&X[((int64_t)(b * H + iy) * W + ix) * C + c];
+#pragma unroll
+            for (int e = 0; e < V; ++e) v[e] = LOAD(raw.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) v[e] = (ACC)0;
+        }
+#pragma unroll
+        for (int h = 0; h < V / QW; ++h) {
+            quad q;
+#pragma unroll
+            for (int j = 0; j < QW; ++j) q.v[j] = v[h * QW + j];
+            *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
+        }
+    }
+    for (int i = threadIdx.x; i < KH * KW * CB * G; i += NT) {
+        const int r = i / (WQW * CBV) % WQ * WQW + i % WQW, cv = i / WQW % CBV, tap = i / (WQW * CBV * WQ);
+        const int c = c0 + cv * V + r / G;        // weight r = e * G + g of the pack: channel e, group input g
+        ws[i] = c < C ? (ACC)LOAD(WT[((int64_t)c * (KH * KW) + tap) * G + r % G]) : (ACC)0;
+    }
+    __syncthreads();
+    const int cv = threadIdx.x % CBV, strip = threadIdx.x / CBV % TX, row = threadIdx.x / (CBV * TX);
+    const int c = c0 + cv * V, oh = oh0 + row, ow = ow0 + strip * PX;
+    if (c >= C || oh >= OH || ow >= OW) return;
+    ACC acc[PX][V];
+#pragma unroll
+    for (int p = 0; p < PX; ++p)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[p][e] = (ACC)0;
+#pragma unroll
+    for (int ky = 0; ky < KH; ++ky) {
+        const ACC* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
+#pragma unroll
+        for (int kx = 0; kx < KW; ++kx) {
+            ACC w[V * G];
+#pragma unroll
+            for (int h = 0; h < WQ; ++h) {
+                const weight_quad q = *(const weight_quad*)&ws[(((ky * KW + kx) * WQ + h) * CBV + cv) * WQW];
+#pragma unroll
+                for (int j = 0; j < WQW; ++j) w[h * WQW + j] = q.v[j];
+            }
+#pragma unroll
+            for (int p = 0; p < PX; ++p) {
+                ACC in[V];
+#pragma unroll
+                for (int h = 0; h < V / QW; ++h) {
+                    const quad q = *(const quad*)&xrow[(p * SW + kx * DW) * PIX + h * CBV * QW];
+#pragma unroll
+                    for (int j = 0; j < QW; ++j) in[h * QW + j] = q.v[j];
+                }
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+#pragma unroll
+                    for (int g = 0; g < G; ++g) acc[p][e] += in[e / G * G + g] * w[e * G + g];
+            }
+        }
+    }
+    const int64_t m = ((int64_t)b * OH + oh) * OW + ow;
+#pragma unroll
+    for (int p = 0; p < PX; ++p)
+        if (ow + p < OW) kiln_epilogue_v(ARGS, 0, m + p, c, acc[p]);
+}
+"""
+
+
+def vector_width(conv: ConvNHWC) -> int | None:
+    """Channels per pack: the most that fit 16 bytes, divide the channels and are a multiple of
+    G (the channels of a group); None where none is."""
+    group = conv.channels // conv.groups
+    return next((v for v in (8, 4, 2, 1) if v * conv.dtype.nbytes <= PACK_BYTES and conv.channels % v == 0
+                 and v % group == 0), None)
+
+
+def _epilogue_index(out):
+    """`index_of` for the epilogue hooks: GEMM row m the output pixel, column n the channel."""
+    def index_of(bvar, mvar, nvar):
+        return {**unravel_index(mvar, out.axes[:3], out.shape[:3]), id(out.axes[3]): nvar}
+    return index_of
+
+
+def _extents(conv: ConvNHWC) -> tuple[int, int, int]:
+    return 1, conv.batch * conv.out_h * conv.out_w, conv.channels
+
+
+def applies(task) -> bool:
+    conv = match_conv_nhwc(task)
+    if (conv is None or conv.groups == 1 or conv.out_channels != conv.channels or not conv.channels_innermost
+            or conv.dtype not in (dtypes.float16, dtypes.bfloat16, dtypes.float32) or vector_width(conv) is None
+            or max(conv.kh, conv.kw) > MAX_KERNEL or not set(conv.stride) <= {1, 2}
+            or top_reduces(inline_task(task).outputs[0].value)[0].dtype != dtypes.float32
+            or conv.batch * conv.height * conv.width * conv.channels >= 2 ** 31):
+        return False
+    out = inline_task(task).outputs[0]
+    return vector_stores(out, _epilogue_index(out), vector_width(conv), _extents(conv)) and _fit(conv, **DEFAULT) is not None
+
+
+def _tile(conv: ConvNHWC, CB, PX, TX, TH) -> dict:
+    """The tile's derived sizes: channel packs per block, columns, input window, threads, the
+    window's floats per pixel, shared memory bytes."""
+    v, group = vector_width(conv), conv.channels // conv.groups
+    ih = (TH - 1) * conv.stride[0] + (conv.kh - 1) * conv.dilation[0] + 1
+    iw = (TX * PX - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1
+    tile = {"CBV": CB // v, "TW": TX * PX, "IH_T": ih, "IW_T": iw, "NT": CB // v * TX * TH}
+    tile["PIX"] = _pixel_floats(conv, v, CB, PX, TX, tile)
+    return {**tile, "smem": (ih * iw * tile["PIX"] + conv.kh * conv.kw * CB * group) * 4}
+
+
+def _pixel_floats(conv: ConvNHWC, v: int, CB: int, PX: int, TX: int, tile: dict) -> int:
+    """Floats a pixel of the input window takes in shared memory: its CB channels and the
+    padding (up to a bank row) that leaves the fewest bank conflicts where the block's threads
+    read it (a warp's accesses of QW floats go in 32 / QW lanes at a time; lanes of one channel
+    pack read the same pixel, those of the next strip or row pixels PX * SW or a row apart)."""
+    qw = min(v, 4)
+    slots = 32 // qw
+
+    def cost(pix: int) -> int:
+        total = 0
+        for first in range(0, tile["NT"], slots):
+            found: dict[int, set] = {}
+            for t in range(first, min(first + slots, tile["NT"])):
+                cv, strip, row = t % tile["CBV"], t // tile["CBV"] % TX, t // (tile["CBV"] * TX)
+                unit = ((row * conv.stride[0] * tile["IW_T"] + strip * PX * conv.stride[1]) * pix) // qw + cv
+                found.setdefault(unit % slots, set()).add(unit)
+            total += max(map(len, found.values()))
+        return total
+
+    return min((CB + pad * qw for pad in range(slots)), key=lambda pix: (cost(pix), pix))
+
+
+def _fit(conv: ConvNHWC, CB, PX, TX, TH) -> dict | None:
+    """The knobs clamped to the convolution (no more channels, columns or rows than it has) and
+    shrunk until the block fits MAX_THREADS and SMEM_LIMIT (rows first, then columns, pixels
+    per thread, channels); None where nothing fits."""
+    v = vector_width(conv)
+    if CB < 1 or PX < 1 or TX < 1 or TH < 1:
+        raise ValueError(f"invalid conv_depthwise_nhwc knobs CB={CB}, PX={PX}, TX={TX}, TH={TH}")
+    CB = max(v, min(CB, conv.channels) // v * v)
+    PX = min(PX, conv.out_w)
+    TX, TH = min(TX, -(-conv.out_w // PX)), min(TH, conv.out_h)
+    while True:
+        tile = _tile(conv, CB, PX, TX, TH)
+        if tile["NT"] <= MAX_THREADS and tile["smem"] <= SMEM_LIMIT:
+            return {"CB": CB, "PX": PX, "TX": TX, "TH": TH, **tile}
+        if TH > 1:
+            TH = -(-TH // 2)
+        elif TX > 1:
+            TX = -(-TX // 2)
+        elif PX > 1:
+            PX //= 2
+        elif CB > v:
+            CB = max(v, CB // 2 // v * v)
+        else:
+            return None
+
+
+def space(level: int) -> list[dict]:
+    """Level 0: 64 channels x 4 rows x 16 columns (4 pixels a thread; `suggest` fits a first
+    choice to the convolution instead); level 1 adds narrower and wider rows, fewer and more
+    pixels a thread, fewer channels; level 2 a grid of them."""
+    out = [dict(DEFAULT)]
+    if level >= 1:
+        out += [{"CB": 64, "PX": 2, "TX": 8, "TH": 2}, {"CB": 32, "PX": 4, "TX": 2, "TH": 8},
+                {"CB": 64, "PX": 8, "TX": 2, "TH": 4}, {"CB": 32, "PX": 1, "TX": 8, "TH": 8},
+                {"CB": 32, "PX": 2, "TX": 8, "TH": 4}, {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
+    if level >= 2:
+        out += [{"CB": cb, "PX": px, "TX": tx, "TH": th} for cb in (16, 32, 64) for px in (1, 2, 4, 8)
+                for tx, th in ((2, 2), (4, 4), (8, 2), (2, 8)) if {"CB": cb, "PX": px, "TX": tx, "TH": th} not in out]
+    return out
+
+
+def _blocks(conv: ConvNHWC, knobs: dict) -> int:
+    return (conv.batch * -(-conv.out_h // knobs["TH"]) * -(-conv.out_w // knobs["TW"])
+            * -(-conv.channels // knobs["CB"]))
+
+
+def _balanced(total: int, most: int) -> int:
+    """The tile size up to `most` that covers `total` in as few tiles as `most` does, evenly."""
+    return -(-total // -(-total // most))
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """Knob settings for this convolution, best guess first, then level 1's. The guess takes
+    up to 64 channels a block (32 for 5- and 7-wide filters, whose windows take more shared
+    memory), split evenly; pixels a thread (2, 4 for 5- and 7-wide filters) halved while the
+    grid would have fewer than WANTED_WARPS warps a multiprocessor (a small layer at batch 1
+    wants threads more than reuse); rows cut into even tiles of up to 8 threads, rows up to
+    128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors."""
+    conv = match_conv_nhwc(task)
+    v = vector_width(conv)
+    CB = _balanced(-(-conv.channels // v), (32 if conv.kw >= 5 else 64) // v) * v
+    PX = 4 if conv.kw >= 5 else 2
+    packs = conv.batch * conv.out_h * -(-conv.channels // v)
+    while PX > 1 and packs * -(-conv.out_w // PX) < WANTED_WARPS * 32 * sm_count:
+        PX //= 2
+    TX = _balanced(-(-conv.out_w // PX), 8)
+    TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
+    while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH)) < sm_count:
+        TH = _balanced(conv.out_h, TH // 2)
+    fitted = _fit(conv, CB, PX, TX, TH)
+    first = {k: fitted[k] for k in DEFAULT}
+    return [first] + [k for k in space(1) if k != first]
+
+
+def render(task, CB, PX, TX, TH) -> CudaProgram:
+    conv = match_conv_nhwc(task)
+    k = _fit(conv, CB, PX, TX, TH)
+    v, d = vector_width(conv), CudaDialect()
+    lowered = inline_task(task)
+    out = lowered.outputs[0]
+    decl = KernelArgs.params(d, lowered.inputs, [out])
+    args = KernelArgs.args(len(lowered.inputs))
+    epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv))
+    tiles_y, tiles_x = -(-conv.out_h // k["TH"]), -(-conv.out_w // k["TW"])
+    group = conv.channels // conv.groups
+    defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": group,
+               "QW": min(v, 4), "WQW": min(v * group, 4), "WQ": max(1, v * group // 4), "PIX": k["PIX"],
+               "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
+               "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
+               "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
+               "KH": conv.kh, "KW": conv.kw, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
+               "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "X": conv.x,
+               "WT": conv.weight, "LOAD(v)": d.load(conv.dtype, "(v)"), "PARAMS": ", ".join(decl),
+               "ARGS": ", ".join(args)}
+    grid = (conv.batch * tiles_y * tiles_x, -(-conv.channels // k["CB"]), 1)
+    launch = Launch("kiln_conv_depthwise_nhwc", tuple(args), (k["NT"], 1, 1), grid=grid, smem=k["smem"])
+    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch], alignment=PACK_BYTES)
+
+
+TEMPLATE = Template("conv_depthwise_nhwc", ("conv2d_channels_last",), "cuda", render, priority=20, applies=applies,
+                    space=space, suggest=suggest)
