@@ -32,6 +32,7 @@ from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
+from kiln.frontend.torch.sizes import input_sizes
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.log import dump_folder, logger, stage
@@ -151,16 +152,16 @@ class KilnFunction:
         folder = dump_folder()
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
-        for k, (a, constant) in enumerate(zip(args, self.constant)):
+        for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
                 else:
-                    v = symbol(a.shape, a.dtype, a.device)
+                    v = symbol(sizes, a.dtype, a.device)
                     inputs.append(v)
                     positions.append(k)
             else:
-                v = a
+                v = sizes
             values.append(v)
         interpreter = Interpreter(self.gm)
         traced_values = {}

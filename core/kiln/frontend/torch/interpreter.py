@@ -252,7 +252,7 @@ class Interpreter:
         for size, actual in pairs:
             expr = getattr(getattr(size, "node", None), "expr", None)
             if expr is not None and expr.is_symbol:
-                self._bindings[expr] = actual
+                self._bindings[expr] = int(actual)
 
     def _attribute(self, path: str):
         value = self.gm
