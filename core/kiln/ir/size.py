@@ -75,8 +75,12 @@ def _divide_term(term: tuple, q: tuple) -> tuple | None:
 
 def _split(p: tuple, q: tuple) -> tuple[tuple, tuple]:
     """(quotient, rest) with p = q * quotient + rest, where the quotient takes every term of p
-    that the single term q divides (q of several terms divides nothing)."""
-    if len(q) != 1:
+    that the single term q divides; q of several terms divides only a whole multiple of itself."""
+    if len(q) > 1:
+        first, coef = q[0]
+        k = next((c // coef for m, c in p if m == first and c % coef == 0), None)
+        return (_constant(k), ()) if k is not None and _scale(q, k) == p else ((), p)
+    if not q:
         return (), p
     quotient, rest = [], []
     for term in p:

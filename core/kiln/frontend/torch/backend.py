@@ -19,6 +19,7 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
+from collections import OrderedDict
 
 import torch
 from torch.fx import GraphModule
@@ -97,12 +98,23 @@ def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
     return names
 
 
+SIGNATURES_KEPT = 32
+"""The most input signatures (sizes) a KilnFunction keeps the FlowGraph, memory plan and CUDA
+graph of; the least recently used goes first (coming back, it is traced again, from kernels
+already built where its sizes are symbolic)."""
+
+
 class KilnFunction:
     """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
 
-    `graphs` maps each input signature seen to its `CompiledRun`; `constant_ids` holds the
-    ids of the parameters and buffers it was called with (how `kiln.save` finds a model's
-    graphs among the `live()` ones) and `frame` the Python frame dynamo compiled it from."""
+    A graph dynamo traced with symbolic sizes is traced by Kiln again at each new size, with
+    its sizes as `kiln.ir.size.SymSize`s: kernels that take sizes as arguments are built once
+    and serve every size (see `kiln.schedule.choose`).
+
+    `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
+    `constant_ids` holds the ids of the parameters and buffers it was called with (how
+    `kiln.save` finds a model's graphs among the `live()` ones) and `frame` the Python frame
+    dynamo compiled it from."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -113,14 +125,18 @@ class KilnFunction:
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
         changed = _changed_in_place(gm)
-        self.constant = [n.name in constants and n not in changed for n in placeholders]
-        self._constant_positions = [k for k, c in enumerate(self.constant) if c]
+        # a one-element input the graph reads the value of (`x.item()`: a module's float that
+        # dynamic=True passes as a tensor) is a constant of the trace, traced again when it changes
+        read = [any(u.op == "call_method" and u.target == "item" for u in n.users) for n in placeholders]
+        self.constant = [(n.name in constants or r) and n not in changed for n, r in zip(placeholders, read)]
+        self._read_positions = [k for k, r in enumerate(read) if r and self.constant[k]]
+        self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
         self._constants_state: dict[tuple, tuple] = {}
         # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
         self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
                         for n in placeholders]
-        self.graphs: dict[tuple, CompiledRun] = {}
+        self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
         self.constant_ids: set[int] = set()
         KilnFunction._live.add(self)
@@ -131,7 +147,8 @@ class KilnFunction:
         return list(cls._live)
 
     def __call__(self, *args):
-        key = tuple(_signature(args[k]) for k in self._input_positions)
+        key = (tuple(_signature(args[k]) for k in self._input_positions) +
+               tuple(args[k].item() for k in self._read_positions))
         # Constants are checked by memory and version (dynamo's guards fix their shapes and
         # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
@@ -144,6 +161,10 @@ class KilnFunction:
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
             self._constants_state[key] = state
+            if len(self.graphs) > SIGNATURES_KEPT:
+                oldest, _ = self.graphs.popitem(last=False)
+                del self._constants_state[oldest]
+        self.graphs.move_to_end(key)
         return compiled(args)
 
     def _compile(self, args) -> CompiledRun:
