@@ -8,6 +8,8 @@ text (`text`: loop bounds, allocations, template macros).
 """
 from __future__ import annotations
 
+import re
+
 from kiln.codegen.emitter import KernelArgs
 from kiln.ir.expr import Const, Expr, SizeVar
 from kiln.ir.opcodes import BinaryOp
@@ -57,6 +59,11 @@ class SizeArgs:
     def values(self) -> tuple[int, ...]:
         return tuple(value for _, value in self._params)
 
-    def declarations(self) -> list[str]:
-        """The kernel's parameter declarations of its sizes, in order."""
-        return [f"int64_t {name}" for name in self._params.values()]
+    def declarations(self, names=None) -> list[str]:
+        """The parameter declarations of the sizes (of `names` only, when given), in order."""
+        return [f"int64_t {name}" for name in (self._params.values() if names is None else names)]
+
+    def used_in(self, text: str) -> list[str]:
+        """The parameters that the source `text` reads, in order (one kernel of a program whose
+        kernels share these sizes)."""
+        return [name for name in self._params.values() if re.search(rf"\b{name}\b", text)]

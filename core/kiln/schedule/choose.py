@@ -100,7 +100,7 @@ AUTO_RULES: dict[str, tuple[Callable, ...]] = {
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
 its program or None; the last of each takes any task."""
 
-SIZE_ARGUMENTS: dict[str, bool] = {"cpu": True, "cuda": False}
+SIZE_ARGUMENTS: dict[str, bool] = {"cpu": True, "cuda": True}
 """Whether the auto-scheduler's rules of each target take symbolic sizes as kernel arguments
 (else they get tasks specialized to their sizes)."""
 
