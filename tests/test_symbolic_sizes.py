@@ -3,6 +3,7 @@ its expression exactly; tasks traced with symbolic dims at odd sizes give one ke
 every size, whose results are PyTorch's; a simplification that holds only at some sizes gives
 those sizes their own source; bounds checks use the run-time size; schedules that do not take
 sizes as arguments get the task specialized."""
+import itertools
 import pickle
 import random
 
@@ -13,7 +14,7 @@ import kiln
 from kiln import dtypes
 from kiln.codegen.sizes import SizeArgs
 from kiln.graph import trace_from
-from kiln.ir import Binary, Const, SizeVar, SymSize, Task, TensorInput, compute, size_key
+from kiln.ir import Binary, Const, SizeVar, SymSize, Task, TensorInput, Var, compute, simplify, size_key
 from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.schedule import choose
 from kiln.tensor import from_torch, symbol
@@ -21,13 +22,16 @@ from kiln.tensor import from_torch, symbol
 SIZES = (1, 7, 33, 130)
 
 
-def _value(e) -> int:
-    """An int64 IR expression of sizes evaluated in Python (floor division and remainder)."""
+def _value(e, env=None) -> int:
+    """An int64 IR expression of sizes (and of index variables, valued by id in `env`)
+    evaluated in Python (floor division and remainder)."""
     if isinstance(e, Const):
         return e.value
     if isinstance(e, SizeVar):
         return e.value
-    a, b = _value(e.a), _value(e.b)
+    if isinstance(e, Var):
+        return env[id(e)]
+    a, b = _value(e.a, env), _value(e.b, env)
     return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b if b else 0, "mod": a % b if b else 0,
             "max": max(a, b), "min": min(a, b)}[e.op]
 
@@ -57,6 +61,26 @@ def test_random_size_expressions_evaluate_to_their_values(seed):
         if isinstance(value, SymSize):
             assert _value(value.size_expr()) == value
             leaves.append(value)
+
+
+def _index_expressions(s):
+    """(expression, its index variables) pairs of index arithmetic over symbolic divisors."""
+    o, i, j, il = Var("o", 2 * s), Var("i", s), Var("j", 128), Var("il", 16)
+    return [((o // s) * s + o % s, [o]), ((o * s + i) // s, [o, i]), ((o * s + i) % s, [o, i]),
+            ((o * s * 3 + i) // (s * 3), [o, i]), (j % s, [j]), ((o - 5) // s, [o]), ((o - 5) % s, [o]),
+            ((o // s) * (s * 16) + (o % s) * 16 + il, [o, il]), ((i + 5) % s + (j // s) * s, [i, j])]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_index_arithmetic_over_symbolic_divisors_simplifies_to_the_same_values(n):
+    s = SymSize.named("s0", n)
+    for e, variables in _index_expressions(s):
+        simple = simplify(e)
+        for values in itertools.product(*(range(int(v.extent)) for v in variables)):
+            env = dict(zip(map(id, variables), values))
+            assert _value(simple, env) == _value(e, env), (e, values)
+    o = Var("o", 2 * s)
+    assert simplify((o // s) * s + o % s) is o
 
 
 def test_size_args_number_each_size_once_and_refuse_two_values():

@@ -2,8 +2,8 @@
 
 A kernel built for a task with symbolic sizes (`kiln.ir.size`) by a schedule that opts in
 takes each size variable as an int64 parameter, and writes every size through it: the kernels
-of every size then have one source, built once. `SizeArgs` collects one kernel's parameters,
-for its emitters (`kiln.codegen.emitter.Emitter(..., sizes=...)`) and for the schedule's own
+of every size then have one source, built once. `SizeArgs` collects one program's parameters
+(each of its kernels declares those it reads: `used_in`), for its emitters (`kiln.codegen.emitter.Emitter(..., sizes=...)`) and for the schedule's own
 text (`text`: loop bounds, allocations, template macros).
 """
 from __future__ import annotations
@@ -16,14 +16,13 @@ from kiln.ir.opcodes import BinaryOp
 from kiln.ir.size import SymSize
 
 _SIZE_OPS = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*"}
-_SIZE_HELPERS = {BinaryOp.FLOORDIV: "kiln_floordiv_i64", BinaryOp.MOD: "kiln_mod_i64",
-                 BinaryOp.MAX: "kiln_max_i64", BinaryOp.MIN: "kiln_min_i64"}
+_SIZE_HELPERS = {BinaryOp.FLOORDIV: "kiln_floordiv_i64", BinaryOp.MOD: "kiln_mod_i64"}
 
 
 class SizeArgs:
-    """The symbolic sizes one kernel takes as arguments: each distinct size variable is an
-    int64 parameter (`KernelArgs.size(k)`), numbered in the order the kernel's code first uses
-    it; `values` are their values in the trace, which the kernel is called with."""
+    """The symbolic sizes one program takes as arguments: each distinct size variable is an
+    int64 parameter (`KernelArgs.size(k)`), numbered in the order the program's code first
+    uses it; `values` are their values in the trace, which its kernels are called with."""
 
     def __init__(self):
         self._params: dict[tuple[str, int], str] = {}

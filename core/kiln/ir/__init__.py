@@ -13,6 +13,6 @@ from kiln.ir.inline import Lowered, inline_task, substitute
 from kiln.ir.opcodes import BinaryOp, ReduceOp, UnaryOp
 from kiln.ir.rewrite import own_children, rebuild_expr, rewrite
 from kiln.ir.simplify import bounds, simplify
-from kiln.ir.size import SymSize, as_dim, as_index, is_symbolic, size_key, slice_extent
+from kiln.ir.size import SymSize, as_dim, as_index, size_key, slice_extent
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -194,7 +194,7 @@ def _symbolic_division(e: Binary, a: Expr, b: Expr) -> Expr | None:
     if bb is None or bb[0] <= 0:
         return None
     unit_terms, unit_const = linear_terms(b)
-    whole, rest = [], []
+    whole, whole_const, rest = [], 0, []
     terms, const = linear_terms(a)
     for x, k in terms:
         y = None
@@ -202,16 +202,18 @@ def _symbolic_division(e: Binary, a: Expr, b: Expr) -> Expr | None:
             y = _multiple_of(x, unit_terms[0][0])
         if y is None:
             rest.append((x, k))
+        elif isinstance(y, Const):
+            whole_const += y.value * (k // unit_terms[0][1])
         else:
             whole.append((y, k // unit_terms[0][1]))
     rest_expr = _rebuild(rest, const, e)
     rb = bounds(rest_expr)
     folds = rb is not None and 0 <= rb[0] and rb[1] < bb[0]
-    if not whole and not folds:
+    if not whole and not whole_const and not folds:
         return None
     if e.op == BinaryOp.MOD:
         return rest_expr if folds else Binary(BinaryOp.MOD, rest_expr, b, t)
-    quotient = _rebuild(whole, 0, e)
+    quotient = _rebuild(whole, whole_const, e)
     if folds:
         return quotient
     return _simplify_int(Binary(BinaryOp.ADD, quotient, Binary(BinaryOp.FLOORDIV, rest_expr, b, t), t),

@@ -3,7 +3,7 @@
 A `SymSize` is an int: its value in the trace being compiled, with which every decision is
 taken (shapes, bounds, schedules), exactly as for a plain int. It also carries how that value
 is computed from run-time sizes, as a polynomial over atoms (a `SizeVar` such as s0, or a
-floor division, remainder, max or min of polynomials), normalized so that equal expressions
+floor division or remainder of polynomials), normalized so that equal expressions
 compare equal (`(s0 * 16) // 16` is s0). Python arithmetic on SymSizes (+, -, *, //, %) keeps
 both; anything else (a comparison, `int()`, `/`) sees the value. A result whose expression is a
 constant is a plain int.
@@ -28,9 +28,9 @@ from kiln.ir.opcodes import BinaryOp
 
 # A polynomial: ((monomial, coefficient), ...) sorted, without zero coefficients; a monomial
 # is a sorted tuple of atoms (with repeats for powers); an atom is ("size", name, value) or
-# (op, polynomial, polynomial) with op one of _ATOM_OPS.
-_ATOM_OPS = {"floordiv": (BinaryOp.FLOORDIV, lambda a, b: a // b), "mod": (BinaryOp.MOD, lambda a, b: a % b),
-             "max": (BinaryOp.MAX, max), "min": (BinaryOp.MIN, min)}
+# (op, polynomial, polynomial) with op "floordiv" or "mod" (a quotient or remainder that does
+# not simplify).
+_ATOM_OPS = {"floordiv": (BinaryOp.FLOORDIV, lambda a, b: a // b), "mod": (BinaryOp.MOD, lambda a, b: a % b)}
 
 
 def _constant(c: int) -> tuple:
@@ -196,7 +196,7 @@ class SymSize(int):
     def __pos__(self):
         return self
 
-    def __reduce__(self):       # pickled (and deep-copied) as its value
+    def __reduce__(self):       # pickled as its value
         return (int, (int(self),))
 
     def __copy__(self):
@@ -255,11 +255,6 @@ def slice_extent(start, end, step: int, n) -> tuple:
     return first, count
 
 
-def is_symbolic(value) -> bool:
-    """Whether `value` is a SymSize."""
-    return isinstance(value, SymSize)
-
-
 def size_key(value):
     """`value` (a size, or a list or tuple holding sizes) as a hashable key that tells a
     SymSize from an int of the same value, and SymSizes of different expressions apart."""
@@ -268,20 +263,3 @@ def size_key(value):
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(size_key(v) for v in value))
     return value
-
-
-def size_vars(polynomial: tuple) -> list[tuple[str, int]]:
-    """The (name, value) of every size variable in a SymSize's polynomial, first seen first."""
-    found: dict = {}
-
-    def visit(p):
-        for monomial, _ in p:
-            for atom in monomial:
-                if atom[0] == "size":
-                    found.setdefault(atom[1:], None)
-                else:
-                    visit(atom[1])
-                    visit(atom[2])
-
-    visit(polynomial)
-    return list(found)

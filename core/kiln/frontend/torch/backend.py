@@ -36,6 +36,7 @@ from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.sizes import input_sizes
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
+from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
@@ -235,10 +236,15 @@ class CompiledRun:
                 args[position].copy_(value.torch())
         outs = iter(outs)
         return map_aggregate(self.structure,
-                             lambda v: next(outs).torch() if isinstance(v, Tensor) else v)
+                             lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
 
 
 _version = operator.attrgetter("_version")
+
+
+def _plain(value):
+    """A graph's non-tensor output as the caller gets it: a symbolic size as its int."""
+    return int(value) if isinstance(value, SymSize) else value
 
 
 def _changed_in_place(gm: GraphModule) -> set:
