@@ -105,3 +105,28 @@ def test_only_the_last_signatures_are_kept():
     function, = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
     shapes = [next(s[0] for s in key if isinstance(s, tuple)) for key in function.graphs]
     assert shapes == [(3, n) for n in range(4, SIGNATURES_KEPT + 4)]
+
+
+def test_a_float_the_graph_reads_is_part_of_its_signature():
+    """dynamic=True passes batch norm's eps as a one-element tensor that the graph reads with
+    `.item()`: a call with another value must not run the graph traced with the first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    model[1].running_var.uniform_(0.01, 0.02)
+    captured = []
+
+    def backend(gm, inputs):
+        captured.append((gm, list(inputs)))
+        return kiln.torch.kiln_backend(gm, inputs)
+
+    x = torch.randn(2, 3, 9, 10)
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=True)(x)
+        gm, inputs = captured[-1]
+        function = kiln.torch.kiln_backend(gm, inputs)
+        eps, = [k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))
+                if any(u.target == "item" for u in n.users) and "eps" in n.name]
+        for value in (1e-5, 0.5):
+            inputs[eps] = torch.tensor(value, dtype=torch.float64)
+            model[1].eps = value
+            torch.testing.assert_close(function(*inputs)[0], model(x), atol=1e-4, rtol=1e-4)
