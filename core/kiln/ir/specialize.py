@@ -7,6 +7,8 @@ those sizes without symbols would have made; its kernel's source holds the sizes
 """
 from __future__ import annotations
 
+import weakref
+
 from kiln import dtypes
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
 from kiln.ir.expr import Const, Expr, Load, Reduce, SizeVar, Var, walk
@@ -14,14 +16,17 @@ from kiln.ir.rewrite import rewrite
 from kiln.ir.size import SymSize
 
 
+_symbolic: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()       # task -> bool
+_specialized: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # task -> its specialization
+
+
 def has_symbolic_sizes(task: Task) -> bool:
     """Whether a shape, an extent or an expression of `task` holds a symbolic size."""
-    found = getattr(task, "_symbolic_sizes", None)
+    found = _symbolic.get(task)
     if found is None:
         nodes = task.nodes()
-        found = any(isinstance(s, SymSize) for node in nodes for s in node.shape) or any(
+        found = _symbolic[task] = any(isinstance(s, SymSize) for node in nodes for s in node.shape) or any(
             isinstance(x, SizeVar) for node in nodes if isinstance(node, Compute) for x in walk(node.value))
-        task._symbolic_sizes = found
     return found
 
 
@@ -40,7 +45,7 @@ def specialize(task: Task) -> Task:
     size; see the module doc). The result is cached on the task."""
     if not has_symbolic_sizes(task):
         return task
-    found = getattr(task, "_specialized", None)
+    found = _specialized.get(task)
     if found is not None:
         return found
     tensors: dict[int, TensorNode] = {}
@@ -74,6 +79,5 @@ def specialize(task: Task) -> Task:
             tensors[id(node)] = Compute(node.name, axes, rewrite(node.value, post, pre))
     inputs = [tensors[id(t)] for t in task.inputs]
     outputs = [tensors.get(id(t), t) for t in task.outputs]
-    found = Task(task.name, inputs, outputs, _fixed(task.attrs))
-    task._specialized = found
+    found = _specialized[task] = Task(task.name, inputs, outputs, _fixed(task.attrs))
     return found

@@ -6,9 +6,9 @@ auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, split reduc
 general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
 first; `build_task` loads it on a device through the runtime backend of the device's kind.
 
-A task with symbolic sizes (`kiln.ir.size`) goes as it is to the templates and auto-scheduler
-rules that take sizes as kernel arguments (`Template.symbolic`, `SIZE_ARGUMENTS`), so that one
-build serves every size; every other one gets it specialized to the trace's sizes
+A task with symbolic sizes (`kiln.ir.size`) goes as it is to the auto-scheduler, whose rules
+take sizes as kernel arguments, and to the templates that do (`Template.symbolic`), so that one
+build serves every size; every other template gets it specialized to the trace's sizes
 (`kiln.ir.specialize`), and builds a kernel per size.
 """
 from __future__ import annotations
@@ -98,11 +98,8 @@ AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cuda": (cuda_rows, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
-its program or None; the last of each takes any task."""
-
-SIZE_ARGUMENTS: dict[str, bool] = {"cpu": True, "cuda": True}
-"""Whether the auto-scheduler's rules of each target take symbolic sizes as kernel arguments
-(else they get tasks specialized to their sizes)."""
+its program or None; the last of each takes any task. Every rule takes symbolic sizes as
+kernel arguments (`kiln.codegen.sizes`)."""
 
 
 def templates_for(operator: str, target: str, arch: int | None = None) -> list[Template]:
@@ -129,7 +126,7 @@ def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Temp
 
 def auto_program(task: Task, target: str):
     """The auto-scheduler's program of `task` on `target`: its first rule's that applies."""
-    lowered = inline_task(task if SIZE_ARGUMENTS[target] else specialize(task))
+    lowered = inline_task(task)
     for rule in AUTO_RULES[target]:
         program = rule(lowered)
         if program is not None:
