@@ -13,18 +13,20 @@ import torch
 from kiln import dtypes
 from kiln.device import Device, device as as_device
 from kiln.dtypes import DataType
+from kiln.ir.size import as_dim
 
 
 class Tensor:
     """An n-dimensional array with a shape, dtype and device.
 
-    `storage` is None for a symbolic tensor; `trace` is `(operator, index)` for a tensor an
+    A dimension that changes from run to run is a `kiln.ir.size.SymSize` (an int that also
+    knows its expression over run-time sizes). `storage` is None for a symbolic tensor; `trace` is `(operator, index)` for a tensor an
     operator produced in a traced graph, None otherwise.
     """
 
     def __init__(self, shape: Sequence[int], dtype, device, storage: torch.Tensor | None = None,
                  trace=None):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(as_dim(s) for s in shape)
         self.dtype: DataType = dtypes.data_type(dtype)
         self.device: Device = as_device(device)
         self.storage = storage

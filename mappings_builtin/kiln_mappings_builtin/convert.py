@@ -72,6 +72,14 @@ def size(self, dim=None):
     return torch.Size(self.shape) if dim is None else self.shape[dim]
 
 
+@register_method("item", check=lambda self: not self.is_symbolic)
+def item(self):
+    """The value of a one-element tensor whose values are known when the graph is traced (a
+    constant, or a module's float attribute that dynamo passes as a tensor: the backend traces
+    a graph again when it changes)."""
+    return self.torch().item()
+
+
 @register_method("dim", "ndimension")
 def dim(self):
     return self.ndim

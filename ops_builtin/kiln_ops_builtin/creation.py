@@ -37,8 +37,9 @@ def arange(start, end=None, step=1, dtype=None, device=None):
     t = _dtype("arange", dtype if dtype is not None else (dtypes.int64 if exact else dtypes.float32))
     if t.is_bool:
         raise OperatorError("arange: bool results are not supported; use an integer or float dtype")
-    if t.is_integer:  # PyTorch truncates the bounds to integers first
-        start, end, step, exact = int(start), int(end), int(step), True
+    if t.is_integer:  # PyTorch truncates the bounds to integers first (symbolic sizes stay)
+        start, end, step = (v if isinstance(v, int) else int(v) for v in (start, end, step))
+        exact = True
     if step == 0 or (end - start) * step < 0:
         raise OperatorError(f"arange: step {step} must be non-zero and lead from start {start} "
                             f"to end {end}")

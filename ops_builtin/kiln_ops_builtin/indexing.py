@@ -15,7 +15,7 @@ import math
 from kiln import dtypes
 from kiln.graph import OperatorError, operator
 from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select,
-                     unravel)
+                     slice_extent, unravel)
 
 from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim
 from kiln_ops_builtin.shape import dim_of, narrowed, reshaped
@@ -52,8 +52,8 @@ def slice_(x, dim=0, start=None, end=None, step=1):
     d = dim_of("slice", dim, x)
     if not isinstance(step, int) or step <= 0:
         raise OperatorError(f"slice: step must be a positive int, got {step!r}")
-    begin, stop, step = slice(start, end, step).indices(x.shape[d])
-    return narrowed(x, d, begin, len(range(begin, stop, step)), step)
+    begin, count = slice_extent(start, end, step, x.shape[d])
+    return narrowed(x, d, begin, count, step)
 
 
 def _pad_source(mode: str, j, n: int):

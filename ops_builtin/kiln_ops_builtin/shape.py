@@ -3,10 +3,9 @@ joining and splitting tensors. Each is a copy kernel; graph passes remove the co
 from __future__ import annotations
 
 import math
-from operator import index as operator_index
 
 from kiln.graph import OperatorError, operator
-from kiln.ir import TensorNode, cast, compute, select, unravel
+from kiln.ir import TensorNode, as_index, cast, compute, select, unravel
 
 from kiln_ops_builtin.common import normalize_dim, ravel, result_type
 
@@ -16,7 +15,7 @@ def _ints(op: str, what: str, values) -> list[int]:
     values = list(values) if isinstance(values, (list, tuple)) else [values]
     if not all(hasattr(type(v), "__index__") and not isinstance(v, bool) for v in values):
         raise OperatorError(f"{op}: {what} must be an int or a sequence of ints, got {values!r}")
-    return [operator_index(v) for v in values]
+    return [as_index(v) for v in values]
 
 
 def _dims(op: str, dims, ndim: int) -> list[int]:

@@ -7,6 +7,10 @@ Reductions become accumulation loops; a `Select` whose sides read memory or chec
 inputs becomes an if/else, so that a guarded load (padding, bounds) is never executed out of
 bounds and a check runs only where its value is used. A `Check` becomes a test that calls the
 dialect's `fail` with the check's code: its position (from 1) in `Emitter.checks`.
+
+Symbolic sizes (`kiln.ir.size`: `SizeVar`s in expressions, `SymSize` extents) are written as
+their values, unless the emitter is given a `kiln.codegen.sizes.SizeArgs`: then each is a
+kernel parameter, so that the kernels of every size share one source.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import math
 
 from kiln import dtypes
 from kiln.dtypes import DataType
-from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, Unary, Var, walk
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, SizeVar, Unary, Var, as_expr, walk
 from kiln.ir.simplify import bounds, simplify
 
 _FLOAT_FUNCS = {
@@ -178,12 +182,14 @@ class Emitter:
     """Emits statements computing expressions; shares sub-expressions within a scope.
 
     `names` maps index variables (by id) and buffers (by id of their tensor node) to the C
-    names the caller declared; `strides` gives each buffer's row-major strides.
+    names the caller declared; `strides` gives each buffer's row-major strides; `sizes` (a
+    `kiln.codegen.sizes.SizeArgs`), when given, makes symbolic sizes kernel parameters.
     """
 
     def __init__(self, dialect: Dialect, names: dict[int, str], strides: dict[int, tuple[int, ...]],
-                 indent: int = 1):
+                 indent: int = 1, sizes=None):
         self.dialect = dialect
+        self.sizes = sizes
         self.names = dict(names)
         self.strides = strides
         self.lines: list[str] = []
@@ -223,6 +229,10 @@ class Emitter:
             self.scopes[-1][key] = name
         return name
 
+    def size(self, size) -> str:
+        """C text of a size (an int or a SymSize; see the module doc)."""
+        return self.sizes.text(size) if self.sizes is not None else str(int(size))
+
     def offset(self, load: Load) -> str:
         """The flat element offset of a load."""
         strides = self.strides[id(load.tensor)]
@@ -240,6 +250,8 @@ class Emitter:
             if id(e) not in self.names:
                 raise KeyError(f"index variable '{e.name}' is not bound in this kernel")
             return self.names[id(e)]
+        if isinstance(e, SizeVar):
+            return self.sizes.param(e) if self.sizes is not None else self.dialect.const(e.value, e.dtype)
         key = e.key()
         found = self._lookup(key)
         if found is not None:
@@ -329,7 +341,6 @@ class Emitter:
 
 
 def _as_int(extent):
-    from kiln.ir.expr import as_expr
     return as_expr(extent, dtypes.int64)
 
 
@@ -368,7 +379,8 @@ class KernelArgs:
 
     A kernel's buffers are the task's inputs `in0, in1, ...`, its outputs `out0, ...` and the
     temporaries its program allocates for each run, `tmp0, ...`; schedules and templates name
-    them through here, and the runtimes bind pointers to them through `bind`.
+    them through here, and the runtimes bind pointers to them through `bind`. Symbolic sizes
+    are int64 parameters `kiln_size0, ...` (see `kiln.codegen.sizes`).
     """
 
     STATUS = "kiln_status"      # a CPU kernel's status buffer (see kiln.runtime.kernel_errors)
@@ -384,6 +396,11 @@ class KernelArgs:
     @staticmethod
     def temporary(k: int) -> str:
         return f"tmp{k}"
+
+    @staticmethod
+    def size(k: int) -> str:
+        """The k-th symbolic size parameter (see `kiln.codegen.sizes`)."""
+        return f"kiln_size{k}"
 
     @classmethod
     def names(cls, inputs=(), outputs=(), temporaries=()) -> dict[int, str]:

@@ -33,7 +33,7 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
 
     def new_slot(t: Tensor) -> int:
         slots[id(t)] = len(buffers)
-        buffers.append(Buffer(tuple(t.shape), t.dtype.torch_dtype, t.device.torch()))
+        buffers.append(Buffer(tuple(map(int, t.shape)), t.dtype.torch_dtype, t.device.torch()))
         return slots[id(t)]
 
     def existing(t: Tensor) -> int:

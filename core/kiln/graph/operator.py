@@ -19,6 +19,7 @@ import torch
 
 from kiln.device import Device, device as as_device
 from kiln.ir.compute import Task, TensorInput, TensorNode
+from kiln.ir.size import size_key
 from kiln.tensor import Tensor, from_torch
 
 
@@ -64,23 +65,24 @@ class OperatorDef:
         return out
 
     def task(self, arguments: dict) -> tuple[Task, list[Tensor], dict]:
-        """The Task for these arguments (cached by input shapes, dtypes and attributes),
-        with the tensor inputs in task order and the attributes."""
+        """The Task for these arguments (cached by input shapes, dtypes and attributes, symbolic
+        sizes by their expressions and values), with the tensor inputs in task order and the
+        attributes."""
         tensors, attrs, call, key = [], {}, {}, [self.name]
         for name, v in arguments.items():
             if isinstance(v, Tensor):
                 tensors.append(v)
                 call[name] = TensorInput(name, v.shape, v.dtype)
-                key.append((name, v.shape, v.dtype.name))
+                key.append((name, size_key(v.shape), v.dtype.name))
             elif isinstance(v, list) and v and all(isinstance(x, Tensor) for x in v):
                 tensors.extend(v)
                 call[name] = [TensorInput(f"{name}{k}", x.shape, x.dtype) for k, x in enumerate(v)]
-                key.append((name, tuple((x.shape, x.dtype.name) for x in v)))
+                key.append((name, tuple((size_key(x.shape), x.dtype.name) for x in v)))
             elif isinstance(v, list) and any(isinstance(x, Tensor) for x in v):
                 raise OperatorError(f"{self.name}: argument '{name}' mixes tensors and other values")
             else:
                 attrs[name] = call[name] = v
-                key.append((name, repr(v)))
+                key.append((name, repr(size_key(v))))
         key = tuple(key)
         with self._lock:
             cached = self._tasks.get(key)
@@ -140,7 +142,7 @@ class Operator:
                             for k, o in enumerate(task.outputs)]
         else:
             results = run_task(task, device, [t.torch() for t in inputs])
-            self.outputs = [from_torch(r) for r in results]
+            self.outputs = [Tensor(o.shape, o.dtype, device, storage=r) for o, r in zip(task.outputs, results)]
 
     @property
     def name(self) -> str:

@@ -13,16 +13,18 @@ from typing import Callable, Sequence
 from kiln import dtypes
 from kiln.dtypes import DataType
 from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, cast, walk
+from kiln.ir.size import as_dim
 
 _names = itertools.count()
 
 
 class TensorNode:
-    """A tensor of the IR: a shape of ints and an element type."""
+    """A tensor of the IR: a shape of ints (`kiln.ir.size.SymSize`s where a size changes from
+    run to run) and an element type."""
 
     def __init__(self, name: str, shape: Sequence[int], dtype: DataType):
         self.name = name
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(as_dim(s) for s in shape)
         self.dtype = dtypes.data_type(dtype)
 
     @property
@@ -72,7 +74,7 @@ def compute(shape: Sequence[int], fcompute: Callable[..., Expr], name: str | Non
 
     `dtype` converts the value to that type; Python scalars get their default type.
     """
-    shape = [int(s) for s in shape]
+    shape = [as_dim(s) for s in shape]
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimension in shape {shape}")
     axes = [Var(f"i{k}", s) for k, s in enumerate(shape)]

@@ -90,6 +90,21 @@ class Var(Expr):
         return ("var", self.uid)
 
 
+class SizeVar(Expr):
+    """A size that is a kernel argument: the int64 `name`, whose value is `value` in the trace
+    that made it (see `kiln.ir.size`)."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: int):
+        super().__init__(dtypes.int64)
+        self.name = name
+        self.value = int(value)
+
+    def _make_key(self):
+        return ("size", self.name, self.value)
+
+
 class Const(Expr):
     """A constant of a given type."""
 
@@ -234,9 +249,12 @@ class Check(Expr):
 # ---------------------------------------------------------------- constructors
 
 def as_expr(value, dtype: DataType | None = None) -> Expr:
-    """Wrap a Python scalar as a Const (of `dtype`, or its default type); keep an Expr."""
+    """Wrap a Python scalar as a Const (of `dtype`, or its default type), a symbolic size
+    (`kiln.ir.size.SymSize`) as its expression (converted to `dtype`); keep an Expr."""
     if isinstance(value, Expr):
         return value
+    if type(value) is not int and isinstance(value, int) and hasattr(value, "size_expr"):
+        return cast(value.size_expr(), dtype or dtypes.int64)
     if isinstance(value, (bool, int, float)):
         return Const(value, dtype or dtypes.scalar_type(value))
     raise TypeError(f"cannot use {type(value).__name__} {value!r} in a Kiln expression")
@@ -250,10 +268,10 @@ def _operands(a, b) -> tuple[Expr, Expr]:
         return a, b
     if isinstance(a, Expr):
         t = dtypes.promote_with_scalar(a.dtype, b)
-        return cast(a, t), Const(b, t)
+        return cast(a, t), as_expr(b, t)
     if isinstance(b, Expr):
         t = dtypes.promote_with_scalar(b.dtype, a)
-        return Const(a, t), cast(b, t)
+        return as_expr(a, t), cast(b, t)
     return as_expr(a), as_expr(b)
 
 

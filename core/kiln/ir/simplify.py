@@ -3,13 +3,19 @@
 Index expressions come out of shape operators as flatten/unflatten chains such as
 `((i0 * 12 + i1) // 12, (i0 * 12 + i1) % 12)`. `simplify` rewrites them to `(i0, i1)` using
 the ranges of the index variables: linear terms divisible by a divisor move out of `//` and `%`,
-and a `//` or `%` whose operand provably lies in [0, c) folds away.
+and a `//` or `%` whose operand provably lies in [0, c) folds away. Divisors that are symbolic
+sizes (`kiln.ir.size`) get the same treatment for terms that are multiples of them.
+
+A symbolic size's range is its value in the trace (`SizeVar.value`), as is an index variable's
+over a symbolic extent: a fold holds for the sizes of the trace that made the expression, the
+only ones its kernel runs with (a kernel's source is shared between sizes only where it is the
+same text, made for each size on its own).
 """
 from __future__ import annotations
 
 import math
 
-from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Select, Var
+from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Select, SizeVar, Var
 from kiln.ir.opcodes import BinaryOp
 from kiln.ir.rewrite import rewrite
 
@@ -19,7 +25,9 @@ def bounds(e: Expr) -> tuple[int, int] | None:
     if isinstance(e, Const) and e.dtype.is_integer:
         return (e.value, e.value)
     if isinstance(e, Var):
-        return (0, e.extent - 1) if isinstance(e.extent, int) else None
+        return (0, int(e.extent) - 1) if isinstance(e.extent, int) else None
+    if isinstance(e, SizeVar):
+        return (e.value, e.value)
     if isinstance(e, Cast) and e.dtype.is_integer and e.a.dtype.is_integer:
         return bounds(e.a)
     if isinstance(e, Check):
@@ -65,27 +73,61 @@ def linear_terms(e: Expr) -> tuple[list[tuple[Expr, int]], int]:
         if isinstance(e.a, Const):
             terms, c = linear_terms(e.b)
             return [(t, k * e.a.value) for t, k in terms], c * e.a.value
+        for x, size in ((e.a, e.b), (e.b, e.a)):
+            scale = _size_term(size)
+            if scale is not None:     # x * (c * u), u a product of symbolic sizes: c * (x * u)
+                u, c = scale
+                terms, k0 = linear_terms(x)
+                return [(Binary(BinaryOp.MUL, t, u, e.dtype), k * c) for t, k in terms] + (
+                    [(u, k0 * c)] if k0 else []), 0
     return [(e, 1)], 0
+
+
+def _size_term(e: Expr) -> tuple[Expr, int] | None:
+    """(u, c) where `e` is c * u for a product u of symbolic sizes, else None."""
+    terms, const = linear_terms(e) if isinstance(e, Binary) else ([(e, 1)], 0)
+    if len(terms) != 1 or const or not _size_product(terms[0][0]):
+        return None
+    return terms[0]
+
+
+def _size_product(e: Expr) -> bool:
+    return isinstance(e, SizeVar) or (isinstance(e, Binary) and e.op == BinaryOp.MUL and _size_product(e.a)
+                                      and _size_product(e.b))
+
+
+def _quotient_terms(m: Binary) -> list[tuple[Expr, int]]:
+    """For the remainder m = x % d: (the terms whose coefficient k * factor, beside m's own k,
+    make them merge with it into x * k), as (term, factor): (x // c) * c for a constant c (also
+    where x is y // e: y // (c*e)), (x // d) * d for a divisor d that is not a constant."""
+    x, d, t = m.a, m.b, m.dtype
+    if isinstance(d, Const):
+        if d.value <= 0:
+            return []
+        found = [(Binary(BinaryOp.FLOORDIV, x, d, t), d.value)]
+        if isinstance(x, Binary) and x.op == BinaryOp.FLOORDIV and isinstance(x.b, Const) and x.b.value > 0:
+            found.append((Binary(BinaryOp.FLOORDIV, x.a, Const(x.b.value * d.value, t), t), d.value))
+        return found
+    q = Binary(BinaryOp.FLOORDIV, x, d, t)
+    return [(Binary(BinaryOp.MUL, q, d, t), 1), (Binary(BinaryOp.MUL, d, q, t), 1)]
 
 
 def _merge_div_mod(merged: dict) -> None:
     """Fold (x // c) * c*k + (x % c) * k into x * k, also where x is y // d and its quotient
-    appears as y // (c*d): the offsets of unflatten-then-flatten chains collapse step by step."""
+    appears as y // (c*d), and (x // d) * d + x % d into x for a symbolic d: the offsets of
+    unflatten-then-flatten chains collapse step by step."""
     changed = True
     while changed:
         changed = False
         for key, (m, k) in list(merged.items()):
-            if not (isinstance(m, Binary) and m.op == BinaryOp.MOD and isinstance(m.b, Const) and m.b.value > 0):
+            if not (isinstance(m, Binary) and m.op == BinaryOp.MOD):
                 continue
-            x, c = m.a, m.b.value
-            quotients = [Binary(BinaryOp.FLOORDIV, x, m.b, m.dtype)]
-            if isinstance(x, Binary) and x.op == BinaryOp.FLOORDIV and isinstance(x.b, Const) and x.b.value > 0:
-                quotients.append(Binary(BinaryOp.FLOORDIV, x.a, Const(x.b.value * c, m.dtype), m.dtype))
-            q = next((q for q in quotients if merged.get(q.key(), (None, None))[1] == k * c), None)
+            q = next((q for q, factor in _quotient_terms(m) if merged.get(q.key(), (None, None))[1] == k * factor),
+                     None)
             if q is not None:
                 del merged[key], merged[q.key()]
-                prev = merged.get(x.key())
-                merged[x.key()] = (x, (prev[1] if prev else 0) + k)
+                prev = merged.get(m.a.key())
+                merged[m.a.key()] = (m.a, (prev[1] if prev else 0) + k)
                 changed = True
                 break
 
@@ -129,6 +171,53 @@ def _radix_split(terms: list[tuple[Expr, int]], const: int, c: int, e: Binary) -
         return _simplify_int(Binary(BinaryOp.ADD, Binary(BinaryOp.MUL, quotient, Const(g, t), t), low, t),
                              Binary(BinaryOp.MUL, quotient, Const(g, t), t), low)
     return None
+
+
+def _multiple_of(term: Expr, unit: Expr) -> Expr | None:
+    """y where `term` is y * unit (or unit itself: 1), else None."""
+    if term.key() == unit.key():
+        return Const(1, term.dtype)
+    if isinstance(term, Binary) and term.op == BinaryOp.MUL:
+        if term.b.key() == unit.key():
+            return term.a
+        if term.a.key() == unit.key():
+            return term.b
+    return None
+
+
+def _symbolic_division(e: Binary, a: Expr, b: Expr) -> Expr | None:
+    """`a // b` or `a % b` for a positive divisor b that is not a constant (a symbolic size c*u):
+    the terms of a that are multiples of it leave the division ((y*b + r) // b = y + r // b,
+    (y*b + r) % b = r % b), and a rest in [0, b) folds away; None where nothing does."""
+    t = e.dtype
+    bb = bounds(b)
+    if bb is None or bb[0] <= 0:
+        return None
+    unit_terms, unit_const = linear_terms(b)
+    whole, whole_const, rest = [], 0, []
+    terms, const = linear_terms(a)
+    for x, k in terms:
+        y = None
+        if len(unit_terms) == 1 and not unit_const and k % unit_terms[0][1] == 0:
+            y = _multiple_of(x, unit_terms[0][0])
+        if y is None:
+            rest.append((x, k))
+        elif isinstance(y, Const):
+            whole_const += y.value * (k // unit_terms[0][1])
+        else:
+            whole.append((y, k // unit_terms[0][1]))
+    rest_expr = _rebuild(rest, const, e)
+    rb = bounds(rest_expr)
+    folds = rb is not None and 0 <= rb[0] and rb[1] < bb[0]
+    if not whole and not whole_const and not folds:
+        return None
+    if e.op == BinaryOp.MOD:
+        return rest_expr if folds else Binary(BinaryOp.MOD, rest_expr, b, t)
+    quotient = _rebuild(whole, whole_const, e)
+    if folds:
+        return quotient
+    return _simplify_int(Binary(BinaryOp.ADD, quotient, Binary(BinaryOp.FLOORDIV, rest_expr, b, t), t),
+                         quotient, Binary(BinaryOp.FLOORDIV, rest_expr, b, t))
 
 
 def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
@@ -178,6 +267,10 @@ def _simplify_int(e: Binary, a: Expr, b: Expr) -> Expr:
                 and rest_expr.b.value % c == 0:
             rest_expr = rest_expr.a
         return Binary(BinaryOp.MOD, rest_expr, b, t)
+    if e.op in (BinaryOp.FLOORDIV, BinaryOp.MOD) and not isinstance(b, Const):
+        divided = _symbolic_division(e, a, b)
+        if divided is not None:
+            return divided
     if e.op in (BinaryOp.MAX, BinaryOp.MIN):
         ba, bb = bounds(a), bounds(b)
         if ba is not None and bb is not None:

@@ -85,17 +85,19 @@ class CpuProgram:
     """What a CPU schedule produces: C `source` defining `void entry(...)`, whose parameters
     are pointers to the buffers named by `args` in order (kernel argument names of
     `kiln.codegen.emitter.KernelArgs`: the task's inputs, then its outputs, then
-    `KernelArgs.STATUS` where the kernel reports failed `checks`)."""
+    `KernelArgs.STATUS` where the kernel reports failed `checks`), then an int64 for each of
+    `sizes`, the values of its symbolic sizes (`kiln.codegen.sizes`) it is called with."""
 
     source: str
     entry: str
     args: tuple[str, ...]
     checks: tuple[KernelCheck, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     def key(self) -> tuple:
         """What identifies the loaded kernel in the runtime's in-memory cache (the checks'
-        messages are not in the source)."""
-        return (self.source, self.entry, self.args, self.checks)
+        messages and the sizes are not in the source)."""
+        return (self.source, self.entry, self.args, self.checks, self.sizes)
 
 
 _omp_threads = threading.local()
@@ -120,7 +122,7 @@ class CpuKernel:
         self._lib = ctypes.CDLL(str(self.path))
         self._fn = getattr(self._lib, program.entry)
         self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_void_p] * len(program.args)
+        self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         threads = torch.get_num_threads()
@@ -130,5 +132,5 @@ class CpuKernel:
         buffers = KernelArgs.bind(inputs, outputs)
         status = (ctypes.c_int64 * 2)()
         buffers[KernelArgs.STATUS] = ctypes.addressof(status)
-        self._fn(*[buffers[name] for name in self.program.args])
+        self._fn(*[buffers[name] for name in self.program.args], *self.program.sizes)
         raise_failed(self.program.checks, status[0], status[1], self.program.entry)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 import re
+import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,8 @@ class CudaProgram:
 
     `arch_suffix` 'a' asks for sm_90a-only features; `min_arch` is the lowest architecture it
     builds for. Inputs and outputs at addresses that are not multiples of `alignment` (a view at
-    an odd offset, say) go through aligned copies."""
+    an odd offset, say) go through aligned copies. `sizes` are the values of the program's
+    symbolic sizes (`kiln.codegen.sizes`): launch arguments `KernelArgs.size(k)`, int64s."""
 
     source: str
     launches: list[Launch]
@@ -67,6 +69,7 @@ class CudaProgram:
     arch_suffix: str = ""
     min_arch: int = 80
     alignment: int = 1       # bytes every input and output pointer must be a multiple of
+    sizes: tuple[int, ...] = ()
 
     @property
     def kernel_names(self) -> list[str]:
@@ -74,7 +77,8 @@ class CudaProgram:
 
     def key(self) -> tuple:
         """What identifies the loaded program in the runtime's in-memory cache."""
-        return (self.source, tuple(self.launches), tuple(self.temporaries), self.arch_suffix, self.alignment)
+        return (self.source, tuple(self.launches), tuple(self.temporaries), self.arch_suffix, self.alignment,
+                self.sizes)
 
     def arch_for(self, device_arch: str) -> str:
         """The NVRTC architecture to build for on a device of `device_arch` ('sm_90')."""
@@ -298,6 +302,7 @@ class CudaRunner:
         temps = [torch.empty(shape, dtype=t.torch_dtype, device=f"cuda:{self.device_index}")
                  for shape, t in self.program.temporaries]
         buffers = KernelArgs.bind(inputs, outputs, temps)
+        buffers.update({KernelArgs.size(k): struct.pack("<q", v) for k, v in enumerate(self.program.sizes)})
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
         for launch in self.program.launches:
             self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args], launch.grid_for(self.sm_count),
@@ -377,8 +382,9 @@ def encode(arg: TensorMapArg, address: int) -> bytes:
     return raw
 
 
-def resolve(arg, buffers: dict[str, int]):
-    """A launch argument's value: a buffer's address, or a tensor map's bytes over its buffer."""
+def resolve(arg, buffers: dict[str, int | bytes]):
+    """A launch argument's value: a buffer's address (or a size's bytes), or a tensor map's
+    bytes over its buffer."""
     if isinstance(arg, TensorMapArg):
         return encode(arg, buffers[arg.param])
     return buffers[arg]

@@ -5,6 +5,11 @@ the task's operator (`schedules_for`: those that apply, highest priority first),
 auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, split reductions, the
 general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
 first; `build_task` loads it on a device through the runtime backend of the device's kind.
+
+A task with symbolic sizes (`kiln.ir.size`) goes as it is to the auto-scheduler, whose rules
+take sizes as kernel arguments, and to the templates that do (`Template.symbolic`), so that one
+build serves every size; every other template gets it specialized to the trace's sizes
+(`kiln.ir.specialize`), and builds a kernel per size.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Callable
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
+from kiln.ir.specialize import specialize
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import CompiledTask, backend_for
 import kiln.schedule.tuner as tuner
@@ -45,6 +51,10 @@ class Template:
     the task's shape on a GPU of `sm_count` multiprocessors (best guess first): tuning level 0
     takes its first instead of `space(0)`'s, and levels 1 and 2 time its first few alongside
     `space(level)`. CPU templates are not timed: they run with their level-0 knobs.
+    `symbolic` says that `applies` and `render` take tasks with symbolic sizes
+    (`kiln.ir.size.SymSize` shapes, `SizeVar`s in expressions) and render kernels that take
+    the sizes as arguments (`kiln.codegen.emitter.SizeArgs`); other templates get the task
+    specialized to its sizes (`kiln.ir.specialize`).
     """
 
     name: str
@@ -57,6 +67,11 @@ class Template:
     min_arch: int = 0
     suggest: Callable | None = None
     reads_views: bool = False
+    symbolic: bool = False
+
+    def task_for(self, task: Task) -> Task:
+        """`task` as this template takes it: specialized to its sizes unless `symbolic`."""
+        return task if self.symbolic else specialize(task)
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,8 @@ AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cuda": (cuda_rows, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
-its program or None; the last of each takes any task."""
+its program or None; the last of each takes any task. Every rule takes symbolic sizes as
+kernel arguments (`kiln.codegen.sizes`)."""
 
 
 def templates_for(operator: str, target: str, arch: int | None = None) -> list[Template]:
@@ -105,7 +121,7 @@ def device_arch(device: Device) -> int | None:
 
 def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Template]:
     """The templates that take `task` on `target` (see `templates_for`), highest priority first."""
-    return [t for t in templates_for(task.name, target, arch) if t.applies(task)]
+    return [t for t in templates_for(task.name, target, arch) if t.applies(t.task_for(task))]
 
 
 def auto_program(task: Task, target: str):
@@ -126,8 +142,9 @@ def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | N
     if not templates:
         return auto_program(task, target)
     template = templates[0]
-    chosen = knobs(template) if knobs else tuner.candidates(template, task, DEFAULT_SM_COUNT, 0)[0]
-    return template.render(task, **chosen)
+    subject = template.task_for(task)
+    chosen = knobs(template) if knobs else tuner.candidates(template, subject, DEFAULT_SM_COUNT, 0)[0]
+    return template.render(subject, **chosen)
 
 
 def build_task(task: Task, device: Device, settings: BuildSettings | None = None) -> CompiledTask:
@@ -139,7 +156,7 @@ def build_task(task: Task, device: Device, settings: BuildSettings | None = None
     if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
         check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
     program = choose(task, device.kind, backend.arch(device),
-                     lambda template: tuner.tune(task, template, device, settings.tune_level))
+                     lambda template: tuner.tune(template.task_for(task), template, device, settings.tune_level))
     return CompiledTask(task, device, backend.load(program, device))
 
 
@@ -147,8 +164,8 @@ def candidate_programs(task: Task, level: int = 0, sm_count: int = DEFAULT_SM_CO
     """Every CUDA program Kiln may build for `task` at a tuning level: (template name, knobs,
     program) for each knob setting the tuner tries (`kiln.schedule.tuner.candidates`, for a GPU
     of `sm_count` multiprocessors) of each applicable template, and the auto-scheduler's."""
-    out = [(t.name, knobs, t.render(task, **knobs)) for t in schedules_for(task, "cuda")
-           for knobs in tuner.candidates(t, task, sm_count, level)]
+    out = [(t.name, knobs, t.render(t.task_for(task), **knobs)) for t in schedules_for(task, "cuda")
+           for knobs in tuner.candidates(t, t.task_for(task), sm_count, level)]
     return out + [("auto", {}, auto_program(task, "cuda"))]
 
 

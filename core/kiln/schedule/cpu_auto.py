@@ -13,15 +13,19 @@ sequence, whose error grows with the length: each block of CASCADE_BLOCK values 
 own, and the block sums combine pairwise (a binary counter of partial sums), so the error grows
 with the block size plus the logarithm of the number of blocks, as in PyTorch's cascade sum.
 Within a block, consecutive values go to SUM_LANES partial sums, which the C compiler keeps in
-one vector register.
+one vector register. A sum over a symbolic number of values is always cascaded, so that the
+kernel's source is the same at every size.
+
+Symbolic sizes (`kiln.ir.size`) are kernel arguments (`kiln.codegen.sizes`).
 """
 from __future__ import annotations
 
 from kiln.codegen.c import CDialect
 from kiln import dtypes
 from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_combine, row_major_strides
+from kiln.codegen.sizes import SizeArgs
 from kiln.ir.compute import Compute
-from kiln.ir.expr import Reduce, Var, as_expr
+from kiln.ir.expr import Reduce, SizeVar, Var, as_expr, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cpu import CpuProgram
@@ -97,11 +101,13 @@ def _pairwise(terms: list[str]) -> str:
 
 
 def _most_values(e: Reduce) -> int:
-    """An upper bound of the number of values `e` reduces (unknown extents count as many)."""
+    """An upper bound of the number of values `e` reduces (unknown and symbolic extents count
+    as many)."""
     n = 1
     for axis in e.axes:
-        b = bounds(as_expr(axis.extent, dtypes.int64))
-        n *= b[1] if b is not None else 1 << 30
+        extent = as_expr(axis.extent, dtypes.int64)
+        b = bounds(extent)
+        n *= b[1] if b is not None and not any(isinstance(x, SizeVar) for x in walk(extent)) else 1 << 30
     return n
 
 
@@ -126,49 +132,53 @@ def _loop_nest(em: Emitter, buf: Compute, name: str) -> None:
         stride *= size
     value = simplify(substitute(buf.value, index))
     work = items * (16 if heavy else 1)
-    pragma = f"#pragma omp parallel for schedule(static) if({work} > {PARALLEL_THRESHOLD})"
+    pragma = f"#pragma omp parallel for schedule(static) if({em.size(work)} > {PARALLEL_THRESHOLD})"
     if outer > 1 or last == 1:
         em.line(pragma)
         em.names[id(o)] = "o"
-        em.open(f"for (int64_t o = 0; o < {outer}; ++o)")
+        em.open(f"for (int64_t o = 0; o < {em.size(outer)}; ++o)")
     else:
         em.names[id(o)] = "0"
     if last > 1:
         if outer == 1:
             em.line(pragma)
         em.names[id(il)] = "il"
-        em.open(f"for (int64_t il = 0; il < {last}; ++il)")
+        em.open(f"for (int64_t il = 0; il < {em.size(last)}; ++il)")
     v = em.emit(value)
     em.line(f"{name}[{em.emit(simplify(flat))}] = {em.dialect.store(buf.dtype, v)};")
     for _ in range(int(outer > 1 or last == 1) + int(last > 1)):
         em.close()
 
 
-def render_cpu(lowered: Lowered, kernel_name: str) -> tuple[str, list[KernelCheck]]:
-    """C source of one function `kernel_name(inputs..., outputs..., status)` computing the
-    task, and the checks whose codes it may write to `status` (see `kiln.runtime.kernel_errors`)."""
+def render_cpu(lowered: Lowered, kernel_name: str) -> tuple[str, list[KernelCheck], SizeArgs]:
+    """C source of one function `kernel_name(inputs..., outputs..., status, sizes...)`
+    computing the task, the checks whose codes it may write to `status` (see
+    `kiln.runtime.kernel_errors`) and its symbolic sizes."""
     d = CDialect()
     temps = lowered.temporaries
     names = KernelArgs.names(lowered.inputs, lowered.outputs, temps)
     params = KernelArgs.params(d, lowered.inputs, lowered.outputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
     params.append(f"int64_t* __restrict__ {KernelArgs.STATUS}")
-    em = CpuEmitter(d, names, strides)
+    sizes = SizeArgs()
+    em = CpuEmitter(d, names, strides, sizes=sizes)
     for t in temps:
         em.line(f"{d.storage_type(t.dtype)}* {names[id(t)]} = ({d.storage_type(t.dtype)}*)malloc("
-                f"{max(numel(t.shape), 1)} * sizeof({d.storage_type(t.dtype)}));")
+                f"{em.size(max(numel(t.shape), 1))} * sizeof({d.storage_type(t.dtype)}));")
     for buf in lowered.buffers:
         _loop_nest(em, buf, names[id(buf)])
     for t in temps:
         em.line(f"free({names[id(t)]});")
     body = "\n".join(em.lines)
     checks = [KernelCheck(c.error, c.message) for c in em.checks]
-    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks
+    params += sizes.declarations()
+    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks, sizes
 
 
 def schedule(lowered: Lowered) -> CpuProgram:
     """The CPU program of `lowered` (it takes every task); the kernel takes a status buffer
-    after its tensors, where its checks report (see `kiln.runtime.kernel_errors`)."""
+    after its tensors, where its checks report (see `kiln.runtime.kernel_errors`), then its
+    symbolic sizes."""
     args = KernelArgs.args(len(lowered.inputs), len(lowered.outputs)) + [KernelArgs.STATUS]
-    source, checks = render_cpu(hoist_invariants(lowered), "kiln_kernel")
-    return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks))
+    source, checks, sizes = render_cpu(hoist_invariants(lowered), "kiln_kernel")
+    return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks), sizes.values)

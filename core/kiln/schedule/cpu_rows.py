@@ -8,12 +8,13 @@ reciprocal), then writes its elements in an inner loop over the row that the C c
 vectorizes. Costly values that a statistic computes for each element and the output needs
 again (softmax's exp(x - max)) are kept in an array on the thread's stack (rows of up to
 KEEP_BYTES), not computed twice. No temporary is allocated and the row is read while it is
-still in cache.
+still in cache. Symbolic sizes are kernel arguments (`kiln.codegen.sizes`).
 """
 from __future__ import annotations
 
 from kiln.codegen.c import CDialect
 from kiln.codegen.emitter import KernelArgs, numel, row_major_strides
+from kiln.codegen.sizes import SizeArgs
 from kiln.ir.expr import Const, Expr, Load, Var
 from kiln.ir.inline import Lowered
 from kiln.runtime.cpu import CpuProgram
@@ -30,8 +31,8 @@ class RowEmitter(CpuEmitter):
     that the statistics compute for each element too) are stored to their row arrays where
     the statistics compute them, and read back from there by the output (`reuse`)."""
 
-    def __init__(self, dialect, names, strides, e: Var, kept: dict):
-        super().__init__(dialect, names, strides)
+    def __init__(self, dialect, names, strides, e: Var, kept: dict, sizes: SizeArgs):
+        super().__init__(dialect, names, strides, sizes=sizes)
         self.e, self.kept = e, kept
         self.reuse = False
 
@@ -47,9 +48,10 @@ class RowEmitter(CpuEmitter):
         return value
 
 
-def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[KernelCheck]]:
-    """C source of the function `kernel_name(inputs..., output, status)` computing the row
-    task `lowered` of prefix `p`, and the checks whose codes it may write to `status`."""
+def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[KernelCheck], SizeArgs]:
+    """C source of the function `kernel_name(inputs..., output, status, sizes...)` computing
+    the row task `lowered` of prefix `p`, the checks whose codes it may write to `status` and
+    its symbolic sizes."""
     d = CDialect()
     form = row_form(lowered, p)
     out = lowered.outputs[0]
@@ -59,12 +61,14 @@ def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[K
     names[id(form.o)] = "o"
     result = reciprocals(form.result, form.e)
     kept = shared_parts(form.stats, result, form.e)[:KEEP_BYTES // (4 * form.row_len)]
-    em = RowEmitter(d, names, strides, form.e, {part.key(): f"kiln_kept{k}" for k, part in enumerate(kept)})
+    sizes = SizeArgs()
+    em = RowEmitter(d, names, strides, form.e, {part.key(): f"kiln_kept{k}" for k, part in enumerate(kept)}, sizes)
     work = form.rows * form.row_len * (len(form.stats) + 1)
-    em.line(f"#pragma omp parallel for schedule(static) if({work} > {PARALLEL_THRESHOLD})")
-    em.open(f"for (int64_t o = 0; o < {form.rows}; ++o)")
+    row_len = em.size(form.row_len)
+    em.line(f"#pragma omp parallel for schedule(static) if({em.size(work)} > {PARALLEL_THRESHOLD})")
+    em.open(f"for (int64_t o = 0; o < {em.size(form.rows)}; ++o)")
     for k, part in enumerate(kept):
-        em.line(f"{d.value_type(part.dtype)} kiln_kept{k}[{form.row_len}];")
+        em.line(f"{d.value_type(part.dtype)} kiln_kept{k}[{row_len}];")
     for t, scalar, value in zip(form.temporaries, form.scalars, form.stats):
         v = em.emit(value)
         held = em.fresh("row")
@@ -74,14 +78,15 @@ def render_rows(lowered: Lowered, p: int, kernel_name: str) -> tuple[str, list[K
         em.emit(part)
     em.names[id(form.e)] = "e"
     em.reuse = True
-    em.open(f"for (int64_t e = 0; e < {form.row_len}; ++e)")
+    em.open(f"for (int64_t e = 0; e < {row_len}; ++e)")
     v = em.emit(result)
-    em.line(f"{names[id(out)]}[o * {form.row_len} + e] = {d.store(out.dtype, v)};")
+    em.line(f"{names[id(out)]}[o * {row_len} + e] = {d.store(out.dtype, v)};")
     em.close()
     em.close()
     body = "\n".join(em.lines)
     checks = [KernelCheck(c.error, c.message) for c in em.checks]
-    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks
+    params += sizes.declarations()
+    return f"{d.prelude}\nvoid {kernel_name}({', '.join(params)}) {{\n{body}\n}}\n", checks, sizes
 
 
 def schedule(lowered: Lowered) -> CpuProgram | None:
@@ -95,5 +100,5 @@ def schedule(lowered: Lowered) -> CpuProgram | None:
     if numel(out.shape[:p]) < FEW_ROWS and numel(out.shape) > PARALLEL_THRESHOLD:
         return None
     args = KernelArgs.args(len(lowered.inputs), 1) + [KernelArgs.STATUS]
-    source, checks = render_rows(lowered, p, "kiln_kernel")
-    return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks))
+    source, checks, sizes = render_rows(lowered, p, "kiln_kernel")
+    return CpuProgram(source, "kiln_kernel", tuple(args), tuple(checks), sizes.values)

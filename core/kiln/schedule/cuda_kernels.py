@@ -16,7 +16,10 @@ returns its CudaProgram, or None where it does not apply. They share what is her
 - `CudaEmitter` spreads an element's outermost reductions over the lanes of a warp or block.
 
 A lane summing more than PARTIAL_LENGTH float values sums them in partial sums of that many,
-so that its error does not grow with the row's length.
+so that its error does not grow with the row's length (always, for a symbolic length).
+
+Symbolic sizes are kernel arguments (`kiln.codegen.sizes`), shared by a program's kernels; each
+kernel declares those it reads, after its buffers.
 """
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ from dataclasses import dataclass
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_init, row_major_strides
+from kiln.codegen.sizes import SizeArgs
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Expr, Reduce, Var, as_expr
+from kiln.ir.expr import Expr, Reduce, SizeVar, Var, as_expr, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
+from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
 
 BLOCK = 256
@@ -53,6 +58,13 @@ def reduce_extent(r: Reduce) -> int:
     return n
 
 
+def symbolic_extent(r: Reduce) -> bool:
+    """Whether the number of values `r` reduces depends on a symbolic size."""
+    return any(isinstance(a.extent, SymSize) or (isinstance(a.extent, Expr) and
+                                                 any(isinstance(x, SizeVar) for x in walk(a.extent)))
+               for a in r.axes)
+
+
 def choose_mode(elements: int, extent: int) -> str:
     """How to run one element's reductions: 'thread', 'warp' or 'block'."""
     if extent == 0 or (extent <= 32 and elements >= 8192):
@@ -70,8 +82,8 @@ class CudaEmitter(Emitter):
     """
 
     def __init__(self, dialect, names, strides, mode: str, indent: int = 1, split: tuple[str, str] | None = None,
-                 split_extent: int | None = None):
-        super().__init__(dialect, names, strides, indent)
+                 split_extent: int | None = None, sizes: SizeArgs | None = None):
+        super().__init__(dialect, names, strides, indent, sizes)
         self.mode = mode
         self.depth = 0
         self.split = split
@@ -131,6 +143,8 @@ class CudaEmitter(Emitter):
         lo, hi = (self.split if self.split else ("0", total))
         lanes = 32 if self.mode == "warp" else BLOCK
         per_lane = -(-min(reduce_extent(e), self.split_extent or reduce_extent(e)) // lanes)
+        if symbolic_extent(e):
+            per_lane = PARTIAL_LENGTH + 1
         partial = None if arg else self.open_partial(e.op, t, acc, per_lane)
         self.line("#pragma unroll 4")
         self.open(f"for (int64_t {flat} = {lo} + {lane}; {flat} < {hi}; {flat} += {width})")
@@ -218,18 +232,22 @@ def signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
     return ", ".join(params)
 
 
-def item_loop_kernel(name: str, threads: int, args: list, mode: str, items: int, body: str) -> str:
+def item_loop_kernel(name: str, threads: int, args: list, mode: str, items: int, body: str,
+                     sizes: SizeArgs) -> tuple[str, tuple[str, ...]]:
     """The source of kernel `name` over `args` running `body` for each work item `o` below
-    `items`: a thread, a warp or a block per item by `mode`, in a grid-stride loop."""
+    `items`: a thread, a warp or a block per item by `mode`, in a grid-stride loop; and the
+    size parameters (of `sizes`) it takes after `args`."""
     start, step = ITEM_LOOP[mode]
-    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}({signature(CudaDialect(), args)}) {{\n'
-            f"    for (int64_t o = {start}; o < {items}; o += {step}) {{\n{body}\n    }}\n}}\n")
+    loop = f"    for (int64_t o = {start}; o < {sizes.text(items)}; o += {step}) {{\n{body}\n    }}\n}}\n"
+    used = sizes.used_in(loop)
+    params = ", ".join([signature(CudaDialect(), args)] + sizes.declarations(used))
+    return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{\n' + loop, tuple(used)
 
 
 def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
-                   kernel_name: str, split: tuple[int, int] | None = None) -> Kernel:
+                   kernel_name: str, sizes: SizeArgs, split: tuple[int, int] | None = None) -> Kernel:
     """The kernel writing every element of `buf` (or, with `split` = (parts, extent), the
-    partial reductions of its single outermost reduction)."""
+    partial reductions of its single outermost reduction), its symbolic sizes in `sizes`."""
     d = CudaDialect()
     items = numel(buf.shape)
     reduces = top_reduces(buf.value)
@@ -246,11 +264,12 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
     split_bounds = None
     if split:
         parts, total = split
-        chunk = -(-total // parts)
-        split_bounds = (f"(int64_t)blockIdx.y * {chunk}", f"min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){total})")
+        chunk = sizes.text(-(-total // parts))
+        split_bounds = (f"(int64_t)blockIdx.y * {chunk}",
+                        f"min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){sizes.text(total)})")
         value = top_reduces(value)[0]
     em = CudaEmitter(d, names, strides, mode, indent=2, split=split_bounds,
-                     split_extent=-(-split[1] // split[0]) if split else None)
+                     split_extent=-(-split[1] // split[0]) if split else None, sizes=sizes)
     per_block = {"thread": BLOCK, "warp": BLOCK // 32, "block": 1}[mode]
     v = em.emit(value)
     if split:
@@ -260,11 +279,12 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
     if mode != "thread":
         store = f"if ({'(threadIdx.x & 31)' if mode == 'warp' else 'threadIdx.x'} == 0) {store}"
     body = "\n".join(em.lines) + f"\n        {store}"
-    source = item_loop_kernel(kernel_name, BLOCK, args, mode, items, body)
+    source, used = item_loop_kernel(kernel_name, BLOCK, args, mode, items, body, sizes)
+    names = tuple(n for n, _, _ in args) + used
     if split:
-        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), grid=(items, split[0], 1))
+        launch = Launch(kernel_name, names, (BLOCK, 1, 1), grid=(int(items), split[0], 1))
     else:
-        launch = Launch(kernel_name, tuple(n for n, _, _ in args), (BLOCK, 1, 1), items=items,
+        launch = Launch(kernel_name, names, (BLOCK, 1, 1), items=int(items),
                         per_block=per_block, waves=2048 // BLOCK * 4 if mode == "thread" else 64)
     return Kernel(source, launch)
 
@@ -274,23 +294,24 @@ class AutoProgram:
 
     Every tensor has its kernel argument name (`names`, by id) and row-major strides;
     `available` lists the (name, tensor, read-only) arguments a next kernel may take: the
-    task's inputs and every buffer already written.
+    task's inputs and every buffer already written; `sizes` the program's symbolic sizes.
     """
 
     def __init__(self, lowered: Lowered):
         self.lowered = lowered
         self.names = KernelArgs.names(lowered.inputs, lowered.outputs, lowered.temporaries)
         self.strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
-        self.temporaries = [(t.shape, t.dtype) for t in lowered.temporaries]
+        self.temporaries = [(tuple(map(int, t.shape)), t.dtype) for t in lowered.temporaries]
         self.available = [(self.names[id(t)], t, True) for t in lowered.inputs]
         self.kernels: list[Kernel] = []
+        self.sizes = SizeArgs()
 
     def temporary(self, shape: tuple[int, ...], dtype) -> TensorInput:
         """A new temporary buffer of the program, as a tensor its kernels can load."""
         t = TensorInput(KernelArgs.temporary(len(self.temporaries)), shape, dtype)
         self.names[id(t)] = t.name
         self.strides[id(t)] = row_major_strides(shape)
-        self.temporaries.append((shape, dtype))
+        self.temporaries.append((tuple(map(int, shape)), dtype))
         return t
 
     def write(self, n: int, buf: Compute, out_name: str | None = None) -> None:
@@ -298,9 +319,9 @@ class AutoProgram:
         by default its own argument)."""
         out_name = out_name or self.names[id(buf)]
         self.kernels.append(buffer_kernel(self.names, self.strides, self.available + [(out_name, buf, False)],
-                                          buf, out_name, f"kiln_k{n}"))
+                                          buf, out_name, f"kiln_k{n}", self.sizes))
         self.available = self.available + [(out_name, buf, True)]
 
     def program(self) -> CudaProgram:
         source = CudaDialect().prelude + "\n" + "\n".join(k.source for k in self.kernels)
-        return CudaProgram(source, [k.launch for k in self.kernels], self.temporaries)
+        return CudaProgram(source, [k.launch for k in self.kernels], self.temporaries, sizes=self.sizes.values)

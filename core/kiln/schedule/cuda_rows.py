@@ -23,6 +23,10 @@ The output phase does as little arithmetic as it can (16-bit rows stay memory-bo
 the same for the whole row is computed once a row (a division by a statistic becomes a
 multiplication by its reciprocal), and costly values the statistics computed for each element
 (softmax's exp(x - max)) stay in registers.
+
+A row of symbolic length (`kiln.ir.size`) gets a plan that is the same at every length of its
+regime (a warp, or a block of BLOCK threads): scalar elements, a loop over the thread's chunks
+to the run-time length, no registers kept; sizes are kernel arguments (`kiln.codegen.sizes`).
 """
 from __future__ import annotations
 
@@ -35,9 +39,10 @@ from kiln.codegen.emitter import reduce_init
 from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, linear_terms, simplify
+from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
-from kiln.schedule.cuda_kernels import BLOCK, AutoProgram, CudaEmitter, item_loop_kernel
+from kiln.schedule.cuda_kernels import BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel
 from kiln.schedule.rows import elementwise_prefix, reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
@@ -80,13 +85,18 @@ class RowPlan:
 
     @property
     def guarded(self) -> bool:
-        """Whether some chunk of some thread lies past the row's end."""
-        return self.row_len % (self.lanes * self.vector) != 0
+        """Whether some chunk of some thread lies past the row's end (at some length, for a
+        symbolic one)."""
+        return isinstance(self.row_len, SymSize) or self.row_len % (self.lanes * self.vector) != 0
 
 
 def plan_row(row_len: int, vector: int, cached_bytes: int) -> RowPlan:
     """The plan for rows of `row_len` elements in packs of `vector`; `cached_bytes` is what one
-    pack of every stream the statistics read takes in registers."""
+    pack of every stream the statistics read takes in registers. A symbolic length's plan
+    depends on its value only through the choice of a warp or a block (see the module doc)."""
+    if isinstance(row_len, SymSize):
+        lanes = 32 if row_len <= 32 * ROW_WARP_PACKS else BLOCK
+        return RowPlan(row_len, 1, lanes, (row_len + lanes - 1) // lanes, False)
     packs = -(-row_len // vector)
     if packs <= 32 * ROW_WARP_PACKS:
         lanes = 32
@@ -128,8 +138,8 @@ class RowEmitter(CudaEmitter):
     in registers to their pack arrays.
     """
 
-    def __init__(self, dialect, names, strides, plan: RowPlan, e: Var, streams: dict, cache: dict):
-        super().__init__(dialect, names, strides, "warp" if plan.warp else "block", indent=2)
+    def __init__(self, dialect, names, strides, plan: RowPlan, e: Var, streams: dict, cache: dict, sizes):
+        super().__init__(dialect, names, strides, "warp" if plan.warp else "block", indent=2, sizes=sizes)
         self.plan, self.e = plan, e
         self.streams, self.cache = streams, cache
         self.packs: dict = {}       # stream -> the C expression of its pack in the current chunk
@@ -164,10 +174,10 @@ class RowEmitter(CudaEmitter):
         """Open the loop over this thread's chunks; load the packs of `needed` streams not cached."""
         plan = self.plan
         self.line("#pragma unroll" if plan.cached else "#pragma unroll 2")
-        self.open(f"for (int kiln_c = 0; kiln_c < {plan.chunks}; ++kiln_c)")
+        self.open(f"for (int kiln_c = 0; kiln_c < {self.size(plan.chunks)}; ++kiln_c)")
         self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector};")
         if plan.guarded:
-            self.open(f"if (kiln_eb < {plan.row_len})")
+            self.open(f"if (kiln_eb < {self.size(plan.row_len)})")
         self.packs = {}
         for stream in needed:
             if stream not in self.cache:
@@ -230,7 +240,8 @@ class RowEmitter(CudaEmitter):
         pos = self.fresh("pos")
         if arg:
             self.line(f"int64_t {pos} = 0;")
-        partial = None if arg else self.open_partial(r.op, t, acc, self.plan.chunks * self.plan.vector)
+        per_lane = PARTIAL_LENGTH + 1 if isinstance(self.plan.row_len, SymSize) else self.plan.chunks * self.plan.vector
+        partial = None if arg else self.open_partial(r.op, t, acc, per_lane)
         self.open_chunk(self.needed(r.body))
         self.open_element()
         v = self.emit(r.body)
@@ -269,7 +280,7 @@ class RowEmitter(CudaEmitter):
             v = self.emit(value)
         self.line(f"kiln_st.v[kiln_j] = {d.store(out.dtype, v)};")
         self.close()
-        target = f"{out_name} + o * {plan.row_len} + kiln_eb"
+        target = f"{out_name} + o * {self.size(plan.row_len)} + kiln_eb"
         self.line(f"*reinterpret_cast<{self.pack_type(out.dtype)}*>({target}) = kiln_st;")
         self.close_chunk()
 
@@ -284,7 +295,7 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
                 if offset is not None:
                     found[x.key()] = (x, offset)
     narrowest = min([x.tensor.dtype.nbytes for x, _ in found.values()] + [out.dtype.nbytes])
-    vector = min(MAX_VECTOR, max(1, PACK_BYTES // narrowest))
+    vector = 1 if isinstance(row_len, SymSize) else min(MAX_VECTOR, max(1, PACK_BYTES // narrowest))
     while row_len % vector:
         vector //= 2
     streams, keys = {}, {}
@@ -321,7 +332,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     pack_bytes = sum(max(4, s.tensor.dtype.nbytes) * vector for s in read_by_stats)
     plan = plan_row(row_len, vector, pack_bytes)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
-    em = RowEmitter(d, names, strides, plan, e, streams, cache)
+    em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
     em.load_cache()
     if plan.cached:
         shared = shared_parts(stats, result, e)
@@ -333,9 +344,10 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
         em.scopes[-1][Load(scalar, ()).key()] = held
     em.store_row(result, out, names[id(out)])
     threads = BLOCK if plan.warp else plan.lanes
-    source = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows, "\n".join(em.lines))
-    launch = Launch("kiln_row", tuple(n for n, _, _ in args), (threads, 1, 1), items=rows,
+    source, used = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows,
+                                    "\n".join(em.lines), auto.sizes)
+    launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=int(rows),
                     per_block=threads // 32 if plan.warp else 1, waves=64)
     tensors = [s.tensor for s in streams.values()] + [out]
     alignment = max(min(PACK_BYTES, t.dtype.nbytes * vector) for t in tensors) if vector > 1 else 1
-    return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=alignment)
+    return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=alignment, sizes=auto.sizes.values)

@@ -70,7 +70,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
             partial = auto.temporary((numel(buf.shape), plan[0]), r.dtype)
             args = auto.available + [(partial.name, partial, False)]
             auto.kernels.append(buffer_kernel(auto.names, auto.strides, args, buf, partial.name,
-                                              f"kiln_k{n}_split", plan))
+                                              f"kiln_k{n}_split", auto.sizes, plan))
             flat = 0
             for axis, size in zip(buf.axes, buf.shape):
                 flat = flat * size + axis

@@ -16,7 +16,10 @@ GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
 - `kiln_epilogue_row(PARAMS, b, m, n0, count, acc)` computes and stores output elements
   (b, m, n0 .. n0 + count - 1) from the float accumulators `acc[0 .. count - 1]`.
 
-The template owns tiling, packing and threads; these hooks own every index and dtype.
+The template owns tiling, packing and threads; these hooks own every index and dtype. The
+hooks' parameters are the macro `PARAMS` (the kernel's; `ARGS` passes them on), which the
+template defines before them: the task's buffers, then its symbolic sizes
+(`kiln.codegen.sizes`), which `batch`, M, N and K are written in (`CpuGemm.text`).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from kiln import dtypes
 from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.hooks import gemm_factors, strip_cast, unravel_index, variables_of
 from kiln.ir import Const, Expr, Load, Reduce, Task, Var, cast, inline_task, simplify, substitute
 from kiln.ir.expr import walk
@@ -42,17 +46,30 @@ class CpuGemm:
     M: int
     N: int
     K: int
-    params: str          # the kernel's parameter list: inputs in order, then out0
-    args: str            # the same names, to pass them on
     hooks: str           # C source of kiln_a, kiln_b_row, kiln_b_col and kiln_epilogue_row
     b_by_k: bool         # B is contiguous along k in memory: kiln_b_col packs it faster
+    buffers: list[str]   # the kernel's buffer parameters: inputs in order, then out0
+    sizes: SizeArgs      # its symbolic sizes
+
+    def params(self) -> str:
+        """The kernel's parameter list (`PARAMS`): its buffers, then its sizes; complete once
+        every size is written (`text`)."""
+        return ", ".join(self.buffers + self.sizes.declarations())
+
+    def args(self, num_inputs: int) -> str:
+        """The names of the parameters (`ARGS`), to pass them on."""
+        return ", ".join(KernelArgs.args(num_inputs) + [KernelArgs.size(k) for k in range(len(self.sizes.values))])
+
+    def text(self, size) -> str:
+        """C text of a size of the task (see `kiln.codegen.sizes.SizeArgs.text`)."""
+        return self.sizes.text(size)
 
 
 def _reads(e: Expr, dtype_ok) -> bool:
     return all(dtype_ok(x.dtype) for x in walk(e) if isinstance(x, Load))
 
 
-def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ext) -> str:
+def _b_row(fb, sizes, names, strides, var_names, b_index, k_index, n_axes, n_ext) -> str:
     """`kiln_b_row`: B's values along n, in runs over the innermost n axis (the outer n axes'
     indices are unravelled once per run), or in one run where B's index arithmetic over the
     flat n has no division left (a 1x1 convolution reads its pixels contiguously)."""
@@ -66,10 +83,10 @@ def _b_row(fb, params, names, strides, var_names, b_index, k_index, n_axes, n_ex
         value = simplify(cast(substitute(fb, index), dtypes.float32))
     else:
         inner = flat
-    em = Emitter(d, {**names, **var_names, id(outer): "o", id(inner): "i"}, strides, indent=3)
+    em = Emitter(d, {**names, **var_names, id(outer): "o", id(inner): "i"}, strides, indent=3, sizes=sizes)
     v = em.emit(value)
-    extent = inner.extent
-    return (f"static inline void kiln_b_row({params}, int64_t b, int64_t k, int64_t n0, int64_t count, "
+    extent = em.size(inner.extent)
+    return (f"static inline void kiln_b_row(PARAMS, int64_t b, int64_t k, int64_t n0, int64_t count, "
             f"float* __restrict__ dst) {{\n"
             f"    for (int64_t n = n0, end = n0 + count; n < end;) {{\n"
             f"        const int64_t o = n / {extent}, i0 = n % {extent};\n"
@@ -117,7 +134,7 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     k_ext = [a.extent for a in r.axes]
     B, M, N, K = math.prod(b_ext), math.prod(m_ext), math.prod(n_ext), math.prod(k_ext)
     d = CDialect()
-    params = ", ".join(KernelArgs.params(d, lowered.inputs, [out]))
+    sizes = SizeArgs()
     names = KernelArgs.names(lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     bv, mv, nv, kv = Var("b", max(B, 1)), Var("m", M), Var("n", N), Var("k", K)
@@ -127,15 +144,15 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     var_names = {id(bv): "b", id(mv): "m", id(nv): "n", id(kv): "k"}
 
     value = simplify(cast(substitute(fa, {**b_index, **m_index, **k_index}), dtypes.float32))
-    em = Emitter(d, {**names, **var_names}, strides)
+    em = Emitter(d, {**names, **var_names}, strides, sizes=sizes)
     v = em.emit(value)
-    hooks = [f"static inline float kiln_a({params}, int64_t b, int64_t m, int64_t k) {{\n"
-             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", _b_row(fb, params, names, strides, var_names,
+    hooks = [f"static inline float kiln_a(PARAMS, int64_t b, int64_t m, int64_t k) {{\n"
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", _b_row(fb, sizes, names, strides, var_names,
                                                                      b_index, k_index, n_axes, n_ext)]
     value = simplify(cast(substitute(fb, {**b_index, **n_index, **k_index}), dtypes.float32))
-    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    em = Emitter(d, {**names, **var_names}, strides, indent=2, sizes=sizes)
     v = em.emit(value)
-    hooks.append(f"static inline void kiln_b_col({params}, int64_t b, int64_t n, int64_t k0, int64_t count, "
+    hooks.append(f"static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
                  f"float* __restrict__ dst, int64_t stride) {{\n"
                  f"    for (int64_t k = k0; k < k0 + count; ++k) {{\n" + "\n".join(em.lines)
                  + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
@@ -147,12 +164,11 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     value = simplify(substitute(out.value, index))
     out_strides = row_major_strides(out.shape)
     flat = simplify(sum((index[id(a)] * s for a, s in zip(axes, out_strides)), Const(0, dtypes.int64)))
-    em = Emitter(d, {**names, **var_names}, strides, indent=2)
+    em = Emitter(d, {**names, **var_names}, strides, indent=2, sizes=sizes)
     em.scopes[0][top_reduces(value)[0].key()] = "acc[n - n0]"
     stored = d.store(out.dtype, em.emit(value))
     em.line(f"{KernelArgs.output(0)}[{em.emit(flat)}] = {stored};")
-    hooks.append(f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
+    hooks.append(f"static inline void kiln_epilogue_row(PARAMS, int64_t b, int64_t m, int64_t n0, "
                  f"int64_t count, const float* __restrict__ acc) {{\n"
                  f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
-    args = ", ".join(KernelArgs.args(len(lowered.inputs)))
-    return CpuGemm(B, M, N, K, params, args, "".join(hooks), b_by_k)
+    return CpuGemm(B, M, N, K, "".join(hooks), b_by_k, KernelArgs.params(d, lowered.inputs, [out]), sizes)

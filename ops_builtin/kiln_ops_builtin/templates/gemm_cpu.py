@@ -15,6 +15,9 @@ applies whatever fusion put there (bias, activation, residual, cast) and stores.
 
 With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
 rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+
+Symbolic sizes are kernel arguments (`kiln.codegen.sizes`): BATCH, M, N and K are macros of
+them, so one build serves every size.
 """
 from __future__ import annotations
 
@@ -248,10 +251,12 @@ def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
-    defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
+    extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
+    defines = {"PARAMS": g.params(), "ARGS": g.args(len(task.inputs)), **extents,
                "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return CpuProgram(C_PRELUDE + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
+    return CpuProgram(C_PRELUDE + head + g.hooks + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))),
+                      sizes=g.sizes.values)
 
 
 def space(level: int) -> list[dict]:
@@ -262,5 +267,7 @@ def space(level: int) -> list[dict]:
     return knobs
 
 
-MATMUL = Template("gemm_cpu", ("matmul", "linear"), "cpu", render, priority=10, applies=applies, space=space)
-CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies, space=space)
+MATMUL = Template("gemm_cpu", ("matmul", "linear"), "cpu", render, priority=10, applies=applies, space=space,
+                  symbolic=True)
+CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies, space=space,
+                symbolic=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
+from collections import OrderedDict
 
 import torch
 from torch.fx import GraphModule
@@ -32,8 +33,10 @@ from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
+from kiln.frontend.torch.sizes import input_sizes
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
+from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
@@ -96,12 +99,23 @@ def constant_placeholders(gm: GraphModule, example_inputs) -> set[str]:
     return names
 
 
+SIGNATURES_KEPT = 32
+"""The most input signatures (sizes) a KilnFunction keeps the FlowGraph, memory plan and CUDA
+graph of; the least recently used goes first (coming back, it is traced again, from kernels
+already built where its sizes are symbolic)."""
+
+
 class KilnFunction:
     """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
 
-    `graphs` maps each input signature seen to its `CompiledRun`; `constant_ids` holds the
-    ids of the parameters and buffers it was called with (how `kiln.save` finds a model's
-    graphs among the `live()` ones) and `frame` the Python frame dynamo compiled it from."""
+    A graph dynamo traced with symbolic sizes is traced by Kiln again at each new size, with
+    its sizes as `kiln.ir.size.SymSize`s: kernels that take sizes as arguments are built once
+    and serve every size (see `kiln.schedule.choose`).
+
+    `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
+    `constant_ids` holds the ids of the parameters and buffers it was called with (how
+    `kiln.save` finds a model's graphs among the `live()` ones) and `frame` the Python frame
+    dynamo compiled it from."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -112,14 +126,18 @@ class KilnFunction:
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
         changed = _changed_in_place(gm)
-        self.constant = [n.name in constants and n not in changed for n in placeholders]
-        self._constant_positions = [k for k, c in enumerate(self.constant) if c]
+        # a one-element input the graph reads the value of (`x.item()`: a module's float that
+        # dynamic=True passes as a tensor) is a constant of the trace, traced again when it changes
+        read = [any(u.op == "call_method" and u.target == "item" for u in n.users) for n in placeholders]
+        self.constant = [(n.name in constants or r) and n not in changed for n, r in zip(placeholders, read)]
+        self._read_positions = [k for k, r in enumerate(read) if r and self.constant[k]]
+        self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
         self._constants_state: dict[tuple, tuple] = {}
         # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
         self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
                         for n in placeholders]
-        self.graphs: dict[tuple, CompiledRun] = {}
+        self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
         self.constant_ids: set[int] = set()
         KilnFunction._live.add(self)
@@ -130,7 +148,8 @@ class KilnFunction:
         return list(cls._live)
 
     def __call__(self, *args):
-        key = tuple(_signature(args[k]) for k in self._input_positions)
+        key = (tuple(_signature(args[k]) for k in self._input_positions) +
+               tuple(args[k].item() for k in self._read_positions))
         # Constants are checked by memory and version (dynamo's guards fix their shapes and
         # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
@@ -143,6 +162,10 @@ class KilnFunction:
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
             self._constants_state[key] = state
+            if len(self.graphs) > SIGNATURES_KEPT:
+                oldest, _ = self.graphs.popitem(last=False)
+                del self._constants_state[oldest]
+        self.graphs.move_to_end(key)
         return compiled(args)
 
     def _compile(self, args) -> CompiledRun:
@@ -151,16 +174,16 @@ class KilnFunction:
         folder = dump_folder()
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
-        for k, (a, constant) in enumerate(zip(args, self.constant)):
+        for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
                 else:
-                    v = symbol(a.shape, a.dtype, a.device)
+                    v = symbol(sizes, a.dtype, a.device)
                     inputs.append(v)
                     positions.append(k)
             else:
-                v = a
+                v = sizes
             values.append(v)
         interpreter = Interpreter(self.gm)
         traced_values = {}
@@ -213,10 +236,15 @@ class CompiledRun:
                 args[position].copy_(value.torch())
         outs = iter(outs)
         return map_aggregate(self.structure,
-                             lambda v: next(outs).torch() if isinstance(v, Tensor) else v)
+                             lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
 
 
 _version = operator.attrgetter("_version")
+
+
+def _plain(value):
+    """A graph's non-tensor output as the caller gets it: a symbolic size as its int."""
+    return int(value) if isinstance(value, SymSize) else value
 
 
 def _changed_in_place(gm: GraphModule) -> set:

@@ -16,8 +16,9 @@ Inside torch.autocast regions (`kiln.frontend.torch.autocast`) a node's floating
 to the dtype PyTorch produced for it. Calls with no effect on values (`NO_EFFECT_CALLS`: usage
 logging, grad mode) are skipped, and
 shape arithmetic (`SHAPE_FUNCTIONS`: torch.Size, sym_size and the sym_* helpers) runs in Python
-on the concrete sizes of the run, so a graph dynamo traced with SymInts runs, specialized, at
-each size. Each rule's result is checked against dynamo's metadata (`node.meta`): a tensor of
+on the sizes of the run: a graph dynamo traced with SymInts is interpreted at each size, its
+symbolic sizes being `kiln.ir.size.SymSize`s (ints that keep their expression), so that
+kernels can take them as arguments. Each rule's result is checked against dynamo's metadata (`node.meta`): a tensor of
 another shape or dtype than PyTorch's is a `RuleResultError` naming the rule and its plugin.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ SHAPE_FUNCTIONS = frozenset({
     torch.Size, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not,
     torch.sym_ite, torch.sym_sum, torch._sym_sqrt, torch._check, torch._check_is_size,
 })
-"""Shape arithmetic on Python ints and SymInts, run as Python at each concrete size."""
+"""Shape arithmetic on Python ints and SymInts, run as Python at each size (on SymSizes)."""
 
 _SIZE_QUERIES = {
     torch.ops.aten.sym_size.int: lambda t, dim: t.shape[dim],
@@ -252,7 +253,7 @@ class Interpreter:
         for size, actual in pairs:
             expr = getattr(getattr(size, "node", None), "expr", None)
             if expr is not None and expr.is_symbol:
-                self._bindings[expr] = actual
+                self._bindings[expr] = int(actual)
 
     def _attribute(self, path: str):
         value = self.gm

@@ -1,0 +1,265 @@
+"""Symbolic sizes: dimensions that change from run to run (dynamo's SymInts).
+
+A `SymSize` is an int: its value in the trace being compiled, with which every decision is
+taken (shapes, bounds, schedules), exactly as for a plain int. It also carries how that value
+is computed from run-time sizes, as a polynomial over atoms (a `SizeVar` such as s0, or a
+floor division or remainder of polynomials), normalized so that equal expressions
+compare equal (`(s0 * 16) // 16` is s0). Python arithmetic on SymSizes (+, -, *, //, %) keeps
+both; anything else (a comparison, `int()`, `/`) sees the value. A result whose expression is a
+constant is a plain int.
+
+Code generation that opts in (`kiln.codegen.emitter.SizeArgs`) writes the expression instead of
+the value and takes the sizes as kernel arguments, so that the kernels of two sizes have the
+same source and build once. Whatever is derived from a SymSize is correct for its own trace:
+where generation only used the value, the source holds the value (and differs per size).
+
+Each atom knows its value, so an expression's value is its own: `size_key` tells shapes apart
+by expression and value, for caches that must not hand a task of one size to another.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Iterable
+
+from kiln import dtypes
+from kiln.ir.expr import Binary, Const, Expr, SizeVar
+from kiln.ir.opcodes import BinaryOp
+
+# A polynomial: ((monomial, coefficient), ...) sorted, without zero coefficients; a monomial
+# is a sorted tuple of atoms (with repeats for powers); an atom is ("size", name, value) or
+# (op, polynomial, polynomial) with op "floordiv" or "mod" (a quotient or remainder that does
+# not simplify).
+_ATOM_OPS = {"floordiv": (BinaryOp.FLOORDIV, lambda a, b: a // b), "mod": (BinaryOp.MOD, lambda a, b: a % b)}
+
+
+def _constant(c: int) -> tuple:
+    return (((), c),) if c else ()
+
+
+def _normal(terms: Iterable[tuple[tuple, int]]) -> tuple:
+    merged: dict[tuple, int] = {}
+    for monomial, coef in terms:
+        merged[monomial] = merged.get(monomial, 0) + coef
+    return tuple(sorted((m, c) for m, c in merged.items() if c))
+
+
+def _add(p: tuple, q: tuple) -> tuple:
+    return _normal(p + q)
+
+
+def _scale(p: tuple, k: int) -> tuple:
+    return _normal((m, c * k) for m, c in p)
+
+
+def _mul(p: tuple, q: tuple) -> tuple:
+    return _normal((tuple(sorted(mp + mq)), cp * cq) for mp, cp in p for mq, cq in q)
+
+
+def _constant_of(p: tuple) -> int | None:
+    if not p:
+        return 0
+    return p[0][1] if len(p) == 1 and not p[0][0] else None
+
+
+def _divide_term(term: tuple, q: tuple) -> tuple | None:
+    """The monomial term / q where q is one term dividing it (coefficient and atoms), else None."""
+    (mq, cq), = q
+    rest = list(term[0])
+    for atom in mq:
+        if atom not in rest:
+            return None
+        rest.remove(atom)
+    return (tuple(rest), term[1] // cq) if term[1] % cq == 0 else None
+
+
+def _split(p: tuple, q: tuple) -> tuple[tuple, tuple]:
+    """(quotient, rest) with p = q * quotient + rest, where the quotient takes every term of p
+    that the single term q divides; q of several terms divides only a whole multiple of itself."""
+    if len(q) > 1:
+        first, coef = q[0]
+        k = next((c // coef for m, c in p if m == first and c % coef == 0), None)
+        return (_constant(k), ()) if k is not None and _scale(q, k) == p else ((), p)
+    if not q:
+        return (), p
+    quotient, rest = [], []
+    for term in p:
+        divided = _divide_term(term, q)
+        if divided is None:
+            rest.append(term)
+        else:
+            quotient.append(divided)
+    return _normal(quotient), tuple(rest)
+
+
+def _atom_value(atom: tuple) -> int:
+    if atom[0] == "size":
+        return atom[2]
+    return _ATOM_OPS[atom[0]][1](_value(atom[1]), _value(atom[2]))
+
+
+def _value(p: tuple) -> int:
+    return sum(c * math.prod(_atom_value(a) for a in m) for m, c in p)
+
+
+def _floordiv(p: tuple, q: tuple) -> tuple:
+    quotient, rest = _split(p, q)
+    if not rest:
+        return quotient
+    c, r = _constant_of(q), _constant_of(rest)
+    if c and r is not None:
+        return _add(quotient, _constant(r // c))
+    return _add(quotient, (((("floordiv", rest, q),), 1),))
+
+
+def _mod(p: tuple, q: tuple) -> tuple:
+    _, rest = _split(p, q)
+    if not rest:
+        return ()
+    c = _constant_of(q)
+    if c is not None and c > 0:    # reduced coefficients leave the same remainder
+        rest = _normal((m, k % c) for m, k in rest)
+        if _constant_of(rest) is not None:
+            return _constant(_constant_of(rest) % c)
+    return (((("mod", rest, q),), 1),)
+
+
+def _polynomial(x) -> tuple | None:
+    if isinstance(x, SymSize):
+        return x.polynomial
+    if isinstance(x, int):
+        return _constant(int(x))
+    return None
+
+
+def _make(value: int, polynomial: tuple):
+    """A SymSize of `value` computed by `polynomial`, or the plain int where it is constant."""
+    if _value(polynomial) != value:
+        raise AssertionError(f"symbolic size {polynomial} evaluates to {_value(polynomial)}, not {value}")
+    return value if _constant_of(polynomial) is not None else SymSize(value, polynomial)
+
+
+def _sub(p: tuple, q: tuple) -> tuple:
+    return _add(p, _scale(q, -1))
+
+
+def _binary(name: str, combine):
+    """The forward and reflected methods of the int operator `name` on SymSizes: the value as
+    int computes it, the polynomial by `combine`; with a non-int operand, int's own result."""
+    forward_int, backward_int = getattr(int, f"__{name}__"), getattr(int, f"__r{name}__")
+
+    def forward(self, other):
+        q = _polynomial(other)
+        if q is None:
+            return forward_int(int(self), other)
+        return _make(forward_int(int(self), int(other)), combine(self.polynomial, q))
+
+    def backward(self, other):
+        p = _polynomial(other)
+        if p is None:
+            return backward_int(int(self), other)
+        return _make(forward_int(int(other), int(self)), combine(p, self.polynomial))
+
+    return forward, backward
+
+
+class SymSize(int):
+    """A size known by its value in this trace and by its expression over run-time sizes
+    (see the module doc). `SymSize.named(name, value)` makes the size variable itself."""
+
+    def __new__(cls, value: int, polynomial: tuple):
+        self = super().__new__(cls, value)
+        self.polynomial = polynomial
+        self._expr = None
+        return self
+
+    @classmethod
+    def named(cls, name: str, value: int) -> SymSize:
+        """The run-time size `name`, of `value` in this trace."""
+        return cls(value, (((("size", name, int(value)),), 1),))
+
+    def size_expr(self) -> Expr:
+        """The int64 IR expression computing this size from `SizeVar`s."""
+        if self._expr is None:
+            self._expr = _expr_of(self.polynomial)
+        return self._expr
+
+    __add__, __radd__ = _binary("add", _add)
+    __sub__, __rsub__ = _binary("sub", _sub)
+    __mul__, __rmul__ = _binary("mul", _mul)
+    __floordiv__, __rfloordiv__ = _binary("floordiv", _floordiv)
+    __mod__, __rmod__ = _binary("mod", _mod)
+
+    def __neg__(self):
+        return _make(-int(self), _scale(self.polynomial, -1))
+
+    def __pos__(self):
+        return self
+
+    def __reduce__(self):       # pickled as its value
+        return (int, (int(self),))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _atom_expr(atom: tuple) -> Expr:
+    if atom[0] == "size":
+        return SizeVar(atom[1], atom[2])
+    return Binary(_ATOM_OPS[atom[0]][0], _expr_of(atom[1]), _expr_of(atom[2]), dtypes.int64)
+
+
+def _expr_of(p: tuple) -> Expr:
+    out = None
+    for monomial, coef in p:
+        term = None
+        for atom in monomial:
+            a = _atom_expr(atom)
+            term = a if term is None else Binary(BinaryOp.MUL, term, a, dtypes.int64)
+        if term is None:
+            term = Const(coef, dtypes.int64)
+        elif coef != 1:
+            term = Binary(BinaryOp.MUL, term, Const(coef, dtypes.int64), dtypes.int64)
+        out = term if out is None else Binary(BinaryOp.ADD, out, term, dtypes.int64)
+    return out if out is not None else Const(0, dtypes.int64)
+
+
+def as_dim(size) -> int:
+    """A dimension as shapes hold it: a SymSize as it is, anything else as an int."""
+    return size if isinstance(size, SymSize) else int(size)
+
+
+def as_index(value) -> int:
+    """`operator.index(value)`, keeping a SymSize as it is."""
+    return value if isinstance(value, SymSize) else operator.index(value)
+
+
+def slice_extent(start, end, step: int, n) -> tuple:
+    """(first index, count) of Python's slice `start:end:step` (a positive step) over a
+    dimension of `n`, as `slice(...).indices(n)` decides them, kept symbolic where the bounds
+    and `n` are: `x[1:]` of a SymSize n has n - 1 elements."""
+    def bound(value, default):
+        if value is None:
+            return default
+        value = as_index(value)
+        if value < 0:
+            value = value + n
+            return value if value >= 0 else 0
+        return value if value <= n else n
+
+    first, stop = bound(start, 0), bound(end, n)
+    count = (stop - first + step - 1) // step if stop > first else 0
+    return first, count
+
+
+def size_key(value):
+    """`value` (a size, or a list or tuple holding sizes) as a hashable key that tells a
+    SymSize from an int of the same value, and SymSizes of different expressions apart."""
+    if isinstance(value, SymSize):
+        return ("symsize", int(value), value.polynomial)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(size_key(v) for v in value))
+    return value

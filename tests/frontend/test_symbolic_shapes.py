@@ -1,0 +1,132 @@
+"""Symbolic shapes through torch.compile, on the CPU: a graph dynamo traced with symbolic sizes
+runs at every size with the kernels built for the first (counted as CPU kernel cache misses in
+a fresh cache, from the `kiln` log), and matches eager. (The CUDA programs that
+KILN_NVRTC_CHECK compiles for each task are left out here: tests/cuda checks those.)"""
+import logging
+import warnings
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import kiln
+from kiln.frontend.torch.backend import SIGNATURES_KEPT, KilnFunction
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
+    torch._dynamo.reset()
+    yield
+    kiln.torch.dynamo_config.reset()
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def builds(caplog):
+    """The number of CPU kernels built so far (kernel cache misses logged by `kiln`)."""
+    caplog.set_level(logging.INFO, logger="kiln")
+    return lambda: sum(r.getMessage().startswith("kernel cache miss: building cpu/") for r in caplog.records)
+
+
+def _gpt2(n_layer=1, n_positions=32):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=n_layer, n_head=2,
+                                     n_positions=n_positions, bos_token_id=0, eos_token_id=0)
+    return config, transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_tiny_gpt2_builds_its_kernels_once_for_five_sequence_lengths(builds):
+    _, model = _gpt2()
+    compiled = torch.compile(model, backend="kiln")
+    new = []
+    for length in (5, 8, 11, 13, 30):
+        ids = torch.randint(0, 64, (2, length))
+        if length == 5:
+            torch._dynamo.mark_dynamic(ids, 1)
+        before = builds()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids, use_cache=False).logits,
+                                       model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+        new.append(builds() - before)
+    assert new[0] > 0 and new[1:] == [0, 0, 0, 0]
+
+
+def test_a_decode_loop_with_a_growing_kv_cache_builds_kernels_once(builds):
+    """32 greedy tokens over transformers' DynamicCache: the prompt and the first step are
+    static graphs, dynamo's second step makes the cache length symbolic; from then on no step
+    builds a kernel, and the tokens are eager's."""
+    config, model = _gpt2(n_layer=2, n_positions=64)
+    prompt = torch.randint(0, 64, (1, 5))
+
+    def decode(step):
+        out = step(prompt, past_key_values=transformers.DynamicCache(config=config), use_cache=True)
+        tokens, new = [out.logits[:, -1:].argmax(-1)], []
+        for _ in range(32):
+            before = builds()
+            out = step(tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+            tokens.append(out.logits[:, -1:].argmax(-1))
+            new.append(builds() - before)
+        return [t.item() for t in tokens], new
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, _ = decode(model)
+        got, new = decode(torch.compile(model, backend="kiln"))
+    assert got == want
+    assert new[1] > 0 and new[2:] == [0] * 30
+
+
+def test_dynamic_true_cnn_builds_once_for_three_batch_sizes(builds):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 5)).eval()
+    model[1].running_mean.uniform_(-1, 1)
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    new = []
+    for batch in (4, 7, 2):
+        x = torch.randn(batch, 3, 17, 19)
+        before = builds()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        new.append(builds() - before)
+    assert new[0] > 0 and new[1:] == [0, 0]
+
+
+def test_only_the_last_signatures_are_kept():
+    compiled = torch.compile(lambda x: (x * 2).sum(-1), backend="kiln", dynamic=True)
+    before = set(map(id, KilnFunction.live()))
+    for n in range(2, SIGNATURES_KEPT + 4):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(compiled(x), (x * 2).sum(-1))
+    function, = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
+    shapes = [next(s[0] for s in key if isinstance(s, tuple)) for key in function.graphs]
+    assert shapes == [(3, n) for n in range(4, SIGNATURES_KEPT + 4)]
+
+
+def test_a_float_the_graph_reads_is_part_of_its_signature():
+    """dynamic=True passes batch norm's eps as a one-element tensor that the graph reads with
+    `.item()`: a call with another value must not run the graph traced with the first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    model[1].running_var.uniform_(0.01, 0.02)
+    captured = []
+
+    def backend(gm, inputs):
+        captured.append((gm, list(inputs)))
+        return kiln.torch.kiln_backend(gm, inputs)
+
+    x = torch.randn(2, 3, 9, 10)
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=True)(x)
+        gm, inputs = captured[-1]
+        function = kiln.torch.kiln_backend(gm, inputs)
+        eps, = [k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))
+                if any(u.target == "item" for u in n.users) and "eps" in n.name]
+        for value in (1e-5, 0.5):
+            inputs[eps] = torch.tensor(value, dtype=torch.float64)
+            model[1].eps = value
+            torch.testing.assert_close(function(*inputs)[0], model(x), atol=1e-4, rtol=1e-4)
