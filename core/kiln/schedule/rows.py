@@ -21,6 +21,7 @@ from kiln.codegen.hooks import unravel_index
 from kiln.ir.compute import Compute, TensorInput
 from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, walk
 from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
+from kiln.ir.size import SymSize
 from kiln.ir.simplify import simplify
 
 
@@ -99,10 +100,13 @@ def elementwise_prefix(lowered: Lowered, min_rows: int, min_row_len: int) -> int
     """For a task of one injective output and nothing else (no temporary, no reduction), the
     number p of leading axes that leave it at least `min_rows` rows of at least `min_row_len`
     elements (as few trailing axes in the row as that takes, so that the row's element is one
-    axis where it can be); None for any other task or where no such split exists."""
-    if lowered.temporaries or len(lowered.outputs) != 1 or _top_reduces(lowered.outputs[0].value):
-        return None
+    axis where it can be); None for any other task, where no such split exists, or where a
+    size is symbolic (the split would then differ from size to size: one general kernel serves
+    them all)."""
     shape = lowered.outputs[0].shape
+    if (lowered.temporaries or len(lowered.outputs) != 1 or _top_reduces(lowered.outputs[0].value)
+            or any(isinstance(size, SymSize) for size in shape)):
+        return None
     for p in range(len(shape) - 1, 0, -1):
         if numel(shape[p:]) >= min_row_len:
             return p if numel(shape[:p]) >= min_rows else None
