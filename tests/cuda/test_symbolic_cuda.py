@@ -21,18 +21,20 @@ SIZES = (7, 33, 130)
 
 def _graph(n: int, device: str = "cpu"):
     """Softmax and sums over a symbolic dim (warp rows, reductions), a layer norm over it, a
-    flatten across it and an element-wise chain, on x: float32[s0, 70] and y: float32[192, s0]."""
+    flatten across it, an element-wise chain and a layer norm of a symbolic number of rows (on
+    either side of the row kernels' fixed-size threshold), on x: float32[s0, 70] and
+    y: float32[192, s0]."""
     s = SymSize.named("s0", n)
     x, y = symbol((s, 70), "float32", device), symbol((192, s), "float32", device)
     outs = [kiln.ops.softmax(x, 0), kiln.ops.sum(x, 0), kiln.ops.softmax(y, -1),
             kiln.ops.layer_norm(kiln.ops.permute(x, (1, 0)), (s,)), kiln.ops.sum(kiln.ops.reshape(x, (-1,)), 0),
-            kiln.ops.tanh(x * 2 + 1)]
+            kiln.ops.tanh(x * 2 + 1), kiln.ops.layer_norm(x, (70,))]
     return trace_from(outs, [x, y])
 
 
 def _expected(x: torch.Tensor, y: torch.Tensor) -> list:
     return [x.softmax(0), x.sum(0), y.softmax(-1), torch.nn.functional.layer_norm(x.T, (x.shape[0],)),
-            x.reshape(-1).sum(0), torch.tanh(x * 2 + 1)]
+            x.reshape(-1).sum(0), torch.tanh(x * 2 + 1), torch.nn.functional.layer_norm(x, (70,))]
 
 
 @needs_nvrtc

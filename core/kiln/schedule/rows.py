@@ -70,7 +70,8 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
     only at its reader's own row: the flat index of the read's leading indices is the flat
     index of the reader's row (the output may be a reshape of the rows the statistics were
     computed over: layer_norm(x).view(-1, d)). The output must have further axes (the row),
-    hold no reduction itself, and have `min_rows` rows at least."""
+    hold no reduction itself, and have `min_rows` rows at least, unless their number is
+    symbolic (one kernel then serves every size: the row kernel)."""
     temps = lowered.temporaries
     if not temps or len(lowered.outputs) != 1:
         return None
@@ -80,7 +81,7 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
         return None
     rows = counts.pop()
     p = _row_axes(out.shape, rows)
-    if p is None or p == 0 or p >= len(out.shape) or rows < min_rows:
+    if p is None or p == 0 or p >= len(out.shape) or (rows < min_rows and not isinstance(rows, SymSize)):
         return None
     temp_ids = {id(t): _statistic_prefix(t.shape) for t in temps}
     for buf in lowered.buffers:
