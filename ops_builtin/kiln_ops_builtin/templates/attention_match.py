@@ -13,17 +13,19 @@ output element `select(total == 0, 0, sum_j exp(S - shift) * v[.., j, e] / total
 - the scale, causality, and the output hooks `kiln_epilogue(KILN_PARAMS, b, m, n, acc)` and
   `kiln_epilogue2(..)` (`kiln.codegen.hooks.render_epilogue`), `acc` being the normalized
   attention value of query row m, column n, so a fused epilogue (a cast, a residual add)
-  renders into them.
+  renders into them; for the CPU (`match_attention(task, "cpu")`) the hooks are C and the
+  output hook is the row epilogue of `cpu_hooks`.
 
 It returns None for anything else (an operand computed by a fused prologue, strides that are
-not whole 16-byte chunks, an epilogue that moves the value column or reshapes the output), and
-the auto-scheduler keeps the semantics.
+not whole 16-byte chunks on a GPU, an epilogue that moves the value column or reshapes the
+output), and the auto-scheduler keeps the semantics.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.hooks import render_epilogue, unravel_index
@@ -32,6 +34,8 @@ from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, Te
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify
 from kiln.ir.expr import walk
+
+from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row
 
 CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column's a multiple of it
 
@@ -113,9 +117,9 @@ def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dic
 
 
 def _strided(e: Expr, params: dict, roles: dict[int, str], row: str, col: str, group: int,
-             head: int | None) -> Strided | None:
+             head: int | None, chunk: int) -> Strided | None:
     """`e` (a cast of) a load of a task input as a `Strided` operand with rows `row` and unit-stride
-    columns `col`, or None."""
+    columns `col`, every other stride and the offset multiples of `chunk` elements, or None."""
     load = e.a if isinstance(e, Cast) else e
     if not isinstance(load, Load) or not isinstance(load.tensor, TensorInput) or id(load.tensor) not in params:
         return None
@@ -130,7 +134,7 @@ def _strided(e: Expr, params: dict, roles: dict[int, str], row: str, col: str, g
     if set(flat) - allowed or flat.get(col) != 1:
         return None
     coef = {r: c for r, c in flat.items() if r not in ("", row, col) and c}
-    if any(c % CHUNK or c < 0 for c in coef.values()) or flat.get(row, 0) % CHUNK or flat.get("", 0) % CHUNK:
+    if any(c % chunk or c < 0 for c in coef.values()) or flat.get(row, 0) % chunk or flat.get("", 0) % chunk:
         return None
     return Strided(params[id(load.tensor)], load.tensor.dtype, coef, flat.get(row, 0), flat.get("", 0))
 
@@ -183,8 +187,12 @@ def _find_element(out: Compute):
     return None
 
 
-def match_attention(task) -> Attention | None:
-    """The attention `task` computes as a fused kernel sees it (see the module doc), or None."""
+def match_attention(task, target: str = "cuda") -> Attention | None:
+    """The attention `task` computes as a fused kernel of `target` sees it (see the module doc),
+    or None. For "cuda" the hooks are device functions and the operands' strides whole 16-byte
+    chunks; for "cpu" the hooks are C (`kiln_mask`, and `cpu_hooks.render_epilogue_row`'s
+    `kiln_epilogue_row(KILN_PARAMS, b, m, n0, count, acc)` for row m of flat batch b, value
+    columns n0 .. n0 + count - 1) and the strides any."""
     lowered = inline_task(task)
     if len(lowered.outputs) != 1 or len(lowered.buffers) != 4:
         return None
@@ -218,37 +226,44 @@ def match_attention(task) -> Attention | None:
                   and isinstance(x.b, Const)), 1)
     roles = {id(a): f"b{n}" for n, a in enumerate(scores.axes[:-2])}
     roles.update({id(scores.axes[-2]): "i", id(scores.axes[-1]): "j", id(dot.axes[0]): "d"})
-    q = _strided(prod.a, params, roles, "i", "d", group, head)
-    k = _strided(prod.b, params, roles, "j", "d", group, head)
+    chunk = CHUNK if target == "cuda" else 1
+    q = _strided(prod.a, params, roles, "i", "d", group, head, chunk)
+    k = _strided(prod.b, params, roles, "j", "d", group, head, chunk)
     out_roles = {id(a): f"b{n}" for n, a in enumerate(row[:-1])}
     out_roles.update({id(weighted.axes[0]): "j", id(out.axes[-1]): "e"})
-    v = _strided(body.b, params, out_roles, "j", "e", group, id(row[-2]) if len(batch) else None)
+    v = _strided(body.b, params, out_roles, "j", "e", group, id(row[-2]) if len(batch) else None, chunk)
     if q is None or k is None or v is None or tuple(a.extent for a in row) != batch + (Lq,):
         return None
     D = dot.axes[0].extent
-    d = CudaDialect()
+    d = CudaDialect() if target == "cuda" else CDialect()
     decl = KernelArgs.params(d, lowered.inputs, [out])
     hooks = ""
     if mask is not None:
-        hooks = _mask_hook(mask, scores, decl, lowered)
+        hooks = _mask_hook(mask, scores, decl, lowered, d)
     plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: weighted if e is element else None))
 
     def index_of(bvar, mvar, nvar):
         return {**unravel_index(bvar, row[:-1], batch), id(row[-1]): mvar, id(out.axes[-1]): nvar}
 
-    hooks += render_epilogue(lowered, plain, decl, index_of, True)
+    if target == "cuda":
+        hooks += render_epilogue(lowered, plain, decl, index_of, True)
+    else:
+        bvar, mvar, nvar = Var("b", math.prod(batch)), Var("m", Lq), Var("n", Dv)
+        hooks += render_epilogue_row(lowered, plain, index_of(bvar, mvar, nvar),
+                                     {id(bvar): "b", id(mvar): "m", id(nvar): "n"}, ", ".join(decl))
     return Attention(q.dtype, batch, group, Lq, Lk, D, Dv, q, k, v, scale, bool(task.attrs.get("is_causal")), kind,
                      ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
 
 
-def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered) -> str:
-    """`kiln_mask(params, b, i, j)`: the mask's value at the scores' flat batch b, row i, column j."""
-    d = CudaDialect()
+def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered, d) -> str:
+    """`kiln_mask(params, b, i, j)` in dialect `d`: the mask's value at the scores' flat batch b,
+    row i, column j."""
     bvar, ivar, jvar = Var("b", 1 << 62), Var("i", 1 << 62), Var("j", 1 << 62)
     index = {**unravel_index(bvar, scores.axes[:-2], scores.shape[:-2]), id(scores.axes[-2]): ivar,
              id(scores.axes[-1]): jvar}
     names = {**KernelArgs.names(lowered.inputs), id(bvar): "b", id(ivar): "i", id(jvar): "j"}
     em = Emitter(d, names, {id(t): row_major_strides(t.shape) for t in lowered.inputs})
     value = em.emit(simplify(substitute(mask, index)))
-    return (f"static __device__ __forceinline__ {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "
+    head = "static __device__ __forceinline__" if isinstance(d, CudaDialect) else "static inline"
+    return (f"{head} {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "
             f"int64_t b, int64_t i, int64_t j) {{\n" + "\n".join(em.lines) + f"\n    return {value};\n}}\n")

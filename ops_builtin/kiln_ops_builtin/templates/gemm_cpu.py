@@ -9,8 +9,8 @@ k-major panels (row by row along n, or column by column along k where B is conti
 and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
 register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
 stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
-the host's widest vectors (AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
-into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
+the host's widest vectors (`cpu_simd`; AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A
+tile is added into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
 applies whatever fusion put there (bias, activation, residual, cast) and stores.
 
 With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
@@ -24,16 +24,10 @@ from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
 
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+from kiln_ops_builtin.templates.cpu_simd import VECTORS
 
 KERNEL = r"""
 #include <omp.h>
-#if defined(__AVX512F__)
-#define VW 16
-#elif defined(__AVX__)
-#define VW 8
-#else
-#define VW 4
-#endif
 #define NV 2
 #define NR (NV * VW)
 #ifndef MR
@@ -45,9 +39,6 @@ KERNEL = r"""
 #define MR 8
 #endif
 #endif
-typedef float kiln_vf __attribute__((vector_size(VW * 4)));
-typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
-
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
    k-major) times b-panel (kc x NR, k-major) */
 static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
@@ -251,7 +242,7 @@ def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:
     defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
                "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return CpuProgram(C_PRELUDE + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
+    return CpuProgram(C_PRELUDE + VECTORS + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
 
 
 def space(level: int) -> list[dict]:
