@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import kiln
 from kiln import dtypes
 from kiln.ir import Task, TensorInput, compute
+from kiln.passes.fused import fold_anchor
 from kiln.schedule import build_task, schedules_for
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_cpu
@@ -173,10 +174,34 @@ def test_head_views_and_epilogue_fuse_into_the_template():
     q, k, v = x.view(b, lq, h, d).transpose(1, 2), *kv.view(b, 53, 2, h, d).permute(2, 0, 3, 1, 4)
     want = _reference(q, k, v, mask=mask).transpose(1, 2).reshape(b, lq, h * d) + residual
     torch.testing.assert_close(got.double(), want, **TOL)
-    (task,) = _attention_tasks(capture)
-    assert attention_cpu.applies(task)
-    a = match_attention(task, "cpu")
+    graph = next(iter(capture.compiled[0].graphs.values())).graph
+    assert len(graph.nodes) == 1 and attention_cpu.applies(graph.nodes[0].task)
+    a = match_attention(graph.nodes[0].task, "cpu")
     assert a.q.row_stride == h * d and a.k.row_stride == 2 * h * d and a.v.offset == h * d
+    assert (a.batch, a.Lq, a.Dv) == ((b, h), lq, d)
+
+
+@pytest.mark.parametrize("name", ["transpose", "reshape", "merged_batch_and_heads", "column_split"])
+def test_outputs_written_through_views(name):
+    """The output folded with views after it: heads and rows swapped, heads and value columns
+    merged ([B, L, H * Dv]), batch and heads merged; a value column split in two is declined."""
+    views = {
+        "transpose": ((2, 37, 3, 40), lambda a: lambda b, i, h, e: a[b, h, i, e], lambda o: o.transpose(1, 2)),
+        "reshape": ((2, 37, 120), lambda a: lambda b, i, c: a[b, c // 40, i, c % 40],
+                    lambda o: o.transpose(1, 2).reshape(2, 37, 120)),
+        "merged_batch_and_heads": ((6, 37, 40), lambda a: lambda x, i, e: a[x // 3, x % 3, i, e],
+                                   lambda o: o.reshape(6, 37, 40)),
+        "column_split": ((2, 3, 37, 2, 20), lambda a: lambda b, h, i, e, f: a[b, h, i, e * 20 + f],
+                         lambda o: o.reshape(2, 3, 37, 2, 20)),
+    }
+    shape, view, expected = views[name]
+    ins = [TensorInput(n, s, dtypes.float32) for n, s in zip("qkv", ((2, 3, 37, 40), (2, 3, 53, 40), (2, 3, 53, 40)))]
+    att = attention_op.attention.definition(*ins, None, None, True)
+    task = Task("attention", ins, [fold_anchor(compute(shape, view(att)), att)], {"is_causal": True})
+    assert attention_cpu.applies(task) == (name != "column_split")
+    q, k, v = rand((2, 3, 37, 40)), rand((2, 3, 53, 40)), rand((2, 3, 53, 40))
+    (got,) = build_task(task, kiln.device("cpu"))([q, k, v])
+    torch.testing.assert_close(got.double(), expected(_reference(q, k, v, is_causal=True)), **TOL)
 
 
 def test_declines_what_it_does_not_read():
