@@ -85,6 +85,23 @@ def test_conv1d():
     assert_close(kiln.ops.conv1d(x, w, None, 2, 1), F.conv1d(x, w, None, 2, 1), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("knobs", [dict(MC=224, KC=128, NC=4096, MR=12), dict(MC=100, KC=96, NC=64, MR=14),
+                                   dict(MC=336, KC=256, NC=4096, WHOLE_K=0), dict(gemm_cpu.DEFAULT)])
+def test_blockings_of_m_n_and_k(knobs):
+    """A's blocks that MR does not divide (whole panels each, no row computed twice), N and K
+    split in several blocks, K in one block (WHOLE_K)."""
+    from kiln.runtime.cpu import CpuKernel
+    x, w, b = rand((501, 1000)), rand((130, 1000)), rand((130,))
+    task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
+    out = torch.empty(501, 130)
+    CpuKernel(gemm_cpu.render(task, **knobs))([x, w, b], [out])
+    assert_close(out, F.linear(x, w, b), atol=1e-3, rtol=1e-4)
+
+
+def test_row_tile_pads_m_least():
+    assert [gemm_cpu.row_tile(m) for m in (128, 140, 132, 1024, 197, 5)] == [8, 14, 12, 8, 8, 8]
+
+
 def test_one_thread_gives_the_same_result():
     x, y = rand((130, 257)), rand((257, 300))
     threads = torch.get_num_threads()

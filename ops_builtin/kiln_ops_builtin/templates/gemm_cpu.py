@@ -9,9 +9,10 @@ k-major panels (row by row along n, or column by column along k where B is conti
 and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
 register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
 stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
-the host's widest vectors (`cpu_simd`; AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A
-tile is added into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
-applies whatever fusion put there (bias, activation, residual, cast) and stores.
+the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2:
+6 x 16, else 128-bit 8 x 8). A tile is added into a float32 workspace (K blocks before the
+last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
+fusion put there (bias, activation, residual, cast) and stores.
 
 With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
 rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
@@ -32,13 +33,14 @@ KERNEL = r"""
 #define NR (NV * VW)
 #ifndef MR
 #if VW == 16
-#define MR 14
+#define MR MR_WIDE
 #elif VW == 8
 #define MR 6
 #else
 #define MR 8
 #endif
 #endif
+#define MCB (MC / MR * MR)          /* A's blocks in whole panels */
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
    k-major) times b-panel (kc x NR, k-major) */
 static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
@@ -104,8 +106,8 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
         const int first = pc == 0, last = pc + kc >= K;
         for (int64_t p = 0; p < npanels; ++p)
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
-        for (int64_t ic = m_lo; ic < m_hi; ic += MC) {
-            const int64_t mc = KILN_MIN(MC, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
+        for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
+            const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
             for (int64_t p = 0; p < mpanels; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
             for (int64_t jp = 0; jp < npanels; ++jp)
@@ -212,7 +214,7 @@ void kiln_kernel(PARAMS) {
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
         float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
                 if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
@@ -225,7 +227,14 @@ void kiln_kernel(PARAMS) {
 }
 """
 
-DEFAULT = {"MC": 336, "KC": 256, "NC": 4096}
+DEFAULT = {"MC": 336, "KC": 256, "NC": 4096, "WHOLE_K": 768}
+WIDE_ROWS = (14, 12, 8)     # register-tile heights with 16-float vectors
+
+
+def row_tile(m: int, heights=WIDE_ROWS) -> int:
+    """The register-tile height for M = m rows: the one of `heights` that pads m's last panel
+    least, the tallest of those tied (M = 128 takes 8: 14 would compute 140 rows)."""
+    return min(heights, key=lambda r: (-(-m // r) * r - m, -r))
 
 
 def applies(task) -> bool:
@@ -234,13 +243,16 @@ def applies(task) -> bool:
     return g is not None and g.K > 0
 
 
-def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:
-    """The program `kiln_kernel(inputs..., output)` for `task`; MR = 0 takes the ISA's default."""
+def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task`. K up to WHOLE_K is one block (no
+    float32 workspace between K blocks, which costs most where M x N outgrows the L2 cache);
+    MR = 0 takes the ISA's default (`row_tile` of M with 16-float vectors)."""
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     defines = {"PARAMS": g.params, "ARGS": g.args, "BATCH": g.batch, "M": g.M, "N": g.N, "K": g.K,
-               "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
+               "MC": MC, "KC": g.K if g.K <= WHOLE_K else KC, "NC": NC, "B_BY_K": int(g.b_by_k),
+               "MR_WIDE": row_tile(g.M), **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return CpuProgram(C_PRELUDE + VECTORS + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
 
