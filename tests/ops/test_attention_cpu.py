@@ -14,24 +14,12 @@ from kiln.schedule import build_task, schedules_for
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_cpu
 from kiln_ops_builtin.templates.attention_match import match_attention
-from tests.cuda.attention_support import attention_task
+from tests.cuda.attention_support import attention_task, masks, reference
 from tests.frontend.frontend_support import Capture
 from tests.support import rand
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 TOL = dict(atol=2e-5, rtol=1e-4)
-
-
-def _reference(q, k, v, mask=None, scale=None, is_causal=False):
-    """Eager PyTorch in float64, key/value heads repeated, a causal edge with a mask made part of it."""
-    if q.ndim >= 3:
-        k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
-    mask = mask.double() if mask is not None and mask.is_floating_point() else mask
-    if is_causal and mask is not None:
-        lower = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        mask, is_causal = mask & lower if mask.dtype == torch.bool else mask.masked_fill(~lower, float("-inf")), False
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale,
-                                          is_causal=is_causal)
 
 
 def _chosen(q, k, v, mask=None, scale=None, is_causal=False):
@@ -59,17 +47,12 @@ def test_odd_lengths_and_head_dims(lq, lk, d, dv):
     q, k, v = _qkv((2, 3, lq, d), (2, 3, lk, d), dv)
     out = _run(q, k, v)
     assert out.dtype == f32 and out.shape == (2, 3, lq, dv)
-    torch.testing.assert_close(out.double(), _reference(q, k, v), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v), **TOL)
 
 
 def _masks(lq, lk, dtype):
-    keep = torch.rand(lq, lk) > 0.4
-    keep[:, 0] = True
-    padding = torch.ones(2, 1, 1, lk, dtype=torch.bool)
-    padding[1, :, :, lk - 5:] = False
-    return {"bool": keep, "float": rand((2, 1, lq, lk), dtype), "padding": padding,
-            "additive_padding": torch.where(padding, 0.0, torch.finfo(dtype).min).to(dtype),
-            "float_heads": rand((3, 1, lk), dtype)}
+    """`masks`' and a float mask per head [3, 1, lk]."""
+    return {**masks(lq, lk, dtype), "float_heads": rand((3, 1, lk), dtype)}
 
 
 @pytest.mark.parametrize("kind", ["bool", "float", "padding", "additive_padding", "float_heads"])
@@ -78,14 +61,14 @@ def test_masks(kind, causal):
     q, k, v = _qkv((2, 3, 70, 16), (2, 3, 75, 16), 16)
     mask = _masks(70, 75, f32)[kind]
     out = _run(q, k, v, mask=mask, is_causal=causal, scale=0.3)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, mask=mask, is_causal=causal, scale=0.3), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask, is_causal=causal, scale=0.3), **TOL)
 
 
 @pytest.mark.parametrize("lq,lk", [(70, 70), (20, 150), (150, 20)])
 def test_causal_with_any_lengths(lq, lk):
     q, k, v = _qkv((1, 2, lq, 24), (1, 2, lk, 24), 24)
     out = _run(q, k, v, is_causal=True)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, is_causal=True), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v, is_causal=True), **TOL)
 
 
 def test_fully_masked_rows_give_zeros_as_torch():
@@ -104,16 +87,16 @@ def test_grouped_and_multi_query(hq, hkv):
     if hkv > 1:     # with one key/value head, its index is 0
         assert match_attention(attention_task(q.shape, k.shape, dtype=dtypes.float32), "cpu").group == hq // hkv
     out = _run(q, k, v, is_causal=True)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, is_causal=True), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v, is_causal=True), **TOL)
 
 
 def test_lower_ranks_and_non_contiguous_inputs():
     q = rand((37, 3, 40)).transpose(0, 1)                 # [3 heads, 37, 40], not contiguous
     k, v = rand((3, 53, 40)), rand((24, 53, 3)).permute(2, 1, 0)
     out = _run(q, k, v, scale=0.7)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, scale=0.7), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v, scale=0.7), **TOL)
     q2, k2, v2 = rand((37, 40)), rand((53, 40)), rand((53, 9))
-    torch.testing.assert_close(_run(q2, k2, v2).double(), _reference(q2, k2, v2), **TOL)
+    torch.testing.assert_close(_run(q2, k2, v2).double(), reference(q2, k2, v2), **TOL)
 
 
 def _errors(out, ref):
@@ -129,7 +112,7 @@ def test_16_bit_error_at_most_twice_eager(dtype, options):
     kw = dict(options)
     if "mask" in kw:
         kw["mask"] = _masks(37, 53, dtype)[kw["mask"]]
-    ref = _reference(q, k, v, **kw)
+    ref = reference(q, k, v, **kw)
     out = _run(q, k, v, **kw)
     rep = q.shape[1] // k.shape[1]
     eager = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
@@ -172,7 +155,7 @@ def test_head_views_and_epilogue_fuse_into_the_template():
     torch._dynamo.reset()
     got = torch.compile(fn, backend=capture, fullgraph=True)(x, kv, mask, residual)
     q, k, v = x.view(b, lq, h, d).transpose(1, 2), *kv.view(b, 53, 2, h, d).permute(2, 0, 3, 1, 4)
-    want = _reference(q, k, v, mask=mask).transpose(1, 2).reshape(b, lq, h * d) + residual
+    want = reference(q, k, v, mask=mask).transpose(1, 2).reshape(b, lq, h * d) + residual
     torch.testing.assert_close(got.double(), want, **TOL)
     graph = next(iter(capture.compiled[0].graphs.values())).graph
     assert len(graph.nodes) == 1 and attention_cpu.applies(graph.nodes[0].task)
@@ -201,14 +184,14 @@ def test_outputs_written_through_views(name):
     assert attention_cpu.applies(task) == (name != "column_split")
     q, k, v = rand((2, 3, 37, 40)), rand((2, 3, 53, 40)), rand((2, 3, 53, 40))
     (got,) = build_task(task, kiln.device("cpu"))([q, k, v])
-    torch.testing.assert_close(got.double(), expected(_reference(q, k, v, is_causal=True)), **TOL)
+    torch.testing.assert_close(got.double(), expected(reference(q, k, v, is_causal=True)), **TOL)
 
 
 def test_declines_what_it_does_not_read():
     # float64: the auto-scheduler's, and still right
     q, k, v = _qkv((1, 2, 9, 8), (1, 2, 11, 8), 8, torch.float64)
     assert _chosen(q, k, v) == "auto"
-    torch.testing.assert_close(kiln.ops.attention(q, k, v).torch(), _reference(q, k, v))
+    torch.testing.assert_close(kiln.ops.attention(q, k, v).torch(), reference(q, k, v))
     # keys read from k^T's memory (column stride 11): the auto-scheduler's
     q, kt, v = rand((1, 2, 9, 8)), rand((1, 2, 8, 11)), rand((1, 2, 11, 8))
     ins = [TensorInput("q", q.shape, dtypes.float32), TensorInput("kt", kt.shape, dtypes.float32),
@@ -217,13 +200,13 @@ def test_declines_what_it_does_not_read():
     task = Task("attention", ins, [attention_op.attention.definition(ins[0], keys, ins[2], None, None, False)], {})
     assert not attention_cpu.applies(task) and schedules_for(task, "cpu") == []
     (got,) = build_task(task, kiln.device("cpu"))([q, kt, v])
-    torch.testing.assert_close(got.double(), _reference(q, kt.transpose(-1, -2), v), **TOL)
+    torch.testing.assert_close(got.double(), reference(q, kt.transpose(-1, -2), v), **TOL)
     # through torch.compile, that view stays out of the attention's kernel, which the template takes
     capture = Capture()
     torch._dynamo.reset()
     got = torch.compile(lambda q, kt, v: F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v),
                         backend=capture, fullgraph=True)(q, kt, v)
-    torch.testing.assert_close(got.double(), _reference(q, kt.transpose(-1, -2), v), **TOL)
+    torch.testing.assert_close(got.double(), reference(q, kt.transpose(-1, -2), v), **TOL)
     (task,) = _attention_tasks(capture)
     assert attention_cpu.applies(task)
 
@@ -282,4 +265,4 @@ def test_every_vector_width_is_right_and_clean_under_address_sanitizer(tmp_path,
                          capture_output=True, text=True, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
     assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
     out = torch.frombuffer(bytearray((tmp_path / "out").read_bytes()), dtype=torch.float32).reshape(1, 4, 70, 9)
-    torch.testing.assert_close(out.double(), _reference(q, k, v, mask=mask, is_causal=True), **TOL)
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask, is_causal=True), **TOL)

@@ -6,15 +6,15 @@ The threads share out (flat batch, block of BM queries) items. An item copies it
 into a float32 buffer [BM][D], then walks the keys BN at a time (causal attention stops at its
 last query's diagonal): it copies the block's keys transposed into [D][BN] and its values into
 [BN][DVP] (float32, zero-padded to whole vectors), computes the scores with a register-blocked
-micro-kernel (MR queries by 2 vectors of keys, the query element broadcast against the keys'
-vectors), scales them, applies the mask (`kiln_mask`, rendered by the core from whatever
+micro-kernel (`kiln_product`: MR queries by 2 vectors of keys, the query element broadcast
+against the keys' vectors), scales them, applies the mask (`kiln_mask`, rendered by the core from whatever
 computes it: a bool keeps, a float adds), the causal edge and the key count, and runs the
 online softmax per query row (running maximum and sum in float32, `kiln_vexp` on whole
 vectors, the row's accumulated output rescaled where the maximum moves); then the same
-micro-kernel shape adds P V into the row outputs [BM][DVP]. A row whose keys were all masked
+micro-kernel adds P V into the row outputs [BM][DVP]. A row whose keys were all masked
 keeps sum 0 and gets zeros, as the operator defines. Each finished row goes out through the
-core's row epilogue (`kiln_epilogue_row`), where fused epilogues (casts, a transpose back to
-[B, L, H * D]) go.
+core's row epilogue (`kiln_epilogue_row`), where fused epilogues (casts, a transpose and
+reshape back to [B, L, H * D]) go.
 
 The task is read by `attention_match.match_attention(task, "cpu")`: q, k and v straight from
 their inputs with any strides but a unit column stride (head-transposed views need no copy;
@@ -45,56 +45,33 @@ KERNEL = r"""
 #define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
 static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
 
-/* s[i][j] = SCALE * sum_d q[i][d] kt[d][j] for rows 0 .. rows (a multiple of MR) and keys
-   0 .. cols (a multiple of NR): MR x NR tiles in registers */
-static inline void kiln_scores(const float* __restrict__ q, const float* __restrict__ kt, float* __restrict__ s,
-                               int64_t rows, int64_t cols) {
+/* c[i][j] = scale * (c[i][j] where `add`, else 0) + sum_k a[i][k] b[k][j] for rows 0 .. rows (a
+   multiple of MR) of a and c and columns 0 .. cols (a multiple of NR) of b and c: MR x NR tiles in
+   registers, a's element broadcast against b's vectors. Scores: a = Q, b = K^T; P V: a = P, b = V. */
+static inline void kiln_product(const float* __restrict__ a, int64_t lda, const float* __restrict__ b, int64_t ldb,
+                                int64_t depth, float* __restrict__ c, int64_t ldc, int64_t rows, int64_t cols,
+                                float scale, int add) {
     for (int64_t i = 0; i < rows; i += MR)
         for (int64_t j = 0; j < cols; j += NR) {
             kiln_vf acc[MR][2];
 #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = (kiln_vf){0};
-            for (int64_t d = 0; d < D; ++d) {
-                const kiln_vf b0 = *(const kiln_vf*)(kt + d * BN + j), b1 = *(const kiln_vf*)(kt + d * BN + j + VW);
+            for (int r = 0; r < MR; ++r) {
+                acc[r][0] = add ? *(const kiln_vf*)(c + (i + r) * ldc + j) : (kiln_vf){0};
+                acc[r][1] = add ? *(const kiln_vf*)(c + (i + r) * ldc + j + VW) : (kiln_vf){0};
+            }
+            for (int64_t k = 0; k < depth; ++k) {
+                const kiln_vf b0 = *(const kiln_vf*)(b + k * ldb + j), b1 = *(const kiln_vf*)(b + k * ldb + j + VW);
 #pragma GCC unroll 16
                 for (int r = 0; r < MR; ++r) {
-                    const float a = q[(i + r) * D + d];
-                    acc[r][0] += a * b0;
-                    acc[r][1] += a * b1;
+                    const float x = a[(i + r) * lda + k];
+                    acc[r][0] += x * b0;
+                    acc[r][1] += x * b1;
                 }
             }
 #pragma GCC unroll 16
             for (int r = 0; r < MR; ++r) {
-                *(kiln_vf*)(s + (i + r) * BN + j) = acc[r][0] * SCALE;
-                *(kiln_vf*)(s + (i + r) * BN + j + VW) = acc[r][1] * SCALE;
-            }
-        }
-}
-
-/* o[i][e] += sum_j p[i][j] v[j][e] for rows 0 .. rows (a multiple of MR), keys 0 .. cols, all DVP columns */
-static inline void kiln_weigh(const float* __restrict__ p, const float* __restrict__ v, float* __restrict__ o,
-                              int64_t rows, int64_t cols) {
-    for (int64_t i = 0; i < rows; i += MR)
-        for (int64_t e = 0; e < DVP; e += NR) {
-            kiln_vf acc[MR][2];
-#pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-                acc[r][0] = *(const kiln_vf*)(o + (i + r) * DVP + e);
-                acc[r][1] = *(const kiln_vf*)(o + (i + r) * DVP + e + VW);
-            }
-            for (int64_t j = 0; j < cols; ++j) {
-                const kiln_vf b0 = *(const kiln_vf*)(v + j * DVP + e), b1 = *(const kiln_vf*)(v + j * DVP + e + VW);
-#pragma GCC unroll 16
-                for (int r = 0; r < MR; ++r) {
-                    const float a = p[(i + r) * BN + j];
-                    acc[r][0] += a * b0;
-                    acc[r][1] += a * b1;
-                }
-            }
-#pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-                *(kiln_vf*)(o + (i + r) * DVP + e) = acc[r][0];
-                *(kiln_vf*)(o + (i + r) * DVP + e + VW) = acc[r][1];
+                *(kiln_vf*)(c + (i + r) * ldc + j) = acc[r][0] * scale;
+                *(kiln_vf*)(c + (i + r) * ldc + j + VW) = acc[r][1] * scale;
             }
         }
 }
@@ -156,11 +133,11 @@ static void kiln_attend(PARAMS, int64_t bh, int64_t i0, int64_t rows, float* __r
             for (int64_t d = 0; d < D; ++d) kt[d * BN + j] = j < keys ? KILN_LOAD(K[(n0 + j) * K_RS + d]) : 0.f;
         for (int64_t j = 0; j < cols; ++j)
             for (int64_t e = 0; e < DVP; ++e) vb[j * DVP + e] = j < keys && e < DV ? KILN_LOAD(V[(n0 + j) * V_RS + e]) : 0.f;
-        kiln_scores(qb, kt, s, padded, cols);
+        kiln_product(qb, D, kt, BN, D, s, BN, padded, cols, SCALE, 0);
         for (int64_t r = 0; r < padded; ++r)
             if (r < rows) kiln_softmax_row(ARGS, bh, i0 + r, n0, keys, cols, s + r * BN, top + r, total + r, o + r * DVP);
             else for (int64_t j = 0; j < cols; ++j) s[r * BN + j] = 0.f;
-        kiln_weigh(s, vb, o, padded, cols);
+        kiln_product(s, BN, vb, DVP, cols, o, DVP, padded, DVP, 1.f, 1);
     }
     for (int64_t r = 0; r < rows; ++r) {
         float* row = o + r * DVP;
@@ -221,7 +198,8 @@ def render(task, BM: int, BN: int) -> CpuProgram:
         "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
         "Q_BASE": a.q.base(a.batch, a.group, "bh"), "K_BASE": a.k.base(a.batch, a.group, "bh"),
         "V_BASE": a.v.base(a.batch, a.group, "bh"),
-        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}", "V_RS": f"(int64_t){a.v.row_stride}",
+        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}",
+        "V_RS": f"(int64_t){a.v.row_stride}",
     }
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return CpuProgram(C_PRELUDE + VECTORS + a.hooks + head + KERNEL, "kiln_kernel",

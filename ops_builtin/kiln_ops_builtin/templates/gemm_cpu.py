@@ -254,7 +254,8 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
                "MC": MC, "KC": g.K if g.K <= WHOLE_K else KC, "NC": NC, "B_BY_K": int(g.b_by_k),
                "MR_WIDE": row_tile(g.M), **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return CpuProgram(C_PRELUDE + VECTORS + g.hooks + head + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))))
+    return CpuProgram(C_PRELUDE + VECTORS + g.hooks + head + KERNEL, "kiln_kernel",
+                      tuple(KernelArgs.args(len(task.inputs))))
 
 
 def space(level: int) -> list[dict]:
