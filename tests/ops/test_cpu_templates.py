@@ -166,8 +166,10 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.parametrize("m, k, n", [(3, 130, 50), (37, 300, 70)])
-def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n):
+@pytest.mark.parametrize("m, k, n, isa", [(3, 130, 50, []), (37, 300, 70, []), (37, 333, 70, ["-mno-avx512f"]),
+                                         (37, 333, 70, ["-mno-avx"])])
+def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
+    """Also built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks)."""
     # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
     import shutil
     import subprocess
@@ -180,7 +182,7 @@ def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n):
     task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
     (tmp_path / "kernel.c").write_text(gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source)
     (tmp_path / "main.c").write_text(_ASAN_MAIN)
-    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native",
+    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native", *isa,
                             str(tmp_path / "kernel.c"), str(tmp_path / "main.c"), "-o", str(tmp_path / "run"), "-lm"],
                            capture_output=True, text=True)
     if build.returncode != 0 and "asan" in build.stderr:

@@ -3,9 +3,11 @@
 `VECTORS` defines VW (float lanes: 16 with AVX-512, 8 with AVX, else 4), `kiln_vf` (VW floats,
 aligned), `kiln_vfu` (the same, unaligned), `kiln_vi` (VW int32: what a comparison of two
 `kiln_vf` gives, all bits set where true), `kiln_vsel(mask, a, b)` (a where mask, else b: C has
-no vector `?:`), `kiln_vmax` and `kiln_vhmax`/`kiln_vhsum` (across the lanes), and `kiln_vexp`
+no vector `?:`), `kiln_vmax` and `kiln_vhmax`/`kiln_vhsum` (across the lanes), `kiln_vexp`
 (float32 exp lane by lane within 2 ulp, Cephes' polynomial after a reduction by ln 2: 0 below
--87.3 (exp(-inf) is 0), inf above 88.37, NaN stays NaN).
+-87.3 (exp(-inf) is 0), inf above 88.37, NaN stays NaN) and `kiln_vtranspose` (VW vectors as
+the rows of a VW x VW block, transposed in registers: log2(VW) rounds of interleaving the
+first half of the rows with the second).
 """
 
 VECTORS = r"""
@@ -33,6 +35,30 @@ static inline float kiln_vhsum(kiln_vf v) {
     float total = 0.f;
     for (int e = 0; e < VW; ++e) total += v[e];
     return total;
+}
+#if VW == 16
+#define KILN_ZIP_LO {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
+#define KILN_ZIP_HI {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
+#elif VW == 8
+#define KILN_ZIP_LO {0, 8, 1, 9, 2, 10, 3, 11}
+#define KILN_ZIP_HI {4, 12, 5, 13, 6, 14, 7, 15}
+#else
+#define KILN_ZIP_LO {0, 4, 1, 5}
+#define KILN_ZIP_HI {2, 6, 3, 7}
+#endif
+static inline void kiln_vtranspose(kiln_vf* r) {
+    const kiln_vi lo = KILN_ZIP_LO, hi = KILN_ZIP_HI;
+#pragma GCC unroll 4
+    for (int round = 1; round < VW; round *= 2) {
+        kiln_vf t[VW];
+#pragma GCC unroll 16
+        for (int i = 0; i < VW / 2; ++i) {
+            t[2 * i] = __builtin_shuffle(r[i], r[i + VW / 2], lo);
+            t[2 * i + 1] = __builtin_shuffle(r[i], r[i + VW / 2], hi);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < VW; ++i) r[i] = t[i];
+    }
 }
 static inline kiln_vf kiln_vexp(kiln_vf x) {
     const kiln_vf hi = (kiln_vf){0} + 88.3762626647949f, lo = (kiln_vf){0} - 87.3365447504f;

@@ -5,8 +5,9 @@ The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any ope
 transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split
 N (or M, where N has too few panels) in whole panels and never wait on each other: each cuts
 its share into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide
-k-major panels (row by row along n, or column by column along k where B is contiguous in k)
-and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
+k-major panels (row by row along n, or, where B is contiguous in k, in runs along k transposed
+VW x VW in registers) and an MC x KC block of A into MR-tall panels, both zero-padded to whole
+panels, and runs the
 register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
 stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
 the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2:
@@ -77,9 +78,27 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     if (B_BY_K) {
-        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0, kc, dst + j, NR);
-        for (int64_t k = 0; k < kc; ++k)
-            for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+        /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
+           the k that no run covers one by one */
+        int64_t k = 0;
+        for (int64_t ch = 64; ch >= VW; ch /= 4)
+            for (; k + ch <= kc; k += ch)
+                for (int64_t g = 0; g < NV; ++g) {
+                    float run[VW * 64] __attribute__((aligned(64)));
+                    for (int64_t j = 0; j < VW; ++j) {
+                        if (g * VW + j < cols) kiln_b_col(ARGS, b, n0 + g * VW + j, k0 + k, ch, run + j * ch, 1);
+                        else for (int64_t e = 0; e < ch; ++e) run[j * ch + e] = 0.f;
+                    }
+                    for (int64_t s = 0; s < ch; s += VW) {
+                        kiln_vf r[VW];
+                        for (int64_t j = 0; j < VW; ++j) r[j] = *(const kiln_vf*)(run + j * ch + s);
+                        kiln_vtranspose(r);
+                        for (int64_t i = 0; i < VW; ++i) *(kiln_vf*)(dst + (k + s + i) * NR + g * VW) = r[i];
+                    }
+                }
+        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
+        for (int64_t e = k; e < kc; ++e)
+            for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
         return;
     }
     for (int64_t k = 0; k < kc; ++k) {
