@@ -16,7 +16,7 @@ from kiln_ops_builtin.templates import attention_cpu
 from kiln_ops_builtin.templates.attention_match import match_attention
 from tests.cuda.attention_support import attention_task, masks, reference
 from tests.frontend.frontend_support import Capture
-from tests.support import rand
+from tests.support import rand, run_sanitized
 
 f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -241,28 +241,14 @@ int main(int argc, char** argv) {
 def test_every_vector_width_is_right_and_clean_under_address_sanitizer(tmp_path, isa):
     """The program built for 16-, 8- and 4-float vectors, with AddressSanitizer: grouped heads,
     a float mask, causal, lengths past one block, odd head dims."""
-    import shutil
-    import subprocess
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("needs gcc")
     q, k, v = _qkv((1, 4, 70, 20), (1, 2, 75, 20), 9)
     mask = rand((70, 75))
     task = attention_task(q.shape, k.shape, v.shape, dtypes.float32, (mask.shape, dtypes.float32), causal=True)
-    (tmp_path / "kernel.c").write_text(attention_cpu.render(task, **attention_cpu.space(0)[0]).source)
-    (tmp_path / "main.c").write_text(_MAIN)
-    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native", *isa,
-                            str(tmp_path / "kernel.c"), str(tmp_path / "main.c"), "-o", str(tmp_path / "run"), "-lm"],
-                           capture_output=True, text=True)
-    if build.returncode != 0 and "asan" in build.stderr:
-        pytest.skip("gcc has no AddressSanitizer runtime here")
-    assert build.returncode == 0, build.stderr
     files = []
     for name, t in zip("qkvm", (q, k, v, mask)):
         (tmp_path / name).write_bytes(t.contiguous().numpy().tobytes())
-        files.append(str(tmp_path / name))
-    run = subprocess.run([str(tmp_path / "run"), *files, str(tmp_path / "out"), str(70 * 4 * 9 * 4)],
-                         capture_output=True, text=True, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
-    assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
+        files.append(tmp_path / name)
+    run_sanitized(tmp_path, attention_cpu.render(task, **attention_cpu.space(0)[0]).source, _MAIN,
+                  [*files, tmp_path / "out", 70 * 4 * 9 * 4], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out").read_bytes()), dtype=torch.float32).reshape(1, 4, 70, 9)
     torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask, is_causal=True), **TOL)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import kiln
 from kiln_ops_builtin.templates import gemm_cpu
 from tests.frontend.frontend_support import compile_and_compare
-from tests.support import assert_close, rand
+from tests.support import assert_close, rand, run_sanitized
 
 
 def _task(op_name: str, *args, **kwargs):
@@ -171,26 +171,12 @@ int main(int argc, char** argv) {
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
     """Also built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks)."""
     # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
-    import shutil
-    import subprocess
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("needs gcc")
     x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
     b = (torch.arange(n) % 5).float()
     task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
-    (tmp_path / "kernel.c").write_text(gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source)
-    (tmp_path / "main.c").write_text(_ASAN_MAIN)
-    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native", *isa,
-                            str(tmp_path / "kernel.c"), str(tmp_path / "main.c"), "-o", str(tmp_path / "run"), "-lm"],
-                           capture_output=True, text=True)
-    if build.returncode != 0 and "asan" in build.stderr:
-        pytest.skip("gcc has no AddressSanitizer runtime here")
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(tmp_path / "run"), str(m), str(k), str(n), str(tmp_path / "out.bin")],
-                         capture_output=True, text=True, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
-    assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
+    run_sanitized(tmp_path, gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source, _ASAN_MAIN,
+                  [m, k, n, tmp_path / "out.bin"], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
     assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 
