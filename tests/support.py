@@ -42,3 +42,27 @@ def assert_close(actual, expected, atol=None, rtol=None):
     default = FLOAT_TOL.get(expected.dtype, (0, 0))
     torch.testing.assert_close(a, expected, atol=default[0] if atol is None else atol,
                                rtol=default[1] if rtol is None else rtol, equal_nan=True)
+
+
+def run_sanitized(folder, kernel_source: str, main_source: str, args, isa=()) -> None:
+    """Build a CPU kernel's C source with `main_source` under AddressSanitizer (extra compiler
+    flags `isa`, e.g. ["-mno-avx512f"] for narrower vectors), run it with `args` on two OpenMP
+    threads and assert that it exits cleanly; skips where gcc or its sanitizer runtime is missing."""
+    import shutil
+    import subprocess
+
+    import pytest
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs gcc")
+    (folder / "kernel.c").write_text(kernel_source)
+    (folder / "main.c").write_text(main_source)
+    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native", *isa,
+                            str(folder / "kernel.c"), str(folder / "main.c"), "-o", str(folder / "run"), "-lm"],
+                           capture_output=True, text=True)
+    if build.returncode != 0 and "asan" in build.stderr:
+        pytest.skip("gcc has no AddressSanitizer runtime here")
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(folder / "run"), *map(str, args)], capture_output=True, text=True,
+                         env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr

@@ -142,6 +142,20 @@ def test_fused_epilogue_renders_into_the_hooks():
     _check(out, (_reference(tq, tk, tv, causal=True).half() * 2 + tb).double(), torch.float16)
 
 
+def test_output_reshaped_to_heads_times_dim():
+    """attention(..).transpose(1, 2).reshape(B, L, H * D) folded in: the epilogue stores each
+    value at its place in [B, L, H * D], pairs of neighbours packed."""
+    f16 = kiln.dtypes.float16
+    q, k, v = (TensorInput(n, (2, 4, 100, 64), f16) for n in "qkv")
+    att = attention_op.attention.definition(q, k, v, None, None, True)
+    out = compute((2, 100, 256), lambda b, i, c: att[b, c // 64, i, c % 64])
+    task = Task("attention", [q, k, v], [fold_anchor(out, att)], {"is_causal": True})
+    assert attention_flash.applies(task)
+    tq, tk, tv = (_randn(2, 4, 100, 64, dtype=torch.float16) for _ in range(3))
+    got = load_template(attention_flash, task, attention_flash.suggest(task, 132)[0])([tq, tk, tv])
+    _check(got, _reference(tq, tk, tv, causal=True).transpose(1, 2).reshape(2, 100, 256), torch.float16)
+
+
 @pytest.mark.parametrize("knobs", attention_flash.space(1), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "float_mask"])
 def test_every_level1_knob(knobs, case):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import kiln
 from kiln import dtypes
 from kiln.ir import Task, TensorInput, compute
+from kiln.passes.fused import fold_anchor
 from kiln.runtime import cuda as rt
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
@@ -107,6 +108,19 @@ def test_every_knob_compiles(name):
     task = _task(**TASKS[name])
     programs = [attention_flash.render(task, **k) for k in attention_flash.space(2)]
     rt.compile_many([(p.source, f"attention_{name}", arch) for p in programs for arch in ("sm_80", "sm_90")])
+
+
+@needs_nvrtc
+def test_output_reshaped_to_heads_times_dim_compiles():
+    """attention(..).transpose(1, 2).reshape(B, L, H * D) folded into the task: matched, the
+    packed pair store kept (D even), every level-1 program compiles."""
+    q, k, v = (TensorInput(n, (2, 4, 70, 64), f16) for n in "qkv")
+    att = attention_op.attention.definition(q, k, v, None, None, False)
+    out = compute((2, 70, 256), lambda b, i, c: att[b, c // 64, i, c % 64])
+    task = Task("attention", [q, k, v], [fold_anchor(out, att)], {})
+    assert attention_flash.applies(task) and "uint32_t*)&out0" in match_attention(task).hooks
+    programs = [attention_flash.render(task, **k) for k in attention_flash.space(1)]
+    rt.compile_many([(p.source, "attention_reshaped", arch) for p in programs for arch in ("sm_80", "sm_90")])
 
 
 @needs_nvrtc

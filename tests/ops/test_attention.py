@@ -6,6 +6,7 @@ import torch.nn.functional as F
 import kiln
 from kiln.graph import OperatorError
 from kiln_mappings_builtin.nn import _attention_supported
+from tests.cuda.attention_support import masks, reference
 from tests.frontend.frontend_support import Capture
 from tests.support import rand
 
@@ -17,34 +18,16 @@ def _qkv(b, hq, hkv, lq, lk, d, dv, dtype):
     return (rand((b, hq, lq, d), dtype), rand((b, hkv, lk, d), dtype), rand((b, hkv, lk, dv), dtype))
 
 
-def _reference(q, k, v, mask=None, scale=None, is_causal=False):
-    """Eager PyTorch in float64, with key/value heads repeated for grouped-query attention."""
-    group = q.shape[-3] // k.shape[-3]
-    k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    mask = mask.double() if mask is not None and mask.is_floating_point() else mask
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask,
-                                          scale=scale, is_causal=is_causal)
-
-
 def _check(out, q, k, v, **kw):
     assert out.dtype == q.dtype and out.shape == q.shape[:-1] + v.shape[-1:]
-    torch.testing.assert_close(out.double(), _reference(q, k, v, **kw), **TOL[q.dtype])
-
-
-def _masks(lq, lk, dtype):
-    keep = torch.rand(lq, lk) > 0.4
-    keep[:, 0] = True
-    padding = torch.ones(2, 1, 1, lk, dtype=torch.bool)
-    padding[1, :, :, lk - 2:] = False
-    return {"bool": keep, "float": rand((2, 1, lq, lk), dtype), "padding": padding,
-            "additive_padding": torch.where(padding, 0.0, torch.finfo(dtype).min).to(dtype)}
+    torch.testing.assert_close(out.double(), reference(q, k, v, **kw), **TOL[q.dtype])
 
 
 @pytest.mark.parametrize("kind,dtype", [(kind, f32) for kind in ("bool", "float", "padding", "additive_padding")]
                          + [("bool", f16), ("float", f16), ("padding", bf16), ("additive_padding", bf16)])
 def test_masks(kind, dtype):
     q, k, v = _qkv(2, 3, 3, 5, 7, 16, 16, dtype)
-    mask = _masks(5, 7, dtype)[kind]
+    mask = masks(5, 7, dtype)[kind]
     _check(kiln.ops.attention(q, k, v, mask=mask).torch(), q, k, v, mask=mask)
 
 
@@ -108,7 +91,7 @@ def operator_names(capture) -> list[str]:
 
 def _errors(q, k, v, out, **kw):
     """Mean and maximum absolute error of `out` against the float64 reference."""
-    err = (out.double() - _reference(q, k, v, **kw)).abs()
+    err = (out.double() - reference(q, k, v, **kw)).abs()
     return err.mean().item(), err.max().item()
 
 
@@ -121,7 +104,7 @@ def test_sdpa_16_bit_error_at_most_twice_eager(dtype, options):
     q, k, v = _qkv(2, 2, 2, 64, 96, 128, 128, dtype)
     kw = dict(options)
     if "mask" in kw:
-        kw["attn_mask"] = _masks(64, 96, dtype)[kw.pop("mask")][..., :64, :]
+        kw["attn_mask"] = masks(64, 96, dtype)[kw.pop("mask")][..., :64, :]
     torch._dynamo.reset()
     compiled = torch.compile(F.scaled_dot_product_attention, backend="kiln", fullgraph=True)
     eager, kiln_out = F.scaled_dot_product_attention(q, k, v, **kw), compiled(q, k, v, **kw)
@@ -138,7 +121,7 @@ def test_sdpa_maps_to_one_attention_operator_and_declines_what_it_cannot_do():
     torch._dynamo.reset()
     fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                        backend=capture, fullgraph=True)
-    torch.testing.assert_close(fn(q, k, v), _reference(q, k, v, is_causal=True).float(), **TOL[f32])
+    torch.testing.assert_close(fn(q, k, v), reference(q, k, v, is_causal=True).float(), **TOL[f32])
     assert operator_names(capture) == ["Attention"]
     assert _attention_supported(q, k, v, dropout_p=0.0, is_causal=True, enable_gqa=True)
     assert not _attention_supported(q, k, v, dropout_p=0.1)

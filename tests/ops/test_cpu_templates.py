@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import kiln
 from kiln_ops_builtin.templates import gemm_cpu
 from tests.frontend.frontend_support import compile_and_compare
-from tests.support import assert_close, rand
+from tests.support import assert_close, rand, run_sanitized
 
 
 def _task(op_name: str, *args, **kwargs):
@@ -85,6 +85,23 @@ def test_conv1d():
     assert_close(kiln.ops.conv1d(x, w, None, 2, 1), F.conv1d(x, w, None, 2, 1), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("knobs", [dict(MC=224, KC=128, NC=4096, MR=12), dict(MC=100, KC=96, NC=64, MR=14),
+                                   dict(MC=336, KC=256, NC=4096, WHOLE_K=0), dict(gemm_cpu.DEFAULT)])
+def test_blockings_of_m_n_and_k(knobs):
+    """A's blocks that MR does not divide (whole panels each, no row computed twice), N and K
+    split in several blocks, K in one block (WHOLE_K)."""
+    from kiln.runtime.cpu import CpuKernel
+    x, w, b = rand((501, 1000)), rand((130, 1000)), rand((130,))
+    task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
+    out = torch.empty(501, 130)
+    CpuKernel(gemm_cpu.render(task, **knobs))([x, w, b], [out])
+    assert_close(out, F.linear(x, w, b), atol=1e-3, rtol=1e-4)
+
+
+def test_row_tile_pads_m_least():
+    assert [gemm_cpu.row_tile(m) for m in (128, 140, 132, 1024, 197, 5)] == [8, 14, 12, 8, 8, 8]
+
+
 def test_one_thread_gives_the_same_result():
     x, y = rand((130, 257)), rand((257, 300))
     threads = torch.get_num_threads()
@@ -149,29 +166,17 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.parametrize("m, k, n", [(3, 130, 50), (37, 300, 70)])
-def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n):
+@pytest.mark.parametrize("m, k, n, isa", [(3, 130, 50, []), (37, 300, 70, []), (37, 333, 70, ["-mno-avx512f"]),
+                                         (37, 333, 70, ["-mno-avx"])])
+def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
+    """Also built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks)."""
     # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
-    import shutil
-    import subprocess
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("needs gcc")
     x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
     b = (torch.arange(n) % 5).float()
     task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
-    (tmp_path / "kernel.c").write_text(gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source)
-    (tmp_path / "main.c").write_text(_ASAN_MAIN)
-    build = subprocess.run([cc, "-O1", "-g", "-fsanitize=address", "-std=gnu11", "-fopenmp", "-march=native",
-                            str(tmp_path / "kernel.c"), str(tmp_path / "main.c"), "-o", str(tmp_path / "run"), "-lm"],
-                           capture_output=True, text=True)
-    if build.returncode != 0 and "asan" in build.stderr:
-        pytest.skip("gcc has no AddressSanitizer runtime here")
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(tmp_path / "run"), str(m), str(k), str(n), str(tmp_path / "out.bin")],
-                         capture_output=True, text=True, env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
-    assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
+    run_sanitized(tmp_path, gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source, _ASAN_MAIN,
+                  [m, k, n, tmp_path / "out.bin"], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
     assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 

@@ -10,6 +10,21 @@ C_PRELUDE = r"""
 #include <stdlib.h>
 #include <string.h>
 
+/* glibc's vector math (libmvec, linked through -lm) for loops the compiler vectorizes: each
+   function declared SIMD-callable, so a loop calling it takes 4, 8 or 16 lanes per call of the
+   vector variant (within 4 ulp) instead of one call per element. exp, log, sin and cos have
+   vector variants since glibc 2.22, the others since 2.35. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) \
+    && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 22)
+#define KILN_SIMD_FN(f) __attribute__((simd("notinbranch"), const, nothrow)) float f(float);
+KILN_SIMD_FN(expf) KILN_SIMD_FN(logf) KILN_SIMD_FN(sinf) KILN_SIMD_FN(cosf)
+#if __GLIBC__ > 2 || __GLIBC_MINOR__ >= 35
+KILN_SIMD_FN(expm1f) KILN_SIMD_FN(log1pf) KILN_SIMD_FN(log2f) KILN_SIMD_FN(tanf) KILN_SIMD_FN(tanhf)
+KILN_SIMD_FN(erff) KILN_SIMD_FN(asinf) KILN_SIMD_FN(acosf) KILN_SIMD_FN(atanf) KILN_SIMD_FN(sinhf)
+KILN_SIMD_FN(coshf) KILN_SIMD_FN(asinhf) KILN_SIMD_FN(acoshf) KILN_SIMD_FN(atanhf)
+#endif
+#endif
+
 static inline float kiln_h2f(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 static inline uint16_t kiln_f2h(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
 static inline float kiln_bf2f(uint16_t b) { uint32_t u = ((uint32_t)b) << 16; float f; memcpy(&f, &u, 4); return f; }

@@ -20,7 +20,7 @@ from typing import Callable
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
-from kiln.ir.specialize import specialize
+from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import CompiledTask, backend_for
 import kiln.schedule.tuner as tuner
@@ -54,7 +54,9 @@ class Template:
     `symbolic` says that `applies` and `render` take tasks with symbolic sizes
     (`kiln.ir.size.SymSize` shapes, `SizeVar`s in expressions) and render kernels that take
     the sizes as arguments (`kiln.codegen.emitter.SizeArgs`); other templates get the task
-    specialized to its sizes (`kiln.ir.specialize`).
+    specialized to its sizes (`kiln.ir.specialize`), unless `fixed_sizes_only`: such a template
+    is not asked about a task with symbolic sizes at all, which then goes to the schedules that
+    build once for every size (where a kernel built per size would cost more than it saves).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Template:
     suggest: Callable | None = None
     reads_views: bool = False
     symbolic: bool = False
+    fixed_sizes_only: bool = False
 
     def task_for(self, task: Task) -> Task:
         """`task` as this template takes it: specialized to its sizes unless `symbolic`."""
@@ -121,7 +124,9 @@ def device_arch(device: Device) -> int | None:
 
 def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Template]:
     """The templates that take `task` on `target` (see `templates_for`), highest priority first."""
-    return [t for t in templates_for(task.name, target, arch) if t.applies(t.task_for(task))]
+    symbolic = has_symbolic_sizes(task)
+    return [t for t in templates_for(task.name, target, arch)
+            if not (symbolic and t.fixed_sizes_only) and t.applies(t.task_for(task))]
 
 
 def auto_program(task: Task, target: str):

@@ -13,17 +13,22 @@ output element `select(total == 0, 0, sum_j exp(S - shift) * v[.., j, e] / total
 - the scale, causality, and the output hooks `kiln_epilogue(KILN_PARAMS, b, m, n, acc)` and
   `kiln_epilogue2(..)` (`kiln.codegen.hooks.render_epilogue`), `acc` being the normalized
   attention value of query row m, column n, so a fused epilogue (a cast, a residual add)
-  renders into them.
+  renders into them; for the CPU (`match_attention(task, "cpu")`) the hooks are C and the
+  output hook is the row epilogue of `cpu_hooks`. The output may be written through views
+  folded in after the attention: heads and rows swapped (`.transpose(1, 2)`), dims merged by a
+  reshape (`.reshape(B, L, H * Dv)`), each output axis one coordinate of the attention or two.
 
 It returns None for anything else (an operand computed by a fused prologue, strides that are
-not whole 16-byte chunks, an epilogue that moves the value column or reshapes the output), and
-the auto-scheduler keeps the semantics.
+not whole 16-byte chunks on a GPU, an epilogue that splits the value column or computes with
+its neighbours), and the auto-scheduler keeps the semantics.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from kiln import dtypes
+from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.hooks import render_epilogue, unravel_index
@@ -32,6 +37,8 @@ from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, Te
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify
 from kiln.ir.expr import walk
+
+from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row
 
 CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column's a multiple of it
 
@@ -113,9 +120,9 @@ def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dic
 
 
 def _strided(e: Expr, params: dict, roles: dict[int, str], row: str, col: str, group: int,
-             head: int | None) -> Strided | None:
+             head: int | None, chunk: int) -> Strided | None:
     """`e` (a cast of) a load of a task input as a `Strided` operand with rows `row` and unit-stride
-    columns `col`, or None."""
+    columns `col`, every other stride and the offset multiples of `chunk` elements, or None."""
     load = e.a if isinstance(e, Cast) else e
     if not isinstance(load, Load) or not isinstance(load.tensor, TensorInput) or id(load.tensor) not in params:
         return None
@@ -130,7 +137,7 @@ def _strided(e: Expr, params: dict, roles: dict[int, str], row: str, col: str, g
     if set(flat) - allowed or flat.get(col) != 1:
         return None
     coef = {r: c for r, c in flat.items() if r not in ("", row, col) and c}
-    if any(c % CHUNK or c < 0 for c in coef.values()) or flat.get(row, 0) % CHUNK or flat.get("", 0) % CHUNK:
+    if any(c % chunk or c < 0 for c in coef.values()) or flat.get(row, 0) % chunk or flat.get("", 0) % chunk:
         return None
     return Strided(params[id(load.tensor)], load.tensor.dtype, coef, flat.get(row, 0), flat.get("", 0))
 
@@ -163,37 +170,102 @@ def _peel_scores(value: Expr, axes, causal: bool):
     return value, scale, kind, mask
 
 
-def _find_element(out: Compute):
-    """(the attention element `select(total == 0, 0, weighted / total)` inside the output's
-    value, the output axes of its row (batch.., i) in the attention's order) -- or None. The
-    row's indices must be distinct output axes, all but the output's last (the value column
-    e): an output written with its heads and rows swapped (`attention(..).transpose(1, 2)`)
-    is the same kernel, its epilogue storing where the output wants."""
-    for e in walk(out.value):
+def _find_element(value: Expr) -> Select | None:
+    """The attention element `select(total == 0, 0, weighted / total)` inside an output's value, or None."""
+    for e in walk(value):
         if (isinstance(e, Select) and isinstance(e.cond, Binary) and e.cond.op == "eq"
                 and isinstance(e.cond.a, Load) and _is_const(e.cond.b, 0.0) and _is_const(e.a, 0.0)
                 and isinstance(e.b, Binary) and e.b.op == "div" and isinstance(e.b.a, Reduce)
                 and isinstance(e.b.b, Load) and e.b.b.key() == e.cond.a.key()):
-            row = e.cond.a.indices
-            axes = {id(a): a for a in out.axes[:-1]}
-            if len(row) == len(out.axes) - 1 and len({id(x) for x in row}) == len(row) \
-                    and all(id(x) in axes for x in row):
-                return e, list(row)
-            return None
+            return e
     return None
 
 
-def match_attention(task) -> Attention | None:
-    """The attention `task` computes as a fused kernel sees it (see the module doc), or None."""
+def _part(e: Expr, axes: dict) -> tuple | None:
+    """(output axis, how, K) where index `e` is that axis itself ("=", None), `axis // K` or
+    `axis % K`; ("0", None, None) for the constant 0; None for anything else."""
+    if isinstance(e, Var) and id(e) in axes:
+        return axes[id(e)], "=", None
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Var) and id(e.a) in axes \
+            and isinstance(e.b, Const) and isinstance(e.b.value, int) and e.b.value > 0:
+        return axes[id(e.a)], e.op, e.b.value
+    return (None, "0", None) if _is_const(e, 0) else None
+
+
+def _coordinates(out: Compute, row, row_extents) -> tuple[list[Var], dict, bool] | None:
+    """The attention's coordinates (batch.., query i, value column e) as new index variables,
+    the output's axes (by id) as expressions of them, and whether consecutive columns are
+    neighbours in the output -- or None. The element's row indices `row` (of extents
+    `row_extents`) are each an output axis, `axis // K` or `axis % K` (an output that merged
+    dims by a reshape, `attention(..).transpose(1, 2).reshape(B, L, H * Dv)`); the column is the
+    output axis they leave over, or `axis % K` beside a row's `axis // K`. The map must invert:
+    substituted into every row index and the column it gives back their variables."""
+    axes = {id(a): a for a in out.axes}
+    parts = [_part(e, axes) for e in row]
+    if None in parts:
+        return None
+    used = {id(a) for a, _, _ in parts if a is not None}
+    divided = [(a, k) for a, how, k in parts if how == "floordiv"
+               and not any(b is a and h == "mod" for b, h, _ in parts)]
+    left = [a for a in out.axes if id(a) not in used and a.extent != 1]
+    if len(divided) == 1 and not left:
+        column = (divided[0][0], "mod", divided[0][1])
+    elif not divided and len(left) <= 1:
+        last = out.axes[-1]
+        column = (left[0], "=", None) if left else (last, "=", None) if id(last) not in used else None
+    else:
+        return None
+    if column is None:
+        return None
+    parts.append(column)
+    extents = list(row_extents) + [column[2] if column[1] == "mod" else column[0].extent]
+    coords = [Var(f"c{k}", x) for k, x in enumerate(extents)]
+    to_out = {}
+    for a in out.axes:
+        mine = {how: (k, size) for k, (b, how, size) in enumerate(parts) if b is a}
+        if set(mine) == {"="}:
+            to_out[id(a)] = coords[mine["="][0]]
+        elif set(mine) == {"floordiv", "mod"} and mine["floordiv"][1] == mine["mod"][1] == extents[mine["mod"][0]]:
+            to_out[id(a)] = coords[mine["floordiv"][0]] * mine["mod"][1] + coords[mine["mod"][0]]
+        elif not mine and a.extent == 1:
+            to_out[id(a)] = Const(0, dtypes.int64)
+        else:
+            return None
+    back = [simplify(substitute(e, to_out)) for e in list(row) + [_index(parts[-1])]]
+    if any(b is not c and x != 1 for b, c, x in zip(back, coords, extents)):
+        return None
+    neighbours = column[0] is out.axes[-1] and (column[1] == "=" or column[2] % 2 == 0)
+    return coords, to_out, neighbours
+
+
+def _index(part) -> Expr:
+    axis, how, k = part
+    return axis if how == "=" else axis % k
+
+
+def match_attention(task, target: str = "cuda") -> Attention | None:
+    """The attention `task` computes as a fused kernel of `target` sees it (see the module doc),
+    or None. For "cuda" the hooks are device functions and the operands' strides whole 16-byte
+    chunks; for "cpu" the hooks are C (`kiln_mask`, and `cpu_hooks.render_epilogue_row`'s
+    `kiln_epilogue_row(KILN_PARAMS, b, m, n0, count, acc)` for row m of flat batch b, value
+    columns n0 .. n0 + count - 1) and the strides any."""
     lowered = inline_task(task)
     if len(lowered.outputs) != 1 or len(lowered.buffers) != 4:
         return None
     out = lowered.outputs[0]
-    found = _find_element(out)
+    element = _find_element(out.value)
+    if element is None or not isinstance(element.cond.a.tensor, Compute):
+        return None
+    found = _coordinates(out, element.cond.a.indices, element.cond.a.tensor.shape)
     if found is None:
         return None
-    element, row = found
-    weighted, total = element.b.a, element.cond.a.tensor
+    coords, to_out, neighbours = found
+    # the output's value over the attention's coordinates: the attention as if written plainly
+    seen = _find_element(simplify(substitute(out.value, to_out)))
+    if seen is None:
+        return None
+    row, column = coords[:-1], coords[-1]
+    weighted, total = seen.b.a, seen.cond.a.tensor
     body = weighted.body
     if not (weighted.op == "sum" and len(weighted.axes) == 1 and isinstance(body, Binary) and body.op == "mul"
             and isinstance(body.a, Unary) and body.a.op == "exp" and isinstance(body.a.a, Binary)
@@ -203,7 +275,7 @@ def match_attention(task) -> Attention | None:
     if not (isinstance(scores, Compute) and isinstance(total, Compute) and isinstance(total.value, Reduce)
             and total.value.op == "sum" and scores.shape[:-1] == total.shape):
         return None
-    batch, (Lq, Lk), Dv = scores.shape[:-2], scores.shape[-2:], out.shape[-1]
+    batch, (Lq, Lk), Dv = scores.shape[:-2], scores.shape[-2:], column.extent
     peeled = _peel_scores(scores.value, scores.axes, bool(task.attrs.get("is_causal")))
     if peeled is None:
         return None
@@ -218,37 +290,45 @@ def match_attention(task) -> Attention | None:
                   and isinstance(x.b, Const)), 1)
     roles = {id(a): f"b{n}" for n, a in enumerate(scores.axes[:-2])}
     roles.update({id(scores.axes[-2]): "i", id(scores.axes[-1]): "j", id(dot.axes[0]): "d"})
-    q = _strided(prod.a, params, roles, "i", "d", group, head)
-    k = _strided(prod.b, params, roles, "j", "d", group, head)
+    chunk = CHUNK if target == "cuda" else 1
+    q = _strided(prod.a, params, roles, "i", "d", group, head, chunk)
+    k = _strided(prod.b, params, roles, "j", "d", group, head, chunk)
     out_roles = {id(a): f"b{n}" for n, a in enumerate(row[:-1])}
-    out_roles.update({id(weighted.axes[0]): "j", id(out.axes[-1]): "e"})
-    v = _strided(body.b, params, out_roles, "j", "e", group, id(row[-2]) if len(batch) else None)
+    out_roles.update({id(weighted.axes[0]): "j", id(column): "e"})
+    v = _strided(body.b, params, out_roles, "j", "e", group, id(row[-2]) if len(batch) else None, chunk)
     if q is None or k is None or v is None or tuple(a.extent for a in row) != batch + (Lq,):
         return None
     D = dot.axes[0].extent
-    d = CudaDialect()
+    d = CudaDialect() if target == "cuda" else CDialect()
     decl = KernelArgs.params(d, lowered.inputs, [out])
     hooks = ""
     if mask is not None:
-        hooks = _mask_hook(mask, scores, decl, lowered)
-    plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: weighted if e is element else None))
+        hooks = _mask_hook(mask, scores, decl, lowered, d)
+    plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: element.b.a if e is element else None))
 
     def index_of(bvar, mvar, nvar):
-        return {**unravel_index(bvar, row[:-1], batch), id(row[-1]): mvar, id(out.axes[-1]): nvar}
+        at = {**unravel_index(bvar, row[:-1], batch), id(row[-1]): mvar, id(column): nvar}
+        return {k: simplify(substitute(e, at)) for k, e in to_out.items()}
 
-    hooks += render_epilogue(lowered, plain, decl, index_of, True)
+    if target == "cuda":
+        hooks += render_epilogue(lowered, plain, decl, index_of, neighbours)
+    else:
+        bvar, mvar, nvar = Var("b", math.prod(batch)), Var("m", Lq), Var("n", Dv)
+        hooks += render_epilogue_row(lowered, plain, index_of(bvar, mvar, nvar),
+                                     {id(bvar): "b", id(mvar): "m", id(nvar): "n"}, ", ".join(decl))
     return Attention(q.dtype, batch, group, Lq, Lk, D, Dv, q, k, v, scale, bool(task.attrs.get("is_causal")), kind,
                      ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
 
 
-def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered) -> str:
-    """`kiln_mask(params, b, i, j)`: the mask's value at the scores' flat batch b, row i, column j."""
-    d = CudaDialect()
+def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered, d) -> str:
+    """`kiln_mask(params, b, i, j)` in dialect `d`: the mask's value at the scores' flat batch b,
+    row i, column j."""
     bvar, ivar, jvar = Var("b", 1 << 62), Var("i", 1 << 62), Var("j", 1 << 62)
     index = {**unravel_index(bvar, scores.axes[:-2], scores.shape[:-2]), id(scores.axes[-2]): ivar,
              id(scores.axes[-1]): jvar}
     names = {**KernelArgs.names(lowered.inputs), id(bvar): "b", id(ivar): "i", id(jvar): "j"}
     em = Emitter(d, names, {id(t): row_major_strides(t.shape) for t in lowered.inputs})
     value = em.emit(simplify(substitute(mask, index)))
-    return (f"static __device__ __forceinline__ {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "
+    head = "static __device__ __forceinline__" if isinstance(d, CudaDialect) else "static inline"
+    return (f"{head} {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "
             f"int64_t b, int64_t i, int64_t j) {{\n" + "\n".join(em.lines) + f"\n    return {value};\n}}\n")

@@ -160,15 +160,26 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     b_by_k = (isinstance(load, Load) and len(r.axes) == 1 and load.indices[-1] is r.axes[0]
               and load.tensor.shape[-1] > 1)
 
-    index = {**b_index, **m_index, **n_index}
+    hooks.append(render_epilogue_row(lowered, out, {**b_index, **m_index, **n_index}, var_names, "PARAMS", sizes))
+    return CpuGemm(B, M, N, K, "".join(hooks), b_by_k, KernelArgs.params(d, lowered.inputs, [out]), sizes)
+
+
+def render_epilogue_row(lowered, out, index: dict, var_names: dict, params: str, sizes: SizeArgs | None = None) -> str:
+    """`kiln_epilogue_row(params, b, m, n0, count, acc)`: computes and stores the output elements
+    whose axes (by id) `index` gives as expressions of index variables that `var_names` names
+    b, m and n, for n = n0 .. n0 + count - 1, from the float accumulators acc[n - n0] (each
+    taking the place of the output value's one top-level reduction); symbolic sizes written
+    through `sizes` where given."""
+    d = CDialect()
+    names = {**KernelArgs.names(lowered.inputs), **var_names}
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     value = simplify(substitute(out.value, index))
     out_strides = row_major_strides(out.shape)
-    flat = simplify(sum((index[id(a)] * s for a, s in zip(axes, out_strides)), Const(0, dtypes.int64)))
-    em = Emitter(d, {**names, **var_names}, strides, indent=2, sizes=sizes)
+    flat = simplify(sum((index[id(a)] * s for a, s in zip(out.axes, out_strides)), Const(0, dtypes.int64)))
+    em = Emitter(d, names, strides, indent=2, sizes=sizes)
     em.scopes[0][top_reduces(value)[0].key()] = "acc[n - n0]"
     stored = d.store(out.dtype, em.emit(value))
     em.line(f"{KernelArgs.output(0)}[{em.emit(flat)}] = {stored};")
-    hooks.append(f"static inline void kiln_epilogue_row(PARAMS, int64_t b, int64_t m, int64_t n0, "
-                 f"int64_t count, const float* __restrict__ acc) {{\n"
-                 f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
-    return CpuGemm(B, M, N, K, "".join(hooks), b_by_k, KernelArgs.params(d, lowered.inputs, [out]), sizes)
+    return (f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
+            f"int64_t count, const float* __restrict__ acc) {{\n"
+            f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")

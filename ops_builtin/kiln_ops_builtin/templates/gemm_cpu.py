@@ -5,13 +5,15 @@ The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any ope
 transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split
 N (or M, where N has too few panels) in whole panels and never wait on each other: each cuts
 its share into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide
-k-major panels (row by row along n, or column by column along k where B is contiguous in k)
-and an MC x KC block of A into MR-tall panels, both zero-padded to whole panels, and runs the
+k-major panels (row by row along n, or, where B is contiguous in k, in runs along k transposed
+VW x VW in registers) and an MC x KC block of A into MR-tall panels, both zero-padded to whole
+panels, and runs the
 register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
 stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
-the host's widest vectors (AVX-512: 14 x 32, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
-into a float32 workspace (K blocks before the last) or handed to the epilogue hook, which
-applies whatever fusion put there (bias, activation, residual, cast) and stores.
+the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2:
+6 x 16, else 128-bit 8 x 8). A tile is added into a float32 workspace (K blocks before the
+last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
+fusion put there (bias, activation, residual, cast) and stores.
 
 With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
 rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
@@ -23,34 +25,27 @@ from __future__ import annotations
 
 from kiln.codegen.c import C_PRELUDE
 from kiln.codegen.emitter import KernelArgs
+from kiln.ir import SymSize
 from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
 
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+from kiln_ops_builtin.templates.cpu_simd import VECTORS
 
 KERNEL = r"""
 #include <omp.h>
-#if defined(__AVX512F__)
-#define VW 16
-#elif defined(__AVX__)
-#define VW 8
-#else
-#define VW 4
-#endif
 #define NV 2
 #define NR (NV * VW)
 #ifndef MR
 #if VW == 16
-#define MR 14
+#define MR MR_WIDE
 #elif VW == 8
 #define MR 6
 #else
 #define MR 8
 #endif
 #endif
-typedef float kiln_vf __attribute__((vector_size(VW * 4)));
-typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
-
+#define MCB (MC / MR * MR)          /* A's blocks in whole panels */
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
    k-major) times b-panel (kc x NR, k-major) */
 static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
@@ -87,9 +82,27 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     if (B_BY_K) {
-        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0, kc, dst + j, NR);
-        for (int64_t k = 0; k < kc; ++k)
-            for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+        /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
+           the k that no run covers one by one */
+        int64_t k = 0;
+        for (int64_t ch = 64; ch >= VW; ch /= 4)
+            for (; k + ch <= kc; k += ch)
+                for (int64_t g = 0; g < NV; ++g) {
+                    float run[VW * 64] __attribute__((aligned(64)));
+                    for (int64_t j = 0; j < VW; ++j) {
+                        if (g * VW + j < cols) kiln_b_col(ARGS, b, n0 + g * VW + j, k0 + k, ch, run + j * ch, 1);
+                        else for (int64_t e = 0; e < ch; ++e) run[j * ch + e] = 0.f;
+                    }
+                    for (int64_t s = 0; s < ch; s += VW) {
+                        kiln_vf r[VW];
+                        for (int64_t j = 0; j < VW; ++j) r[j] = *(const kiln_vf*)(run + j * ch + s);
+                        kiln_vtranspose(r);
+                        for (int64_t i = 0; i < VW; ++i) *(kiln_vf*)(dst + (k + s + i) * NR + g * VW) = r[i];
+                    }
+                }
+        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
+        for (int64_t e = k; e < kc; ++e)
+            for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
         return;
     }
     for (int64_t k = 0; k < kc; ++k) {
@@ -116,8 +129,8 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
         const int first = pc == 0, last = pc + kc >= K;
         for (int64_t p = 0; p < npanels; ++p)
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
-        for (int64_t ic = m_lo; ic < m_hi; ic += MC) {
-            const int64_t mc = KILN_MIN(MC, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
+        for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
+            const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
             for (int64_t p = 0; p < mpanels; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
             for (int64_t jp = 0; jp < npanels; ++jp)
@@ -224,7 +237,7 @@ void kiln_kernel(PARAMS) {
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
         float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MC, M), MR) * MR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
                 if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
@@ -237,7 +250,14 @@ void kiln_kernel(PARAMS) {
 }
 """
 
-DEFAULT = {"MC": 336, "KC": 256, "NC": 4096}
+DEFAULT = {"MC": 336, "KC": 256, "NC": 4096, "WHOLE_K": 768}
+WIDE_ROWS = (14, 12, 8)     # register-tile heights with 16-float vectors
+
+
+def row_tile(m: int, heights=WIDE_ROWS) -> int:
+    """The register-tile height for M = m rows: the one of `heights` that pads m's last panel
+    least, the tallest of those tied (M = 128 takes 8: 14 would compute 140 rows)."""
+    return min(heights, key=lambda r: (-(-m // r) * r - m, -r))
 
 
 def applies(task) -> bool:
@@ -246,17 +266,21 @@ def applies(task) -> bool:
     return g is not None and g.K > 0
 
 
-def render(task, MC: int, KC: int, NC: int, MR: int = 0) -> CpuProgram:
-    """The program `kiln_kernel(inputs..., output)` for `task`; MR = 0 takes the ISA's default."""
+def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task`. K up to WHOLE_K is one block (no
+    float32 workspace between K blocks, which costs most where M x N outgrows the L2 cache);
+    MR = 0 takes the ISA's default (`row_tile` of M with 16-float vectors)."""
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
+    fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
     defines = {"PARAMS": g.params(), "ARGS": g.args(len(task.inputs)), **extents,
-               "MC": MC, "KC": KC, "NC": NC, "B_BY_K": int(g.b_by_k), **({"MR": MR} if MR else {})}
+               "MC": MC, "KC": g.K if fixed(g.K) and g.K <= WHOLE_K else KC, "NC": NC, "B_BY_K": int(g.b_by_k),
+               "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0], **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return CpuProgram(C_PRELUDE + head + g.hooks + KERNEL, "kiln_kernel", tuple(KernelArgs.args(len(task.inputs))),
-                      sizes=g.sizes.values)
+    return CpuProgram(C_PRELUDE + VECTORS + head + g.hooks + KERNEL, "kiln_kernel",
+                      tuple(KernelArgs.args(len(task.inputs))), sizes=g.sizes.values)
 
 
 def space(level: int) -> list[dict]:
