@@ -47,3 +47,16 @@ def test_compiling_leaves_python_singletons_intact(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     rt.compile_cubin('extern "C" __global__ void k() {}\n', "empty_log", "sm_80")
     assert b" " == bytes([32]) and " ".encode() == bytes([32])
+
+
+@pytest.mark.parametrize("size, channels", [(14, 672), (7, 2048), (7, 1280)])
+def test_a_channels_last_global_average_pool_compiles(size, channels):
+    """MobileNetV3's pooling of channels-last data (strides size * channels and channels of one
+    reduction) crashed NVRTC 13.0 and 13.5 inside NVVM while the reduction's axes were
+    unravelled with `%` and `/` (the process died: a segmentation fault, on the H100 too)."""
+    import kiln
+    from kiln.schedule.choose import check_nvrtc
+    x = kiln.symbol([1, size, size, channels], "float16", "cuda")
+    pooled = kiln.ops.adaptive_avg_pool2d(kiln.ops.permute(x, (0, 3, 1, 2)), 1)
+    for node in kiln.graph.optimize(kiln.trace_from(pooled, [x])).nodes:
+        check_nvrtc(node.task, ARCHS)

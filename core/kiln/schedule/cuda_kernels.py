@@ -148,17 +148,21 @@ class CudaEmitter(Emitter):
         partial = None if arg else self.open_partial(e.op, t, acc, per_lane)
         self.line("#pragma unroll 4")
         self.open(f"for (int64_t {flat} = {lo} + {lane}; {flat} < {hi}; {flat} += {width})")
-        inner = 1
-        for axis, extent in reversed(list(zip(e.axes, extents))):
+        # the axes unravelled from the flat index by successive divisions, each remainder taken
+        # as `rest - quotient * extent`: NVRTC 13.0 and 13.5 crash (segfault, in NVVM) on the
+        # `%` and `/` form when the axes' strides are multiples of each other (MobileNetV3's
+        # channels-last average pool: (f / 14) * 9408 + (f % 14) * 672)
+        rest = flat
+        for k, (axis, extent) in enumerate(reversed(list(zip(e.axes, extents)))):
             name = self.fresh("r")
             self.names[id(axis)] = name
-            if len(e.axes) == 1:
-                self.line(f"const int64_t {name} = {flat};")
-            elif inner == 1:
-                self.line(f"const int64_t {name} = {flat} % ({extent});")
-            else:
-                self.line(f"const int64_t {name} = ({flat} / ({inner})) % ({extent});")
-            inner = f"{inner} * ({extent})" if inner != 1 else f"({extent})"
+            if k == len(e.axes) - 1:
+                self.line(f"const int64_t {name} = {rest};")
+                continue
+            quotient = self.fresh("q")
+            self.line(f"const int64_t {quotient} = {rest} / ({extent});")
+            self.line(f"const int64_t {name} = {rest} - {quotient} * ({extent});")
+            rest = quotient
         v = self.emit(e.body)
         if arg:
             self.open(f"if ({d.arg_better(e.op, t, v, acc)})")
