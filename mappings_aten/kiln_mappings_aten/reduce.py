@@ -16,6 +16,11 @@ def sum_all(x, dtype=None):
     return ops.sum(x, None, False, dtype)
 
 
+@register_function(aten.cumsum.default)
+def cumsum(x, dim, dtype=None):
+    return ops.cumsum(x, dim, dtype)
+
+
 @register_function(aten.mean.dim)
 def mean(x, dim, keepdim=False, dtype=None):
     return ops.mean(x, all_dims(dim), keepdim, dtype)

@@ -111,3 +111,16 @@ def test_slices_and_views():
     check(lambda x: torch.cat([x[:, 1:-2:2], x[:, -3:]], 1).permute(2, 0, 1).flatten(1), x)
     check(lambda x: x[1] * x[:, 2:3].sum() + x.select(2, 1).unsqueeze(-1), x)
     check(lambda x: torch.stack(x.split([3, 5], 1)[1].unbind(0)), x)
+
+
+def test_cumsum_forward_and_backward():
+    """Hugging Face models compute position ids with cumsum in training graphs (Llama-1B on
+    the H100 stopped at an unmapped aten.cumsum)."""
+    x = torch.randn(3, 7, requires_grad=True)
+    compiled = torch.compile(lambda t: (t.cumsum(1) * t).sum(), backend="kiln")
+    loss = compiled(x)
+    loss.backward()
+    want = x.detach().clone().requires_grad_(True)
+    (want.cumsum(1) * want).sum().backward()
+    torch.testing.assert_close(loss, (want.cumsum(1) * want).sum(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, want.grad, rtol=1e-5, atol=1e-5)
