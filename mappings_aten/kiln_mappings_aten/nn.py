@@ -17,6 +17,10 @@ same_signature("adaptive_avg_pool2d", aten._adaptive_avg_pool2d.default)
 same_signature("adaptive_avg_pool3d", aten._adaptive_avg_pool3d.default)
 same_signature("avg_pool2d", aten.avg_pool2d.default)
 same_signature("avg_pool3d", aten.avg_pool3d.default)
+same_signature("max_pool2d_with_indices", aten.max_pool2d_with_indices.default)
+same_signature("max_pool3d_with_indices", aten.max_pool3d_with_indices.default)
+same_signature("max_pool2d_with_indices_backward", aten.max_pool2d_with_indices_backward.default)
+same_signature("max_pool3d_with_indices_backward", aten.max_pool3d_with_indices_backward.default)
 
 _SPATIAL_DIMS = (1, 2, 3)
 

@@ -60,27 +60,26 @@ def upsample_bilinear(input, size=None, scale_factor=None):
     return ops.interpolate(input, size, scale_factor, "bilinear", True)
 
 
-def _no_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                return_indices=False) -> bool:
-    return not return_indices
+def _max_pool_rules(nd: int):
+    """Rules for F.max_pool{nd}d (values, or values and positions with return_indices) and
+    F.max_pool{nd}d_with_indices (always both, whatever its return_indices says)."""
+    def pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+             return_indices=False):
+        op = f"max_pool{nd}d_with_indices" if return_indices else f"max_pool{nd}d"
+        return getattr(ops, op)(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+
+    def pool_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                          return_indices=False):
+        return pool(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+    pool.__name__ = pool.__qualname__ = f"max_pool{nd}d"
+    pool_with_indices.__name__ = pool_with_indices.__qualname__ = f"max_pool{nd}d_with_indices"
+    return (register_function(*_torch_and_functional(f"max_pool{nd}d"))(pool),
+            register_function(getattr(F, f"max_pool{nd}d_with_indices"))(pool_with_indices))
 
 
-@register_function(*_torch_and_functional("max_pool1d"), check=_no_indices)
-def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return ops.max_pool1d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
-
-
-@register_function(*_torch_and_functional("max_pool2d"), check=_no_indices)
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return ops.max_pool2d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
-
-
-@register_function(*_torch_and_functional("max_pool3d"), check=_no_indices)
-def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
-    return ops.max_pool3d(input, kernel_size, stride or kernel_size, padding, dilation, ceil_mode)
+(max_pool1d, max_pool1d_with_indices), (max_pool2d, max_pool2d_with_indices), \
+    (max_pool3d, max_pool3d_with_indices) = (_max_pool_rules(nd) for nd in (1, 2, 3))
 
 
 def _no_adaptive_indices(input, output_size, return_indices=False) -> bool:

@@ -4,10 +4,10 @@ from kiln.plugins import hookimpl
 
 from kiln_ops_builtin import (
     activations, attention, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
-    pool, random, reduce, resize, scatter, shape, sorting, special,
+    pool, pool_indices, random, reduce, resize, scatter, shape, sorting, special,
 )
 
-OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, resize, grid_sample, reduce, normalization,
+OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, pool_indices, resize, grid_sample, reduce, normalization,
                     shape, indexing, creation, special, sorting, cumulative, scatter, random)
 
 

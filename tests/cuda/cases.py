@@ -47,6 +47,13 @@ def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, 
     return out.permute(0, 2, 3, 1)
 
 
+def max_pool_backward_args(dtype, dev):
+    """The gradient of a 3 x 3, stride 2 max pool: overlapping windows, indices from torch."""
+    x = rand((2, 3, 11, 10), dtype).to(dev)
+    values, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    return (rand(values.shape, dtype).to(dev), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices), {}
+
+
 CASES = [
     Case("relu", "relu", unary((33, 65)), torch.relu, FLOAT),
     Case("gelu_tanh", "gelu", args(_r(7, 300), approximate="tanh"), F.gelu, FLOAT),
@@ -100,6 +107,10 @@ CASES = [
          (torch.float16,), tol={"atol": 1e-2, "rtol": 1e-2}),
     Case("conv1d", "conv1d", args(_r(2, 4, 20), _r(5, 4, 3)), F.conv1d),
     Case("max_pool2d", "max_pool2d", args(_r(2, 3, 10, 10), 3, 2, 1), F.max_pool2d, FLOAT),
+    Case("max_pool2d_with_indices", "max_pool2d_with_indices", args(_r(2, 3, 11, 10), 3, 2, 1),
+         lambda *a: F.max_pool2d(*a, return_indices=True), FLOAT),
+    Case("max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward", max_pool_backward_args,
+         torch.ops.aten.max_pool2d_with_indices_backward, FLOAT),
     Case("avg_pool2d", "avg_pool2d", args(_r(2, 3, 10, 10), 2), F.avg_pool2d),
     Case("adaptive_avg_pool2d", "adaptive_avg_pool2d", args(_r(2, 3, 10, 7), (3, 4)), F.adaptive_avg_pool2d),
     Case("interpolate_bilinear", "interpolate", args(_r(1, 2, 5, 6), scale_factor=2, mode="bilinear",

@@ -37,9 +37,9 @@ def out_of_scope(op, sample) -> str | None:
     flat = [t for x in tensors for t in (x if isinstance(x, (list, tuple)) else [x])]
     if op.name in UNDEFINED_VALUES:
         return "uninitialized values"
-    if sample.kwargs.get("return_indices") or ("adaptive_max_pool" in op.name and
-                                               sample.args[1:2] == (True,)):
-        return "pooling indices (for training)"
+    if "adaptive_max_pool" in op.name and (sample.kwargs.get("return_indices")
+                                           or sample.args[1:2] == (True,)):
+        return "adaptive pooling indices"
     if sample.kwargs.get("training"):
         return "training-mode normalization"
     if "out" in sample.kwargs:

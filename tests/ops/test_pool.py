@@ -118,3 +118,53 @@ def test_non_contiguous():
 def test_bad_inputs(call, message):
     with pytest.raises(OperatorError, match=message):
         call()
+
+
+@pytest.mark.parametrize("nd, shape, kw", [
+    (2, (2, 3, 9, 11), dict(kernel_size=3, stride=2, padding=1)),
+    (2, (3, 8, 7), dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 1), dilation=(2, 3), ceil_mode=True)),
+    (1, (2, 3, 10), dict(kernel_size=4, stride=3, padding=2, ceil_mode=True)),
+    (3, (1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0))),
+])
+def test_max_pool_with_indices_and_its_backward(nd, shape, kw):
+    """Positions as torch gives them (ties: the first; a window of -inf only: its first element
+    inside the input), and the gradient through them."""
+    x = rand(shape)
+    x[..., :3] = x[..., :3].round()        # ties within windows
+    x[..., 0, :2] = float("-inf")          # windows over the padding holding only -inf
+    values, indices = getattr(F, f"max_pool{nd}d")(x, **kw, return_indices=True)
+    assert_close(getattr(kiln.ops, f"max_pool{nd}d_with_indices")(x, **kw), (values, indices))
+    if nd == 1:
+        return
+    grad = rand(values.shape)
+    args = (kw["kernel_size"], kw.get("stride", []), kw.get("padding", 0), kw.get("dilation", 1),
+            kw.get("ceil_mode", False))
+    expected = getattr(torch.ops.aten, f"max_pool{nd}d_with_indices_backward")(grad, x, *args, indices)
+    actual = getattr(kiln.ops, f"max_pool{nd}d_with_indices_backward")(grad, x, *args, indices)
+    assert_close(actual, expected)
+
+
+def test_max_pool_backward_sums_overlapping_windows_in_float32():
+    """A position that wins many overlapping windows sums all their gradients (in float32 for
+    16-bit gradients)."""
+    x = rand((1, 1, 12, 12), torch.bfloat16)
+    x[0, 0, 5, 5] = 100.0
+    values, indices = F.max_pool2d(x, 5, 1, 2, return_indices=True)
+    grad = rand(values.shape, torch.bfloat16)
+    actual = kiln.ops.max_pool2d_with_indices_backward(grad, x, [5, 5], [1, 1], [2, 2], [1, 1], False,
+                                                       indices).torch()
+    expected = torch.ops.aten.max_pool2d_with_indices_backward(
+        grad.float(), x.float(), [5, 5], [1, 1], [2, 2], [1, 1], False, indices).bfloat16()
+    assert_close(actual, expected)
+
+
+def test_max_pool_with_indices_through_torch_compile():
+    x = rand((2, 3, 9, 8))
+
+    def pools(x):
+        a, i = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+        b, j = F.max_pool2d_with_indices(x, 2)
+        return a, i, b, j
+
+    for actual, expected in zip(torch.compile(pools, backend="kiln")(x), pools(x)):
+        assert torch.equal(actual, expected)

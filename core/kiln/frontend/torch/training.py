@@ -27,8 +27,6 @@ from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
 
 _aten = torch.ops.aten
 ALSO_DECOMPOSED = (
-    _aten.max_pool2d_with_indices.default,            # unfold, max and gather
-    _aten.max_pool2d_with_indices_backward.default,   # scatter_add
     _aten.native_batch_norm.default,                  # var_mean and element-wise ops,
     _aten._native_batch_norm_legit.default,           # running statistics included
     _aten._native_batch_norm_legit_functional.default,
