@@ -8,6 +8,9 @@ first step's loss is compared with eager's, then steps are timed (median of `--s
 three warm-up steps, CUDA events around each step).
 
     python benchmarks/train_bench.py [--cases resnet50_b32 llama_1b] [--steps 20] [--json out.json]
+        [--backends eager inductor kiln] [--profile N]
+
+`--profile N` prints the N kernels that take the most GPU time in two steps of each backend.
 """
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ def llama_case():
 CASES = {"resnet50_b32": resnet50_case, "llama_1b": llama_case}
 
 
-def step_times(model, loss_of, make_optimizer, compiled, steps: int) -> tuple[float, float]:
-    """(first step's loss, median milliseconds of a step)."""
+def step_times(model, loss_of, make_optimizer, compiled, steps: int,
+               profile: int = 0) -> tuple[float, float]:
+    """(first step's loss, median milliseconds of a step); with `profile`, print the kernels that
+    take the most GPU time in two more steps."""
     optimizer = make_optimizer(model.parameters())
 
     def step():
@@ -69,6 +74,12 @@ def step_times(model, loss_of, make_optimizer, compiled, steps: int) -> tuple[fl
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    if profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile, max_name_column_width=70))
     return first, statistics.median(times)
 
 
@@ -77,6 +88,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"])
+    parser.add_argument("--profile", type=int, default=0, help="print this many top kernels per backend")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -88,12 +101,13 @@ def main() -> None:
         model, loss_of, make_optimizer = CASES[name]()
         initial = copy.deepcopy(model.state_dict())
         row = {"case": name}
-        for label, backend in (("eager", None), ("inductor", "inductor"), ("kiln", "kiln")):
+        for label in args.backends:
+            backend = None if label == "eager" else label
             model.load_state_dict(initial)
             torch._dynamo.reset()
             compiled = model if backend is None else torch.compile(model, backend=backend)
             try:
-                loss, ms = step_times(model, loss_of, make_optimizer, compiled, args.steps)
+                loss, ms = step_times(model, loss_of, make_optimizer, compiled, args.steps, args.profile)
             except Exception as exc:   # report the failure and go on
                 row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"
                 print(f"{name:<14} {label:<9} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)

@@ -3,7 +3,8 @@ transposed convolutions), layer norm with its statistics, softmax, pooling.
 
 The gradients of a convolution are convolutions themselves: the input gradient is the
 transposed convolution of the output gradient (with the output padding that restores the input
-size), the weight gradient a correlation of the input with the output gradient in which stride
+size; at stride 1, the convolution with the flipped, channel-swapped weight, which runs on the
+convolution templates), the weight gradient a correlation of the input with the output gradient in which stride
 and dilation trade places, one per group.
 """
 from __future__ import annotations
@@ -64,6 +65,16 @@ def _correlation(a, b, kernel, stride, padding, dilation, groups: int):
     return parts[0] if groups == 1 else ops.cat(parts, 0)
 
 
+def _flipped_transpose(weight, groups: int):
+    """The weight of the convolution that is the transposed convolution of `weight` at stride 1:
+    each group's input and output channels swapped, the kernel reversed in every spatial dim."""
+    out, per_group = weight.shape[:2]
+    kernel = tuple(weight.shape[2:])
+    grouped = ops.reshape(weight, (groups, out // groups, per_group) + kernel)
+    swapped = ops.reshape(ops.transpose(grouped, 1, 2), (groups * per_group, out // groups) + kernel)
+    return ops.flip(swapped, list(range(2, weight.ndim)))
+
+
 @register_function(aten.convolution_backward.default, check=_spatial)
 def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
@@ -74,6 +85,10 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
     if output_mask[0]:
         if transposed:
             grad_input = _conv(nd)(grad, weight, None, stride, padding, dilation, groups)
+        elif all(s == 1 for s in stride):
+            grad_input = _conv(nd)(grad, _flipped_transpose(weight, groups), None, 1,
+                                   [dilation[d] * (kernel[d] - 1) - padding[d] for d in range(nd)],
+                                   dilation, groups)
         else:
             restore = [x.shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d]
                                          + dilation[d] * (kernel[d] - 1) + 1) for d in range(nd)]

@@ -38,7 +38,7 @@ def transposed(*shape):
 
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [
-    (1, 0, 1, 1), (2, 1, 1, 1), (2, 2, 2, 1), (1, 1, 1, 2), (3, 1, 2, 3), (2, 0, 1, 6)])
+    (1, 0, 1, 1), (2, 1, 1, 1), (2, 2, 2, 1), (1, 1, 1, 2), (3, 1, 2, 3), (2, 0, 1, 6), (1, 2, 2, 3)])
 def test_conv2d(stride, padding, dilation, groups):
     torch.manual_seed(0)
     x, w, b = transposed(2, 6, 11, 9), torch.randn(6, 6 // groups, 3, 2), torch.randn(6)
