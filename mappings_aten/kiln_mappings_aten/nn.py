@@ -1,11 +1,12 @@
 """ATen neural-network operators: convolution and its backward (onto Kiln's convolutions and
 transposed convolutions), layer norm with its statistics, softmax, pooling.
 
-The gradients of a convolution are convolutions themselves: the input gradient is the
+The gradients of a convolution are convolutions themselves. The input gradient is the
 transposed convolution of the output gradient (with the output padding that restores the input
-size; at stride 1, the convolution with the flipped, channel-swapped weight, which runs on the
-convolution templates), the weight gradient a correlation of the input with the output gradient in which stride
-and dilation trade places, one per group.
+size), computed as a stride-1 convolution with the flipped, channel-swapped weight of the
+output gradient spread out by the stride (zeros between its elements), so that it runs on the
+convolution templates. The weight gradient is a correlation of the input with the output
+gradient in which stride and dilation trade places, one per group.
 """
 from __future__ import annotations
 
@@ -75,6 +76,20 @@ def _flipped_transpose(weight, groups: int):
     return ops.flip(swapped, list(range(2, weight.ndim)))
 
 
+def _spread(grad, stride, extra):
+    """`grad` with stride - 1 zeros between neighbours along each spatial dim and `extra` zeros
+    after the last, so that a stride-1 convolution computes the strided one's transpose."""
+    for d, (s, e) in enumerate(zip(stride, extra)):
+        if s == 1 and e == 0:
+            continue
+        axis = 2 + d
+        length = grad.shape[axis]
+        spaced = ops.pad(ops.unsqueeze(grad, axis + 1), [0, 0] * (grad.ndim - axis - 1) + [0, s - 1])
+        merged = ops.reshape(spaced, grad.shape[:axis] + (length * s,) + grad.shape[axis + 1:])
+        grad = ops.slice(merged, axis, 0, (length - 1) * s + 1 + e)     # e < s
+    return grad
+
+
 @register_function(aten.convolution_backward.default, check=_spatial)
 def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
@@ -85,15 +100,16 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
     if output_mask[0]:
         if transposed:
             grad_input = _conv(nd)(grad, weight, None, stride, padding, dilation, groups)
-        elif all(s == 1 for s in stride):
-            grad_input = _conv(nd)(grad, _flipped_transpose(weight, groups), None, 1,
-                                   [dilation[d] * (kernel[d] - 1) - padding[d] for d in range(nd)],
-                                   dilation, groups)
         else:
             restore = [x.shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d]
                                          + dilation[d] * (kernel[d] - 1) + 1) for d in range(nd)]
-            grad_input = _conv_transpose(nd)(grad, weight, None, stride, padding, restore, groups,
-                                             dilation)
+            border = [dilation[d] * (kernel[d] - 1) - padding[d] for d in range(nd)]
+            if min(border) >= 0:
+                grad_input = _conv(nd)(_spread(grad, stride, restore), _flipped_transpose(weight, groups),
+                                       None, 1, border, dilation, groups)
+            else:
+                grad_input = _conv_transpose(nd)(grad, weight, None, stride, padding, restore, groups,
+                                                 dilation)
     if output_mask[1]:
         inner, outer = (grad, x) if transposed else (x, grad)
         grad_weight = _correlation(inner, outer, kernel, stride, padding, dilation, groups)
