@@ -7,6 +7,7 @@ from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
 from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fusion import FuseOperators
+from kiln.passes.recompute import RecomputeCheapProducers
 from kiln.passes.graph_pass import GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
 from kiln.passes.sibling_linears import MergeSiblingLinears
@@ -43,8 +44,9 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
     rewrites (batch-norm folding among them) and before the merging of sibling linears,
     constant folding (which computes their concatenated weights), float16 conversion, the TF32
 permission of float32 matrix products, layout
-    planning (which sees the types the graph runs in) and fusion (which fuses the layout
-    conversions into their neighbours)."""
+    planning (which sees the types the graph runs in), the recomputation of cheap element-wise
+    values in each of their readers, and fusion (which fuses the layout conversions into their
+    neighbours)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
@@ -59,6 +61,7 @@ permission of float32 matrix products, layout
         ConvertToFloat16(),
         AllowTF32(),
         PlanLayout(),
+        RecomputeCheapProducers(),
         FuseOperators(),
         EliminateDeadCode(),
     ], name="optimize")

@@ -1,0 +1,94 @@
+"""Recomputation: a cheap element-wise value that several kernels read is computed inside each.
+
+Fusion (`kiln.passes.fusion`) gives every tensor with several readers its own kernel, which
+writes it to memory for the readers to load. Where the tensor is cheap to compute from what it
+reads (casts, a subtraction of a broadcast mean, a ReLU mask: the batch-norm and ReLU
+gradients of a training step, say), each reader can compute it from those inputs instead, and
+the write and its reads disappear. A node is recomputed by each of its k readers when:
+
+- it is injective, not a reduction and no template schedules it, with one output that is not a
+  graph output, and is not random;
+- no reader is template-scheduled (templates read plain inputs) and no input comes from one (it
+  would be that template's epilogue);
+- the k readers reading its full-size inputs (I bytes an element) move no more than writing it
+  and reading it k times (O bytes an element) save: (k - 1) I <= (k + 1) O, for k <= MAX_COPIES.
+
+Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
+whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
+nodes that only move data are copied only within such chains: on their own they are index
+arithmetic that fusion already places, and copying them would split multi-output kernels.
+"""
+from __future__ import annotations
+
+from kiln.graph import Operator, trace_from
+from kiln.passes.edit import users
+from kiln.passes.fusion import is_anchor, moves_data, templates_for
+from kiln.passes.graph_pass import GraphPass
+
+MAX_COPIES = 4
+
+
+def _bytes_per_element(node: Operator) -> tuple[int, int]:
+    """(bytes an output element reads from full-size inputs, bytes it writes)."""
+    out = node.outputs[0]
+    reads = sum(t.dtype.nbytes for t in {id(t): t for t in node.inputs}.values() if t.numel() == out.numel())
+    return reads, out.dtype.nbytes
+
+
+class RecomputeCheapProducers(GraphPass):
+    """Copy cheap element-wise producers into each of their readers (see the module docs)."""
+
+    name = "recompute_cheap_producers"
+    opt_level = 1
+
+    def transform(self, graph, ctx):
+        readers = users(graph)
+        outputs = {id(t) for t in graph.outputs}
+        producer = {id(t): n for n in graph.nodes for t in n.outputs}
+        templated = {id(n) for n in graph.nodes if templates_for(n)}
+        copies: dict[int, int] = {}        # recomputed node (by id) -> how many copies
+
+        def eligible(node: Operator) -> bool:
+            return (len(node.outputs) == 1 and id(node.outputs[0]) not in outputs
+                    and not is_anchor(node) and not node.definition.name.startswith("random")
+                    and bool(readers.get(id(node.outputs[0])))
+                    and not any(id(producer.get(id(t))) in templated for t in node.inputs)
+                    and not any(id(u) in templated for u in readers[id(node.outputs[0])]))
+
+        for node in reversed(graph.nodes):
+            if not eligible(node):
+                continue
+            reading = readers[id(node.outputs[0])]
+            k = sum(copies.get(id(u), 1) for u in reading)
+            chained = any(id(u) in copies for u in reading)
+            reads, writes = _bytes_per_element(node)
+            if chained if moves_data(node) else (
+                    k <= MAX_COPIES and (chained or k > 1) and (k - 1) * reads <= (k + 1) * writes):
+                copies[id(node)] = k
+        if not copies:
+            return graph
+
+        mapping: dict[int, object] = {}
+
+        def value(t, local: dict):
+            """`t` for one reader: its own copy (`local`, by tensor id) where `t`'s producer is
+            recomputed."""
+            p = producer.get(id(t))
+            if p is None or id(p) not in copies:
+                return mapping.get(id(t), t)
+            if id(t) not in local:
+                local[id(t)] = Operator(p.definition, [value(i, local) for i in p.inputs], p.attrs,
+                                        p.task, p.device).outputs[0]
+            return local[id(t)]
+
+        for node in graph.nodes:
+            if id(node) in copies:
+                continue
+            local: dict = {}
+            inputs = [value(t, local) for t in node.inputs]
+            if all(a is b for a, b in zip(inputs, node.inputs)):
+                continue
+            new = node.with_inputs(inputs) if hasattr(node, "with_inputs") else \
+                Operator(node.definition, inputs, node.attrs, node.task, node.device)
+            mapping.update(zip(map(id, node.outputs), new.outputs))
+        return trace_from([mapping.get(id(t), t) for t in graph.outputs], graph.inputs)

@@ -1,0 +1,54 @@
+"""Recomputation of cheap element-wise values in each reader (`kiln.passes.recompute`): the
+batch-norm gradient's pattern (a centred input in float32 and a ReLU mask, each read by two
+reductions and an element-wise output) loses its intermediates; views, random values, values
+a template produces or reads, and values too costly to recompute stay single."""
+import torch
+
+import kiln
+from kiln.passes import PassContext
+from kiln.passes.pipeline import optimize
+from kiln.passes.recompute import RecomputeCheapProducers
+from tests.passes.passes_support import apply, names, run_both
+
+ops = kiln.ops
+
+
+def _bn_backward_shape(x, g, mean):
+    """Two per-channel sums and an element-wise result over a centred float32 input and a
+    masked gradient, as a batch-norm and ReLU backward computes them."""
+    centred = ops.sub(ops.cast(x, torch.float32), ops.reshape(mean, [1, -1, 1, 1]))
+    masked = ops.where(ops.le(x, 0.0), 0.0, ops.cast(g, torch.float32))
+    s1 = ops.sum(masked, [0, 2, 3])
+    s2 = ops.sum(ops.mul(masked, centred), [0, 2, 3])
+    out = ops.sub(masked, ops.mul(centred, ops.reshape(ops.div(s2, s1), [1, -1, 1, 1])))
+    return ops.cast(out, torch.bfloat16)
+
+
+def test_shared_cheap_values_are_computed_in_each_reader():
+    x, g, mean = kiln.symbol([2, 3, 5, 7], "bfloat16"), kiln.symbol([2, 3, 5, 7], "bfloat16"), kiln.symbol([3])
+    graph = kiln.trace_from(_bn_backward_shape(x, g, mean), [x, g, mean])
+    out = apply(RecomputeCheapProducers(), graph)
+    assert names(out).count("Sub") > names(graph).count("Sub")         # the centred input, per reader
+    assert names(out).count("Where") == 3                               # the mask, per reader
+    with PassContext(opt_level=2, disabled_passes=[RecomputeCheapProducers.name]):
+        fused_without = optimize(graph)
+    with PassContext(opt_level=2):
+        fused_with = optimize(graph)
+
+    def full_size_float32_writes(g):
+        return [n.name for n in g.nodes for o in n.outputs if o.numel() > 3 and o.dtype == kiln.dtypes.float32]
+    assert full_size_float32_writes(fused_without) and not full_size_float32_writes(fused_with)
+    inputs = [kiln.from_torch(torch.randn(2, 3, 5, 7).bfloat16()), kiln.from_torch(torch.randn(2, 3, 5, 7).bfloat16()),
+              kiln.from_torch(torch.randn(3))]
+    run_both(graph, fused_with, *inputs, atol=1e-2, rtol=1e-2)
+
+
+def test_views_random_values_and_costly_values_stay_single():
+    x, y, c = kiln.symbol([4, 6]), kiln.symbol([4, 6]), kiln.symbol([4, 6], "bool")
+    view = ops.transpose(x, 0, 1)                              # a view read twice
+    noise = ops.random_uniform(ops.full([1, 2], 3, dtype=torch.int64), 0, [4, 6])
+    costly = ops.where(c, x, y)         # three readers would read 9 bytes for each 4 it saves
+    outs = [ops.sum(view, [0]), ops.amax(view, [0]), ops.sum(ops.add(noise, x), [0]),
+            ops.amax(ops.add(noise, y), [0]), ops.sum(costly, [1]), ops.amax(costly, [1]), ops.sum(costly, [0])]
+    graph = kiln.trace_from(outs, [x, y, c])
+    assert names(apply(RecomputeCheapProducers(), graph)) == names(graph)
