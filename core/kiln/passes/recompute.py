@@ -8,21 +8,27 @@ the write and its reads disappear. A node is recomputed by each of its k readers
 
 - it is injective, not a reduction and no template schedules it, with one output that is not a
   graph output, and is not random;
-- no reader is template-scheduled (templates read plain inputs) and no input comes from one (it
-  would be that template's epilogue);
+- no reader is an operator that a template schedules on some target (templates read plain
+  inputs; where the auto-scheduler takes it instead, as for a convolution on the CPU, it reads
+  each input element many times) and no input comes from one (it would be that template's
+  epilogue);
 - the k readers reading its full-size inputs (I bytes an element) move no more than writing it
   and reading it k times (O bytes an element) save: (k - 1) I <= (k + 1) O, for k <= MAX_COPIES.
 
-Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
+Nothing is copied whose value reaches, through element-wise operators, a reduction of trailing
+dims (a softmax or norm statistic): there fusion already makes one row kernel of the producers,
+the statistic and its readers. Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
 whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
 nodes that only move data are copied only within such chains: on their own they are index
 arithmetic that fusion already places, and copying them would split multi-output kernels.
 """
 from __future__ import annotations
 
+import math
+
 from kiln.graph import Operator, trace_from
 from kiln.passes.edit import users
-from kiln.passes.fusion import is_anchor, moves_data, templates_for
+from kiln.passes.fusion import is_anchor, moves_data
 from kiln.passes.graph_pass import GraphPass
 
 MAX_COPIES = 4
@@ -35,6 +41,23 @@ def _bytes_per_element(node: Operator) -> tuple[int, int]:
     return reads, out.dtype.nbytes
 
 
+def _has_templates(node: Operator) -> bool:
+    """Whether a template schedules `node`'s operator on any target: where one does not here,
+    the auto-scheduled kernel still reads each input element many times (a convolution)."""
+    from kiln.schedule import templates_for
+    return any(templates_for(node.definition.name, target) for target in ("cpu", "cuda"))
+
+
+def _row_reduction(node: Operator) -> bool:
+    """Whether `node` reduces the trailing dims of an input, keeping the leading ones (a softmax or
+    norm statistic): fusion makes its producers and readers one row kernel that computes them
+    once a row (`kiln.schedule.rows`)."""
+    if node.task.is_injective or len(node.outputs) != 1 or not node.inputs:
+        return False
+    kept, shape = node.outputs[0].numel(), node.inputs[0].shape
+    return any(math.prod(shape[:j]) == kept for j in range(len(shape)))
+
+
 class RecomputeCheapProducers(GraphPass):
     """Copy cheap element-wise producers into each of their readers (see the module docs)."""
 
@@ -45,7 +68,7 @@ class RecomputeCheapProducers(GraphPass):
         readers = users(graph)
         outputs = {id(t) for t in graph.outputs}
         producer = {id(t): n for n in graph.nodes for t in n.outputs}
-        templated = {id(n) for n in graph.nodes if templates_for(n)}
+        templated = {id(n) for n in graph.nodes if _has_templates(n)}
         copies: dict[int, int] = {}        # recomputed node (by id) -> how many copies
 
         def eligible(node: Operator) -> bool:
@@ -55,10 +78,13 @@ class RecomputeCheapProducers(GraphPass):
                     and not any(id(producer.get(id(t))) in templated for t in node.inputs)
                     and not any(id(u) in templated for u in readers[id(node.outputs[0])]))
 
+        feeds_rows: set[int] = set()       # nodes whose values reach a row reduction
         for node in reversed(graph.nodes):
-            if not eligible(node):
+            reading = [u for t in node.outputs for u in readers.get(id(t), ())]
+            if _row_reduction(node) or (node.task.is_injective and any(id(u) in feeds_rows for u in reading)):
+                feeds_rows.add(id(node))
+            if not eligible(node) or any(id(u) in feeds_rows for u in reading):
                 continue
-            reading = readers[id(node.outputs[0])]
             k = sum(copies.get(id(u), 1) for u in reading)
             chained = any(id(u) in copies for u in reading)
             reads, writes = _bytes_per_element(node)
