@@ -1,7 +1,8 @@
 """Benchmark of Kiln's matmuls against torch (cuBLAS) on one GPU, in the same run.
 
 The issue-10 shape list: float16/bfloat16 4096^3 and 8192 x 2048 x 8192 (x @ W and x @ W.T),
-the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072), the
+the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072), ViT-B/16's at
+batch 8 (group `vit`, M = 1576), the
 decode-shaped linears (M of 1, 4, 16 against Llama-sized weights) and the attention-shaped
 batched matmuls. Each side runs as a CUDA graph of REPS calls (launch gaps out of
 the numbers), timed with CUDA events, median of several replays. Group `tf32` times float32
@@ -122,6 +123,10 @@ def cases():
             dtype = torch.float16
             yield ("linear", f"{M}x{K}x{N} x@W.T+b", "linear",
                    (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
+    for K, N in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+        M, dtype = 1576, torch.float16      # ViT-B/16 at batch 8: 197 tokens an image
+        yield ("vit", f"{M}x{K}x{N} x@W.T+b", "linear",
+               (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
     for M in (1, 4, 16):
         for K, N in ((2048, 2048), (2048, 8192), (4096, 4096), (4096, 11008), (11008, 4096)):
             dtype = torch.bfloat16 if M == 4 else torch.float16
@@ -142,7 +147,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--sweep", default="", help="groups whose shapes also time every gemm_sm90 knob setting")
-    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, decode, batched")
+    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, vit, decode, tf32, fp32, batched")
     opts = parser.parse_args()
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}, torch {torch.__version__}", flush=True)
