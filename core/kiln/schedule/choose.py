@@ -2,8 +2,8 @@
 
 One query consults everything, for every target: the templates that plugins contribute for
 the task's operator (`schedules_for`: those that apply, highest priority first), then the
-auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, split reductions, the
-general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
+auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, column reductions, split
+reductions, the general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
 first; `build_task` loads it on a device through the runtime backend of the device's kind.
 
 A task with symbolic sizes (`kiln.ir.size`) goes as it is to the auto-scheduler, whose rules
@@ -26,6 +26,7 @@ from kiln.runtime.backend import CompiledTask, backend_for
 import kiln.schedule.tuner as tuner
 from kiln.schedule.cpu_auto import schedule as cpu_loop_nests
 from kiln.schedule.cpu_rows import schedule as cpu_rows
+from kiln.schedule.cuda_columns import schedule as cuda_columns
 from kiln.schedule.cuda_general import schedule as cuda_general
 from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
@@ -98,7 +99,7 @@ class BuildSettings:
 
 AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cpu": (cpu_rows, cpu_loop_nests),
-    "cuda": (cuda_rows, cuda_split, cuda_general),
+    "cuda": (cuda_rows, cuda_columns, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
 its program or None; the last of each takes any task. Every rule takes symbolic sizes as

@@ -55,6 +55,16 @@ def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
     return visit(e)
 
 
+def replace_reduce(buf: Compute, r: Reduce, partial, parts: int) -> Compute:
+    """`buf` with its reduction `r` replaced by the same reduction of the `parts` partial results
+    in `partial` (one row of them per element of `buf`, row-major)."""
+    flat = 0
+    for axis, size in zip(buf.axes, buf.shape):
+        flat = flat * size + axis
+    part = Var("s", parts)
+    return Compute(buf.name, buf.axes, _replace(buf.value, r, Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)))
+
+
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The program of `lowered` with its full reductions split; None when it has none."""
     plans = [split_plan(buf) for buf in lowered.buffers]
@@ -71,12 +81,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
             args = auto.available + [(partial.name, partial, False)]
             auto.kernels.append(buffer_kernel(auto.names, auto.strides, args, buf, partial.name,
                                               f"kiln_k{n}_split", auto.sizes, plan))
-            flat = 0
-            for axis, size in zip(buf.axes, buf.shape):
-                flat = flat * size + axis
-            part = Var("s", plan[0])
-            second = Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)
-            buf = Compute(buf.name, buf.axes, _replace(buf.value, r, second))
+            buf = replace_reduce(buf, r, partial, plan[0])
             auto.available = auto.available + [(partial.name, partial, True)]
         auto.write(n, buf, out_name)
     return auto.program()

@@ -1,0 +1,130 @@
+"""The auto-scheduler's column-reduction rule: long reductions over leading dims that keep the
+innermost one (batch-norm statistics over N, H and W of a channels-last tensor; sums over a
+batch).
+
+The general kernel gives each output element a block whose lanes stride over the values it
+reduces; when the kept dim is the innermost, those values lie a whole row apart and every load
+of a warp touches another 32-byte sector. Here a warp's lanes take 32 consecutive outputs, so
+each load of the warp reads consecutive elements; the block's ROWS warps and the grid's `parts`
+split the reduced values. The warps' partials combine through shared memory into a temporary
+of (outputs, parts), which an ordinary kernel then reduces, applying what follows the reduction
+(a mean's division). Applies to a buffer with one reduction of at least MIN_EXTENT values
+(fixed sizes, not arg-reductions) whose loads that depend on the innermost output index take it
+as their own innermost index.
+"""
+from __future__ import annotations
+
+from kiln import dtypes
+from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.emitter import numel, reduce_init
+from kiln.ir.compute import Compute
+from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.inline import Lowered, substitute
+from kiln.ir.simplify import simplify
+from kiln.ir.size import SymSize
+from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule.cuda_kernels import AutoProgram, CudaEmitter, Kernel, reduce_extent, signature
+from kiln.schedule.cuda_split import replace_reduce
+
+LANES, ROWS = 32, 8
+MIN_EXTENT = 4096
+TARGET_BLOCKS = 4 * 132          # about four blocks a multiprocessor on an H100
+MIN_PER_THREAD = 64              # values a thread reduces, at the least, before parts are added
+
+
+def column_plan(buf: Compute) -> tuple[Reduce, int] | None:
+    """(the reduction, how many parts its values split into) where `buf` is a column reduction."""
+    if not buf.axes or any(isinstance(s, SymSize) for s in buf.shape) or buf.shape[-1] < LANES:
+        return None
+    reduces = top_reduces(buf.value)
+    if len(reduces) != 1:
+        return None
+    r = reduces[0]
+    if r.op in ("argmax", "argmin") or any(isinstance(a.extent, (Expr, SymSize)) for a in r.axes):
+        return None
+    extent = reduce_extent(r)
+    if extent < MIN_EXTENT:
+        return None
+    inner = buf.axes[-1]
+    mentions = lambda e: any(x is inner for x in walk(e))
+    loads = [x for x in walk(r.body) if isinstance(x, Load) and any(map(mentions, x.indices))]
+    if not loads or any(x.indices[-1] is not inner or any(map(mentions, x.indices[:-1])) for x in loads):
+        return None
+    blocks = -(-numel(buf.shape) // LANES)
+    parts = max(1, min(-(-TARGET_BLOCKS // blocks), extent // (ROWS * MIN_PER_THREAD)))
+    return r, parts
+
+
+def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts: int, out_name: str,
+                  kernel_name: str) -> Kernel:
+    """The kernel writing the (outputs, parts) partial reductions of `buf`'s reduction `r`."""
+    d = CudaDialect()
+    items, extent = numel(buf.shape), reduce_extent(r)
+    o = Var("o", items)
+    index, stride = {}, 1
+    for axis, size in reversed(list(zip(buf.axes, buf.shape))):
+        index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+        stride *= size
+    body = simplify(substitute(r.body, index))
+    names = dict(auto.names)
+    names[id(o)] = "o"
+    em = CudaEmitter(d, names, auto.strides, "thread", indent=1, sizes=auto.sizes)
+    t, vt = r.dtype, d.value_type(r.dtype)
+    acc = em.fresh("acc")
+    em.line(f"{vt} {acc} = {reduce_init(r.op, t, d)};")
+    partial = em.open_partial(r.op, t, acc, -(-extent // (ROWS * parts)))
+    chunk = -(-extent // parts)
+    em.open(f"if (o < {items})")
+    em.open(f"for (int64_t f = (int64_t)blockIdx.y * {chunk} + (threadIdx.x >> 5); "
+            f"f < min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){extent}); f += {ROWS})")
+    rest = "f"
+    for k, axis in enumerate(reversed(r.axes)):
+        name = em.fresh("r")
+        em.names[id(axis)] = name
+        if k == len(r.axes) - 1:
+            em.line(f"const int64_t {name} = {rest};")
+            continue
+        quotient = em.fresh("q")
+        em.line(f"const int64_t {quotient} = {rest} / {axis.extent};")
+        em.line(f"const int64_t {name} = {rest} - {quotient} * {axis.extent};")
+        rest = quotient
+    em.add_partial(partial, r.op, t, acc, em.emit(body))
+    em.close()
+    em.close()
+    em.close_partial(partial, acc)
+    combine = d.combine(r.op, t, "total", f"sh[w][threadIdx.x]")
+    source = (f'extern "C" __global__ void __launch_bounds__({LANES * ROWS}) {kernel_name}({signature(d, args)}) {{\n'
+              f"    const int64_t o = (int64_t)blockIdx.x * {LANES} + (threadIdx.x & {LANES - 1});\n"
+              + "\n".join(em.lines) + "\n"
+              f"    __shared__ {vt} sh[{ROWS}][{LANES + 1}];\n"
+              f"    sh[threadIdx.x >> 5][threadIdx.x & {LANES - 1}] = {acc};\n"
+              "    __syncthreads();\n"
+              f"    if (threadIdx.x < {LANES} && o < {items}) {{\n"
+              f"        {vt} total = sh[0][threadIdx.x];\n"
+              f"        for (int w = 1; w < {ROWS}; ++w) {combine}\n"
+              f"        {out_name}[o * {parts} + blockIdx.y] = {d.store(t, 'total')};\n"
+              "    }\n}\n")
+    launch = Launch(kernel_name, tuple(n for n, _, _ in args), (LANES * ROWS, 1, 1),
+                    grid=(-(-items // LANES), parts, 1))
+    return Kernel(source, launch)
+
+
+def schedule(lowered: Lowered) -> CudaProgram | None:
+    """The program of `lowered` with its column reductions in two passes; None when it has none."""
+    plans = [column_plan(buf) for buf in lowered.buffers]
+    if not any(plans):
+        return None
+    auto = AutoProgram(lowered)
+    for n, (buf, plan) in enumerate(zip(lowered.buffers, plans)):
+        if not numel(buf.shape):
+            continue
+        out_name = auto.names[id(buf)]
+        if plan:
+            r, parts = plan
+            partial = auto.temporary((numel(buf.shape), parts), r.dtype)
+            args = auto.available + [(partial.name, partial, False)]
+            auto.kernels.append(column_kernel(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_columns"))
+            buf = replace_reduce(buf, r, partial, parts)
+            auto.available = auto.available + [(partial.name, partial, True)]
+        auto.write(n, buf, out_name)
+    return auto.program()
