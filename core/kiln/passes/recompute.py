@@ -10,8 +10,8 @@ the write and its reads disappear. A node is recomputed by each of its k readers
   graph output, and is not random;
 - no reader is an operator that a template schedules on some target (templates read plain
   inputs; where the auto-scheduler takes it instead, as for a convolution on the CPU, it reads
-  each input element many times) and no input comes from one (it would be that template's
-  epilogue);
+  each input element many times), and the node is not the only reader of a template's output
+  (it would be that template's epilogue);
 - the k readers reading its full-size inputs (I bytes an element) move no more than writing it
   and reading it k times (O bytes an element) save: (k - 1) I <= (k + 1) O, for k <= MAX_COPIES.
 
@@ -75,7 +75,8 @@ class RecomputeCheapProducers(GraphPass):
             return (len(node.outputs) == 1 and id(node.outputs[0]) not in outputs
                     and not is_anchor(node) and not node.definition.name.startswith("random")
                     and bool(readers.get(id(node.outputs[0])))
-                    and not any(id(producer.get(id(t))) in templated for t in node.inputs)
+                    and not any(id(producer.get(id(t))) in templated and len(readers[id(t)]) == 1
+                                for t in node.inputs)
                     and not any(id(u) in templated for u in readers[id(node.outputs[0])]))
 
         feeds_rows: set[int] = set()       # nodes whose values reach a row reduction

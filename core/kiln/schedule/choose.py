@@ -2,7 +2,7 @@
 
 One query consults everything, for every target: the templates that plugins contribute for
 the task's operator (`schedules_for`: those that apply, highest priority first), then the
-auto-scheduler's rules in order (`AUTO_RULES`: for CUDA row kernels, column reductions, split
+auto-scheduler's rules in order (`AUTO_RULES`: for CUDA column reductions, row kernels, split
 reductions, the general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
 first; `build_task` loads it on a device through the runtime backend of the device's kind.
 
@@ -99,7 +99,7 @@ class BuildSettings:
 
 AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cpu": (cpu_rows, cpu_loop_nests),
-    "cuda": (cuda_rows, cuda_columns, cuda_split, cuda_general),
+    "cuda": (cuda_columns, cuda_rows, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
 its program or None; the last of each takes any task. Every rule takes symbolic sizes as

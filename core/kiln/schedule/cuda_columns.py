@@ -9,8 +9,9 @@ each load of the warp reads consecutive elements; the block's ROWS warps and the
 split the reduced values. The warps' partials combine through shared memory into a temporary
 of (outputs, parts), which an ordinary kernel then reduces, applying what follows the reduction
 (a mean's division). Applies to a buffer with one reduction of at least MIN_EXTENT values
-(fixed sizes, not arg-reductions) whose loads that depend on the innermost output index take it
-as their own innermost index.
+(fixed sizes, not arg-reductions) whose loads that depend on the innermost output index (of
+extent more than 1) take it as their own innermost index. It goes before the row rule, which
+would take such a statistic as rows whose elements lie a row apart.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ MIN_PER_THREAD = 64              # values a thread reduces, at the least, before
 
 def column_plan(buf: Compute) -> tuple[Reduce, int] | None:
     """(the reduction, how many parts its values split into) where `buf` is a column reduction."""
-    if not buf.axes or any(isinstance(s, SymSize) for s in buf.shape) or buf.shape[-1] < LANES:
+    kept = [k for k, size in enumerate(buf.shape) if size != 1]
+    if not kept or any(isinstance(s, SymSize) for s in buf.shape) or buf.shape[kept[-1]] < LANES:
         return None
     reduces = top_reduces(buf.value)
     if len(reduces) != 1:
@@ -45,7 +47,7 @@ def column_plan(buf: Compute) -> tuple[Reduce, int] | None:
     extent = reduce_extent(r)
     if extent < MIN_EXTENT:
         return None
-    inner = buf.axes[-1]
+    inner = buf.axes[kept[-1]]
     mentions = lambda e: any(x is inner for x in walk(e))
     loads = [x for x in walk(r.body) if isinstance(x, Load) and any(map(mentions, x.indices))]
     if not loads or any(x.indices[-1] is not inner or any(map(mentions, x.indices[:-1])) for x in loads):
