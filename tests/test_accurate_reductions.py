@@ -52,6 +52,18 @@ def test_global_average_pooling_over_4m_pixels_is_as_accurate_as_eager(device):
     _within_eager(pool(x), eager, torch.nn.functional.adaptive_avg_pool2d(x.double(), 1), floor=1e-7)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_sums_over_leading_dims_are_as_accurate_as_eager(device):
+    """Per-channel statistics of a channels-last tensor and a sum over a long batch (the CUDA
+    column rule: a warp per 32 outputs, the rows split over warps and blocks)."""
+    torch.manual_seed(0)
+    x = (torch.randn(20001, 40) + 3).to(device)
+    _within_eager(kiln.ops.sum(x, 0).torch(), x.sum(0), x.double().sum(0), floor=1e-3)
+    y = (torch.randn(9, 41, 37, 48) + 10).to(device)
+    _within_eager(kiln.ops.mean(y, [0, 1, 2]).torch(), y.mean([0, 1, 2]), y.double().mean([0, 1, 2]), floor=1e-6)
+    _within_eager(kiln.ops.var(y, [0, 1, 2]).torch(), y.var([0, 1, 2]), y.double().var([0, 1, 2]), floor=1e-6)
+
+
 def test_variance_of_values_far_from_zero_is_accurate():
     torch.manual_seed(0)
     x = 1000 + torch.randn(2, 100_000)
