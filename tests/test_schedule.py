@@ -60,7 +60,10 @@ def test_a_program_is_loaded_once_per_process():
 
 def test_auto_rules_are_tried_in_order():
     rules = [r.__module__ for r in AUTO_RULES["cuda"]]
-    assert rules == ["kiln.schedule.cuda_rows", "kiln.schedule.cuda_split", "kiln.schedule.cuda_general"]
+    assert rules == ["kiln.schedule.cuda_columns", "kiln.schedule.cuda_rows", "kiln.schedule.cuda_split",
+                     "kiln.schedule.cuda_general"]
+    columns = auto_program(_task("sum", torch.randn(5000, 40), 0), "cuda")
+    assert [launch.kernel for launch in columns.launches] == ["kiln_k0_columns", "kiln_k0"]
     softmax = auto_program(_task("softmax", torch.randn(256, 100), -1), "cuda")
     assert [launch.kernel for launch in softmax.launches] == ["kiln_row"]
     total = auto_program(_task("sum", torch.randn(1 << 17)), "cuda")
