@@ -15,17 +15,15 @@ would take such a statistic as rows whose elements lie a row apart.
 """
 from __future__ import annotations
 
-from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import numel, reduce_init
 from kiln.ir.compute import Compute
-from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, walk
-from kiln.ir.inline import Lowered, substitute
-from kiln.ir.simplify import simplify
+from kiln.ir.expr import Expr, Load, Reduce, walk
+from kiln.ir.inline import Lowered
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule.cuda_kernels import AutoProgram, CudaEmitter, Kernel, reduce_extent, signature
-from kiln.schedule.cuda_split import replace_reduce
+from kiln.schedule.cuda_kernels import AutoProgram, CudaEmitter, Kernel, at_item, reduce_extent, signature
+from kiln.schedule.cuda_split import two_pass
 
 LANES, ROWS = 32, 8
 MIN_EXTENT = 4096
@@ -62,14 +60,7 @@ def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts:
     """The kernel writing the (outputs, parts) partial reductions of `buf`'s reduction `r`."""
     d = CudaDialect()
     items, extent = numel(buf.shape), reduce_extent(r)
-    o = Var("o", items)
-    index, stride = {}, 1
-    for axis, size in reversed(list(zip(buf.axes, buf.shape))):
-        index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-        stride *= size
-    body = simplify(substitute(r.body, index))
-    names = dict(auto.names)
-    names[id(o)] = "o"
+    body, names = at_item(buf, r.body, auto.names)
     em = CudaEmitter(d, names, auto.strides, "thread", indent=1, sizes=auto.sizes)
     t, vt = r.dtype, d.value_type(r.dtype)
     acc = em.fresh("acc")
@@ -79,22 +70,12 @@ def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts:
     em.open(f"if (o < {items})")
     em.open(f"for (int64_t f = (int64_t)blockIdx.y * {chunk} + (threadIdx.x >> 5); "
             f"f < min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){extent}); f += {ROWS})")
-    rest = "f"
-    for k, axis in enumerate(reversed(r.axes)):
-        name = em.fresh("r")
-        em.names[id(axis)] = name
-        if k == len(r.axes) - 1:
-            em.line(f"const int64_t {name} = {rest};")
-            continue
-        quotient = em.fresh("q")
-        em.line(f"const int64_t {quotient} = {rest} / {axis.extent};")
-        em.line(f"const int64_t {name} = {rest} - {quotient} * {axis.extent};")
-        rest = quotient
+    em.unravel(r.axes, [str(a.extent) for a in r.axes], "f")
     em.add_partial(partial, r.op, t, acc, em.emit(body))
     em.close()
     em.close()
     em.close_partial(partial, acc)
-    combine = d.combine(r.op, t, "total", f"sh[w][threadIdx.x]")
+    combine = d.combine(r.op, t, "total", "sh[w][threadIdx.x]")
     source = (f'extern "C" __global__ void __launch_bounds__({LANES * ROWS}) {kernel_name}({signature(d, args)}) {{\n'
               f"    const int64_t o = (int64_t)blockIdx.x * {LANES} + (threadIdx.x & {LANES - 1});\n"
               + "\n".join(em.lines) + "\n"
@@ -113,20 +94,4 @@ def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts:
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The program of `lowered` with its column reductions in two passes; None when it has none."""
-    plans = [column_plan(buf) for buf in lowered.buffers]
-    if not any(plans):
-        return None
-    auto = AutoProgram(lowered)
-    for n, (buf, plan) in enumerate(zip(lowered.buffers, plans)):
-        if not numel(buf.shape):
-            continue
-        out_name = auto.names[id(buf)]
-        if plan:
-            r, parts = plan
-            partial = auto.temporary((numel(buf.shape), parts), r.dtype)
-            args = auto.available + [(partial.name, partial, False)]
-            auto.kernels.append(column_kernel(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_columns"))
-            buf = replace_reduce(buf, r, partial, parts)
-            auto.available = auto.available + [(partial.name, partial, True)]
-        auto.write(n, buf, out_name)
-    return auto.program()
+    return two_pass(lowered, [column_plan(buf) for buf in lowered.buffers], column_kernel, "columns")

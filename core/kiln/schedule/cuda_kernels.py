@@ -148,21 +148,7 @@ class CudaEmitter(Emitter):
         partial = None if arg else self.open_partial(e.op, t, acc, per_lane)
         self.line("#pragma unroll 4")
         self.open(f"for (int64_t {flat} = {lo} + {lane}; {flat} < {hi}; {flat} += {width})")
-        # the axes unravelled from the flat index by successive divisions, each remainder taken
-        # as `rest - quotient * extent`: NVRTC 13.0 and 13.5 crash (segfault, in NVVM) on the
-        # `%` and `/` form when the axes' strides are multiples of each other (MobileNetV3's
-        # channels-last average pool: (f / 14) * 9408 + (f % 14) * 672)
-        rest = flat
-        for k, (axis, extent) in enumerate(reversed(list(zip(e.axes, extents)))):
-            name = self.fresh("r")
-            self.names[id(axis)] = name
-            if k == len(e.axes) - 1:
-                self.line(f"const int64_t {name} = {rest};")
-                continue
-            quotient = self.fresh("q")
-            self.line(f"const int64_t {quotient} = {rest} / ({extent});")
-            self.line(f"const int64_t {name} = {rest} - {quotient} * ({extent});")
-            rest = quotient
+        self.unravel(e.axes, extents, flat)
         v = self.emit(e.body)
         if arg:
             self.open(f"if ({d.arg_better(e.op, t, v, acc)})")
@@ -176,6 +162,24 @@ class CudaEmitter(Emitter):
         result = pos if arg else acc
         self.scopes[-1][key] = result
         return result
+
+    def unravel(self, axes, extents: list[str], flat: str) -> None:
+        """Declare reduction `axes` (row-major, of C `extents`) unravelled from the C flat index
+        `flat`, by successive divisions, each remainder taken as `rest - quotient * extent`:
+        NVRTC 13.0 and 13.5 crash (segfault, in NVVM) on the `%` and `/` form when the axes'
+        strides are multiples of each other (MobileNetV3's channels-last average pool:
+        (f / 14) * 9408 + (f % 14) * 672)."""
+        rest = flat
+        for k, (axis, extent) in enumerate(reversed(list(zip(axes, extents)))):
+            name = self.fresh("r")
+            self.names[id(axis)] = name
+            if k == len(axes) - 1:
+                self.line(f"const int64_t {name} = {rest};")
+                continue
+            quotient = self.fresh("q")
+            self.line(f"const int64_t {quotient} = {rest} / ({extent});")
+            self.line(f"const int64_t {name} = {rest} - {quotient} * ({extent});")
+            rest = quotient
 
     def _combine_lanes(self, op: str, t, acc: str, pos: str | None) -> None:
         """Leave the combination of every lane's (acc, pos) in every lane."""
@@ -248,6 +252,17 @@ def item_loop_kernel(name: str, threads: int, args: list, mode: str, items: int,
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{\n' + loop, tuple(used)
 
 
+def at_item(buf: Compute, value: Expr, names: dict) -> tuple[Expr, dict]:
+    """`value` (an expression of `buf`'s axes) at the work item `o`, the flat row-major index of
+    an element of `buf`, and `names` with `o` named."""
+    o = Var("o", numel(buf.shape))
+    index, stride = {}, 1
+    for axis, size in reversed(list(zip(buf.axes, buf.shape))):
+        index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
+        stride *= size
+    return simplify(substitute(value, index)), {**names, id(o): "o"}
+
+
 def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
                    kernel_name: str, sizes: SizeArgs, split: tuple[int, int] | None = None) -> Kernel:
     """The kernel writing every element of `buf` (or, with `split` = (parts, extent), the
@@ -257,14 +272,7 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
     reduces = top_reduces(buf.value)
     extent = max((reduce_extent(r) for r in reduces), default=0)
     mode = "block" if split else choose_mode(items, extent)
-    o = Var("o", items)
-    index, stride = {}, 1
-    for axis, size in reversed(list(zip(buf.axes, buf.shape))):
-        index[id(axis)] = simplify((o // stride) % size) if size != 1 else as_expr(0, dtypes.int64)
-        stride *= size
-    value = simplify(substitute(buf.value, index))
-    names = dict(lowered_names)
-    names[id(o)] = "o"
+    value, names = at_item(buf, buf.value, lowered_names)
     split_bounds = None
     if split:
         parts, total = split

@@ -7,30 +7,32 @@ task's other buffers get the general kernel.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from kiln.codegen.cuda import top_reduces
 from kiln.ir.compute import Compute
 from kiln.ir.expr import Expr, Load, Reduce, Var
 from kiln.ir.inline import Lowered, own_children, rebuild_expr
 from kiln.runtime.cuda import CudaProgram
 from kiln.codegen.emitter import numel
-from kiln.schedule.cuda_kernels import AutoProgram, buffer_kernel, reduce_extent
+from kiln.schedule.cuda_kernels import AutoProgram, Kernel, buffer_kernel, reduce_extent
 
 SPLIT_MIN_EXTENT = 1 << 16      # a reduction this long over few elements is split
 SPLIT_PARTS = 512
 
 
-def split_plan(buf: Compute) -> tuple[int, int] | None:
-    """(parts, extent) when `buf` is a full reduction worth splitting, else None."""
+def split_plan(buf: Compute) -> tuple[Reduce, int] | None:
+    """(the reduction, how many parts it splits into) when `buf` is a full reduction worth
+    splitting, else None."""
     reduces = top_reduces(buf.value)
     if len(reduces) != 1 or numel(buf.shape) > 64:
         return None
     r = reduces[0]
     if r.op in ("argmax", "argmin") or any(isinstance(a.extent, Expr) for a in r.axes):
         return None
-    extent = reduce_extent(r)
-    if extent < SPLIT_MIN_EXTENT:
+    if reduce_extent(r) < SPLIT_MIN_EXTENT:
         return None
-    return (SPLIT_PARTS, extent)
+    return r, SPLIT_PARTS
 
 
 def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
@@ -65,9 +67,16 @@ def replace_reduce(buf: Compute, r: Reduce, partial, parts: int) -> Compute:
     return Compute(buf.name, buf.axes, _replace(buf.value, r, Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)))
 
 
-def schedule(lowered: Lowered) -> CudaProgram | None:
-    """The program of `lowered` with its full reductions split; None when it has none."""
-    plans = [split_plan(buf) for buf in lowered.buffers]
+FirstPass = Callable[[AutoProgram, list, Compute, Reduce, int, str, str], Kernel]
+"""(program, kernel arguments, buffer, its reduction, parts, partials' name, kernel name) -> the
+kernel writing the (elements, parts) partial reductions."""
+
+
+def two_pass(lowered: Lowered, plans: list, first_pass: FirstPass, suffix: str) -> CudaProgram | None:
+    """The program of `lowered` where each buffer with a plan (its reduction, parts) is written
+    in two passes: `first_pass`'s kernel of partial reductions into a temporary, then the
+    buffer's ordinary kernel with the reduction replaced by that of its partials. None when no
+    buffer has a plan."""
     if not any(plans):
         return None
     auto = AutoProgram(lowered)
@@ -76,12 +85,22 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
             continue
         out_name = auto.names[id(buf)]
         if plan:
-            r = top_reduces(buf.value)[0]
-            partial = auto.temporary((numel(buf.shape), plan[0]), r.dtype)
+            r, parts = plan
+            partial = auto.temporary((numel(buf.shape), parts), r.dtype)
             args = auto.available + [(partial.name, partial, False)]
-            auto.kernels.append(buffer_kernel(auto.names, auto.strides, args, buf, partial.name,
-                                              f"kiln_k{n}_split", auto.sizes, plan))
-            buf = replace_reduce(buf, r, partial, plan[0])
+            auto.kernels.append(first_pass(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_{suffix}"))
+            buf = replace_reduce(buf, r, partial, parts)
             auto.available = auto.available + [(partial.name, partial, True)]
         auto.write(n, buf, out_name)
     return auto.program()
+
+
+def _split_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts: int, out_name: str,
+                  kernel_name: str) -> Kernel:
+    return buffer_kernel(auto.names, auto.strides, args, buf, out_name, kernel_name, auto.sizes,
+                         (parts, reduce_extent(r)))
+
+
+def schedule(lowered: Lowered) -> CudaProgram | None:
+    """The program of `lowered` with its full reductions split; None when it has none."""
+    return two_pass(lowered, [split_plan(buf) for buf in lowered.buffers], _split_kernel, "split")
