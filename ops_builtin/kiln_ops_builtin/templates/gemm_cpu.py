@@ -32,7 +32,7 @@ from kiln.schedule import Template
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
 
-KERNEL = r"""
+MICRO = r"""
 #include <omp.h>
 #define NV 2
 #define NR (NV * VW)
@@ -71,7 +71,9 @@ static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const flo
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) *(kiln_vfu*)(cout + i * ldout + j * VW) = acc[i][j];
 }
+"""
 
+PACK_A = r"""
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     for (int64_t k = 0; k < kc; ++k)
@@ -79,9 +81,17 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
             dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
 }
 
+/* a finished tile: its rows through the epilogue hook */
+static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
+                                   const float* __restrict__ tile) {
+    for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+}
+"""
+
+BLOCK = r"""
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
-    if (B_BY_K) {
+#if B_BY_K
         /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
            the k that no run covers one by one */
         int64_t k = 0;
@@ -103,12 +113,12 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
         for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
         for (int64_t e = k; e < kc; ++e)
             for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
-        return;
-    }
+#else
     for (int64_t k = 0; k < kc; ++k) {
         kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
         for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
     }
+#endif
 }
 
 #define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -148,7 +158,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
                     kiln_micro(kc, apack + ip * MR * kc, bpack + jp * NR * kc, cin, full ? N : NR,
                                to_ws ? w : tile, to_ws ? N : NR);
                     if (last)
-                        for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+                        kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
                     else if (!full)
                         for (int64_t i = 0; i < rows; ++i)
                             for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
@@ -157,6 +167,34 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
     }
 }
 
+/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
+   other: each packs its own operand blocks. */
+static void kiln_gemm(PARAMS) {
+    const int64_t kcap = KILN_MIN(KC, K);
+    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
+        if (lo < hi)
+            for (int64_t b = 0; b < BATCH; ++b) {
+                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            }
+        free(apack);
+        free(bpack);
+    }
+    free(ws);
+}
+"""
+
+FEW_ROWS = r"""
 /* Few rows (M <= SMALL_M: depthwise convolutions, vector-matrix products): no packing; each
    chunk of a B row, made once per k, is scaled into the M accumulator rows. */
 static void kiln_few_rows(PARAMS, int threads) {
@@ -217,8 +255,6 @@ static void kiln_few_rows_by_k(PARAMS, int threads) {
     }
 }
 
-/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
-   other: each packs its own operand blocks. */
 void kiln_kernel(PARAMS) {
     if (M <= SMALL_M) {
         const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
@@ -226,29 +262,10 @@ void kiln_kernel(PARAMS) {
         else kiln_few_rows(ARGS, threads);
         return;
     }
-    const int64_t kcap = KILN_MIN(KC, K);
-    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
-    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-    {
-        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
-        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
-        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
-        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
-        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
-        if (lo < hi)
-            for (int64_t b = 0; b < BATCH; ++b) {
-                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
-                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
-            }
-        free(apack);
-        free(bpack);
-    }
-    free(ws);
+    kiln_gemm(ARGS);
 }
 """
+KERNEL = MICRO + PACK_A + BLOCK + FEW_ROWS
 
 DEFAULT = {"MC": 336, "KC": 256, "NC": 4096, "WHOLE_K": 768}
 WIDE_ROWS = (14, 12, 8)     # register-tile heights with 16-float vectors
