@@ -1,0 +1,268 @@
+"""conv2d (groups = 1) on the CPU: an implicit GEMM on the micro-kernel, blocking and threads
+of `gemm_cpu`, whose rows are output pixels and columns output channels.
+
+The input is first copied, once per call, into zero-padded *phase planes*: for strides
+(SH, SW), plane (c, ph, pw) holds the padded input's rows ph, ph + SH, ... and columns pw,
+pw + SW, ..., as float32 (16-bit inputs converted). An output pixel (oh, ow) then reads, for
+kernel tap (i, j) of channel c, the plane (c, i*DH % SH, j*DW % SW) at row oh + i*DH / SH,
+column ow + j*DW / SW: with pixels numbered oh * WQ + ow over the planes' width WQ ("virtual"
+pixels: the columns ow >= OW are computed and dropped), each tap's values for consecutive
+pixels are consecutive floats of one plane, at an offset that depends on the tap alone. So A
+(pixels x taps) packs as plain copies of MR floats, with no bounds test, and B (taps x output
+channels) is the weight, read along k and packed by `gemm_cpu`'s register transposes. A 1x1
+convolution with stride 1 and no padding on float32 data reads its input in place: a plain
+GEMM. Padding, stride and dilation are any; the output's (pixel, channel) tile is handed to
+the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm folded by
+the passes, activations, residual adds: whatever fusion put there), so NCHW stores run along
+a row of the output.
+
+The template takes a task only where its sum is exactly the conv2d definition's on two of its
+inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
+(depthwise included) are `conv_depthwise_cpu`'s or `gemm_cpu.CONV`'s.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.c import C_PRELUDE, CDialect
+from kiln.codegen.cuda import top_reduces
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.codegen.hooks import unravel_index
+from kiln.graph import OperatorError
+from kiln.ir import Compute, Load, Task, TensorInput, Var, cast, inline_task, simplify
+from kiln.ir.expr import walk
+from kiln.runtime.cpu import CpuProgram
+from kiln.schedule import Template
+
+from kiln_ops_builtin.common import int_tuple
+from kiln_ops_builtin.conv import conv2d
+from kiln_ops_builtin.templates import gemm_cpu
+from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row
+from kiln_ops_builtin.templates.cpu_simd import VECTORS
+from kiln_ops_builtin.templates.own_task import same_values
+
+CONV_PACK = r"""
+/* planes offset of tap k = (c, i, j) */
+static inline int64_t kiln_koff(int64_t k) {
+    const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
+    return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
+}
+
+static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    const float* src = planes + b * PLANE;
+#if GATHER
+    int64_t at[MR];
+    for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
+    for (int64_t k = 0; k < kc; ++k) {
+        const float* s = src + kiln_koff(k0 + k);
+        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = s[at[i]];
+    }
+#else
+    src += m0;
+    if (rows == MR)
+        for (int64_t k = 0; k < kc; ++k) {
+            const float* s = src + kiln_koff(k0 + k);
+            for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = s[i];
+        }
+    else
+        for (int64_t k = 0; k < kc; ++k) {
+            const float* s = src + kiln_koff(k0 + k);
+            for (int64_t i = 0; i < rows; ++i) dst[k * MR + i] = s[i];
+            for (int64_t i = rows; i < MR; ++i) dst[k * MR + i] = 0.f;
+        }
+#endif
+}
+
+/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1: each
+   channel's run of real pixels within an output row through the epilogue hook */
+static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
+                                   const float* __restrict__ tile) {
+    for (int64_t v = m0, end = m0 + rows; v < end;) {
+        const int64_t oh = v / ROW, ow = v % ROW;
+        const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
+        const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
+        for (int64_t j = 0; valid && j < cols; ++j) {
+            float acc[MR];
+            for (int64_t i = 0; i < valid; ++i) acc[i] = tile[(v - m0 + i) * NR + j];
+            kiln_epilogue_row(ARGS, b, n0 + j, oh * OW + ow, valid, acc);
+        }
+        v += run;
+    }
+}
+"""
+
+CONV_ENTRY = r"""
+/* channel c of batch b into its SH x SW phase planes at dst, zeros where the input is padding */
+static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst) {
+    for (int64_t ph = 0; ph < SH; ++ph)
+        for (int64_t pw = 0; pw < SW; ++pw) {
+            float* plane = dst + ((c * SH + ph) * SW + pw) * (HQ * WQ);
+            /* columns qw whose input column qw * SW + pw - PW lies in [0, W) */
+            const int64_t lo = PW > pw ? (PW - pw + SW - 1) / SW : 0;
+            const int64_t hi0 = (W + PW - pw + SW - 1) / SW, hi = hi0 < WQ ? hi0 : WQ;
+            for (int64_t qh = 0; qh < HQ; ++qh) {
+                float* __restrict__ row = plane + qh * WQ;
+                const int64_t ih = qh * SH + ph - PH;
+                if (ih < 0 || ih >= H || lo >= hi) {
+                    for (int64_t qw = 0; qw < WQ; ++qw) row[qw] = 0.f;
+                    continue;
+                }
+                for (int64_t qw = 0; qw < lo; ++qw) row[qw] = 0.f;
+                for (int64_t qw = lo; qw < hi; ++qw) row[qw] = kiln_x(TASK_ARGS, b, c, ih, qw * SW + pw - PW);
+                for (int64_t qw = hi; qw < WQ; ++qw) row[qw] = 0.f;
+            }
+        }
+}
+
+void kiln_kernel(TASK_PARAMS) {
+    float* planes = kiln_alloc(BATCH * PLANE);
+    const int threads = (double)BATCH * PLANE > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < BATCH; ++b)
+        for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE);
+    for (int64_t b = 0; b < BATCH; ++b)
+        for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
+    kiln_gemm(TASK_ARGS, planes);
+    free(planes);
+}
+"""
+
+
+@dataclass
+class ConvCpu:
+    """A conv2d task's sizes and its operands among the task's inputs."""
+
+    lowered: object                  # the task after inlining
+    x: TensorInput
+    weight: TensorInput
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    before: tuple[int, int]          # padding added before the first row and column
+    out_shape: tuple[int, ...]       # (N, O, OH, OW)
+
+    @property
+    def phases(self) -> tuple[int, int, int, int]:
+        """(HQ, WQ, plane floats per batch element, GATHER): GATHER = 1 numbers the GEMM's rows
+        by real pixels, whose A rows are gathered tap by tap, where computing the planes' extra
+        columns (WQ / OW more rows) would cost more than the gathers (about 8 / N more, N
+        output channels); else rows are virtual pixels, packed as plain copies."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        kh, kw = self.weight.shape[2:]
+        oh, ow = self.out_shape[2:]
+        hq = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
+        wq = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+        slack = (kw - 1) * dw // sw + 16
+        return hq, wq, self.x.shape[1] * sh * sw * hq * wq + slack, int(wq / ow > 1 + 8 / self.out_shape[1])
+
+
+def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
+    if padding == "valid":
+        return 0, 0
+    if padding == "same":
+        return tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
+    try:
+        return int_tuple("conv2d", "padding", padding, 2)
+    except (OperatorError, TypeError):
+        return None
+
+
+def match_conv(task: Task) -> ConvCpu | None:
+    """`task` as an ungrouped conv2d of a 4-D float input (epilogues fused around its sum), or
+    None."""
+    attrs = task.attrs
+    if task.name != "conv2d" or attrs.get("groups") != 1 or not {"stride", "padding", "dilation"} <= set(attrs):
+        return None
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    if len(out.shape) != 4 or not all(isinstance(s, int) for s in out.shape):
+        return None
+    reduces = top_reduces(out.value)
+    if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
+        return None
+    read = list({id(e.tensor): e.tensor for e in walk(reduces[0].body) if isinstance(e, Load)}.values())
+    if len(read) != 2 or not all(isinstance(t, TensorInput) and t.ndim == 4 and t.shape[2:] != (1, 1) and t.dtype in FACTOR_DTYPES
+                                 and all(isinstance(s, int) for s in t.shape) for t in read):
+        return None
+    for x, weight in (read, read[::-1]):
+        try:
+            ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],
+                                    dilation=attrs["dilation"], groups=1)
+        except (OperatorError, ValueError, TypeError):
+            continue
+        ref_out = inline_task(Task("conv2d", [x, weight], [ref])).outputs[0]
+        if ref_out.shape != out.shape or not same_values(
+                [x, weight], Compute("a", out.axes, reduces[0]), Compute("b", ref_out.axes, top_reduces(ref_out.value)[0])):
+            continue
+        stride, dilation = int_tuple("conv2d", "stride", attrs["stride"], 2), int_tuple("conv2d", "dilation", attrs["dilation"], 2)
+        before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
+        if before is None:
+            return None
+        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape))
+    return None
+
+
+def applies(task) -> bool:
+    return match_conv(task) is not None
+
+
+def _hooks(c: ConvCpu) -> str:
+    """C of `kiln_x` (an input element in float), `kiln_b_col` (the weight along k for output
+    channel n) and `kiln_epilogue_row` (channel m, pixels n0 .. n0 + count - 1, flat over OH x OW)."""
+    d = CDialect()
+    lowered, out = c.lowered, c.lowered.outputs[0]
+    names = KernelArgs.names(lowered.inputs)
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    b, ch, h, w = (Var(name, extent) for name, extent in zip("bchw", c.x.shape))
+    em = Emitter(d, {**names, id(b): "b", id(ch): "c", id(h): "h", id(w): "w"}, strides)
+    v = em.emit(simplify(cast(Load(c.x, (b, ch, h, w)), dtypes.float32)))
+    hooks = [f"static inline float kiln_x(TASK_PARAMS, int64_t b, int64_t c, int64_t h, int64_t w) {{\n"
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n"]
+    taps = c.weight.shape[1:]
+    n, k = Var("n", c.weight.shape[0]), Var("k", math.prod(taps))
+    tap_axes = [Var(f"t{i}", e) for i, e in enumerate(taps)]
+    index = unravel_index(k, tap_axes, taps)
+    em = Emitter(d, {**names, id(n): "n", id(k): "k"}, strides, indent=2)
+    v = em.emit(simplify(cast(Load(c.weight, (n, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
+    hooks.append("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
+                 "float* __restrict__ dst, int64_t stride) {\n"
+                 "    for (int64_t k = k0; k < k0 + count; ++k) {\n" + "\n".join(em.lines)
+                 + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
+    bv, mv, nv = Var("b", out.shape[0]), Var("m", out.shape[1]), Var("n", out.shape[2] * out.shape[3])
+    index = {id(out.axes[0]): bv, id(out.axes[1]): mv, **unravel_index(nv, out.axes[2:], out.shape[2:])}
+    hooks.append(render_epilogue_row(lowered, out, index, {id(bv): "b", id(mv): "m", id(nv): "n"}, "PARAMS"))
+    return "".join(hooks)
+
+
+def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s)."""
+    c = match_conv(task)
+    if c is None:
+        raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
+    d = CDialect()
+    lowered = c.lowered
+    hq, wq, plane, gather = c.phases
+    n, cin, h, w = c.x.shape
+    cout, _, kh, kw = c.weight.shape
+    oh, ow = c.out_shape[2:]
+    row = ow if gather else wq
+    m, k = oh * row, cin * kh * kw
+    task_args = ", ".join(KernelArgs.args(len(lowered.inputs)))
+    defines = {
+        "TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)), "TASK_ARGS": task_args,
+        "PARAMS": "TASK_PARAMS, const float* __restrict__ planes", "ARGS": "TASK_ARGS, planes",
+        "BATCH": n, "M": m, "N": cout, "K": k, "CIN": cin, "H": h, "W": w, "KH": kh, "KW": kw,
+        "SH": c.stride[0], "SW": c.stride[1], "DH": c.dilation[0], "DW": c.dilation[1],
+        "PH": c.before[0], "PW": c.before[1], "OH": oh, "OW": ow, "HQ": hq, "WQ": wq, "PLANE": plane,
+        "GATHER": gather, "ROW": row, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC,
+        "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    source = (C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.MICRO + CONV_PACK + gemm_cpu.BLOCK + CONV_ENTRY)
+    return CpuProgram(source, "kiln_kernel", tuple(KernelArgs.args(len(lowered.inputs))))
+
+
+TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space)
