@@ -120,12 +120,13 @@ class _Block(nn.Module):
         return F.relu6(self.bn2(self.conv2(y)) + self.skip(x))
 
 
-def test_resnet_block_epilogues_fuse_into_the_template():
+@pytest.mark.parametrize("batch", [1, 2])     # regression: fusion zeroes a batch index of extent 1
+def test_resnet_block_epilogues_fuse_into_the_template(batch):
     torch.manual_seed(0)
     block = _Block(5, 12).eval()
     for bn in (block.bn1, block.bn2, block.skip[1]):
         bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
-    capture, _ = compile_and_compare(block, torch.randn(2, 5, 15, 13))
+    capture, _ = compile_and_compare(block, torch.randn(batch, 5, 15, 13))
     graph = next(iter(capture.compiled[0].graphs.values())).graph
     fused = [n for n in graph.nodes if type(n).__name__ == "FusedOperator" and n.task.name == "conv2d"]
     taken = [n for n in fused if conv_cpu.TEMPLATE.applies(n.task)]

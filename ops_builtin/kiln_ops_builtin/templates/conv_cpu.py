@@ -31,7 +31,7 @@ from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.hooks import unravel_index
 from kiln.graph import OperatorError
-from kiln.ir import Compute, Load, Task, TensorInput, Var, cast, inline_task, simplify
+from kiln.ir import Compute, Const, Load, Task, TensorInput, Var, cast, inline_task, simplify, substitute
 from kiln.ir.expr import walk
 from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
@@ -169,6 +169,11 @@ def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
         return None
 
 
+def _unit_axes_zero(axes, e):
+    """`e` with the axes of extent 1 replaced by 0 (fusion may have done so, or not)."""
+    return simplify(substitute(e, {id(a): Const(0, dtypes.int64) for a in axes if a.extent == 1}))
+
+
 def match_conv(task: Task) -> ConvCpu | None:
     """`task` as an ungrouped conv2d of a 4-D float input (epilogues fused around its sum), or
     None."""
@@ -196,7 +201,8 @@ def match_conv(task: Task) -> ConvCpu | None:
             continue
         ref_out = inline_task(Task("conv2d", [x, weight], [ref])).outputs[0]
         if ref_out.shape != out.shape or not same_values(
-                [x, weight], Compute("a", out.axes, reduces[0]), Compute("b", ref_out.axes, top_reduces(ref_out.value)[0])):
+                [x, weight], *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0]))
+                               for name, t in (("a", out), ("b", ref_out)))):
             continue
         stride, dilation = int_tuple("conv2d", "stride", attrs["stride"], 2), int_tuple("conv2d", "dilation", attrs["dilation"], 2)
         before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
