@@ -43,7 +43,7 @@ from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
 from kiln_ops_builtin.templates.own_task import same_values
 
-CONV_PACK = r"""
+PACK = r"""
 /* planes offset of tap k = (c, i, j) */
 static inline int64_t kiln_koff(int64_t k) {
     const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
@@ -94,12 +94,12 @@ static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, in
 }
 """
 
-CONV_ENTRY = r"""
+FILL = r"""
 /* channel c of batch b into its SH x SW phase planes at dst, zeros where the input is padding */
 static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst) {
     for (int64_t ph = 0; ph < SH; ++ph)
         for (int64_t pw = 0; pw < SW; ++pw) {
-            float* plane = dst + ((c * SH + ph) * SW + pw) * (HQ * WQ);
+            float* plane = dst + (ph * SW + pw) * (HQ * WQ);
             /* columns qw whose input column qw * SW + pw - PW lies in [0, W) */
             const int64_t lo = PW > pw ? (PW - pw + SW - 1) / SW : 0;
             const int64_t hi0 = (W + PW - pw + SW - 1) / SW, hi = hi0 < WQ ? hi0 : WQ;
@@ -116,13 +116,15 @@ static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst
             }
         }
 }
+"""
 
+ENTRY = r"""
 void kiln_kernel(TASK_PARAMS) {
     float* planes = kiln_alloc(BATCH * PLANE);
     const int threads = (double)BATCH * PLANE > 65536.0 ? omp_get_max_threads() : 1;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t b = 0; b < BATCH; ++b)
-        for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE);
+        for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
     for (int64_t b = 0; b < BATCH; ++b)
         for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
     kiln_gemm(TASK_ARGS, planes);
@@ -142,20 +144,34 @@ class ConvCpu:
     dilation: tuple[int, int]
     before: tuple[int, int]          # padding added before the first row and column
     out_shape: tuple[int, ...]       # (N, O, OH, OW)
-
+    depthwise: bool                  # one group per channel (else one group)
     @property
-    def phases(self) -> tuple[int, int, int, int]:
-        """(HQ, WQ, plane floats per batch element, GATHER): GATHER = 1 numbers the GEMM's rows
-        by real pixels, whose A rows are gathered tap by tap, where computing the planes' extra
-        columns (WQ / OW more rows) would cost more than the gathers (about 8 / N more, N
-        output channels); else rows are virtual pixels, packed as plain copies."""
+    def planes(self) -> tuple[int, int]:
+        """(HQ, WQ): the rows and columns of a phase plane (what the output reads, rounded up)."""
         (sh, sw), (dh, dw) = self.stride, self.dilation
         kh, kw = self.weight.shape[2:]
         oh, ow = self.out_shape[2:]
-        hq = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
-        wq = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
-        slack = (kw - 1) * dw // sw + 16
-        return hq, wq, self.x.shape[1] * sh * sw * hq * wq + slack, int(wq / ow > 1 + 8 / self.out_shape[1])
+        return -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh), -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+
+    @property
+    def gather(self) -> bool:
+        """Whether the GEMM's rows are real pixels, whose A rows are gathered tap by tap: where
+        computing the planes' extra columns (WQ / OW more rows) would cost more than the
+        gathers (about 8 / N more, N output channels); else rows are virtual pixels, packed as
+        plain copies."""
+        return self.planes[1] / self.out_shape[3] > 1 + 8 / self.out_shape[1]
+
+    def defines(self) -> dict:
+        """The C macros of the sizes, the parameters and the planes (`FILL` uses them)."""
+        d = CDialect()
+        lowered = self.lowered
+        (n, cin, h, w), (kh, kw) = self.x.shape, self.weight.shape[2:]
+        hq, wq = self.planes
+        return {"TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)),
+                "TASK_ARGS": ", ".join(KernelArgs.args(len(lowered.inputs))), "BATCH": n, "CIN": cin, "H": h, "W": w,
+                "KH": kh, "KW": kw, "SH": self.stride[0], "SW": self.stride[1], "DH": self.dilation[0],
+                "DW": self.dilation[1], "PH": self.before[0], "PW": self.before[1], "OH": self.out_shape[2],
+                "OW": self.out_shape[3], "HQ": hq, "WQ": wq}
 
 
 def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
@@ -175,11 +191,12 @@ def _unit_axes_zero(axes, e):
 
 
 def match_conv(task: Task) -> ConvCpu | None:
-    """`task` as an ungrouped conv2d of a 4-D float input (epilogues fused around its sum), or
-    None."""
+    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), ungrouped or
+    depthwise (as many groups as input and output channels), or None."""
     attrs = task.attrs
-    if task.name != "conv2d" or attrs.get("groups") != 1 or not {"stride", "padding", "dilation"} <= set(attrs):
+    if task.name != "conv2d" or not isinstance(attrs.get("groups"), int) or not {"stride", "padding", "dilation"} <= set(attrs):
         return None
+    groups = attrs["groups"]
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None
@@ -194,9 +211,11 @@ def match_conv(task: Task) -> ConvCpu | None:
                                  and all(isinstance(s, int) for s in t.shape) for t in read):
         return None
     for x, weight in (read, read[::-1]):
+        if groups > 1 and not groups == x.shape[1] == weight.shape[0] == out.shape[1]:
+            continue                # grouped convolutions other than depthwise: not these templates'
         try:
             ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],
-                                    dilation=attrs["dilation"], groups=1)
+                                    dilation=attrs["dilation"], groups=groups)
         except (OperatorError, ValueError, TypeError):
             continue
         ref_out = inline_task(Task("conv2d", [x, weight], [ref])).outputs[0]
@@ -208,12 +227,15 @@ def match_conv(task: Task) -> ConvCpu | None:
         before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
         if before is None:
             return None
-        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape))
+        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), groups > 1)
     return None
 
 
 def applies(task) -> bool:
-    return match_conv(task) is not None
+    """Ungrouped convolutions with kernels larger than 1x1 (a 1x1 convolution is a plain GEMM:
+    `gemm_cpu.CONV`'s)."""
+    c = match_conv(task)
+    return c is not None and not c.depthwise and c.weight.shape[2:] != (1, 1)
 
 
 def _hooks(c: ConvCpu) -> str:
@@ -244,31 +266,28 @@ def _hooks(c: ConvCpu) -> str:
     return "".join(hooks)
 
 
+def source(c: ConvCpu, defines: dict, kernel: str) -> str:
+    """C source of a convolution program: the headers, `c.defines()` and `defines` as macros,
+    the hooks, then `kernel`."""
+    head = "".join(f"#define {name} {value}\n" for name, value in {**c.defines(), **defines}.items())
+    return C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.HELPERS + kernel
+
+
 def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
     """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s)."""
     c = match_conv(task)
-    if c is None:
+    if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
-    d = CDialect()
-    lowered = c.lowered
-    hq, wq, plane, gather = c.phases
-    n, cin, h, w = c.x.shape
-    cout, _, kh, kw = c.weight.shape
-    oh, ow = c.out_shape[2:]
-    row = ow if gather else wq
+    hq, wq = c.planes
+    cin, (cout, _, kh, kw), oh = c.x.shape[1], c.weight.shape, c.out_shape[2]
+    row = c.out_shape[3] if c.gather else wq
     m, k = oh * row, cin * kh * kw
-    task_args = ", ".join(KernelArgs.args(len(lowered.inputs)))
-    defines = {
-        "TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)), "TASK_ARGS": task_args,
-        "PARAMS": "TASK_PARAMS, const float* __restrict__ planes", "ARGS": "TASK_ARGS, planes",
-        "BATCH": n, "M": m, "N": cout, "K": k, "CIN": cin, "H": h, "W": w, "KH": kh, "KW": kw,
-        "SH": c.stride[0], "SW": c.stride[1], "DH": c.dilation[0], "DW": c.dilation[1],
-        "PH": c.before[0], "PW": c.before[1], "OH": oh, "OW": ow, "HQ": hq, "WQ": wq, "PLANE": plane,
-        "GATHER": gather, "ROW": row, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC,
-        "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}
-    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    source = (C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.MICRO + CONV_PACK + gemm_cpu.BLOCK + CONV_ENTRY)
-    return CpuProgram(source, "kiln_kernel", tuple(KernelArgs.args(len(lowered.inputs))))
+    defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes", "ARGS": "TASK_ARGS, planes",
+               "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
+               "GATHER": int(c.gather), "ROW": row, "M": m, "N": cout, "K": k, "B_BY_K": 1, "MC": MC,
+               "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}
+    return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY), "kiln_kernel",
+                      tuple(KernelArgs.args(len(c.lowered.inputs))))
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space)

@@ -32,8 +32,15 @@ from kiln.schedule import Template
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
 
-MICRO = r"""
+HELPERS = r"""
 #include <omp.h>
+#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
+/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
+static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
+"""
+
+MICRO = r"""
 #define NV 2
 #define NR (NV * VW)
 #ifndef MR
@@ -121,12 +128,8 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 #endif
 }
 
-#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
-/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
-static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
 #define SMALL_M 4
 #define CHUNK 512
-#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
 
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
@@ -265,7 +268,7 @@ void kiln_kernel(PARAMS) {
     kiln_gemm(ARGS);
 }
 """
-KERNEL = MICRO + PACK_A + BLOCK + FEW_ROWS
+KERNEL = HELPERS + MICRO + PACK_A + BLOCK + FEW_ROWS
 
 DEFAULT = {"MC": 336, "KC": 256, "NC": 4096, "WHOLE_K": 768}
 WIDE_ROWS = (14, 12, 8)     # register-tile heights with 16-float vectors
