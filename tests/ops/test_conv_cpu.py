@@ -13,7 +13,7 @@ from kiln.ir import Task
 from kiln.runtime.cpu import CpuKernel
 from kiln.schedule import schedules_for
 from kiln_ops_builtin.conv import conv2d
-from kiln_ops_builtin.templates import conv_cpu, gemm_cpu
+from kiln_ops_builtin.templates import conv_cpu, conv_depthwise_cpu, gemm_cpu
 from tests.frontend.frontend_support import compile_and_compare
 from tests.support import assert_close, rand, run_sanitized
 
@@ -106,6 +106,74 @@ def test_declines_what_it_does_not_compute():
     assert conv_cpu.TEMPLATE.applies(task) and not conv_cpu.TEMPLATE.applies(forged)
 
 
+DEPTHWISE = [
+    ((1, 16, 14, 14), (16, 1, 3, 3), dict(padding=1)),
+    ((2, 9, 33, 17), (9, 1, 3, 3), dict(stride=2, padding=1)),
+    ((1, 5, 40, 37), (5, 1, 5, 5), dict(stride=(1, 2), padding=(2, 1), dilation=(1, 2))),   # rows over 2 blocks
+    ((1, 7, 6, 71), (7, 1, 3, 2), dict(padding="same")),
+    ((1, 3, 10, 8), (3, 1, 2, 3), dict(stride=3)),
+]
+
+
+@pytest.mark.parametrize("xs, ws, kw", DEPTHWISE)
+def test_depthwise_matches_torch(xs, ws, kw):
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    kw = dict(kw, groups=xs[1])
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
+    assert schedules_for(task, "cpu")[0] is conv_depthwise_cpu.TEMPLATE
+    assert_close(kiln.ops.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vecs", [1, 2, 8])
+def test_depthwise_blocks(vecs):
+    x, w = rand((2, 6, 13, 45)), rand((6, 1, 3, 3))
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), None, stride=2, padding=1, groups=6)
+    want = F.conv2d(x, w, None, stride=2, padding=1, groups=6)
+    out = torch.empty_like(want)
+    CpuKernel(conv_depthwise_cpu.render(task, DW_VECS=vecs))([x, w], [out])
+    assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_depthwise_16bit(dtype):
+    x, w = rand((1, 8, 15, 19), dtype), rand((8, 1, 3, 3), dtype)
+    want = F.conv2d(x.float(), w.float(), None, 2, 1, 1, 8).to(dtype)
+    assert_close(kiln.ops.conv2d(x, w, None, 2, 1, 1, 8), want, atol=2e-2, rtol=2e-2)
+
+
+def test_grouped_convolutions_other_than_depthwise_are_declined():
+    x = kiln.from_torch(rand((1, 8, 9, 9)))
+    for groups, ws in ((2, (8, 4, 3, 3)), (8, (16, 1, 3, 3))):         # two groups; a channel multiplier of 2
+        task = _task(x, kiln.from_torch(rand(ws)), None, groups=groups)
+        assert not conv_cpu.TEMPLATE.applies(task) and not conv_depthwise_cpu.TEMPLATE.applies(task)
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expansion, ReLU6, 3x3 depthwise, ReLU6, 1x1 projection, residual."""
+
+    def __init__(self, c, hidden):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(c, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+                                  nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False),
+                                  nn.BatchNorm2d(hidden), nn.ReLU6(), nn.Conv2d(hidden, c, 1, bias=False),
+                                  nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+def test_inverted_residual_fuses_into_the_depthwise_template():
+    torch.manual_seed(0)
+    block = _InvertedResidual(6, 18).eval()
+    for bn in block.body[1::3]:
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    capture, _ = compile_and_compare(block, torch.randn(1, 6, 11, 10))
+    graph = next(iter(capture.compiled[0].graphs.values())).graph
+    fused = [n for n in graph.nodes if type(n).__name__ == "FusedOperator" and n.task.name == "conv2d"]
+    assert sum(conv_depthwise_cpu.TEMPLATE.applies(n.task) for n in fused) == 1
+    assert sum(gemm_cpu.CONV.applies(n.task) for n in fused) == 3
+
+
 class _Block(nn.Module):
     """A ResNet basic block with a stride-2 first convolution and a 1x1 downsampling skip."""
 
@@ -157,16 +225,28 @@ def _pattern(shape, mod, scale, shift):
 
 
 @pytest.mark.parametrize("xs, ws, kw, isa", [
+    ((2, 5, 13, 21), (5, 1, 3, 3), dict(stride=2, padding=1, dilation=(1, 2), groups=5), []),
+    ((1, 3, 7, 40), (3, 1, 3, 3), dict(padding=1, groups=3), ["-mno-avx512f"]),
+])
+def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
+    _sanitized(tmp_path, conv_depthwise_cpu, xs, ws, kw, isa)
+
+
+@pytest.mark.parametrize("xs, ws, kw, isa", [
     ((2, 5, 13, 11), (7, 5, 3, 3), dict(stride=2, padding=1, dilation=(2, 1)), []),
     ((1, 9, 6, 5), (40, 9, 3, 3), dict(padding=1), []),                                    # gathered
     ((1, 9, 6, 5), (40, 9, 3, 3), dict(padding=1), ["-mno-avx512f"]),
     ((1, 3, 19, 17), (10, 3, 5, 5), dict(stride=2, padding=2), ["-mno-avx"]),
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
+    _sanitized(tmp_path, conv_cpu, xs, ws, kw, isa)
+
+
+def _sanitized(tmp_path, template, xs, ws, kw, isa):
     x, w, b = _pattern(xs, 13, 0.1, 0.6), _pattern(ws, 7, 0.1, 0.3), _pattern((ws[0],), 5, 1.0, 0.0)
     want = F.conv2d(x, w, b, **kw)
     task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
-    run_sanitized(tmp_path, conv_cpu.render(task, **gemm_cpu.space(0)[0]).source, _ASAN_MAIN,
+    run_sanitized(tmp_path, template.render(task, **template.TEMPLATE.space(0)[0]).source, _ASAN_MAIN,
                   [x.numel(), w.numel(), b.numel(), want.numel(), tmp_path / "out.bin"], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(want.shape)
     assert_close(out, want, atol=1e-4, rtol=1e-4)
