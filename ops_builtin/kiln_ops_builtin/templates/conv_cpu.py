@@ -50,27 +50,27 @@ static inline int64_t kiln_koff(int64_t k) {
     return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
 }
 
+/* A's rows: virtual pixels m0 .. m0 + rows - 1 (real ones where GATHER) of each tap, from the
+   planes at the taps' offsets koffs */
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     const float* src = planes + b * PLANE;
+    const int64_t* __restrict__ off = koffs + k0;
 #if GATHER
     int64_t at[MR];
     for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
-    for (int64_t k = 0; k < kc; ++k) {
-        const float* s = src + kiln_koff(k0 + k);
-        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = s[at[i]];
-    }
+    for (int64_t k = 0; k < kc; ++k)
+        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
 #else
     src += m0;
-    if (rows == MR)
-        for (int64_t k = 0; k < kc; ++k) {
-            const float* s = src + kiln_koff(k0 + k);
-            for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = s[i];
-        }
+    if (rows == MR)     /* whole vectors: up to VW - 1 floats past the panel's row (the next row
+                           overwrites them; the buffers have room) */
+        for (int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 2
+            for (int64_t i = 0; i < MR; i += VW) *(kiln_vfu*)(dst + k * MR + i) = *(const kiln_vfu*)(src + off[k] + i);
     else
         for (int64_t k = 0; k < kc; ++k) {
-            const float* s = src + kiln_koff(k0 + k);
-            for (int64_t i = 0; i < rows; ++i) dst[k * MR + i] = s[i];
+            for (int64_t i = 0; i < rows; ++i) dst[k * MR + i] = src[off[k] + i];
             for (int64_t i = rows; i < MR; ++i) dst[k * MR + i] = 0.f;
         }
 #endif
@@ -121,13 +121,16 @@ static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst
 ENTRY = r"""
 void kiln_kernel(TASK_PARAMS) {
     float* planes = kiln_alloc(BATCH * PLANE);
+    int64_t* koffs = (int64_t*)malloc(K * sizeof(int64_t));
+    for (int64_t k = 0; k < K; ++k) koffs[k] = kiln_koff(k);
     const int threads = (double)BATCH * PLANE > 65536.0 ? omp_get_max_threads() : 1;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t b = 0; b < BATCH; ++b)
         for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
     for (int64_t b = 0; b < BATCH; ++b)
         for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
-    kiln_gemm(TASK_ARGS, planes);
+    kiln_gemm(TASK_ARGS, planes, koffs);
+    free(koffs);
     free(planes);
 }
 """
@@ -157,9 +160,9 @@ class ConvCpu:
     def gather(self) -> bool:
         """Whether the GEMM's rows are real pixels, whose A rows are gathered tap by tap: where
         computing the planes' extra columns (WQ / OW more rows) would cost more than the
-        gathers (about 8 / N more, N output channels); else rows are virtual pixels, packed as
-        plain copies."""
-        return self.planes[1] / self.out_shape[3] > 1 + 8 / self.out_shape[1]
+        gathers (about 16 / N more, N output channels: measured on ResNet-18's layers); else
+        rows are virtual pixels, packed as plain vector copies."""
+        return self.planes[1] / self.out_shape[3] > 1 + 16 / self.out_shape[1]
 
     def defines(self) -> dict:
         """The C macros of the sizes, the parameters and the planes (`FILL` uses them)."""
@@ -282,7 +285,8 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
     cin, (cout, _, kh, kw), oh = c.x.shape[1], c.weight.shape, c.out_shape[2]
     row = c.out_shape[3] if c.gather else wq
     m, k = oh * row, cin * kh * kw
-    defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes", "ARGS": "TASK_ARGS, planes",
+    defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes, const int64_t* __restrict__ koffs",
+               "ARGS": "TASK_ARGS, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
                "GATHER": int(c.gather), "ROW": row, "M": m, "N": cout, "K": k, "B_BY_K": 1, "MC": MC,
                "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}

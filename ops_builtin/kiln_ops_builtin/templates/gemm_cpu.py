@@ -184,7 +184,7 @@ static void kiln_gemm(PARAMS) {
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
         float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap + VW);   /* room for a vector past the end */
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
                 if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
