@@ -7,14 +7,16 @@ pw + SW, ..., as float32 (16-bit inputs converted). An output pixel (oh, ow) the
 kernel tap (i, j) of channel c, the plane (c, i*DH % SH, j*DW % SW) at row oh + i*DH / SH,
 column ow + j*DW / SW: with pixels numbered oh * WQ + ow over the planes' width WQ ("virtual"
 pixels: the columns ow >= OW are computed and dropped), each tap's values for consecutive
-pixels are consecutive floats of one plane, at an offset that depends on the tap alone. So A
-(pixels x taps) packs as plain copies of MR floats, with no bounds test, and B (taps x output
-channels) is the weight, read along k and packed by `gemm_cpu`'s register transposes. A 1x1
-convolution with stride 1 and no padding on float32 data reads its input in place: a plain
-GEMM. Padding, stride and dilation are any; the output's (pixel, channel) tile is handed to
-the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm folded by
-the passes, activations, residual adds: whatever fusion put there), so NCHW stores run along
-a row of the output.
+pixels are consecutive floats of one plane, at an offset that depends on the tap alone (a
+table made once per call). So the micro-kernel reads A (pixels x taps) in place, with no
+packing and no bounds test (`A_DIRECT` of `gemm_cpu`), and B (taps x output channels) is the
+weight, read along k and packed by `gemm_cpu`'s register transposes. Where the planes' extra
+columns would cost more (small outputs with many channels: ResNet's 14x14 and 7x7 layers),
+the rows are real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
+are any; the output's (pixel, channel) tile is handed to the epilogue hook a channel at a
+time, along consecutive pixels (bias, batch norm folded by the passes, activations, residual
+adds: whatever fusion put there), so NCHW stores run along a row of the output. 1x1
+convolutions are plain GEMMs, `gemm_cpu.CONV`'s.
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
 inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
@@ -50,30 +52,19 @@ static inline int64_t kiln_koff(int64_t k) {
     return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
 }
 
-/* A's rows: virtual pixels m0 .. m0 + rows - 1 (real ones where GATHER) of each tap, from the
-   planes at the taps' offsets koffs */
+/* virtual pixels (not GATHER): A read in place, row k of the panel at m0 at planes + koffs[k] */
+static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) { return planes + b * PLANE + m0; }
+static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
+
+/* real pixels (GATHER): A's rows m0 .. m0 + rows - 1 gathered tap by tap */
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     const float* src = planes + b * PLANE;
     const int64_t* __restrict__ off = koffs + k0;
-#if GATHER
     int64_t at[MR];
     for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
     for (int64_t k = 0; k < kc; ++k)
-        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
-#else
-    src += m0;
-    if (rows == MR)     /* whole vectors: up to VW - 1 floats past the panel's row (the next row
-                           overwrites them; the buffers have room) */
-        for (int64_t k = 0; k < kc; ++k)
-#pragma GCC unroll 2
-            for (int64_t i = 0; i < MR; i += VW) *(kiln_vfu*)(dst + k * MR + i) = *(const kiln_vfu*)(src + off[k] + i);
-    else
-        for (int64_t k = 0; k < kc; ++k) {
-            for (int64_t i = 0; i < rows; ++i) dst[k * MR + i] = src[off[k] + i];
-            for (int64_t i = rows; i < MR; ++i) dst[k * MR + i] = 0.f;
-        }
-#endif
+        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = i < rows ? src[off[k] + at[i]] : 0.f;
 }
 
 /* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1: each
@@ -288,7 +279,7 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
     defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes, const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
-               "GATHER": int(c.gather), "ROW": row, "M": m, "N": cout, "K": k, "B_BY_K": 1, "MC": MC,
+               "A_DIRECT": int(not c.gather), "ROW": row, "M": m, "N": cout, "K": k, "B_BY_K": 1, "MC": MC,
                "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}
     return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY), "kiln_kernel",
                       tuple(KernelArgs.args(len(c.lowered.inputs))))

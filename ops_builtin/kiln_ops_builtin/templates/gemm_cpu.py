@@ -53,9 +53,14 @@ MICRO = r"""
 #endif
 #endif
 #define MCB (MC / MR * MR)          /* A's blocks in whole panels */
+#ifndef A_DIRECT
+#define A_DIRECT 0
+#endif
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
-   k-major) times b-panel (kc x NR, k-major) */
-static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
+   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place) times b-panel (kc x NR,
+   k-major) */
+static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
+                              const float* __restrict__ b,
                               const float* cin, int64_t ldin, float* cout, int64_t ldout) {
     kiln_vf acc[MR][NV];
 #pragma GCC unroll 16
@@ -68,7 +73,7 @@ static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const flo
         for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vf*)(b + k * NR + j * VW);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
-            const float av = a[k * MR + i];
+            const float av = A_DIRECT ? a[aoff[k] + i] : a[k * MR + i];
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
         }
@@ -144,7 +149,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
         for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
             const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
-            for (int64_t p = 0; p < mpanels; ++p)
+            for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
             for (int64_t jp = 0; jp < npanels; ++jp)
                 for (int64_t ip = 0; ip < mpanels; ++ip) {
@@ -158,7 +163,11 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
                             for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
-                    kiln_micro(kc, apack + ip * MR * kc, bpack + jp * NR * kc, cin, full ? N : NR,
+#if A_DIRECT
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpack + jp * NR * kc, cin, full ? N : NR,
+#else
+                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpack + jp * NR * kc, cin, full ? N : NR,
+#endif
                                to_ws ? w : tile, to_ws ? N : NR);
                     if (last)
                         kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
@@ -184,7 +193,7 @@ static void kiln_gemm(PARAMS) {
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
         float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap + VW);   /* room for a vector past the end */
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
                 if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
