@@ -20,7 +20,9 @@ convolutions are plain GEMMs, `gemm_cpu.CONV`'s.
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
 inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
-(depthwise included) are `conv_depthwise_cpu`'s or `gemm_cpu.CONV`'s.
+(depthwise included) are `conv_depthwise_cpu`'s or `gemm_cpu.CONV`'s. Its sizes are fixed (a
+kernel per size): a model traced with symbolic sizes keeps `gemm_cpu.CONV`, built once for
+every size.
 """
 from __future__ import annotations
 
@@ -287,4 +289,5 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
                       tuple(KernelArgs.args(len(c.lowered.inputs))))
 
 
-TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space)
+TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,
+                    fixed_sizes_only=True)

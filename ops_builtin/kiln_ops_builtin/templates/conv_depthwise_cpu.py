@@ -9,7 +9,8 @@ row is then computed in blocks of DW_VECS vectors: per tap, one broadcast weight
 unaligned loads of the plane, no bounds tests (columns past the row are computed from the
 planes' zeros or the next row and not stored). The block goes through the epilogue hook
 (bias, folded batch norm, ReLU6, residual add: whatever fusion put there). 16-bit inputs
-are converted to float32 as the planes are filled, and accumulate in float32.
+are converted to float32 as the planes are filled, and accumulate in float32. Sizes are fixed,
+as `conv_cpu`'s.
 """
 from __future__ import annotations
 
@@ -82,4 +83,5 @@ def space(level: int) -> list[dict]:
     return [{"DW_VECS": MAX_VECS}] + ([{"DW_VECS": 2}, {"DW_VECS": 8}] if level >= 1 else [])
 
 
-TEMPLATE = Template("conv_depthwise_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=space)
+TEMPLATE = Template("conv_depthwise_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=space,
+                    fixed_sizes_only=True)

@@ -15,8 +15,15 @@ the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last pan
 last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
 fusion put there (bias, activation, residual, cast) and stores.
 
-With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
+With at most SMALL_M rows (grouped convolutions, vector-matrix products) nothing is packed:
 rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+
+The C comes in pieces that other CPU templates reuse (`conv_cpu`): HELPERS, MICRO (the
+micro-kernel; with A_DIRECT defined to 1 it reads row k of an A panel in place at
+a + aoff[k], through the template's `kiln_a_rows` and `kiln_a_offsets`), PACK_A,
+BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split; a finished
+tile goes to `kiln_store_tile`, which PACK_A defines as rows through the epilogue hook) and
+FEW_ROWS with the entry point.
 
 Symbolic sizes are kernel arguments (`kiln.codegen.sizes`): BATCH, M, N and K are macros of
 them, so one build serves every size.
