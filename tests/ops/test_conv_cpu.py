@@ -1,8 +1,8 @@
 """The CPU convolution templates (kiln_ops_builtin.templates.conv_cpu, conv_depthwise_cpu)
-against PyTorch: odd shapes (no multiple of any block), strides, padding, dilation, both row
-numberings of conv_cpu (virtual and gathered pixels), K in several blocks, 16-bit inputs,
-non-contiguous inputs, epilogues fused through torch.compile, what they decline, and their C
-under AddressSanitizer."""
+against PyTorch: odd shapes (no multiple of any block), strides, padding, dilation, the three
+row numberings of conv_cpu (rows aligned to output rows, virtual and gathered pixels), K in
+several blocks, 16-bit inputs, non-contiguous inputs, epilogues fused through torch.compile,
+what they decline, and their C under AddressSanitizer."""
 import pytest
 import torch
 import torch.nn as nn
@@ -35,6 +35,9 @@ CASES = [
     ((1, 6, 12, 13), (9, 6, 1, 3), dict(padding="same")),
     ((1, 6, 12, 13), (9, 6, 2, 4), dict(padding="same", dilation=(1, 2))),     # padded more after
     ((1, 7, 8, 9), (5, 7, 3, 3), dict(padding="valid", stride=(3, 2))),
+    ((1, 5, 16, 14), (9, 5, 3, 3), dict(padding=1)),                           # aligned rows: 14 per row
+    ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1)),                            # aligned, 7 per row
+    ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1)),                 # aligned, 8 of 16
 ]
 
 
@@ -46,10 +49,13 @@ def test_conv2d_matches_torch(xs, ws, kw):
     assert_close(kiln.ops.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
 
 
-def test_both_row_numberings_are_tested():
-    gathered = [conv_cpu.match_conv(_task(kiln.from_torch(rand(xs)), kiln.from_torch(rand(ws)), None, **kw)).gather
-                for xs, ws, kw in CASES]
-    assert False in gathered and True in gathered
+def test_every_row_numbering_is_tested():
+    """With 16-float vectors: rows aligned to output rows, virtual pixels, gathered pixels."""
+    modes = set()
+    for xs, ws, kw in CASES:
+        c = conv_cpu.match_conv(_task(kiln.from_torch(rand(xs)), kiln.from_torch(rand(ws)), None, **kw))
+        modes.add("aligned" if c.out_shape[3] % conv_cpu.row_height(c) == 0 else "gathered" if c.gather else "virtual")
+    assert modes == {"aligned", "gathered", "virtual"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -237,6 +243,8 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((1, 9, 6, 5), (40, 9, 3, 3), dict(padding=1), []),                                    # gathered
     ((1, 9, 6, 5), (40, 9, 3, 3), dict(padding=1), ["-mno-avx512f"]),
     ((1, 3, 19, 17), (10, 3, 5, 5), dict(stride=2, padding=2), ["-mno-avx"]),
+    ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1), []),                                     # aligned
+    ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1), ["-mno-avx512f"]),
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     _sanitized(tmp_path, conv_cpu, xs, ws, kw, isa)

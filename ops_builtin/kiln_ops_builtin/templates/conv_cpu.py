@@ -10,9 +10,11 @@ pixels: the columns ow >= OW are computed and dropped), each tap's values for co
 pixels are consecutive floats of one plane, at an offset that depends on the tap alone (a
 table made once per call). So the micro-kernel reads A (pixels x taps) in place, with no
 packing and no bounds test (`A_DIRECT` of `gemm_cpu`), and B (taps x output channels) is the
-weight, read along k and packed by `gemm_cpu`'s register transposes. Where the planes' extra
-columns would cost more (small outputs with many channels: ResNet's 14x14 and 7x7 layers),
-the rows are real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
+weight, read along k and packed by `gemm_cpu`'s register transposes. Where the register
+tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 14 and 7),
+the rows are the real pixels, each panel within one output row, read in place too: no extra
+columns. Otherwise, where the planes' extra columns would add a quarter or more, the rows are
+real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
 are any; the output's (pixel, channel) tile is handed to the epilogue hook a channel at a
 time, along consecutive pixels (bias, batch norm folded by the passes, activations, residual
 adds: whatever fusion put there), so NCHW stores run along a row of the output. 1x1
@@ -54,11 +56,14 @@ static inline int64_t kiln_koff(int64_t k) {
     return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
 }
 
-/* virtual pixels (not GATHER): A read in place, row k of the panel at m0 at planes + koffs[k] */
-static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) { return planes + b * PLANE + m0; }
+/* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
+   where ALIGNED, its panel within one output row; else a virtual one) */
+static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
+    return planes + b * PLANE + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+}
 static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
 
-/* real pixels (GATHER): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
+/* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
    repeat pixel 0: computed, never stored) */
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
@@ -271,20 +276,35 @@ def source(c: ConvCpu, defines: dict, kernel: str) -> str:
     return C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.HELPERS + kernel
 
 
+ALIGNED_ROWS = (14, 12, 8, 7)     # register-tile heights (16-float vectors) that may divide an output row
+
+
+def row_height(c: ConvCpu) -> int:
+    """The register tile's height with 16-float vectors: the tallest of ALIGNED_ROWS that
+    divides the output's width (each panel of rows then lies in one output row: A is read in
+    place with no extra columns), else `gemm_cpu.row_tile` of the rows computed."""
+    aligned = [r for r in ALIGNED_ROWS if c.out_shape[3] % r == 0]
+    row = c.out_shape[3] if c.gather else c.planes[1]
+    return aligned[0] if aligned else gemm_cpu.row_tile(c.out_shape[2] * row)
+
+
 def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
-    """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s)."""
+    """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s).
+    The rows are real pixels where MR divides the output's width (ALIGNED), else as `gather`
+    says."""
     c = match_conv(task)
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
     hq, wq = c.planes
-    cin, (cout, _, kh, kw), oh = c.x.shape[1], c.weight.shape, c.out_shape[2]
-    row = c.out_shape[3] if c.gather else wq
-    m, k = oh * row, cin * kh * kw
+    cin, (cout, _, kh, kw) = c.x.shape[1], c.weight.shape
+    k = cin * kh * kw
     defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes, const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
-               "A_DIRECT": int(not c.gather), "ROW": row, "M": m, "N": cout, "K": k, "B_BY_K": 1, "MC": MC,
-               "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": gemm_cpu.row_tile(m), **({"MR": MR} if MR else {})}
+               "ALIGNED": "(OW % MR == 0)", "A_DIRECT": f"(ALIGNED || {int(not c.gather)})",
+               "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout,
+               "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
+               **({"MR": MR} if MR else {})}
     return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY), "kiln_kernel",
                       tuple(KernelArgs.args(len(c.lowered.inputs))))
 
