@@ -74,10 +74,17 @@ def test_linear_with_bias(xs):
     ((1, 70, 15, 15), (33, 70, 1, 1), dict()),
 ])
 def test_conv2d(xs, ws, kw):
+    """gemm_cpu.CONV's own kernel (conv_cpu and conv_depthwise_cpu take most of these first:
+    gemm_cpu.CONV keeps 1x1 and grouped convolutions and symbolic sizes)."""
+    from kiln.runtime.cpu import CpuKernel
     x, w, b = rand(xs), rand(ws), rand((ws[0],))
     task = _task("conv2d", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
     assert gemm_cpu.CONV.applies(task)
-    assert_close(kiln.ops.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
+    want = F.conv2d(x, w, b, **kw)
+    out = torch.empty_like(want)
+    CpuKernel(gemm_cpu.render(task, **gemm_cpu.DEFAULT))([x, w, b], [out])
+    assert_close(out, want, atol=1e-4, rtol=1e-4)
+    assert_close(kiln.ops.conv2d(x, w, b, **kw), want, atol=1e-4, rtol=1e-4)
 
 
 def test_conv1d():

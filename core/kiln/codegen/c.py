@@ -42,9 +42,20 @@ static inline void kiln_fail(int64_t* status, int64_t code, int64_t value) {
         status[1] = value;
 }
 
-#define KILN_FLOAT_HELPERS(T, K, S)                                                   \
-static inline T kiln_max_##K(T a, T b) { return (a > b || a != a) ? a : b; }          \
-static inline T kiln_min_##K(T a, T b) { return (a < b || a != a) ? a : b; }          \
+/* max and min propagate NaN (a NaN a, else a NaN b), chosen by a bit mask, not a branch: a
+   branch mispredicts on ReLU's random signs and keeps the loop from vectorizing */
+#define KILN_FLOAT_HELPERS(T, K, S, U)                                                \
+static inline T kiln_pick_##K(int take_a, T a, T b) {                                 \
+    U x, y;                                                                           \
+    memcpy(&x, &a, sizeof x);                                                         \
+    memcpy(&y, &b, sizeof y);                                                         \
+    const U mask = -(U)take_a, r = (x & mask) | (y & ~mask);                          \
+    T out;                                                                            \
+    memcpy(&out, &r, sizeof out);                                                     \
+    return out;                                                                       \
+}                                                                                     \
+static inline T kiln_max_##K(T a, T b) { return kiln_pick_##K((a > b) | (a != a), a, b); } \
+static inline T kiln_min_##K(T a, T b) { return kiln_pick_##K((a < b) | (a != a), a, b); } \
 static inline T kiln_mod_##K(T a, T b) {                                              \
     T m = fmod##S(a, b);                                                              \
     if (m != 0 && ((b < 0) != (m < 0))) m += b;                                       \
@@ -60,8 +71,8 @@ static inline T kiln_floordiv_##K(T a, T b) {                                   
     if (d - f > (T)0.5) f += 1;                                                       \
     return f;                                                                         \
 }
-KILN_FLOAT_HELPERS(float, f, f)
-KILN_FLOAT_HELPERS(double, d, )
+KILN_FLOAT_HELPERS(float, f, f, uint32_t)
+KILN_FLOAT_HELPERS(double, d, , uint64_t)
 
 static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
     if (b == 0) return 0;

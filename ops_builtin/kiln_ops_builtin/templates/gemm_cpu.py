@@ -15,8 +15,15 @@ the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last pan
 last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
 fusion put there (bias, activation, residual, cast) and stores.
 
-With at most SMALL_M rows (depthwise convolutions, vector-matrix products) nothing is packed:
+With at most SMALL_M rows (grouped convolutions, vector-matrix products) nothing is packed:
 rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+
+The C comes in pieces that other CPU templates reuse (`conv_cpu`): HELPERS, MICRO (the
+micro-kernel; with A_DIRECT defined to 1 it reads row k of an A panel in place at
+a + aoff[k], through the template's `kiln_a_rows` and `kiln_a_offsets`), PACK_A,
+BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split; a finished
+tile goes to `kiln_store_tile`, which PACK_A defines as rows through the epilogue hook) and
+FEW_ROWS with the entry point.
 
 Symbolic sizes are kernel arguments (`kiln.codegen.sizes`): BATCH, M, N and K are macros of
 them, so one build serves every size.
@@ -32,8 +39,15 @@ from kiln.schedule import Template
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
 
-KERNEL = r"""
+HELPERS = r"""
 #include <omp.h>
+#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
+/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
+static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
+"""
+
+MICRO = r"""
 #define NV 2
 #define NR (NV * VW)
 #ifndef MR
@@ -46,9 +60,14 @@ KERNEL = r"""
 #endif
 #endif
 #define MCB (MC / MR * MR)          /* A's blocks in whole panels */
+#ifndef A_DIRECT
+#define A_DIRECT 0
+#endif
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
-   k-major) times b-panel (kc x NR, k-major) */
-static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
+   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place) times b-panel (kc x NR,
+   k-major) */
+static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
+                              const float* __restrict__ b,
                               const float* cin, int64_t ldin, float* cout, int64_t ldout) {
     kiln_vf acc[MR][NV];
 #pragma GCC unroll 16
@@ -61,7 +80,7 @@ static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const flo
         for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vf*)(b + k * NR + j * VW);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
-            const float av = a[k * MR + i];
+            const float av = A_DIRECT ? a[aoff[k] + i] : a[k * MR + i];
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
         }
@@ -71,7 +90,9 @@ static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const flo
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) *(kiln_vfu*)(cout + i * ldout + j * VW) = acc[i][j];
 }
+"""
 
+PACK_A = r"""
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
     for (int64_t k = 0; k < kc; ++k)
@@ -79,9 +100,17 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
             dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
 }
 
+/* a finished tile: its rows through the epilogue hook */
+static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
+                                   const float* __restrict__ tile) {
+    for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+}
+"""
+
+BLOCK = r"""
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
-    if (B_BY_K) {
+#if B_BY_K
         /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
            the k that no run covers one by one */
         int64_t k = 0;
@@ -103,20 +132,16 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
         for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
         for (int64_t e = k; e < kc; ++e)
             for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
-        return;
-    }
+#else
     for (int64_t k = 0; k < kc; ++k) {
         kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
         for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
     }
+#endif
 }
 
-#define KILN_MIN(a, b) ((a) < (b) ? (a) : (b))
-/* 64-byte aligned (aligned_alloc wants a size that is a multiple of the alignment) */
-static inline float* kiln_alloc(int64_t floats) { return (float*)aligned_alloc(64, (size_t)(floats * 4 + 127) / 64 * 64); }
 #define SMALL_M 4
 #define CHUNK 512
-#define KILN_PANELS(x, w) (((x) + (w) - 1) / (w))
 
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
@@ -131,7 +156,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
         for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
             const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
-            for (int64_t p = 0; p < mpanels; ++p)
+            for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
             for (int64_t jp = 0; jp < npanels; ++jp)
                 for (int64_t ip = 0; ip < mpanels; ++ip) {
@@ -145,10 +170,14 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
                             for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
-                    kiln_micro(kc, apack + ip * MR * kc, bpack + jp * NR * kc, cin, full ? N : NR,
+#if A_DIRECT
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpack + jp * NR * kc, cin, full ? N : NR,
+#else
+                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpack + jp * NR * kc, cin, full ? N : NR,
+#endif
                                to_ws ? w : tile, to_ws ? N : NR);
                     if (last)
-                        for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+                        kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
                     else if (!full)
                         for (int64_t i = 0; i < rows; ++i)
                             for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
@@ -157,6 +186,34 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
     }
 }
 
+/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
+   other: each packs its own operand blocks. */
+static void kiln_gemm(PARAMS) {
+    const int64_t kcap = KILN_MIN(KC, K);
+    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
+        if (lo < hi)
+            for (int64_t b = 0; b < BATCH; ++b) {
+                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            }
+        free(apack);
+        free(bpack);
+    }
+    free(ws);
+}
+"""
+
+FEW_ROWS = r"""
 /* Few rows (M <= SMALL_M: depthwise convolutions, vector-matrix products): no packing; each
    chunk of a B row, made once per k, is scaled into the M accumulator rows. */
 static void kiln_few_rows(PARAMS, int threads) {
@@ -217,8 +274,6 @@ static void kiln_few_rows_by_k(PARAMS, int threads) {
     }
 }
 
-/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
-   other: each packs its own operand blocks. */
 void kiln_kernel(PARAMS) {
     if (M <= SMALL_M) {
         const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
@@ -226,29 +281,10 @@ void kiln_kernel(PARAMS) {
         else kiln_few_rows(ARGS, threads);
         return;
     }
-    const int64_t kcap = KILN_MIN(KC, K);
-    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
-    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-    {
-        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
-        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
-        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
-        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
-        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
-        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
-        if (lo < hi)
-            for (int64_t b = 0; b < BATCH; ++b) {
-                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
-                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
-            }
-        free(apack);
-        free(bpack);
-    }
-    free(ws);
+    kiln_gemm(ARGS);
 }
 """
+KERNEL = HELPERS + MICRO + PACK_A + BLOCK + FEW_ROWS
 
 DEFAULT = {"MC": 336, "KC": 256, "NC": 4096, "WHOLE_K": 768}
 WIDE_ROWS = (14, 12, 8)     # register-tile heights with 16-float vectors

@@ -14,7 +14,7 @@ import threading
 import weakref
 
 from kiln.graph import OperatorDef
-from kiln.ir import Expr, Load, Task, TensorInput, Var
+from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var
 
 _found: "weakref.WeakKeyDictionary[Task, dict | None]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()      # kernels are built by several threads (kiln.graph.compile)
@@ -102,3 +102,14 @@ def own_call(task: Task, definition: OperatorDef) -> dict | None:
     with _lock:
         _found[task] = arguments
     return arguments
+
+
+def same_values(inputs: list[TensorInput], a: Compute, b: Compute) -> bool:
+    """Whether computes `a` and `b`, which may read only `inputs`, compute the same element at
+    each index (their axes matched by position; names and identities aside)."""
+    try:
+        tasks = Task("a", inputs, [a]), Task("b", inputs, [b])
+    except ValueError:           # one reads a tensor that is not one of `inputs`
+        return False
+    table: dict = {}
+    return _structure(tasks[0], table) == _structure(tasks[1], table)

@@ -1,0 +1,313 @@
+"""conv2d (groups = 1) on the CPU: an implicit GEMM on the micro-kernel, blocking and threads
+of `gemm_cpu`, whose rows are output pixels and columns output channels.
+
+The input is first copied, once per call, into zero-padded *phase planes*: for strides
+(SH, SW), plane (c, ph, pw) holds the padded input's rows ph, ph + SH, ... and columns pw,
+pw + SW, ..., as float32 (16-bit inputs converted). An output pixel (oh, ow) then reads, for
+kernel tap (i, j) of channel c, the plane (c, i*DH % SH, j*DW % SW) at row oh + i*DH / SH,
+column ow + j*DW / SW: with pixels numbered oh * WQ + ow over the planes' width WQ ("virtual"
+pixels: the columns ow >= OW are computed and dropped), each tap's values for consecutive
+pixels are consecutive floats of one plane, at an offset that depends on the tap alone (a
+table made once per call). So the micro-kernel reads A (pixels x taps) in place, with no
+packing and no bounds test (`A_DIRECT` of `gemm_cpu`), and B (taps x output channels) is the
+weight, read along k and packed by `gemm_cpu`'s register transposes. Where the register
+tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 14 and 7),
+the rows are the real pixels, each panel within one output row, read in place too: no extra
+columns. Otherwise, where the planes' extra columns would add a quarter or more, the rows are
+real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
+are any; the output's (pixel, channel) tile is handed to the epilogue hook a channel at a
+time, along consecutive pixels (bias, batch norm folded by the passes, activations, residual
+adds: whatever fusion put there), so NCHW stores run along a row of the output. 1x1
+convolutions are plain GEMMs, `gemm_cpu.CONV`'s.
+
+The template takes a task only where its sum is exactly the conv2d definition's on two of its
+inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
+(depthwise included) are `conv_depthwise_cpu`'s or `gemm_cpu.CONV`'s. Its sizes are fixed (a
+kernel per size): a model traced with symbolic sizes keeps `gemm_cpu.CONV`, built once for
+every size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln import dtypes
+from kiln.codegen.c import C_PRELUDE, CDialect
+from kiln.codegen.cuda import top_reduces
+from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.codegen.hooks import unravel_index
+from kiln.graph import OperatorError
+from kiln.ir import Compute, Const, Load, Task, TensorInput, Var, cast, inline_task, simplify, substitute
+from kiln.ir.expr import walk
+from kiln.runtime.cpu import CpuProgram
+from kiln.schedule import Template
+
+from kiln_ops_builtin.common import int_tuple
+from kiln_ops_builtin.conv import conv2d
+from kiln_ops_builtin.templates import gemm_cpu
+from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row
+from kiln_ops_builtin.templates.cpu_simd import VECTORS
+from kiln_ops_builtin.templates.own_task import same_values
+
+PACK = r"""
+/* planes offset of tap k = (c, i, j) */
+static inline int64_t kiln_koff(int64_t k) {
+    const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
+    return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
+}
+
+/* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
+   where ALIGNED, its panel within one output row; else a virtual one) */
+static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
+    return planes + b * PLANE + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+}
+static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
+
+/* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
+   repeat pixel 0: computed, never stored) */
+static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    const float* src = planes + b * PLANE;
+    const int64_t* __restrict__ off = koffs + k0;
+    int64_t at[MR];
+    for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
+    for (int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
+}
+
+/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1: each
+   channel's run of real pixels within an output row through the epilogue hook */
+static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
+                                   const float* __restrict__ tile) {
+    for (int64_t v = m0, end = m0 + rows; v < end;) {
+        const int64_t oh = v / ROW, ow = v % ROW;
+        const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
+        const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
+        for (int64_t j = 0; valid && j < cols; ++j) {
+            float acc[MR];
+            for (int64_t i = 0; i < valid; ++i) acc[i] = tile[(v - m0 + i) * NR + j];
+            kiln_epilogue_row(ARGS, b, n0 + j, oh * OW + ow, valid, acc);
+        }
+        v += run;
+    }
+}
+"""
+
+FILL = r"""
+/* channel c of batch b into its SH x SW phase planes at dst, zeros where the input is padding */
+static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst) {
+    for (int64_t ph = 0; ph < SH; ++ph)
+        for (int64_t pw = 0; pw < SW; ++pw) {
+            float* plane = dst + (ph * SW + pw) * (HQ * WQ);
+            /* columns qw whose input column qw * SW + pw - PW lies in [0, W) */
+            const int64_t lo = PW > pw ? (PW - pw + SW - 1) / SW : 0;
+            const int64_t hi0 = (W + PW - pw + SW - 1) / SW, hi = hi0 < WQ ? hi0 : WQ;
+            for (int64_t qh = 0; qh < HQ; ++qh) {
+                float* __restrict__ row = plane + qh * WQ;
+                const int64_t ih = qh * SH + ph - PH;
+                if (ih < 0 || ih >= H || lo >= hi) {
+                    for (int64_t qw = 0; qw < WQ; ++qw) row[qw] = 0.f;
+                    continue;
+                }
+                for (int64_t qw = 0; qw < lo; ++qw) row[qw] = 0.f;
+                for (int64_t qw = lo; qw < hi; ++qw) row[qw] = kiln_x(TASK_ARGS, b, c, ih, qw * SW + pw - PW);
+                for (int64_t qw = hi; qw < WQ; ++qw) row[qw] = 0.f;
+            }
+        }
+}
+"""
+
+ENTRY = r"""
+void kiln_kernel(TASK_PARAMS) {
+    float* planes = kiln_alloc(BATCH * PLANE);
+    int64_t* koffs = (int64_t*)malloc(K * sizeof(int64_t));
+    for (int64_t k = 0; k < K; ++k) koffs[k] = kiln_koff(k);
+    const int threads = (double)BATCH * PLANE > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t b = 0; b < BATCH; ++b)
+        for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
+    for (int64_t b = 0; b < BATCH; ++b)
+        for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
+    kiln_gemm(TASK_ARGS, planes, koffs);
+    free(koffs);
+    free(planes);
+}
+"""
+
+
+@dataclass
+class ConvCpu:
+    """A conv2d task's sizes and its operands among the task's inputs."""
+
+    lowered: object                  # the task after inlining
+    x: TensorInput
+    weight: TensorInput
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    before: tuple[int, int]          # padding added before the first row and column
+    out_shape: tuple[int, ...]       # (N, O, OH, OW)
+    depthwise: bool                  # one group per channel (else one group)
+    @property
+    def planes(self) -> tuple[int, int]:
+        """(HQ, WQ): the rows and columns of a phase plane (what the output reads, rounded up)."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        kh, kw = self.weight.shape[2:]
+        oh, ow = self.out_shape[2:]
+        return -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh), -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+
+    @property
+    def gather(self) -> bool:
+        """Whether the GEMM's rows are real pixels, whose A panels are gathered tap by tap: where
+        the planes' extra columns would add a quarter or more to the work (ResNet's 7x7
+        layers: 9 / 7; measured on ResNet-18's layers, the gathers cost about a seventh); else
+        rows are virtual pixels, read in place."""
+        return self.planes[1] >= 1.25 * self.out_shape[3]
+
+    def defines(self) -> dict:
+        """The C macros of the sizes, the parameters and the planes (`FILL` uses them)."""
+        d = CDialect()
+        lowered = self.lowered
+        (n, cin, h, w), (kh, kw) = self.x.shape, self.weight.shape[2:]
+        hq, wq = self.planes
+        return {"TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)),
+                "TASK_ARGS": ", ".join(KernelArgs.args(len(lowered.inputs))), "BATCH": n, "CIN": cin, "H": h, "W": w,
+                "KH": kh, "KW": kw, "SH": self.stride[0], "SW": self.stride[1], "DH": self.dilation[0],
+                "DW": self.dilation[1], "PH": self.before[0], "PW": self.before[1], "OH": self.out_shape[2],
+                "OW": self.out_shape[3], "HQ": hq, "WQ": wq}
+
+
+def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
+    if padding == "valid":
+        return 0, 0
+    if padding == "same":
+        return tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
+    try:
+        return int_tuple("conv2d", "padding", padding, 2)
+    except (OperatorError, TypeError):
+        return None
+
+
+def _unit_axes_zero(axes, e):
+    """`e` with the axes of extent 1 replaced by 0 (fusion may have done so, or not)."""
+    return simplify(substitute(e, {id(a): Const(0, dtypes.int64) for a in axes if a.extent == 1}))
+
+
+def match_conv(task: Task) -> ConvCpu | None:
+    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), ungrouped or
+    depthwise (as many groups as input and output channels), or None."""
+    attrs = task.attrs
+    if task.name != "conv2d" or not isinstance(attrs.get("groups"), int) or not {"stride", "padding", "dilation"} <= set(attrs):
+        return None
+    groups = attrs["groups"]
+    lowered = inline_task(task)
+    if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
+        return None
+    out = lowered.outputs[0]
+    if len(out.shape) != 4 or not all(isinstance(s, int) for s in out.shape):
+        return None
+    reduces = top_reduces(out.value)
+    if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
+        return None
+    read = list({id(e.tensor): e.tensor for e in walk(reduces[0].body) if isinstance(e, Load)}.values())
+    if len(read) != 2 or not all(isinstance(t, TensorInput) and t.ndim == 4 and t.shape[2:] != (1, 1) and t.dtype in FACTOR_DTYPES
+                                 and all(isinstance(s, int) for s in t.shape) for t in read):
+        return None
+    for x, weight in (read, read[::-1]):
+        if groups > 1 and not groups == x.shape[1] == weight.shape[0] == out.shape[1]:
+            continue                # grouped convolutions other than depthwise: not these templates'
+        try:
+            ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],
+                                    dilation=attrs["dilation"], groups=groups)
+        except (OperatorError, ValueError, TypeError):
+            continue
+        ref_out = inline_task(Task("conv2d", [x, weight], [ref])).outputs[0]
+        if ref_out.shape != out.shape or not same_values(
+                [x, weight], *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0]))
+                               for name, t in (("a", out), ("b", ref_out)))):
+            continue
+        stride, dilation = int_tuple("conv2d", "stride", attrs["stride"], 2), int_tuple("conv2d", "dilation", attrs["dilation"], 2)
+        before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
+        if before is None:
+            return None
+        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), groups > 1)
+    return None
+
+
+def applies(task) -> bool:
+    """Ungrouped convolutions with kernels larger than 1x1 (a 1x1 convolution is a plain GEMM:
+    `gemm_cpu.CONV`'s)."""
+    c = match_conv(task)
+    return c is not None and not c.depthwise and c.weight.shape[2:] != (1, 1)
+
+
+def _hooks(c: ConvCpu) -> str:
+    """C of `kiln_x` (an input element in float), `kiln_b_col` (the weight along k for output
+    channel n) and `kiln_epilogue_row` (channel m, pixels n0 .. n0 + count - 1, flat over OH x OW)."""
+    d = CDialect()
+    lowered, out = c.lowered, c.lowered.outputs[0]
+    names = KernelArgs.names(lowered.inputs)
+    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    b, ch, h, w = (Var(name, extent) for name, extent in zip("bchw", c.x.shape))
+    em = Emitter(d, {**names, id(b): "b", id(ch): "c", id(h): "h", id(w): "w"}, strides)
+    v = em.emit(simplify(cast(Load(c.x, (b, ch, h, w)), dtypes.float32)))
+    hooks = [f"static inline float kiln_x(TASK_PARAMS, int64_t b, int64_t c, int64_t h, int64_t w) {{\n"
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n"]
+    taps = c.weight.shape[1:]
+    n, k = Var("n", c.weight.shape[0]), Var("k", math.prod(taps))
+    tap_axes = [Var(f"t{i}", e) for i, e in enumerate(taps)]
+    index = unravel_index(k, tap_axes, taps)
+    em = Emitter(d, {**names, id(n): "n", id(k): "k"}, strides, indent=2)
+    v = em.emit(simplify(cast(Load(c.weight, (n, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
+    hooks.append("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
+                 "float* __restrict__ dst, int64_t stride) {\n"
+                 "    for (int64_t k = k0; k < k0 + count; ++k) {\n" + "\n".join(em.lines)
+                 + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
+    bv, mv, nv = Var("b", out.shape[0]), Var("m", out.shape[1]), Var("n", out.shape[2] * out.shape[3])
+    index = {id(out.axes[0]): bv, id(out.axes[1]): mv, **unravel_index(nv, out.axes[2:], out.shape[2:])}
+    hooks.append(render_epilogue_row(lowered, out, index, {id(bv): "b", id(mv): "m", id(nv): "n"}, "PARAMS"))
+    return "".join(hooks)
+
+
+def source(c: ConvCpu, defines: dict, kernel: str) -> str:
+    """C source of a convolution program: the headers, `c.defines()` and `defines` as macros,
+    the hooks, then `kernel`."""
+    head = "".join(f"#define {name} {value}\n" for name, value in {**c.defines(), **defines}.items())
+    return C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.HELPERS + kernel
+
+
+ALIGNED_ROWS = (14, 12, 8, 7)     # register-tile heights (16-float vectors) that may divide an output row
+
+
+def row_height(c: ConvCpu) -> int:
+    """The register tile's height with 16-float vectors: the tallest of ALIGNED_ROWS that
+    divides the output's width (each panel of rows then lies in one output row: A is read in
+    place with no extra columns), else `gemm_cpu.row_tile` of the rows computed."""
+    aligned = [r for r in ALIGNED_ROWS if c.out_shape[3] % r == 0]
+    row = c.out_shape[3] if c.gather else c.planes[1]
+    return aligned[0] if aligned else gemm_cpu.row_tile(c.out_shape[2] * row)
+
+
+def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s).
+    The rows are real pixels where MR divides the output's width (ALIGNED), else as `gather`
+    says."""
+    c = match_conv(task)
+    if c is None or c.depthwise:
+        raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
+    hq, wq = c.planes
+    cin, (cout, _, kh, kw) = c.x.shape[1], c.weight.shape
+    k = cin * kh * kw
+    defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes, const int64_t* __restrict__ koffs",
+               "ARGS": "TASK_ARGS, planes, koffs",
+               "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
+               "ALIGNED": "(OW % MR == 0)", "A_DIRECT": f"(ALIGNED || {int(not c.gather)})",
+               "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout,
+               "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
+               **({"MR": MR} if MR else {})}
+    return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY), "kiln_kernel",
+                      tuple(KernelArgs.args(len(c.lowered.inputs))))
+
+
+TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,
+                    fixed_sizes_only=True)
