@@ -17,8 +17,8 @@ the write and its reads disappear. A node is recomputed by each of its k readers
 
 Nothing is copied whose value reaches, through element-wise operators, a reduction of trailing
 dims (a softmax or norm statistic): there fusion already makes one row kernel of the producers,
-the statistic and its readers. Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
-whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
+the statistic and its readers. Readers are counted after their own recomputation, so chains
+(cast, cast, subtract) are copied whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
 nodes that only move data are copied only within such chains: on their own they are index
 arithmetic that fusion already places, and copying them would split multi-output kernels.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from kiln.graph import Operator, trace_from
-from kiln.passes.edit import users
+from kiln.passes.edit import reapply, users
 from kiln.passes.fusion import is_anchor, moves_data
 from kiln.passes.graph_pass import GraphPass
 
@@ -112,10 +112,5 @@ class RecomputeCheapProducers(GraphPass):
             if id(node) in copies:
                 continue
             local: dict = {}
-            inputs = [value(t, local) for t in node.inputs]
-            if all(a is b for a, b in zip(inputs, node.inputs)):
-                continue
-            new = node.with_inputs(inputs) if hasattr(node, "with_inputs") else \
-                Operator(node.definition, inputs, node.attrs, node.task, node.device)
-            mapping.update(zip(map(id, node.outputs), new.outputs))
+            mapping.update(zip(map(id, node.outputs), reapply(node, [value(t, local) for t in node.inputs])))
         return trace_from([mapping.get(id(t), t) for t in graph.outputs], graph.inputs)

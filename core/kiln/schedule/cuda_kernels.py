@@ -2,8 +2,9 @@
 
 The auto-scheduler is an ordered list of rules (`kiln.schedule.choose.AUTO_RULES`): column
 reductions (`kiln.schedule.cuda_columns`), row kernels (`kiln.schedule.cuda_rows`), split
-reductions (`kiln.schedule.cuda_split`) and the general kernel (`kiln.schedule.cuda_general`); each takes a lowered task (see `kiln.ir.inline`) and
-returns its CudaProgram, or None where it does not apply. They share what is here:
+reductions (`kiln.schedule.cuda_split`) and the general kernel (`kiln.schedule.cuda_general`);
+each takes a lowered task (see `kiln.ir.inline`) and returns its CudaProgram, or None where it
+does not apply. They share what is here:
 
 - `AutoProgram` collects a program's kernels, argument names, strides and temporaries;
 - `buffer_kernel` writes the kernel of one materialized compute: a grid-stride loop over its

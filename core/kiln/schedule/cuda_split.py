@@ -64,7 +64,8 @@ def replace_reduce(buf: Compute, r: Reduce, partial, parts: int) -> Compute:
     for axis, size in zip(buf.axes, buf.shape):
         flat = flat * size + axis
     part = Var("s", parts)
-    return Compute(buf.name, buf.axes, _replace(buf.value, r, Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)))
+    partials = Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)
+    return Compute(buf.name, buf.axes, _replace(buf.value, r, partials))
 
 
 FirstPass = Callable[[AutoProgram, list, Compute, Reduce, int, str, str], Kernel]
