@@ -16,6 +16,11 @@ Operands come two ways. `match_contraction` describes plain loads of inputs by `
 float4). `match_hooked_gemm` takes any sum of a product (convolutions, with their padding)
 and also renders the load hooks `kiln_load_a(KILN_PARAMS, m, k)` and
 `kiln_load_b(KILN_PARAMS, k, n)`, where a prologue would go.
+
+What the epilogue reads per output element at `m * row_stride + n` (a residual) is an
+`EpilogueSource`: a template may copy its tiles into shared memory ahead of the epilogue (TMA)
+and read them there through `kiln_fetch2_staged`, instead of loading them from global memory
+while it stores.
 """
 from __future__ import annotations
 
@@ -60,6 +65,17 @@ class Operand:
         return self.x_stride == 1
 
 
+@dataclass(frozen=True)
+class EpilogueSource:
+    """An input the epilogue reads at element `m * row_stride + n` of GEMM element (m, n) (a
+    residual add): its BM x BN tiles can be staged in shared memory. Sources are numbered in
+    the order of the `sources` tuple, which `kiln_fetch2_staged` takes tile pointers in."""
+
+    param: str
+    dtype: DataType
+    row_stride: int
+
+
 @dataclass
 class Contraction:
     """A task of the form out[batch..., m, n] = epilogue(sum_k A[.., m, k] * B[.., k, n])."""
@@ -75,6 +91,7 @@ class Contraction:
     params: str             # the kernel's parameter list
     args: str               # the same names, to pass them on
     epilogue: str           # source of the kiln_epilogue and kiln_epilogue2 device functions
+    sources: tuple[EpilogueSource, ...] = ()
 
     @property
     def batch_count(self) -> int:
@@ -194,9 +211,12 @@ def match_contraction(task: Task) -> Contraction | None:
         return index
 
     n_contiguous = bool(axes) and bool(n_chain) and n_chain[0][0] is axes[-1] and axes[-1] is out.axes[-1]
-    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, (_prod(v.extent for v in batch), M, N))
+    extents = (_prod(v.extent for v in batch), M, N)
+    sources = epilogue_sources(lowered, out, index_of, extents)
+    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sources)
     return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
-                       r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue)
+                       r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue,
+                       sources)
 
 
 def unconditional_loads(value: Expr, row: Var) -> list[Load]:
@@ -225,7 +245,50 @@ def unconditional_loads(value: Expr, row: Var) -> list[Load]:
     return list(found.values())
 
 
-def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3) -> str:
+def _pair(out, index_of, extents):
+    """(b, m, [n, n1], the output's values at GEMM elements (b, m, n) and (b, m, n1)) over new
+    index variables bounded by `extents`."""
+    bvar, mvar = Var("b", extents[0]), Var("m", extents[1])
+    nvars = [Var("n", extents[2]), Var("n1", extents[2])]
+    return bvar, mvar, nvars, [simplify(substitute(out.value, index_of(bvar, mvar, nv))) for nv in nvars]
+
+
+def _row_loads(mvar: Var, pair: list[Expr]) -> list[Load]:
+    """The distinct loads the pair makes per row (`unconditional_loads`), in first-use order."""
+    found = [load for value in pair for load in unconditional_loads(value, mvar)]
+    return list({load.key(): load for load in found}.values())
+
+
+def _staged_at(load: Load, mvar: Var, nvars: list[Var]) -> tuple[int, int] | None:
+    """(row stride, 0 or 1) where `load` reads element m * row stride + n (1: n + 1) of its
+    input, else None."""
+    coef = _offset_coefficients(load)
+    if coef is None or len(coef) != 2 or id(mvar) not in coef:
+        return None
+    delta = next((d for d, nv in enumerate(nvars) if coef.get(id(nv), (nv, 0))[1] == 1), None)
+    return None if delta is None else (coef[id(mvar)][1], delta)
+
+
+STAGED_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+MAX_SOURCES = 2
+
+
+def epilogue_sources(lowered, out, index_of, extents) -> tuple[EpilogueSource, ...]:
+    """The inputs (of `STAGED_DTYPES`, at most `MAX_SOURCES`) that the epilogue of `out` reads
+    per element at m * row_stride + n, as `render_epilogue`'s arguments describe the GEMM."""
+    _, mvar, nvars, pair = _pair(out, index_of, extents)
+    names = KernelArgs.names(lowered.inputs)
+    found: dict = {}
+    for load in _row_loads(mvar, pair):
+        at = _staged_at(load, mvar, nvars)
+        if at is not None and load.tensor.dtype in STAGED_DTYPES and len(found) < MAX_SOURCES:
+            param = names[id(load.tensor)]
+            found.setdefault((param, at[0]), EpilogueSource(param, load.tensor.dtype, at[0]))
+    return tuple(found.values())
+
+
+def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3,
+                    sources: tuple[EpilogueSource, ...] = ()) -> str:
     """Device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
@@ -241,11 +304,14 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     for the next row's loads: the compiler cannot move a load above an earlier store that might
     write the same memory.) `kiln_prefetch(params, b, m, n)` asks for the lines of those loads
     at element (b, m, n) to be brought into L2 (a hint: it never faults), so that a template can
-    start them long before its epilogue."""
+    start them long before its epilogue.
+
+    With `sources` (`epilogue_sources`), `kiln_fetch2_staged(params, b, m, n, f, at, src0, ..)`
+    is `kiln_fetch2` reading those inputs' elements from tiles the template staged in shared
+    memory: element (m, n) of source k at `srck[at]` (`at`: its place in the BM x BN tile)."""
     d = CudaDialect()
     N = out.shape[-1]
-    bvar, mvar = Var("b", extents[0]), Var("m", extents[1])
-    nvars = [Var("n", extents[2]), Var("n1", extents[2])]
+    bvar, mvar, nvars, pair = _pair(out, index_of, extents)
     names = KernelArgs.names(lowered.inputs)
     names.update({id(bvar): "b", id(mvar): "m", id(nvars[0]): "n", id(nvars[1]): "n1"})
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
@@ -254,9 +320,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     out0 = KernelArgs.output(0)
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
     acc_type = d.value_type(top_reduces(out.value)[0].dtype)
-    pair = [simplify(substitute(out.value, index_of(bvar, mvar, nv))) for nv in nvars]
-    fetched = [load for value in pair for load in unconditional_loads(value, mvar)]
-    fetched = list({load.key(): load for load in fetched}.values())
+    fetched = _row_loads(mvar, pair)
 
     def body(count: int, seeded: dict) -> list[str]:
         em = Emitter(d, names, strides)
@@ -291,6 +355,16 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
                           f'{prefetch.offset(load)}));')
     fields = "".join(f" {d.value_type(load.dtype)} f{k};" for k, load in enumerate(fetched))
     n1 = "    const int64_t n1 = n + 1;\n"
+    staged = ""
+    if sources:
+        number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
+        em = Emitter(d, names, strides)
+        for k, load in enumerate(fetched):
+            at = _staged_at(load, mvar, nvars)
+            source = None if at is None else number.get((names[id(load.tensor)], at[0]))
+            em.line(f"f.f{k} = {em.emit(load) if source is None else d.load(load.dtype, f'src{source}[at + {at[1]}]')};")
+        tiles = "".join(f", const {d.storage_type(s.dtype)}* src{k}" for k, s in enumerate(sources))
+        staged = f"{head} kiln_fetch2_staged({params}, kiln_fetched& f, int at{tiles}) {{\n{n1}" + "\n".join(em.lines) + "\n}\n"
     return "".join([
         f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(body(1, {})) + "\n}\n",
         f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n{n1}"
@@ -300,6 +374,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
         f"{head} kiln_prefetch({params}) {{\n" + "\n".join(prefetch.lines) + "\n}\n",
         f"{head} kiln_epilogue2_fetched({params}, {acc_type} acc0, {acc_type} acc1, const kiln_fetched& f) {{\n{n1}"
         + "\n".join(body(2, {load.key(): f"f.f{k}" for k, load in enumerate(fetched)})) + "\n}\n",
+        staged,
     ])
 
 
@@ -323,6 +398,7 @@ class HookedGemm:
     params: str
     args: str
     hooks: str
+    sources: tuple[EpilogueSource, ...] = ()
 
 
 def variables_of(e: Expr) -> set[int]:
@@ -395,9 +471,10 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
         return {**unravel_index(mv, m_axes, m_ext), **unravel_index(nv, n_axes, n_ext)}
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
-    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N))
+    sources = epilogue_sources(lowered, out, index_of, (1, M, N))
+    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sources)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
+                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks, sources)
 
 
 def _prod(values) -> int:

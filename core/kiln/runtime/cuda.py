@@ -343,9 +343,11 @@ class TensorMapArg:
         if self.strides[0] != 1 or any(s * self.dtype.nbytes % 16 for s in self.strides[1:]):
             raise ValueError(f"tensor map over {self.param}: strides {self.strides} (elements of "
                              f"{self.dtype.nbytes} bytes); TMA needs unit innermost stride and others multiples of 16 bytes")
-        if any(not 1 <= b <= 256 for b in self.box) or self.box[0] * self.dtype.nbytes > self.swizzle:
-            raise ValueError(f"tensor map over {self.param}: box {self.box}; each box dim must be 1..256 "
-                             f"and the inner one at most {self.swizzle} bytes")
+        inner = self.box[0] * self.dtype.nbytes
+        if any(not 1 <= b <= 256 for b in self.box) or (inner > self.swizzle if self.swizzle else inner % 16):
+            raise ValueError(f"tensor map over {self.param}: box {self.box}; each box dim must be 1..256 and the "
+                             + (f"inner one at most {self.swizzle} bytes" if self.swizzle else
+                                "inner one a multiple of 16 bytes"))
 
 
 _DATA_TYPES = {dtypes.float16: "FLOAT16", dtypes.bfloat16: "BFLOAT16", dtypes.float32: "FLOAT32"}

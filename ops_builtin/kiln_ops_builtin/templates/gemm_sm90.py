@@ -24,7 +24,7 @@ from kiln.codegen.hooks import Contraction, Operand, match_contraction
 from kiln.runtime.cuda import CudaProgram, TensorMapArg
 from kiln.schedule import Template
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, k_block, program
+from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, k_block, program, staged_stages
 from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, smem_bytes  # noqa: F401 (this template's limits, as before)
 from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
 
@@ -113,8 +113,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this shape, best guess first, then `split_k.rank`'s ranking of the
     cooperative tiles and split-K. Shapes of at least 0.7 of a wave of 64 x 128 tiles take the
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
-    one) x tile area x (K + a pipeline fill of two k-tiles) / rate. Smaller grids take 64 x 64,
-    split over K up to a wave (at least four k-tiles per split)."""
+    one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
+    residual), only the entries that can stage them (`staged_stages`). Smaller grids take
+    64 x 64, split over K up to a wave (at least four k-tiles per split)."""
     c = match_contraction(task)
     ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count,
                           c.a.dtype.nbytes)
@@ -122,7 +123,8 @@ def suggest(task, sm_count: int) -> list[dict]:
     k_tiles = -(-c.K // k_block(c.a.dtype))
     if tiles(64, 128) >= 0.7 * sm_count:
         cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (c.K + 2 * BK) / entry[2]
-        first = dict(min(WAVE_TILES, key=cost)[1])
+        staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources)] if c.sources else []
+        first = dict(min(staging or WAVE_TILES, key=cost)[1])
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
@@ -146,7 +148,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> Cuda
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
-    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue)
+    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sources)
     return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 

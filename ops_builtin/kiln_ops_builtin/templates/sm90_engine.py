@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from kiln import dtypes
 from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
+from kiln.codegen.cuda import CudaDialect, template_source
+from kiln.codegen.hooks import EpilogueSource
 from kiln.dtypes import DataType
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln_ops_builtin.templates import split_k
@@ -49,14 +50,21 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
     uint16_t* Bs = As + STAGES * BM * BK;
-    uint64_t* full = (uint64_t*)(Bs + STAGES * BN * BK);
+    unsigned char* srcs = (unsigned char*)(Bs + STAGES * BN * BK);   // two buffers of the epilogue's source tiles
+    uint64_t* full = (uint64_t*)(srcs + 2 * SRC_BYTES);
     uint64_t* empty = full + STAGES;
-    float* epi = (float*)(empty + STAGES);      // CW * 4 warps x 16 x EPI_LD staged accumulators
+    uint64_t* src_full = empty + STAGES;
+    uint64_t* src_empty = src_full + 2;
+    float* epi = (float*)(src_empty + 2);      // CW * 4 warps x 16 x EPI_LD staged accumulators
     const int tid = threadIdx.x, wg = tid / 128;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             kiln_bar_init(&full[s], FULL_ARRIVALS);
             kiln_bar_init(&empty[s], PP ? 128 : CW * 128);
+        }
+        for (int s = 0; s < 2; ++s) {
+            kiln_bar_init(&src_full[s], 1);
+            kiln_bar_init(&src_empty[s], PP ? 128 : CW * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -68,7 +76,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
         if (tid >= PRODUCERS) return;
-        for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        int local = 0;
+        for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++local) {
             UNIT_COORDS
             TILE_SETUP
             for (int kt = kt0; kt < kt1; ++kt) {
@@ -83,6 +92,15 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                 GATHER
                 if (++stage == STAGES) { stage = 0; parity ^= 1; }
             }
+#if NSRC
+            // the tile's epilogue sources, into buffer local % 2 once its previous tile's epilogue is done
+            if (tid == 0) {
+                const int sb = local % 2;
+                kiln_bar_wait(&src_empty[sb], ((local / 2) & 1) ^ 1);
+                kiln_bar_expect(&src_full[sb], SRC_BYTES);
+                LOAD_SOURCES
+            }
+#endif
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
@@ -135,6 +153,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (held >= 0) kiln_bar_arrive(&empty[held]);
         if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
+#if NSRC
+        const int sb = local % 2;
+        kiln_bar_wait(&src_full[sb], (local / 2) & 1);
+#endif
         // epilogue: each warp stages 16 x 32 blocks of its accumulators in shared memory and reads
         // them back a row-half per 16 lanes, so each store instruction covers two 128-byte rows;
         // what the epilogue reads per row (a residual) is loaded FETCH blocks ahead of the block
@@ -144,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
 #pragma unroll
             for (int rr = 0; rr < 8; ++rr) {
                 const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + rr * 2 + lane / 16, n = n0 + q * 32 + (lane % 16) * 2;
-                if (m < M && n + 1 < N) KILN_FETCH2(bz, m, n, fetched[rr]);
+                if (m < M && n + 1 < N)
+                    KILN_FETCH_AT(bz, m, n, fetched[rr], ((SLAB + i) * 64 + w * 16 + rr * 2 + lane / 16) * BN + q * 32 + (lane % 16) * 2);
             }
         };
 #pragma unroll
@@ -173,6 +196,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                 __syncwarp();
             }
         }
+#if NSRC
+        kiln_bar_arrive(&src_empty[sb]);
+#endif
     }
 }
 """
@@ -227,8 +253,8 @@ def wgmma(bn: int, dtype: DataType, trans_a: int, trans_b: int) -> str:
 @dataclass
 class Problem:
     """A batch x M x N x K contraction with operands of `dtype` (16-bit floats, or float32 read
-    as TF32), and its kernel parameters, their names (`args`) and the epilogue hooks the core
-    rendered."""
+    as TF32), and its kernel parameters, their names (`args`), the epilogue hooks the core
+    rendered and the inputs the epilogue reads per element (`kiln.codegen.hooks.EpilogueSource`)."""
 
     M: int
     N: int
@@ -238,6 +264,7 @@ class Problem:
     params: str
     args: str
     epilogue: str
+    sources: tuple[EpilogueSource, ...] = ()
 
 
 def tile_knobs(bn, cw, mi, stages, pp=0) -> dict:
@@ -250,8 +277,31 @@ def block_m(knobs: dict) -> int:
     return 64 * knobs["MI"] * (1 if knobs.get("PP") else knobs["CW"])
 
 
-def smem_bytes(knobs: dict) -> int:
-    return knobs["STAGES"] * ((block_m(knobs) + knobs["BN"]) * BK * 2 + 16) + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4
+def smem_bytes(knobs: dict, sources: tuple[EpilogueSource, ...] = ()) -> int:
+    """Shared memory of a setting: the ring, two buffers of the epilogue's source tiles, the
+    barriers, the epilogue's staging blocks and 1024 bytes of alignment."""
+    return (knobs["STAGES"] * ((block_m(knobs) + knobs["BN"]) * BK * 2 + 16) + 2 * source_bytes(knobs, sources) + 32
+            + 1024 + knobs["CW"] * 4 * 16 * EPI_LD * 4)
+
+
+def source_bytes(knobs: dict, sources: tuple[EpilogueSource, ...]) -> int:
+    """Bytes of one tile of every epilogue source."""
+    return sum(block_m(knobs) * knobs["BN"] * s.dtype.nbytes for s in sources)
+
+
+MIN_STAGED_STAGES = 3
+
+
+def staged_stages(knobs: dict, sources: tuple[EpilogueSource, ...]) -> int | None:
+    """The ring depth (at most STAGES, at least MIN_STAGED_STAGES) at which the setting also
+    holds two buffers of the source tiles, or None where it cannot (sources then load from
+    global memory in the epilogue). Split-K stages nothing: its partials' sum reads them."""
+    if not sources or knobs.get("SPLIT", 1) > 1 or any(s.row_stride * s.dtype.nbytes % 16 for s in sources):
+        return None
+    for stages in range(knobs["STAGES"], MIN_STAGED_STAGES - 1, -1):
+        if smem_bytes(dict(knobs, STAGES=stages), sources) <= MAX_SMEM:
+            return stages
+    return None
 
 
 def consumer_registers(cw: int, producer_regs: int = 40) -> int:
@@ -286,19 +336,24 @@ def fetch_depth(knobs: dict, producer_regs: int = 40) -> int:
 def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8,
             FETCH=None) -> CudaProgram:
     """The engine's program for problem `p` filled by `producer`, kernel named `kernel` (FETCH:
-    see `fetch_depth`, its default)."""
+    see `fetch_depth`, its default). Where `staged_stages` allows, the epilogue's sources come
+    as tiles by TMA, and the ring is that deep."""
     knobs = tile_knobs(BN, CW, MI, STAGES, PP)
     if not fits(knobs, producer.regs):
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
                          f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
+    stages = staged_stages(dict(knobs, SPLIT=SPLIT), p.sources)
+    sources = p.sources if stages else ()
+    knobs["STAGES"] = stages or STAGES
     args, temporaries = tuple(p.args.split(", ")), []
     kb = k_block(p.dtype)
     sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks")
     gathered = producer.threads > 1
+    maps = {**producer.maps, **_source_maps(sources, p.M, p.N, block_m(knobs), BN)}
     defines = {
-        "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}"
-                                                        for name in producer.maps),
-        "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
+        "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
+        "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
+        "STAGES": knobs["STAGES"], **_source_defines(sources, knobs),
         "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
         "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
@@ -312,6 +367,27 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
                               KERNEL, sk.source], defines, p.epilogue,
                              ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
     units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT
-    launches = [Launch(kernel, args + sk.args + tuple(producer.maps.values()), (128 * (CW + 1), 1, 1),
-                       items=units, per_block=1, waves=1, smem=smem_bytes(knobs))] + sk.launches
+    launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (CW + 1), 1, 1),
+                       items=units, per_block=1, waves=1, smem=smem_bytes(knobs, sources))] + sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
+
+
+def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, bn: int) -> dict[str, TensorMapArg]:
+    """Tensor maps S0, S1, .. of the sources as M x N matrices, a box a bm x bn tile (unswizzled)."""
+    return {f"S{k}": TensorMapArg(s.param, s.dtype, (N, M), (1, s.row_stride), (bn, bm), swizzle=0)
+            for k, s in enumerate(sources)}
+
+
+def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict) -> dict:
+    """NSRC, SRC_BYTES (one buffer), LOAD_SOURCES (thread 0's copies into buffer sb) and
+    KILN_FETCH_AT(b, m, n, f, at): the epilogue's per-row loads, from tile element `at` of
+    buffer sb where staged."""
+    if not sources:
+        return {"NSRC": 0, "SRC_BYTES": 0, "KILN_FETCH_AT(b, m, n, f, at)": "KILN_FETCH2(b, m, n, f)"}
+    offsets = [source_bytes(knobs, sources[:k]) for k in range(len(sources))]
+    tile = lambda k, s: f"(const {CudaDialect().storage_type(s.dtype)}*)(srcs + sb * SRC_BYTES + {offsets[k]})"
+    return {"NSRC": len(sources), "SRC_BYTES": source_bytes(knobs, sources),
+            "LOAD_SOURCES": " ".join(f"kiln_tma_2d(srcs + sb * SRC_BYTES + {offsets[k]}, &tmS{k}, &src_full[sb], "
+                                     "(int)n0, (int)m0);" for k in range(len(sources))),
+            "KILN_FETCH_AT(b, m, n, f, at)": "kiln_fetch2_staged(ARGS, b, m, n, f, at, "
+                                             + ", ".join(tile(k, s) for k, s in enumerate(sources)) + ")"}
