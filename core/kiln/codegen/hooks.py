@@ -76,6 +76,20 @@ class EpilogueSource:
     row_stride: int
 
 
+@dataclass(frozen=True)
+class EpilogueOutput:
+    """What the epilogue hooks were rendered from, for a template that renders another form
+    of them (`kiln.codegen.vector_epilogue`): the lowered task, its output, the kernel's
+    parameter declarations, `index_of(bvar, mvar, nvar)` (the output's axes by id) and the
+    bounds of (b, m, n)."""
+
+    lowered: Task
+    out: object
+    decl: tuple[str, ...]
+    index_of: object
+    extents: tuple[int, int, int]
+
+
 @dataclass
 class Contraction:
     """A task of the form out[batch..., m, n] = epilogue(sum_k A[.., m, k] * B[.., k, n])."""
@@ -92,6 +106,7 @@ class Contraction:
     args: str               # the same names, to pass them on
     epilogue: str           # source of the kiln_epilogue and kiln_epilogue2 device functions
     sources: tuple[EpilogueSource, ...] = ()
+    output: EpilogueOutput | None = None
 
     @property
     def batch_count(self) -> int:
@@ -216,7 +231,7 @@ def match_contraction(task: Task) -> Contraction | None:
     epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sources)
     return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
                        r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue,
-                       sources)
+                       sources, EpilogueOutput(lowered, out, tuple(decl), index_of, extents))
 
 
 def unconditional_loads(value: Expr, row: Var) -> list[Load]:
@@ -259,7 +274,7 @@ def _row_loads(mvar: Var, pair: list[Expr]) -> list[Load]:
     return list({load.key(): load for load in found}.values())
 
 
-def _staged_at(load: Load, mvar: Var, nvars: list[Var]) -> tuple[int, int] | None:
+def staged_at(load: Load, mvar: Var, nvars: list[Var]) -> tuple[int, int] | None:
     """(row stride, 0 or 1) where `load` reads element m * row stride + n (1: n + 1) of its
     input, else None."""
     coef = _offset_coefficients(load)
@@ -280,7 +295,7 @@ def epilogue_sources(lowered, out, index_of, extents) -> tuple[EpilogueSource, .
     names = KernelArgs.names(lowered.inputs)
     found: dict = {}
     for load in _row_loads(mvar, pair):
-        at = _staged_at(load, mvar, nvars)
+        at = staged_at(load, mvar, nvars)
         if at is not None and load.tensor.dtype in STAGED_DTYPES and len(found) < MAX_SOURCES:
             param = names[id(load.tensor)]
             found.setdefault((param, at[0]), EpilogueSource(param, load.tensor.dtype, at[0]))
@@ -360,7 +375,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
         number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
         em = Emitter(d, names, strides)
         for k, load in enumerate(fetched):
-            at = _staged_at(load, mvar, nvars)
+            at = staged_at(load, mvar, nvars)
             source = None if at is None else number.get((names[id(load.tensor)], at[0]))
             em.line(f"f.f{k} = {em.emit(load) if source is None else d.load(load.dtype, f'src{source}[at + {at[1]}]')};")
         tiles = "".join(f", const {d.storage_type(s.dtype)}* src{k}" for k, s in enumerate(sources))
@@ -399,6 +414,7 @@ class HookedGemm:
     args: str
     hooks: str
     sources: tuple[EpilogueSource, ...] = ()
+    output: EpilogueOutput | None = None
 
 
 def variables_of(e: Expr) -> set[int]:
@@ -474,7 +490,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     sources = epilogue_sources(lowered, out, index_of, (1, M, N))
     hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sources)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks, sources)
+                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks, sources,
+                      EpilogueOutput(lowered, out, tuple(decl), index_of, (1, M, N)))
 
 
 def _prod(values) -> int:

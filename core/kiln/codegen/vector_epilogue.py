@@ -10,13 +10,14 @@ threads own V consecutive output channels of channels-last data (16 bytes of flo
 be a multiple of V, and n + V <= N. What the elements read at consecutive offsets (a bias by
 channel, a residual of the output's layout, a per-image scale) is loaded as packs too; any
 other read stays scalar. Only outputs whose innermost index is n and whose last dim is a
-multiple of V qualify (`vector_stores`).
+multiple of V qualify (`vector_stores`). With epilogue sources (`kiln.codegen.hooks`) the hook
+takes `int at, const T* src0, ..` after `acc`, and reads their packs from the staged tiles.
 """
 from __future__ import annotations
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.hooks import unconditional_loads
+from kiln.codegen.hooks import EpilogueSource, staged_at, unconditional_loads
 from kiln.ir.expr import Expr, Var, walk
 from kiln.ir.inline import substitute
 from kiln.ir.simplify import linear_terms, simplify
@@ -72,7 +73,8 @@ def _store(base: str, offset: str, values: list[str], dtype) -> str:
     return f"__stwb((uint{len(words)}*)&{ref}, make_uint{len(words)}({', '.join(words)}));"
 
 
-def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int, extents=(1 << 62,) * 3) -> str:
+def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1 << 62,) * 3,
+                           sources: tuple[EpilogueSource, ...] = ()) -> str:
     """The device function `kiln_epilogue_v(params, b, m, n, const ACC* acc)` (see the module
     docs) of output `out` of `lowered`, over kernel parameters `decl`. `index_of(bvar, mvar,
     nvar)` maps the output's axes (by id) to expressions of them; `extents` bound (b, m, n).
@@ -89,11 +91,15 @@ def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int,
     em = Emitter(d, names, strides)
     first = simplify(substitute(out.value, index))
     shifted = [first] + [simplify(substitute(first, {id(nvar): nvar + k})) for k in range(1, vector)]
+    number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
     for j, load in enumerate(unconditional_loads(first, nvar)):
         if not _aligned_at(_flat(load.indices, load.tensor.shape), nvar, vector) or load.tensor.shape[-1] % vector:
             continue
         pack = f"kiln_pack<{d.storage_type(load.dtype)}, {vector}>"
-        em.line(f"const {pack} s{j} = *(const {pack}*)&{names[id(load.tensor)]}[{em.offset(load)}];")
+        at = staged_at(load, mvar, [nvar])
+        source = None if at is None else number.get((names[id(load.tensor)], at[0]))
+        ref = f"src{source}[at]" if source is not None else f"{names[id(load.tensor)]}[{em.offset(load)}]"
+        em.line(f"const {pack} s{j} = *(const {pack}*)&{ref};")
         for k in range(vector):
             element = load if k == 0 else simplify(substitute(load, {id(nvar): nvar + k}))
             em.scopes[0][element.key()] = em.let(load.dtype, d.load(load.dtype, f"s{j}.v[{k}]"))
@@ -104,5 +110,7 @@ def render_vector_epilogue(lowered, out, decl: list[str], index_of, vector: int,
     offset = em.emit(_flat([index[id(a)] for a in out.axes], out.shape))
     em.line(_store(KernelArgs.output(0), offset, stored, out.dtype))
     acc_type = d.value_type(top_reduces(first)[0].dtype)
+    tiles = ", int at" + "".join(f", const {d.storage_type(s.dtype)}* src{k}" for k, s in enumerate(sources)) \
+        if sources else ""
     return (f"static __device__ __forceinline__ void kiln_epilogue_v({', '.join(decl)}, int64_t b, int64_t m, "
-            f"int64_t n, const {acc_type}* acc) {{\n" + "\n".join(em.lines) + "\n}\n")
+            f"int64_t n, const {acc_type}* acc{tiles}) {{\n" + "\n".join(em.lines) + "\n}\n")

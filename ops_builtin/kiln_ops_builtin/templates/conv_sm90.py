@@ -162,7 +162,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> Cuda
     conv = match_conv_nhwc(task)
     g = conv.gemm
     producer = _producer(conv, block_m(_k(BN, CW, MI, STAGES, PP)), BN)
-    problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks, g.sources)
+    problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks, g.sources, g.output)
     return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 

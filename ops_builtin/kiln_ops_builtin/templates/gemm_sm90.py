@@ -148,7 +148,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> Cuda
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
-    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sources)
+    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sources, c.output)
     return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import CudaDialect, template_source
-from kiln.codegen.hooks import EpilogueSource
+from kiln.codegen.hooks import EpilogueOutput, EpilogueSource
+from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln_ops_builtin.templates import split_k
@@ -162,6 +163,26 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         // what the epilogue reads per row (a residual) is loaded FETCH blocks ahead of the block
         // being stored, so that that many blocks' loads are in flight at once
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
+#if VEC
+        // each lane stores VEC neighbouring outputs of a row (16 bytes) through the vector hook
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+            for (int q = 0; q < BN / 32; ++q) {
+                STAGE_BLOCK
+#pragma unroll
+                for (int h = 0; h < 16 / VEC; ++h) {
+                    const int row = h * VEC + lane / (32 / VEC), col = lane % (32 / VEC) * VEC;
+                    float v[VEC];
+#pragma unroll
+                    for (int e = 0; e < VEC; e += 4) *(float4*)&v[e] = *(const float4*)&staged[row * EPI_LD + col + e];
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
+                    if (m < M && n < N) KILN_STORE_V(bz, m, n, v, ((SLAB + i) * 64 + w * 16 + row) * BN + q * 32 + col);
+                }
+                __syncwarp();
+            }
+        }
+#else
         auto fetch_rows = [&](int i, int q, kiln_fetched* fetched) {
 #pragma unroll
             for (int rr = 0; rr < 8; ++rr) {
@@ -178,13 +199,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
 #pragma unroll
             for (int q = 0; q < BN / 32; ++q) {
                 if (q + FETCH < BN / 32) fetch_rows(i, q + FETCH, fetched[(q + FETCH) % (FETCH + 1)]);
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        *(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] =
-                            make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]);
-                __syncwarp();
+                STAGE_BLOCK
 #pragma unroll
                 for (int rr = 0; rr < 8; ++rr) {
                     const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
@@ -196,12 +211,19 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                 __syncwarp();
             }
         }
+#endif
 #if NSRC
         kiln_bar_arrive(&src_empty[sb]);
 #endif
     }
 }
 """
+
+# a warp's 16 x 32 block q of slab i of its accumulators into its staging block (rows of EPI_LD floats)
+STAGE_BLOCK = (
+    "for (int jj = 0; jj < 4; ++jj) for (int h = 0; h < 2; ++h) "
+    "*(float2*)&staged[(lane / 4 + h * 8) * EPI_LD + jj * 8 + (lane % 4) * 2] = "
+    "make_float2(acc[i][(q * 4 + jj) * 4 + h * 2], acc[i][(q * 4 + jj) * 4 + h * 2 + 1]); __syncwarp();")
 
 # (unit -> split ks, flat batch bz, tile row/col); GROUP tile rows are walked column by column
 UNIT_COORDS = (
@@ -265,6 +287,7 @@ class Problem:
     args: str
     epilogue: str
     sources: tuple[EpilogueSource, ...] = ()
+    output: EpilogueOutput | None = None
 
 
 def tile_knobs(bn, cw, mi, stages, pp=0) -> dict:
@@ -350,6 +373,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks")
     gathered = producer.threads > 1
     maps = {**producer.maps, **_source_maps(sources, p.M, p.N, block_m(knobs), BN)}
+    vector, vector_hook = _vector_epilogue(p, SPLIT, sources)
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
@@ -360,11 +384,12 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
         "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
         "TILE_SETUP": producer.tile_setup, "GATHER": producer.gather, "UNIT_COORDS": UNIT_COORDS,
+        "STAGE_BLOCK": STAGE_BLOCK, **vector,
         "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),
         **producer.defines, **sk.defines,
     }
     source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
-                              KERNEL, sk.source], defines, p.epilogue,
+                              KERNEL, sk.source], defines, p.epilogue + vector_hook,
                              ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
     units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (CW + 1), 1, 1),
@@ -379,9 +404,9 @@ def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, b
 
 
 def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict) -> dict:
-    """NSRC, SRC_BYTES (one buffer), LOAD_SOURCES (thread 0's copies into buffer sb) and
-    KILN_FETCH_AT(b, m, n, f, at): the epilogue's per-row loads, from tile element `at` of
-    buffer sb where staged."""
+    """NSRC, SRC_BYTES (one buffer), LOAD_SOURCES (thread 0's copies into buffer sb),
+    SOURCE_TILES (the tiles of buffer sb, as the hooks take them) and KILN_FETCH_AT(b, m, n, f,
+    at): the epilogue's per-row loads, from tile element `at` of buffer sb where staged."""
     if not sources:
         return {"NSRC": 0, "SRC_BYTES": 0, "KILN_FETCH_AT(b, m, n, f, at)": "KILN_FETCH2(b, m, n, f)"}
     offsets = [source_bytes(knobs, sources[:k]) for k in range(len(sources))]
@@ -389,5 +414,18 @@ def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict) -> dict:
     return {"NSRC": len(sources), "SRC_BYTES": source_bytes(knobs, sources),
             "LOAD_SOURCES": " ".join(f"kiln_tma_2d(srcs + sb * SRC_BYTES + {offsets[k]}, &tmS{k}, &src_full[sb], "
                                      "(int)n0, (int)m0);" for k in range(len(sources))),
-            "KILN_FETCH_AT(b, m, n, f, at)": "kiln_fetch2_staged(ARGS, b, m, n, f, at, "
-                                             + ", ".join(tile(k, s) for k, s in enumerate(sources)) + ")"}
+            "SOURCE_TILES": ", ".join(tile(k, s) for k, s in enumerate(sources)),
+            "KILN_FETCH_AT(b, m, n, f, at)": "kiln_fetch2_staged(ARGS, b, m, n, f, at, SOURCE_TILES)"}
+
+
+def _vector_epilogue(p: Problem, split: int, sources: tuple[EpilogueSource, ...]) -> tuple[dict, str]:
+    """(defines, hook source) of the epilogue: VEC = 16 bytes of outputs per lane through
+    `kiln_epilogue_v` where the output stores such packs (`vector_stores`) and nothing is split,
+    else VEC = 0 (pairs through `kiln_epilogue2`)."""
+    o = p.output
+    vec = 16 // o.out.dtype.nbytes if o is not None and o.out.dtype.nbytes in (2, 4) else 0
+    if split > 1 or not vec or not vector_stores(o.out, o.index_of, vec, o.extents):
+        return {"VEC": 0}, ""
+    store = f"kiln_epilogue_v(ARGS, b, m, n, v{', at, SOURCE_TILES' if sources else ''})"
+    return ({"VEC": vec, "KILN_STORE_V(b, m, n, v, at)": store},
+            render_vector_epilogue(o.lowered, o.out, o.decl, o.index_of, vec, o.extents, sources))
