@@ -29,7 +29,7 @@ def cases() -> list[tuple]:
         ]
     out += [
         ("argsort (8192, 100)", "argsort", lambda: [torch.randn(8192, 100, device="cuda"), -1],
-         lambda x, d: torch.sort(x, d, stable=True).indices, 0),
+         lambda x, d: torch.sort(x, dim=d, stable=True).indices, 0),
         ("sort (4096, 2048) dim 0", "sort", lambda: [torch.randn(4096, 2048, device="cuda"), 0],
          lambda x, d: torch.sort(x, d), 0),
         ("median (1024, 1001)", "median", lambda: [torch.randn(1024, 1001, device="cuda"), -1], torch.median, 0),
