@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import template_source
+from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln_ops_builtin.templates import split_k
@@ -228,7 +229,8 @@ def wgmma(bn: int, dtype: DataType, trans_a: int, trans_b: int) -> str:
 class Problem:
     """A batch x M x N x K contraction with operands of `dtype` (16-bit floats, or float32 read
     as TF32), and its kernel parameters, their names (`args`) and the epilogue hooks the core
-    rendered."""
+    rendered. Symbolic sizes among M, N, K and batch (`kiln.ir.size.SymSize`) are written
+    through `sizes`, whose parameters end `params`; its values go with the program."""
 
     M: int
     N: int
@@ -238,6 +240,7 @@ class Problem:
     params: str
     args: str
     epilogue: str
+    sizes: SizeArgs = field(default_factory=SizeArgs)
 
 
 def tile_knobs(bn, cw, mi, stages, pp=0) -> dict:
@@ -293,13 +296,14 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
                          f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
     args, temporaries = tuple(p.args.split(", ")), []
     kb = k_block(p.dtype)
-    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks")
+    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks",
+                      text=p.sizes.text)
     gathered = producer.threads > 1
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}"
                                                         for name in producer.maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP, "STAGES": STAGES,
-        "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
+        "GROUP": GROUP, "M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args,
         "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
@@ -311,7 +315,8 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
                               KERNEL, sk.source], defines, p.epilogue,
                              ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
-    units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT
+    units = int(-(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(producer.maps.values()), (128 * (CW + 1), 1, 1),
                        items=units, per_block=1, waves=1, smem=smem_bytes(knobs))] + sk.launches
-    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
+                       sizes=p.sizes.values)
