@@ -373,9 +373,14 @@ class HookedGemm:
     N: int
     K: int
     acc_dtype: DataType
-    params: str
+    params: str             # the kernel's parameter list: buffers, then sizes
     args: str
     hooks: str
+    sizes: SizeArgs         # the symbolic sizes, the last parameters
+
+    def text(self, size) -> str:
+        """C text of a size of the GEMM (see `kiln.codegen.sizes.SizeArgs.text`)."""
+        return self.sizes.text(size)
 
 
 def variables_of(e: Expr) -> set[int]:
@@ -428,7 +433,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     k_ext = [a.extent for a in r.axes]
     M, N, K = (_prod(m_ext), _prod(n_ext), _prod(k_ext))
     d = CudaDialect()
-    decl = KernelArgs.params(d, lowered.inputs, [out])
+    sizes = SizeArgs.of(task)
+    decl = KernelArgs.params(d, lowered.inputs, [out]) + sizes.declarations()
     names = KernelArgs.names(lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     mvar, nvar, kvar = Var("m", M), Var("n", N), Var("k", K)
@@ -438,7 +444,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
             ("kiln_load_a", fa, m_axes, m_ext, mvar, "m, k"), ("kiln_load_b", fb, n_axes, n_ext, nvar, "k, n")):
         index = {**unravel_index(own_var, own_axes, own_ext), **k_index}
         value = simplify(cast(substitute(factor, index), r.dtype))
-        em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides)
+        em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides,
+                     sizes=sizes)
         v = em.emit(value)
         loads.append(f"static __device__ __forceinline__ {d.value_type(r.dtype)} {name}({', '.join(decl)}, "
                      f"int64_t {order.split(', ')[0]}, int64_t {order.split(', ')[1]}) {{\n"
@@ -448,9 +455,9 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
         return {**unravel_index(mv, m_axes, m_ext), **unravel_index(nv, n_axes, n_ext)}
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
-    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N))
+    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sizes)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
+                      ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), hooks, sizes)
 
 
 def _prod(values) -> int:

@@ -1,0 +1,110 @@
+"""CUDA templates with symbolic sizes on a GPU (`cuda` marker): the contraction and attention
+graphs of `symbolic_cases` against PyTorch at odd sizes and 1 (whichever schedule takes each
+size); a GPT-2-like model under torch.compile(dynamic=True) at five sequence lengths, and a
+decode loop whose KV cache grows a key a step, building kernels at their first call only."""
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tests.cuda.symbolic_cases import CASES
+
+TOLERANCE = {"atol": 3e-2, "rtol": 3e-2}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_symbolic_templates_match_pytorch(case):
+    for n in (1,) + case.shared:
+        graph = case.graph(n)
+        inputs = case.inputs(n)
+        for got, want in zip(graph(*inputs), case.reference(*inputs)):
+            torch.testing.assert_close(got.torch().float(), want, **TOLERANCE, msg=lambda m: f"s0 = {n}: {m}")
+
+
+class Block(nn.Module):
+    """A pre-norm GPT-2 block: fused qkv, causal attention over [B, H, L, D] views, an MLP;
+    with `cache`, one step of decoding against the keys and values of the steps before."""
+
+    def __init__(self, d: int = 128, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, past_k=None, past_v=None):
+        B, L, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=2)
+        heads = lambda t: t.view(B, L, self.heads, D // self.heads).transpose(1, 2)
+        q, k, v = heads(q), heads(k), heads(v)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=past_k is None)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, L, D))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), k, v
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(512, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)[0]
+        return self.head(self.ln(x))
+
+
+def _builds(records) -> int:
+    return sum(r.getMessage().startswith("kernel cache miss") for r in records)
+
+
+@pytest.mark.cuda
+def test_gpt2_at_five_sequence_lengths_builds_kernels_at_the_first_only(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="kiln")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT().cuda().half().eval()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    built = []
+    with torch.no_grad():
+        for length in (9, 13, 21, 27, 33):
+            idx = torch.randint(0, 512, (2, length), device="cuda")
+            before = _builds(caplog.records)
+            torch.testing.assert_close(compiled(idx).float(), model(idx).float(), **TOLERANCE)
+            built.append(_builds(caplog.records) - before)
+    torch._dynamo.reset()
+    assert built[0] > 0 and built[1:] == [0, 0, 0, 0], built
+
+
+@pytest.mark.cuda
+def test_decoding_with_a_growing_kv_cache_builds_kernels_at_the_first_step_only(tmp_path, monkeypatch, caplog):
+    """300 keys and more: the split-KV decode template, its length a kernel argument."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="kiln")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = Block().cuda().half().eval()
+    step = torch.compile(block, backend="kiln", dynamic=True)
+    k = torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.half)
+    v = torch.randn_like(k)
+    built = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(2, 1, 128, device="cuda", dtype=torch.half)
+            before = _builds(caplog.records)
+            got = step(x, k, v)
+            want = block(x, k, v)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g.float(), w.float(), **TOLERANCE)
+            built.append(_builds(caplog.records) - before)
+            k, v = want[1], want[2]
+    torch._dynamo.reset()
+    assert built[0] > 0 and built[1:] == [0] * 5, built
