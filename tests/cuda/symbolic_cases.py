@@ -19,14 +19,11 @@ from kiln.graph import optimize, trace_from
 from kiln.ir import SymSize
 from kiln.tensor import symbol
 
-F16 = "float16"
-
-
 @dataclass
 class SymbolicCase:
-    """A graph over s0 whose anchor the template `template` takes at the sizes `shared` (which
-    then share one source); `shapes(s)` are the inputs' shapes (of SymSizes or ints),
-    `build(*symbols)` its outputs."""
+    """A graph over s0 whose anchor the template `template` takes on a GPU of architecture
+    `arch` at the sizes `shared` (which then share one source); `shapes(s)` are the inputs'
+    shapes (of SymSizes or ints), of `dtype`, `build(*symbols)` its outputs."""
 
     name: str
     template: str
@@ -34,16 +31,18 @@ class SymbolicCase:
     build: Callable
     reference: Callable
     shared: tuple = (9, 17, 131)
+    dtype: str = "float16"
+    arch: int = 90
 
     def graph(self, n: int, device: str = "cuda"):
-        symbols = [symbol(shape, F16, device) for shape in self.shapes(SymSize.named("s0", n))]
+        symbols = [symbol(shape, self.dtype, device) for shape in self.shapes(SymSize.named("s0", n))]
         return optimize(trace_from(list(self.build(*symbols)), symbols))
 
     def inputs(self, n: int, device: str = "cuda") -> list[torch.Tensor]:
         out = []
         for shape in self.shapes(n):
             x = torch.randn([int(s) for s in shape], device=device)
-            out.append((x / max(shape[-1], 1) ** 0.5 if len(shape) > 1 else x).half())
+            out.append((x / shape[-1] ** 0.25 if len(shape) > 1 else x).to(getattr(torch, self.dtype)))
         return out
 
 
@@ -65,6 +64,12 @@ def _prefill_reference(q, k, v):
     h = lambda x: x.float().transpose(1, 2)
     out = F.scaled_dot_product_attention(h(q), h(k), h(v), is_causal=True)
     return [out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)]
+
+
+def _conv_reference(x, w, b=None, groups=1):
+    out = F.conv2d(x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), None if b is None else b.float(),
+                   padding=1, groups=groups)
+    return out.permute(0, 2, 3, 1)
 
 
 def _decode_reference(q, k, v):
@@ -92,4 +97,19 @@ CASES = [
                  _prefill_reference),
     SymbolicCase("attention_decode", "attention_decode", lambda s: [(1, 8, 1, 128)] + [(1, 2, s + 300, 128)] * 2,
                  lambda q, k, v: [kiln.ops.attention(q, k, v)], _decode_reference),
+    SymbolicCase("linear_f32", "matmul_simt", lambda s: [(2, s, 96), (80, 96)],
+                 lambda x, w: [kiln.ops.relu(kiln.ops.linear(x, w))], lambda x, w: [torch.relu(F.linear(x, w))],
+                 shared=(9, 11, 15), dtype="float32"),        # M = 2 * s in one bucket: `split_k.rank`'s ranking
+    SymbolicCase("linear_sm80", "matmul_tc", lambda s: [(2, s, 768), (512, 768)],
+                 lambda x, w: [kiln.ops.linear(x, w)], lambda x, w: [F.linear(x.float(), w.float())],
+                 shared=(9, 11, 15), arch=80),
+    SymbolicCase("conv_batch", "conv_sm90", lambda s: [(s, 9, 11, 64), (96, 3, 3, 64), (96,)],
+                 lambda x, w, b: [kiln.ops.relu(kiln.ops.conv2d_channels_last(x, w, b, padding=1))],
+                 lambda x, w, b: [torch.relu(_conv_reference(x, w, b))], shared=(3, 5, 7)),
+    SymbolicCase("conv_batch_sm80", "conv_tc", lambda s: [(s, 9, 11, 64), (96, 3, 3, 64), (96,)],
+                 lambda x, w, b: [kiln.ops.relu(kiln.ops.conv2d_channels_last(x, w, b, padding=1))],
+                 lambda x, w, b: [torch.relu(_conv_reference(x, w, b))], shared=(3, 5, 7), arch=80),
+    SymbolicCase("depthwise_batch", "conv_depthwise_nhwc", lambda s: [(s, 9, 11, 64), (64, 3, 3, 1)],
+                 lambda x, w: [kiln.ops.conv2d_channels_last(x, w, None, padding=1, groups=64)],
+                 lambda x, w: [_conv_reference(x, w, groups=64)], shared=(3, 5, 7)),
 ]

@@ -20,14 +20,17 @@ from tests.cuda.symbolic_cases import CASES
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
 ARCHS = ("sm_80", "sm_90")
+CANDIDATES = ("linear_bias_gelu", "symbolic_k", "gemv_scores", "attention_prefill", "attention_decode", "linear_f32",
+              "linear_sm80", "conv_batch", "conv_batch_sm80", "depthwise_batch")
 
 
-def _programs(graph) -> list:
-    """(the first template taking each node's task or None, the program `choose` renders)."""
+def _programs(graph, arch: int = 90) -> list:
+    """(the first template taking each node's task on a GPU of `arch` or None, the program
+    `choose` renders)."""
     out = []
     for node in graph.nodes:
-        found = schedules_for(node.task, "cuda", 90)
-        out.append((found[0] if found else None, choose(node.task, "cuda", 90)))
+        found = schedules_for(node.task, "cuda", arch)
+        out.append((found[0] if found else None, choose(node.task, "cuda", arch)))
     return out
 
 
@@ -39,7 +42,7 @@ def _compile(programs) -> None:
 @needs_nvrtc
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_one_source_serves_every_size_and_compiles(case):
-    chosen = {n: _programs(case.graph(n)) for n in case.shared}
+    chosen = {n: _programs(case.graph(n), case.arch) for n in case.shared}
     first = chosen[case.shared[0]]
     assert case.template in [t.name for t, _ in first if t is not None]
     for n, programs in chosen.items():
@@ -49,13 +52,14 @@ def test_one_source_serves_every_size_and_compiles(case):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("case", [c for c in CASES if c.name not in ("scores", "symbolic_batch")], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in CANDIDATES], ids=lambda c: c.name)
 def test_every_candidate_compiles_with_symbolic_sizes(case):
     """The level-1 space and suggestions of the case's template, rendered for a symbolic task
-    (split-K and split-KV included; gemm_sm90's with a symbolic M and a symbolic K)."""
+    (split-K and split-KV included), one case of each template (gemm_sm90's with a symbolic M
+    and a symbolic K)."""
     task = next(node.task for node in case.graph(case.shared[1]).nodes
-                if any(t.name == case.template for t in schedules_for(node.task, "cuda", 90)))
-    template = next(t for t in schedules_for(task, "cuda", 90) if t.name == case.template)
+                if any(t.name == case.template for t in schedules_for(node.task, "cuda", case.arch)))
+    template = next(t for t in schedules_for(task, "cuda", case.arch) if t.name == case.template)
     programs = [template.render(task, **knobs) for knobs in tuner.candidates(template, task, 132, 1)]
     assert all(p.sizes == (case.shared[1],) for p in programs)
     _compile(programs)
