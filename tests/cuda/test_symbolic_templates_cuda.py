@@ -61,50 +61,56 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def _builds(records) -> int:
-    return sum(r.getMessage().startswith("kernel cache miss") for r in records)
-
-
-@pytest.mark.cuda
-def test_gpt2_at_five_sequence_lengths_builds_kernels_at_the_first_only(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def builds(tmp_path, monkeypatch, caplog):
+    """The number of kernels built so far (log records "kernel cache miss" on logger "kiln"),
+    in an empty kernel cache; dynamo reset before and after, the random seed fixed."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     caplog.set_level(logging.INFO, logger="kiln")
     torch._dynamo.reset()
     torch.manual_seed(0)
+    yield lambda: sum(r.getMessage().startswith("kernel cache miss") for r in caplog.records)
+    torch._dynamo.reset()
+
+
+def _built_per_call(builds, calls) -> list[int]:
+    """The kernels each of `calls` (functions run in turn) built."""
+    built = []
+    for call in calls:
+        before = builds()
+        call()
+        built.append(builds() - before)
+    return built
+
+
+@pytest.mark.cuda
+def test_gpt2_at_five_sequence_lengths_builds_kernels_at_the_first_only(builds):
     model = GPT().cuda().half().eval()
     compiled = torch.compile(model, backend="kiln", dynamic=True)
-    built = []
-    with torch.no_grad():
-        for length in (9, 13, 21, 27, 33):
-            idx = torch.randint(0, 512, (2, length), device="cuda")
-            before = _builds(caplog.records)
+
+    def run(length):
+        idx = torch.randint(0, 512, (2, length), device="cuda")
+        with torch.no_grad():
             torch.testing.assert_close(compiled(idx).float(), model(idx).float(), **TOLERANCE)
-            built.append(_builds(caplog.records) - before)
-    torch._dynamo.reset()
+
+    built = _built_per_call(builds, [lambda n=n: run(n) for n in (9, 13, 21, 27, 33)])
     assert built[0] > 0 and built[1:] == [0, 0, 0, 0], built
 
 
 @pytest.mark.cuda
-def test_decoding_with_a_growing_kv_cache_builds_kernels_at_the_first_step_only(tmp_path, monkeypatch, caplog):
+def test_decoding_with_a_growing_kv_cache_builds_kernels_at_the_first_step_only(builds):
     """300 keys and more: the split-KV decode template, its length a kernel argument."""
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
-    caplog.set_level(logging.INFO, logger="kiln")
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     block = Block().cuda().half().eval()
     step = torch.compile(block, backend="kiln", dynamic=True)
-    k = torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.half)
-    v = torch.randn_like(k)
-    built = []
-    with torch.no_grad():
-        for _ in range(6):
-            x = torch.randn(2, 1, 128, device="cuda", dtype=torch.half)
-            before = _builds(caplog.records)
-            got = step(x, k, v)
-            want = block(x, k, v)
-            for g, w in zip(got, want):
-                torch.testing.assert_close(g.float(), w.float(), **TOLERANCE)
-            built.append(_builds(caplog.records) - before)
-            k, v = want[1], want[2]
-    torch._dynamo.reset()
+    cache = [torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.half) for _ in range(2)]
+
+    def run():
+        x = torch.randn(2, 1, 128, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            got, want = step(x, *cache), block(x, *cache)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.float(), w.float(), **TOLERANCE)
+        cache[:] = want[1:]
+
+    built = _built_per_call(builds, [run] * 6)
     assert built[0] > 0 and built[1:] == [0] * 5, built
