@@ -1,13 +1,16 @@
 """CUDA templates with symbolic sizes on a GPU (`cuda` marker): the contraction and attention
 graphs of `symbolic_cases` against PyTorch at odd sizes and 1 (whichever schedule takes each
 size); a GPT-2-like model under torch.compile(dynamic=True) at five sequence lengths, and a
-decode loop whose KV cache grows a key a step, building kernels at their first call only."""
+decode loop whose KV cache grows a key a step, building kernels at their first call only; a
+tuning winner serving the sizes of its bucket."""
 import logging
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kiln.schedule import BuildSettings
 
 from tests.cuda.symbolic_cases import CASES
 
@@ -114,3 +117,21 @@ def test_decoding_with_a_growing_kv_cache_builds_kernels_at_the_first_step_only(
 
     built = _built_per_call(builds, [run] * 6)
     assert built[0] > 0 and built[1:] == [0] * 5, built
+
+
+@pytest.mark.cuda
+def test_a_tuning_winner_serves_the_sizes_of_its_bucket(builds, caplog):
+    """Tuned at level 1 for s0 = 9 (M = 18), the linear takes the same winner at s0 = 13 (M = 26,
+    the same power-of-two bucket): no timing, no build."""
+    case = next(c for c in CASES if c.name == "linear_bias_gelu")
+
+    def run(n):
+        graph = case.graph(n)
+        graph.compile(BuildSettings(tune_level=1))
+        inputs = case.inputs(n)
+        for got, want in zip(graph(*inputs), case.reference(*inputs)):
+            torch.testing.assert_close(got.torch().float(), want, **TOLERANCE)
+
+    built = _built_per_call(builds, [lambda: run(9), lambda: run(13)])
+    tuned = [r for r in caplog.records if r.getMessage().startswith("tuned gemm_sm90")]
+    assert built[0] > 0 and built[1] == 0 and len(tuned) == 1, (built, len(tuned))
