@@ -34,11 +34,11 @@ from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
-from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select, SizeVar, Var, cast, select, walk
+from kiln.ir.expr import Cast, Check, Const, Expr, Load, Reduce, Select, Var, cast, select, walk
 from kiln.ir.index import unravel
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import linear_terms, simplify
-from kiln.ir.size import SymSize
+from kiln.ir.size import SymSize, scaled_variable
 
 
 @dataclass(frozen=True)
@@ -112,26 +112,6 @@ def strip_cast(e: Expr) -> Expr:
     return e.a if isinstance(e, Cast) else e
 
 
-def _scaled_variable(term: Expr) -> tuple[Var, int] | None:
-    """(v, c) where `term` is the index variable v times a product c of symbolic sizes (a
-    `SymSize`; 1 for v alone), else None."""
-    factors, stack = [], [term]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Binary) and e.op == "mul":
-            stack += [e.a, e.b]
-        else:
-            factors.append(e)
-    variables = [f for f in factors if isinstance(f, Var)]
-    if len(variables) != 1 or any(not isinstance(f, (Var, SizeVar)) for f in factors):
-        return None
-    scale = 1
-    for f in factors:
-        if isinstance(f, SizeVar):
-            scale = scale * SymSize.named(f.name, f.value)
-    return variables[0], scale
-
-
 def _offset_coefficients(load: Load) -> dict[int, tuple[Var, int]] | None:
     """{id(v): (v, c)} where the element `load` reads sits at sum(c * v) of its buffer, over the
     index variables v of extent > 1; None when its offset is no such sum with positive c (a
@@ -142,7 +122,7 @@ def _offset_coefficients(load: Load) -> dict[int, tuple[Var, int]] | None:
     for index, stride in zip(load.indices, row_major_strides(load.tensor.shape)):
         flat = flat + index * stride
     terms, const = linear_terms(simplify(flat))
-    scaled = [(_scaled_variable(t), k) for t, k in terms]
+    scaled = [(scaled_variable(t), k) for t, k in terms]
     if const or any(found is None or k <= 0 for found, k in scaled):
         return None
     coef: dict[int, tuple[Var, int]] = {}

@@ -26,11 +26,8 @@ The task is read by `attention_match.match_attention`: q, k and v straight from 
 (any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
 h // group for grouped-query attention), the mask through the core-rendered hook `kiln_mask`,
 and the output through the epilogue hooks, where fused epilogues go.
-
-Symbolic sizes (`Template.symbolic`: sequence lengths, a growing KV cache, a batch) are kernel
-arguments (`Attention.sizes`): LQ, LK, the block and tile counts derived from them, the batch
-and the strides are written over them, so one source serves every length whose knobs are the
-same (`suggest` buckets lengths by powers of two).
+Symbolic sizes (sequence lengths, a KV cache, a batch) are kernel arguments (`Attention.sizes`);
+`suggest` buckets them by powers of two, so the lengths of a bucket share one source.
 """
 from __future__ import annotations
 
