@@ -21,6 +21,13 @@ What the epilogue reads per output element at `m * row_stride + n` (a residual) 
 `EpilogueSource`: a template may copy its tiles into shared memory ahead of the epilogue (TMA)
 and read them there through `kiln_fetch2_staged`, instead of loading them from global memory
 while it stores.
+
+Symbolic sizes (`kiln.ir.size`): both matchers take tasks whose sizes are `SymSize`s and write
+every size through the match's `sizes` (`kiln.codegen.sizes.SizeArgs.of(task)`: the task's size
+variables, numbered before anything is rendered), whose parameters end the kernel parameter
+list (`params`, `args`); a template writes its own sizes with `text(size)` (a fixed size's
+digits, a symbolic one's expression over the parameters) and puts `sizes.values` in its
+program. An operand's strides, M, N, K and the batch dims are then `SymSize`s where they vary.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
+from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
@@ -35,6 +43,7 @@ from kiln.ir.expr import Cast, Check, Const, Expr, Load, Reduce, Select, Var, ca
 from kiln.ir.index import unravel
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import linear_terms, simplify
+from kiln.ir.size import SymSize, scaled_variable
 
 
 @dataclass(frozen=True)
@@ -80,14 +89,15 @@ class EpilogueSource:
 class EpilogueOutput:
     """What the epilogue hooks were rendered from, for a template that renders another form
     of them (`kiln.codegen.vector_epilogue`): the lowered task, its output, the kernel's
-    parameter declarations, `index_of(bvar, mvar, nvar)` (the output's axes by id) and the
-    bounds of (b, m, n)."""
+    parameter declarations, `index_of(bvar, mvar, nvar)` (the output's axes by id), the
+    bounds of (b, m, n) and the symbolic sizes."""
 
     lowered: Task
     out: object
     decl: tuple[str, ...]
     index_of: object
     extents: tuple[int, int, int]
+    sizes: SizeArgs | None = None
 
 
 @dataclass
@@ -102,9 +112,10 @@ class Contraction:
     b: Operand
     acc_dtype: DataType
     out_dtype: DataType
-    params: str             # the kernel's parameter list
+    params: str             # the kernel's parameter list: buffers, then sizes
     args: str               # the same names, to pass them on
     epilogue: str           # source of the kiln_epilogue and kiln_epilogue2 device functions
+    sizes: SizeArgs         # the symbolic sizes, the last parameters
     sources: tuple[EpilogueSource, ...] = ()
     output: EpilogueOutput | None = None
 
@@ -115,12 +126,16 @@ class Contraction:
             n *= s
         return n
 
+    def text(self, size) -> str:
+        """C text of a size of the contraction (see `kiln.codegen.sizes.SizeArgs.text`)."""
+        return self.sizes.text(size)
+
     def batch_offset(self, operand: Operand, flat: str) -> str:
         """C expression of `operand`'s offset for the flat batch index `flat`."""
         terms, inner = [], 1
         for size, stride in reversed(list(zip(self.batch, operand.batch_strides))):
             if stride and size > 1:
-                terms.append(f"(({flat}) / {inner} % {size}) * (int64_t){stride}")
+                terms.append(f"(({flat}) / {self.text(inner)} % {self.text(size)}) * (int64_t){self.text(stride)}")
             inner *= size
         return " + ".join(terms) or "0"
 
@@ -133,18 +148,20 @@ def strip_cast(e: Expr) -> Expr:
 def _offset_coefficients(load: Load) -> dict[int, tuple[Var, int]] | None:
     """{id(v): (v, c)} where the element `load` reads sits at sum(c * v) of its buffer, over the
     index variables v of extent > 1; None when its offset is no such sum with positive c (a
-    constant term, a product or quotient of variables). The offset is simplified whole, so a
-    reshape's (i // d) * d + i % d folds back into i."""
+    constant term, a product or quotient of variables). A coefficient that is a multiple of
+    symbolic sizes is a `SymSize`. The offset is simplified whole, so a reshape's
+    (i // d) * d + i % d folds back into i."""
     flat = Const(0, dtypes.int64)
     for index, stride in zip(load.indices, row_major_strides(load.tensor.shape)):
         flat = flat + index * stride
     terms, const = linear_terms(simplify(flat))
-    if const or any(not isinstance(t, Var) or k <= 0 for t, k in terms):
+    scaled = [(scaled_variable(t), k) for t, k in terms]
+    if const or any(found is None or k <= 0 for found, k in scaled):
         return None
     coef: dict[int, tuple[Var, int]] = {}
-    for t, k in terms:
+    for (t, scale), k in scaled:
         if t.extent != 1:
-            coef[id(t)] = (t, coef.get(id(t), (t, 0))[1] + k)
+            coef[id(t)] = (t, coef.get(id(t), (t, 0))[1] + k * scale)
     return coef
 
 
@@ -216,7 +233,8 @@ def match_contraction(task: Task) -> Contraction | None:
     operand = lambda load, c, stride: Operand(params[id(load.tensor)], load.tensor.dtype,
                                               tuple(c.get(id(v), (v, 0))[1] for v in batch), stride, c[id(k)][1])
     d = CudaDialect()
-    decl = KernelArgs.params(d, lowered.inputs, [out])
+    sizes = SizeArgs.of(task)
+    decl = KernelArgs.params(d, lowered.inputs, [out]) + sizes.declarations()
 
     def index_of(bvar, mvar, nvar):
         index = {id(a): Const(0, dtypes.int64) for a in out.axes}
@@ -228,10 +246,11 @@ def match_contraction(task: Task) -> Contraction | None:
     n_contiguous = bool(axes) and bool(n_chain) and n_chain[0][0] is axes[-1] and axes[-1] is out.axes[-1]
     extents = (_prod(v.extent for v in batch), M, N)
     sources = epilogue_sources(lowered, out, index_of, extents)
-    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sources)
+    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sizes, sources)
     return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
-                       r.dtype, out.dtype, ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), epilogue,
-                       sources, EpilogueOutput(lowered, out, tuple(decl), index_of, extents))
+                       r.dtype, out.dtype, ", ".join(decl),
+                       ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), epilogue, sizes,
+                       sources, EpilogueOutput(lowered, out, tuple(decl), index_of, extents, sizes))
 
 
 def unconditional_loads(value: Expr, row: Var) -> list[Load]:
@@ -303,13 +322,15 @@ def epilogue_sources(lowered, out, index_of, extents) -> tuple[EpilogueSource, .
 
 
 def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3,
-                    sources: tuple[EpilogueSource, ...] = ()) -> str:
+                    sizes: SizeArgs | None = None, sources: tuple[EpilogueSource, ...] = ()) -> str:
     """Device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
     with one packed store where n is the output's innermost, contiguous index and alignment
-    allows. `index_of(bvar, mvar, nvar)` maps the output's axes (by id) to expressions of them.
-    `extents` bound (b, m, n), so that the simplifier can fold an unravelled index back.
+    allows (a symbolic innermost extent is tested at run time). `index_of(bvar, mvar, nvar)`
+    maps the output's axes (by id) to expressions of them. `extents` bound (b, m, n), so that
+    the simplifier can fold an unravelled index back. Symbolic sizes are written through
+    `sizes`, whose parameters `decl` must already declare.
 
     The pair also comes in two halves, so that a template can have the loads of several rows
     in flight before it computes any of them: `kiln_fetch2(params, b, m, n, f)` loads what
@@ -338,7 +359,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     fetched = _row_loads(mvar, pair)
 
     def body(count: int, seeded: dict) -> list[str]:
-        em = Emitter(d, names, strides)
+        em = Emitter(d, names, strides, sizes=sizes)
         em.scopes[0].update(seeded)
         values, offsets = [], []
         for k in range(count):
@@ -350,19 +371,30 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
                 if any(sz > 1 for sz in out.shape) else 0
             offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
         size = out.dtype.nbytes
+        apart = [f"{out0}[{offsets[0]}] = {values[0]};", f"{out0}[{offsets[1]}] = {values[1]};"] if count == 2 else []
         if count == 1:
             em.line(f"{out0}[{offsets[0]}] = {values[0]};")
-        elif n_contiguous and N % 2 == 0 and size in (2, 4):
+        elif n_contiguous and (isinstance(N, SymSize) or N % 2 == 0) and size in (2, 4):
             word = "uint32_t" if size == 2 else "uint64_t"
             as_bits = (lambda v: f"(uint32_t)(uint16_t)({v})") if size == 2 else (lambda v: f"(uint64_t)__float_as_uint({v})") \
                 if out.dtype.is_float else (lambda v: f"(uint64_t)(uint32_t)({v})")
-            em.line(f"*({word}*)&{out0}[{offsets[0]}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});")
+            packed = f"*({word}*)&{out0}[{offsets[0]}] = {as_bits(values[0])} | ({as_bits(values[1])} << {size * 8});"
+            if isinstance(N, SymSize):      # other sizes of this source may be odd
+                em.open(f"if ({em.size(N)} % 2 == 0)")
+                em.line(packed)
+                em.close()
+                em.open("else")
+                for line in apart:
+                    em.line(line)
+                em.close()
+            else:
+                em.line(packed)
         else:
-            em.line(f"{out0}[{offsets[0]}] = {values[0]};")
-            em.line(f"{out0}[{offsets[1]}] = {values[1]};")
+            for line in apart:
+                em.line(line)
         return em.lines
 
-    fetch, prefetch = Emitter(d, names, strides), Emitter(d, names, strides)
+    fetch, prefetch = Emitter(d, names, strides, sizes=sizes), Emitter(d, names, strides, sizes=sizes)
     for k, load in enumerate(fetched):
         fetch.line(f"f.f{k} = {fetch.emit(load)};")
         if not any(x is nvars[1] for i in load.indices for x in walk(i)):
@@ -373,7 +405,7 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     staged = ""
     if sources:
         number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
-        em = Emitter(d, names, strides)
+        em = Emitter(d, names, strides, sizes=sizes)
         for k, load in enumerate(fetched):
             at = staged_at(load, mvar, nvars)
             source = None if at is None else number.get((names[id(load.tensor)], at[0]))
@@ -410,11 +442,16 @@ class HookedGemm:
     N: int
     K: int
     acc_dtype: DataType
-    params: str
+    params: str             # the kernel's parameter list: buffers, then sizes
     args: str
     hooks: str
+    sizes: SizeArgs         # the symbolic sizes, the last parameters
     sources: tuple[EpilogueSource, ...] = ()
     output: EpilogueOutput | None = None
+
+    def text(self, size) -> str:
+        """C text of a size of the GEMM (see `kiln.codegen.sizes.SizeArgs.text`)."""
+        return self.sizes.text(size)
 
 
 def variables_of(e: Expr) -> set[int]:
@@ -467,7 +504,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
     k_ext = [a.extent for a in r.axes]
     M, N, K = (_prod(m_ext), _prod(n_ext), _prod(k_ext))
     d = CudaDialect()
-    decl = KernelArgs.params(d, lowered.inputs, [out])
+    sizes = SizeArgs.of(task)
+    decl = KernelArgs.params(d, lowered.inputs, [out]) + sizes.declarations()
     names = KernelArgs.names(lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
     mvar, nvar, kvar = Var("m", M), Var("n", N), Var("k", K)
@@ -477,7 +515,8 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
             ("kiln_load_a", fa, m_axes, m_ext, mvar, "m, k"), ("kiln_load_b", fb, n_axes, n_ext, nvar, "k, n")):
         index = {**unravel_index(own_var, own_axes, own_ext), **k_index}
         value = simplify(cast(substitute(factor, index), r.dtype))
-        em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides)
+        em = Emitter(d, {**names, id(own_var): order[0] if own_var is mvar else "n", id(kvar): "k"}, strides,
+                     sizes=sizes)
         v = em.emit(value)
         loads.append(f"static __device__ __forceinline__ {d.value_type(r.dtype)} {name}({', '.join(decl)}, "
                      f"int64_t {order.split(', ')[0]}, int64_t {order.split(', ')[1]}) {{\n"
@@ -488,10 +527,10 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
     sources = epilogue_sources(lowered, out, index_of, (1, M, N))
-    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sources)
+    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sizes, sources)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join(KernelArgs.args(len(lowered.inputs))), hooks, sources,
-                      EpilogueOutput(lowered, out, tuple(decl), index_of, (1, M, N)))
+                      ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), hooks, sizes, sources,
+                      EpilogueOutput(lowered, out, tuple(decl), index_of, (1, M, N), sizes))
 
 
 def _prod(values) -> int:

@@ -4,14 +4,17 @@ A kernel built for a task with symbolic sizes (`kiln.ir.size`) by a schedule tha
 takes each size variable as an int64 parameter, and writes every size through it: the kernels
 of every size then have one source, built once. `SizeArgs` collects one program's parameters
 (each of its kernels declares those it reads: `used_in`), for its emitters (`kiln.codegen.emitter.Emitter(..., sizes=...)`) and for the schedule's own
-text (`text`: loop bounds, allocations, template macros).
+text (`text`: loop bounds, allocations, template macros). A template whose hooks are rendered
+before its own text takes `SizeArgs.of(task)`: every size variable of the task numbered up
+front, so the parameter list the hooks declare is already the whole program's.
 """
 from __future__ import annotations
 
 import re
 
 from kiln.codegen.emitter import KernelArgs
-from kiln.ir.expr import Const, Expr, SizeVar
+from kiln.ir.compute import Compute, Task
+from kiln.ir.expr import Const, Expr, SizeVar, walk
 from kiln.ir.opcodes import BinaryOp
 from kiln.ir.size import SymSize
 
@@ -26,6 +29,22 @@ class SizeArgs:
 
     def __init__(self):
         self._params: dict[tuple[str, int], str] = {}
+
+    @classmethod
+    def of(cls, task: Task) -> SizeArgs:
+        """The sizes of `task`, every size variable numbered: those of its tensors' shapes in
+        the order of `task.nodes()`, then those its expressions read."""
+        sizes = cls()
+        nodes = task.nodes()
+        for node in nodes:
+            for size in node.shape:
+                sizes.text(size)
+        for node in nodes:
+            if isinstance(node, Compute):
+                for e in walk(node.value):
+                    if isinstance(e, SizeVar):
+                        sizes.param(e)
+        return sizes
 
     def param(self, var: SizeVar) -> str:
         """The parameter holding `var`."""
@@ -57,6 +76,11 @@ class SizeArgs:
     @property
     def values(self) -> tuple[int, ...]:
         return tuple(value for _, value in self._params)
+
+    @property
+    def names(self) -> list[str]:
+        """The parameters' names, in order."""
+        return list(self._params.values())
 
     def declarations(self, names=None) -> list[str]:
         """The parameter declarations of the sizes (of `names` only, when given), in order."""

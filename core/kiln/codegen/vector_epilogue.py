@@ -73,13 +73,15 @@ def _store(base: str, offset: str, values: list[str], dtype) -> str:
     return f"__stwb((uint{len(words)}*)&{ref}, make_uint{len(words)}({', '.join(words)}));"
 
 
-def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1 << 62,) * 3,
+def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1 << 62,) * 3, sizes=None,
                            sources: tuple[EpilogueSource, ...] = ()) -> str:
     """The device function `kiln_epilogue_v(params, b, m, n, const ACC* acc)` (see the module
     docs) of output `out` of `lowered`, over kernel parameters `decl`. `index_of(bvar, mvar,
     nvar)` maps the output's axes (by id) to expressions of them; `extents` bound (b, m, n).
-    The program must ask for pointers aligned to the packs (`CudaProgram.alignment`). Raises
-    ValueError where the output does not qualify (`vector_stores`)."""
+    Symbolic sizes are written through `sizes` (a `kiln.codegen.sizes.SizeArgs` whose
+    parameters `decl` declares). The program must ask for pointers aligned to the packs
+    (`CudaProgram.alignment`). Raises ValueError where the output does not qualify
+    (`vector_stores`)."""
     d = CudaDialect()
     bvar, mvar, nvar = _variables(extents)
     index = index_of(bvar, mvar, nvar)
@@ -88,7 +90,7 @@ def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1
     names = KernelArgs.names(lowered.inputs)
     names.update({id(bvar): "b", id(mvar): "m", id(nvar): "n"})
     strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
-    em = Emitter(d, names, strides)
+    em = Emitter(d, names, strides, sizes=sizes)
     first = simplify(substitute(out.value, index))
     shifted = [first] + [simplify(substitute(first, {id(nvar): nvar + k})) for k in range(1, vector)]
     number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}

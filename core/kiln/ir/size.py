@@ -23,7 +23,7 @@ import operator
 from typing import Iterable
 
 from kiln import dtypes
-from kiln.ir.expr import Binary, Const, Expr, SizeVar
+from kiln.ir.expr import Binary, Const, Expr, SizeVar, Var
 from kiln.ir.opcodes import BinaryOp
 
 # A polynomial: ((monomial, coefficient), ...) sorted, without zero coefficients; a monomial
@@ -225,6 +225,22 @@ def _expr_of(p: tuple) -> Expr:
             term = Binary(BinaryOp.MUL, term, Const(coef, dtypes.int64), dtypes.int64)
         out = term if out is None else Binary(BinaryOp.ADD, out, term, dtypes.int64)
     return out if out is not None else Const(0, dtypes.int64)
+
+
+def scaled_variable(term: Expr) -> tuple[Var, int] | None:
+    """(v, c) where the expression `term` is the index variable v times a product c of
+    symbolic sizes (c a `SymSize` computing that product; 1 for v alone), else None."""
+    factors, stack = [], [term]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Binary) and e.op == BinaryOp.MUL:
+            stack += [e.a, e.b]
+        else:
+            factors.append(e)
+    variables = [f for f in factors if isinstance(f, Var)]
+    if len(variables) != 1 or any(not isinstance(f, (Var, SizeVar)) for f in factors):
+        return None
+    return variables[0], math.prod((SymSize.named(f.name, f.value) for f in factors if isinstance(f, SizeVar)), start=1)
 
 
 def as_dim(size) -> int:

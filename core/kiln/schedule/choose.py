@@ -54,7 +54,8 @@ class Template:
     `space(level)`. CPU templates are not timed: they run with their level-0 knobs.
     `symbolic` says that `applies` and `render` take tasks with symbolic sizes
     (`kiln.ir.size.SymSize` shapes, `SizeVar`s in expressions) and render kernels that take
-    the sizes as arguments (`kiln.codegen.emitter.SizeArgs`); other templates get the task
+    the sizes as arguments (`kiln.codegen.sizes.SizeArgs`), its `suggest` choosing alike for
+    the sizes of a bucket so that they share one source; other templates get the task
     specialized to its sizes (`kiln.ir.specialize`), unless `fixed_sizes_only`: such a template
     is not asked about a task with symbolic sizes at all, which then goes to the schedules that
     build once for every size (where a kernel built per size would cost more than it saves).

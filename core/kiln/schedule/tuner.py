@@ -5,7 +5,9 @@ tile size and split-K from M, N, K and the SM count; `Template.suggest`), or its
 it suggests nothing. At levels 1 and 2 the template's space and its first SUGGESTED[level]
 suggestions are compiled in parallel (NVRTC threads), loaded, and timed with CUDA events on
 fresh random inputs; the winner is cached on disk per task, template sources and GPU model, so
-a second process does not tune again.
+a second process does not tune again. A task with symbolic sizes is keyed by its candidates'
+sources alone, which a symbolic template renders alike for every size of a bucket (its
+`suggest` buckets sizes): the winner timed at one size serves its bucket.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from kiln.device import Device
 from kiln.ir.compute import Task
+from kiln.ir.specialize import has_symbolic_sizes
 from kiln.log import logger
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import backend_for
@@ -90,7 +93,8 @@ def tune(task: Task, template, device: Device, level: int) -> dict:
     if len(space) == 1:
         return space[0]
     programs = [template.render(task, **knobs) for knobs in space]
-    key = content_key("tune", template.name, repr(task), repr(sorted(task.attrs.items())), info["name"],
+    shapes = "symbolic" if has_symbolic_sizes(task) else repr(task)
+    key = content_key("tune", template.name, shapes, repr(sorted(task.attrs.items())), info["name"],
                       rt.nvrtc_version(), *(p.source for p in programs))
     record = _record_path(key)
     try:

@@ -28,6 +28,8 @@ temporaries for its `kiln_attention_combine`.
 The task is read as `attention_flash` reads it (`attention_match.match_attention`): q, k and v
 through their strides, the mask through the core-rendered `kiln_mask`, the output through the
 epilogue hooks. A fully masked row keeps sum 0 and gets zeros, as the operator defines.
+Symbolic sizes are kernel arguments as in `attention_flash`: a KV cache growing by a key a step
+keeps one source within a power-of-two bucket of its length (`suggest`).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from kiln.schedule import Template
 from kiln_ops_builtin.templates.attention_flash import (DEVICE, HEAD_DIMS, MAX_SMEM, PAD, operand_defines,
                                                         split_kv)
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
+from kiln_ops_builtin.templates.split_k import bucket
 
 MAX_QUERIES = 16
 MIN_KEYS = 256
@@ -71,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
         kiln_cp_async16(Qs + row * LDS + c * 8, src, ok ? 16 : 0);
     }
     auto load_keys = [&](int stage, int n0) {
-        kiln_load_keys<KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid);
+        kiln_load_keys<KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid, ARGS);
     };
     if (t0 < t1) load_keys(0, t0 * KT);
     kiln_cp_async_commit();
@@ -183,16 +186,18 @@ def suggest(task, sm_count: int) -> list[dict]:
     """Rows packed into one row block where they fit (up to 128 rows on four row warps), keys
     64 a tile over the remaining warps; the keys split so that the grid fills the CTAs the GPU
     holds at once (by shared memory) with each share at least two tiles and none empty
-    (`COMBINE` merges the shares); then `space(1)`."""
+    (`COMBINE` merges the shares); then `space(1)`. Symbolic sizes count as their bucket
+    (`split_k.bucket`), so that the lengths of a bucket share one source."""
     a = match_attention(task)
-    rows = a.group * a.Lq
+    Lq, batch = bucket(a.Lq), bucket(a.batch_count)
+    rows = a.group * Lq
     mt, wr = (1, 1) if rows <= 16 else (2, 1) if rows <= 32 else (2, 2) if rows <= 64 else (2, 4)
     nw = 4
     bn = 64 // (nw // wr)
     knobs = _k(bn, nw, mt, wr)
     resident = sm_count * max(1, SM_SMEM // (smem_bytes(knobs, a.D) + CTA_RESERVED_SMEM))
-    ctas = a.batch_count // a.group * -(-rows // (wr * mt * 16))
-    tiles = -(-_keys(a) // 64)
+    ctas = batch // a.group * -(-rows // (wr * mt * 16))
+    tiles = -(-bucket(_keys(a)) // 64)
     split = max(1, min(resident // ctas, tiles // 2))
     split = -(-tiles // -(-tiles // split))
     first = _k(bn, nw, mt, wr, split)
@@ -209,12 +214,13 @@ def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
                          f"16-row tiles x key warps of BN keys, a multiple of 16; at most {MAX_SMEM} bytes of "
                          f"shared memory; SPLIT >= 1)")
     rows, row_block, wk = a.group * a.Lq, WR * MT * 16, NW // WR
-    row_blocks, kt = -(-rows // row_block), wk * BN
+    row_blocks, kt = (rows + row_block - 1) // row_block, wk * BN
     args, kernels, temporaries, params, launches = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params, []
     defines = {
         **operand_defines(a, "qbh", "kbh"), "BN": BN, "NW": NW, "NT": NW * 32, "MT": MT, "WR": WR, "WK": wk,
-        "KT": kt, "ROW_BLOCK": row_block, "ROW_BLOCKS": row_blocks, "QUERY_ROWS": rows, "GROUP": a.group,
-        "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-_keys(a) // kt)) // SPLIT),
+        "KT": kt, "ROW_BLOCK": row_block, "ROW_BLOCKS": a.int_text(row_blocks), "QUERY_ROWS": a.int_text(rows),
+        "GROUP": a.group, "SPLIT": SPLIT,
+        "TILES_PER_SPLIT": a.int_text(((_keys(a) + kt - 1) // kt + SPLIT - 1) // SPLIT),
         "QUERY_BH(bh, r)": "((bh) * GROUP + (r) / LQ)", "QUERY_I(r)": "((r) % LQ)",
         "QUERY_OK(r)": "((r) < QUERY_ROWS)",
     }
@@ -226,11 +232,11 @@ def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
         launches.append(sk.combine)
     defines["KERNEL_PARAMS"] = params
     source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    blocks = SPLIT * row_blocks * (a.batch_count // a.group)
+    blocks = int(SPLIT * row_blocks * (a.batch_count // a.group))
     launches.insert(0, Launch("kiln_attention_decode", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=smem_bytes(knobs, a.D)))
-    return CudaProgram(source, launches, temporaries, alignment=16)
+    return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values)
 
 
 TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=20, applies=applies, space=space,
-                    suggest=suggest, reads_views=True)
+                    suggest=suggest, reads_views=True, symbolic=True)

@@ -26,6 +26,8 @@ The task is read by `attention_match.match_attention`: q, k and v straight from 
 (any strides of whole 16-byte chunks, so a [B, L, H, D] view needs no copy; key/value head
 h // group for grouped-query attention), the mask through the core-rendered hook `kiln_mask`,
 and the output through the epilogue hooks, where fused epilogues go.
+Symbolic sizes (sequence lengths, a KV cache, a batch) are kernel arguments (`Attention.sizes`);
+`suggest` buckets them by powers of two, so the lengths of a bucket share one source.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.schedule import Template
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
+from kiln_ops_builtin.templates.split_k import bucket
 
 MAX_SMEM = 227 * 1024
 HEAD_DIMS = (64, 80, 96, 128)
@@ -76,10 +79,10 @@ static __device__ __forceinline__ void kiln_load_rows(uint16_t* dst, const uint1
 }
 
 // Keys n0 .. n0 + ROWS of K and V (rows at K_RS, V_RS) into the tiles `ks` and `vs`, rows past LK
-// zero-filled.
+// zero-filled (PARAMS: the kernel's, which the sizes may read).
 template <int ROWS>
 static __device__ __forceinline__ void kiln_load_keys(uint16_t* ks, uint16_t* vs, const uint16_t* K, const uint16_t* V,
-                                                      int n0, int tid) {
+                                                      int n0, int tid, PARAMS) {
     if (n0 + ROWS <= LK) {
         kiln_load_rows<ROWS, false>(ks, K + n0 * K_RS, K_RS, ROWS, tid);
         kiln_load_rows<ROWS, false>(vs, V + n0 * V_RS, V_RS, ROWS, tid);
@@ -264,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PAR
     if (m0 + BM <= LQ) kiln_load_rows<BM, false>(Qs, Q + m0 * Q_RS, Q_RS, BM, tid);
     else kiln_load_rows<BM, true>(Qs, Q + m0 * Q_RS, Q_RS, LQ - m0, tid);
     auto load_keys = [&](int stage, int n0) {
-        kiln_load_keys<BN>(Ks + stage * BN * LDS, Vs + stage * BN * LDS, K, V, n0, tid);
+        kiln_load_keys<BN>(Ks + stage * BN * LDS, Vs + stage * BN * LDS, K, V, n0, tid, ARGS);
     };
     if (t0 < t1) load_keys(0, t0 * BN);
     kiln_cp_async_commit();
@@ -350,10 +353,10 @@ def split_kv(a: Attention, split: int, params: str, args: tuple) -> SplitKV:
     maximum and the sum, and `kiln_attention_combine` stores the merged rows through the
     epilogue hooks."""
     part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
-    rows = (split, a.batch_count, a.Lq)
+    rows = (split, int(a.batch_count), int(a.Lq))
     temporaries = [(rows + (a.D,), dtypes.float32), (rows + (2,), dtypes.float32)]
     args = args + (part, stats)
-    combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=a.batch_count * a.Lq * a.D // 2,
+    combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=int(a.batch_count * a.Lq * a.D // 2),
                      per_block=256, waves=8)
     return SplitKV(params + f", float* __restrict__ {part}, float* __restrict__ {stats}", args, temporaries,
                    {"PART": part, "STATS": stats}, [COMBINE], combine)
@@ -366,15 +369,15 @@ def operand_defines(a: Attention, q_flat: str, kv_flat: str) -> dict:
     named `q_flat`, K_BASE and V_BASE for `kv_flat`) and row strides, and the MMA and packing
     wrappers of the dtype."""
     return {
-        "D": a.D, "LDS": a.D + PAD, "LQ": a.Lq, "LK": a.Lk, "BATCH": a.batch_count, "CAUSAL": int(a.causal),
+        "D": a.D, "LDS": a.D + PAD, "LQ": a.int_text(a.Lq), "LK": a.int_text(a.Lk), "BATCH": a.text(a.batch_count),
+        "CAUSAL": int(a.causal),
         "HAS_MASK": int(a.mask is not None), "MASK_BOOL": int(a.mask == "bool"),
         "RAW_MAX": int(a.scale > 0 and a.mask != "float"),
         "SCALE_LOG2": f"{a.scale * math.log2(math.e)!r}f", "PARAMS": a.params, "ARGS": a.args,
         "Q_PARAM": a.q.param, "K_PARAM": a.k.param, "V_PARAM": a.v.param,
-        "Q_BASE": a.q.base(a.batch, a.group, q_flat), "K_BASE": a.k.base(a.batch, a.group, kv_flat),
-        "V_BASE": a.v.base(a.batch, a.group, kv_flat),
-        "Q_RS": f"(int64_t){a.q.row_stride}", "K_RS": f"(int64_t){a.k.row_stride}",
-        "V_RS": f"(int64_t){a.v.row_stride}",
+        "Q_BASE": a.base(a.q, q_flat), "K_BASE": a.base(a.k, kv_flat), "V_BASE": a.base(a.v, kv_flat),
+        "Q_RS": f"(int64_t){a.text(a.q.row_stride)}", "K_RS": f"(int64_t){a.text(a.k.row_stride)}",
+        "V_RS": f"(int64_t){a.text(a.v.row_stride)}",
         "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
     }
 
@@ -418,13 +421,15 @@ def suggest(task, sm_count: int) -> list[dict]:
     """Level 0 by shape. Decoding (at most 16 queries, at least 16 key tiles) splits the keys
     over enough CTAs for eight a multiprocessor, each at least four tiles (`COMBINE` merges the
     shares); 64-query blocks on four warps for at most 64 queries or where 128-query blocks
-    would not fill the GPU (short sequences); else `space(0)`'s."""
+    would not fill the GPU (short sequences); else `space(0)`'s. Symbolic sizes count as their
+    bucket (`split_k.bucket`), so that the sizes of a bucket share one source."""
     a = match_attention(task)
-    tiles = -(-a.Lk // 64)
-    if a.Lq <= 16 and tiles >= 16:
-        split = min(-(-8 * sm_count // a.batch_count), tiles // 4)
+    Lq, Lk, batch = (bucket(x) for x in (a.Lq, a.Lk, a.batch_count))
+    tiles = -(-Lk // 64)
+    if Lq <= 16 and tiles >= 16:
+        split = min(-(-8 * sm_count // batch), tiles // 4)
         return [_k(64, 64, 4, split)]
-    if a.Lq <= 64 or -(-a.Lq // 128) * a.batch_count < sm_count:
+    if Lq <= 64 or -(-Lq // 128) * batch < sm_count:
         return [_k(64, 64, 4)]
     return space(0)
 
@@ -435,11 +440,12 @@ def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
     if not valid(knobs):
         raise ValueError(f"attention_flash: invalid knobs {knobs} (BM = NW warps x 16 or 32 rows, BN a multiple "
                          f"of 16, at most {MAX_SMEM} bytes of shared memory, SPLIT >= 1)")
-    m_blocks = -(-a.Lq // BM)
+    m_blocks = (a.Lq + BM - 1) // BM
     args, kernels, temporaries, params, launches = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params, []
     defines = {
         **operand_defines(a, "bh", "bh"), "BM": BM, "BN": BN, "NW": NW, "NT": NW * 32, "MT": BM // (16 * NW),
-        "M_BLOCKS": m_blocks, "SPLIT": SPLIT, "TILES_PER_SPLIT": -(-(-(-a.Lk // BN)) // SPLIT),
+        "M_BLOCKS": a.int_text(m_blocks), "SPLIT": SPLIT,
+        "TILES_PER_SPLIT": a.int_text(((a.Lk + BN - 1) // BN + SPLIT - 1) // SPLIT),
         "QUERY_BH(bh, r)": "(bh)", "QUERY_I(r)": "(r)", "QUERY_OK(r)": "((r) < LQ)",
     }
     if SPLIT > 1:
@@ -450,11 +456,11 @@ def render(task, BM, BN, NW, SPLIT=1) -> CudaProgram:
         launches.append(sk.combine)
     defines["KERNEL_PARAMS"] = params
     source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    blocks = SPLIT * m_blocks * a.batch_count
+    blocks = int(SPLIT * m_blocks * a.batch_count)
     launches.insert(0, Launch("kiln_attention_flash", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=smem_bytes(knobs, a.D)))
-    return CudaProgram(source, launches, temporaries, alignment=16)
+    return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values)
 
 
 TEMPLATE = Template("attention_flash", ("attention",), "cuda", render, priority=10, applies=applies, space=space,
-                    suggest=suggest, reads_views=True)
+                    suggest=suggest, reads_views=True, symbolic=True)

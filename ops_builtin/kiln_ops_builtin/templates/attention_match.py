@@ -21,6 +21,12 @@ output element `select(total == 0, 0, sum_j exp(S - shift) * v[.., j, e] / total
 It returns None for anything else (an operand computed by a fused prologue, strides that are
 not whole 16-byte chunks on a GPU, an epilogue that splits the value column or computes with
 its neighbours), and the auto-scheduler keeps the semantics.
+
+Symbolic sizes (`kiln.ir.size.SymSize`: a sequence length, a KV cache's length, a batch) are
+kernel arguments: the hooks and `Strided.base` write them through `Attention.sizes`
+(`kiln.codegen.sizes.SizeArgs.of(task)`), whose parameters end `params` and `args`; Lq, Lk,
+the batch dims and the strides are then `SymSize`s, which a template writes with `text` (or
+`int_text` where its kernel computes with ints).
 """
 from __future__ import annotations
 
@@ -32,11 +38,13 @@ from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.hooks import render_epilogue, unravel_index
+from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, TensorInput, Unary, Var, rewrite
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify
 from kiln.ir.expr import walk
+from kiln.ir.size import SymSize
 
 from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row
 
@@ -54,15 +62,16 @@ class Strided:
     row_stride: int
     offset: int
 
-    def base(self, batch: tuple[int, ...], group: int, flat: str) -> str:
-        """C expression of the element offset of row 0, column 0 for the flat batch index `flat`."""
-        terms, inner = [str(self.offset)] if self.offset else [], 1
+    def base(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> str:
+        """C expression of the element offset of row 0, column 0 for the flat batch index `flat`,
+        sizes written by `text` (`Attention.text` for symbolic ones)."""
+        terms, inner = [text(self.offset)] if self.offset else [], 1
         for k in reversed(range(len(batch))):
-            coordinate = f"(({flat}) / {inner} % {batch[k]})"
+            coordinate = f"(({flat}) / {text(inner)} % {text(batch[k])})"
             if self.coef.get(f"b{k}") and batch[k] > 1:
-                terms.append(f"{coordinate} * (int64_t){self.coef[f'b{k}']}")
+                terms.append(f"{coordinate} * (int64_t){text(self.coef[f'b{k}'])}")
             if k == len(batch) - 1 and self.coef.get("hkv") and batch[k] > 1:
-                terms.append(f"({coordinate} / {group}) * (int64_t){self.coef['hkv']}")
+                terms.append(f"({coordinate} / {group}) * (int64_t){text(self.coef['hkv'])}")
             inner *= batch[k]
         return " + ".join(terms) or "0"
 
@@ -84,13 +93,27 @@ class Attention:
     scale: float
     causal: bool
     mask: str | None            # None, "bool" or "float"
-    params: str
+    params: str                 # buffers, then sizes
     args: str
     hooks: str                  # kiln_mask (with a mask), kiln_epilogue, kiln_epilogue2
+    sizes: SizeArgs
 
     @property
     def batch_count(self) -> int:
         return math.prod(self.batch)
+
+    def text(self, size) -> str:
+        """C text of a size (an int64 expression of the size parameters where symbolic)."""
+        return self.sizes.text(size)
+
+    def int_text(self, size) -> str:
+        """C text of a size as an int: a symbolic size's expression cast to int (a length
+        the kernel counts in ints, as it would a literal)."""
+        return f"((int){self.sizes.text(size)})" if isinstance(size, SymSize) else str(int(size))
+
+    def base(self, operand: Strided, flat: str) -> str:
+        """`operand`'s `Strided.base` for the flat batch index `flat`."""
+        return operand.base(self.batch, self.group, flat, self.text)
 
 
 def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dict | None:
@@ -300,10 +323,11 @@ def match_attention(task, target: str = "cuda") -> Attention | None:
         return None
     D = dot.axes[0].extent
     d = CudaDialect() if target == "cuda" else CDialect()
-    decl = KernelArgs.params(d, lowered.inputs, [out])
+    sizes = SizeArgs.of(task)
+    decl = KernelArgs.params(d, lowered.inputs, [out]) + sizes.declarations()
     hooks = ""
     if mask is not None:
-        hooks = _mask_hook(mask, scores, decl, lowered, d)
+        hooks = _mask_hook(mask, scores, decl, lowered, d, sizes)
     plain = Compute(out.name, out.axes, rewrite(out.value, pre=lambda e: element.b.a if e is element else None))
 
     def index_of(bvar, mvar, nvar):
@@ -311,23 +335,23 @@ def match_attention(task, target: str = "cuda") -> Attention | None:
         return {k: simplify(substitute(e, at)) for k, e in to_out.items()}
 
     if target == "cuda":
-        hooks += render_epilogue(lowered, plain, decl, index_of, neighbours)
+        hooks += render_epilogue(lowered, plain, decl, index_of, neighbours, sizes=sizes)
     else:
         bvar, mvar, nvar = Var("b", math.prod(batch)), Var("m", Lq), Var("n", Dv)
         hooks += render_epilogue_row(lowered, plain, index_of(bvar, mvar, nvar),
-                                     {id(bvar): "b", id(mvar): "m", id(nvar): "n"}, ", ".join(decl))
+                                     {id(bvar): "b", id(mvar): "m", id(nvar): "n"}, ", ".join(decl), sizes)
     return Attention(q.dtype, batch, group, Lq, Lk, D, Dv, q, k, v, scale, bool(task.attrs.get("is_causal")), kind,
-                     ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs))), hooks)
+                     ", ".join(decl), ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), hooks, sizes)
 
 
-def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered, d) -> str:
+def _mask_hook(mask: Expr, scores: Compute, decl: list[str], lowered, d, sizes: SizeArgs) -> str:
     """`kiln_mask(params, b, i, j)` in dialect `d`: the mask's value at the scores' flat batch b,
     row i, column j."""
     bvar, ivar, jvar = Var("b", 1 << 62), Var("i", 1 << 62), Var("j", 1 << 62)
     index = {**unravel_index(bvar, scores.axes[:-2], scores.shape[:-2]), id(scores.axes[-2]): ivar,
              id(scores.axes[-1]): jvar}
     names = {**KernelArgs.names(lowered.inputs), id(bvar): "b", id(ivar): "i", id(jvar): "j"}
-    em = Emitter(d, names, {id(t): row_major_strides(t.shape) for t in lowered.inputs})
+    em = Emitter(d, names, {id(t): row_major_strides(t.shape) for t in lowered.inputs}, sizes=sizes)
     value = em.emit(simplify(substitute(mask, index)))
     head = "static __device__ __forceinline__" if isinstance(d, CudaDialect) else "static inline"
     return (f"{head} {d.value_type(mask.dtype)} kiln_mask({', '.join(decl)}, "

@@ -26,18 +26,25 @@ that G divides).
 Declines: kernels over MAX_KERNEL, strides other than 1 and 2, a channel multiplier (more output
 than input channels), G that divides no vector width, float64, an epilogue that permutes the
 output (its innermost index must be the channel), operands that are not plain loads.
+
+Symbolic sizes (`Template.symbolic`): the kernel never reads the batch (the grid covers it), so
+a symbolic batch keeps one source, any size the epilogue reads being a kernel argument
+(`kiln.codegen.sizes.SizeArgs.of(task)`); the geometry is written as numbers, so a symbolic
+height or width gives each size its own source.
 """
 from __future__ import annotations
 
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
 from kiln.codegen.emitter import KernelArgs
+from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.hooks import unravel_index
 from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.ir.inline import inline_task
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.schedule import Template
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
+from kiln_ops_builtin.templates.split_k import bucket
 
 PACK_BYTES = 16
 MAX_KERNEL = 7
@@ -233,9 +240,8 @@ def space(level: int) -> list[dict]:
     return out
 
 
-def _blocks(conv: ConvNHWC, knobs: dict) -> int:
-    return (conv.batch * -(-conv.out_h // knobs["TH"]) * -(-conv.out_w // knobs["TW"])
-            * -(-conv.channels // knobs["CB"]))
+def _blocks(conv: ConvNHWC, knobs: dict, batch: int) -> int:
+    return batch * -(-conv.out_h // knobs["TH"]) * -(-conv.out_w // knobs["TW"]) * -(-conv.channels // knobs["CB"])
 
 
 def _balanced(total: int, most: int) -> int:
@@ -249,17 +255,19 @@ def suggest(task, sm_count: int) -> list[dict]:
     memory), split evenly; pixels a thread (2, 4 for 5- and 7-wide filters) halved while the
     grid would have fewer than WANTED_WARPS warps a multiprocessor (a small layer at batch 1
     wants threads more than reuse); rows cut into even tiles of up to 8 threads, rows up to
-    128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors."""
+    128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors.
+    A symbolic batch counts as its bucket (`split_k.bucket`), so that the batches of a bucket
+    share one source."""
     conv = match_conv_nhwc(task)
-    v = vector_width(conv)
+    v, batch = vector_width(conv), bucket(conv.batch)
     CB = _balanced(-(-conv.channels // v), (32 if conv.kw >= 5 else 64) // v) * v
     PX = 4 if conv.kw >= 5 else 2
-    packs = conv.batch * conv.out_h * -(-conv.channels // v)
+    packs = batch * conv.out_h * -(-conv.channels // v)
     while PX > 1 and packs * -(-conv.out_w // PX) < WANTED_WARPS * 32 * sm_count:
         PX //= 2
     TX = _balanced(-(-conv.out_w // PX), 8)
     TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
-    while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH)) < sm_count:
+    while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH), batch) < sm_count:
         TH = _balanced(conv.out_h, TH // 2)
     fitted = _fit(conv, CB, PX, TX, TH)
     first = {k: fitted[k] for k in DEFAULT}
@@ -272,9 +280,10 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
     v, d = vector_width(conv), CudaDialect()
     lowered = inline_task(task)
     out = lowered.outputs[0]
-    decl = KernelArgs.params(d, lowered.inputs, [out])
-    args = KernelArgs.args(len(lowered.inputs))
-    epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv))
+    sizes = SizeArgs.of(task)
+    decl = KernelArgs.params(d, lowered.inputs, [out]) + sizes.declarations()
+    args = KernelArgs.args(len(lowered.inputs)) + sizes.names
+    epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv), sizes)
     tiles_y, tiles_x = -(-conv.out_h // k["TH"]), -(-conv.out_w // k["TW"])
     group = conv.channels // conv.groups
     defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": group,
@@ -286,10 +295,11 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "X": conv.x,
                "WT": conv.weight, "LOAD(v)": d.load(conv.dtype, "(v)"), "PARAMS": ", ".join(decl),
                "ARGS": ", ".join(args)}
-    grid = (conv.batch * tiles_y * tiles_x, -(-conv.channels // k["CB"]), 1)
+    grid = (int(conv.batch * tiles_y * tiles_x), -(-conv.channels // k["CB"]), 1)
     launch = Launch("kiln_conv_depthwise_nhwc", tuple(args), (k["NT"], 1, 1), grid=grid, smem=k["smem"])
-    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch], alignment=PACK_BYTES)
+    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch], alignment=PACK_BYTES,
+                       sizes=sizes.values)
 
 
 TEMPLATE = Template("conv_depthwise_nhwc", ("conv2d_channels_last",), "cuda", render, priority=20, applies=applies,
-                    space=space, suggest=suggest)
+                    space=space, suggest=suggest, symbolic=True)

@@ -18,6 +18,10 @@ unpadded convolution is a plain GEMM: x viewed as [pixels, channels] comes by TM
 Declines (conv_tc takes over): groups other than 1 (conv_depthwise_nhwc's), channels not a
 multiple of 8, operands that are not plain loads (a fused prologue),
 other dtypes, inputs of 2^31 elements or more.
+
+Symbolic sizes (`Template.symbolic`): a symbolic batch (so M) is a kernel argument
+(`HookedGemm.sizes`), the gathered rows bounded by it at run time; the window geometry is
+written as numbers, so a symbolic height or width gives each size its own source.
 """
 from __future__ import annotations
 
@@ -37,14 +41,14 @@ PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer threa
 
 GATHER_FUNCTIONS = r"""
 // the window's top-left pixel offset and its (y, x), packed as y * 65536 + (x & 0xFFFF), of the
-// rows r0 + 16 i of the tile at m0 (rows past M: far out of bounds)
-static __device__ __forceinline__ void kiln_conv_rows(int64_t m0, int r0, int* pix, int* yx) {
+// rows r0 + 16 i of the tile at m0 (rows past the M = `rows` pixels: far out of bounds)
+static __device__ __forceinline__ void kiln_conv_rows(int64_t m0, int64_t rows, int r0, int* pix, int* yx) {
 #pragma unroll
     for (int i = 0; i < RPT; ++i) {
         const int m = (int)m0 + r0 + 16 * i, b = m / (CV_OH * CV_OW), p = m - b * (CV_OH * CV_OW);
         const int oy = p / CV_OW, ox = p - oy * CV_OW, iy = oy * CV_SH - CV_PH, ix = ox * CV_SW - CV_PW;
         pix[i] = ((b * CV_H + iy) * CV_W + ix) * CV_C;
-        yx[i] = m < M ? iy * 65536 + (ix & 0xFFFF) : (int)0x80008000;
+        yx[i] = m < rows ? iy * 65536 + (ix & 0xFFFF) : (int)0x80008000;
     }
 }
 // 16-byte column j (eight channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
@@ -62,7 +66,7 @@ static __device__ __forceinline__ void kiln_conv_gather(const uint16_t* x, uint1
     }
 }
 """
-TILE_SETUP = "const int j = tid % 8, r0 = tid / 8; int pix[RPT], yx[RPT]; kiln_conv_rows(m0, r0, pix, yx);"
+TILE_SETUP = "const int j = tid % 8, r0 = tid / 8; int pix[RPT], yx[RPT]; kiln_conv_rows(m0, M, r0, pix, yx);"
 GATHER = "kiln_conv_gather(CV_X, as, k0, j, r0, pix, yx); kiln_bar_arrive_cp_async(&full[stage]);"
 
 
@@ -71,7 +75,7 @@ def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
     weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (BK, bn))
     load_b = "kiln_tma_2d(bs, &tmB, &full[stage], k0, (int)n0);"
     if conv.is_gemm:
-        x = TensorMapArg(conv.x, conv.dtype, (conv.channels, conv.gemm.M), (1, conv.channels), (BK, bm))
+        x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (BK, bm))
         return Producer({"A": x, "B": weight}, "kiln_tma_2d(as, &tmA, &full[stage], k0, (int)m0); " + load_b,
                         (bm + bn) * BK * 2)
     geometry = {"CV_X": conv.x, "CV_H": conv.height, "CV_W": conv.width, "CV_C": conv.channels, "CV_KW": conv.kw,
@@ -114,9 +118,11 @@ def suggest(task, sm_count: int) -> list[dict]:
     wave; then 256 x 128 for gathered K >= 1024, 128 x 128 ping-pong from a wave, cooperative 128 x 128
     and 64 x 128 from 0.7 of one. What is left takes 64 x 64 tiles, split over K up to a wave
     where the slices stay long (16+ k-tiles gathered, 24+ by TMA; at least 4 or 8 per split):
-    a split costs a second kernel, which short reductions do not pay back."""
+    a split costs a second kernel, which short reductions do not pay back. A symbolic batch
+    counts as its bucket (`split_k.bucket` of M), so that the batches of a bucket share one
+    source."""
     conv = match_conv_nhwc(task)
-    M, N, K = conv.gemm.M, conv.gemm.N, conv.gemm.K
+    M, N, K = (split_k.bucket(x) for x in (conv.gemm.M, conv.gemm.N, conv.gemm.K))
     ranked = split_k.rank(FIT_TILES, M, N, K, 1, sm_count, 2)
     tiles = lambda bm, bn: -(-M // bm) * -(-N // bn)
     k_tiles = -(-K // BK)
@@ -162,9 +168,9 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> Cuda
     conv = match_conv_nhwc(task)
     g = conv.gemm
     producer = _producer(conv, block_m(_k(BN, CW, MI, STAGES, PP)), BN)
-    problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks, g.sources, g.output)
+    problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks, g.sizes, g.sources, g.output)
     return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 
 TEMPLATE = Template("conv_sm90", ("conv2d_channels_last",), "cuda", render, priority=30, applies=applies,
-                    space=space, min_arch=90, suggest=suggest)
+                    space=space, min_arch=90, suggest=suggest, symbolic=True)

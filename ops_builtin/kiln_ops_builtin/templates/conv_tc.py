@@ -12,6 +12,10 @@ accumulators. Outputs go through the epilogue hook (bias, activation, cast).
 Small GEMMs (batch 1, late layers: M = 49) would leave most multiprocessors idle, so K is split
 over SPLIT blocks (`kiln_ops_builtin.templates.split_k`: float32 partials, then a kernel that
 adds them and applies the epilogue). Knobs at 0 are chosen from the problem size.
+
+Symbolic sizes (`Template.symbolic`): a symbolic batch (so M) is a kernel argument
+(`HookedGemm.sizes`); the knobs chosen from M and N take their bucket (`split_k.bucket`), so
+the batches of a bucket share one source.
 """
 from __future__ import annotations
 
@@ -174,26 +178,28 @@ def applies(task) -> bool:
 
 def render(task, BM=0, BN=0, WM=0, WN=0, SPLIT=0) -> CudaProgram:
     g = match_hooked_gemm(task)
+    M, N = split_k.bucket(g.M), split_k.bucket(g.N)
     if BM == 0:
-        BM, BN, WM, WN = auto_tile(g.M, g.N)
+        BM, BN, WM, WN = auto_tile(M, N)
     if not valid(BM, BN, WM, WN):
         raise ValueError(f"invalid conv_tc tile {BM}x{BN}, warp tile {WM}x{WN}")
     nt = (BM // WM) * (BN // WN) * 32
-    tiles, k_steps = _tiles(g.M, g.N, (BM, BN)), -(-g.K // BK)
-    split = SPLIT or auto_split(tiles, k_steps)
+    k_steps = -(-g.K // BK)
+    split = SPLIT or auto_split(_tiles(M, N, (BM, BN)), k_steps)
     per_split = -(-k_steps // split)
     split = -(-k_steps // per_split)          # no empty parts
     temporaries = []
-    sk = split_k.plan(split, g.M, g.N, g.K, BK, 1, g.params, tuple(g.args.split(", ")), temporaries)
+    sk = split_k.plan(split, g.M, g.N, g.K, BK, 1, g.params, tuple(g.args.split(", ")), temporaries, text=g.text)
     is_f16 = _operand_dtype(task) == dtypes.float16
     defines = {"NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LA": BM * BK // 8 // nt,
-               "LB": BN * BK // 8 // nt, "M": g.M, "N": g.N, "K": g.K, "ARGS": g.args, "B_K_CONTIGUOUS": 1,
-               "TO16(x)": "kiln_f2h(x)" if is_f16 else "kiln_f2bf(x)", **sk.defines}
+               "LB": BN * BK // 8 // nt, "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args,
+               "B_K_CONTIGUOUS": 1, "TO16(x)": "kiln_f2h(x)" if is_f16 else "kiln_f2bf(x)", **sk.defines}
     source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(_operand_dtype(task))},
                              g.hooks, (ptx.LDMATRIX, ptx.MMA))
-    launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1), grid=(tiles, split, 1))
-    return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16)
+    launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1),
+                    grid=(int(_tiles(g.M, g.N, (BM, BN))), split, 1))
+    return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16, sizes=g.sizes.values)
 
 
 TEMPLATE = Template("conv_tc", ("conv1d", "conv2d", "conv_transpose2d", "conv2d_channels_last"), "cuda", render,
-                    priority=20, applies=applies, space=space)
+                    priority=20, applies=applies, space=space, symbolic=True)

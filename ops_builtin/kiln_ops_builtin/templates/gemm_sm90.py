@@ -16,6 +16,12 @@ Declines (older templates take over): other dtypes, float32 without `allow_tf32`
 operand that is not K-major (TF32 has no transpose bit), strides TMA cannot describe (every
 non-unit stride a multiple of 16 bytes, so K % 8 == 0 for K-major 16-bit rows), more than
 three batch dimensions per operand.
+
+Symbolic sizes (`Template.symbolic`): M, N, K, batch dims and strides that vary are kernel
+arguments (`Contraction.sizes`), the tensor maps encoded at launch from the values of the run,
+so one source serves every size whose knobs are the same (`suggest` buckets sizes by powers of
+two). Whatever depends on a value (TMA's 16-byte strides, a batch dim of 1) is decided for each
+size as it comes, so a size that differs there gets its own source.
 """
 from __future__ import annotations
 
@@ -53,17 +59,18 @@ def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name:
     batch = _batch_dims(c, operand)
     if batch is None:
         return None
-    coords = "".join(f", (int)(((int64_t)bz / {d}) % {s})" for d, s, _ in batch)
+    coords = "".join(f", (int)(((int64_t)bz / {c.text(d)}) % {c.text(s)})" for d, s, _ in batch)
     rank = 2 + len(batch)
-    bdims, bstrides = tuple(s for _, s, _ in batch), tuple(st for _, _, st in batch)
+    bdims, bstrides = tuple(int(s) for _, s, _ in batch), tuple(int(st) for _, _, st in batch)
     x0 = "m0" if name == "A" else "n0"
+    K, extent = int(c.K), int(extent)
     if operand.k_stride == 1:
-        arg = TensorMapArg(operand.param, operand.dtype, (c.K, extent) + bdims, (1, operand.x_stride) + bstrides,
+        arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
                            (k_block(operand.dtype), rows) + (1,) * len(batch))
         load = f"kiln_tma_{rank}d(dst, &tm{name}, &full[stage], k0, (int){x0}{coords});"
         return arg, load, 0
     if operand.x_stride == 1 and operand.dtype.is_16bit_float:
-        arg = TensorMapArg(operand.param, operand.dtype, (extent, c.K) + bdims, (1, operand.k_stride) + bstrides,
+        arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
         load = (f"for (int j = 0; j < {rows // 64}; ++j) kiln_tma_{rank}d(dst + j * 64 * BK, &tm{name}, &full[stage], "
                 f"(int){x0} + j * 64, k0{coords});")
@@ -115,14 +122,16 @@ def suggest(task, sm_count: int) -> list[dict]:
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
     residual), only the entries that can stage them (`staged_stages`). Smaller grids take
-    64 x 64, split over K up to a wave (at least four k-tiles per split)."""
+    64 x 64, split over K up to a wave (at least four k-tiles per split). Symbolic sizes count as
+    their bucket (`split_k.bucket`: the power of two at or above the value), so that the sizes
+    of a bucket take the same knobs and share one source, built once."""
     c = match_contraction(task)
-    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], c.M, c.N, c.K, c.batch_count, sm_count,
-                          c.a.dtype.nbytes)
-    tiles = lambda bm, bn: -(-c.M // bm) * -(-c.N // bn) * c.batch_count
-    k_tiles = -(-c.K // k_block(c.a.dtype))
+    M, N, K, batch = (split_k.bucket(x) for x in (c.M, c.N, c.K, c.batch_count))
+    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], M, N, K, batch, sm_count, c.a.dtype.nbytes)
+    tiles = lambda bm, bn: -(-M // bm) * -(-N // bn) * batch
+    k_tiles = -(-K // k_block(c.a.dtype))
     if tiles(64, 128) >= 0.7 * sm_count:
-        cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (c.K + 2 * BK) / entry[2]
+        cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (K + 2 * BK) / entry[2]
         staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources)] if c.sources else []
         first = dict(min(staging or WAVE_TILES, key=cost)[1])
     else:
@@ -148,9 +157,10 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> Cuda
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
-    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sources, c.output)
+    problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sizes, c.sources,
+                      c.output)
     return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,
-                    space=space, min_arch=90, suggest=suggest, reads_views=True)
+                    space=space, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)

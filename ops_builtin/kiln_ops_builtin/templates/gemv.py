@@ -13,6 +13,10 @@ write it (bias, activations, casts fused as everywhere).
 Declines (the GEMM templates take over): M > 4 (on an H200 at M = 16 this kernel reached
 0.22-0.5 of cuBLAS: the M loads of A per vector of B dominate), an operand whose K is not contiguous, K or a
 stride not a multiple of one 16-byte vector, dtypes other than float16, bfloat16 and float32.
+
+Symbolic sizes (`Template.symbolic`): N, K, strides and batch dims are kernel arguments
+(`Contraction.sizes`); M sizes the accumulator arrays, so each M (1 to 4) has its own source.
+`suggest` buckets symbolic sizes by powers of two (`split_k.bucket`).
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) kiln_gemv(PARAMS) {
     for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-    const int c1 = min(K / VEC, (int)(blockIdx.y + 1) * CHUNKS_SPLIT);
+    const int c1 = min((int)(K / VEC), (int)(blockIdx.y + 1) * CHUNKS_SPLIT);
     for (int c = blockIdx.y * CHUNKS_SPLIT + kw * 32 + lane; c < c1; c += 32 * KW) {
         float w[R][VEC];
 #pragma unroll
@@ -134,11 +138,12 @@ def suggest(task, sm_count: int) -> list[dict]:
     split over blocks when even eight do not fill one wave (at least two vectors per lane and
     split)."""
     c = match_contraction(task)
+    N, K, batch = (split_k.bucket(x) for x in (c.N, c.K, c.batch_count))
     r = 2
-    blocks = lambda kw: -(-c.N // (WARPS // kw * r)) * c.batch_count
+    blocks = lambda kw: -(-N // (WARPS // kw * r)) * batch
     kw = next((k for k in (1, 2, 4) if blocks(k) >= 2 * sm_count), 8)
     first = {"R": r, "KW": kw}
-    split = min(-(-sm_count // blocks(kw)), c.K // _vec(c) // (32 * kw * 2))
+    split = min(-(-sm_count // blocks(kw)), K // _vec(c) // (32 * kw * 2))
     if blocks(kw) < sm_count and split > 1:
         first["SPLIT"] = split
     return [first] + [k for k in space(1) if k != first]
@@ -151,19 +156,20 @@ def render(task, R, KW, SPLIT=1) -> CudaProgram:
     vec, args, temporaries = _vec(c), tuple(c.args.split(", ")), []
     chunks = c.K // vec
     split = max(1, min(SPLIT, chunks))
-    sk = split_k.plan(split, c.M, c.N, chunks, 1, c.batch_count, c.params, args, temporaries)
+    sk = split_k.plan(split, c.M, c.N, chunks, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     defines = {
-        "M": c.M, "N": c.N, "K": c.K, "R": R, "KW": KW, "WARPS": WARPS, "VEC": vec,
+        "M": int(c.M), "N": c.text(c.N), "K": c.text(c.K), "R": R, "KW": KW, "WARPS": WARPS, "VEC": vec,
         "ELEM": "float" if c.a.dtype == dtypes.float32 else "uint16_t", "TO_FLOAT(h)": f"{UNPACK[c.a.dtype]}(h)",
-        "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_XS": f"(int64_t){c.a.x_stride}",
-        "B_XS": f"(int64_t){c.b.x_stride}", "A_BATCH": c.batch_offset(c.a, "bz"), "B_BATCH": c.batch_offset(c.b, "bz"),
-        "CHUNKS_SPLIT": sk.defines["KT_SPLIT"], "ARGS": c.args, **sk.defines,
+        "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_XS": f"(int64_t){c.text(c.a.x_stride)}",
+        "B_XS": f"(int64_t){c.text(c.b.x_stride)}", "A_BATCH": c.batch_offset(c.a, "bz"),
+        "B_BATCH": c.batch_offset(c.b, "bz"), "CHUNKS_SPLIT": sk.defines["KT_SPLIT"], "ARGS": c.args, **sk.defines,
     }
     columns = WARPS // KW * R
-    launch = Launch("kiln_gemv", args + sk.args, (32 * WARPS, 1, 1), grid=(-(-c.N // columns), split, c.batch_count))
+    launch = Launch("kiln_gemv", args + sk.args, (32 * WARPS, 1, 1),
+                    grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
     return CudaProgram(template_source([KERNEL, sk.source], defines, c.epilogue), [launch, *sk.launches], temporaries,
-                       alignment=16)
+                       alignment=16, sizes=c.sizes.values)
 
 
 TEMPLATE = Template("gemv", ("matmul", "linear"), "cuda", render, priority=40, applies=applies, space=space,
-                    suggest=suggest, reads_views=True)
+                    suggest=suggest, reads_views=True, symbolic=True)

@@ -10,6 +10,10 @@ multiplied. Both operands are stored k-major in shared memory; an operand that i
 in memory (A, or B of `linear`) is transposed on the way in. A convolution's operands are read through the core's load hooks
 (`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included).
 Outputs go through the core's epilogue hook.
+
+Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
+(`Contraction.sizes`, `HookedGemm.sizes`); `suggest` buckets them by powers of two
+(`split_k.bucket`), so the sizes of a bucket share one source.
 """
 from __future__ import annotations
 
@@ -113,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
     fetch((int64_t)KT0 * BK);
     stash(0);
     __syncthreads();
@@ -173,22 +177,22 @@ def space(level: int) -> list[dict]:
     return [dict(zip(DEFAULT, s)) for s in shapes] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
 
 
-def _sizes(task) -> tuple[int, int, int, int]:
-    """(M, N, K, batch) of the GEMM `task` computes."""
+def _gemm(task) -> Contraction | HookedGemm:
+    """The GEMM `task` computes: a float32 contraction of plain loads, else through load hooks."""
     c = match_contraction(task)
-    if c is not None and c.a.dtype == dtypes.float32:
-        return c.M, c.N, c.K, c.batch_count
-    g = match_hooked_gemm(task)
-    return g.M, g.N, g.K, 1
+    return c if c is not None and c.a.dtype == dtypes.float32 else match_hooked_gemm(task)
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
-    return split_k.rank(FIT_TILES, *_sizes(task), sm_count, 4)
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape (symbolic sizes by
+    their bucket)."""
+    g = _gemm(task)
+    batch = g.batch_count if isinstance(g, Contraction) else 1
+    return split_k.rank(FIT_TILES, *(split_k.bucket(x) for x in (g.M, g.N, g.K, batch)), sm_count, 4)
 
 
-def _layout(prefix: str, op: Operand) -> dict:
-    return {f"{prefix}_XS": f"(int64_t){op.x_stride}", f"{prefix}_KS": f"(int64_t){op.k_stride}",
+def _layout(prefix: str, op: Operand, text) -> dict:
+    return {f"{prefix}_XS": f"(int64_t){text(op.x_stride)}", f"{prefix}_KS": f"(int64_t){text(op.k_stride)}",
             f"{prefix}_K_CONTIGUOUS": int(op.k_contiguous and not op.x_contiguous),
             f"LOAD_{prefix}(x, k)": f"{prefix}[(x) * {prefix}_XS + (k) * {prefix}_KS]"}
 
@@ -206,7 +210,7 @@ def _plain_defines(c: Contraction, BM: int, BN: int, BK: int) -> dict:
     vec = int(_vectorizable(c, BM, BN, BK))
     return {"HOOKS": 0, "VEC": vec, "W": 4 if vec else 1, "A_PARAM": c.a.param, "B_PARAM": c.b.param,
             "A_BATCH": c.batch_offset(c.a, "bz"), "B_BATCH": c.batch_offset(c.b, "bz"),
-            **_layout("A", c.a), **_layout("B", c.b)}
+            **_layout("A", c.a, c.text), **_layout("B", c.b, c.text)}
 
 
 def _hook_defines(g: HookedGemm) -> dict:
@@ -228,24 +232,22 @@ def render(task, BM, BN, BK, MIN_BLOCKS=1, SPLIT=1) -> CudaProgram:
     tm, tn = BM // 16, BN // 16
     if tm % 4 or tn % 4 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}")
-    c = match_contraction(task)
-    if c is not None and c.a.dtype == dtypes.float32:
-        sizes, batch, hooks, params, args = (c.M, c.N, c.K), c.batch_count, c.epilogue, c.params, c.args
-        defines = _plain_defines(c, BM, BN, BK)
+    g = _gemm(task)
+    if isinstance(g, Contraction):
+        batch, hooks, defines = g.batch_count, g.epilogue, _plain_defines(g, BM, BN, BK)
     else:
-        g = match_hooked_gemm(task)
-        sizes, batch, hooks, params, args = (g.M, g.N, g.K), 1, g.hooks, g.params, g.args
-        defines = _hook_defines(g)
-    names, temporaries = tuple(args.split(", ")), []
-    sk = split_k.plan(SPLIT, *sizes, BK, batch, params, names, temporaries)
+        batch, hooks, defines = 1, g.hooks, _hook_defines(g)
+    names, temporaries = tuple(g.args.split(", ")), []
+    sk = split_k.plan(SPLIT, g.M, g.N, g.K, BK, batch, g.params, names, temporaries, text=g.text)
     defines.update({"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn,
-                    "LA": BM * BK // NT, "LB": BN * BK // NT, "M": sizes[0], "N": sizes[1], "K": sizes[2],
-                    "ARGS": args, **sk.defines})
-    tiles = -(-sizes[0] // BM) * -(-sizes[1] // BN)
-    launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, batch))
+                    "LA": BM * BK // NT, "LB": BN * BK // NT, "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K),
+                    "ARGS": g.args, **sk.defines})
+    tiles = int(-(-g.M // BM) * -(-g.N // BN))
+    launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, int(batch)))
     return CudaProgram(template_source([KERNEL, sk.source], defines, hooks), [launch, *sk.launches], temporaries,
-                       alignment=16)
+                       alignment=16, sizes=g.sizes.values)
 
 
 TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
-                    render, priority=10, applies=applies, space=space, suggest=suggest, reads_views=True)
+                    render, priority=10, applies=applies, space=space, suggest=suggest, reads_views=True,
+                    symbolic=True)

@@ -7,6 +7,10 @@ zero-filled past the matrix edges). Fragments load with `ldmatrix` (`.trans` for
 banks; `mma.sync.m16n8k16` accumulates in float32. Each output element goes through the core's
 epilogue hook (`kiln.codegen.hooks`), so bias, activation and the final cast are fused there;
 with split-K (`kiln_ops_builtin.templates.split_k`) through the sum kernel's.
+
+Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
+(`Contraction.sizes`); `suggest` buckets them by powers of two (`split_k.bucket`), so the sizes
+of a bucket share one source.
 """
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_matmul_tc(PARAMS) {
         for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
     auto load = [&](int stage, int kt) {
         uint16_t* as = As + stage * BM * BK;
         uint16_t* bs = Bs + stage * BN * BK;
@@ -186,9 +190,10 @@ def applies(task) -> bool:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape (symbolic sizes by
+    their bucket)."""
     c = match_contraction(task)
-    return split_k.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    return split_k.rank(FIT_TILES, *(split_k.bucket(x) for x in (c.M, c.N, c.K, c.batch_count)), sm_count, 2)
 
 
 def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
@@ -197,22 +202,23 @@ def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
     if not valid(k):
         raise ValueError(f"invalid matmul_tc knobs {k}")
     args, temporaries = tuple(c.args.split(", ")), []
-    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries)
+    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, text=c.text)
     nt = (BM // WM) * (BN // WN) * 32
     defines = {
         "NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "STAGES": STAGES, "GROUP": GROUP,
-        "M": c.M, "N": c.N, "K": c.K, "A_XS": f"(int64_t){c.a.x_stride}", "B_XS": f"(int64_t){c.b.x_stride}",
-        "B_KS": f"(int64_t){c.b.k_stride}", "B_K_CONTIGUOUS": int(c.b.k_contiguous),
+        "M": c.text(c.M), "N": c.text(c.N), "K": c.text(c.K), "A_XS": f"(int64_t){c.text(c.a.x_stride)}",
+        "B_XS": f"(int64_t){c.text(c.b.x_stride)}", "B_KS": f"(int64_t){c.text(c.b.k_stride)}",
+        "B_K_CONTIGUOUS": int(c.b.k_contiguous),
         "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_BATCH": c.batch_offset(c.b, "bz"), "ARGS": c.args, **sk.defines,
     }
     source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(c.a.dtype)},
                              c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA))
-    tiles = -(-c.M // BM) * -(-c.N // BN)
-    launch = Launch("kiln_matmul_tc", args + sk.args, (nt, 1, 1), grid=(tiles, SPLIT, c.batch_count),
+    tiles = int(-(-c.M // BM) * -(-c.N // BN))
+    launch = Launch("kiln_matmul_tc", args + sk.args, (nt, 1, 1), grid=(tiles, SPLIT, int(c.batch_count)),
                     smem=smem_bytes(k))
-    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16)
+    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
 
 
 TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies, space=space,
-                    suggest=suggest, reads_views=True)
+                    suggest=suggest, reads_views=True, symbolic=True)

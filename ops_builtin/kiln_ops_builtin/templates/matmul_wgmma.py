@@ -7,6 +7,10 @@ K-major layout wgmma expects, filled STAGES deep by `cp.async` (zero-filled past
 A row-major [K, N] operand is first transposed to [N, K] by a small kernel into a temporary,
 so both operands are K-major. Outputs go through the core's epilogue hooks, or with split-K
 (`kiln_ops_builtin.templates.split_k`) through the sum kernel's.
+
+Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
+(`Contraction.sizes`), the transpose's temporary sized by their values; `suggest` buckets them
+by powers of two (`split_k.bucket`), so the sizes of a bucket share one source.
 """
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ MAX_SMEM = 227 * 1024
 DEFAULT = {"BN": 128, "WG": 2, "MI": 1, "STAGES": 4}
 
 TRANSPOSE = r"""
-// out[z][n][k] = in[z-th batch offset + k * LD + n]: a [K, N] operand made K-major
+// out[z][n][k] = in[z-th batch offset + k * LD + n]: a [K, N] operand made K-major (SIZE_PARAMS:
+// the symbolic sizes, after the buffers)
 extern "C" __global__ void __launch_bounds__(256) kiln_transpose(const uint16_t* __restrict__ src,
-                                                                 uint16_t* __restrict__ dst) {
+                                                                 uint16_t* __restrict__ dst SIZE_PARAMS) {
     __shared__ uint16_t tile[32][33];
     const int64_t z = blockIdx.z;
     const uint16_t* in = src + (SRC_BATCH);
@@ -60,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
-    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
     auto load = [&](int stage, int kt) {
         uint16_t* as = As + stage * BM * BK;
         uint16_t* bs = Bs + stage * BN * BK;
@@ -146,9 +151,10 @@ def space(level: int) -> list[dict]:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """Tiles and split-K ranked by `split_k`'s cost model for this shape."""
+    """Tiles and split-K ranked by `split_k`'s cost model for this shape (symbolic sizes by
+    their bucket)."""
     c = match_contraction(task)
-    return split_k.rank(FIT_TILES, c.M, c.N, c.K, c.batch_count, sm_count, 2)
+    return split_k.rank(FIT_TILES, *(split_k.bucket(x) for x in (c.M, c.N, c.K, c.batch_count)), sm_count, 2)
 
 
 def applies(task) -> bool:
@@ -164,28 +170,31 @@ def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
     transposed = not c.b.k_contiguous
     args, launches, temporaries = tuple(c.args.split(", ")), [], []
     if transposed:
-        temporaries.append(((c.batch_count, c.N, c.K), c.b.dtype))
-        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0"), (32, 8, 1),
-                               grid=(-(-c.N // 32), -(-c.K // 32), c.batch_count)))
-    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries)
+        temporaries.append(((int(c.batch_count), int(c.N), int(c.K)), c.b.dtype))
+        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0", *c.sizes.names), (32, 8, 1),
+                               grid=(int(-(-c.N // 32)), int(-(-c.K // 32)), int(c.batch_count))))
+    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, text=c.text)
     defines = {
-        "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "AHEAD": STAGES - 2, "M": c.M, "N": c.N, "K": c.K,
-        "A_XS": f"(int64_t){c.a.x_stride}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
+        "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "AHEAD": STAGES - 2,
+        "M": c.text(c.M), "N": c.text(c.N), "K": c.text(c.K),
+        "A_XS": f"(int64_t){c.text(c.a.x_stride)}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_SOURCE": "BT" if transposed else f"(const uint16_t*){c.b.param}",
-        "B_XS": f"(int64_t){c.K if transposed else c.b.x_stride}",
-        "B_BATCH": f"bz * (int64_t){c.N * c.K}" if transposed else c.batch_offset(c.b, "bz"),
-        "ARGS": c.args, "LD": f"(int64_t){c.b.k_stride}", "SRC_BATCH": c.batch_offset(c.b, "z"), **sk.defines,
+        "B_XS": f"(int64_t){c.text(c.K if transposed else c.b.x_stride)}",
+        "B_BATCH": f"bz * (int64_t){c.text(c.N * c.K)}" if transposed else c.batch_offset(c.b, "bz"),
+        "ARGS": c.args, "LD": f"(int64_t){c.text(c.b.k_stride)}", "SRC_BATCH": c.batch_offset(c.b, "z"),
+        "SIZE_PARAMS": "".join(f", {d}" for d in c.sizes.declarations()), **sk.defines,
     }
     kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), TRANSPOSE if transposed else "", KERNEL, sk.source]
     source = template_source(kernels, defines, c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.WGMMA))
-    tiles = -(-c.M // bm) * -(-c.N // BN)
+    tiles = int(-(-c.M // bm) * -(-c.N // BN))
     k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}
     b_arg = "tmp0" if transposed else c.b.param
     launches.append(Launch("kiln_matmul_wgmma", args + sk.args + (b_arg,), (nt, 1, 1),
-                           grid=(tiles, SPLIT, c.batch_count), smem=smem_bytes(k)))
+                           grid=(tiles, SPLIT, int(c.batch_count)), smem=smem_bytes(k)))
     launches += sk.launches
-    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
+                       sizes=c.sizes.values)
 
 
 TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,
-                    space=space, min_arch=90, suggest=suggest, reads_views=True)
+                    space=space, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)

@@ -33,6 +33,7 @@ from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import CudaDialect, template_source
 from kiln.codegen.hooks import EpilogueOutput, EpilogueSource
+from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
@@ -276,7 +277,9 @@ def wgmma(bn: int, dtype: DataType, trans_a: int, trans_b: int) -> str:
 class Problem:
     """A batch x M x N x K contraction with operands of `dtype` (16-bit floats, or float32 read
     as TF32), and its kernel parameters, their names (`args`), the epilogue hooks the core
-    rendered and the inputs the epilogue reads per element (`kiln.codegen.hooks.EpilogueSource`)."""
+    rendered and the inputs the epilogue reads per element (`kiln.codegen.hooks.EpilogueSource`).
+    Symbolic sizes among M, N, K and batch (`kiln.ir.size.SymSize`) are written through `sizes`,
+    whose parameters end `params`; its values go with the program."""
 
     M: int
     N: int
@@ -286,6 +289,7 @@ class Problem:
     params: str
     args: str
     epilogue: str
+    sizes: SizeArgs = field(default_factory=SizeArgs)
     sources: tuple[EpilogueSource, ...] = ()
     output: EpilogueOutput | None = None
 
@@ -370,7 +374,8 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     knobs["STAGES"] = stages or STAGES
     args, temporaries = tuple(p.args.split(", ")), []
     kb = k_block(p.dtype)
-    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks")
+    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks",
+                      text=p.sizes.text)
     gathered = producer.threads > 1
     maps = {**producer.maps, **_source_maps(sources, p.M, p.N, block_m(knobs), BN)}
     vector, vector_hook = _vector_epilogue(p, SPLIT, sources)
@@ -378,7 +383,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
         "STAGES": knobs["STAGES"], **_source_defines(sources, knobs),
-        "GROUP": GROUP, "M": p.M, "N": p.N, "K": p.K, "ARGS": p.args,
+        "GROUP": GROUP, "M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args,
         "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
@@ -391,15 +396,16 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
                               KERNEL, sk.source], defines, p.epilogue + vector_hook,
                              ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
-    units = -(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT
+    units = int(-(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (CW + 1), 1, 1),
                        items=units, per_block=1, waves=1, smem=smem_bytes(knobs, sources))] + sk.launches
-    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16)
+    return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
+                       sizes=p.sizes.values)
 
 
 def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, bn: int) -> dict[str, TensorMapArg]:
     """Tensor maps S0, S1, .. of the sources as M x N matrices, a box a bm x bn tile (unswizzled)."""
-    return {f"S{k}": TensorMapArg(s.param, s.dtype, (N, M), (1, s.row_stride), (bn, bm), swizzle=0)
+    return {f"S{k}": TensorMapArg(s.param, s.dtype, (int(N), int(M)), (1, int(s.row_stride)), (bn, bm), swizzle=0)
             for k, s in enumerate(sources)}
 
 
@@ -428,4 +434,4 @@ def _vector_epilogue(p: Problem, split: int, sources: tuple[EpilogueSource, ...]
         return {"VEC": 0}, ""
     store = f"kiln_epilogue_v(ARGS, b, m, n, v{', at, SOURCE_TILES' if sources else ''})"
     return ({"VEC": vec, "KILN_STORE_V(b, m, n, v, at)": store},
-            render_vector_epilogue(o.lowered, o.out, o.decl, o.index_of, vec, o.extents, sources))
+            render_vector_epilogue(o.lowered, o.out, o.decl, o.index_of, vec, o.extents, o.sizes, sources))

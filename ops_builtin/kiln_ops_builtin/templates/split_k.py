@@ -13,7 +13,9 @@ epilogue will read per row at (b, m, n .. n + 31) into L2. With SPLIT = 1 these 
 epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
 [SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`, adds the SPLIT partials of each
 element in a fixed order (deterministic, no atomics) and applies the epilogue hooks, so
-fusion works the same either way.
+fusion works the same either way. Symbolic sizes (`kiln.ir.size.SymSize`) are written by the
+template's `text` (its `kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their
+values.
 
 The templates' `suggest`: fitting a contraction's tile and split-K to its shape and the GPU.
 
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 
 from kiln import dtypes
 from kiln.codegen.emitter import KernelArgs
+from kiln.ir import SymSize
 from kiln.runtime.cuda import Launch
 
 SUM_KERNEL = r"""
@@ -84,14 +87,20 @@ class SplitK:
     launches: list[Launch] = field(default_factory=list)
 
 
+def _digits(size) -> str:
+    return str(int(size))
+
+
 def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, args: tuple[str, ...],
-         temporaries: list, split_index: str = "blockIdx.y") -> SplitK:
+         temporaries: list, split_index: str = "blockIdx.y", text=_digits) -> SplitK:
     """Split-K over `split` parts for a template computing a batch x M x N GEMM with k-tiles of
     BK; `params`/`args` are the epilogue hooks' parameters and arguments. The workspace is
     appended to `temporaries` (the program's list). `split_index` is the kernel's expression of
-    the split a store belongs to."""
+    the split a store belongs to; `text(size)` writes a size (symbolic ones as expressions)."""
     k_tiles = -(-K // BK)
-    defines = {"SPLIT": split, "KT_SPLIT": -(-k_tiles // split), "BATCH": batch}
+    per_split = f"((int)(({text(K)} + {BK - 1}) / {BK} + {split - 1}) / {split})" if isinstance(K, SymSize) \
+        else -(-k_tiles // split)
+    defines = {"SPLIT": split, "KT_SPLIT": per_split, "BATCH": text(batch)}
     if split == 1:
         defines.update({"PARAMS": params, "KILN_STORE(b, m, n, v)": "kiln_epilogue(ARGS, b, m, n, v)",
                         "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)",
@@ -100,8 +109,8 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
                         "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": "kiln_epilogue2_fetched(ARGS, b, m, n, v0, v1, f)"})
         return SplitK(defines)
     partial = STORE_PARTIAL.replace("blockIdx.y", split_index)
-    pair = (f"(*(float2*)&{partial} = make_float2(v0, v1))" if N % 2 == 0     # n even: 8-byte aligned
-            else f"({partial} = (v0), {partial.replace('(n)]', '(n) + 1]')} = (v1))")
+    pair = (f"(*(float2*)&{partial} = make_float2(v0, v1))" if N % 2 == 0 and not isinstance(N, SymSize)
+            else f"({partial} = (v0), {partial.replace('(n)]', '(n) + 1]')} = (v1))")     # float2: n even, N even
     defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws",
                     "KILN_STORE(b, m, n, v)": f"({partial} = (v))",
                     "KILN_STORE2(b, m, n, v0, v1)": pair,
@@ -109,8 +118,8 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
                     "KILN_PREFETCH(b, m, n)": "((void)0)",
                     "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": pair})
     workspace = KernelArgs.temporary(len(temporaries))
-    temporaries.append(((split, batch, M, N), dtypes.float32))
-    total = batch * M * -(-N // 2)
+    temporaries.append(((split, int(batch), int(M), int(N)), dtypes.float32))
+    total = int(batch * M * -(-N // 2))
     launch = Launch("kiln_split_k_sum", args + (workspace,), (256, 1, 1), items=total, per_block=256, waves=8)
     return SplitK(defines, SUM_KERNEL, (workspace,), [launch])
 
@@ -153,6 +162,13 @@ def splits(tile: Tile, M: int, N: int, K: int, batch: int, sm_count: int) -> lis
         return [1]
     k_tiles = -(-K // tile.bk)
     return [s for s in range(1, min(MAX_SPLIT, k_tiles) + 1) if -(-k_tiles // s) * (s - 1) < k_tiles]
+
+
+def bucket(size) -> int:
+    """The size a knob choice takes for `size`: a fixed size itself, a symbolic one
+    (`kiln.ir.size.SymSize`) the power of two at or above its value, so that every size of a
+    bucket chooses alike and the sizes share one kernel."""
+    return 1 << (int(size) - 1).bit_length() if isinstance(size, SymSize) else size
 
 
 def rank(tiles: list[Tile], M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int) -> list[dict]:
