@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.hooks import EpilogueSource, staged_at, unconditional_loads
+from kiln.codegen.epilogue import EpilogueSource, staged_at, unconditional_loads
 from kiln.ir.expr import Expr, Var, walk
 from kiln.ir.inline import substitute
 from kiln.ir.simplify import linear_terms, simplify

@@ -37,7 +37,8 @@ from kiln import dtypes
 from kiln.codegen.c import CDialect
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.hooks import render_epilogue, unravel_index
+from kiln.codegen.epilogue import render_epilogue
+from kiln.codegen.hooks import unravel_index
 from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, TensorInput, Unary, Var, rewrite

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
 from kiln.codegen.emitter import KernelArgs
-from kiln.codegen.hooks import render_epilogue, strip_cast, unravel_index
+from kiln.codegen.epilogue import render_epilogue
+from kiln.codegen.hooks import strip_cast, unravel_index
 from kiln.ir.expr import Load, Select
 from kiln.ir.inline import inline_task
 from kiln.schedule import Template

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import CudaDialect, template_source
-from kiln.codegen.hooks import EpilogueOutput, EpilogueSource
+from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource
 from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
