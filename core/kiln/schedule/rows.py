@@ -69,9 +69,10 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
     kept with its reduced dims, has as many elements as the output's first p axes) and be read
     only at its reader's own row: the flat index of the read's leading indices is the flat
     index of the reader's row (the output may be a reshape of the rows the statistics were
-    computed over: layer_norm(x).view(-1, d)). The output must have further axes (the row),
-    hold no reduction itself, and have `min_rows` rows at least, unless their number is
-    symbolic (one kernel then serves every size: the row kernel)."""
+    computed over: layer_norm(x).view(-1, d)), or, for the output, a permutation of its row
+    axes (`permuted_rows`: layer_norm(x).transpose(0, 1)). The output must have further axes
+    (the row), hold no reduction itself, and have `min_rows` rows at least, unless their number
+    is symbolic (one kernel then serves every size: the row kernel)."""
     temps = lowered.temporaries
     if not temps or len(lowered.outputs) != 1:
         return None
@@ -84,7 +85,10 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
     if p is None or p == 0 or p >= len(out.shape) or (rows < min_rows and not isinstance(rows, SymSize)):
         return None
     temp_ids = {id(t): _statistic_prefix(t.shape) for t in temps}
+    permuted = permuted_rows(lowered, p)
     for buf in lowered.buffers:
+        if buf is out and permuted:
+            continue
         own = p if buf is out else temp_ids[id(buf)]
         row = _flat(buf.axes[:own], buf.shape[:own]).key()
         for e in walk(buf.value):
@@ -95,6 +99,26 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
                 if not all(_unit_index(i) for i in e.indices[lead:]):
                     return None
     return p
+
+
+def permuted_rows(lowered: Lowered, p: int) -> list[Expr] | None:
+    """Where the output (rows of its first `p` axes) reads every temporary at the same
+    leading indices, each an axis of the output's row (all different) or always 0, and not at
+    the output's own flat row: those indices, a permutation of the rows; else None."""
+    out, temps = lowered.outputs[0], {id(t): _statistic_prefix(t.shape) for t in lowered.temporaries}
+    reads = {tuple(i.key() for i in e.indices[:temps[id(e.tensor)]]): e.indices[:temps[id(e.tensor)]]
+             for e in walk(out.value) if isinstance(e, Load) and id(e.tensor) in temps}
+    if len(reads) != 1:
+        return None
+    (lead,) = reads.values()
+    axes = {id(a) for a in out.axes[:p]}
+    used = [id(i) for i in lead if not _unit_index(i)]
+    if (any(not _unit_index(i) and not (isinstance(i, Var) and id(i) in axes) for i in lead)
+            or len(set(used)) != len(used) or len(used) != sum(a.extent != 1 for a in out.axes[:p])
+            or _flat(lead, next(t.shape for t in lowered.temporaries if id(t) in temps)[:len(lead)]).key()
+            == _flat(out.axes[:p], out.shape[:p]).key()):
+        return None
+    return list(lead)
 
 
 def elementwise_prefix(lowered: Lowered, min_rows: int, min_row_len: int) -> int | None:
@@ -139,13 +163,18 @@ def row_form(lowered: Lowered, p: int) -> RowForm:
     o, e = Var("o", rows), Var("e", row_len)
     temps = lowered.temporaries
     scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in temps}
+    out_rows = unravel_index(o, out.axes[:p], out.shape[:p])
+    permuted = permuted_rows(lowered, p)
 
     def row_index(buf) -> dict:
         own = p if buf is out else _statistic_prefix(buf.shape)
-        index = unravel_index(o, buf.axes[:own], buf.shape[:own])
         if buf is out:
-            index.update(unravel_index(e, buf.axes[p:], out.shape[p:]))
+            index = {**out_rows, **unravel_index(e, buf.axes[p:], out.shape[p:])}
+        elif permuted:      # the statistics of the row the output's row o reads
+            index = {id(a): simplify(substitute(i, out_rows)) for a, i in zip(buf.axes[:own], permuted)}
         else:
+            index = unravel_index(o, buf.axes[:own], buf.shape[:own])
+        if buf is not out:
             index.update({id(a): Const(0, dtypes.int64) for a in buf.axes[own:]})
         return index
 
