@@ -123,8 +123,11 @@ def _adaptive(op, nd, x, output_size, kind):
     acc = accumulator_type(x.dtype) if kind == "avg" else x.dtype
 
     def element(lead, o):
-        starts = [o[d] * size[d] // out[d] for d in range(nd)]
-        extents = [((o[d] + 1) * size[d] + out[d] - 1) // out[d] - starts[d] for d in range(nd)]
+        # windows of one size where the output divides the input (a global pool: the plane)
+        uniform = [size[d] % out[d] == 0 for d in range(nd)]
+        starts = [o[d] * (size[d] // out[d]) if uniform[d] else o[d] * size[d] // out[d] for d in range(nd)]
+        extents = [size[d] // out[d] if uniform[d] else ((o[d] + 1) * size[d] + out[d] - 1) // out[d] - starts[d]
+                   for d in range(nd)]
         total = reduce(extents, lambda *r: cast(x[lead + tuple(s + i for s, i in zip(starts, r))], acc),
                        op="sum" if kind == "avg" else "max", dtype=acc)
         return total / cast(_product(extents), acc) if kind == "avg" else total

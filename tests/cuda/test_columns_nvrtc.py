@@ -27,6 +27,8 @@ def _kernels(make, shape, dtype="bfloat16"):
     (lambda x: ops.mean(ops.cast(x, torch.float32), [0, 1, 2], True), (32, 56, 56, 256)),
     (lambda x: ops.var(x, [0, 1, 2]), (5, 31, 29, 48)),
     (lambda x: ops.sum(ops.mul(x, x), 0), (6001, 33)),
+    (lambda x: ops.mean(x, [1, 2], True), (8, 56, 56, 144)),      # a squeeze-excite pool (EfficientNet)
+    (lambda x: ops.mean(x, [1, 2], True), (3, 23, 29, 40)),       # 667 values each, outputs not a warp's multiple
 ])
 def test_long_reductions_over_leading_dims_take_the_column_kernel(make, shape):
     for task, program in _kernels(make, shape):
@@ -44,3 +46,13 @@ def test_long_reductions_over_leading_dims_take_the_column_kernel(make, shape):
 def test_other_reductions_keep_their_kernels(make, shape):
     for task, program in _kernels(make, shape):
         assert not any(name.endswith("_columns") for name in program.kernel_names)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(8, 56, 56, 144), (3, 23, 29, 40)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_channels_last_pooling_means_match_torch(shape, dtype):
+    from tests.support import assert_close, rand
+    x = rand(shape, dtype).cuda()
+    tol = 1e-5 if dtype == torch.float32 else None
+    assert_close(ops.mean(x, [1, 2], True), x.mean((1, 2), keepdim=True), atol=tol, rtol=tol)

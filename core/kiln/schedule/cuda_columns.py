@@ -1,6 +1,6 @@
 """The auto-scheduler's column-reduction rule: long reductions over leading dims that keep the
 innermost one (batch-norm statistics over N, H and W of a channels-last tensor; sums over a
-batch).
+batch; a channels-last global average pool, over H and W, with the batch kept).
 
 The general kernel gives each output element a block whose lanes stride over the values it
 reduces; when the kept dim is the innermost, those values lie a whole row apart and every load
@@ -26,7 +26,7 @@ from kiln.schedule.cuda_kernels import AutoProgram, CudaEmitter, Kernel, at_item
 from kiln.schedule.cuda_split import two_pass
 
 LANES, ROWS = 32, 8
-MIN_EXTENT = 4096
+MIN_EXTENT = 512
 TARGET_BLOCKS = 4 * 132          # about four blocks a multiprocessor on an H100
 MIN_PER_THREAD = 64              # values a thread reduces, at the least, before parts are added
 
