@@ -13,6 +13,7 @@ import functools
 import math
 
 from kiln import dtypes
+from kiln.ir.size import size_text
 from kiln.graph import OperatorError, operator
 from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select,
                      slice_extent, unravel)
@@ -42,7 +43,7 @@ def checked_index(i, size: int, message: str, wrap: bool = False, error: str = "
 
 
 def _bounds_message(op: str, dim: int, size: int) -> str:
-    return f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size}"
+    return f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size_text(size)}"
 
 
 @operator("slice")
@@ -165,7 +166,7 @@ def index_select(x, dim, index):
     _check_index("index_select", index, x.shape[d] if x.ndim else 1, math.prod(shape))
     positions = reshaped(index, [count if k == d else 1 for k in range(x.ndim)])
     return _gathered(x, d, positions, shape, lambda i, n: checked_index(
-        i, n, f"index_select: index {{value}} is out of range for dimension {d} of size {n}"))
+        i, n, f"index_select: index {{value}} is out of range for dimension {d} of size {size_text(n)}"))
 
 
 @operator("embedding")
@@ -176,7 +177,7 @@ def embedding(input, weight):
     shape = input.shape + weight.shape[1:]
     _check_index("embedding", input, weight.shape[0], math.prod(shape))
     rows = weight.shape[0]
-    message = f"embedding: index {{value}} is out of range for a weight of {rows} rows"
+    message = f"embedding: index {{value}} is out of range for a weight of {size_text(rows)} rows"
     return compute(shape, lambda *i: weight[checked_index(input[i[:-1]], rows, message), i[-1]])
 
 
@@ -206,7 +207,7 @@ def wrap_index(index, size: int, dim: int = 0):
     from the end, as tensor indexing `x[index]` takes them; one out of [-size, size) makes the
     kernel fail with IndexError (naming `dim`)."""
     _check_index("wrap_index", index, size, math.prod(index.shape))
-    message = f"index {{value}} is out of bounds for dimension {dim} with size {size}"
+    message = f"index {{value}} is out of bounds for dimension {dim} with size {size_text(size)}"
     return compute(index.shape, lambda *i: checked_index(index[i], size, message, wrap=True))
 
 
@@ -258,7 +259,7 @@ def embedding_bag(input, weight, offsets=None, mode="mean", per_sample_weights=N
     if bags < 0:
         raise OperatorError(f"{op}: include_last_offset needs at least one offset")
     acc = dtypes.float64 if weight.dtype == dtypes.float64 else dtypes.float32
-    message = f"{op}: index {{value}} is out of range for a weight of {rows} rows"
+    message = f"{op}: index {{value}} is out of range for a weight of {size_text(rows)} rows"
 
     def kept(b, j):
         conditions = ([] if in_bag is None else [in_bag(b, j)]) + \

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from kiln import dtypes, ir
+from kiln.ir.size import size_text
 from kiln.graph import OperatorError, operator
 from kiln.ir import TensorNode, cast, compute, reduce, select, unravel
 
@@ -36,8 +37,8 @@ REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 def _position(op: str, i, dim: int, size: int):
     """Index value `i` along `dim` of `size` with negative values counted from the end, as int64;
     the kernel fails on values outside [-size, size)."""
-    return checked_index(i, size, f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size}",
-                         wrap=True)
+    message = f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size_text(size)}"
+    return checked_index(i, size, message, wrap=True)
 
 
 def _check_index(op: str, index: TensorNode) -> None:

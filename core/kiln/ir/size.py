@@ -227,6 +227,23 @@ def _expr_of(p: tuple) -> Expr:
     return out if out is not None else Const(0, dtypes.int64)
 
 
+def size_text(size) -> str:
+    """A size as message text: a plain int's digits, a SymSize's expression over its size
+    names (`s0 * 2`), the same at every value, so that a kernel whose error message names a
+    size keeps one source across sizes."""
+    if not isinstance(size, SymSize):
+        return str(int(size))
+
+    def atom(a: tuple) -> str:
+        return a[1] if a[0] == "size" else f"({text(a[1])} {'//' if a[0] == 'floordiv' else '%'} {text(a[2])})"
+
+    def text(p: tuple) -> str:
+        terms = [" * ".join([atom(a) for a in monomial] + ([str(coef)] if coef != 1 or not monomial else []))
+                 for monomial, coef in p]
+        return " + ".join(terms) or "0"
+    return text(size.polynomial)
+
+
 def scaled_variable(term: Expr) -> tuple[Var, int] | None:
     """(v, c) where the expression `term` is the index variable v times a product c of
     symbolic sizes (c a `SymSize` computing that product; 1 for v alone), else None."""
