@@ -186,3 +186,16 @@ def test_traced_graph_with_scalars():
 def test_binary_errors(call, message):
     with pytest.raises(OperatorError, match=message):
         call()
+
+
+@pytest.mark.parametrize("exponent", [2, 2.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+def test_squares_are_products_as_in_pytorch(exponent, dtype):
+    """x ** 2 is x * x, bit for bit PyTorch's (pow's math library call is neither exact nor
+    cheap); the program holds no pow call."""
+    from kiln.schedule.choose import choose
+    x = rand((5, 37), dtype)
+    symbol = kiln.symbol((5, 37), str(dtype)[6:], "cpu")
+    graph = kiln.trace_from(kiln.ops.pow(symbol, exponent), [symbol])
+    assert "pow" not in choose(graph.nodes[0].task, "cpu").source.split("void kiln_kernel")[-1]
+    torch.testing.assert_close(graph(x).torch(), torch.pow(x, exponent), rtol=0, atol=0)
