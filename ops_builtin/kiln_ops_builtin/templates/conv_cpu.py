@@ -119,7 +119,11 @@ static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst
 """
 
 ENTRY = r"""
-void kiln_kernel(TASK_PARAMS) {
+static int64_t kiln_conv_prepare(TASK_PARAMS, const float* __restrict__ bpre, float* dst) {
+    return kiln_pack_panels(TASK_ARGS, bpre, NULL, NULL, dst);
+}
+
+static void kiln_conv(TASK_PARAMS, const float* __restrict__ bpre) {
     float* planes = kiln_alloc(BATCH * PLANE);
     int64_t* koffs = (int64_t*)malloc(K * sizeof(int64_t));
     for (int64_t k = 0; k < K; ++k) koffs[k] = kiln_koff(k);
@@ -129,7 +133,7 @@ void kiln_kernel(TASK_PARAMS) {
         for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
     for (int64_t b = 0; b < BATCH; ++b)
         for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
-    kiln_gemm(TASK_ARGS, planes, koffs);
+    kiln_gemm(TASK_ARGS, bpre, planes, koffs);
     free(koffs);
     free(planes);
 }
@@ -298,15 +302,21 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
     hq, wq = c.planes
     cin, (cout, _, kh, kw) = c.x.shape[1], c.weight.shape
     k = cin * kh * kw
-    defines = {"PARAMS": "TASK_PARAMS, const float* __restrict__ planes, const int64_t* __restrict__ koffs",
-               "ARGS": "TASK_ARGS, planes, koffs",
+    defines = {"PARAMS": f"TASK_PARAMS, {gemm_cpu.BPRE}, const float* __restrict__ planes, "
+                         "const int64_t* __restrict__ koffs",
+               "ARGS": "TASK_ARGS, bpre, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
                "ALIGNED": "(OW % MR == 0)", "A_DIRECT": f"(ALIGNED || {int(not c.gather)})",
                "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout,
                "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
                **({"MR": MR} if MR else {})}
-    return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY), "kiln_kernel",
-                      tuple(KernelArgs.args(len(c.lowered.inputs))))
+    inputs = c.lowered.inputs
+    args = KernelArgs.args(len(inputs))
+    entries = gemm_cpu.entry_points(KernelArgs.params(CDialect(), inputs, c.lowered.outputs), args, [], [],
+                                    "kiln_conv", "kiln_conv_prepare")
+    return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY + entries),
+                      "kiln_kernel", tuple(args),
+                      preparation=gemm_cpu.preparation(next(k for k, t in enumerate(inputs) if t is c.weight), len(inputs)))
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,
