@@ -95,7 +95,10 @@ static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, in
 """
 
 FILL = r"""
-/* channel c of batch b into its SH x SW phase planes at dst, zeros where the input is padding */
+#ifndef PAD
+#define PAD 0.f
+#endif
+/* channel c of batch b into its SH x SW phase planes at dst, PAD (zero) where the input is padding */
 static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst) {
     for (int64_t ph = 0; ph < SH; ++ph)
         for (int64_t pw = 0; pw < SW; ++pw) {
@@ -107,12 +110,12 @@ static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst
                 float* __restrict__ row = plane + qh * WQ;
                 const int64_t ih = qh * SH + ph - PH;
                 if (ih < 0 || ih >= H || lo >= hi) {
-                    for (int64_t qw = 0; qw < WQ; ++qw) row[qw] = 0.f;
+                    for (int64_t qw = 0; qw < WQ; ++qw) row[qw] = PAD;
                     continue;
                 }
-                for (int64_t qw = 0; qw < lo; ++qw) row[qw] = 0.f;
+                for (int64_t qw = 0; qw < lo; ++qw) row[qw] = PAD;
                 for (int64_t qw = lo; qw < hi; ++qw) row[qw] = kiln_x(TASK_ARGS, b, c, ih, qw * SW + pw - PW);
-                for (int64_t qw = hi; qw < WQ; ++qw) row[qw] = 0.f;
+                for (int64_t qw = hi; qw < WQ; ++qw) row[qw] = PAD;
             }
         }
 }
@@ -142,21 +145,23 @@ static void kiln_conv(TASK_PARAMS, const float* __restrict__ bpre) {
 
 @dataclass
 class ConvCpu:
-    """A conv2d task's sizes and its operands among the task's inputs."""
+    """A conv2d (or sliding-window pool) task's sizes and its operands among the task's inputs."""
 
     lowered: object                  # the task after inlining
     x: TensorInput
-    weight: TensorInput
+    weight: TensorInput | None       # None for a pool
     stride: tuple[int, int]
     dilation: tuple[int, int]
     before: tuple[int, int]          # padding added before the first row and column
     out_shape: tuple[int, ...]       # (N, O, OH, OW)
     depthwise: bool                  # one group per channel (else one group)
+    kernel: tuple[int, int]          # the window's (KH, KW)
+
     @property
     def planes(self) -> tuple[int, int]:
         """(HQ, WQ): the rows and columns of a phase plane (what the output reads, rounded up)."""
         (sh, sw), (dh, dw) = self.stride, self.dilation
-        kh, kw = self.weight.shape[2:]
+        kh, kw = self.kernel
         oh, ow = self.out_shape[2:]
         return -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh), -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
 
@@ -172,7 +177,7 @@ class ConvCpu:
         """The C macros of the sizes, the parameters and the planes (`FILL` uses them)."""
         d = CDialect()
         lowered = self.lowered
-        (n, cin, h, w), (kh, kw) = self.x.shape, self.weight.shape[2:]
+        (n, cin, h, w), (kh, kw) = self.x.shape, self.kernel
         hq, wq = self.planes
         return {"TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)),
                 "TASK_ARGS": ", ".join(KernelArgs.args(len(lowered.inputs))), "BATCH": n, "CIN": cin, "H": h, "W": w,
@@ -197,13 +202,10 @@ def _unit_axes_zero(axes, e):
     return simplify(substitute(e, {id(a): Const(0, dtypes.int64) for a in axes if a.extent == 1}))
 
 
-def match_conv(task: Task) -> ConvCpu | None:
-    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), ungrouped or
-    depthwise (as many groups as input and output channels), or None."""
-    attrs = task.attrs
-    if task.name != "conv2d" or not isinstance(attrs.get("groups"), int) or not {"stride", "padding", "dilation"} <= set(attrs):
-        return None
-    groups = attrs["groups"]
+def windowed(task: Task, op: str, reads: int) -> tuple | None:
+    """(the task inlined, the tensors its reduction reads, the reduction) where `task` has one
+    4-D output of fixed shape around one reduction `op` that reads `reads` 4-D float inputs of
+    fixed shapes, else None."""
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None
@@ -211,12 +213,35 @@ def match_conv(task: Task) -> ConvCpu | None:
     if len(out.shape) != 4 or not all(isinstance(s, int) for s in out.shape):
         return None
     reduces = top_reduces(out.value)
-    if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
+    if len(reduces) != 1 or reduces[0].op != op:
         return None
     read = list({id(e.tensor): e.tensor for e in walk(reduces[0].body) if isinstance(e, Load)}.values())
-    if len(read) != 2 or not all(isinstance(t, TensorInput) and t.ndim == 4 and t.shape[2:] != (1, 1) and t.dtype in FACTOR_DTYPES
-                                 and all(isinstance(s, int) for s in t.shape) for t in read):
+    if len(read) != reads or not all(isinstance(t, TensorInput) and t.ndim == 4 and t.dtype in FACTOR_DTYPES
+                                     and all(isinstance(s, int) for s in t.shape) for t in read):
         return None
+    return lowered, read, reduces[0]
+
+
+def same_reduction(inputs: list[TensorInput], out: Compute, ref: Compute) -> bool:
+    """Whether the top reduction of `out` (a task's output, inlined: epilogues around it) is the
+    one of `ref` (what an operator's definition builds on `inputs`), axes of extent 1 aside."""
+    ref_out = inline_task(Task("ref", inputs, [ref])).outputs[0]
+    return ref_out.shape == out.shape and same_values(
+        inputs, *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0])) for name, t in (("a", out), ("b", ref_out))))
+
+
+def match_conv(task: Task) -> ConvCpu | None:
+    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), ungrouped or
+    depthwise (as many groups as input and output channels), or None."""
+    attrs = task.attrs
+    if task.name != "conv2d" or not isinstance(attrs.get("groups"), int) or not {"stride", "padding", "dilation"} <= set(attrs):
+        return None
+    groups = attrs["groups"]
+    found = windowed(task, "sum", 2)
+    if found is None or found[2].dtype != dtypes.float32 or any(t.shape[2:] == (1, 1) for t in found[1]):
+        return None
+    lowered, read, _ = found
+    out = lowered.outputs[0]
     for x, weight in (read, read[::-1]):
         if groups > 1 and not groups == x.shape[1] == weight.shape[0] == out.shape[1]:
             continue                # grouped convolutions other than depthwise: not these templates'
@@ -225,16 +250,13 @@ def match_conv(task: Task) -> ConvCpu | None:
                                     dilation=attrs["dilation"], groups=groups)
         except (OperatorError, ValueError, TypeError):
             continue
-        ref_out = inline_task(Task("conv2d", [x, weight], [ref])).outputs[0]
-        if ref_out.shape != out.shape or not same_values(
-                [x, weight], *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0]))
-                               for name, t in (("a", out), ("b", ref_out)))):
+        if not same_reduction([x, weight], out, ref):
             continue
         stride, dilation = int_tuple("conv2d", "stride", attrs["stride"], 2), int_tuple("conv2d", "dilation", attrs["dilation"], 2)
         before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
         if before is None:
             return None
-        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), groups > 1)
+        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), groups > 1, weight.shape[2:])
     return None
 
 
@@ -247,30 +269,36 @@ def applies(task) -> bool:
 
 def _hooks(c: ConvCpu) -> str:
     """C of `kiln_x` (an input element in float), `kiln_b_col` (the weight along k for output
-    channel n) and `kiln_epilogue_row` (channel m, pixels n0 .. n0 + count - 1, flat over OH x OW)."""
-    d = CDialect()
-    lowered, out = c.lowered, c.lowered.outputs[0]
-    names = KernelArgs.names(lowered.inputs)
-    strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs}
+    channel n; none for a pool) and `kiln_epilogue_row` (channel m, pixels n0 .. n0 + count - 1,
+    flat over OH x OW)."""
+    out = c.lowered.outputs[0]
     b, ch, h, w = (Var(name, extent) for name, extent in zip("bchw", c.x.shape))
-    em = Emitter(d, {**names, id(b): "b", id(ch): "c", id(h): "h", id(w): "w"}, strides)
+    em = Emitter(CDialect(), {**KernelArgs.names(c.lowered.inputs), id(b): "b", id(ch): "c", id(h): "h", id(w): "w"},
+                 {id(t): row_major_strides(t.shape) for t in c.lowered.inputs})
     v = em.emit(simplify(cast(Load(c.x, (b, ch, h, w)), dtypes.float32)))
     hooks = [f"static inline float kiln_x(TASK_PARAMS, int64_t b, int64_t c, int64_t h, int64_t w) {{\n"
-             + "\n".join(em.lines) + f"\n    return {v};\n}}\n"]
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", "" if c.weight is None else _weight_hook(c)]
+    bv, mv, nv = Var("b", out.shape[0]), Var("m", out.shape[1]), Var("n", out.shape[2] * out.shape[3])
+    index = {id(out.axes[0]): bv, id(out.axes[1]): mv, **unravel_index(nv, out.axes[2:], out.shape[2:])}
+    hooks.append(render_epilogue_row(c.lowered, out, index, {id(bv): "b", id(mv): "m", id(nv): "n"}, "PARAMS"))
+    return "".join(hooks)
+
+
+def _weight_hook(c: ConvCpu) -> str:
+    """C of `kiln_b_col`: the weight along k (taps) for output channel n."""
+    d = CDialect()
+    names = KernelArgs.names(c.lowered.inputs)
+    strides = {id(t): row_major_strides(t.shape) for t in c.lowered.inputs}
     taps = c.weight.shape[1:]
     n, k = Var("n", c.weight.shape[0]), Var("k", math.prod(taps))
     tap_axes = [Var(f"t{i}", e) for i, e in enumerate(taps)]
     index = unravel_index(k, tap_axes, taps)
     em = Emitter(d, {**names, id(n): "n", id(k): "k"}, strides, indent=2)
     v = em.emit(simplify(cast(Load(c.weight, (n, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
-    hooks.append("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
-                 "float* __restrict__ dst, int64_t stride) {\n"
-                 "    for (int64_t k = k0; k < k0 + count; ++k) {\n" + "\n".join(em.lines)
-                 + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
-    bv, mv, nv = Var("b", out.shape[0]), Var("m", out.shape[1]), Var("n", out.shape[2] * out.shape[3])
-    index = {id(out.axes[0]): bv, id(out.axes[1]): mv, **unravel_index(nv, out.axes[2:], out.shape[2:])}
-    hooks.append(render_epilogue_row(lowered, out, index, {id(bv): "b", id(mv): "m", id(nv): "n"}, "PARAMS"))
-    return "".join(hooks)
+    return ("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
+            "float* __restrict__ dst, int64_t stride) {\n"
+            "    for (int64_t k = k0; k < k0 + count; ++k) {\n" + "\n".join(em.lines)
+            + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
 
 
 def source(c: ConvCpu, defines: dict, kernel: str) -> str:
