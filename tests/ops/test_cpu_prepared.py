@@ -25,9 +25,10 @@ def _entries(compiled) -> list[str]:
     return [step.kernel.kernel.program.entry for step in compiled.steps]
 
 
-@pytest.mark.parametrize("m, k, n", [(37, 70, 53), (5, 1000, 129), (130, 257, 33)])
+@pytest.mark.parametrize("m, k, n", [(37, 70, 53), (5, 1000, 129), (130, 257, 33), (1, 1000, 77), (3, 19, 40)])
 def test_linear_weight_packed_once(m, k, n):
-    """K = 1000 runs in several K blocks, each reading its rows of the laid-out panels."""
+    """K = 1000 runs in several K blocks, each reading its rows of the laid-out panels; up to
+    4 rows stream the panels once."""
     w, b, x = rand((n, k)), rand((n,)), rand((1, m, k))
     compiled = _compiled(kiln.ops.linear, x, [w, b])
     assert _entries(compiled) == ["kiln_kernel_prepared"]
@@ -162,10 +163,10 @@ int main(int argc, char** argv) {
 
 
 @pytest.mark.parametrize("m, k, n, isa", [(37, 300, 70, []), (37, 1000, 70, []), (37, 333, 70, ["-mno-avx512f"]),
-                                         (37, 333, 70, ["-mno-avx"])])
+                                         (37, 333, 70, ["-mno-avx"]), (3, 130, 50, []), (2, 33, 70, ["-mno-avx512f"])])
 def test_prepared_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
     """The layout and the kernel reading it, built for 16-, 8- and 4-float vectors; K = 1000 in
-    K blocks (WHOLE_K is 768)."""
+    K blocks (WHOLE_K is 768); the few-row path on the panels."""
     x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
     b = (torch.arange(n) % 5).float()

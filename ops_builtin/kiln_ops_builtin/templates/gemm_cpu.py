@@ -15,15 +15,21 @@ the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last pan
 last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
 fusion put there (bias, activation, residual, cast) and stores.
 
+A B that is one input, the same for every batch (a weight), may be laid out once when it is a
+constant of the graph (`kiln.runtime.cpu.Preparation`): `kiln_prepare` packs all of its panels,
+K deep, and `kiln_kernel_prepared` reads them in place of packing B per block.
+
 With at most SMALL_M rows (grouped convolutions, vector-matrix products) nothing is packed:
-rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken;
+B's panels laid out once are streamed once.
 
 The C comes in pieces that other CPU templates reuse (`conv_cpu`): HELPERS, MICRO (the
 micro-kernel; with A_DIRECT defined to 1 it reads row k of an A panel in place at
 a + aoff[k], through the template's `kiln_a_rows` and `kiln_a_offsets`), PACK_A,
-BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split; a finished
-tile goes to `kiln_store_tile`, which PACK_A defines as rows through the epilogue hook) and
-FEW_ROWS with the entry point.
+BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split, reading B's
+panels from `bpre` where they were laid out once; a finished tile goes to `kiln_store_tile`,
+which PACK_A defines as rows through the epilogue hook; `kiln_pack_panels`, the layout), FEW_ROWS
+with the kernel, and the exported functions of `entry_points`.
 
 Symbolic sizes are kernel arguments (`kiln.codegen.sizes`): BATCH, M, N and K are macros of
 them, so one build serves every size.
@@ -288,10 +294,47 @@ static void kiln_few_rows_by_k(PARAMS, int threads) {
     }
 }
 
+/* Few rows with B laid out once (bpre): each panel streamed once, A's rows (gathered once per
+   batch) broadcast into the panel's NV vectors per row. */
+static void kiln_few_rows_panels(PARAMS, int threads) {
+    const int64_t panels = KILN_PANELS(N, NR);
+#pragma omp parallel num_threads(threads)
+    {
+        float* arows = kiln_alloc(M * K);
+        int64_t loaded = -1;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < BATCH * panels; ++u) {
+            const int64_t b = u / panels, n0 = u % panels * NR;
+            const float* __restrict__ panel = bpre + n0 * K;
+            kiln_vf acc[SMALL_M][NV];
+            if (b != loaded) {
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t k = 0; k < K; ++k) arows[m * K + k] = kiln_a(ARGS, b, m, k);
+                loaded = b;
+            }
+            for (int64_t m = 0; m < SMALL_M; ++m)
+                for (int j = 0; j < NV; ++j) acc[m][j] = (kiln_vf){0};
+            for (int64_t k = 0; k < K; ++k)
+                for (int64_t m = 0; m < M; ++m) {
+                    const float a = arows[m * K + k];
+#pragma GCC unroll 4
+                    for (int j = 0; j < NV; ++j) acc[m][j] += a * *(const kiln_vfu*)(panel + k * NR + j * VW);
+                }
+            for (int64_t m = 0; m < M; ++m) {
+                float row[NR] __attribute__((aligned(64)));
+                for (int j = 0; j < NV; ++j) *(kiln_vf*)(row + j * VW) = acc[m][j];
+                kiln_epilogue_row(ARGS, b, m, n0, KILN_MIN(NR, N - n0), row);
+            }
+        }
+        free(arows);
+    }
+}
+
 static void kiln_main(PARAMS) {
     if (M <= SMALL_M) {
         const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
-        if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
+        if (bpre) kiln_few_rows_panels(ARGS, threads);
+        else if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
         else kiln_few_rows(ARGS, threads);
         return;
     }
