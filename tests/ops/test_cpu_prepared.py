@@ -34,9 +34,11 @@ def test_linear_weight_packed_once(m, k, n):
     assert _entries(compiled) == ["kiln_kernel_prepared"]
     prepared = compiled.constants[compiled.steps[0].inputs[-1]]
     assert prepared.dtype == torch.float32 and prepared.numel() >= n * k
-    assert_close(compiled.run([x])[0], F.linear(x, w, b), atol=1e-4, rtol=1e-4)
-    x2 = rand((1, m, k))           # the same laid-out weight serves every call
-    assert_close(compiled.run([x2])[0], F.linear(x2, w, b), atol=1e-4, rtol=1e-4)
+    for x in (x, rand((1, m, k))):        # the same laid-out weight serves every call
+        # against float64: float32 sums of 1000 products of values in [-3, 3] are off by up
+        # to ~1.5e-4 (torch's own as much)
+        want = F.linear(x.double(), w.double(), b.double()).float()
+        assert_close(compiled.run([x])[0], want, atol=5e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -76,19 +76,31 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
         for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
 }
 
-/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1: each
-   channel's run of real pixels within an output row through the epilogue hook */
+/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1:
+   transposed VW x VW in registers (vector stores, which the epilogue's vector loads can take
+   forwarded: element-wise stores could not), then each channel's run of real pixels within an
+   output row through the epilogue hook */
+#define MRP (KILN_PANELS(MR, VW) * VW)
 static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
                                    const float* __restrict__ tile) {
+    float by_channel[NR * MRP] __attribute__((aligned(64)));
+#pragma GCC unroll 2
+    for (int64_t i0 = 0; i0 < MR; i0 += VW)
+#pragma GCC unroll 4
+        for (int g = 0; g < NV; ++g) {
+            kiln_vf r[VW];
+#pragma GCC unroll 16
+            for (int i = 0; i < VW; ++i) r[i] = i0 + i < MR ? *(const kiln_vf*)(tile + (i0 + i) * NR + g * VW) : (kiln_vf){0};
+            kiln_vtranspose(r);
+#pragma GCC unroll 16
+            for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (g * VW + j) * MRP + i0) = r[j];
+        }
     for (int64_t v = m0, end = m0 + rows; v < end;) {
         const int64_t oh = v / ROW, ow = v % ROW;
         const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
         const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
-        for (int64_t j = 0; valid && j < cols; ++j) {
-            float acc[MR];
-            for (int64_t i = 0; i < valid; ++i) acc[i] = tile[(v - m0 + i) * NR + j];
-            kiln_epilogue_row(ARGS, b, n0 + j, oh * OW + ow, valid, acc);
-        }
+        for (int64_t j = 0; valid && j < cols; ++j)
+            kiln_epilogue_row(ARGS, b, n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
         v += run;
     }
 }
