@@ -15,10 +15,12 @@ tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 
 the rows are the real pixels, each panel within one output row, read in place too: no extra
 columns. Otherwise, where the planes' extra columns would add a quarter or more, the rows are
 real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
-are any; the output's (pixel, channel) tile is handed to the epilogue hook a channel at a
-time, along consecutive pixels (bias, batch norm folded by the passes, activations, residual
-adds: whatever fusion put there), so NCHW stores run along a row of the output. 1x1
-convolutions are plain GEMMs, `gemm_cpu.CONV`'s.
+are any; the output's (pixel, channel) tile is transposed in registers and handed to the
+epilogue hook a channel at a time, along consecutive pixels (bias, batch norm folded by the
+passes, activations, residual adds: whatever fusion put there), so NCHW stores run along a row
+of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
+(`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
+their output channels fill panels better than their pixels (`one_by_one_pays`).
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
 inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
@@ -250,7 +252,7 @@ def match_conv(task: Task) -> ConvCpu | None:
         return None
     groups = attrs["groups"]
     found = windowed(task, "sum", 2)
-    if found is None or found[2].dtype != dtypes.float32 or any(t.shape[2:] == (1, 1) for t in found[1]):
+    if found is None or found[2].dtype != dtypes.float32:
         return None
     lowered, read, _ = found
     out = lowered.outputs[0]
@@ -273,10 +275,20 @@ def match_conv(task: Task) -> ConvCpu | None:
 
 
 def applies(task) -> bool:
-    """Ungrouped convolutions with kernels larger than 1x1 (a 1x1 convolution is a plain GEMM:
-    `gemm_cpu.CONV`'s)."""
+    """Ungrouped convolutions with kernels larger than 1x1, and the 1x1 ones that run better here
+    than as `gemm_cpu.CONV`'s plain GEMMs (`one_by_one_pays`)."""
     c = match_conv(task)
-    return c is not None and not c.depthwise and c.weight.shape[2:] != (1, 1)
+    return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or one_by_one_pays(c))
+
+
+def one_by_one_pays(c: ConvCpu) -> bool:
+    """Whether a 1x1 convolution goes here rather than to the plain GEMM, whose columns are its
+    pixels in panels of 32 (AVX-512's): where it has at least 64 input channels (the tile's
+    transposition is paid per tile, whatever K) and its output channels pad whole panels less
+    than its pixels do (MobileNetV2's layers at 7 x 7 and 14 x 14: 1.1-1.6x faster here; at 56 x 56
+    and 112 x 112, with 16 to 32 input channels, 1.5x slower)."""
+    padded = lambda n: -(-n // 32) * 32 / n
+    return c.x.shape[1] >= 64 and padded(c.out_shape[1]) < padded(c.out_shape[2] * c.out_shape[3])
 
 
 def _hooks(c: ConvCpu) -> str:
