@@ -38,8 +38,8 @@ CASES = [
     ((1, 5, 16, 14), (9, 5, 3, 3), dict(padding=1)),                           # aligned rows: 14 per row
     ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1)),                            # aligned, 7 per row
     ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1)),                 # aligned, 8 of 16
-    ((1, 70, 7, 7), (96, 70, 1, 1), {}),                                       # 1x1, channels fill panels
-    ((2, 65, 13, 13), (90, 65, 1, 1), dict(stride=2)),
+    ((1, 200, 7, 7), (96, 200, 1, 1), {}),                                     # 1x1, channels fill panels
+    ((2, 193, 13, 13), (90, 193, 1, 1), dict(stride=2)),
     ((1, 5, 1, 1), (9, 5, 3, 3), dict(padding=1)),                             # a 1x1 input
 ]
 
@@ -108,8 +108,10 @@ def test_declines_what_it_does_not_compute():
     assert not conv_cpu.TEMPLATE.applies(_task(x, w, None, groups=2))             # grouped
     one = _task(x, kiln.from_torch(rand((4, 6, 1, 1))))                          # 1x1: a plain GEMM
     assert not conv_cpu.TEMPLATE.applies(one) and gemm_cpu.CONV.applies(one)
-    wide = _task(kiln.from_torch(rand((1, 64, 28, 28))), kiln.from_torch(rand((24, 64, 1, 1))))
+    wide = _task(kiln.from_torch(rand((1, 256, 28, 28))), kiln.from_torch(rand((24, 256, 1, 1))))
     assert not conv_cpu.TEMPLATE.applies(wide)        # its pixels fill panels better than its channels
+    shallow = _task(kiln.from_torch(rand((1, 96, 7, 7))), kiln.from_torch(rand((64, 96, 1, 1))))
+    assert not conv_cpu.TEMPLATE.applies(shallow)     # K too small to pay for the transposed tiles
     # a task named conv2d whose sum is not the convolution its attributes describe
     task = _task(x, kiln.from_torch(rand((4, 6, 3, 3))), None, stride=2)
     forged = Task("conv2d", task.inputs, [conv2d.definition(task.inputs[0], task.inputs[1], stride=2, padding=1)],
@@ -251,7 +253,7 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((1, 3, 19, 17), (10, 3, 5, 5), dict(stride=2, padding=2), ["-mno-avx"]),
     ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1), []),                                     # aligned
     ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1), ["-mno-avx512f"]),
-    ((1, 70, 7, 7), (96, 70, 1, 1), {}, ["-mno-avx512f"]),                                 # 1x1
+    ((1, 200, 7, 7), (96, 200, 1, 1), {}, ["-mno-avx512f"]),                               # 1x1
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     _sanitized(tmp_path, conv_cpu, xs, ws, kw, isa)

@@ -283,12 +283,14 @@ def applies(task) -> bool:
 
 def one_by_one_pays(c: ConvCpu) -> bool:
     """Whether a 1x1 convolution goes here rather than to the plain GEMM, whose columns are its
-    pixels in panels of 32 (AVX-512's): where it has at least 64 input channels (the tile's
-    transposition is paid per tile, whatever K) and its output channels pad whole panels less
-    than its pixels do (MobileNetV2's layers at 7 x 7 and 14 x 14: 1.1-1.6x faster here; at 56 x 56
-    and 112 x 112, with 16 to 32 input channels, 1.5x slower)."""
+    pixels in panels of 32 (AVX-512's): where it has at least 192 input channels (the tile's
+    transposition and the epilogue's short runs along an output row are paid per output
+    element, whatever K) and its output channels pad whole panels less than its pixels do.
+    Measured on MobileNetV2's layers with their fused epilogues: its projections to 7 x 7 and
+    14 x 14 (K of 192 to 960) 1.25-1.6x faster here, its expansions (K of 64 to 160) 1.15-1.6x
+    slower."""
     padded = lambda n: -(-n // 32) * 32 / n
-    return c.x.shape[1] >= 64 and padded(c.out_shape[1]) < padded(c.out_shape[2] * c.out_shape[3])
+    return c.x.shape[1] >= 192 and padded(c.out_shape[1]) < padded(c.out_shape[2] * c.out_shape[3])
 
 
 def _hooks(c: ConvCpu) -> str:
