@@ -2,17 +2,16 @@
 matmuls and convolutions that are constants of a graph are packed into the CPU templates'
 panels when the graph compiles, and the kernels read them from there. Against PyTorch on odd
 shapes (no multiple of a panel or block), non-contiguous and 16-bit constants, batches, fused
-epilogues and symbolic sizes; and the layout itself under AddressSanitizer for every vector
-width."""
+epilogues and symbolic sizes (the C under AddressSanitizer: test_cpu_templates)."""
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln_ops_builtin.templates import conv_cpu, gemm_cpu
+from kiln_ops_builtin.templates import conv_cpu
 from tests.frontend.frontend_support import Capture, compile_and_compare
-from tests.support import assert_close, rand, run_sanitized
+from tests.support import assert_close, rand
 
 
 def _compiled(build, example, constants):
@@ -138,44 +137,3 @@ def test_symbolic_rows_share_prepared_weights_which_follow_updates():
         for rows in (37, 2):
             x = torch.randn(rows, 70)
             torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-
-
-_ASAN_MAIN = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <stdint.h>
-void kiln_kernel_prepared(const float*, const float*, const float*, float*, const float*);
-int64_t kiln_prepare(const float*, const float*, const float*, float*, float*);
-int main(int argc, char** argv) {
-    long m = atol(argv[1]), k = atol(argv[2]), n = atol(argv[3]);
-    float *x = malloc(m * k * 4), *w = malloc(n * k * 4), *b = malloc(n * 4), *o = malloc(m * n * 4);
-    for (long i = 0; i < m * k; ++i) x[i] = (float)(i % 13) * 0.1f - 0.6f;
-    for (long i = 0; i < n * k; ++i) w[i] = (float)(i % 7) * 0.1f - 0.3f;
-    for (long i = 0; i < n; ++i) b[i] = (float)(i % 5);
-    int64_t floats = kiln_prepare(NULL, w, NULL, NULL, NULL);
-    float* packed = aligned_alloc(64, (floats * 4 + 63) / 64 * 64);
-    kiln_prepare(NULL, w, NULL, NULL, packed);
-    kiln_kernel_prepared(x, w, b, o, packed);
-    FILE* f = fopen(argv[4], "wb");
-    fwrite(o, 4, m * n, f);
-    fclose(f);
-    return 0;
-}
-"""
-
-
-@pytest.mark.parametrize("m, k, n, isa", [(37, 300, 70, []), (37, 1000, 70, []), (37, 333, 70, ["-mno-avx512f"]),
-                                         (37, 333, 70, ["-mno-avx"]), (3, 130, 50, []), (2, 33, 70, ["-mno-avx512f"])])
-def test_prepared_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
-    """The layout and the kernel reading it, built for 16-, 8- and 4-float vectors; K = 1000 in
-    K blocks (WHOLE_K is 768); the few-row path on the panels."""
-    x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
-    w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
-    b = (torch.arange(n) % 5).float()
-    op = kiln.ops.linear
-    task, _, _ = op.task(op.bind([kiln.from_torch(t) for t in (x, w, b)], {}))
-    program = gemm_cpu.render(task, **gemm_cpu.DEFAULT)
-    assert program.preparation is not None and program.preparation.input == 1
-    run_sanitized(tmp_path, program.source, _ASAN_MAIN, [m, k, n, tmp_path / "out.bin"], isa)
-    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
-    assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
