@@ -122,7 +122,7 @@ def _prepared_forms(capture) -> list[set[int]]:
 def test_symbolic_rows_share_prepared_weights_which_follow_updates():
     """The graphs traced at each sequence length (one kernel serves them all, down to the few-row
     path, which reads the weight itself) share the laid-out weights; an in-place update of a
-    weight lays it out anew."""
+    weight, or new memory for it, lays it out anew."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(70, 53), nn.ReLU(), nn.Linear(53, 40)).eval()
     capture = Capture()
@@ -133,7 +133,9 @@ def test_symbolic_rows_share_prepared_weights_which_follow_updates():
             torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
         forms = _prepared_forms(capture)
         assert len(forms) == 3 and len(forms[0]) == 2 and forms[0] == forms[1] == forms[2]
-        model[0].weight.mul_(-1.5)
-        for rows in (37, 2):
-            x = torch.randn(rows, 70)
-            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        for update in (lambda: model[0].weight.mul_(-1.5),                  # a new version
+                       lambda: setattr(model[2].weight, "data", torch.randn(40, 53))):   # new memory
+            update()
+            for rows in (37, 2):
+                x = torch.randn(rows, 70)
+                torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)

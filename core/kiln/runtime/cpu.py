@@ -123,7 +123,7 @@ class CpuProgram:
 
 
 _omp_threads = threading.local()
-# prepared forms by source tensor, then (library, function): (the source's version, the form)
+# prepared forms by source tensor, then (library, function): (the source's state then, the form)
 _prepared = WeakIdKeyDictionary()
 _prepared_lock = threading.Lock()
 
@@ -153,18 +153,19 @@ class CpuKernel:
         """Where the program prepares an input (`CpuProgram.preparation`) and `constants` (one
         per input, None for those that are not constants) gives it: the kernel that reads the
         prepared form as one more input, and that form: computed now, or the one computed
-        before from the same tensor, unchanged since, by the same library's function (the
-        graphs of a model traced at several sizes share it)."""
+        before from the same tensor with the same memory, layout and version by the same
+        library's function (the graphs of a model traced at several sizes share it)."""
         p = self.program.preparation
         if p is None or constants[p.input] is None:
             return None
         source, key = constants[p.input], (str(self.path), p.function)
+        state = (source.data_ptr(), source._version, tuple(source.shape), source.stride(), source.dtype)
         with _prepared_lock:
-            version, prepared = _prepared.get(source, {}).get(key, (None, None))
-        if version != source._version:
+            seen, prepared = _prepared.get(source, {}).get(key, (None, None))
+        if seen != state:
             prepared = self._run_preparation(p, source.contiguous())
             with _prepared_lock:
-                _prepared.setdefault(source, {})[key] = (source._version, prepared)
+                _prepared.setdefault(source, {})[key] = (state, prepared)
         kernel = replace(self.program, entry=p.entry, args=p.args, preparation=None)
         return CpuKernel(kernel, self.path), prepared
 
