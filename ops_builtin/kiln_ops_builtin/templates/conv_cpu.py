@@ -180,6 +180,11 @@ class ConvCpu:
         return -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh), -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
 
     @property
+    def weight_input(self) -> int:
+        """The weight's index among the task's inputs."""
+        return next(k for k, t in enumerate(self.lowered.inputs) if t is self.weight)
+
+    @property
     def gather(self) -> bool:
         """Whether the GEMM's rows are real pixels, whose A panels are gathered tap by tap: where
         the planes' extra columns would add a quarter or more to the work (ResNet's 7x7
@@ -370,7 +375,7 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
                                     "kiln_conv", "kiln_conv_prepare")
     return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY + entries),
                       "kiln_kernel", tuple(args),
-                      preparation=gemm_cpu.preparation(next(k for k, t in enumerate(inputs) if t is c.weight), len(inputs)))
+                      preparation=gemm_cpu.preparation(c.weight_input, len(inputs)))
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,
