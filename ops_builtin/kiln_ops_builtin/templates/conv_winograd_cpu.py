@@ -45,31 +45,42 @@ KERNEL = r"""
 #define VSTRIDE (CIN * MR + VW)                  /* a position's A panel, and room for a vector's overrun */
 
 /* U = G g G^T of every (input channel, output channel) as B panels per position p: panel q of
-   output channels at (p * COUT_PANELS + q) * CIN * NR, k-major. Returns their floats; writes them
-   to dst unless NULL. */
+   output channels at (p * COUT_PANELS + q) * CIN * NR, k-major; vectorized over a panel's output
+   channels. Returns their floats; writes them to dst unless NULL. */
 static int64_t kiln_wino_weights(PARAMS, float* dst) {
-    const int64_t floats = 16 * COUT_PANELS * CIN * NR;
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < (dst ? COUT_PANELS * NR : 0); ++n)
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t q = 0; q < (dst ? COUT_PANELS : 0); ++q)
         for (int64_t c = 0; c < CIN; ++c) {
-            float g[9] = {0}, t[4][3], u[4][4];
-            if (n < COUT) kiln_b_col(ARGS, 0, n, c * 9, 9, g, 1);
-            for (int s = 0; s < 3; ++s) {
-                t[0][s] = g[s];
-                t[1][s] = (g[s] + g[3 + s] + g[6 + s]) * 0.5f;
-                t[2][s] = (g[s] - g[3 + s] + g[6 + s]) * 0.5f;
-                t[3][s] = g[6 + s];
+            float g[9 * NR] __attribute__((aligned(64)));      /* tap t of output channel q * NR + j at g[t * NR + j] */
+            for (int64_t j = 0; j < NR; ++j) {
+                if (q * NR + j < COUT) kiln_b_col(ARGS, 0, q * NR + j, c * 9, 9, g + j, NR);
+                else for (int t = 0; t < 9; ++t) g[t * NR + j] = 0.f;
             }
-            for (int i = 0; i < 4; ++i) {
-                u[i][0] = t[i][0];
-                u[i][1] = (t[i][0] + t[i][1] + t[i][2]) * 0.5f;
-                u[i][2] = (t[i][0] - t[i][1] + t[i][2]) * 0.5f;
-                u[i][3] = t[i][2];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+                kiln_vf t[4][3], u[4][4];
+#pragma GCC unroll 3
+                for (int s = 0; s < 3; ++s) {
+                    const kiln_vf g0 = *(const kiln_vf*)(g + s * NR + v * VW), g1 = *(const kiln_vf*)(g + (3 + s) * NR + v * VW);
+                    const kiln_vf g2 = *(const kiln_vf*)(g + (6 + s) * NR + v * VW);
+                    t[0][s] = g0;
+                    t[1][s] = (g0 + g1 + g2) * 0.5f;
+                    t[2][s] = (g0 - g1 + g2) * 0.5f;
+                    t[3][s] = g2;
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) {
+                    u[i][0] = t[i][0];
+                    u[i][1] = (t[i][0] + t[i][1] + t[i][2]) * 0.5f;
+                    u[i][2] = (t[i][0] - t[i][1] + t[i][2]) * 0.5f;
+                    u[i][3] = t[i][2];
+                }
+#pragma GCC unroll 16
+                for (int p = 0; p < 16; ++p)
+                    *(kiln_vf*)(dst + ((p * COUT_PANELS + q) * CIN + c) * NR + v * VW) = u[p / 4][p % 4];
             }
-            for (int p = 0; p < 16; ++p)
-                dst[((p * COUT_PANELS + n / NR) * CIN + c) * NR + n % NR] = u[p / 4][p % 4];
         }
-    return floats;
+    return 16 * COUT_PANELS * CIN * NR;
 }
 
 /* V = B^T d B of tiles tw0 .. tw0 + MR - 1 of tile row th, every input channel, vectorized over
@@ -199,10 +210,12 @@ static int64_t kiln_wino_prepare(PARAMS, const float* __restrict__ bpre, float* 
 }
 """
 
-# fewer tiles (7 x 7 outputs: 16, ResNet-18's last layers: 1.05x slower than conv_cpu) and the
-# transformed weight, 16/9 of the weight's floats, costs more than the multiplications it saves
-# (14 x 14 outputs, 49 tiles: 2.1x faster; 56 x 56: 1.8x)
-MIN_TILES = 32
+# Per output channel and input channel, the transform saves about 20 * tiles / 16 vector
+# multiplications and writes 16 floats of U (per call where the weight is not a constant; 16/9
+# of the weight's memory): below ~48 tiles that costs more than it saves (512 channels at 12 x 12,
+# 36 tiles: 1.25x slower than conv_cpu transforming per call, 1.06x faster laid out once; at
+# 14 x 14, 49 tiles: 1.4x / 2.1x faster; at 56 x 56: 1.8x).
+MIN_TILES = 48
 
 
 def applies(task) -> bool:
