@@ -1,5 +1,6 @@
-"""conv2d (groups = 1) on the CPU: an implicit GEMM on the micro-kernel, blocking and threads
-of `gemm_cpu`, whose rows are output pixels and columns output channels.
+"""conv2d on the CPU: an implicit GEMM on the micro-kernel, blocking and threads of `gemm_cpu`,
+whose rows are output pixels and columns output channels; with groups, one GEMM per image and
+group (its batches), each reading its group's planes and weight and writing its channels.
 
 The input is first copied, once per call, into zero-padded *phase planes*: for strides
 (SH, SW), plane (c, ph, pw) holds the padded input's rows ph, ph + SH, ... and columns pw,
@@ -23,9 +24,9 @@ of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
-inputs (`own_task.same_values`), with attributes from `task.attrs`; grouped convolutions
-(depthwise included) are `conv_depthwise_cpu`'s or `gemm_cpu.CONV`'s. Its sizes are fixed (a
-kernel per size): a model traced with symbolic sizes keeps `gemm_cpu.CONV`, built once for
+inputs (`own_task.same_values`), with attributes from `task.attrs`; depthwise convolutions are
+`conv_depthwise_cpu`'s, 3x3 ones of stride 1 mostly `conv_winograd_cpu`'s. Its sizes are fixed
+(a kernel per size): a model traced with symbolic sizes keeps `gemm_cpu.CONV`, built once for
 every size.
 """
 from __future__ import annotations
@@ -58,10 +59,15 @@ static inline int64_t kiln_koff(int64_t k) {
     return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
 }
 
+/* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
+static inline const float* kiln_group_planes(const float* planes, int64_t b) {
+    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * SH * SW * HQ * WQ;
+}
+
 /* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
    where ALIGNED, its panel within one output row; else a virtual one) */
 static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
-    return planes + b * PLANE + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+    return kiln_group_planes(planes, b) + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
 }
 static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
 
@@ -69,7 +75,7 @@ static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs +
    repeat pixel 0: computed, never stored) */
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
-    const float* src = planes + b * PLANE;
+    const float* src = kiln_group_planes(planes, b);
     const int64_t* __restrict__ off = koffs + k0;
     int64_t at[MR];
     for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
@@ -78,7 +84,8 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
         for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
 }
 
-/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1:
+/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1 of
+   GEMM batch b (of its group's output channels):
    transposed VW x VW in registers (vector stores, which the epilogue's vector loads can take
    forwarded: element-wise stores could not), then each channel's run of real pixels within an
    output row through the epilogue hook */
@@ -102,7 +109,7 @@ static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, in
         const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
         const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
         for (int64_t j = 0; valid && j < cols; ++j)
-            kiln_epilogue_row(ARGS, b, n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
+            kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
         v += run;
     }
 }
@@ -141,14 +148,14 @@ static int64_t kiln_conv_prepare(TASK_PARAMS, const float* __restrict__ bpre, fl
 }
 
 static void kiln_conv(TASK_PARAMS, const float* __restrict__ bpre) {
-    float* planes = kiln_alloc(BATCH * PLANE);
+    float* planes = kiln_alloc(IMAGES * PLANE);
     int64_t* koffs = (int64_t*)malloc(K * sizeof(int64_t));
     for (int64_t k = 0; k < K; ++k) koffs[k] = kiln_koff(k);
-    const int threads = (double)BATCH * PLANE > 65536.0 ? omp_get_max_threads() : 1;
+    const int threads = (double)IMAGES * PLANE > 65536.0 ? omp_get_max_threads() : 1;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < BATCH; ++b)
+    for (int64_t b = 0; b < IMAGES; ++b)
         for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
-    for (int64_t b = 0; b < BATCH; ++b)
+    for (int64_t b = 0; b < IMAGES; ++b)
         for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
     kiln_gemm(TASK_ARGS, bpre, planes, koffs);
     free(koffs);
@@ -168,8 +175,9 @@ class ConvCpu:
     dilation: tuple[int, int]
     before: tuple[int, int]          # padding added before the first row and column
     out_shape: tuple[int, ...]       # (N, O, OH, OW)
-    depthwise: bool                  # one group per channel (else one group)
+    depthwise: bool                  # one group per channel, as many output channels
     kernel: tuple[int, int]          # the window's (KH, KW)
+    groups: int = 1                  # the convolution's groups (a depthwise one's too)
 
     @property
     def planes(self) -> tuple[int, int]:
@@ -193,13 +201,15 @@ class ConvCpu:
         return self.planes[1] >= 1.25 * self.out_shape[3]
 
     def defines(self) -> dict:
-        """The C macros of the sizes, the parameters and the planes (`FILL` uses them)."""
+        """The C macros of the sizes, the parameters and the planes (`FILL` uses them); GROUPS
+        (1 here) is what a kernel runs as GEMM batches, GROUP_COUT a group's output channels."""
         d = CDialect()
         lowered = self.lowered
         (n, cin, h, w), (kh, kw) = self.x.shape, self.kernel
         hq, wq = self.planes
         return {"TASK_PARAMS": ", ".join(KernelArgs.params(d, lowered.inputs, lowered.outputs)),
-                "TASK_ARGS": ", ".join(KernelArgs.args(len(lowered.inputs))), "BATCH": n, "CIN": cin, "H": h, "W": w,
+                "TASK_ARGS": ", ".join(KernelArgs.args(len(lowered.inputs))), "BATCH": n, "IMAGES": n, "GROUPS": 1,
+                "GROUP_COUT": self.out_shape[1], "CIN": cin, "H": h, "W": w,
                 "KH": kh, "KW": kw, "SH": self.stride[0], "SW": self.stride[1], "DH": self.dilation[0],
                 "DW": self.dilation[1], "PH": self.before[0], "PW": self.before[1], "OH": self.out_shape[2],
                 "OW": self.out_shape[3], "HQ": hq, "WQ": wq}
@@ -250,8 +260,8 @@ def same_reduction(inputs: list[TensorInput], out: Compute, ref: Compute) -> boo
 
 
 def match_conv(task: Task) -> ConvCpu | None:
-    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), ungrouped or
-    depthwise (as many groups as input and output channels), or None."""
+    """`task` as a conv2d of a 4-D float input (epilogues fused around its sum), any groups
+    (`depthwise` where there are as many as input and output channels), or None."""
     attrs = task.attrs
     if task.name != "conv2d" or not isinstance(attrs.get("groups"), int) or not {"stride", "padding", "dilation"} <= set(attrs):
         return None
@@ -262,8 +272,6 @@ def match_conv(task: Task) -> ConvCpu | None:
     lowered, read, _ = found
     out = lowered.outputs[0]
     for x, weight in (read, read[::-1]):
-        if groups > 1 and not groups == x.shape[1] == weight.shape[0] == out.shape[1]:
-            continue                # grouped convolutions other than depthwise: not these templates'
         try:
             ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],
                                     dilation=attrs["dilation"], groups=groups)
@@ -275,15 +283,18 @@ def match_conv(task: Task) -> ConvCpu | None:
         before = _padding_before(attrs["padding"], weight.shape[2:], dilation)
         if before is None:
             return None
-        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), groups > 1, weight.shape[2:])
+        depthwise = groups > 1 and groups == x.shape[1] == out.shape[1]
+        return ConvCpu(lowered, x, weight, stride, dilation, before, tuple(out.shape), depthwise, weight.shape[2:], groups)
     return None
 
 
 def applies(task) -> bool:
-    """Ungrouped convolutions with kernels larger than 1x1, and the 1x1 ones that run better here
-    than as `gemm_cpu.CONV`'s plain GEMMs (`one_by_one_pays`)."""
+    """Convolutions with kernels larger than 1x1 (depthwise ones aside), grouped 1x1 ones (a
+    plain GEMM's rows would be single output channels: the group is in the B factor's index),
+    and the ungrouped 1x1 ones that run better here than as `gemm_cpu.CONV`'s plain GEMMs
+    (`one_by_one_pays`)."""
     c = match_conv(task)
-    return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or one_by_one_pays(c))
+    return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or c.groups > 1 or one_by_one_pays(c))
 
 
 def one_by_one_pays(c: ConvCpu) -> bool:
@@ -295,7 +306,8 @@ def one_by_one_pays(c: ConvCpu) -> bool:
     14 x 14 (K of 192 to 960) 1.25-1.6x faster here, its expansions (K of 64 to 160) 1.15-1.6x
     slower."""
     padded = lambda n: -(-n // 32) * 32 / n
-    return c.x.shape[1] >= 192 and padded(c.out_shape[1]) < padded(c.out_shape[2] * c.out_shape[3])
+    return (c.x.shape[1] // c.groups >= 192
+            and padded(c.out_shape[1] // c.groups) < padded(c.out_shape[2] * c.out_shape[3]))
 
 
 def _hooks(c: ConvCpu) -> str:
@@ -316,18 +328,20 @@ def _hooks(c: ConvCpu) -> str:
 
 
 def _weight_hook(c: ConvCpu) -> str:
-    """C of `kiln_b_col`: the weight along k (taps) for output channel n."""
+    """C of `kiln_b_col`: the weight along k (taps) for output channel n of GEMM batch b's group
+    (output channel b % GROUPS * GROUP_COUT + n)."""
     d = CDialect()
     names = KernelArgs.names(c.lowered.inputs)
     strides = {id(t): row_major_strides(t.shape) for t in c.lowered.inputs}
     taps = c.weight.shape[1:]
-    n, k = Var("n", c.weight.shape[0]), Var("k", math.prod(taps))
+    o, k = Var("o", c.weight.shape[0]), Var("k", math.prod(taps))
     tap_axes = [Var(f"t{i}", e) for i, e in enumerate(taps)]
     index = unravel_index(k, tap_axes, taps)
-    em = Emitter(d, {**names, id(n): "n", id(k): "k"}, strides, indent=2)
-    v = em.emit(simplify(cast(Load(c.weight, (n, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
+    em = Emitter(d, {**names, id(o): "o", id(k): "k"}, strides, indent=2)
+    v = em.emit(simplify(cast(Load(c.weight, (o, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
     return ("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
             "float* __restrict__ dst, int64_t stride) {\n"
+            "    const int64_t o = b % GROUPS * GROUP_COUT + n;\n"
             "    for (int64_t k = k0; k < k0 + count; ++k) {\n" + "\n".join(em.lines)
             + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
 
@@ -359,14 +373,15 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
     hq, wq = c.planes
-    cin, (cout, _, kh, kw) = c.x.shape[1], c.weight.shape
-    k = cin * kh * kw
-    defines = {"PARAMS": f"TASK_PARAMS, {gemm_cpu.BPRE}, const float* __restrict__ planes, "
+    cin, (cout, group_cin, kh, kw) = c.x.shape[1], c.weight.shape
+    k = group_cin * kh * kw
+    defines = {"GROUPS": c.groups, "GROUP_COUT": cout // c.groups, "BATCH": c.x.shape[0] * c.groups,
+               "B_GROUPS": c.groups, "PARAMS": f"TASK_PARAMS, {gemm_cpu.BPRE}, const float* __restrict__ planes, "
                          "const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
                "ALIGNED": "(OW % MR == 0)", "A_DIRECT": f"(ALIGNED || {int(not c.gather)})",
-               "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout,
+               "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout // c.groups,
                "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
                **({"MR": MR} if MR else {})}
     inputs = c.lowered.inputs

@@ -220,7 +220,7 @@ MIN_TILES = 48
 
 def applies(task) -> bool:
     c = match_conv(task)
-    return (c is not None and not c.depthwise and c.kernel == (3, 3) and c.stride == (1, 1) and c.dilation == (1, 1)
+    return (c is not None and c.groups == 1 and c.kernel == (3, 3) and c.stride == (1, 1) and c.dilation == (1, 1)
             and min(c.x.shape[1], c.out_shape[1]) >= 16
             and -(-c.out_shape[2] // 2) * -(-c.out_shape[3] // 2) >= MIN_TILES)
 

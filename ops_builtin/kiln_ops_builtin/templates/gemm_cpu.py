@@ -148,6 +148,9 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 
 #define SMALL_M 4
 #define CHUNK 512
+#ifndef B_GROUPS
+#define B_GROUPS 1          /* the different Bs of the batches (see kiln_pack_panels) */
+#endif
 
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
@@ -161,7 +164,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
         for (int64_t p = 0; p < npanels && !bpre; ++p)
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
         /* B's panels: packed here (panel p at p * NR * kc) or laid out once (jc is whole panels) */
-        const float* const bpanels = bpre ? bpre + jc * K + pc * NR : bpack;
+        const float* const bpanels = bpre ? bpre + b % B_GROUPS * KILN_PANELS(N, NR) * NR * K + jc * K + pc * NR : bpack;
         const int64_t bstride = bpre ? NR * K : NR * kc;
         for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
             const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
@@ -222,14 +225,16 @@ static void kiln_gemm(PARAMS) {
 }
 
 /* B's panels for every n and k, laid out once where B is a constant (the kernels' bpre): as
-   kiln_pack_b packs them, K deep, panel p at p * NR * K, from batch 0's B. Returns their
-   floats; writes them to dst unless it is NULL. */
+   kiln_pack_b packs them, K deep, panel p at p * NR * K, for each of the B_GROUPS different Bs
+   (batch b reads the (b % B_GROUPS)-th: a grouped convolution's groups). Returns their floats;
+   writes them to dst unless it is NULL. */
 static int64_t kiln_pack_panels(PARAMS, float* dst) {
-    const int64_t panels = dst ? KILN_PANELS(N, NR) : 0;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; ++p)
-        kiln_pack_b(ARGS, 0, p * NR, KILN_MIN(NR, N - p * NR), 0, K, dst + p * NR * K);
-    return KILN_PANELS(N, NR) * NR * K;
+    const int64_t panels = KILN_PANELS(N, NR);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < (dst ? B_GROUPS : 0); ++b)
+        for (int64_t p = 0; p < panels; ++p)
+            kiln_pack_b(ARGS, b, p * NR, KILN_MIN(NR, N - p * NR), 0, K, dst + (b * panels + p) * NR * K);
+    return B_GROUPS * panels * NR * K;
 }
 """
 
