@@ -104,7 +104,7 @@ def test_one_thread_gives_the_same_result():
 
 
 def test_declines_what_it_does_not_compute():
-    x, w = kiln.from_torch(rand((1, 6, 9, 9))), kiln.from_torch(rand((6, 3, 3, 3)))
+    x = kiln.from_torch(rand((1, 6, 9, 9)))
     assert not conv_cpu.TEMPLATE.applies(_task(x, kiln.from_torch(rand((6, 1, 3, 3))), None, groups=6))   # depthwise
     one = _task(x, kiln.from_torch(rand((4, 6, 1, 1))))                          # 1x1: a plain GEMM
     assert not conv_cpu.TEMPLATE.applies(one) and gemm_cpu.CONV.applies(one)

@@ -34,7 +34,7 @@ from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
 
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, ConvCpu, match_conv, source
+from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, match_conv, source
 
 KERNEL = r"""
 #define TILES_H ((OH + 1) / 2)
