@@ -3,8 +3,8 @@
 Every tensor of the graph gets a numbered buffer slot; every node becomes a step calling its
 operator's built kernel. Where that kernel lays out a constant input once
 (`kiln.runtime.cpu.Preparation`: a weight packed as its GEMM reads it), the prepared form is
-computed here and becomes one more constant the step reads. The kernels are built in parallel threads (gcc and NVRTC builds release
-the GIL), each distinct task once.
+computed here and becomes one more constant the step reads. The kernels are built in parallel
+threads (gcc and NVRTC builds release the GIL), each distinct task once.
 """
 from __future__ import annotations
 
