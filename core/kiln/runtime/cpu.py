@@ -88,11 +88,11 @@ class Preparation:
 
     `function` is a C function of the program, `int64_t function(<the kernel's parameters: its
     buffers, then its sizes>, float* dst)`: it reads input number `input` alone (every other
-    buffer is NULL), writes the prepared form, float32, to `dst` unless `dst` is NULL, and
-    returns its number of elements (dst is 64-byte aligned); the form must not depend on the
-    sizes' values (one serves every size of a symbolic kernel). `entry` is a kernel of the same program whose parameters
-    are the buffers `args` (the plain kernel's, and the prepared form as one more input,
-    `KernelArgs.input(number of inputs)`), then the sizes."""
+    buffer is NULL), writes the prepared form, float32, to `dst` (64-byte aligned) unless `dst`
+    is NULL, and returns its number of elements; the form must not depend on the sizes' values
+    (one serves every size of a symbolic kernel). `entry` is a kernel of the same program whose
+    parameters are the buffers `args` (the plain kernel's, and the prepared form as one more
+    input, `KernelArgs.input(number of inputs)`), then the sizes."""
 
     input: int
     function: str
@@ -177,7 +177,7 @@ class CpuKernel:
         buffers = {KernelArgs.input(p.input): source.data_ptr()}
         call = lambda dst: fn(*[buffers.get(name) for name in self.program.args], *self.program.sizes, dst)
         prepared = torch.empty(call(None), dtype=torch.float32)
-        if prepared.data_ptr() % 64:        # the templates store whole vectors: torch's CPU allocator aligns to 64
+        if prepared.data_ptr() % 64:      # torch's CPU allocator aligns to 64: the layouts store whole vectors
             raise RuntimeError(f"kernel '{self.program.entry}': a prepared form needs 64-byte aligned memory, "
                                f"torch allocated it at {prepared.data_ptr():#x}")
         self._threads()
