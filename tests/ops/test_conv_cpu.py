@@ -38,6 +38,9 @@ CASES = [
     ((1, 5, 16, 14), (9, 5, 3, 3), dict(padding=1)),                           # aligned rows: 14 per row
     ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1)),                            # aligned, 7 per row
     ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1)),                 # aligned, 8 of 16
+    ((1, 200, 7, 7), (96, 200, 1, 1), {}),                                     # 1x1, channels fill panels
+    ((2, 193, 13, 13), (90, 193, 1, 1), dict(stride=2)),
+    ((1, 5, 1, 1), (9, 5, 3, 3), dict(padding=1)),                             # a 1x1 input
 ]
 
 
@@ -101,10 +104,14 @@ def test_one_thread_gives_the_same_result():
 
 
 def test_declines_what_it_does_not_compute():
-    x, w = kiln.from_torch(rand((1, 6, 9, 9))), kiln.from_torch(rand((6, 3, 3, 3)))
-    assert not conv_cpu.TEMPLATE.applies(_task(x, w, None, groups=2))             # grouped
+    x = kiln.from_torch(rand((1, 6, 9, 9)))
+    assert not conv_cpu.TEMPLATE.applies(_task(x, kiln.from_torch(rand((6, 1, 3, 3))), None, groups=6))   # depthwise
     one = _task(x, kiln.from_torch(rand((4, 6, 1, 1))))                          # 1x1: a plain GEMM
     assert not conv_cpu.TEMPLATE.applies(one) and gemm_cpu.CONV.applies(one)
+    wide = _task(kiln.from_torch(rand((1, 256, 28, 28))), kiln.from_torch(rand((24, 256, 1, 1))))
+    assert not conv_cpu.TEMPLATE.applies(wide)        # its pixels fill panels better than its channels
+    shallow = _task(kiln.from_torch(rand((1, 96, 7, 7))), kiln.from_torch(rand((64, 96, 1, 1))))
+    assert not conv_cpu.TEMPLATE.applies(shallow)     # K too small to pay for the transposed tiles
     # a task named conv2d whose sum is not the convolution its attributes describe
     task = _task(x, kiln.from_torch(rand((4, 6, 3, 3))), None, stride=2)
     forged = Task("conv2d", task.inputs, [conv2d.definition(task.inputs[0], task.inputs[1], stride=2, padding=1)],
@@ -118,6 +125,7 @@ DEPTHWISE = [
     ((1, 5, 40, 37), (5, 1, 5, 5), dict(stride=(1, 2), padding=(2, 1), dilation=(1, 2))),   # rows over 2 blocks
     ((1, 7, 6, 71), (7, 1, 3, 2), dict(padding="same")),
     ((1, 3, 10, 8), (3, 1, 2, 3), dict(stride=3)),
+    ((1, 6, 9, 21), (6, 1, 1, 1), {}),                                       # a per-channel scale
 ]
 
 
@@ -147,11 +155,25 @@ def test_depthwise_16bit(dtype):
     assert_close(kiln.ops.conv2d(x, w, None, 2, 1, 1, 8), want, atol=2e-2, rtol=2e-2)
 
 
-def test_grouped_convolutions_other_than_depthwise_are_declined():
-    x = kiln.from_torch(rand((1, 8, 9, 9)))
-    for groups, ws in ((2, (8, 4, 3, 3)), (8, (16, 1, 3, 3))):         # two groups; a channel multiplier of 2
-        task = _task(x, kiln.from_torch(rand(ws)), None, groups=groups)
-        assert not conv_cpu.TEMPLATE.applies(task) and not conv_depthwise_cpu.TEMPLATE.applies(task)
+GROUPED = [
+    ((1, 8, 9, 9), (8, 4, 3, 3), dict(groups=2, padding=1)),
+    ((2, 8, 13, 11), (16, 1, 3, 3), dict(groups=8, stride=2, padding=1)),        # a channel multiplier of 2
+    ((1, 12, 10, 14), (45, 4, 3, 3), dict(groups=3, padding=1)),                   # 15 channels a group
+    ((1, 36, 7, 9), (42, 12, 1, 1), dict(groups=3)),                               # grouped 1x1
+    ((2, 64, 9, 9), (96, 2, 3, 3), dict(groups=32, padding=1, dilation=(1, 2))),
+]
+
+
+@pytest.mark.parametrize("xs, ws, kw", GROUPED)
+def test_grouped_convolutions(xs, ws, kw):
+    """The GEMM's batches are (image, group) pairs: each group's planes, weight and channels."""
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    assert schedules_for(_task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw), "cpu")[0] is conv_cpu.TEMPLATE
+    assert_close(kiln.ops.conv2d(x, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
+    symbolic = kiln.symbol(list(xs))                      # the weight laid out once, per group
+    compiled = kiln.trace_from(kiln.ops.conv2d(symbolic, kiln.from_torch(w), kiln.from_torch(b), **kw), [symbolic]).compile()
+    assert compiled.steps[0].kernel.kernel.program.entry == "kiln_kernel_prepared"
+    assert_close(compiled.run([x])[0], F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
 
 
 class _InvertedResidual(nn.Module):
@@ -210,16 +232,26 @@ def test_resnet_block_epilogues_fuse_into_the_template(batch):
 _ASAN_MAIN = r"""
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 void kiln_kernel(const float*, const float*, const float*, float*);
+void kiln_kernel_prepared(const float*, const float*, const float*, float*, const float*);
+int64_t kiln_prepare(const float*, const float*, const float*, float*, float*);
 int main(int argc, char** argv) {
     long nx = atol(argv[1]), nw = atol(argv[2]), nb = atol(argv[3]), no = atol(argv[4]);
-    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(nb * 4), *o = malloc(no * 4);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(nb * 4), *o = malloc(2 * no * 4);
     for (long i = 0; i < nx; ++i) x[i] = (float)(i % 13) * 0.1f - 0.6f;
     for (long i = 0; i < nw; ++i) w[i] = (float)(i % 7) * 0.1f - 0.3f;
     for (long i = 0; i < nb; ++i) b[i] = (float)(i % 5);
     kiln_kernel(x, w, b, o);
+#ifdef PREPARED                 /* the weight laid out once */
+    float* u = aligned_alloc(64, (kiln_prepare(NULL, w, NULL, NULL, NULL) * 4 + 63) / 64 * 64);
+    kiln_prepare(NULL, w, NULL, NULL, u);
+    kiln_kernel_prepared(x, w, b, o + no, u);
+#else
+    for (long i = 0; i < no; ++i) o[no + i] = o[i];
+#endif
     FILE* f = fopen(argv[5], "wb");
-    fwrite(o, 4, no, f);
+    fwrite(o, 4, 2 * no, f);
     fclose(f);
     return 0;
 }
@@ -245,6 +277,9 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((1, 3, 19, 17), (10, 3, 5, 5), dict(stride=2, padding=2), ["-mno-avx"]),
     ((2, 6, 7, 7), (20, 6, 3, 3), dict(padding=1), []),                                     # aligned
     ((1, 4, 33, 32), (6, 4, 3, 3), dict(stride=2, padding=1), ["-mno-avx512f"]),
+    ((1, 200, 7, 7), (96, 200, 1, 1), {}, ["-mno-avx512f"]),                               # 1x1
+    ((2, 12, 10, 14), (45, 4, 3, 3), dict(groups=3, padding=1), []),                         # grouped
+    ((1, 36, 7, 9), (42, 12, 1, 1), dict(groups=3), ["-mno-avx512f"]),
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     _sanitized(tmp_path, conv_cpu, xs, ws, kw, isa)
@@ -254,7 +289,8 @@ def _sanitized(tmp_path, template, xs, ws, kw, isa):
     x, w, b = _pattern(xs, 13, 0.1, 0.6), _pattern(ws, 7, 0.1, 0.3), _pattern((ws[0],), 5, 1.0, 0.0)
     want = F.conv2d(x, w, b, **kw)
     task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
-    run_sanitized(tmp_path, template.render(task, **template.TEMPLATE.space(0)[0]).source, _ASAN_MAIN,
-                  [x.numel(), w.numel(), b.numel(), want.numel(), tmp_path / "out.bin"], isa)
-    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(want.shape)
-    assert_close(out, want, atol=1e-4, rtol=1e-4)
+    program = template.render(task, **template.TEMPLATE.space(0)[0])
+    run_sanitized(tmp_path, program.source, _ASAN_MAIN, [x.numel(), w.numel(), b.numel(), want.numel(), tmp_path / "out.bin"],
+                  [*isa, *(["-DPREPARED"] if program.preparation else [])])
+    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(2, *want.shape)
+    assert_close(out, want.expand(2, *want.shape), atol=1e-4, rtol=1e-4)

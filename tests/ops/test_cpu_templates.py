@@ -157,16 +157,23 @@ def test_cnn_epilogues_fuse_into_the_template():
 _ASAN_MAIN = r"""
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 void kiln_kernel(const float*, const float*, const float*, float*);
+void kiln_kernel_prepared(const float*, const float*, const float*, float*, const float*);
+int64_t kiln_prepare(const float*, const float*, const float*, float*, float*);
 int main(int argc, char** argv) {
     long m = atol(argv[1]), k = atol(argv[2]), n = atol(argv[3]);
-    float *x = malloc(m * k * 4), *w = malloc(n * k * 4), *b = malloc(n * 4), *o = malloc(m * n * 4);
+    float *x = malloc(m * k * 4), *w = malloc(n * k * 4), *b = malloc(n * 4), *o = malloc(2 * m * n * 4);
     for (long i = 0; i < m * k; ++i) x[i] = (float)(i % 13) * 0.1f - 0.6f;
     for (long i = 0; i < n * k; ++i) w[i] = (float)(i % 7) * 0.1f - 0.3f;
     for (long i = 0; i < n; ++i) b[i] = (float)(i % 5);
     kiln_kernel(x, w, b, o);
+    int64_t floats = kiln_prepare(NULL, w, NULL, NULL, NULL);    /* the weight laid out once */
+    float* packed = aligned_alloc(64, (floats * 4 + 63) / 64 * 64);
+    kiln_prepare(NULL, w, NULL, NULL, packed);
+    kiln_kernel_prepared(x, w, b, o + m * n, packed);
     FILE* f = fopen(argv[4], "wb");
-    fwrite(o, 4, m * n, f);
+    fwrite(o, 4, 2 * m * n, f);
     fclose(f);
     return 0;
 }
@@ -174,18 +181,22 @@ int main(int argc, char** argv) {
 
 
 @pytest.mark.parametrize("m, k, n, isa", [(3, 130, 50, []), (37, 300, 70, []), (37, 333, 70, ["-mno-avx512f"]),
-                                         (37, 333, 70, ["-mno-avx"])])
+                                         (37, 333, 70, ["-mno-avx"]), (37, 1000, 70, []),
+                                         (2, 33, 70, ["-mno-avx512f"])])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
-    """Also built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks)."""
+    """The kernel packing its weight and the one reading it laid out once (`kiln_prepare`), also
+    built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks); K = 1000
+    in K blocks (WHOLE_K is 768); up to 4 rows on their own path."""
     # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
     x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
     b = (torch.arange(n) % 5).float()
     task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
-    run_sanitized(tmp_path, gemm_cpu.render(task, **gemm_cpu.space(0)[0]).source, _ASAN_MAIN,
-                  [m, k, n, tmp_path / "out.bin"], isa)
-    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
-    assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    program = gemm_cpu.render(task, **gemm_cpu.space(0)[0])
+    assert program.preparation is not None and program.preparation.input == 1
+    run_sanitized(tmp_path, program.source, _ASAN_MAIN, [m, k, n, tmp_path / "out.bin"], isa)
+    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(2, m, n)
+    assert_close(out, F.linear(x, w, b).expand(2, m, n), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("m,n", [(5, 10), (1, 3)])

@@ -1,8 +1,10 @@
 """Compiling a FlowGraph into a `kiln.runtime.compiled_graph.CompiledGraph`.
 
 Every tensor of the graph gets a numbered buffer slot; every node becomes a step calling its
-operator's built kernel. The kernels are built in parallel threads (gcc and NVRTC builds release
-the GIL), each distinct task once.
+operator's built kernel. Where that kernel lays out a constant input once
+(`kiln.runtime.cpu.Preparation`: a weight packed as its GEMM reads it), the prepared form is
+computed here and becomes one more constant the step reads. The kernels are built in parallel
+threads (gcc and NVRTC builds release the GIL), each distinct task once.
 """
 from __future__ import annotations
 
@@ -49,5 +51,11 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
     steps = []
     for node, kernel in zip(graph.nodes, build_kernels(graph, settings=settings)):
         ins = tuple(existing(t) for t in node.inputs)
+        prepared = kernel.prepared([constants.get(s) for s in ins])
+        if prepared is not None:
+            kernel, form = prepared
+            constants[len(buffers)] = form
+            ins += (len(buffers),)
+            buffers.append(Buffer(tuple(form.shape), form.dtype, form.device))
         steps.append(Step(kernel, ins, tuple(new_slot(t) for t in node.outputs)))
     return CompiledGraph(steps, buffers, inputs, [existing(t) for t in graph.outputs], constants)

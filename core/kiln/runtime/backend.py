@@ -26,6 +26,15 @@ class CompiledTask:
         self.device = device
         self.kernel = kernel
 
+    def prepared(self, constants: list[torch.Tensor | None]) -> tuple[CompiledTask, torch.Tensor] | None:
+        """Where its kernel lays out one of the inputs that are constants (`constants`: one per
+        input, None for the others) once, as `kiln.runtime.cpu.Preparation` says: this task
+        with the kernel that takes the prepared form as one more input, and that form. Else
+        None (kernels without preparations: every CUDA kernel for now)."""
+        prepare = getattr(self.kernel, "prepare", None)
+        found = prepare(constants) if prepare else None
+        return None if found is None else (CompiledTask(self.task, self.device, found[0]), found[1])
+
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Run on contiguous `inputs`, writing `outputs` (allocated when not given)."""
         if outputs is None:

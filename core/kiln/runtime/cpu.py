@@ -8,10 +8,11 @@ import platform
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cache import content_key, lookup_or_build
@@ -81,26 +82,50 @@ def build_shared_library(source: str, name: str) -> Path:
 
 
 @dataclass(frozen=True)
+class Preparation:
+    """How a program takes one of its inputs laid out once, where that input is a constant of
+    the graph (a weight packed into the panels its GEMM reads).
+
+    `function` is a C function of the program, `int64_t function(<the kernel's parameters: its
+    buffers, then its sizes>, float* dst)`: it reads input number `input` alone (every other
+    buffer is NULL), writes the prepared form, float32, to `dst` (64-byte aligned) unless `dst`
+    is NULL, and returns its number of elements; the form must not depend on the sizes' values
+    (one serves every size of a symbolic kernel). `entry` is a kernel of the same program whose
+    parameters are the buffers `args` (the plain kernel's, and the prepared form as one more
+    input, `KernelArgs.input(number of inputs)`), then the sizes."""
+
+    input: int
+    function: str
+    entry: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class CpuProgram:
     """What a CPU schedule produces: C `source` defining `void entry(...)`, whose parameters
     are pointers to the buffers named by `args` in order (kernel argument names of
     `kiln.codegen.emitter.KernelArgs`: the task's inputs, then its outputs, then
     `KernelArgs.STATUS` where the kernel reports failed `checks`), then an int64 for each of
-    `sizes`, the values of its symbolic sizes (`kiln.codegen.sizes`) it is called with."""
+    `sizes`, the values of its symbolic sizes (`kiln.codegen.sizes`) it is called with. A
+    program may also take a constant input laid out once (`preparation`)."""
 
     source: str
     entry: str
     args: tuple[str, ...]
     checks: tuple[KernelCheck, ...] = ()
     sizes: tuple[int, ...] = ()
+    preparation: Preparation | None = None
 
     def key(self) -> tuple:
         """What identifies the loaded kernel in the runtime's in-memory cache (the checks'
         messages and the sizes are not in the source)."""
-        return (self.source, self.entry, self.args, self.checks, self.sizes)
+        return (self.source, self.entry, self.args, self.checks, self.sizes, self.preparation)
 
 
 _omp_threads = threading.local()
+# prepared forms by source tensor, then (library, function): (the source's state then, the form)
+_prepared = WeakIdKeyDictionary()
+_prepared_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,11 +149,50 @@ class CpuKernel:
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
 
-    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    def prepare(self, constants: list[torch.Tensor | None]) -> tuple[CpuKernel, torch.Tensor] | None:
+        """Where the program prepares an input (`CpuProgram.preparation`) and `constants` (one
+        per input, None for those that are not constants) gives it: the kernel that reads the
+        prepared form as one more input, and that form: computed now, or the one computed
+        before from the same tensor with the same memory, layout and version by the same
+        library's function (the graphs of a model traced at several sizes share it)."""
+        p = self.program.preparation
+        if p is None or constants[p.input] is None:
+            return None
+        source, key = constants[p.input], (str(self.path), p.function)
+        state = (source.data_ptr(), source._version, tuple(source.shape), source.stride(), source.dtype)
+        with _prepared_lock:
+            seen, prepared = _prepared.get(source, {}).get(key, (None, None))
+        if seen != state:
+            prepared = self._run_preparation(p, source.contiguous())
+            with _prepared_lock:
+                _prepared.setdefault(source, {})[key] = (state, prepared)
+        kernel = replace(self.program, entry=p.entry, args=p.args, preparation=None)
+        return CpuKernel(kernel, self.path), prepared
+
+    def _run_preparation(self, p: Preparation, source: torch.Tensor) -> torch.Tensor:
+        fn = getattr(self._lib, p.function)
+        fn.restype = ctypes.c_int64
+        fn.argtypes = ([ctypes.c_void_p] * len(self.program.args) + [ctypes.c_int64] * len(self.program.sizes)
+                       + [ctypes.c_void_p])
+        buffers = {KernelArgs.input(p.input): source.data_ptr()}
+        call = lambda dst: fn(*[buffers.get(name) for name in self.program.args], *self.program.sizes, dst)
+        prepared = torch.empty(call(None), dtype=torch.float32)
+        if prepared.data_ptr() % 64:      # torch's CPU allocator aligns to 64: the layouts store whole vectors
+            raise RuntimeError(f"kernel '{self.program.entry}': a prepared form needs 64-byte aligned memory, "
+                               f"torch allocated it at {prepared.data_ptr():#x}")
+        self._threads()
+        call(prepared.data_ptr())
+        return prepared
+
+    @staticmethod
+    def _threads() -> None:
         threads = torch.get_num_threads()
         if getattr(_omp_threads, "count", None) != threads:
             _libgomp().omp_set_num_threads(threads)
             _omp_threads.count = threads
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        self._threads()
         buffers = KernelArgs.bind(inputs, outputs)
         status = (ctypes.c_int64 * 2)()
         buffers[KernelArgs.STATUS] = ctypes.addressof(status)

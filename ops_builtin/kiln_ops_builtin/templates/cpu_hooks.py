@@ -32,7 +32,7 @@ from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.hooks import gemm_factors, strip_cast, unravel_index, variables_of
-from kiln.ir import Const, Expr, Load, Reduce, Task, Var, cast, inline_task, simplify, substitute
+from kiln.ir import Const, Expr, Load, Reduce, SizeVar, SymSize, Task, Var, cast, inline_task, simplify, substitute
 from kiln.ir.expr import walk
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -50,6 +50,8 @@ class CpuGemm:
     b_by_k: bool         # B is contiguous along k in memory: kiln_b_col packs it faster
     buffers: list[str]   # the kernel's buffer parameters: inputs in order, then out0
     sizes: SizeArgs      # its symbolic sizes
+    b_input: int | None  # the one input B reads, the same for every batch, with N and K fixed
+                         # (what a preparation may lay out once where it is a constant), or None
 
     def params(self) -> str:
         """The kernel's parameter list (`PARAMS`): its buffers, then its sizes; complete once
@@ -63,6 +65,16 @@ class CpuGemm:
     def text(self, size) -> str:
         """C text of a size of the task (see `kiln.codegen.sizes.SizeArgs.text`)."""
         return self.sizes.text(size)
+
+
+def _constant_b(fb: Expr, inputs, b_axes) -> int | None:
+    """The index of the one input that B's factor `fb` reads, where the factor is the same for
+    every batch and at every size (fixed shapes, no size in its index arithmetic), else None."""
+    reads = list({id(x.tensor): x.tensor for x in walk(fb) if isinstance(x, Load)}.values())
+    if (len(reads) != 1 or any(isinstance(s, SymSize) for s in reads[0].shape)
+            or any(isinstance(x, SizeVar) for x in walk(fb)) or variables_of(fb) & {id(a) for a in b_axes}):
+        return None
+    return next((k for k, t in enumerate(inputs) if t is reads[0]), None)
 
 
 def _reads(e: Expr, dtype_ok) -> bool:
@@ -159,9 +171,10 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     load = strip_cast(fb)
     b_by_k = (isinstance(load, Load) and len(r.axes) == 1 and load.indices[-1] is r.axes[0]
               and load.tensor.shape[-1] > 1)
+    b_input = _constant_b(fb, lowered.inputs, b_axes)
 
     hooks.append(render_epilogue_row(lowered, out, {**b_index, **m_index, **n_index}, var_names, "PARAMS", sizes))
-    return CpuGemm(B, M, N, K, "".join(hooks), b_by_k, KernelArgs.params(d, lowered.inputs, [out]), sizes)
+    return CpuGemm(B, M, N, K, "".join(hooks), b_by_k, KernelArgs.params(d, lowered.inputs, [out]), sizes, b_input)
 
 
 def render_epilogue_row(lowered, out, index: dict, var_names: dict, params: str, sizes: SizeArgs | None = None) -> str:

@@ -3,7 +3,8 @@
 `VECTORS` defines VW (float lanes: 16 with AVX-512, 8 with AVX, else 4), `kiln_vf` (VW floats,
 aligned), `kiln_vfu` (the same, unaligned), `kiln_vi` (VW int32: what a comparison of two
 `kiln_vf` gives, all bits set where true), `kiln_vsel(mask, a, b)` (a where mask, else b: C has
-no vector `?:`), `kiln_vmax` and `kiln_vhmax`/`kiln_vhsum` (across the lanes), `kiln_vexp`
+no vector `?:`), `kiln_vmax` (lane by lane; NaN propagated as the C prelude's max does: a NaN
+a, else a NaN b) and `kiln_vhmax`/`kiln_vhsum` (across the lanes), `kiln_vexp`
 (float32 exp lane by lane within 2 ulp, Cephes' polynomial after a reduction by ln 2: 0 below
 -87.3 (exp(-inf) is 0), inf above 88.37, NaN stays NaN) and `kiln_vtranspose` (VW vectors as
 the rows of a VW x VW block, transposed in registers: log2(VW) rounds of interleaving the
@@ -25,7 +26,7 @@ typedef int32_t kiln_vi __attribute__((vector_size(VW * 4)));
 static inline kiln_vf kiln_vsel(kiln_vi mask, kiln_vf a, kiln_vf b) {
     return (kiln_vf)((mask & (kiln_vi)a) | (~mask & (kiln_vi)b));
 }
-static inline kiln_vf kiln_vmax(kiln_vf a, kiln_vf b) { return kiln_vsel(a > b, a, b); }
+static inline kiln_vf kiln_vmax(kiln_vf a, kiln_vf b) { return kiln_vsel((a > b) | (a != a), a, b); }
 static inline float kiln_vhmax(kiln_vf v) {
     float top = v[0];
     for (int e = 1; e < VW; ++e) top = v[e] > top ? v[e] : top;

@@ -15,15 +15,21 @@ the host's widest vectors (`cpu_simd`; AVX-512: 14, 12 or 8 x 32 by M's last pan
 last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
 fusion put there (bias, activation, residual, cast) and stores.
 
+A B that is one input, the same for every batch (a weight), may be laid out once when it is a
+constant of the graph (`kiln.runtime.cpu.Preparation`): `kiln_prepare` packs all of its panels,
+K deep, and `kiln_kernel_prepared` reads them in place of packing B per block.
+
 With at most SMALL_M rows (grouped convolutions, vector-matrix products) nothing is packed:
-rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken.
+rows of B are scaled into the accumulators, or, for B contiguous in k, dot products are taken;
+B's panels laid out once are streamed once.
 
 The C comes in pieces that other CPU templates reuse (`conv_cpu`): HELPERS, MICRO (the
 micro-kernel; with A_DIRECT defined to 1 it reads row k of an A panel in place at
 a + aoff[k], through the template's `kiln_a_rows` and `kiln_a_offsets`), PACK_A,
-BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split; a finished
-tile goes to `kiln_store_tile`, which PACK_A defines as rows through the epilogue hook) and
-FEW_ROWS with the entry point.
+BLOCK (B's packing, the blocks of one thread, `kiln_gemm`: the threads' split, reading B's
+panels from `bpre` where they were laid out once; a finished tile goes to `kiln_store_tile`,
+which PACK_A defines as rows through the epilogue hook; `kiln_pack_panels`, the layout), FEW_ROWS
+with the kernel, and the exported functions of `entry_points`.
 
 Symbolic sizes are kernel arguments (`kiln.codegen.sizes`): BATCH, M, N and K are macros of
 them, so one build serves every size.
@@ -33,7 +39,7 @@ from __future__ import annotations
 from kiln.codegen.c import C_PRELUDE
 from kiln.codegen.emitter import KernelArgs
 from kiln.ir import SymSize
-from kiln.runtime.cpu import CpuProgram
+from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.schedule import Template
 
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
@@ -77,7 +83,7 @@ static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const int
     for (int64_t k = 0; k < kc; ++k) {
         kiln_vf bv[NV];
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vf*)(b + k * NR + j * VW);
+        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(b + k * NR + j * VW);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
             const float av = A_DIRECT ? a[aoff[k] + i] : a[k * MR + i];
@@ -142,6 +148,9 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 
 #define SMALL_M 4
 #define CHUNK 512
+#ifndef B_GROUPS
+#define B_GROUPS 1          /* the different Bs of the batches (see kiln_pack_panels) */
+#endif
 
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
@@ -152,8 +161,11 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
         const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
         const int64_t npanels = KILN_PANELS(nc, NR);
         const int first = pc == 0, last = pc + kc >= K;
-        for (int64_t p = 0; p < npanels; ++p)
+        for (int64_t p = 0; p < npanels && !bpre; ++p)
             kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
+        /* B's panels: packed here (panel p at p * NR * kc) or laid out once (jc is whole panels) */
+        const float* const bpanels = bpre ? bpre + b % B_GROUPS * KILN_PANELS(N, NR) * NR * K + jc * K + pc * NR : bpack;
+        const int64_t bstride = bpre ? NR * K : NR * kc;
         for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
             const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
             for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
@@ -171,9 +183,9 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
 #if A_DIRECT
-                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpack + jp * NR * kc, cin, full ? N : NR,
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpanels + jp * bstride, cin, full ? N : NR,
 #else
-                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpack + jp * NR * kc, cin, full ? N : NR,
+                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpanels + jp * bstride, cin, full ? N : NR,
 #endif
                                to_ws ? w : tile, to_ws ? N : NR);
                     if (last)
@@ -187,7 +199,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
 }
 
 /* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
-   other: each packs its own operand blocks. */
+   other: each packs its own operand blocks (B's only where bpre, B laid out once, is NULL). */
 static void kiln_gemm(PARAMS) {
     const int64_t kcap = KILN_MIN(KC, K);
     float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
@@ -199,7 +211,7 @@ static void kiln_gemm(PARAMS) {
         const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
         const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
-        float* bpack = kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* bpack = bpre ? NULL : kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
         float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         if (lo < hi)
             for (int64_t b = 0; b < BATCH; ++b) {
@@ -210,6 +222,19 @@ static void kiln_gemm(PARAMS) {
         free(bpack);
     }
     free(ws);
+}
+
+/* B's panels for every n and k, laid out once where B is a constant (the kernels' bpre): as
+   kiln_pack_b packs them, K deep, panel p at p * NR * K, for each of the B_GROUPS different Bs
+   (batch b reads the (b % B_GROUPS)-th: a grouped convolution's groups). Returns their floats;
+   writes them to dst unless it is NULL. */
+static int64_t kiln_pack_panels(PARAMS, float* dst) {
+    const int64_t panels = KILN_PANELS(N, NR);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < (dst ? B_GROUPS : 0); ++b)
+        for (int64_t p = 0; p < panels; ++p)
+            kiln_pack_b(ARGS, b, p * NR, KILN_MIN(NR, N - p * NR), 0, K, dst + (b * panels + p) * NR * K);
+    return B_GROUPS * panels * NR * K;
 }
 """
 
@@ -274,10 +299,47 @@ static void kiln_few_rows_by_k(PARAMS, int threads) {
     }
 }
 
-void kiln_kernel(PARAMS) {
+/* Few rows with B laid out once (bpre): each panel streamed once, A's rows (gathered once per
+   batch) broadcast into the panel's NV vectors per row. */
+static void kiln_few_rows_panels(PARAMS, int threads) {
+    const int64_t panels = KILN_PANELS(N, NR);
+#pragma omp parallel num_threads(threads)
+    {
+        float* arows = kiln_alloc(M * K);
+        int64_t loaded = -1;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < BATCH * panels; ++u) {
+            const int64_t b = u / panels, n0 = u % panels * NR;
+            const float* __restrict__ panel = bpre + n0 * K;
+            kiln_vf acc[SMALL_M][NV];
+            if (b != loaded) {
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t k = 0; k < K; ++k) arows[m * K + k] = kiln_a(ARGS, b, m, k);
+                loaded = b;
+            }
+            for (int64_t m = 0; m < SMALL_M; ++m)
+                for (int j = 0; j < NV; ++j) acc[m][j] = (kiln_vf){0};
+            for (int64_t k = 0; k < K; ++k)
+                for (int64_t m = 0; m < M; ++m) {
+                    const float a = arows[m * K + k];
+#pragma GCC unroll 4
+                    for (int j = 0; j < NV; ++j) acc[m][j] += a * *(const kiln_vfu*)(panel + k * NR + j * VW);
+                }
+            for (int64_t m = 0; m < M; ++m) {
+                float row[NR] __attribute__((aligned(64)));
+                for (int j = 0; j < NV; ++j) *(kiln_vf*)(row + j * VW) = acc[m][j];
+                kiln_epilogue_row(ARGS, b, m, n0, KILN_MIN(NR, N - n0), row);
+            }
+        }
+        free(arows);
+    }
+}
+
+static void kiln_main(PARAMS) {
     if (M <= SMALL_M) {
         const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
-        if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
+        if (bpre) kiln_few_rows_panels(ARGS, threads);
+        else if (B_BY_K) kiln_few_rows_by_k(ARGS, threads);
         else kiln_few_rows(ARGS, threads);
         return;
     }
@@ -311,12 +373,43 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
     fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
-    defines = {"PARAMS": g.params(), "ARGS": g.args(len(task.inputs)), **extents,
-               "MC": MC, "KC": g.K if fixed(g.K) and g.K <= WHOLE_K else KC, "NC": NC, "B_BY_K": int(g.b_by_k),
-               "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0], **({"MR": MR} if MR else {})}
+    args, sizes = KernelArgs.args(len(task.inputs)), g.sizes.declarations()
+    size_args = [KernelArgs.size(k) for k in range(len(sizes))]
+    defines = {"PARAMS": ", ".join(g.buffers + [BPRE] + sizes), "ARGS": ", ".join(args + ["bpre"] + size_args),
+               **extents, "MC": MC, "KC": g.K if fixed(g.K) and g.K <= WHOLE_K else KC, "NC": NC,
+               "B_BY_K": int(g.b_by_k), "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0],
+               **({"MR": MR} if MR else {})}
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return CpuProgram(C_PRELUDE + VECTORS + head + g.hooks + KERNEL, "kiln_kernel",
-                      tuple(KernelArgs.args(len(task.inputs))), sizes=g.sizes.values)
+    entries = entry_points(g.buffers, args, sizes, size_args, "kiln_main", "kiln_pack_panels")
+    return CpuProgram(C_PRELUDE + VECTORS + head + g.hooks + KERNEL + entries, "kiln_kernel", tuple(args),
+                      sizes=g.sizes.values, preparation=preparation(g.b_input, len(task.inputs)))
+
+
+BPRE = "const float* __restrict__ bpre"
+
+
+def entry_points(buffers: list[str], args: list[str], sizes: list[str], size_args: list[str], main: str,
+                 prepare: str) -> str:
+    """C of a GEMM program's exported functions (buffer parameters `buffers` named `args`, size
+    parameters `sizes` named `size_args`) around `main(<buffers>, bpre, <sizes>)`, the kernel,
+    which reads B's panels laid out once from bpre or packs them itself where bpre is NULL, and
+    `prepare(<buffers>, bpre, <sizes>, dst)`, which lays them out (`kiln_pack_panels`):
+    `kiln_kernel` (bpre NULL), `kiln_kernel_prepared` (bpre after the buffers) and
+    `kiln_prepare` (see `preparation`)."""
+    plain = ", ".join(buffers + sizes)
+    call = lambda bpre: ", ".join(args + [bpre] + size_args)
+    return (f"void kiln_kernel({plain}) {{ {main}({call('NULL')}); }}\n"
+            f"void kiln_kernel_prepared({', '.join(buffers + [BPRE] + sizes)}) {{ {main}({call('bpre')}); }}\n"
+            f"int64_t kiln_prepare({plain}, float* dst) {{ return {prepare}({call('NULL')}, dst); }}\n")
+
+
+def preparation(b_input: int | None, inputs: int) -> Preparation | None:
+    """How a program of `entry_points` with `inputs` inputs lays out input `b_input`, its B,
+    where that is a constant (None: no input may be)."""
+    if b_input is None:
+        return None
+    return Preparation(b_input, "kiln_prepare", "kiln_kernel_prepared",
+                       (*KernelArgs.args(inputs), KernelArgs.input(inputs)))
 
 
 def space(level: int) -> list[dict]:

@@ -1,0 +1,141 @@
+"""Constant GEMM operands laid out once (`kiln.runtime.cpu.Preparation`): weights of linears,
+matmuls and convolutions that are constants of a graph are packed into the CPU templates'
+panels when the graph compiles, and the kernels read them from there. Against PyTorch on odd
+shapes (no multiple of a panel or block), non-contiguous and 16-bit constants, batches, fused
+epilogues and symbolic sizes (the C under AddressSanitizer: test_cpu_templates)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln_ops_builtin.templates import conv_cpu
+from tests.frontend.frontend_support import Capture, compile_and_compare
+from tests.support import assert_close, rand
+
+
+def _compiled(build, example, constants):
+    """`build(x, *constants)` traced over a symbolic x like `example` with Kiln constants, compiled."""
+    x = kiln.symbol(list(example.shape), example.dtype)
+    return kiln.trace_from(build(x, *[kiln.from_torch(c) for c in constants]), [x]).compile()
+
+
+def _entries(compiled) -> list[str]:
+    return [step.kernel.kernel.program.entry for step in compiled.steps]
+
+
+@pytest.mark.parametrize("m, k, n", [(37, 70, 53), (5, 1000, 129), (130, 257, 33), (1, 1000, 77), (3, 19, 40)])
+def test_linear_weight_packed_once(m, k, n):
+    """K = 1000 runs in several K blocks, each reading its rows of the laid-out panels; up to
+    4 rows stream the panels once."""
+    w, b, x = rand((n, k)), rand((n,)), rand((1, m, k))
+    compiled = _compiled(kiln.ops.linear, x, [w, b])
+    assert _entries(compiled) == ["kiln_kernel_prepared"]
+    prepared = compiled.constants[compiled.steps[0].inputs[-1]]
+    assert prepared.dtype == torch.float32 and prepared.numel() >= n * k
+    for x in (x, rand((1, m, k))):        # the same laid-out weight serves every call
+        # against float64: float32 sums of 1000 products of values in [-3, 3] are off by up
+        # to ~1.5e-4 (torch's own as much)
+        want = F.linear(x.double(), w.double(), b.double()).float()
+        assert_close(compiled.run([x])[0], want, atol=5e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_weights_are_laid_out_in_float32(dtype):
+    w, x = rand((45, 67), dtype, -1, 1), rand((33, 67), dtype, -1, 1)
+    compiled = _compiled(lambda x, w: kiln.ops.matmul(x, kiln.ops.transpose(w, 0, 1)), x, [w])
+    assert "kiln_kernel_prepared" in _entries(compiled)
+    assert_close(compiled.run([x])[0], x @ w.t(), atol=2e-2, rtol=2e-2)
+
+
+def test_non_contiguous_constants():
+    """A column-strided weight and a transposed one: laid out from their values, not their memory."""
+    w = rand((70, 2 * 41))[:, ::2]                 # 70 x 41, strided
+    wt = rand((41, 70)).t()                        # 70 x 41, column-major
+    x = rand((29, 70))
+    assert not w.is_contiguous() and not wt.is_contiguous()
+    compiled = _compiled(lambda x, w, wt: kiln.ops.matmul(x, w) + kiln.ops.matmul(x, wt), x, [w, wt])
+    assert _entries(compiled).count("kiln_kernel_prepared") == 2
+    assert_close(compiled.run([x])[0], x @ w + x @ wt, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_matmul_constant_broadcast_and_per_batch():
+    """A B shared by every batch is laid out once; a B that differs by batch is not prepared."""
+    shared, per_batch, x = rand((33, 45)), rand((3, 33, 45)), rand((3, 19, 33))
+    for b, entry in ((shared, "kiln_kernel_prepared"), (per_batch, "kiln_kernel")):
+        compiled = _compiled(kiln.ops.matmul, x, [b])
+        assert _entries(compiled) == [entry]
+        assert_close(compiled.run([x])[0], x @ b, atol=1e-4, rtol=1e-4)
+
+
+def test_activations_as_b_are_not_prepared():
+    """Constant A, activations as B (a 1x1 convolution's pixels): nothing to lay out."""
+    w, x = rand((24, 37)), rand((37, 50))
+    x_sym = kiln.symbol(list(x.shape))
+    compiled = kiln.trace_from(kiln.ops.matmul(kiln.from_torch(w), x_sym), [x_sym]).compile()
+    assert _entries(compiled) == ["kiln_kernel"]
+    assert_close(compiled.run([x])[0], w @ x, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape, weight, kw", [
+    ((1, 5, 13, 11), (37, 5, 3, 3), dict(padding=1)),
+    ((2, 17, 11, 11), (9, 17, 5, 5), dict(stride=2, padding=2)),
+    ((1, 7, 12, 12), (20, 7, 3, 3), dict(dilation=2, padding="same")),
+])
+def test_conv2d_weight_packed_once(shape, weight, kw):
+    x, w, b = rand(shape), rand(weight), rand((weight[0],))
+    compiled = _compiled(lambda x, w, b: kiln.ops.conv2d(x, w, b, **kw), x, [w, b])
+    assert _entries(compiled) == ["kiln_kernel_prepared"]
+    assert conv_cpu.TEMPLATE.applies(compiled.steps[0].kernel.task)
+    assert_close(compiled.run([x])[0], F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 13, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(13, 67), nn.Linear(67, 13)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x)).mean((2, 3))
+        return self.fc2(F.gelu(self.fc1(h))) + h
+
+
+def test_models_through_torch_compile_read_prepared_weights():
+    """Epilogues fused around the prepared GEMMs (bias, activations, a residual)."""
+    torch.manual_seed(0)
+    capture, _ = compile_and_compare(_Block().eval(), torch.randn(5, 3, 9, 10))
+    compiled = next(iter(capture.compiled[0].graphs.values())).graph.compile()
+    assert _entries(compiled).count("kiln_kernel_prepared") == 3
+
+
+def _prepared_forms(capture) -> list[set[int]]:
+    """Per graph traced: the addresses of the prepared forms its steps read."""
+    out = []
+    for run in capture.compiled[0].graphs.values():
+        compiled = run.graph.compile()
+        out.append({compiled.constants[step.inputs[-1]].data_ptr() for step in compiled.steps
+                    if step.kernel.kernel.program.entry == "kiln_kernel_prepared"})
+    return out
+
+
+def test_symbolic_rows_share_prepared_weights_which_follow_updates():
+    """The graphs traced at each sequence length (one kernel serves them all, down to the few-row
+    path, which reads the weight itself) share the laid-out weights; an in-place update of a
+    weight, or new memory for it, lays it out anew."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(70, 53), nn.ReLU(), nn.Linear(53, 40)).eval()
+    capture = Capture()
+    compiled = torch.compile(model, backend=capture, dynamic=True)
+    with torch.no_grad():
+        for rows in (37, 2, 130):
+            x = torch.randn(rows, 70)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        forms = _prepared_forms(capture)
+        assert len(forms) == 3 and len(forms[0]) == 2 and forms[0] == forms[1] == forms[2]
+        for update in (lambda: model[0].weight.mul_(-1.5),                  # a new version
+                       lambda: setattr(model[2].weight, "data", torch.randn(40, 53))):   # new memory
+            update()
+            for rows in (37, 2):
+                x = torch.randn(rows, 70)
+                torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
