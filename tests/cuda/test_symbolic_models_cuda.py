@@ -3,7 +3,6 @@ models on CUDA, kernel builds counted from the `kiln` log in a fresh cache. The 
 take their sizes as arguments but choose their knobs by power-of-two bucket of a symbolic size
 (`kiln_ops_builtin.templates.split_k.bucket`), so a sequence that crosses a power of two may build
 once more at that step, never at every step."""
-import logging
 import warnings
 
 import pytest
@@ -11,25 +10,20 @@ import torch
 import transformers
 from torch import nn
 
-import kiln
+from tests.frontend.frontend_support import builds_per_length, fresh_compiles, greedy_decode, kernels_built
 
 pytestmark = pytest.mark.cuda
 
 
 @pytest.fixture(autouse=True)
 def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    yield
-    kiln.torch.dynamo_config.reset()
-    torch._dynamo.reset()
+    yield from fresh_compiles(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def built(caplog):
-    """The CUDA kernels built so far (kernel cache misses logged by `kiln`)."""
-    caplog.set_level(logging.INFO, logger="kiln")
-    return lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("kernel cache miss: building cuda/")]
+    """The CUDA kernels built so far."""
+    return kernels_built(caplog, "cuda")
 
 
 @pytest.fixture
@@ -47,17 +41,7 @@ def _gpt2(n_layer=2, n_positions=64):
 
 def test_gpt2_at_five_sequence_lengths_of_one_bucket_builds_once(builds, built):
     _, model = _gpt2(n_layer=1)
-    compiled = torch.compile(model, backend="kiln")
-    new = []
-    for length in (17, 20, 23, 29, 31):         # one power-of-two bucket of rows (2 x length)
-        ids = torch.randint(0, 64, (2, length), device="cuda")
-        if length == 17:
-            torch._dynamo.mark_dynamic(ids, 1)
-        before = builds()
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(ids, use_cache=False).logits,
-                                       model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
-        new.append(builds() - before)
+    new = builds_per_length(model, (17, 20, 23, 29, 31), builds, "cuda")    # one bucket of 2 x length rows
     assert new[0] > 0 and new[1:] == [0, 0, 0, 0], (new, built()[new[0]:])
 
 
@@ -66,21 +50,10 @@ def test_decoding_32_tokens_builds_at_bucket_boundaries_only(builds):
     step, builds happen at most at the steps whose key count crosses 8, 16 and 32."""
     config, model = _gpt2()
     prompt = torch.randint(0, 64, (1, 5), device="cuda")
-
-    def decode(step):
-        out = step(prompt, past_key_values=transformers.DynamicCache(config=config), use_cache=True)
-        tokens, new = [out.logits[:, -1:].argmax(-1)], []
-        for _ in range(32):
-            before = builds()
-            out = step(tokens[-1], past_key_values=out.past_key_values, use_cache=True)
-            tokens.append(out.logits[:, -1:].argmax(-1))
-            new.append(builds() - before)
-        return [t.item() for t in tokens], new
-
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want, _ = decode(model)
-        got, new = decode(torch.compile(model, backend="kiln"))
+        want, _ = greedy_decode(model, prompt, config, builds)
+        got, new = greedy_decode(torch.compile(model, backend="kiln"), prompt, config, builds)
     assert got == want
     assert new[1] > 0 and sum(n > 0 for n in new[2:]) <= 3, new
 

@@ -2,7 +2,6 @@
 runs at every size with the kernels built for the first (counted as CPU kernel cache misses in
 a fresh cache, from the `kiln` log), and matches eager. (The CUDA programs that
 KILN_NVRTC_CHECK compiles for each task are left out here: tests/cuda checks those.)"""
-import logging
 import warnings
 
 import pytest
@@ -12,23 +11,19 @@ from torch import nn
 
 import kiln
 from kiln.frontend.torch.backend import SIGNATURES_KEPT, KilnFunction
+from tests.frontend.frontend_support import builds_per_length, fresh_compiles, greedy_decode, kernels_built
 
 
 @pytest.fixture(autouse=True)
 def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
-    torch._dynamo.reset()
-    yield
-    kiln.torch.dynamo_config.reset()
-    torch._dynamo.reset()
+    yield from fresh_compiles(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def builds(caplog):
-    """The number of CPU kernels built so far (kernel cache misses logged by `kiln`)."""
-    caplog.set_level(logging.INFO, logger="kiln")
-    return lambda: sum(r.getMessage().startswith("kernel cache miss: building cpu/") for r in caplog.records)
+    """The number of CPU kernels built so far."""
+    built = kernels_built(caplog, "cpu")
+    return lambda: len(built())
 
 
 def _gpt2(n_layer=1, n_positions=32):
@@ -40,17 +35,7 @@ def _gpt2(n_layer=1, n_positions=32):
 
 def test_tiny_gpt2_builds_its_kernels_once_for_five_sequence_lengths(builds):
     _, model = _gpt2()
-    compiled = torch.compile(model, backend="kiln")
-    new = []
-    for length in (5, 8, 11, 13, 30):
-        ids = torch.randint(0, 64, (2, length))
-        if length == 5:
-            torch._dynamo.mark_dynamic(ids, 1)
-        before = builds()
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(ids, use_cache=False).logits,
-                                       model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
-        new.append(builds() - before)
+    new = builds_per_length(model, (5, 8, 11, 13, 30), builds)
     assert new[0] > 0 and new[1:] == [0, 0, 0, 0]
 
 
@@ -60,21 +45,10 @@ def test_a_decode_loop_with_a_growing_kv_cache_builds_kernels_once(builds):
     builds a kernel, and the tokens are eager's."""
     config, model = _gpt2(n_layer=2, n_positions=64)
     prompt = torch.randint(0, 64, (1, 5))
-
-    def decode(step):
-        out = step(prompt, past_key_values=transformers.DynamicCache(config=config), use_cache=True)
-        tokens, new = [out.logits[:, -1:].argmax(-1)], []
-        for _ in range(32):
-            before = builds()
-            out = step(tokens[-1], past_key_values=out.past_key_values, use_cache=True)
-            tokens.append(out.logits[:, -1:].argmax(-1))
-            new.append(builds() - before)
-        return [t.item() for t in tokens], new
-
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want, _ = decode(model)
-        got, new = decode(torch.compile(model, backend="kiln"))
+        want, _ = greedy_decode(model, prompt, config, builds)
+        got, new = greedy_decode(torch.compile(model, backend="kiln"), prompt, config, builds)
     assert got == want
     assert new[1] > 0 and new[2:] == [0] * 30
 
