@@ -1,5 +1,5 @@
 """Epilogue sources: what a GEMM or convolution epilogue reads per output element at
-m * row_stride + n (a residual add) is found by the core (`kiln.codegen.hooks.epilogue_sources`)
+m * row_stride + n (a residual add) is found by the core (`kiln.codegen.epilogue.contraction_epilogue`)
 and staged by the Hopper engine as tiles in shared memory, copied by TMA ahead of the epilogue
 (`sm90_engine`: two buffers, the ring made shallower where shared memory needs it).
 

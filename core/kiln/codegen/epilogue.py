@@ -132,13 +132,11 @@ STAGED_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 MAX_SOURCES = 2
 
 
-def epilogue_sources(lowered, out, index_of, extents) -> tuple[EpilogueSource, ...]:
-    """The inputs (of `STAGED_DTYPES`, at most `MAX_SOURCES`) that the epilogue of `out` reads
-    per element at m * row_stride + n, as `render_epilogue`'s arguments describe the GEMM."""
-    _, mvar, nvars, pair = _pair(out, index_of, extents)
-    names = KernelArgs.names(lowered.inputs)
+def _sources(fetched: list[Load], names: dict, mvar: Var, nvars: list[Var]) -> tuple[EpilogueSource, ...]:
+    """The inputs (of `STAGED_DTYPES`, at most `MAX_SOURCES`) that the per-row loads `fetched`
+    read at m * row_stride + n."""
     found: dict = {}
-    for load in _row_loads(mvar, pair):
+    for load in fetched:
         at = staged_at(load, mvar, nvars)
         if at is not None and load.tensor.dtype in STAGED_DTYPES and len(found) < MAX_SOURCES:
             param = names[id(load.tensor)]
@@ -146,8 +144,25 @@ def epilogue_sources(lowered, out, index_of, extents) -> tuple[EpilogueSource, .
     return tuple(found.values())
 
 
+def staged_source(load: Load, names: dict, mvar: Var, nvars: list[Var],
+                  sources: tuple[EpilogueSource, ...]) -> tuple[int, int] | None:
+    """(k, 0 or 1) where `load` reads element (m, n) (1: (m, n + 1)) of `sources[k]`, else None."""
+    at = staged_at(load, mvar, nvars)
+    found = None if at is None else next((k for k, s in enumerate(sources)
+                                          if (s.param, s.row_stride) == (names[id(load.tensor)], at[0])), None)
+    return None if found is None else (found, at[1])
+
+
+def contraction_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents,
+                         sizes: SizeArgs) -> tuple[str, tuple[EpilogueSource, ...], EpilogueOutput]:
+    """A contraction matcher's epilogue: `render_epilogue`'s hooks with the epilogue's sources
+    staged (`kiln_fetch2_staged`), the sources, and what the hooks were rendered from."""
+    text, sources = _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage=True)
+    return text, sources, EpilogueOutput(lowered, out, tuple(decl), index_of, extents, sizes)
+
+
 def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool, extents=(1 << 62,) * 3,
-                    sizes: SizeArgs | None = None, sources: tuple[EpilogueSource, ...] = ()) -> str:
+                    sizes: SizeArgs | None = None) -> str:
     """Device functions computing and storing output elements from accumulators:
     `kiln_epilogue(params, b, m, n, acc)` for GEMM element (b, m, n), and
     `kiln_epilogue2(params, b, m, n, acc0, acc1)` for (b, m, n) and (b, m, n + 1), n + 1 < N,
@@ -167,9 +182,15 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     at element (b, m, n) to be brought into L2 (a hint: it never faults), so that a template can
     start them long before its epilogue.
 
-    With `sources` (`epilogue_sources`), `kiln_fetch2_staged(params, b, m, n, f, at, src0, ..)`
-    is `kiln_fetch2` reading those inputs' elements from tiles the template staged in shared
-    memory: element (m, n) of source k at `srck[at]` (`at`: its place in the BM x BN tile)."""
+    `contraction_epilogue` adds the sources' hook, `kiln_fetch2_staged(params, b, m, n, f, at,
+    src0, ..)`: `kiln_fetch2` reading the sources' elements from tiles the template staged in
+    shared memory, element (m, n) of source k at `srck[at]` (`at`: its place in the BM x BN
+    tile)."""
+    return _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage=False)[0]
+
+
+def _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage: bool):
+    """(`render_epilogue`'s hooks, plus `kiln_fetch2_staged` where `stage`; the sources staged)."""
     d = CudaDialect()
     N = out.shape[-1]
     bvar, mvar, nvars, pair = _pair(out, index_of, extents)
@@ -182,6 +203,8 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     params = f"{', '.join(decl)}, int64_t b, int64_t m, int64_t n"
     acc_type = d.value_type(top_reduces(out.value)[0].dtype)
     fetched = _row_loads(mvar, pair)
+    sources = _sources(fetched, names, mvar, nvars) if stage else ()
+    staged = [staged_source(load, names, mvar, nvars, sources) for load in fetched]
 
     def body(count: int, seeded: dict) -> list[str]:
         em = Emitter(d, names, strides, sizes=sizes)
@@ -227,16 +250,14 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
                           f'{prefetch.offset(load)}));')
     fields = "".join(f" {d.value_type(load.dtype)} f{k};" for k, load in enumerate(fetched))
     n1 = "    const int64_t n1 = n + 1;\n"
-    staged = ""
+    staged_hook = ""
     if sources:
-        number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
         em = Emitter(d, names, strides, sizes=sizes)
-        for k, load in enumerate(fetched):
-            at = staged_at(load, mvar, nvars)
-            source = None if at is None else number.get((names[id(load.tensor)], at[0]))
-            em.line(f"f.f{k} = {em.emit(load) if source is None else d.load(load.dtype, f'src{source}[at + {at[1]}]')};")
+        for k, (load, at) in enumerate(zip(fetched, staged)):
+            em.line(f"f.f{k} = {em.emit(load) if at is None else d.load(load.dtype, f'src{at[0]}[at + {at[1]}]')};")
         tiles = "".join(f", const {d.storage_type(s.dtype)}* src{k}" for k, s in enumerate(sources))
-        staged = f"{head} kiln_fetch2_staged({params}, kiln_fetched& f, int at{tiles}) {{\n{n1}" + "\n".join(em.lines) + "\n}\n"
+        staged_hook = (f"{head} kiln_fetch2_staged({params}, kiln_fetched& f, int at{tiles}) {{\n{n1}"
+                       + "\n".join(em.lines) + "\n}\n")
     return "".join([
         f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(body(1, {})) + "\n}\n",
         f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n{n1}"
@@ -246,5 +267,5 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
         f"{head} kiln_prefetch({params}) {{\n" + "\n".join(prefetch.lines) + "\n}\n",
         f"{head} kiln_epilogue2_fetched({params}, {acc_type} acc0, {acc_type} acc1, const kiln_fetched& f) {{\n{n1}"
         + "\n".join(body(2, {load.key(): f"f.f{k}" for k, load in enumerate(fetched)})) + "\n}\n",
-        staged,
-    ])
+        staged_hook,
+    ]), sources

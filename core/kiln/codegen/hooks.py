@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource, epilogue_sources, offset_coefficients, render_epilogue
+from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource, contraction_epilogue, offset_coefficients
 from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
@@ -192,13 +192,12 @@ def match_contraction(task: Task) -> Contraction | None:
         return index
 
     n_contiguous = bool(axes) and bool(n_chain) and n_chain[0][0] is axes[-1] and axes[-1] is out.axes[-1]
-    extents = (_prod(v.extent for v in batch), M, N)
-    sources = epilogue_sources(lowered, out, index_of, extents)
-    epilogue = render_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sizes, sources)
+    epilogue, sources, output = contraction_epilogue(lowered, out, decl, index_of, n_contiguous,
+                                                     (_prod(v.extent for v in batch), M, N), sizes)
     return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
                        r.dtype, out.dtype, ", ".join(decl),
                        ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), epilogue, sizes,
-                       sources, EpilogueOutput(lowered, out, tuple(decl), index_of, extents, sizes))
+                       sources, output)
 
 
 def unravel_index(var: Var, axes, extents) -> dict:
@@ -302,11 +301,10 @@ def match_hooked_gemm(task: Task) -> HookedGemm | None:
         return {**unravel_index(mv, m_axes, m_ext), **unravel_index(nv, n_axes, n_ext)}
 
     n_contiguous = axes[-1] is n_axes[-1] and len(n_axes) == 1
-    sources = epilogue_sources(lowered, out, index_of, (1, M, N))
-    hooks = "".join(loads) + render_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sizes, sources)
+    epilogue, sources, output = contraction_epilogue(lowered, out, decl, index_of, n_contiguous, (1, M, N), sizes)
     return HookedGemm(M, N, K, r.dtype, ", ".join(decl),
-                      ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), hooks, sizes, sources,
-                      EpilogueOutput(lowered, out, tuple(decl), index_of, (1, M, N), sizes))
+                      ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), "".join(loads) + epilogue, sizes,
+                      sources, output)
 
 
 def _prod(values) -> int:

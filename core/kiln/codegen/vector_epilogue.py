@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kiln.codegen.cuda import CudaDialect, top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.epilogue import EpilogueSource, staged_at, unconditional_loads
+from kiln.codegen.epilogue import EpilogueSource, staged_source, unconditional_loads
 from kiln.ir.expr import Expr, Var, walk
 from kiln.ir.inline import substitute
 from kiln.ir.simplify import linear_terms, simplify
@@ -93,14 +93,12 @@ def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1
     em = Emitter(d, names, strides, sizes=sizes)
     first = simplify(substitute(out.value, index))
     shifted = [first] + [simplify(substitute(first, {id(nvar): nvar + k})) for k in range(1, vector)]
-    number = {(s.param, s.row_stride): k for k, s in enumerate(sources)}
     for j, load in enumerate(unconditional_loads(first, nvar)):
         if not _aligned_at(_flat(load.indices, load.tensor.shape), nvar, vector) or load.tensor.shape[-1] % vector:
             continue
         pack = f"kiln_pack<{d.storage_type(load.dtype)}, {vector}>"
-        at = staged_at(load, mvar, [nvar])
-        source = None if at is None else number.get((names[id(load.tensor)], at[0]))
-        ref = f"src{source}[at]" if source is not None else f"{names[id(load.tensor)]}[{em.offset(load)}]"
+        at = staged_source(load, names, mvar, [nvar], sources)
+        ref = f"src{at[0]}[at]" if at is not None else f"{names[id(load.tensor)]}[{em.offset(load)}]"
         em.line(f"const {pack} s{j} = *(const {pack}*)&{ref};")
         for k in range(vector):
             element = load if k == 0 else simplify(substitute(load, {id(nvar): nvar + k}))

@@ -102,21 +102,22 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
 
 
 def permuted_rows(lowered: Lowered, p: int) -> list[Expr] | None:
-    """Where the output (rows of its first `p` axes) reads every temporary at the same
-    leading indices, each an axis of the output's row (all different) or always 0, and not at
-    the output's own flat row: those indices, a permutation of the rows; else None."""
+    """Where every temporary has the same statistic shape, the output (rows of its first `p`
+    axes) reads them all at the same leading indices, each an axis of the output's row (all
+    different) or always 0, and not at the output's own flat row: those indices, a permutation
+    of the rows; else None."""
     out, temps = lowered.outputs[0], {id(t): _statistic_prefix(t.shape) for t in lowered.temporaries}
+    shapes = {tuple(t.shape[:temps[id(t)]]) for t in lowered.temporaries}
     reads = {tuple(i.key() for i in e.indices[:temps[id(e.tensor)]]): e.indices[:temps[id(e.tensor)]]
              for e in walk(out.value) if isinstance(e, Load) and id(e.tensor) in temps}
-    if len(reads) != 1:
+    if len(shapes) != 1 or len(reads) != 1:
         return None
-    (lead,) = reads.values()
+    (shape,), (lead,) = shapes, reads.values()
     axes = {id(a) for a in out.axes[:p]}
     used = [id(i) for i in lead if not _unit_index(i)]
     if (any(not _unit_index(i) and not (isinstance(i, Var) and id(i) in axes) for i in lead)
             or len(set(used)) != len(used) or len(used) != sum(a.extent != 1 for a in out.axes[:p])
-            or _flat(lead, next(t.shape for t in lowered.temporaries if id(t) in temps)[:len(lead)]).key()
-            == _flat(out.axes[:p], out.shape[:p]).key()):
+            or _flat(lead, shape).key() == _flat(out.axes[:p], out.shape[:p]).key()):
         return None
     return list(lead)
 

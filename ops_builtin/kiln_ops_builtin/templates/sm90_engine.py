@@ -18,7 +18,12 @@ BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` (k8 for TF32: the s
 of K) straight from shared memory, one
 group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the producer already
 fetches the next tile; each warp first stages 16 x 32 blocks of its accumulators in shared
-memory, so every store instruction writes two whole 128-byte rows. With PP = 1 (ping-pong) the
+memory, so every store instruction writes two whole 128-byte rows. Where the output stores
+16-byte packs (VEC), each lane instead takes VEC neighbouring outputs of a row through the
+core's vector hook (`kiln_epilogue_v`). What the epilogue reads per element at
+m * row_stride + n (a residual: the match's `sources`) comes as BM x BN tiles by TMA, issued by
+the producer after the tile's operands into one of two buffers with their own full and empty
+mbarriers (`staged_stages`: the ring is made shallower where shared memory needs it). With PP = 1 (ping-pong) the
 two consumers take whole 64*MI x BN tiles in turn instead of sharing one: named barriers let
 one consumer at a time run its main loop, and its epilogue overlaps the other's MMA. Tiles are
 taken by a persistent grid of at most one CTA per SM, in groups of GROUP tile rows (grouped
