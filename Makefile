@@ -11,7 +11,7 @@ DISTRIBUTIONS := core[cuda] ops_builtin mappings_builtin mappings_aten .
 PYPROJECTS := pyproject.toml core/pyproject.toml ops_builtin/pyproject.toml mappings_builtin/pyproject.toml mappings_aten/pyproject.toml
 # The test environment adds every further plugin under plugins/, so that their tests run too.
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
-TEST_REQUIREMENTS := pytest pytest-xdist transformers expecttest
+TEST_REQUIREMENTS := pytest pytest-xdist pytest-timeout transformers expecttest
 
 # Test workers (CI's machine has 2 cores); worksteal balances tests of uneven length.
 JOBS ?= 2

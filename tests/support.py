@@ -63,6 +63,6 @@ def run_sanitized(folder, kernel_source: str, main_source: str, args, isa=()) ->
     if build.returncode != 0 and "asan" in build.stderr:
         pytest.skip("gcc has no AddressSanitizer runtime here")
     assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(folder / "run"), *map(str, args)], capture_output=True, text=True,
+    run = subprocess.run([str(folder / "run"), *map(str, args)], capture_output=True, text=True, timeout=300,
                          env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
     assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr

@@ -10,6 +10,7 @@ writes the losses and the median step time to a JSON file.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import socket
@@ -83,7 +84,9 @@ def single_process_losses(model, batches, device: str, backend: str | None) -> t
 
 def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str, out: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    # a rank that waits on a collective the others never reach raises after the timeout
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=10))
     try:
         if device == "cuda":
             torch.cuda.set_device(rank)
