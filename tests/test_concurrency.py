@@ -34,8 +34,15 @@ def _hammer(fn, make_inputs, expected_fn):
                 wrong += 1
         return wrong
 
-    with ThreadPoolExecutor(THREADS) as pool:
-        return sum(pool.map(worker, range(THREADS)))
+    # one OpenMP thread per call: THREADS teams of the machine's width would oversubscribe CI's
+    # two cores with spinning threads (minutes per test), and the overlap tested is the calls'
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            return sum(pool.map(worker, range(THREADS)))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @torch.no_grad()

@@ -90,6 +90,8 @@ def _worker(rank: int, world: int, port: int, model, batches, device: str, backe
     try:
         if device == "cuda":
             torch.cuda.set_device(rank)
+        else:       # the ranks share the cores: more threads each would only spin against each other
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         where = f"cuda:{rank}" if device == "cuda" else "cpu"
         model = copy.deepcopy(model).to(where).train()   # spawn shares the caller's tensors
         ddp = torch.nn.parallel.DistributedDataParallel(
