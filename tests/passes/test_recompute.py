@@ -52,3 +52,27 @@ def test_views_random_values_and_costly_values_stay_single():
             ops.amax(ops.add(noise, y), [0]), ops.sum(costly, [1]), ops.amax(costly, [1]), ops.sum(costly, [0])]
     graph = kiln.trace_from(outs, [x, y, c])
     assert names(apply(RecomputeCheapProducers(), graph)) == names(graph)
+
+
+def test_a_template_epilogue_chain_stays_in_the_epilogue():
+    """EfficientNet's squeeze-excite input: SiLU after a batch-normed depthwise convolution,
+    read by the pool and by the scaling. It joins the convolution's epilogue (computed once and
+    written once); the pool and the scaling read it. A widening cast after the convolution is
+    still recomputed by each reader (written once, it would cost twice the bytes)."""
+    x = kiln.symbol([2, 9, 7, 12], "float16")
+    w, g = kiln.from_torch(torch.randn(12, 3, 3, 1).half()), kiln.symbol([2, 1, 1, 12], "float16")
+    scale, shift = kiln.from_torch(torch.rand(12).half() + 0.5), kiln.from_torch(torch.randn(12).half())
+    conv = ops.conv2d_channels_last(x, w, padding=1, groups=12)
+    act = ops.silu(ops.add(ops.mul(conv, scale), shift))
+    gate = ops.sigmoid(ops.mean(act, [1, 2], True))
+    graph = kiln.trace_from([ops.mul(act, gate)], [x])
+    out = apply(RecomputeCheapProducers(), graph)
+    assert names(out).count("Silu") == 1
+    fused = optimize(graph)
+    conv_groups = [n for n in fused.nodes if "Conv2dChannelsLast" in n.name]
+    assert len(conv_groups) == 1 and "Silu" in str(conv_groups[0].fused_graph)
+    run_both(graph, fused, kiln.from_torch(torch.randn(2, 9, 7, 12).half()), atol=1e-2, rtol=1e-2)
+
+    widened = ops.cast(ops.conv2d_channels_last(x, w, padding=1, groups=12), torch.float32)
+    graph = kiln.trace_from([ops.sum(widened, [0]), ops.amax(widened, [0])], [x])
+    assert names(apply(RecomputeCheapProducers(), graph)).count("Cast") == 2

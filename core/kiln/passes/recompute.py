@@ -10,8 +10,10 @@ the write and its reads disappear. A node is recomputed by each of its k readers
   graph output, and is not random;
 - no reader is an operator that a template schedules on some target (templates read plain
   inputs; where the auto-scheduler takes it instead, as for a convolution on the CPU, it reads
-  each input element many times), and the node is not the only reader of a template's output
-  (it would be that template's epilogue);
+  each input element many times), and the node is not the only reader of a template's output,
+  nor of an element-wise chain that is (a convolution's batch norm): it would be that
+  template's epilogue, computed once and written for all its readers (EfficientNet's SiLU
+  after a batch-normed convolution, read by the squeeze-excite pool and the scaling);
 - the k readers reading its full-size inputs (I bytes an element) move no more than writing it
   and reading it k times (O bytes an element) save: (k - 1) I <= (k + 1) O, for k <= MAX_COPIES.
 
@@ -75,9 +77,21 @@ class RecomputeCheapProducers(GraphPass):
             return (len(node.outputs) == 1 and id(node.outputs[0]) not in outputs
                     and not is_anchor(node) and not node.definition.name.startswith("random")
                     and bool(readers.get(id(node.outputs[0])))
-                    and not any(id(producer.get(id(t))) in templated and len(readers[id(t)]) == 1
-                                for t in node.inputs)
+                    and not extends_epilogue(node)
                     and not any(id(u) in templated for u in readers[id(node.outputs[0])]))
+
+        def extends_epilogue(node: Operator) -> bool:
+            """Whether `node` is the only reader of a template's output, or of an element-wise
+            chain that is: fusion makes it part of that template's epilogue, which writes its
+            value once for every reader (no wider than what the template wrote)."""
+            for t in node.inputs:
+                p = producer.get(id(t))
+                if p is None or len(readers[id(t)]) != 1 or node.outputs[0].dtype.nbytes > t.dtype.nbytes:
+                    continue
+                if id(p) in templated or (p.task.is_injective and not is_anchor(p) and len(p.outputs) == 1
+                                          and not moves_data(p) and extends_epilogue(p)):
+                    return True
+            return False
 
         feeds_rows: set[int] = set()       # nodes whose values reach a row reduction
         for node in reversed(graph.nodes):
