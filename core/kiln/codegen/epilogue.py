@@ -204,7 +204,7 @@ def _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage: b
     acc_type = d.value_type(top_reduces(out.value)[0].dtype)
     fetched = _row_loads(mvar, pair)
     sources = _sources(fetched, names, mvar, nvars) if stage else ()
-    staged = [staged_source(load, names, mvar, nvars, sources) for load in fetched]
+    staged = [staged_source(load, names, mvar, nvars, sources) for load in fetched] if sources else []
 
     def body(count: int, seeded: dict) -> list[str]:
         em = Emitter(d, names, strides, sizes=sizes)

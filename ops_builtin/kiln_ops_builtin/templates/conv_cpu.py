@@ -315,29 +315,28 @@ def _hooks(c: ConvCpu) -> str:
     channel n; none for a pool) and `kiln_epilogue_row` (channel m, pixels n0 .. n0 + count - 1,
     flat over OH x OW)."""
     out = c.lowered.outputs[0]
+    names = KernelArgs.names(c.lowered.inputs)
+    strides = {id(t): row_major_strides(t.shape) for t in c.lowered.inputs}
     b, ch, h, w = (Var(name, extent) for name, extent in zip("bchw", c.x.shape))
-    em = Emitter(CDialect(), {**KernelArgs.names(c.lowered.inputs), id(b): "b", id(ch): "c", id(h): "h", id(w): "w"},
-                 {id(t): row_major_strides(t.shape) for t in c.lowered.inputs})
+    em = Emitter(CDialect(), {**names, id(b): "b", id(ch): "c", id(h): "h", id(w): "w"}, strides)
     v = em.emit(simplify(cast(Load(c.x, (b, ch, h, w)), dtypes.float32)))
     hooks = [f"static inline float kiln_x(TASK_PARAMS, int64_t b, int64_t c, int64_t h, int64_t w) {{\n"
-             + "\n".join(em.lines) + f"\n    return {v};\n}}\n", "" if c.weight is None else _weight_hook(c)]
+             + "\n".join(em.lines) + f"\n    return {v};\n}}\n",
+             "" if c.weight is None else _weight_hook(c, names, strides)]
     bv, mv, nv = Var("b", out.shape[0]), Var("m", out.shape[1]), Var("n", out.shape[2] * out.shape[3])
     index = {id(out.axes[0]): bv, id(out.axes[1]): mv, **unravel_index(nv, out.axes[2:], out.shape[2:])}
     hooks.append(render_epilogue_row(c.lowered, out, index, {id(bv): "b", id(mv): "m", id(nv): "n"}, "PARAMS"))
     return "".join(hooks)
 
 
-def _weight_hook(c: ConvCpu) -> str:
+def _weight_hook(c: ConvCpu, names: dict, strides: dict) -> str:
     """C of `kiln_b_col`: the weight along k (taps) for output channel n of GEMM batch b's group
     (output channel b % GROUPS * GROUP_COUT + n)."""
-    d = CDialect()
-    names = KernelArgs.names(c.lowered.inputs)
-    strides = {id(t): row_major_strides(t.shape) for t in c.lowered.inputs}
     taps = c.weight.shape[1:]
     o, k = Var("o", c.weight.shape[0]), Var("k", math.prod(taps))
     tap_axes = [Var(f"t{i}", e) for i, e in enumerate(taps)]
     index = unravel_index(k, tap_axes, taps)
-    em = Emitter(d, {**names, id(o): "o", id(k): "k"}, strides, indent=2)
+    em = Emitter(CDialect(), {**names, id(o): "o", id(k): "k"}, strides, indent=2)
     v = em.emit(simplify(cast(Load(c.weight, (o, *(index[id(a)] for a in tap_axes))), dtypes.float32)))
     return ("static inline void kiln_b_col(PARAMS, int64_t b, int64_t n, int64_t k0, int64_t count, "
             "float* __restrict__ dst, int64_t stride) {\n"
@@ -351,6 +350,19 @@ def source(c: ConvCpu, defines: dict, kernel: str) -> str:
     the hooks, then `kernel`."""
     head = "".join(f"#define {name} {value}\n" for name, value in {**c.defines(), **defines}.items())
     return C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.HELPERS + kernel
+
+
+def prepared_program(c: ConvCpu, defines: dict, kernel: str, main: str, prepare: str) -> CpuProgram:
+    """The program of a convolution template on `gemm_cpu`'s pieces (`source(c, defines,
+    kernel)`) whose C functions `main(<task's buffers>, bpre)` and `prepare(<task's buffers>,
+    bpre, dst)` compute the convolution and lay its constant weight out once
+    (`gemm_cpu.entry_points`, `gemm_cpu.preparation`)."""
+    inputs = c.lowered.inputs
+    args = KernelArgs.args(len(inputs))
+    entries = gemm_cpu.entry_points(KernelArgs.params(CDialect(), inputs, c.lowered.outputs), args, [], [], main,
+                                    prepare)
+    return CpuProgram(source(c, defines, kernel + entries), "kiln_kernel", tuple(args),
+                      preparation=gemm_cpu.preparation(c.weight_input, len(inputs)))
 
 
 ALIGNED_ROWS = (14, 12, 8, 7)     # register-tile heights (16-float vectors) that may divide an output row
@@ -392,13 +404,8 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
                "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout // c.groups,
                "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
                **({"MR": MR} if MR else {})}
-    inputs = c.lowered.inputs
-    args = KernelArgs.args(len(inputs))
-    entries = gemm_cpu.entry_points(KernelArgs.params(CDialect(), inputs, c.lowered.outputs), args, [], [],
-                                    "kiln_conv", "kiln_conv_prepare")
-    return CpuProgram(source(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY + entries),
-                      "kiln_kernel", tuple(args),
-                      preparation=gemm_cpu.preparation(c.weight_input, len(inputs)))
+    return prepared_program(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY, "kiln_conv",
+                            "kiln_conv_prepare")
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,

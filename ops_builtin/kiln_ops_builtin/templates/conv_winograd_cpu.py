@@ -28,13 +28,11 @@ channels or more and at least `MIN_TILES` tiles; fixed sizes, as `conv_cpu`.
 """
 from __future__ import annotations
 
-from kiln.codegen.c import CDialect
-from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
 
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, match_conv, source
+from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, match_conv, prepared_program
 
 KERNEL = r"""
 #define TILES_H ((OH + 1) / 2)
@@ -236,12 +234,7 @@ def render(task) -> CpuProgram:
     hq, wq = 2 * -(-c.out_shape[2] // 2) + 2, -(-tiles_w // mr) * mr + 2
     defines = {"PARAMS": "TASK_PARAMS", "ARGS": "TASK_ARGS", "SH": 1, "SW": 2, "HQ": hq, "WQ": wq,
                "PLANE": c.x.shape[1] * 2 * hq * wq + 32, "COUT": c.out_shape[1], "MR_WIDE": mr, "MC": mr}
-    inputs = c.lowered.inputs
-    args = KernelArgs.args(len(inputs))
-    entries = gemm_cpu.entry_points(KernelArgs.params(CDialect(), inputs, c.lowered.outputs), args, [], [],
-                                    "kiln_wino", "kiln_wino_prepare")
-    return CpuProgram(source(c, defines, gemm_cpu.MICRO + FILL + KERNEL + entries), "kiln_kernel", tuple(args),
-                      preparation=gemm_cpu.preparation(c.weight_input, len(inputs)))
+    return prepared_program(c, defines, gemm_cpu.MICRO + FILL + KERNEL, "kiln_wino", "kiln_wino_prepare")
 
 
 TEMPLATE = Template("conv_winograd_cpu", ("conv2d",), "cpu", render, priority=25, applies=applies,

@@ -18,8 +18,9 @@ GEMMs `C[b, m, n] = sum_k A[b, m, k] * B[b, k, n]`:
 
 The template owns tiling, packing and threads; these hooks own every index and dtype. The
 hooks' parameters are the macro `PARAMS` (the kernel's; `ARGS` passes them on), which the
-template defines before them: the task's buffers, then its symbolic sizes
-(`kiln.codegen.sizes`), which `batch`, M, N and K are written in (`CpuGemm.text`).
+template defines before them: the task's buffers (`CpuGemm.buffers`), what the template adds,
+then the symbolic sizes (`kiln.codegen.sizes`), which `batch`, M, N and K are written in
+(`CpuGemm.text`).
 """
 from __future__ import annotations
 
@@ -52,15 +53,6 @@ class CpuGemm:
     sizes: SizeArgs      # its symbolic sizes
     b_input: int | None  # the one input B reads, the same for every batch, with N and K fixed
                          # (what a preparation may lay out once where it is a constant), or None
-
-    def params(self) -> str:
-        """The kernel's parameter list (`PARAMS`): its buffers, then its sizes; complete once
-        every size is written (`text`)."""
-        return ", ".join(self.buffers + self.sizes.declarations())
-
-    def args(self, num_inputs: int) -> str:
-        """The names of the parameters (`ARGS`), to pass them on."""
-        return ", ".join(KernelArgs.args(num_inputs) + [KernelArgs.size(k) for k in range(len(self.sizes.values))])
 
     def text(self, size) -> str:
         """C text of a size of the task (see `kiln.codegen.sizes.SizeArgs.text`)."""

@@ -373,8 +373,7 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
     fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
-    args, sizes = KernelArgs.args(len(task.inputs)), g.sizes.declarations()
-    size_args = [KernelArgs.size(k) for k in range(len(sizes))]
+    args, sizes, size_args = KernelArgs.args(len(task.inputs)), g.sizes.declarations(), g.sizes.names
     defines = {"PARAMS": ", ".join(g.buffers + [BPRE] + sizes), "ARGS": ", ".join(args + ["bpre"] + size_args),
                **extents, "MC": MC, "KC": g.K if fixed(g.K) and g.K <= WHOLE_K else KC, "NC": NC,
                "B_BY_K": int(g.b_by_k), "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0],
