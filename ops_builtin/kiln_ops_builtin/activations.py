@@ -10,7 +10,7 @@ from kiln import ir
 from kiln.graph import OperatorError, operator
 from kiln.ir import cast, select
 
-from kiln_ops_builtin.common import FLOATING, NUMERIC, elementwise_compute
+from kiln_ops_builtin.common import FLOATING, NUMERIC, elementwise_compute, logistic
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -53,7 +53,7 @@ def gelu(input, approximate: str = "none"):
 @operator("silu")
 def silu(input):
     """x * sigmoid(x)."""
-    return _activation("silu", input, lambda v: v / (1 + ir.exp(-v)))
+    return _activation("silu", input, lambda v: logistic(v, input.dtype, scale=v))
 
 
 @operator("hardtanh")

@@ -1,7 +1,7 @@
 """Shared helpers of operator definitions: broadcasting and type promotion."""
 from kiln import dtypes
 from kiln.graph import OperatorError
-from kiln.ir import TensorNode, cast, compute, maximum, minimum
+from kiln.ir import TensorNode, cast, compute, exp, exp_approx, maximum, minimum, reciprocal_approx
 
 
 def broadcast_shape(op: str, *shapes) -> tuple[int, ...]:
@@ -120,6 +120,16 @@ def accumulator_type(dtype: dtypes.DataType) -> dtypes.DataType:
     """The type a sum of `dtype` values accumulates in, and arithmetic on them runs in (PyTorch's
     opmath type): float32 for 16-bit floats."""
     return dtypes.float32 if dtype.is_16bit_float else dtype
+
+
+def logistic(v, result: dtypes.DataType, scale=1):
+    """scale / (1 + e ** -v) of float32 values, for an operator whose result is `result`: where
+    that is a 16-bit float, the value is rounded to it, so the IR's approximate exponential and
+    reciprocal (errors under 2^-16 relative) serve."""
+    if result.is_16bit_float:
+        fraction = reciprocal_approx(1 + exp_approx(-v))
+        return fraction if isinstance(scale, int) and scale == 1 else scale * fraction
+    return scale / (1 + exp(-v))
 
 
 def check_dtype(op: str, t: TensorNode, allowed, what: str = "floating-point") -> None:

@@ -8,7 +8,7 @@ from kiln.graph import OperatorError, operator
 from kiln.ir import TensorNode, cast, compute, select
 
 from kiln_ops_builtin.common import (ANY, INTEGER, INTEGRAL, NUMERIC, accumulator_type, broadcast_shape,
-                                     check_dtype, elementwise_compute, operand_value, result_type)
+                                     check_dtype, elementwise_compute, logistic, operand_value, result_type)
 
 
 def _unary(name: str, fn, doc: str, accepts=NUMERIC, to_float: bool = False, dtype=None):
@@ -47,7 +47,6 @@ cos = _unary("cos", ir.cos, "The cosine.", ANY, to_float=True)
 tan = _unary("tan", ir.tan, "The tangent.", ANY, to_float=True)
 tanh = _unary("tanh", ir.tanh, "The hyperbolic tangent.", ANY, to_float=True)
 erf = _unary("erf", ir.erf, "The error function.", ANY, to_float=True)
-sigmoid = _unary("sigmoid", lambda v: 1 / (1 + ir.exp(-v)), "1 / (1 + e ** -x).", ANY, to_float=True)
 reciprocal = _unary("reciprocal", lambda v: 1 / v, "1 / x.", ANY, to_float=True)
 isnan = _unary("isnan", ir.isnan, "Whether x is NaN.", ANY, dtype=dtypes.boolean)
 isinf = _unary("isinf", ir.isinf, "Whether x is +-infinity.", ANY, dtype=dtypes.boolean)
@@ -55,6 +54,12 @@ isfinite = _unary("isfinite", lambda v: ir.logical_not(ir.isnan(v) | ir.isinf(v)
                   "Whether x is neither NaN nor infinite.", ANY, dtype=dtypes.boolean)
 logical_not = _unary("logical_not", ir.logical_not, "x == 0, as bool.", ANY, dtype=dtypes.boolean)
 bitwise_not = _unary("bitwise_not", lambda v: ~v, "~x; logical not for bool.", INTEGRAL)
+
+
+@operator("sigmoid")
+def sigmoid(input):
+    """1 / (1 + e ** -x) (integers and bool give float32)."""
+    return elementwise_compute("sigmoid", (input,), lambda v: logistic(v, input.dtype), ANY, to_float=True)
 
 
 @operator("round")

@@ -64,6 +64,16 @@ class CudaDialect(Dialect):
         text = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("{value}", "%lld")
         return f'{{ printf("{text}\\n", (long long)({reported})); __trap(); }}'
 
+    def unary(self, op: str, t: DataType, a: str, at: DataType) -> str:
+        """As C, except the approximate forms of float32 (`UnaryOp.EXP_APPROX`: `__expf`,
+        ex2.approx after a multiply, at most 2 + 1.16 |x| ulps; `RECIPROCAL_APPROX`:
+        `__fdividef`, 2 ulps for |x| in [2^-126, 2^126], 0 beyond)."""
+        if t.name == "float32" and op == "exp_approx":
+            return f"__expf({a})"
+        if t.name == "float32" and op == "reciprocal_approx":
+            return f"__fdividef(1.0f, {a})"
+        return super().unary(op, t, a, at)
+
     def shuffle_xor(self, t: DataType, value: str, lane_mask: int) -> str:
         """`value` of the lane whose id differs by `lane_mask` (all 32 lanes take part)."""
         vt = self.value_type(t)

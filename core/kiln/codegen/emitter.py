@@ -22,7 +22,7 @@ from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Load, Reduce, Select,
 from kiln.ir.simplify import bounds, simplify
 
 _FLOAT_FUNCS = {
-    "exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p", "log2": "log2", "sqrt": "sqrt",
+    "exp": "exp", "exp_approx": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p", "log2": "log2", "sqrt": "sqrt",
     "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh", "asin": "asin", "acos": "acos",
     "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh",
     "atanh": "atanh", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "nearbyint",
@@ -107,6 +107,8 @@ class Dialect:
         s = self.math_suffix(t)
         if op == "rsqrt":
             return f"({self.const(1.0, t)} / sqrt{s}({a}))"
+        if op == "reciprocal_approx":
+            return f"({self.const(1.0, t)} / {a})"
         return f"{_FLOAT_FUNCS[op]}{s}({a})"
 
     def narrow(self, t: DataType, text: str) -> str:

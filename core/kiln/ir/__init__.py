@@ -4,8 +4,8 @@ from kiln.ir.compute import Compute, Task, TensorInput, TensorNode, compute
 from kiln.ir.expr import (
     Binary, Cast, Check, Const, Expr, Load, Reduce, Select, SizeVar, Unary, Var, abs_, acos, acosh, as_expr,
     asin, asinh, atan, atan2, atanh, binary, bitwise_and, bitwise_or, bitwise_xor, cast, ceil, check,
-    cos, cosh, eq, erf, exp, expm1, floor, fmod, isinf, isnan, log, log1p, log2, logical_and,
-    logical_not, logical_or, maximum, minimum, ne, reduce, round_even, rsqrt, select,
+    cos, cosh, eq, erf, exp, exp_approx, expm1, floor, fmod, isinf, isnan, log, log1p, log2, logical_and,
+    logical_not, logical_or, maximum, minimum, ne, reciprocal_approx, reduce, round_even, rsqrt, select,
     shift_left, shift_right, sign, sin, sinh, sqrt, tan, tanh, trunc, unary,
 )
 from kiln.ir.index import unravel

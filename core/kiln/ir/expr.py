@@ -357,6 +357,7 @@ asinh, acosh, atanh, erf = map(_unary_fn, (UnaryOp.ASINH, UnaryOp.ACOSH, UnaryOp
 floor, ceil, round_even, trunc, sign = map(_unary_fn, (UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.ROUND,
                                                        UnaryOp.TRUNC, UnaryOp.SIGN))
 abs_, isnan, isinf, logical_not = map(_unary_fn, (UnaryOp.ABS, UnaryOp.ISNAN, UnaryOp.ISINF, UnaryOp.NOT))
+exp_approx, reciprocal_approx = map(_unary_fn, (UnaryOp.EXP_APPROX, UnaryOp.RECIPROCAL_APPROX))
 maximum, minimum, fmod, atan2 = map(_binary_fn, (BinaryOp.MAX, BinaryOp.MIN, BinaryOp.FMOD, BinaryOp.ATAN2))
 eq, ne, logical_and, logical_or = map(_binary_fn, (BinaryOp.EQ, BinaryOp.NE, BinaryOp.AND, BinaryOp.OR))
 bitwise_and, bitwise_or, bitwise_xor = map(_binary_fn, (BinaryOp.BITAND, BinaryOp.BITOR, BinaryOp.BITXOR))

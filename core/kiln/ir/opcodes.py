@@ -50,6 +50,12 @@ class UnaryOp(_OpName):
     BITNOT = "bitnot"
     ISNAN = "isnan"
     ISINF = "isinf"
+    # For float32 values that are rounded to a 16-bit float next: within 2^-16 relative (under
+    # a quarter of bfloat16's and a 32nd of float16's rounding error), results below 2^-126
+    # may flush to zero. C computes them exactly as EXP and 1 / x; CUDA uses the hardware's
+    # approximations (`__expf`, `__fdividef`).
+    EXP_APPROX = "exp_approx"
+    RECIPROCAL_APPROX = "reciprocal_approx"
 
 
 class BinaryOp(_OpName):
