@@ -58,6 +58,14 @@ def test_row_plan(n, dtype, vector, lanes):
     assert ("kiln_x0[" in program.source) == (n <= 5000)     # the row stays in registers
 
 
+@pytest.mark.parametrize("rows, block, grid", [(512, 64, 256), (70, 64, 35), (8192, 256, 1024), (264 * 8, 256, 264)])
+def test_few_warp_rows_spread_over_every_multiprocessor(rows, block, grid):
+    """A row task of few warp rows (RMSNorm over 512 tokens) takes blocks of fewer warps, two
+    at least, so that the grid gives each of 132 multiprocessors two blocks where it can."""
+    launch = auto_program(_task("rms_norm", (rows, 2048), torch.bfloat16), "cuda").launches[0]
+    assert launch.shape_for(132) == ((grid, 1, 1), (block, 1, 1))
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", FLOAT)

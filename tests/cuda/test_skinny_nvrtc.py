@@ -25,7 +25,7 @@ def _task(op, *shapes, dtype=torch.float16):
 
 def _blocks(program) -> int:
     """Blocks of the program's contraction launch (the one with the most)."""
-    return max(g[0] * g[1] * g[2] for g in (launch.grid_for(SMS) for launch in program.launches
+    return max(g[0] * g[1] * g[2] for g in (launch.shape_for(SMS)[0] for launch in program.launches
                                             if launch.kernel.startswith("kiln_matmul")))
 
 

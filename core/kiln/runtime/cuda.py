@@ -33,7 +33,10 @@ class Launch:
     """One kernel launch of a CudaProgram, its arguments named as in `KernelArgs`.
 
     Either `grid` is fixed, or the grid covers `items` work items at `per_block` per block,
-    capped at `waves` blocks per multiprocessor (the kernel loops over what remains).
+    capped at `waves` blocks per multiprocessor (the kernel loops over what remains). With
+    `narrows`, the items are warps that the kernel finds through blockDim (the auto-scheduler's
+    warp mode): where fewer than two blocks a multiprocessor would cover them, blocks take fewer
+    warps (two at least), so that the work spreads over every multiprocessor.
     """
 
     kernel: str
@@ -44,13 +47,19 @@ class Launch:
     per_block: int = 1
     waves: int = 16
     smem: int = 0
+    narrows: bool = False
 
-    def grid_for(self, sm_count: int) -> tuple[int, int, int]:
-        """The grid to launch on a GPU with `sm_count` multiprocessors."""
+    def shape_for(self, sm_count: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The grid and the block to launch on a GPU with `sm_count` multiprocessors."""
         if self.grid is not None:
-            return self.grid
-        blocks = -(-self.items // self.per_block)
-        return (max(1, min(blocks, sm_count * self.waves)), 1, 1)
+            return self.grid, self.block
+        per_block, block = self.per_block, self.block
+        if self.narrows:
+            while per_block > 2 and -(-self.items // per_block) < 2 * sm_count:
+                per_block //= 2
+            block = (32 * per_block, 1, 1)
+        blocks = -(-self.items // per_block)
+        return (max(1, min(blocks, sm_count * self.waves)), 1, 1), block
 
 
 @dataclass
@@ -305,8 +314,8 @@ class CudaRunner:
         buffers.update({KernelArgs.size(k): struct.pack("<q", v) for k, v in enumerate(self.program.sizes)})
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
         for launch in self.program.launches:
-            self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args], launch.grid_for(self.sm_count),
-                                               launch.block, launch.smem, stream)
+            self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args],
+                                               *launch.shape_for(self.sm_count), launch.smem, stream)
 
 
 # ------------------------------------------------------------------ TMA tensor maps

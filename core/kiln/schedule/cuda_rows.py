@@ -347,7 +347,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     source, used = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows,
                                     "\n".join(em.lines), auto.sizes)
     launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=int(rows),
-                    per_block=threads // 32 if plan.warp else 1, waves=64)
+                    per_block=threads // 32 if plan.warp else 1, waves=64, narrows=plan.warp)
     tensors = [s.tensor for s in streams.values()] + [out]
     alignment = max(min(PACK_BYTES, t.dtype.nbytes * vector) for t in tensors) if vector > 1 else 1
     return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=alignment, sizes=auto.sizes.values)
