@@ -66,7 +66,7 @@ class CudaDialect(Dialect):
 
     def unary(self, op: str, t: DataType, a: str, at: DataType) -> str:
         """As C, except the approximate forms of float32 (`UnaryOp.EXP_APPROX`: `__expf`,
-        ex2.approx after a multiply, at most 2 + 1.16 |x| ulps; `RECIPROCAL_APPROX`:
+        ex2.approx after a multiply, at most 2 + 1.173 |x| ulps; `RECIPROCAL_APPROX`:
         `__fdividef`, 2 ulps for |x| in [2^-126, 2^126], 0 beyond)."""
         if t.name == "float32" and op == "exp_approx":
             return f"__expf({a})"
