@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kiln.graph import FlowGraph, use_pipeline
+from kiln.passes.channel_gates import FoldChannelGates
 from kiln.passes.cse import EliminateCommonSubexpressions
 from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
@@ -44,7 +45,8 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
     rewrites (batch-norm folding among them) and before the merging of sibling linears,
     constant folding (which computes their concatenated weights), float16 conversion, the TF32
 permission of float32 matrix products, layout
-    planning (which sees the types the graph runs in), the recomputation of cheap element-wise
+    planning (which sees the types the graph runs in), the folding of channel gates into the
+    weights of the 1x1 convolutions that read them (on GPUs), the recomputation of cheap element-wise
     values in each of their readers, and fusion (which fuses the layout conversions into their
     neighbours)."""
     if plugin_passes is None:
@@ -61,6 +63,7 @@ permission of float32 matrix products, layout
         ConvertToFloat16(),
         AllowTF32(),
         PlanLayout(),
+        FoldChannelGates(),
         RecomputeCheapProducers(),
         FuseOperators(),
         EliminateDeadCode(),
