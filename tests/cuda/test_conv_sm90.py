@@ -117,6 +117,23 @@ def test_fused_bias_relu_residual_in_a_compiled_graph(name, dtype):
     _check(out.torch(), torch.relu(_reference(x, w, b, kwargs) + res.double()))
 
 
+@pytest.mark.parametrize("xs,ws,kwargs", [((8, 1, 1, 144), (16, 1, 1, 144), {}),
+                                          ((3, 2, 2, 32), (16, 1, 1, 32), {"stride": 2}),
+                                          ((2, 5, 1, 16), (24, 3, 3, 16), {"padding": 1})],
+                         ids=["squeeze-excite", "1x1_s2_to_1x1", "one_column"])
+def test_fused_epilogues_over_single_output_positions(xs, ws, kwargs):
+    """conv + bias + SiLU where an output dim has one position (its stride read as 1)."""
+    _needs_sm90()
+    x, w, b = (rand(s, torch.float16, -1, 1).cuda() for s in (xs, ws, ws[:1]))
+    sx = kiln.symbol(list(xs), "float16", "cuda")
+    y = kiln.ops.silu(kiln.ops.conv2d_channels_last(sx, kiln.from_torch(w), kiln.from_torch(b), **kwargs))
+    graph = optimize(kiln.trace_from(y, [sx]))
+    (node,) = graph.nodes
+    assert schedules_for(node.task, "cuda", 90)[0].name == "conv_sm90"
+    (out,) = graph.run([x])
+    _check(out.torch(), torch.nn.functional.silu(_reference(x, w, b, kwargs)))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_conv_tc_runs_what_conv_sm90_declines(dtype):
     from kiln.runtime.backend import backend_for

@@ -82,6 +82,23 @@ def test_fused_epilogue_keeps_the_geometry_and_a_prologue_declines():
         assert not conv_sm90.applies(prologue) and conv_tc.applies(prologue)
 
 
+@pytest.mark.parametrize("xs,ws,kwargs,gemm", [((8, 1, 1, 144), (16, 1, 1, 144), {}, True),
+                                               ((3, 2, 2, 32), (16, 1, 1, 32), {"stride": 2}, False),
+                                               ((2, 5, 1, 16), (24, 3, 3, 16), {"padding": 1}, False)],
+                         ids=["squeeze-excite", "1x1_s2_to_1x1", "one_column"])
+def test_a_fused_epilogue_over_single_output_positions_keeps_the_template(xs, ws, kwargs, gemm):
+    """A fused task's index drops the variable of an output dim of size 1 (a squeeze-excite
+    convolution's 1 x 1 pixels), which left its stride undetermined and the convolution to
+    conv_tc. Its stride is taken as 1 now; only a convolution whose input has the output's
+    pixels reads x as the GEMM's A."""
+    x = kiln.symbol(list(xs), "float16", "cuda")
+    w, b = kiln.symbol(list(ws), "float16", "cuda"), kiln.symbol([ws[0]], "float16", "cuda")
+    graph = optimize(kiln.trace_from(kiln.ops.silu(kiln.ops.conv2d_channels_last(x, w, b, **kwargs)), [x, w, b]))
+    (node,) = graph.nodes
+    conv = match_conv_nhwc(node.task)
+    assert conv is not None and conv.is_gemm == gemm and schedules_for(node.task, "cuda", 90)[0].name == "conv_sm90"
+
+
 def test_epilogue_offsets_fold_back_to_pixel_times_channels():
     """The epilogue addresses NHWC outputs and residuals as m * N + n: no 64-bit division
     unravelling m into (b, oy, ox) per stored pair (it made 1x1 convolutions epilogue-bound)."""

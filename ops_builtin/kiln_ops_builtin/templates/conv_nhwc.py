@@ -62,7 +62,8 @@ class ConvNHWC:
     @property
     def is_gemm(self) -> bool:
         """A 1x1, stride-1, unpadded convolution: x viewed as [pixels, channels] is A itself."""
-        return (self.kh, self.kw, self.stride, self.padding) == (1, 1, (1, 1), (0, 0))
+        return ((self.kh, self.kw, self.stride, self.padding) == (1, 1, (1, 1), (0, 0))
+                and (self.height, self.width) == (self.out_h, self.out_w))
 
 
 _found: "weakref.WeakKeyDictionary[Task, ConvNHWC | None]" = weakref.WeakKeyDictionary()
@@ -86,13 +87,16 @@ def _affine_only(e: Expr) -> bool:
 
 
 def _window(index: Expr, out_var: Var, tap: Var, out_size: int, taps: int):
-    """(stride, padding, dilation) of `index` = out * stride - padding + tap * dilation, or None."""
+    """(stride, padding, dilation) of `index` = out * stride - padding + tap * dilation, or None.
+    A single output position or tap leaves its stride or dilation free (a fused task's
+    simplified index may drop its variable): it is taken as 1."""
     if not _affine_only(index) or not variables_of(index) <= {id(out_var), id(tap)}:
         return None
     base, one_out, one_tap = (_value(index, {out_var: o, tap: t}) for o, t in ((0, 0), (1, 0), (0, 1)))
     if None in (base, one_out, one_tap):
         return None
-    stride, dilation, padding = one_out - base, one_tap - base, -base
+    stride = one_out - base if out_size > 1 else 1
+    dilation, padding = one_tap - base if taps > 1 else 1, -base
     last = _value(index, {out_var: out_size - 1, tap: taps - 1})
     if last != (out_size - 1) * stride - padding + (taps - 1) * dilation or stride < 1 or dilation < 1 or padding < 0:
         return None
