@@ -34,7 +34,8 @@ def fold_channel_gate(m):
     """conv2d_channels_last(x * g, W, b) with g of shape (B, 1, 1, C): matmul(x, (g W)^T) + b."""
     x, gate, w, args = m[_x], m[_gate], m[_w], m.args(_conv)
     ops = {name: provided(name) for name in ("matmul", "reshape", "transpose", "mul", "add")}
-    if any(f is None for f in ops.values()) or x.ndim != 4 or not _pointwise(args):
+    if (any(f is None for f in ops.values()) or x.ndim != 4 or not _pointwise(args)
+            or not all(type(n) is int for n in x.shape)):
         return None
     b, h, wd, c = x.shape
     bias, out = args["bias"], m[_conv].outputs[0]
