@@ -48,6 +48,7 @@ def test_a_gated_pointwise_convolution_becomes_a_batched_product(dtype, with_bia
     lambda x, g, w3, w1: _gated_conv(x, g, w1, stride=2),                    # strided
     lambda x, g, w3, w1: _gated_conv(x, x, w1),                              # a full-size product
     lambda x, g, w3, w1: ops.conv2d_channels_last(ops.add(x, g), w1),        # not a product
+    lambda x, g, w3, w1: _gated_conv(x, g, kiln.from_torch(torch.randn(20, 1, 1, 8))),  # 20 filters, 36 pixels
 ])
 def test_other_convolutions_and_gates_are_left_alone(make):
     x, g = kiln.symbol([2, 6, 6, 8]), kiln.symbol([2, 1, 1, 8])

@@ -5,7 +5,8 @@ product with weights scaled per batch,
     conv2d_channels_last(x * g, W)[b, h, w, o] = sum_c x[b, h, w, c] * (g[b, c] * W[o, c]),
 
 so the full-size product `x * g` is never written: a small kernel scales the weights (B x O x C
-values) and the product reads `x` itself. Runs after layout planning (the convolutions are
+values) and the product reads `x` itself. Where the weights would outweigh the data (O more
+than half the pixels: the late 7 x 7 layers), the gate stays. Runs after layout planning (the convolutions are
 channels-last then), on graphs that run on a GPU (the CPU's convolutions read weights laid
 out once, which per-batch weights would not be), and only where a plugin provides matmul,
 reshape, transpose and mul.
@@ -43,6 +44,8 @@ def fold_channel_gate(m):
             or (bias is not None and bias.dtype != out.dtype)):
         return None
     o = w.shape[0]
+    if 2 * o > h * wd:         # the scaled weights (B x O x C) would outweigh the gated data (B x H W x C)
+        return None
     scaled = ops["mul"](ops["reshape"](gate, [b, 1, c]), ops["reshape"](w, [1, o, c]))      # (B, O, C)
     y = ops["matmul"](ops["reshape"](x, [b, h * wd, c]), ops["transpose"](scaled, 1, 2))   # (B, H W, O)
     if bias is not None:
