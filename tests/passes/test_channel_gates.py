@@ -74,9 +74,13 @@ def test_a_squeeze_excite_block_on_the_gpu_matches_eager():
     project = nn.Sequential(nn.Conv2d(c, 24, 1, bias=False), nn.BatchNorm2d(24))
 
     class SE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.squeeze, self.project = block, squeeze, project
+
         def forward(self, x):
-            y = block(x)
-            return project(y * squeeze(y))
+            y = self.block(x)
+            return self.project(y * self.squeeze(y))
     model = SE().eval().cuda().half()
     x = torch.randn(3, c, 17, 19, device="cuda", dtype=torch.half)
     torch._dynamo.reset()
