@@ -156,7 +156,7 @@ def _wgmma(name: str, shape: str, ab: str, regs: int, a_regs: bool, tail: str, s
     slots = ",".join(f"%{k}" for k in range(regs))
     if a_regs:
         a_name, a_slot, a_ins, b = "A", "{" + ",".join(f"%{regs + k}" for k in range(4)) + "}", \
-            ", ".join(f'"r"(A[{k}])' for k in range(4)), regs + 4
+            ", ".join(f'"r"((A)[{k}])' for k in range(4)), regs + 4
     else:
         a_name, a_slot, a_ins, b = "DA", f"%{regs}", '"l"(DA)', regs + 1
     params, sd = (f"ACC, {a_name}, DB, SD", "SD") if scale_d else (f"ACC, {a_name}, DB", "1")
