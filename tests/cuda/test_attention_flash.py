@@ -15,7 +15,7 @@ from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
-from tests.cuda.attention_support import load_template
+from tests.cuda.attention_support import blhd_task as _blhd_task, load_template
 
 pytestmark = pytest.mark.cuda
 
@@ -105,15 +105,6 @@ def test_decode_splits_keys(lq, d):
     out = load_template(attention_flash, task, knobs)([q, k, v, mask])   # by name: attention_decode applies too
     assert (out[2] == 0).all()
     _check(out, _reference(q, k, v, mask), torch.float16)
-
-
-def _blhd_task(b, l, hq, hkv, d, dtype, causal):
-    """An attention task reading q, k, v from [B, L, H, D] inputs through permuting computes
-    (as a transposed projection's view fuses in), and the matched strides."""
-    ins = [TensorInput(n, (b, l, h, d), dtype) for n, h in (("q", hq), ("k", hkv), ("v", hkv))]
-    views = [compute((b, h, l, d), lambda i, j, s, e, t=t: t[i, s, j, e]) for t, h in zip(ins, (hq, hkv, hkv))]
-    out = attention_op.attention.definition(*views, None, None, causal)
-    return Task("attention", ins, [out], {"mask": None, "scale": None, "is_causal": causal})
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
