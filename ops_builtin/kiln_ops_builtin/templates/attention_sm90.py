@@ -230,6 +230,8 @@ def _tensor_map(a: Attention, x: Strided, rows, box_rows: int) -> tuple[TensorMa
     dims = a.batch_dims(x, "bh")
     if len(dims) > 3:
         raise ValueError(f"{len(dims)} batch dims (TMA takes ranks up to 5)")
+    if not x.row_stride:
+        raise ValueError("rows at stride 0 (a single key, or keys broadcast along the sequence)")
     arg = TensorMapArg(x.param, x.dtype, (a.D, int(rows)) + tuple(int(e) for _, _, e in dims),
                        (1, int(x.row_stride)) + tuple(int(s) for _, s, _ in dims), (BOX, box_rows) + (1,) * len(dims),
                        offset=int(x.offset))
@@ -256,13 +258,14 @@ def applies(task) -> bool:
 
 def suggest(task, sm_count: int) -> list[dict]:
     """128 queries on two consumers, or 64 on one where 128-query blocks would not fill the GPU;
-    176-key tiles for long non-causal keys at head dim 128 (FlashAttention-3's choice), else
-    128; two stages; then `space(1)`. Symbolic sizes count as their bucket (`split_k.bucket`),
+    176-key tiles for long keys at head dim 128 without causal edge or mask (FlashAttention-3's
+    choice; with either, the index arithmetic of the edges spills at 176), else 128; two
+    stages; then `space(1)`. Symbolic sizes count as their bucket (`split_k.bucket`),
     so that the lengths of a bucket share one source."""
     a = match_attention(task)
     Lq, Lk, batch = (bucket(x) for x in (a.Lq, a.Lk, a.batch_count))
     cw = 2 if -(-Lq // 128) * batch >= sm_count else 1
-    bn = 176 if padded(a.D) == 128 and not a.causal and Lk >= 1024 else 128
+    bn = 176 if padded(a.D) == 128 and not a.causal and a.mask is None and Lk >= 1024 else 128
     first = _k(bn, cw, 2)
     return [first] + [k for k in space(1) if k != first]
 
