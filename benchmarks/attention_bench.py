@@ -102,8 +102,8 @@ def _case(name, b, hq, hkv, lq, lk, d, causal, dtype, sweep, template_name=None)
            "ratio": t_torch / t_kiln, "rel_err": err, "regs_spill": regs}
     if sweep:
         from kiln.runtime import cuda as rt
-        rt.compile_many([(template.render(task, **s).source, template.name, rt.device_info(0)["arch"])
-                         for s in template.space(2) + [knobs]])
+        programs = [template.render(task, **s) for s in template.space(2) + [knobs]]
+        rt.compile_many([(p.source, template.name, p.arch_for(rt.device_info(0)["arch"])) for p in programs])
         found = []
         for settings in template.space(2) + [knobs] * (knobs not in template.space(2)):
             t, e, r = measure(settings)
