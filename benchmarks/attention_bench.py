@@ -8,8 +8,8 @@ shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head 
 runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA events,
 median of several replays (`gemm_bench`'s timing). `--sweep` also times every knob setting of
 the template's tuning level 2; `--shapes` picks shapes by name, `--template` times another
-template that takes them (`attention_flash` on the decode shapes). Prints the GPU's name and a
-table; `--json PATH` writes every row.
+template that takes them (`attention_flash` on the decode shapes, `attention_sm90` on the others
+on an H100 or H200). Prints the GPU's name and a table; `--json PATH` writes every row.
 Usage: python3 benchmarks/attention_bench.py [--sweep] [--shapes decode,decode-mha] [--template NAME]
        [--json out.json]
 """
