@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import dtypes
-from kiln.ir import Task, TensorInput, compute
+from kiln.ir import Task, TensorInput, cast, compute
+from kiln.passes.fused import fold_anchor
 from kiln_ops_builtin import attention as attention_op
 from tests.support import rand
 
@@ -85,6 +86,17 @@ def blhd_task(b, l, hq, hkv, d, dtype, causal):
     views = [compute((b, h, l, d), lambda i, j, s, e, t=t: t[i, s, j, e]) for t, h in zip(ins, (hq, hkv, hkv))]
     out = attention_op.attention.definition(*views, None, None, causal)
     return Task("attention", ins, [out], {"mask": None, "scale": None, "is_causal": causal})
+
+
+def bias_epilogue_task(shape) -> Task:
+    """Causal attention on float16 q, k, v of `shape` with a fused epilogue folded in:
+    (attention * 2 + bias[column]) in float32, cast back to float16."""
+    f16 = dtypes.float16
+    q, k, v = (TensorInput(n, shape, f16) for n in "qkv")
+    bias = TensorInput("bias", (shape[-1],), f16)
+    att = attention_op.attention.definition(q, k, v, None, None, True)
+    epilogue = compute(att.shape, lambda *i: cast(cast(att[i], "float32") * 2.0 + cast(bias[i[-1]], "float32"), f16))
+    return Task("attention", [q, k, v, bias], [fold_anchor(epilogue, att)], {"is_causal": True})
 
 
 def load_template(template, task, knobs):

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import kiln
-from kiln.ir import Task, TensorInput, cast, compute
-from kiln.passes.fused import fold_anchor
+from kiln.ir import Task, TensorInput, compute
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_sm90
 
-from tests.cuda.attention_support import blhd_task, check_near_eager, load_template, reference, tensor_task
+from tests.cuda.attention_support import (bias_epilogue_task, blhd_task, check_near_eager, load_template, reference,
+                                          tensor_task)
 from tests.cuda.symbolic_cases import CASES as SYMBOLIC
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
@@ -113,12 +113,7 @@ def test_queries_of_a_packed_projection():
 
 
 def test_fused_epilogue_renders_into_the_hooks():
-    f16 = kiln.dtypes.float16
-    q, k, v = (TensorInput(n, (2, 4, 200, 64), f16) for n in "qkv")
-    bias = TensorInput("bias", (64,), f16)
-    att = attention_op.attention.definition(q, k, v, None, None, True)
-    epilogue = compute(att.shape, lambda *i: cast(cast(att[i], "float32") * 2.0 + cast(bias[i[-1]], "float32"), f16))
-    task = Task("attention", [q, k, v, bias], [fold_anchor(epilogue, att)], {"is_causal": True})
+    task = bias_epilogue_task((2, 4, 200, 64))
     assert attention_sm90.applies(task)
     tq, tk, tv, tb = (_randn(*s, dtype=torch.float16) for s in ((2, 4, 200, 64),) * 3 + ((64,),))
     out = load_template(attention_sm90, task, attention_sm90.space(0)[0])([tq, tk, tv, tb])
