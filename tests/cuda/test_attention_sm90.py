@@ -71,7 +71,8 @@ def test_matches_sdpa(case, d, dtype):
 @pytest.mark.parametrize("knobs", attention_sm90.space(2), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("case,d,dtype", [("causal_gqa", 128, torch.float16), ("bool_mask", 64, torch.bfloat16),
                                           ("float_mask_scale", 96, torch.float16),
-                                          ("causal_lq_gt_lk", 64, torch.float16)])
+                                          ("causal_lq_gt_lk", 64, torch.float16)],
+                         ids=["causal_gqa-d128", "bool_mask-d64-bf16", "float_mask-d96", "causal_lq_gt_lk-d64"])
 def test_every_knob(knobs, case, d, dtype):
     torch.manual_seed(1)
     q, k, v, m, causal, scale = _inputs(**CASES[case], d=d, dtype=dtype)
