@@ -1,14 +1,15 @@
 """Fused attention on Hopper (sm_90a): FlashAttention-3's forward, float16 and bfloat16, head
-dims 64 and 128 (80 and 96 padded to 128: TMA fills the columns past D with zeros), at least
+dims 64 and 128 (80 and 96 computed as 128: TMA fills the columns past D with zeros), at least
 MIN_QUERIES queries (decoding is `attention_decode`'s).
 
 A CTA owns BM = 64 * CW queries of one (batch, head) and is warp-specialized. Its producer
 warpgroup (registers lowered by `setmaxnreg.dec`) has one thread issue TMA copies
 (`cp.async.bulk.tensor`, 128-byte swizzle): the CTA's queries once, then K and V tiles of BN
-keys into a STAGES-deep ring, each slot with a *full* mbarrier for K, one for V (the copies'
-transaction bytes) and an *empty* one (every consumer thread's release). Tiles are DP / 64
-boxes of 64 columns (128 bytes) by their rows, in the layout TMA's swizzle gives. Rows past
-the queries or keys come as zeros.
+keys into STAGES-deep rings. Each slot of K and each of V has a *full* mbarrier (the copies'
+transaction bytes) and an *empty* one (every consumer thread's release), so that a K slot
+frees once its S = Q K^T is done and a V slot once its O += P V is. Tiles are DP / 64 boxes of
+64 columns (128 bytes) by their rows, in the layout TMA's swizzle gives (DP: the head dim in
+whole boxes). Rows past the queries or keys come as zeros.
 
 CW consumer warpgroups (`setmaxnreg.inc`) own 64 query rows each. Per key tile, S = Q K^T is
 `wgmma.mma_async.m64n{BN}k16` with both operands K-major in shared memory (float32
@@ -26,8 +27,9 @@ gets zeros, as the operator defines. The output goes through the epilogue hooks,
 
 The task is read by `attention_match.match_attention`; q, k and v become tensor maps over
 their inputs (columns, rows, then up to three batch dims: [B, L, H, D] views, offsets into a
-packed projection and grouped-query heads need no copy). Strides TMA cannot take (not whole 16
-bytes) or more batch dims are declined, as are decoding shapes, other dtypes and head dims.
+packed projection and grouped-query heads need no copy; the match already asks for a unit
+column stride and the others whole 16 bytes, as TMA does). Operands of more batch dims or rows
+at stride 0 are declined, as are decoding shapes, other dtypes and head dims.
 Symbolic sizes are kernel arguments as in `attention_flash` (the tensor maps are encoded at
 launch from each run's sizes); `suggest` buckets them, so the lengths of a bucket share one
 source.
