@@ -66,6 +66,8 @@ def test_tensor_maps_read_operands_in_place():
                                                                                     False)], {})
     q, _, _ = _maps(task)
     assert (q.dims, q.strides, q.offset) == ((64, 70, 4, 2), (1, 768, 64, 70 * 768), 256)
+    with pytest.raises(ValueError, match="offset 4"):                          # 8 bytes: no TMA start address
+        TensorMapArg("in0", f16, (64, 70), (1, 64), (64, 64), offset=4)
 
 
 def test_ranked_after_attention_flash_and_on_sm90_only():
