@@ -8,8 +8,8 @@ shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head 
 runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA events,
 median of several replays (`gemm_bench`'s timing). `--sweep` also times every knob setting of
 the template's tuning level 2; `--shapes` picks shapes by name, `--template` times another
-template that takes them (`attention_flash` on the decode shapes). Prints the GPU's name and a
-table; `--json PATH` writes every row.
+template that takes them (`attention_flash` on the decode shapes, `attention_sm90` on the others
+on an H100 or H200). Prints the GPU's name and a table; `--json PATH` writes every row.
 Usage: python3 benchmarks/attention_bench.py [--sweep] [--shapes decode,decode-mha] [--template NAME]
        [--json out.json]
 """
@@ -102,8 +102,8 @@ def _case(name, b, hq, hkv, lq, lk, d, causal, dtype, sweep, template_name=None)
            "ratio": t_torch / t_kiln, "rel_err": err, "regs_spill": regs}
     if sweep:
         from kiln.runtime import cuda as rt
-        rt.compile_many([(template.render(task, **s).source, template.name, rt.device_info(0)["arch"])
-                         for s in template.space(2) + [knobs]])
+        programs = [template.render(task, **s) for s in template.space(2) + [knobs]]
+        rt.compile_many([(p.source, template.name, p.arch_for(rt.device_info(0)["arch"])) for p in programs])
         found = []
         for settings in template.space(2) + [knobs] * (knobs not in template.space(2)):
             t, e, r = measure(settings)

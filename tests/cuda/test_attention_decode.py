@@ -11,12 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.plugins.registry import registry
 from kiln.schedule import device_arch, schedules_for
 from kiln_ops_builtin.templates import attention_decode
 from kiln_ops_builtin.templates.attention_match import match_attention
 
-from tests.cuda.attention_support import load_template
+from tests.cuda.attention_support import check_near_eager as _check, load_template, tensor_task as _task
 
 from tests.frontend.frontend_support import Capture
 
@@ -47,43 +46,6 @@ def _inputs(shape, dtype, variant):
     elif variant == "float_mask":
         mask = _randn(b, hq, lq, lk, dtype=dtype)
     return q, k, v, mask, variant == "causal"
-
-
-def _reference(q, k, v, mask=None, causal=False):
-    """sdpa in float64 (key/value heads repeated); rows whose keys are all masked give zeros, as
-    the attention operator defines."""
-    group = q.shape[-3] // k.shape[-3]
-    k64, v64 = (t.double().repeat_interleave(group, dim=-3) for t in (k, v))
-    m = mask if mask is None or mask.dtype == torch.bool else mask.double()
-    out = F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=m, is_causal=causal)
-    if mask is not None and mask.dtype == torch.bool:
-        dead = ~mask.expand(*q.shape[:-1], k.shape[-2]).any(-1, keepdim=True)
-        out = torch.where(dead, torch.zeros_like(out), out)
-    return out
-
-
-def _eager(q, k, v, mask=None, causal=False):
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
-
-
-def _relative_error(got, want):
-    return ((got.double() - want).norm() / want.norm()).item()
-
-
-def _check(out, q, k, v, mask=None, causal=False):
-    """`out` within twice eager's relative error of the float64 reference, plus 1e-3."""
-    want = _reference(q, k, v, mask, causal)
-    assert out.dtype == q.dtype and out.shape == want.shape and not out.isnan().any()
-    eager = _relative_error(_eager(q, k, v, mask, causal), want)
-    assert _relative_error(out, want) <= 2 * eager + 1e-3, (_relative_error(out, want), eager)
-
-
-def _task(q, k, v, mask=None, causal=False):
-    definition = registry().operator("attention")
-    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
-                           {"mask": None if mask is None else kiln.from_torch(mask), "is_causal": causal})
-    return definition.task(args)[0]
 
 
 def _run_op(q, k, v, mask=None, causal=False):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.ir import Task, TensorInput, compute, cast
+from kiln.ir import Task, TensorInput, compute
 from kiln.passes.fused import fold_anchor
 from kiln.plugins.registry import registry
 from kiln.schedule import schedules_for
@@ -15,7 +15,7 @@ from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
-from tests.cuda.attention_support import load_template
+from tests.cuda.attention_support import bias_epilogue_task, blhd_task as _blhd_task, load_template
 
 pytestmark = pytest.mark.cuda
 
@@ -107,15 +107,6 @@ def test_decode_splits_keys(lq, d):
     _check(out, _reference(q, k, v, mask), torch.float16)
 
 
-def _blhd_task(b, l, hq, hkv, d, dtype, causal):
-    """An attention task reading q, k, v from [B, L, H, D] inputs through permuting computes
-    (as a transposed projection's view fuses in), and the matched strides."""
-    ins = [TensorInput(n, (b, l, h, d), dtype) for n, h in (("q", hq), ("k", hkv), ("v", hkv))]
-    views = [compute((b, h, l, d), lambda i, j, s, e, t=t: t[i, s, j, e]) for t, h in zip(ins, (hq, hkv, hkv))]
-    out = attention_op.attention.definition(*views, None, None, causal)
-    return Task("attention", ins, [out], {"mask": None, "scale": None, "is_causal": causal})
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_blhd_views_read_in_place(dtype):
     task = _blhd_task(2, 150, 8, 2, 96, kiln.dtypes.data_type(dtype), True)
@@ -130,12 +121,7 @@ def test_blhd_views_read_in_place(dtype):
 
 
 def test_fused_epilogue_renders_into_the_hooks():
-    f16 = kiln.dtypes.float16
-    q, k, v = (TensorInput(n, (2, 4, 100, 64), f16) for n in "qkv")
-    bias = TensorInput("bias", (64,), f16)
-    att = attention_op.attention.definition(q, k, v, None, None, True)
-    epilogue = compute(att.shape, lambda *i: cast(cast(att[i], "float32") * 2.0 + cast(bias[i[-1]], "float32"), f16))
-    task = Task("attention", [q, k, v, bias], [fold_anchor(epilogue, att)], {"is_causal": True})
+    task = bias_epilogue_task((2, 4, 100, 64))
     assert attention_flash.applies(task)
     tq, tk, tv, tb = (_randn(*s, dtype=torch.float16) for s in ((2, 4, 100, 64),) * 3 + ((64,),))
     out = load_template(attention_flash, task, attention_flash.suggest(task, 132)[0])([tq, tk, tv, tb])

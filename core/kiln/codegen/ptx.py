@@ -70,9 +70,19 @@ static __device__ __forceinline__ void kiln_wgmma_commit() {
 template <int N> static __device__ __forceinline__ void kiln_wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
+// N registers a wgmma writes or reads, pinned here: the compiler neither reads them before this
+// point (after a wait) nor moves their other uses across it
+template <int N> static __device__ __forceinline__ void kiln_wgmma_keep(float* r) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) asm volatile("" : "+f"(r[k]) :: "memory");
+}
+template <int N> static __device__ __forceinline__ void kiln_wgmma_keep(unsigned* r) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) asm volatile("" : "+r"(r[k]) :: "memory");
+}
 """
 """`kiln_desc(smem)`, `kiln_fence_proxy_async()`, `kiln_wgmma_fence()`, `kiln_wgmma_commit()`,
-`kiln_wgmma_wait<N>()` (sm_90a)."""
+`kiln_wgmma_wait<N>()`, `kiln_wgmma_keep<N>(regs)` (sm_90a)."""
 
 
 MBARRIER = r"""
@@ -137,30 +147,47 @@ def mma_m16n8k16(t: DataType) -> str:
     return "kiln_mma_m16n8k16_" + ("f16" if t == dtypes.float16 else "bf16")
 
 
-def wgmma_m64k16(bn: int, t: DataType, trans_a: int = 0, trans_b: int = 0) -> str:
-    """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k16 product of the tiles described by
-    `da` and `db` (operands of 16-bit float type `t`; `trans_a`/`trans_b` 1 for an MN-major
-    tile) accumulated into the float array `acc`."""
-    ab = mma_m16n8k16(t).rsplit("_", 1)[1]
-    regs = bn // 2
+def _wgmma(name: str, shape: str, ab: str, regs: int, a_regs: bool, tail: str, scale_d: bool) -> str:
+    """`#define name(ACC, DA, DB)`: one `wgmma.mma_async` of `shape` accumulating into the `regs`
+    floats of ACC, A described by the descriptor DA, or with `a_regs` `name(ACC, A, DB)`, A the
+    array of four registers of 16-bit pairs. `tail`: the immediates after scale-d. With
+    `scale_d` the macro takes a last argument SD: 0 overwrites ACC with the product."""
     outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
     slots = ",".join(f"%{k}" for k in range(regs))
-    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab} {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1, '
-            f'{trans_a}, {trans_b};\\n}}\\n"'
-            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
+    if a_regs:
+        a_name, a_slot, a_ins, b = "A", "{" + ",".join(f"%{regs + k}" for k in range(4)) + "}", \
+            ", ".join(f'"r"((A)[{k}])' for k in range(4)), regs + 4
+    else:
+        a_name, a_slot, a_ins, b = "DA", f"%{regs}", '"l"(DA)', regs + 1
+    params, sd = (f"ACC, {a_name}, DB, SD", "SD") if scale_d else (f"ACC, {a_name}, DB", "1")
+    return (f'#define {name}({params}) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b + 1}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.{shape}.f32.{ab}.{ab} {{{slots}}}, {a_slot}, %{b}, p, {tail};\\n}}\\n"'
+            f' : {outs} : {a_ins}, "l"(DB), "r"({sd}))\n')
 
+
+def wgmma_m64k16(bn: int, t: DataType, trans_a: int = 0, trans_b: int = 0, name: str = "WGMMA",
+                 scale_d: bool = False) -> str:
+    """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k16 product of the tiles described by
+    `da` and `db` (operands of 16-bit float type `t`; `trans_a`/`trans_b` 1 for an MN-major
+    tile) accumulated into the float array `acc`. `name` names the macro; with `scale_d` it
+    takes a fourth argument, 0 to overwrite `acc` instead of accumulating."""
+    ab = mma_m16n8k16(t).rsplit("_", 1)[1]
+    return _wgmma(name, f"m64n{bn}k16", ab, bn // 2, False, f"1, 1, {trans_a}, {trans_b}", scale_d)
+
+
+def wgmma_m64k16_rs(bn: int, t: DataType, trans_b: int = 0, name: str = "WGMMA_RS") -> str:
+    """`#define WGMMA_RS(acc, a, db)`: one wgmma m64n{bn}k16 product of A in registers (`a`: four
+    registers of two 16-bit floats of type `t`, laid out as mma.sync's m16n8k16 A fragment, the
+    warp's 16 rows of the 64) and the tile described by `db` (`trans_b` 1 for an MN-major
+    tile), accumulated into the float array `acc`."""
+    ab = mma_m16n8k16(t).rsplit("_", 1)[1]
+    return _wgmma(name, f"m64n{bn}k16", ab, bn // 2, True, f"1, 1, {trans_b}", False)
 
 
 def wgmma_m64k8_tf32(bn: int) -> str:
     """`#define WGMMA(acc, da, db)`: one wgmma m64n{bn}k8 product of float32 tiles read as TF32
     (both K-major: TF32 operands have no transpose bit), accumulated into the float array `acc`."""
-    regs = bn // 2
-    outs = ", ".join(f'"+f"(ACC[{k}])' for k in range(regs))
-    slots = ",".join(f"%{k}" for k in range(regs))
-    return (f'#define WGMMA(ACC, DA, DB) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{slots}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"'
-            f' : {outs} : "l"(DA), "l"(DB), "r"(1))\n')
+    return _wgmma("WGMMA", f"m64n{bn}k8", "tf32", bn // 2, False, "1, 1", False)
 
 CVT_EX2 = r"""
 // two floats rounded to one register of 16-bit floats, `lo` in the low half

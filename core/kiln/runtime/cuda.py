@@ -333,9 +333,10 @@ _CACHE_LIMIT = 4096
 
 @dataclass(frozen=True)
 class TensorMapArg:
-    """A tensor-map kernel argument over buffer `param` ('in0', ...): `dims` and `strides` in
-    elements, innermost first (strides[0] must be 1), `box` the tile one copy loads, with
-    128-byte swizzling (box[0] * element bytes must then be 128 at most)."""
+    """A tensor-map kernel argument over buffer `param` ('in0', ...) from element `offset` on
+    (a multiple of 16 bytes): `dims` and `strides` in elements, innermost first (strides[0]
+    must be 1), `box` the tile one copy loads, with 128-byte swizzling (box[0] * element bytes
+    must then be 128 at most)."""
 
     param: str
     dtype: DataType
@@ -343,6 +344,7 @@ class TensorMapArg:
     strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int = 128
+    offset: int = 0
 
     def __post_init__(self):
         rank = len(self.dims)
@@ -352,6 +354,9 @@ class TensorMapArg:
         if self.strides[0] != 1 or any(s * self.dtype.nbytes % 16 for s in self.strides[1:]):
             raise ValueError(f"tensor map over {self.param}: strides {self.strides} (elements of "
                              f"{self.dtype.nbytes} bytes); TMA needs unit innermost stride and others multiples of 16 bytes")
+        if self.offset < 0 or self.offset * self.dtype.nbytes % 16:
+            raise ValueError(f"tensor map over {self.param}: offset {self.offset} (elements of {self.dtype.nbytes} "
+                             "bytes); TMA needs a start address that is a multiple of 16 bytes")
         inner = self.box[0] * self.dtype.nbytes
         if any(not 1 <= b <= 256 for b in self.box) or (inner > self.swizzle if self.swizzle else inner % 16):
             raise ValueError(f"tensor map over {self.param}: box {self.box}; each box dim must be 1..256 and the "
@@ -371,6 +376,7 @@ def encode(arg: TensorMapArg, address: int) -> bytes:
     if found is not None:
         return found
     driver, _ = _bindings()
+    address += arg.offset * arg.dtype.nbytes
     if address % 16:
         raise ValueError(f"tensor map over {arg.param}: address {address:#x} is not 16-byte aligned")
     names = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DATA_TYPES[arg.dtype]}")

@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
     };
     if (t0 < t1) load_keys(0, t0 * KT);
     kiln_cp_async_commit();
-    float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
+    float o[MT][D / 2], mx[MT][2], sum[MT][2];
     kiln_start_rows(o, mx, sum);
     const int row0 = r0 + wr * MT * 16;
     const uint16_t* qs = Qs + wr * MT * 16 * LDS;
@@ -103,14 +103,12 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float total = sum[mt][h];
-            total += __shfl_xor_sync(0xffffffffu, total, 1);
-            total += __shfl_xor_sync(0xffffffffu, total, 2);
+            const float total = kiln_quad_sum(sum[mt][h]);
             const int row = wk * ROW_BLOCK + wr * MT * 16 + mt * 16 + (lane >> 2) + h * 8;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
                 *(float2*)&shares[row * D + dt * 8 + (lane & 3) * 2] =
-                    make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                    make_float2(o[mt][dt * 4 + 2 * h], o[mt][dt * 4 + 2 * h + 1]);
             if ((lane & 3) == 0) *(float2*)&share_stats[row * 2] = make_float2(mx[mt][h], total);
         }
     __syncthreads();

@@ -41,13 +41,14 @@ from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.schedule import Template
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
+from kiln_ops_builtin.templates.attention_softmax import ONLINE_SOFTMAX
 from kiln_ops_builtin.templates.split_k import bucket
 
 MAX_SMEM = 227 * 1024
 HEAD_DIMS = (64, 80, 96, 128)
 PAD = 8                                   # elements of padding per shared-memory row (16 bytes)
 
-DEVICE = r"""
+DEVICE = ONLINE_SOFTMAX + r"""
 // ROWS rows of a [rows, D] operand from `src` (rows at `stride`) into a padded tile; with CHECK,
 // rows from `valid` on are zero-filled (without, all are in range). Where the threads cover
 // whole rows (NT a multiple of D / 8), each copies one column chunk of every STEP-th row from
@@ -93,32 +94,29 @@ static __device__ __forceinline__ void kiln_load_keys(uint16_t* ks, uint16_t* vs
 }
 
 // A warp's online-softmax state before its first key: outputs 0, row maxima -inf, sums 0.
-static __device__ __forceinline__ void kiln_start_rows(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2]) {
+static __device__ __forceinline__ void kiln_start_rows(float (&o)[MT][D / 2], float (&mx)[MT][2], float (&sum)[MT][2]) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+        for (int e = 0; e < D / 2; ++e) o[mt][e] = 0.f;
         mx[mt][0] = mx[mt][1] = -INFINITY;
         sum[mt][0] = sum[mt][1] = 0.f;
     }
 }
 
 // One key tile (keys n0 .. n0 + BN) for a warp's MT * 16 tile rows from row0: S = Q K^T, the
-// online softmax, O += P V. Tile row r is query QUERY_I(r) of flat batch QUERY_BH(bh, r), a real
-// query where QUERY_OK(r). EDGE: some key of the tile is past LK or (causal) after a row.
+// online softmax (`kiln_softmax_step`), O += P V. Tile row r is query QUERY_I(r) of flat batch
+// QUERY_BH(bh, r), a real query where QUERY_OK(r). EDGE: some key of the tile is past LK or
+// (causal) after a row.
 template <bool EDGE>
-static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], float (&mx)[MT][2], float (&sum)[MT][2],
+static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 2], float (&mx)[MT][2], float (&sum)[MT][2],
                                                    const uint16_t* qs, const uint16_t* ks, const uint16_t* vs,
                                                    int row0, int n0, int64_t bh, int lane, PARAMS) {
-    float s[MT][BN / 8][4];
+    float s[MT][BN / 2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        for (int e = 0; e < BN / 2; ++e) s[mt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         unsigned qf[MT][4];
@@ -132,78 +130,26 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
             const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                MMA(s[mt][2 * j], qf[mt], b0);
-                MMA(s[mt][2 * j + 1], qf[mt], b1);
+                MMA(&s[mt][8 * j], qf[mt], b0);
+                MMA(&s[mt][8 * j + 4], qf[mt], b1);
             }
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + mt * 16 + (lane >> 2) + h * 8, i = QUERY_I(r);
-            float top = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-#if RAW_MAX
-                    float x = s[mt][nt][2 * h + c];               // scaled after the maximum (scale > 0)
-#else
-                    float x = s[mt][nt][2 * h + c] * SCALE_LOG2;
-#endif
-#if HAS_MASK
-                    if (QUERY_OK(r) && j < LK) {
-#if MASK_BOOL
-                        if (!kiln_mask(ARGS, QUERY_BH(bh, r), i, j)) x = -INFINITY;
-#else
-                        x += kiln_mask(ARGS, QUERY_BH(bh, r), i, j) * 1.4426950408889634f;
-#endif
-                    }
-#endif
-                    if (EDGE && (j >= LK || (CAUSAL && j > i))) x = -INFINITY;
-                    s[mt][nt][2 * h + c] = x;
-                    top = fmaxf(top, x);
-                }
-            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-#if RAW_MAX
-            top *= SCALE_LOG2;
-#endif
-            const float now = fmaxf(mx[mt][h], top);
-            const float shift = now == -INFINITY ? 0.f : now;     // a row masked so far stays at sum 0
-            const float alpha = kiln_ex2(mx[mt][h] - shift);
-            mx[mt][h] = now;
-            float part = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-#if RAW_MAX
-                    const float p = kiln_ex2(fmaf(s[mt][nt][2 * h + c], SCALE_LOG2, -shift));
-#else
-                    const float p = kiln_ex2(s[mt][nt][2 * h + c] - shift);
-#endif
-                    s[mt][nt][2 * h + c] = p;
-                    part += p;
-                }
-            sum[mt][h] = sum[mt][h] * alpha + part;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[mt][dt][2 * h] *= alpha;
-                o[mt][dt][2 * h + 1] *= alpha;
-            }
-        }
+    for (int mt = 0; mt < MT; ++mt) {
+        float alpha[2];
+        kiln_softmax_step<EDGE, BN / 8>(s[mt], mx[mt], sum[mt], alpha, row0 + mt * 16, n0, bh, lane, ARGS);
+        kiln_rescale_rows<D / 8>(o[mt], alpha);
+    }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
         unsigned pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            pa[mt][0] = PACK(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = PACK(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = PACK(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = PACK(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            pa[mt][0] = PACK(s[mt][8 * kk], s[mt][8 * kk + 1]);
+            pa[mt][1] = PACK(s[mt][8 * kk + 2], s[mt][8 * kk + 3]);
+            pa[mt][2] = PACK(s[mt][8 * kk + 4], s[mt][8 * kk + 5]);
+            pa[mt][3] = PACK(s[mt][8 * kk + 6], s[mt][8 * kk + 7]);
         }
 #pragma unroll
         for (int j = 0; j < D / 16; ++j) {
@@ -212,8 +158,8 @@ static __device__ __forceinline__ void kiln_attend(float (&o)[MT][D / 8][4], flo
             const unsigned b0[2] = {t[0], t[1]}, b1[2] = {t[2], t[3]};
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                MMA(o[mt][2 * j], pa[mt], b0);
-                MMA(o[mt][2 * j + 1], pa[mt], b1);
+                MMA(&o[mt][8 * j], pa[mt], b0);
+                MMA(&o[mt][8 * j + 4], pa[mt], b1);
             }
         }
     }
@@ -271,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PAR
     };
     if (t0 < t1) load_keys(0, t0 * BN);
     kiln_cp_async_commit();
-    float o[MT][D / 8][4], mx[MT][2], sum[MT][2];
+    float o[MT][D / 2], mx[MT][2], sum[MT][2];
     kiln_start_rows(o, mx, sum);
     const uint16_t* qs = Qs + warp * MT * 16 * LDS;
     for (int t = t0; t < t1; ++t) {
@@ -293,30 +239,25 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_flash(KERNEL_PAR
     }
     kiln_cp_async_wait<0>();        // an empty share's query copies
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt) {
+#if SPLIT > 1
+        // partial results: O unnormalized, relative to the row maximum, with maximum and sum
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float total = sum[mt][h];
-            total += __shfl_xor_sync(0xffffffffu, total, 1);
-            total += __shfl_xor_sync(0xffffffffu, total, 2);
+            const float total = kiln_quad_sum(sum[mt][h]);
             const int64_t i = row0 + mt * 16 + (lane >> 2) + h * 8;
             if (i >= LQ) continue;
-#if SPLIT > 1
-            // partial results: O unnormalized, relative to the row maximum, with maximum and sum
             const int64_t row = ((int64_t)sp * BATCH + bh) * LQ + i;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
                 *(float2*)&PART[row * D + dt * 8 + (lane & 3) * 2] =
-                    make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                    make_float2(o[mt][dt * 4 + 2 * h], o[mt][dt * 4 + 2 * h + 1]);
             if ((lane & 3) == 0) *(float2*)&STATS[row * 2] = make_float2(mx[mt][h], total);
-#else
-            const float inv = total == 0.f ? 0.f : 1.f / total;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-                kiln_epilogue2(ARGS, bh, i, dt * 8 + (lane & 3) * 2, o[mt][dt][2 * h] * inv,
-                               o[mt][dt][2 * h + 1] * inv);
-#endif
         }
+#else
+        kiln_store_rows<D / 8>(o[mt], sum[mt], row0 + mt * 16, bh, lane, ARGS);
+#endif
+    }
 }
 """
 

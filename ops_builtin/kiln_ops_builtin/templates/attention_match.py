@@ -63,17 +63,26 @@ class Strided:
     row_stride: int
     offset: int
 
-    def base(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> str:
-        """C expression of the element offset of row 0, column 0 for the flat batch index `flat`,
-        sizes written by `text` (`Attention.text` for symbolic ones)."""
-        terms, inner = [text(self.offset)] if self.offset else [], 1
+    def batch_dims(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> list:
+        """(C expression of the coordinate, stride, extent) of each batch dimension the operand
+        moves along (innermost first; a dim of extent 1 or stride 0 has none) for the flat batch
+        index `flat`, sizes written by `text` (`Attention.text` for symbolic ones): the batch
+        dims b_k, and for grouped-query heads the key/value head b_last // group."""
+        dims, inner = [], 1
         for k in reversed(range(len(batch))):
             coordinate = f"(({flat}) / {text(inner)} % {text(batch[k])})"
             if self.coef.get(f"b{k}") and batch[k] > 1:
-                terms.append(f"{coordinate} * (int64_t){text(self.coef[f'b{k}'])}")
+                dims.append((coordinate, self.coef[f"b{k}"], batch[k]))
             if k == len(batch) - 1 and self.coef.get("hkv") and batch[k] > 1:
-                terms.append(f"({coordinate} / {group}) * (int64_t){text(self.coef['hkv'])}")
+                dims.append((f"({coordinate} / {group})", self.coef["hkv"], batch[k] // group))
             inner *= batch[k]
+        return dims
+
+    def base(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> str:
+        """C expression of the element offset of row 0, column 0 for the flat batch index `flat`,
+        sizes written by `text` (`Attention.text` for symbolic ones)."""
+        terms = [text(self.offset)] if self.offset else []
+        terms += [f"{c} * (int64_t){text(stride)}" for c, stride, _ in self.batch_dims(batch, group, flat, text)]
         return " + ".join(terms) or "0"
 
 
@@ -115,6 +124,10 @@ class Attention:
     def base(self, operand: Strided, flat: str) -> str:
         """`operand`'s `Strided.base` for the flat batch index `flat`."""
         return operand.base(self.batch, self.group, flat, self.text)
+
+    def batch_dims(self, operand: Strided, flat: str) -> list:
+        """`operand`'s `Strided.batch_dims` for the flat batch index `flat`."""
+        return operand.batch_dims(self.batch, self.group, flat, self.text)
 
 
 def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dict | None:

@@ -336,10 +336,10 @@ def staged_stages(knobs: dict, sources: tuple[EpilogueSource, ...]) -> int | Non
     return None
 
 
-def consumer_registers(cw: int, producer_regs: int = 40) -> int:
+def consumer_registers(cw: int, producer_regs: int = 40, most: int = 232) -> int:
     """Registers per consumer thread after `setmaxnreg`: what the register file leaves beside
-    the producer warpgroup's, rounded down to a multiple of 8, at most 232."""
-    return min(232, (REGISTERS - 128 * producer_regs) // (128 * cw) // 8 * 8)
+    the producer warpgroup's, rounded down to a multiple of 8, at most `most`."""
+    return min(most, (REGISTERS - 128 * producer_regs) // (128 * cw) // 8 * 8)
 
 
 def fits(knobs: dict, producer_regs: int = 40) -> bool:
