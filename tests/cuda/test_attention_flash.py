@@ -10,12 +10,11 @@ import kiln
 from kiln.ir import Task, TensorInput, compute
 from kiln.passes.fused import fold_anchor
 from kiln.plugins.registry import registry
-from kiln.schedule import schedules_for
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash
 from kiln_ops_builtin.templates.attention_match import match_attention
 
-from tests.cuda.attention_support import bias_epilogue_task, blhd_task as _blhd_task, load_template
+from tests.cuda.attention_support import bias_epilogue_task, blhd_task as _blhd_task, load_template, tensor_task
 
 pytestmark = pytest.mark.cuda
 
@@ -45,13 +44,12 @@ def _check(out, expected, dtype):
 
 
 def _run_op(q, k, v, mask=None, causal=False, scale=None):
-    definition = registry().operator("attention")
-    args = definition.bind([kiln.from_torch(t) for t in (q, k, v)],
-                           {"mask": None if mask is None else kiln.from_torch(mask), "scale": scale,
-                            "is_causal": causal})
-    task = definition.task(args)[0]
-    assert schedules_for(task, "cuda")[0].name == "attention_flash"
-    return kiln.ops.attention(q, k, v, mask=mask, scale=scale, is_causal=causal).torch()
+    """attention_flash's program for the operator's task on these inputs, by name (on sm_90
+    attention_sm90 ranks first beyond one key tile)."""
+    task = tensor_task(q, k, v, mask, causal, scale)
+    assert attention_flash.applies(task)
+    knobs = attention_flash.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    return load_template(attention_flash, task, knobs)([q, k, v] + ([mask] if mask is not None else []))
 
 
 CASES = {

@@ -1,6 +1,6 @@
 """The Hopper attention template (`attention_sm90`) without a GPU: which attention tasks it takes
 and which it leaves to attention_flash and attention_decode, its tensor maps ([B, H, L, D] and
-[B, L, H, D] layouts, grouped-query heads, a packed projection's offset), its ranking (after
+[B, L, H, D] layouts, grouped-query heads, a packed projection's offset), its ranking (before
 attention_flash, on sm_90 only), its level-0 choices, one source for the lengths of a bucket,
 and every knob setting of its level-2 space compiled with NVRTC for sm_90a (both 16-bit types,
 head dims 64 to 128, bool and float masks, causal, grouped-query heads, lengths that are no
@@ -16,7 +16,6 @@ from kiln.runtime.cuda import TensorMapArg
 from kiln.schedule import schedules_for
 from kiln_ops_builtin import attention as attention_op
 from kiln_ops_builtin.templates import attention_flash, attention_sm90
-from kiln_ops_builtin.templates.attention_match import match_attention
 
 from tests.cuda.attention_support import attention_task, blhd_task, reference
 from tests.cuda.symbolic_cases import CASES as SYMBOLIC
@@ -26,7 +25,7 @@ needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings
 f16, bf16 = dtypes.float16, dtypes.bfloat16
 
 
-def _task(q=(2, 4, 70, 64), k=(2, 2, 75, 64), *args, **kwargs):
+def _task(q=(2, 4, 70, 64), k=(2, 2, 175, 64), *args, **kwargs):
     return attention_task(q, k, *args, **kwargs)
 
 
@@ -38,14 +37,14 @@ def _maps(task, knobs=None):
 def test_takes_prefill_and_declines_the_rest():
     for d in attention_sm90.HEAD_DIMS:
         for t in (f16, bf16):
-            assert attention_sm90.applies(_task((2, 4, 70, d), (2, 2, 75, d), dtype=t))
-    assert attention_sm90.applies(_task((1, 4, 64, 64), (1, 4, 2, 64), causal=True, mask=((64, 2), dtypes.boolean)))
-    assert not attention_sm90.applies(_task((1, 4, 64, 64), (1, 4, 1, 64)))           # one key: rows at stride 0
+            assert attention_sm90.applies(_task((2, 4, 70, d), (2, 2, 175, d), dtype=t))
+    assert attention_sm90.applies(_task((1, 4, 64, 64), (1, 4, 129, 64), causal=True, mask=((64, 129), dtypes.boolean)))
+    assert not attention_sm90.applies(_task((1, 4, 64, 64), (1, 4, 128, 64)))          # one key tile: attention_flash's
     assert not attention_sm90.applies(_task((2, 4, 63, 64), (2, 2, 4096, 64)))          # decoding: attention_decode's
     assert not attention_sm90.applies(_task(dtype=dtypes.float32))
-    assert not attention_sm90.applies(_task((2, 4, 70, 48), (2, 2, 75, 48)))
-    assert not attention_sm90.applies(_task((2, 4, 70, 64), (2, 2, 75, 64), (2, 2, 75, 128)))   # Dv != D
-    four = _task((2, 2, 2, 2, 70, 64), (2, 2, 2, 2, 75, 64))       # four batch dims: a tensor map has five at most
+    assert not attention_sm90.applies(_task((2, 4, 70, 48), (2, 2, 175, 48)))
+    assert not attention_sm90.applies(_task((2, 4, 70, 64), (2, 2, 175, 64), (2, 2, 175, 128)))   # Dv != D
+    four = _task((2, 2, 2, 2, 70, 64), (2, 2, 2, 2, 175, 64))       # four batch dims: a tensor map has five at most
     assert attention_flash.applies(four) and not attention_sm90.applies(four)
 
 
@@ -70,10 +69,10 @@ def test_tensor_maps_read_operands_in_place():
         TensorMapArg("in0", f16, (64, 70), (1, 64), (64, 64), offset=4)
 
 
-def test_ranked_after_attention_flash_and_on_sm90_only():
+def test_ranked_before_attention_flash_and_on_sm90_only():
     task = _task((2, 4, 200, 128), (2, 4, 200, 128), causal=True)
     names = [t.name for t in schedules_for(task, "cuda", 90)]
-    assert names.index("attention_flash") < names.index("attention_sm90")
+    assert names.index("attention_sm90") < names.index("attention_flash")
     assert "attention_sm90" not in [t.name for t in schedules_for(task, "cuda", 80)]
     program = attention_sm90.render(task, **attention_sm90.space(0)[0])
     assert (program.min_arch, program.arch_for("sm_90")) == (90, "sm_90a")
@@ -124,12 +123,12 @@ def test_lengths_of_a_bucket_share_one_source():
     and 128 queries (the tensor maps and the grid are the run's), which compiles."""
     case = next(c for c in SYMBOLIC if c.name == "attention_prefill")
     programs = []
-    for n in (70, 100, 128):
+    for n in (150, 200, 256):
         task = next(node.task for node in case.graph(n).nodes if attention_sm90.applies(node.task))
         programs.append(attention_sm90.render(task, **attention_sm90.suggest(task, 132)[0]))
-    assert len({p.source for p in programs}) == 1 and [p.sizes for p in programs] == [(70,), (100,), (128,)]
+    assert len({p.source for p in programs}) == 1 and [p.sizes for p in programs] == [(150,), (200,), (256,)]
     assert [[a.dims[1] for a in p.launches[0].args if isinstance(a, TensorMapArg)] for p in programs] == \
-        [[70] * 3, [100] * 3, [128] * 3]
+        [[150] * 3, [200] * 3, [256] * 3]
     rt.compile_many([(programs[0].source, "attention_sm90_symbolic", "sm_90a")])
 
 
@@ -138,7 +137,7 @@ def test_operator_on_cpu_under_nvrtc_check(monkeypatch):
     """The attention operator on the CPU with every program Kiln may build for it (this
     template's among them) compiled for sm_80 and sm_90."""
     monkeypatch.setenv("KILN_NVRTC_CHECK", "sm_80,sm_90")
-    q, k, v = (torch.randn(1, h, 70, 64, dtype=torch.float16) for h in (4, 2, 2))
-    assert attention_sm90.applies(_task((1, 4, 70, 64), (1, 2, 70, 64), causal=True))
+    q, k, v = (torch.randn(1, h, 170, 64, dtype=torch.float16) for h in (4, 2, 2))
+    assert attention_sm90.applies(_task((1, 4, 170, 64), (1, 2, 170, 64), causal=True))
     out = kiln.ops.attention(q, k, v, is_causal=True).torch()
     torch.testing.assert_close(out.double(), reference(q, k, v, is_causal=True), atol=1e-2, rtol=1e-2)
