@@ -45,12 +45,11 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
     """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
     rewrites (batch-norm folding among them) and before the merging of sibling linears,
     constant folding (which computes their concatenated weights), float16 conversion, the TF32
-permission of float32 matrix products, layout
-    planning (which sees the types the graph runs in), convolutions computing the zero channels
-    that layout planning appends after them, the folding of channel gates into the
-    weights of the 1x1 convolutions that read them (on GPUs), the recomputation of cheap element-wise
-    values in each of their readers, and fusion (which fuses the layout conversions into their
-    neighbours)."""
+    permission of float32 matrix products, layout planning (which sees the types the graph runs
+    in), convolutions computing the zero channels that layout planning appends after them, the
+    folding of channel gates into the weights of the 1x1 convolutions that read them (on GPUs),
+    the recomputation of cheap element-wise values in each of their readers, and fusion (which
+    fuses the layout conversions into their neighbours)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
