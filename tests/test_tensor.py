@@ -161,3 +161,16 @@ def test_abs_and_invert_operators():
     assert_close(~kiln.from_torch(x), ~x)
     mask = rand((5,), torch.bool)
     assert_close(~kiln.from_torch(mask), ~mask)
+
+
+def test_devices_of_torch_devices(monkeypatch):
+    """A torch.device names its Device (looked up once per device); 'cuda' without an index is
+    the current device at each call."""
+    assert kiln.device(torch.device("cpu")) == kiln.device("cpu") == kiln.Device("cpu")
+    assert kiln.device(torch.device("cuda", 1)) == kiln.Device("cuda", 1)
+    for current in (0, 3):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+        assert kiln.device(torch.device("cuda")) == kiln.Device("cuda", current)
+    with pytest.raises(ValueError, match="unknown device 'meta'"):
+        kiln.device(torch.device("meta"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -34,7 +35,10 @@ def device(value) -> Device:
     if value is None:
         return Device("cpu")
     if isinstance(value, torch.device):
-        value = str(value)
+        if value.type == "cuda" and value.index is None:     # the current device: not cached
+            value = str(value)
+        else:
+            return _of_torch_device(value)
     if isinstance(value, str):
         kind, _, index = value.partition(":")
         if kind == "cpu" and not index:
@@ -44,3 +48,10 @@ def device(value) -> Device:
                 return Device("cuda", int(index))
             return Device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     raise ValueError(f"unknown device {value!r}; expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+@lru_cache(maxsize=None)
+def _of_torch_device(value: torch.device) -> Device:
+    """The Device of a torch.device that names its index (every tensor's does): `device()`'s per
+    call cost on the path of every graph run's outputs."""
+    return device(str(value))

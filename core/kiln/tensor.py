@@ -26,7 +26,7 @@ class Tensor:
 
     def __init__(self, shape: Sequence[int], dtype, device, storage: torch.Tensor | None = None,
                  trace=None):
-        self.shape = tuple(as_dim(s) for s in shape)
+        self.shape = tuple(map(as_dim, shape))
         self.dtype: DataType = dtypes.data_type(dtype)
         self.device: Device = as_device(device)
         self.storage = storage
