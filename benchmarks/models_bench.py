@@ -3,14 +3,16 @@
 By default ResNet-50 (batch 1, 224x224), BERT-base and GPT-2 (batch 1, 128 tokens); `--models`
 adds the issues' suite (ResNet-18, ResNet-50 at batch 32, MobileNetV3-large, ConvNeXt-tiny,
 EfficientNet-B0 and ViT-B/16 at batch 8, BERT at batch 8, a Llama-style 1B at 512 tokens).
-Random weights, in one process on one GPU. Each compiled model is checked against eager before it is timed. Times are
-medians of CUDA-event timings of single forward passes after warm-up. Kiln replays CUDA graphs by
+Random weights, in one process on one GPU. Each compiled model is checked against eager before it
+is timed. Times are medians of CUDA-event timings of single forward passes after warm-up; with
+`--rounds N` eager and the backends are timed in turn N times and each reports the median of its
+rounds (the machine's speed drifts over a run: single runs at batch 1 differed by 20%). Kiln replays CUDA graphs by
 default; torch.compile's default backend (inductor) is timed in its default mode, which launches
 kernels one by one, and in mode="reduce-overhead", which replays CUDA graphs too. TF32 is off
 everywhere, so float32 means float32.
 
     python benchmarks/models_bench.py [--models resnet50 bert gpt2 ...] [--dtype float32 float16 bfloat16]
-        [--json out.json]
+        [--rounds N] [--json out.json]
 """
 from __future__ import annotations
 
@@ -121,26 +123,36 @@ def max_error(got, want) -> float:
     return worst
 
 
-def run_case(name: str, dtype: torch.dtype) -> dict:
+def run_case(name: str, dtype: torch.dtype, rounds: int = 1) -> dict:
+    """Compile the model with each backend (checked against eager), then time eager and every
+    backend in turn, `rounds` times over: each backend's time is the median of its rounds, so
+    that a drift of the machine's speed over the run touches all of them alike."""
     torch.manual_seed(0)
     model, make_inputs = CASES[name]()
     randomize_batch_norm(model)
     model = model.to("cuda", dtype).eval()
     inputs = tuple(x.cuda() for x in make_inputs(dtype))
-    row = {"model": name, "dtype": str(dtype).replace("torch.", "")}
+    row = {"model": name, "dtype": str(dtype).replace("torch.", ""), "rounds": rounds}
     with torch.no_grad():
         want = model(*inputs)
-        row["eager_ms"] = timed(model, inputs)
+        runs = {"eager": model}
+        torch._dynamo.reset()
+        # no reset between backends: dynamo keeps each backend's graphs under a guard on the backend
         for backend, label, mode in (("kiln", "kiln", None), ("inductor", "inductor", None),
                                      ("inductor", "inductor_cg", "reduce-overhead")):
-            torch._dynamo.reset()
-            compiled = torch.compile(model, backend=backend, mode=mode)
+            compiled = runs[label] = torch.compile(model, backend=backend, mode=mode)
             start = time.perf_counter()
             got = compiled(*inputs)
             torch.cuda.synchronize()
             row[f"{label}_compile_s"] = time.perf_counter() - start
             row[f"{label}_rel_err"] = max_error(got, want)
-            row[f"{label}_ms"] = timed(compiled, inputs)
+        times = {label: [] for label in runs}
+        for _ in range(rounds):
+            for label, fn in runs.items():
+                times[label].append(timed(fn, inputs))
+        for label, ms in times.items():
+            row[f"{label}_ms"] = statistics.median(ms)
+            row[f"{label}_rounds_ms"] = ms
     return row
 
 
@@ -149,6 +161,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     parser.add_argument("--dtype", nargs="+", default=["float32", "float16"])
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--rounds", type=int, default=1, help="time every backend this many times, in turn "
+                        "(medians reported)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -161,7 +175,7 @@ def main() -> None:
     for name in args.models:
         for dt in args.dtype:
             try:
-                r = run_case(name, getattr(torch, dt))
+                r = run_case(name, getattr(torch, dt), args.rounds)
             except Exception as exc:  # report the failure in the table and go on
                 print(f"{name:<9} {dt:<8} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 rows.append({"model": name, "dtype": dt, "error": f"{type(exc).__name__}: {exc}"})
