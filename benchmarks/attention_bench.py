@@ -4,7 +4,8 @@ flash backend) on one GPU, in the same run.
 The issue-12 shapes: (batch 8, 12 heads, seq 128, dim 64); (1, 32, 2048, 128, causal);
 (4, 32 query heads / 8 KV heads, 4096, 128, causal); decoding (8, 32 / 8 heads, 1 query, 4096
 keys, 128); long sequences at head dims 64 and 96; and more decoding (`attention_decode`'s
-shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head dim 64. Each side
+shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head dim 64; the
+models' own: ViT-B/16's 197 tokens and GPT-2's causal 1024. Each side
 runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA events,
 median of several replays (`gemm_bench`'s timing). `--sweep` also times every knob setting of
 the template's tuning level 2; `--shapes` picks shapes by name, `--template` times another
@@ -36,6 +37,8 @@ SHAPES = [  # name, batch, query heads, kv heads, Lq, Lk, dim, causal
     ("decode-mha", 8, 32, 32, 1, 4096, 128, False),
     ("decode-q16", 4, 32, 8, 16, 4096, 128, False),
     ("decode-d64-16k", 4, 16, 4, 1, 16384, 64, False),
+    ("vit", 8, 12, 12, 197, 197, 64, False),              # ViT-B/16: just past one key tile
+    ("gpt2-1k", 1, 12, 12, 1024, 1024, 64, True),
 ]
 
 
