@@ -4,11 +4,15 @@ An *anchor* is an operator whose task reduces or that a schedule template handle
 conv2d, softmax, ...); every other operator is injective. Groups grow from single nodes:
 
 - epilogue: an injective node joins the group producing one of its inputs, where that input
-  has no other user and is not a graph output;
+  has no other user and is not a graph output; then, likewise, an anchor-free group joins the
+  group producing an input that only its members read (a chain that fans out from the input and
+  meets again, such as GELU written out; a sum of several values whose first addition grouped
+  apart, such as a residual stream's R + A + F after F's linear);
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
-  graph output), unless that group's anchor is template-scheduled and the node computes
-  anything (a view, such as the slices and head permutes before attention, joins where the
-  template reads views: `Template.reads_views`);
+  graph output), unless that group's anchor is template-scheduled, the node computes anything
+  and the anchor reads it (a view, such as the slices and head permutes before attention, joins
+  where the template reads views: `Template.reads_views`; what only the epilogue reads, such as
+  the residual a linear's result is added to, joins the epilogue);
 - rows: a reduction's group joins the reduction group reading it where the two make one row
   task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
 
@@ -144,19 +148,50 @@ class _Groups:
                         and self.merge(self.group[id(p)], self.group[id(node)])):
                     break
 
+    def fuse_group_epilogues(self) -> None:
+        """Each anchor-free group joins the group producing an input that only its members read."""
+        for g in list(self.members):
+            if g not in self.members or self.anchors[g] or g in self.frozen:
+                continue
+            inside = {id(n) for n in self.members[g]}
+            for t in {id(t): t for n in self.members[g] for t in n.inputs}.values():
+                p = self.producer.get(id(t))
+                if (p is not None and id(p) not in inside and id(t) not in self.outputs
+                        and all(id(u) in inside for u in self.users[id(t)])
+                        and self.merge(self.group[id(p)], g)):
+                    break
+
     def fuse_prologues(self) -> None:
         """Each anchor-free group joins the one group that reads all outputs of its last node,
-        unless that group's anchor is template-scheduled (templates read plain inputs) and the
-        group computes anything: views (slices, reshapes, permutes) are index arithmetic that a
-        template declaring `reads_views` reads through, where it still takes the group."""
+        unless that group's anchor is template-scheduled (templates read plain operands), reads
+        them and the group computes anything: views (slices, reshapes, permutes) are index
+        arithmetic that a template declaring `reads_views` reads through, where it still takes
+        the group; the template's epilogue computes what only it reads."""
         for node in reversed(self.nodes):
             g = self.group[id(node)]
             if self.anchors[g] or any(id(t) in self.outputs for t in node.outputs):
                 continue
-            consumers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())} - {g}
-            if len(consumers) == 1 and (not consumers & self.templated or self.reads_views(next(iter(consumers)))
-                                        and all(map(moves_data, self.members[g]))):
-                self.merge(consumers.pop(), g)
+            readers = [u for t in node.outputs for u in self.users.get(id(t), ())]
+            consumers = {self.group[id(u)] for u in readers} - {g}
+            if len(consumers) != 1:
+                continue
+            c = next(iter(consumers))
+            if (c not in self.templated or all(id(u) in self.epilogue(c) for u in readers)
+                    or self.reads_views(c) and all(map(moves_data, self.members[g]))):
+                self.merge(c, g)
+
+    def epilogue(self, g: int) -> set[int]:
+        """The ids of group g's nodes that read its anchor's result (directly or through each
+        other): its epilogue."""
+        inside = {id(n) for n in self.members[g]}
+        found, todo = set(), [n for n in self.members[g] if id(n) in self.anchor_nodes]
+        while todo:
+            for t in todo.pop().outputs:
+                for u in self.users.get(id(t), ()):
+                    if id(u) in inside and id(u) not in found:
+                        found.add(id(u))
+                        todo.append(u)
+        return found
 
     def fuse_row_reductions(self) -> None:
         """A reduction group joins the reduction group that reads its output where together
@@ -224,6 +259,7 @@ class FuseOperators(GraphPass):
     def transform(self, graph, ctx):
         groups = _Groups(graph)
         groups.fuse_epilogues()
+        groups.fuse_group_epilogues()
         groups.fuse_prologues()
         groups.fuse_row_reductions()
         mapping: dict = {}

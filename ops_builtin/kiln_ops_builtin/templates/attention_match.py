@@ -47,7 +47,7 @@ from kiln.ir.simplify import simplify
 from kiln.ir.expr import walk
 from kiln.ir.size import SymSize
 
-from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row
+from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row, reports_failures
 
 CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column's a multiple of it
 
@@ -291,7 +291,8 @@ def match_attention(task, target: str = "cuda") -> Attention | None:
         return None
     out = lowered.outputs[0]
     element = _find_element(out.value)
-    if element is None or not isinstance(element.cond.a.tensor, Compute):
+    if (element is None or not isinstance(element.cond.a.tensor, Compute)
+            or target == "cpu" and reports_failures(out.value)):
         return None
     found = _coordinates(out, element.cond.a.indices, element.cond.a.tensor.shape)
     if found is None:

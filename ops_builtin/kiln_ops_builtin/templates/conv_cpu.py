@@ -48,7 +48,7 @@ from kiln.schedule import Template
 from kiln_ops_builtin.common import int_tuple
 from kiln_ops_builtin.conv import conv2d
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row
+from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
 from kiln_ops_builtin.templates.own_task import same_values
 
@@ -271,6 +271,8 @@ def match_conv(task: Task) -> ConvCpu | None:
         return None
     lowered, read, _ = found
     out = lowered.outputs[0]
+    if reports_failures(out.value):
+        return None
     for x, weight in (read, read[::-1]):
         try:
             ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],

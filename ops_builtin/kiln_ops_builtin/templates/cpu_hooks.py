@@ -34,7 +34,7 @@ from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.hooks import gemm_factors, strip_cast, unravel_index, variables_of
 from kiln.ir import Const, Expr, Load, Reduce, SizeVar, SymSize, Task, Var, cast, inline_task, simplify, substitute
-from kiln.ir.expr import walk
+from kiln.ir.expr import Check, walk
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
@@ -100,6 +100,13 @@ def _b_row(fb, sizes, names, strides, var_names, b_index, k_index, n_axes, n_ext
             f"            row[i] = {v};\n        }}\n        n += i1 - i0;\n    }}\n}}\n")
 
 
+def reports_failures(e: Expr) -> bool:
+    """Whether `e` checks anything (a gather's index bound): the C hooks have no status buffer
+    to report a failed check through, so the CPU templates decline tasks whose output checks
+    (the auto-scheduler's kernels report them)."""
+    return any(isinstance(x, Check) for x in walk(e))
+
+
 def match_cpu_gemm(task: Task) -> CpuGemm | None:
     """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
     sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it)."""
@@ -107,7 +114,7 @@ def match_cpu_gemm(task: Task) -> CpuGemm | None:
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None
     out = lowered.outputs[0]
-    if not out.shape or not all(isinstance(s, int) for s in out.shape):
+    if not out.shape or not all(isinstance(s, int) for s in out.shape) or reports_failures(out.value):
         return None
     reduces = top_reduces(out.value)
     if len(reduces) != 1 or reduces[0].op != "sum" or reduces[0].dtype != dtypes.float32:
