@@ -14,18 +14,20 @@ from tests.support import rand
 ops = kiln.ops
 
 
-def _gated_conv(x, gate, weight, bias=None, **conv):
-    return ops.conv2d_channels_last(ops.mul(x, gate), weight, bias, **conv)
+def _gated_conv(x, gate, weight, bias=None, gate_first=False, **conv):
+    gated = ops.mul(gate, x) if gate_first else ops.mul(x, gate)
+    return ops.conv2d_channels_last(gated, weight, bias, **conv)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_a_gated_pointwise_convolution_becomes_a_batched_product(dtype, with_bias):
+@pytest.mark.parametrize("with_bias,gate_first", [(True, False), (False, False), (True, True)],
+                         ids=["x*gate+bias", "x*gate", "gate*x+bias"])     # torchvision's SE: scale * input
+def test_a_gated_pointwise_convolution_becomes_a_batched_product(dtype, with_bias, gate_first):
     b, h, w, c, o = 3, 5, 7, 12, 10
     x, gate = kiln.symbol([b, h, w, c], dtype), kiln.symbol([b, 1, 1, c], dtype)
     weight = kiln.from_torch(rand((o, 1, 1, c), dtype))
     bias = kiln.from_torch(rand((o,), dtype)) if with_bias else None
-    graph = kiln.trace_from([_gated_conv(x, gate, weight, bias)], [x, gate])
+    graph = kiln.trace_from([_gated_conv(x, gate, weight, bias, gate_first)], [x, gate])
     out = RewriteSubgraphs([fold_channel_gate]).transform(graph, kiln.passes.PassContext())
     assert "Conv2dChannelsLast" not in names(out) and "Matmul" in names(out)
     full = [n for n in out.nodes if n.name == "Mul" and n.outputs[0].numel() == b * h * w * c]
