@@ -176,7 +176,7 @@ class _Groups:
             if len(consumers) != 1:
                 continue
             c = next(iter(consumers))
-            if (c not in self.templated or all(id(u) in self.epilogue(c) for u in readers)
+            if (c not in self.templated or {id(u) for u in readers} <= self.epilogue(c)
                     or self.reads_views(c) and all(map(moves_data, self.members[g]))):
                 self.merge(c, g)
 
