@@ -97,3 +97,15 @@ def test_without_an_attention_operator_the_pattern_declines(monkeypatch):
     with PassContext(disabled_passes=["fuse_operators"]):
         opt = kiln.graph.optimize(graph)
     assert names(opt) == ["Transpose", "Matmul", "Mul", "Softmax", "Matmul"]
+
+
+def test_a_wildcard_condition_picks_the_commutative_order():
+    """`wildcard(where=...)` binds the input that satisfies it, whichever side of a commutative
+    operator it is on; where neither does, the pattern does not match."""
+    row, other = wildcard(where=lambda t: t.shape[0] == 1), wildcard()
+    pattern = rewrite_pattern("row_product", op("mul", other, row, commutative=True))(lambda m: None)
+    a, b = kiln.symbol([1, 4]), kiln.symbol([3, 4])
+    for product in (kiln.ops.mul(a, b), kiln.ops.mul(b, a)):
+        found = pattern.match(product.trace[0], {}, set())
+        assert found[row] is a and found[other] is b
+    assert pattern.match(kiln.ops.mul(b, b).trace[0], {}, set()) is None

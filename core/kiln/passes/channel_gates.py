@@ -18,7 +18,8 @@ from kiln.passes.pattern import constant, op, rewrite_pattern, wildcard
 from kiln.passes.patterns.provided import provided
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 
-_x, _gate, _w = wildcard(), wildcard(), constant()
+_x, _w = wildcard(), constant()
+_gate = wildcard(where=lambda t: t.ndim == 4 and t.shape[1:3] == (1, 1))   # one value per batch and channel
 _gated = op("mul", _x, _gate, commutative=True)
 _conv = op("conv2d_channels_last", _gated, _w)
 
@@ -34,8 +35,6 @@ def _pointwise(args: dict) -> bool:
 def fold_channel_gate(m):
     """conv2d_channels_last(x * g, W, b) with g of shape (B, 1, 1, C): matmul(x, (g W)^T) + b."""
     x, gate, w, args = m[_x], m[_gate], m[_w], m.args(_conv)
-    if x.ndim == 4 and x.shape[1:3] == (1, 1) and gate.ndim == 4 and gate.shape[1:3] != (1, 1):
-        x, gate = gate, x                   # gate * x (torchvision's squeeze-excitation): the match takes either order
     ops = {name: provided(name) for name in ("matmul", "reshape", "transpose", "mul", "add")}
     if (any(f is None for f in ops.values()) or x.ndim != 4 or not _pointwise(args)
             or not all(type(n) is int for n in x.shape)):

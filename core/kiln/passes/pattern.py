@@ -32,10 +32,12 @@ class Pattern:
 
 
 class Wildcard(Pattern):
-    """Any tensor; with `constant=True`, only a constant (concrete) one."""
+    """Any tensor; with `constant=True`, only a constant (concrete) one; with `where`, only one
+    for which `where(tensor)` holds."""
 
-    def __init__(self, constant: bool = False):
+    def __init__(self, constant: bool = False, where: Callable[[Tensor], bool] | None = None):
         self.constant = constant
+        self.where = where
 
 
 class OpPattern(Pattern):
@@ -49,9 +51,10 @@ class OpPattern(Pattern):
         self.where = where
 
 
-def wildcard() -> Wildcard:
-    """A pattern matching any tensor."""
-    return Wildcard()
+def wildcard(where: Callable[[Tensor], bool] | None = None) -> Wildcard:
+    """A pattern matching any tensor (one for which `where(tensor)` holds, when given: of a
+    commutative operator's two inputs, the order that satisfies it binds)."""
+    return Wildcard(where=where)
 
 
 def constant() -> Wildcard:
@@ -95,7 +98,7 @@ def _match(p: Pattern, t: Tensor, bound: dict) -> dict | None:
         same = hit is t if isinstance(p, Wildcard) else t.trace is not None and t.trace[0] is hit
         return bound if same else None
     if isinstance(p, Wildcard):
-        if p.constant and t.is_symbolic:
+        if p.constant and t.is_symbolic or p.where is not None and not p.where(t):
             return None
         return {**bound, p: t}
     if t.trace is None:
