@@ -103,22 +103,21 @@ class ZeroFilters(GraphPass):
 
     def transform(self, graph, ctx):
         readers = users(graph)
-        chains = {id(n): len(c) for n in graph.nodes if _appended_zeros(n) and (c := _chain(n.inputs[0], readers))}
+        chains = {id(n): c for n in graph.nodes if _appended_zeros(n) and (c := _chain(n.inputs[0], readers))}
         if not chains:
             return graph
+        data = {}           # each convolution's data input in the rebuilt graph
 
         def rewrite(node, inputs):
+            if node.definition.name == "conv2d_channels_last":
+                data[id(node)] = inputs[0]
             if id(node) not in chains:
                 return None
-            # the same chain in the rebuilt graph, read back from the pad's new input
-            chain, t, channels = [], inputs[0], inputs[0].shape[-1]
-            for _ in range(chains[id(node)]):
-                chain.append(t.trace[0])
-                t = t.trace[0].inputs[0] if len(chain) == chains[id(node)] else _chain_operand(t.trace[0], channels)
-            extra, value = _appended_zeros(node), None
-            for p in reversed(chain):
-                operand = p.inputs[0] if value is None else _chain_operand(p, channels)
-                value = _widened(p, value, operand, channels, extra)
+            # the chain's other operands are constants, kept by the rebuild: its nodes re-apply as they are
+            chain, channels, value = chains[id(node)], node.inputs[0].shape[-1], None
+            for p in chain:
+                operand = data[id(p)] if value is None else _chain_operand(p, channels)
+                value = _widened(p, value, operand, channels, _appended_zeros(node))
             return [value]
 
         return rebuild(graph, rewrite)
