@@ -307,8 +307,8 @@ def operand_defines(a: Attention, q_flat: str, kv_flat: str) -> dict:
     """The #defines every attention kernel reads: sizes, mask, causality, scale (in the log2
     domain; RAW_MAX: the row maximum is taken before scaling, as a positive scale without a
     float mask allows), the operands' inputs, bases (Q_BASE for the flat query batch index
-    named `q_flat`, K_BASE and V_BASE for `kv_flat`) and row strides, and the MMA and packing
-    wrappers of the dtype."""
+    named `q_flat`, K_BASE and V_BASE for `kv_flat`) and row strides, and for 16-bit types the
+    MMA and packing wrappers of the dtype."""
     return {
         "D": a.D, "LDS": a.D + PAD, "LQ": a.int_text(a.Lq), "LK": a.int_text(a.Lk), "BATCH": a.text(a.batch_count),
         "CAUSAL": int(a.causal),
@@ -319,7 +319,7 @@ def operand_defines(a: Attention, q_flat: str, kv_flat: str) -> dict:
         "Q_BASE": a.base(a.q, q_flat), "K_BASE": a.base(a.k, kv_flat), "V_BASE": a.base(a.v, kv_flat),
         "Q_RS": f"(int64_t){a.text(a.q.row_stride)}", "K_RS": f"(int64_t){a.text(a.k.row_stride)}",
         "V_RS": f"(int64_t){a.text(a.v.row_stride)}",
-        "MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype),
+        **({"MMA": ptx.mma_m16n8k16(a.dtype), "PACK": ptx.pack_16x2(a.dtype)} if a.dtype.is_16bit_float else {}),
     }
 
 
