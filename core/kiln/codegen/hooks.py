@@ -68,7 +68,7 @@ class Operand:
         return self.x_stride == 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Contraction:
     """A task of the form out[batch..., m, n] = epilogue(sum_k A[.., m, k] * B[.., k, n])."""
 
@@ -132,7 +132,7 @@ def _rows(own: list[tuple[Var, int]]) -> tuple[int, list[tuple[Var, int]], list[
 
 def match_contraction(task: Task) -> Contraction | None:
     """The contraction `task` computes, or None when it is not one (or its operands are not
-    plain loads of its inputs).
+    plain loads of its inputs). Matched once per task (`Task.derived`).
 
     The output's index variables (of extent > 1) sort into three kinds by the operands that read
     with them: both (batch dimensions), A only (GEMM rows m) or B only (columns n); B is the
@@ -141,6 +141,10 @@ def match_contraction(task: Task) -> Contraction | None:
     form one mixed-radix number over the operand's memory (a linear's (batch, row) merge into m),
     so an output written permuted or reshaped (`linear(x).view(b, s, h, d).transpose(1, 2)`)
     is the same GEMM, its epilogue storing each element where the output wants it."""
+    return task.derived(_match)
+
+
+def _match(task: Task) -> Contraction | None:
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None

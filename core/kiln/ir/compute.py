@@ -93,6 +93,7 @@ class Task:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.attrs = dict(attrs or {})
+        self._derived: dict[tuple, object] = {}
         known = {id(t) for t in self.inputs}
         for node in self.nodes():
             if isinstance(node, TensorInput) and id(node) not in known:
@@ -114,6 +115,15 @@ class Task:
         for out in self.outputs:
             visit(out)
         return order
+
+    def derived(self, compute: Callable[..., object], *args):
+        """`compute(self, *args)`, computed once: what schedules derive from a task (its
+        contraction, say) is asked for by every template's `applies`, `suggest` and `render`, and
+        by fusion of each candidate group. A task does not change once built."""
+        key = (compute, *args)
+        if key not in self._derived:
+            self._derived[key] = compute(self, *args)
+        return self._derived[key]
 
     @property
     def is_injective(self) -> bool:

@@ -7,8 +7,6 @@ those sizes without symbols would have made; its kernel's source holds the sizes
 """
 from __future__ import annotations
 
-import weakref
-
 from kiln import dtypes
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
 from kiln.ir.expr import Const, Expr, Load, Reduce, SizeVar, Var, walk
@@ -16,18 +14,15 @@ from kiln.ir.rewrite import rewrite
 from kiln.ir.size import SymSize
 
 
-_symbolic: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()       # task -> bool
-_specialized: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()    # task -> its specialization
-
-
 def has_symbolic_sizes(task: Task) -> bool:
     """Whether a shape, an extent or an expression of `task` holds a symbolic size."""
-    found = _symbolic.get(task)
-    if found is None:
-        nodes = task.nodes()
-        found = _symbolic[task] = any(isinstance(s, SymSize) for node in nodes for s in node.shape) or any(
-            isinstance(x, SizeVar) for node in nodes if isinstance(node, Compute) for x in walk(node.value))
-    return found
+    return task.derived(_has_symbolic_sizes)
+
+
+def _has_symbolic_sizes(task: Task) -> bool:
+    nodes = task.nodes()
+    return any(isinstance(s, SymSize) for node in nodes for s in node.shape) or any(
+        isinstance(x, SizeVar) for node in nodes if isinstance(node, Compute) for x in walk(node.value))
 
 
 def _fixed(value):
@@ -42,12 +37,11 @@ def _fixed(value):
 
 def specialize(task: Task) -> Task:
     """`task` with its sizes fixed to their values (`task` itself where it has no symbolic
-    size; see the module doc). The result is cached on the task."""
-    if not has_symbolic_sizes(task):
-        return task
-    found = _specialized.get(task)
-    if found is not None:
-        return found
+    size; see the module doc). Built once per task."""
+    return task.derived(_specialize) if has_symbolic_sizes(task) else task
+
+
+def _specialize(task: Task) -> Task:
     tensors: dict[int, TensorNode] = {}
     variables: dict[int, Var] = {}
 
@@ -79,5 +73,4 @@ def specialize(task: Task) -> Task:
             tensors[id(node)] = Compute(node.name, axes, rewrite(node.value, post, pre))
     inputs = [tensors[id(t)] for t in task.inputs]
     outputs = [tensors.get(id(t), t) for t in task.outputs]
-    found = _specialized[task] = Task(task.name, inputs, outputs, _fixed(task.attrs))
-    return found
+    return Task(task.name, inputs, outputs, _fixed(task.attrs))

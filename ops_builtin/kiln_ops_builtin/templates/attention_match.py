@@ -285,7 +285,11 @@ def match_attention(task, target: str = "cuda") -> Attention | None:
     or None. For "cuda" the hooks are device functions and the operands' strides whole 16-byte
     chunks; for "cpu" the hooks are C (`kiln_mask`, and `cpu_hooks.render_epilogue_row`'s
     `kiln_epilogue_row(KILN_PARAMS, b, m, n0, count, acc)` for row m of flat batch b, value
-    columns n0 .. n0 + count - 1) and the strides any."""
+    columns n0 .. n0 + count - 1) and the strides any. Matched once per task and target."""
+    return task.derived(_match, target)
+
+
+def _match(task, target: str) -> Attention | None:
     lowered = inline_task(task)
     if len(lowered.outputs) != 1 or len(lowered.buffers) != 4:
         return None

@@ -18,7 +18,6 @@ at the edges of the groups.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 from kiln.codegen.cuda import top_reduces
@@ -66,14 +65,9 @@ class ConvNHWC:
                 and (self.height, self.width) == (self.out_h, self.out_w))
 
 
-_found: "weakref.WeakKeyDictionary[Task, ConvNHWC | None]" = weakref.WeakKeyDictionary()
-
-
 def match_conv_nhwc(task: Task) -> ConvNHWC | None:
-    """The channels-last convolution `task` computes, or None (memoized per task)."""
-    if task not in _found:
-        _found[task] = _match(task)
-    return _found[task]
+    """The channels-last convolution `task` computes, or None (matched once per task)."""
+    return task.derived(_match)
 
 
 def _value(e: Expr, env: dict) -> int | None:
