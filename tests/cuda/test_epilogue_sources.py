@@ -69,11 +69,11 @@ def test_staging_fits_shared_memory_or_stays_off():
     from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
     sources = _sources(_linear_residual(300, 64, 136))
     ping_pong_wide = sm90_engine.tile_knobs(256, 2, 1, 5, 1)
-    assert sm90_engine.staged_stages(ping_pong_wide, sources) == 3          # 5 stages made 3 for two 32 KB tiles
-    assert sm90_engine.staged_stages(gemm_sm90.DEFAULT, sources) is None    # two 64 KB tiles do not fit beside 3 stages
-    assert sm90_engine.staged_stages(dict(ping_pong_wide, SPLIT=2), sources) is None
+    assert sm90_engine.staged_stages(ping_pong_wide, sources, 1) == 3          # 5 stages made 3 for two 32 KB tiles
+    assert sm90_engine.staged_stages(gemm_sm90.DEFAULT, sources, 1) is None    # two 64 KB tiles do not fit beside 3 stages
+    assert sm90_engine.staged_stages(dict(ping_pong_wide, SPLIT=2), sources, 1) is None
     for knobs in gemm_sm90.space(2):
-        stages = sm90_engine.staged_stages(knobs, sources)
+        stages = sm90_engine.staged_stages(knobs, sources, 1)
         if stages is not None:
             assert sm90_engine.smem_bytes(dict(knobs, STAGES=stages), sources) <= sm90_engine.MAX_SMEM
 
@@ -82,7 +82,21 @@ def test_suggestions_stage_the_residual():
     """With a residual, the level-0 choice of a wave-filling linear stages it."""
     from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
     task = _linear_residual(1024, 768, 768)
-    assert sm90_engine.staged_stages(gemm_sm90.suggest(task, 132)[0], _sources(task)) is not None
+    assert sm90_engine.staged_stages(gemm_sm90.suggest(task, 132)[0], _sources(task), 12) is not None
+
+
+def test_a_long_main_loop_loads_its_sources_from_global_memory():
+    """Past MAX_STAGED_K_TILES k-tiles the ring keeps its depth and the epilogue loads the
+    residuals; the level-0 choice is then the tile a plain linear of the shape takes."""
+    from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
+    long_k = _linear_residual(1576, 3072, 768, residuals=2)
+    knobs = gemm_sm90.suggest(long_k, 132)[0]
+    assert sm90_engine.staged_stages(knobs, _sources(long_k), 3072 // 64) is None
+    assert knobs == gemm_sm90.suggest(_fused_task(lambda x, w, b: ops.linear(x, w, b),
+                                                  [(1576, 3072), (768, 3072), (768,)]), 132)[0]
+    assert "#define NSRC 0" in gemm_sm90.render(long_k, **knobs).source
+    short_k = _linear_residual(1576, 768, 768, residuals=2)
+    assert "#define NSRC 2" in gemm_sm90.render(short_k, **gemm_sm90.suggest(short_k, 132)[0]).source
 
 
 def _gemm_settings(task):

@@ -121,8 +121,8 @@ def suggest(task, sm_count: int) -> list[dict]:
     cooperative tiles and split-K. Shapes of at least 0.7 of a wave of 64 x 128 tiles take the
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
-    residual), only the entries that can stage them (`staged_stages`). Smaller grids take
-    64 x 64, split over K up to a wave (at least four k-tiles per split). Symbolic sizes count as
+    residual) and a short main loop, only the entries that can stage them (`staged_stages`).
+    Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split). Symbolic sizes count as
     their bucket (`split_k.bucket`: the power of two at or above the value), so that the sizes
     of a bucket take the same knobs and share one source, built once."""
     c = match_contraction(task)
@@ -132,7 +132,7 @@ def suggest(task, sm_count: int) -> list[dict]:
     k_tiles = -(-K // k_block(c.a.dtype))
     if tiles(64, 128) >= 0.7 * sm_count:
         cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (K + 2 * BK) / entry[2]
-        staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources)] if c.sources else []
+        staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources, k_tiles)] if c.sources else []
         first = dict(min(staging or WAVE_TILES, key=cost)[1])
     else:
         first = _k(64, 1, 1, 8)

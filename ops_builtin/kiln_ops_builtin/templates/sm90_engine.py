@@ -322,13 +322,20 @@ def source_bytes(knobs: dict, sources: tuple[EpilogueSource, ...]) -> int:
 
 
 MIN_STAGED_STAGES = 3
+MAX_STAGED_K_TILES = 16
+"""Staging pays where the sources' reads weigh against a short main loop (ResNet's 1x1
+convolutions, K <= 512); on longer ones the shallower ring costs more than the epilogue's loads
+from global memory (H100, a linear of 1576 x 3072 -> 768 with two residuals: 23.8 us staged at 3
+stages, 19.6 us loading them; at K = 768 staging wins or ties)."""
 
 
-def staged_stages(knobs: dict, sources: tuple[EpilogueSource, ...]) -> int | None:
+def staged_stages(knobs: dict, sources: tuple[EpilogueSource, ...], k_tiles: int) -> int | None:
     """The ring depth (at most STAGES, at least MIN_STAGED_STAGES) at which the setting also
-    holds two buffers of the source tiles, or None where it cannot (sources then load from
-    global memory in the epilogue). Split-K stages nothing: its partials' sum reads them."""
-    if not sources or knobs.get("SPLIT", 1) > 1 or any(s.row_stride * s.dtype.nbytes % 16 for s in sources):
+    holds two buffers of the source tiles, or None where it cannot or should not (sources then
+    load from global memory in the epilogue): split-K stages nothing (its partials' sum reads
+    them), nor does a main loop of more than MAX_STAGED_K_TILES k-tiles."""
+    if (not sources or knobs.get("SPLIT", 1) > 1 or k_tiles > MAX_STAGED_K_TILES
+            or any(s.row_stride * s.dtype.nbytes % 16 for s in sources)):
         return None
     for stages in range(knobs["STAGES"], MIN_STAGED_STAGES - 1, -1):
         if smem_bytes(dict(knobs, STAGES=stages), sources) <= MAX_SMEM:
@@ -374,7 +381,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     if not fits(knobs, producer.regs):
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
                          f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
-    stages = staged_stages(dict(knobs, SPLIT=SPLIT), p.sources)
+    stages = staged_stages(dict(knobs, SPLIT=SPLIT), p.sources, -(-p.K // k_block(p.dtype)))
     sources = p.sources if stages else ()
     knobs["STAGES"] = stages or STAGES
     args, temporaries = tuple(p.args.split(", ")), []
