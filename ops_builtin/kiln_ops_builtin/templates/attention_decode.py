@@ -45,8 +45,11 @@ from kiln_ops_builtin.templates.split_k import bucket
 
 MAX_QUERIES = 16
 MIN_KEYS = 256
-SM_SMEM = 228 * 1024                      # shared memory of an H100 or H200 multiprocessor
-CTA_RESERVED_SMEM = 1024                  # shared memory the system reserves per CTA
+CTAS_PER_SM = 2
+"""Split-KV grids of about two CTAs a multiprocessor stream the KV cache fastest (H100 sweep,
+benchmarks/RESULTS.md, session of 2026-11-26: 8 x 32/8 heads x 4096 keys x 128 at 4 shares
+51.9-53.8 us against 54.8-57.8 at the 6 that filled every CTA slot; 4 x 16/4 heads x 16384 keys x
+64 at 8 shares 28.5 us against 36.0 at 37), at about 2.5 TB/s of DRAM reads."""
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PARAMS) {
@@ -182,9 +185,9 @@ def _keys(a: Attention) -> int:
 
 def suggest(task, sm_count: int) -> list[dict]:
     """Rows packed into one row block where they fit (up to 128 rows on four row warps), keys
-    64 a tile over the remaining warps; the keys split so that the grid fills the CTAs the GPU
-    holds at once (by shared memory) with each share at least two tiles and none empty
-    (`COMBINE` merges the shares); then `space(1)`. Symbolic sizes count as their bucket
+    64 a tile over the remaining warps; the keys split so that the grid has up to
+    CTAS_PER_SM CTAs a multiprocessor, each share at least two tiles and none empty (`COMBINE`
+    merges the shares); then `space(1)`. Symbolic sizes count as their bucket
     (`split_k.bucket`), so that the lengths of a bucket share one source."""
     a = match_attention(task)
     Lq, batch = bucket(a.Lq), bucket(a.batch_count)
@@ -193,10 +196,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     nw = 4
     bn = 64 // (nw // wr)
     knobs = _k(bn, nw, mt, wr)
-    resident = sm_count * max(1, SM_SMEM // (smem_bytes(knobs, a.D) + CTA_RESERVED_SMEM))
     ctas = batch // a.group * -(-rows // (wr * mt * 16))
     tiles = -(-bucket(_keys(a)) // 64)
-    split = max(1, min(resident // ctas, tiles // 2))
+    split = max(1, min(CTAS_PER_SM * sm_count // ctas, tiles // 2))
     split = -(-tiles // -(-tiles // split))
     first = _k(bn, nw, mt, wr, split)
     return [first] + [k for k in space(1) if k != first]
