@@ -286,3 +286,31 @@ def test_operations_are_enums_that_equal_their_names():
         binary("flordiv", i, 2)
     with pytest.raises(ValueError, match="unknown ReduceOp 'mean'"):
         reduce([4], lambda r: cast(r, "float32"), op="mean")
+
+
+def test_what_is_derived_from_a_task_is_computed_once_per_function_and_arguments():
+    x = TensorInput("x", (4, 8), dtypes.float32)
+    y = compute((4,), lambda i: reduce([8], lambda k: x[i, k]), name="y")
+    task, other = Task("rowsum", [x], [y]), Task("rowsum", [x], [y])
+    calls = []
+
+    def outputs(t, scale):
+        calls.append((t, scale))
+        return [len(o.shape) * scale for o in t.outputs]
+
+    first = task.derived(outputs, 1)
+    assert task.derived(outputs, 1) is first and first == [1]
+    assert task.derived(outputs, 2) == [2] and other.derived(outputs, 1) == [1]
+    assert calls == [(task, 1), (task, 2), (other, 1)]
+
+
+def test_a_contraction_is_matched_once_per_task():
+    from kiln.codegen.hooks import match_contraction
+    a, b = TensorInput("a", (16, 8), dtypes.float16), TensorInput("b", (8, 24), dtypes.float16)
+    c = compute((16, 24), lambda m, n: reduce([8], lambda k: cast(a[m, k], "float32") * cast(b[k, n], "float32")),
+                name="c")
+    task = Task("matmul", [a, b], [c])
+    found = match_contraction(task)
+    assert (found.M, found.N, found.K) == (16, 24, 8)
+    assert match_contraction(task) is found
+    assert match_contraction(Task("matmul", [a, b], [c])) is not found
