@@ -105,11 +105,11 @@ def test_an_epilogue_that_permutes_or_a_prologue_declines():
 
 
 @pytest.mark.parametrize("xs,k,stride,first", [
-    ((1, 112, 112, 16), 3, 1, {"CB": 16, "PX": 1, "TX": 8, "TH": 8}),       # MobileNetV3, batch 1
-    ((1, 14, 14, 672), 5, 2, {"CB": 32, "PX": 1, "TX": 7, "TH": 1}),
-    ((8, 112, 112, 96), 3, 2, {"CB": 48, "PX": 2, "TX": 7, "TH": 3}),       # EfficientNet-B0, batch 8
-    ((8, 56, 56, 96), 7, 1, {"CB": 32, "PX": 4, "TX": 7, "TH": 4}),         # ConvNeXt-tiny, batch 8
-    ((8, 7, 7, 768), 7, 1, {"CB": 32, "PX": 1, "TX": 7, "TH": 4})])
+    ((1, 112, 112, 16), 3, 1, {"CB": 16, "PX": 1, "TX": 4, "TH": 16}),      # MobileNetV3, batch 1
+    ((1, 14, 14, 672), 5, 2, {"CB": 32, "PX": 1, "TX": 7, "TH": 1}),        # one row: the whole row's width
+    ((8, 112, 112, 96), 3, 2, {"CB": 48, "PX": 2, "TX": 4, "TH": 5}),       # EfficientNet-B0, batch 8
+    ((8, 56, 56, 96), 7, 1, {"CB": 32, "PX": 4, "TX": 4, "TH": 8}),         # ConvNeXt-tiny, batch 8
+    ((8, 7, 7, 768), 7, 1, {"CB": 32, "PX": 1, "TX": 4, "TH": 7})])
 def test_level0_choice(xs, k, stride, first):
     c = xs[-1]
     task = _task(xs, (c, k, k, 1), stride=stride, padding=k // 2, groups=c)

@@ -254,8 +254,11 @@ def suggest(task, sm_count: int) -> list[dict]:
     up to 64 channels a block (32 for 5- and 7-wide filters, whose windows take more shared
     memory), split evenly; pixels a thread (2, 4 for 5- and 7-wide filters) halved while the
     grid would have fewer than WANTED_WARPS warps a multiprocessor (a small layer at batch 1
-    wants threads more than reuse); rows cut into even tiles of up to 8 threads, rows up to
+    wants threads more than reuse); rows cut into even tiles of up to 4 threads, rows up to
     128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors.
+    Where that leaves one row, tiles of up to 8 threads a row instead (H100, `conv_bench.py
+    --suite depthwise`, session of 2026-11-26: taller, narrower tiles took geomeans 0.94 -> 0.98
+    and 1.15 -> 1.18 at batch 8; with one row they lost, 0.86 -> 0.69 on 14x14x672 k5 s2).
     A symbolic batch counts as its bucket (`split_k.bucket`), so that the batches of a bucket
     share one source."""
     conv = match_conv_nhwc(task)
@@ -265,10 +268,13 @@ def suggest(task, sm_count: int) -> list[dict]:
     packs = batch * conv.out_h * -(-conv.channels // v)
     while PX > 1 and packs * -(-conv.out_w // PX) < WANTED_WARPS * 32 * sm_count:
         PX //= 2
-    TX = _balanced(-(-conv.out_w // PX), 8)
-    TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
-    while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH), batch) < sm_count:
-        TH = _balanced(conv.out_h, TH // 2)
+    for most in (4, 8):
+        TX = _balanced(-(-conv.out_w // PX), most)
+        TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
+        while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH), batch) < sm_count:
+            TH = _balanced(conv.out_h, TH // 2)
+        if TH > 1:
+            break
     fitted = _fit(conv, CB, PX, TX, TH)
     first = {k: fitted[k] for k in DEFAULT}
     return [first] + [k for k in space(1) if k != first]
