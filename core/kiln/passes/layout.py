@@ -71,6 +71,18 @@ def _padded_channels(channels: int, groups: int) -> int:
     return channels if groups != 1 else -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
 
 
+def appended_zero_channels(node: Operator) -> int:
+    """How many zero channels `node` appends to 4-D data, where it is a pad doing only that (as
+    this pass pads a convolution's input); else 0."""
+    if node.definition.name != "pad" or node.inputs[0].ndim != 4:
+        return 0
+    args = arguments_of(node)
+    pad = list(args["pad"])
+    if args["mode"] != "constant" or args["value"] != 0 or len(pad) != 2 or pad[0] != 0:
+        return 0
+    return max(pad[1], 0)
+
+
 def runs_channels_last(node: Operator, mode: str) -> bool:
     """Whether conv2d `node` runs channels-last under `mode` (PassContext config "channels_last"):
 

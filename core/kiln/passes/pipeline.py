@@ -12,6 +12,7 @@ from kiln.passes.recompute import RecomputeCheapProducers
 from kiln.passes.graph_pass import GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
 from kiln.passes.sibling_linears import MergeSiblingLinears
+from kiln.passes.space_to_depth import SpaceToDepth
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
 from kiln.passes.zero_filters import ZeroFilters
@@ -46,7 +47,8 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
     rewrites (batch-norm folding among them) and before the merging of sibling linears,
     constant folding (which computes their concatenated weights), float16 conversion, the TF32
     permission of float32 matrix products, layout planning (which sees the types the graph runs
-    in), convolutions computing the zero channels that layout planning appends after them, the
+    in), strided convolutions of few channels made stride-1 ones over space-to-depth data,
+    convolutions computing the zero channels that layout planning appends after them, the
     folding of channel gates into the weights of the 1x1 convolutions that read them (on GPUs),
     the recomputation of cheap element-wise values in each of their readers, and fusion (which
     fuses the layout conversions into their neighbours)."""
@@ -64,6 +66,7 @@ def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential
         ConvertToFloat16(),
         AllowTF32(),
         PlanLayout(),
+        SpaceToDepth(),
         ZeroFilters(),
         FoldChannelGates(),
         RecomputeCheapProducers(),

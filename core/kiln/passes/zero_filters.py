@@ -17,22 +17,12 @@ import torch
 
 from kiln.passes.edit import arguments_of, rebuild, reapply, users
 from kiln.passes.graph_pass import GraphPass
+from kiln.passes.layout import appended_zero_channels
 from kiln.tensor import Tensor, from_torch
 
 ZERO_KEEPING = frozenset({"relu", "relu6", "silu", "gelu", "tanh", "hardswish", "leaky_relu", "elu", "selu",
                           "celu", "mish", "neg", "cast"})
 ARITHMETIC = frozenset({"mul", "add", "sub"})
-
-
-def _appended_zeros(node) -> int:
-    """How many zero channels `node` appends to 4-D data, where it is a pad doing only that."""
-    if node.definition.name != "pad" or node.inputs[0].ndim != 4:
-        return 0
-    args = arguments_of(node)
-    pad = list(args["pad"])
-    if args["mode"] != "constant" or args["value"] != 0 or len(pad) != 2 or pad[0] != 0:
-        return 0
-    return max(pad[1], 0)
 
 
 def _per_channel(v, channels: int) -> bool:
@@ -103,7 +93,7 @@ class ZeroFilters(GraphPass):
 
     def transform(self, graph, ctx):
         readers = users(graph)
-        chains = {id(n): c for n in graph.nodes if _appended_zeros(n) and (c := _chain(n.inputs[0], readers))}
+        chains = {id(n): c for n in graph.nodes if appended_zero_channels(n) and (c := _chain(n.inputs[0], readers))}
         if not chains:
             return graph
         data = {}           # each convolution's data input in the rebuilt graph
@@ -117,7 +107,7 @@ class ZeroFilters(GraphPass):
             chain, channels, value = chains[id(node)], node.inputs[0].shape[-1], None
             for p in chain:
                 operand = data[id(p)] if value is None else _chain_operand(p, channels)
-                value = _widened(p, value, operand, channels, _appended_zeros(node))
+                value = _widened(p, value, operand, channels, appended_zero_channels(node))
             return [value]
 
         return rebuild(graph, rewrite)
