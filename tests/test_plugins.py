@@ -401,6 +401,8 @@ def test_real_ctrl_c_while_a_plugin_imports_still_interrupts(site):
         time.sleep(5)
     """)
     proc = run_python("""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, even where the runner ignores SIGINT
         import kiln
         kiln.ops.add
         print("survived")
