@@ -14,6 +14,7 @@ reshape, transpose and mul.
 from __future__ import annotations
 
 from kiln.passes.graph_pass import GraphPass
+from kiln.passes.layout import int_pair
 from kiln.passes.pattern import constant, op, rewrite_pattern, wildcard
 from kiln.passes.patterns.provided import provided
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
@@ -26,9 +27,8 @@ _conv = op("conv2d_channels_last", _gated, _w)
 
 def _pointwise(args: dict) -> bool:
     """A 1x1 kernel at stride 1, no padding, one group."""
-    pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-    return (args["weight"].shape[1:3] == (1, 1) and pair(args["stride"]) == (1, 1)
-            and pair(args["padding"]) == (0, 0) and args["groups"] == 1)
+    return (args["weight"].shape[1:3] == (1, 1) and int_pair(args["stride"]) == (1, 1)
+            and int_pair(args["padding"]) == (0, 0) and args["groups"] == 1)
 
 
 @rewrite_pattern("fold_channel_gate", _conv)

@@ -46,7 +46,8 @@ ALONG_A_DIM = ("cat", "concat", "split", "chunk", "slice", "softmax", "log_softm
 OPERATORS_USED = ("conv2d_channels_last", "permute", "reshape", "pad")
 
 
-def _pair(value) -> tuple[int, int]:
+def int_pair(value) -> tuple[int, int]:
+    """A convolution's int-or-pair argument (stride, padding, dilation) as a pair."""
     if isinstance(value, int):
         return value, value
     value = tuple(value)
@@ -60,12 +61,12 @@ def conv_padding(node: Operator) -> tuple[int, int] | None:
     if padding == "valid":
         return 0, 0
     if padding == "same":
-        spans = [d * (k - 1) for d, k in zip(_pair(node.attrs["dilation"]), node.inputs[1].shape[2:])]
+        spans = [d * (k - 1) for d, k in zip(int_pair(node.attrs["dilation"]), node.inputs[1].shape[2:])]
         return None if any(s % 2 for s in spans) else (spans[0] // 2, spans[1] // 2)
-    return _pair(padding)
+    return int_pair(padding)
 
 
-def _padded_channels(channels: int, groups: int) -> int:
+def padded_channels(channels: int, groups: int = 1) -> int:
     """The channels a channels-last convolution's input gets: a multiple of CHANNEL_MULTIPLE
     where the convolution is not grouped (its weight then has as many), else its own."""
     return channels if groups != 1 else -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
@@ -110,7 +111,7 @@ def _template_takes(node: Operator) -> bool:
     args = arguments_of(node)
     x, w, bias = args["x"], args["weight"], args["bias"]
     n, c, h, wd = x.shape
-    channels = _padded_channels(c, args["groups"])
+    channels = padded_channels(c, args["groups"])
 
     def placeholder(shape):
         return symbol(shape, x.dtype, node.device)
@@ -264,7 +265,7 @@ def plan_convolution(p: _Planner, node: Operator):
     weight = p.convert(p.nchw(args["weight"]), NCHW_TO_NHWC)
     bias = None if args["bias"] is None else p.nchw(args["bias"])
     if groups == 1:             # a grouped weight holds C / groups channels: nothing to pad
-        channels = _padded_channels(x.shape[-1], groups)
+        channels = padded_channels(x.shape[-1], groups)
         x, weight = p.channels_padded(x, channels), p.channels_padded(weight, channels)
     return [provided("conv2d_channels_last")(x, weight, bias, args["stride"], conv_padding(node),
                                              args["dilation"], groups)], True

@@ -8,7 +8,7 @@ Stack each cell's pixels as channels and the convolution has stride 1:
     W'[o, ky, kx, (dy, dx, c)] = W[o, sh ky + dy, sw kx + dx, c]    (zero past the kernel)
 
 Its kernel is ceil(kh / sh) x ceil(kw / sw) taps. A template's GEMM reduces over taps times
-channels, the channels padded to a multiple of 8 (`layout.CHANNEL_MULTIPLE`). Where the input
+channels, the channels padded to a multiple of 8 (`layout.padded_channels`). Where the input
 has few channels (a network's first layer: 3, padded to 8), that padding wastes most of K, and
 the stacked channels waste less:
 
@@ -29,20 +29,12 @@ import torch
 
 from kiln.passes.edit import arguments_of, rebuild
 from kiln.passes.graph_pass import GraphPass
-from kiln.passes.layout import CHANNEL_MULTIPLE, appended_zero_channels
+from kiln.passes.layout import appended_zero_channels, int_pair, padded_channels
 from kiln.passes.patterns.provided import provided
 from kiln.tensor import from_torch
 
 MAX_K_RATIO = 0.8
 OPERATORS_USED = ("conv2d_channels_last", "pad", "reshape", "permute")
-
-
-def _padded(channels: int) -> int:
-    return -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
-
-
-def _pair(value) -> tuple[int, int]:
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
 def _cells(t, sh: int, sw: int):
@@ -61,7 +53,7 @@ def _stacked_weight(weight: torch.Tensor, sh: int, sw: int) -> torch.Tensor:
     rows, cols = -(-kh // sh), -(-kw // sw)
     w = torch.nn.functional.pad(weight, (0, 0, 0, cols * sw - kw, 0, rows * sh - kh))
     w = w.reshape(o, rows, sh, cols, sw, c).permute(0, 1, 3, 2, 4, 5).reshape(o, rows, cols, sh * sw * c)
-    return torch.nn.functional.pad(w, (0, _padded(sh * sw * c) - sh * sw * c)).contiguous()
+    return torch.nn.functional.pad(w, (0, padded_channels(sh * sw * c) - sh * sw * c)).contiguous()
 
 
 def stacked(node, inputs):
@@ -70,16 +62,16 @@ def stacked(node, inputs):
     args = arguments_of(node)
     x, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    (sh, sw), (ph, pw) = _pair(args["stride"]), _pair(args["padding"])
-    if (args["groups"] != 1 or _pair(args["dilation"]) != (1, 1) or (sh, sw) == (1, 1) or weight.is_symbolic
+    (sh, sw), (ph, pw) = int_pair(args["stride"]), int_pair(args["padding"])
+    if (args["groups"] != 1 or int_pair(args["dilation"]) != (1, 1) or (sh, sw) == (1, 1) or weight.is_symbolic
             or not all(type(d) is int for d in x.shape[1:])):
         return None
     producer = x.trace[0] if x.trace is not None else None
     data = producer.inputs[0] if producer is not None and appended_zero_channels(producer) else x
     _, h, w, c = data.shape
-    o, kh, kw, _ = weight.shape
-    rows, cols = -(-kh // sh), -(-kw // sw)
-    if rows * cols * _padded(sh * sw * c) > MAX_K_RATIO * kh * kw * _padded(c):
+    _, kh, kw, _ = weight.shape
+    rows, cols, cell_channels = -(-kh // sh), -(-kw // sw), sh * sw * c
+    if rows * cols * padded_channels(cell_channels) > MAX_K_RATIO * kh * kw * padded_channels(c):
         return None
     oh, ow = node.outputs[0].shape[1:3]
     bottom, right = sh * (oh - 1 + rows) - h - ph, sw * (ow - 1 + cols) - w - pw
@@ -88,9 +80,8 @@ def stacked(node, inputs):
     if (ph, bottom, pw, right) != (0, 0, 0, 0):
         data = provided("pad")(data, [0, 0, pw, right, ph, bottom])
     cells = _cells(data, sh, sw)
-    extra = _padded(sh * sw * c) - sh * sw * c
-    if extra:
-        cells = provided("pad")(cells, [0, extra])
+    if padded_channels(cell_channels) > cell_channels:
+        cells = provided("pad")(cells, [0, padded_channels(cell_channels) - cell_channels])
     w2 = from_torch(_stacked_weight(weight.torch()[..., :c], sh, sw))
     return [provided("conv2d_channels_last")(cells, w2, bias, 1, 0, 1, 1)]
 

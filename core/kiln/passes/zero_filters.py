@@ -93,7 +93,8 @@ class ZeroFilters(GraphPass):
 
     def transform(self, graph, ctx):
         readers = users(graph)
-        chains = {id(n): c for n in graph.nodes if appended_zero_channels(n) and (c := _chain(n.inputs[0], readers))}
+        chains = {id(n): c for n in graph.nodes
+                  if appended_zero_channels(n) and (c := _chain(n.inputs[0], readers))}
         if not chains:
             return graph
         data = {}           # each convolution's data input in the rebuilt graph

@@ -122,9 +122,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
     residual) and a short main loop, only the entries that can stage them (`staged_stages`).
-    Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split). Symbolic sizes count as
-    their bucket (`split_k.bucket`: the power of two at or above the value), so that the sizes
-    of a bucket take the same knobs and share one source, built once."""
+    Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split).
+    Symbolic sizes count as their bucket (`split_k.bucket`: the power of two at or above the
+    value), so that the sizes of a bucket take the same knobs and share one source, built once."""
     c = match_contraction(task)
     M, N, K, batch = (split_k.bucket(x) for x in (c.M, c.N, c.K, c.batch_count))
     ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], M, N, K, batch, sm_count, c.a.dtype.nbytes)
