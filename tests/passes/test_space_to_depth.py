@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from kiln.ir import SymSize
 from kiln.passes import PassContext
 from kiln.passes.space_to_depth import _stacked_weight
 from tests.passes.layout_models import randomized
@@ -105,3 +106,22 @@ def test_on_cuda_by_default(model, size, weight):
     module = model().cuda().half()
     graph = compiled(module, torch.randn(*size, device="cuda", dtype=torch.float16), mode="auto", atol=2e-2, rtol=2e-2)
     assert [c.inputs[1].shape for c in convolutions(graph)] == [weight]
+
+
+def test_a_symbolic_batch():
+    """With the batch marked dynamic, the stacked view keeps it symbolic: other batch sizes give
+    eager's values from the same rewritten graph."""
+    from tests.frontend.frontend_support import Capture
+    torch.manual_seed(0)
+    model = randomized(FirstLayer(7, 2, 3))
+    torch._dynamo.reset()
+    capture = Capture()
+    compiled_model = torch.compile(model, backend=capture, dynamic=False)
+    with torch.no_grad(), PassContext(config={"channels_last": "always"}):
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 3, 20, 18)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled_model(x), model(x), atol=1e-4, rtol=1e-4)
+    graphs = [entry.graph for fn in capture.compiled for entry in fn.graphs.values()]
+    assert any(isinstance(g.inputs[0].shape[0], SymSize) for g in graphs)      # one took the batch symbolic
+    assert all([c.inputs[1].shape for c in convolutions(g)] == [(8, 4, 4, 16)] for g in graphs)
