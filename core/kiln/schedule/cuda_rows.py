@@ -7,7 +7,8 @@ than MIN_ROWS rows get the general kernels instead, which spread one row over a 
 element-wise task (one injective output) is a row task without statistics: rows of at least
 ELEMENTWISE_ROW elements, written in packs, each row's index arithmetic done once. A warp
 takes a row of up to 32 * ROW_WARP_PACKS packs (several rows per block), a block a longer one
-(sized for about ROW_BLOCK_PACKS packs a thread).
+(sized for about ROW_BLOCK_PACKS packs a thread), or an element-wise task's row where a warp a
+row would give fewer than ELEMENTWISE_THREADS threads.
 
 Every phase (each statistic's reduction, then the output) walks the same elements of the row
 per thread: chunks `c` of `V` consecutive elements at `(c * lanes + lane) * V`. A load that
@@ -54,6 +55,8 @@ ROW_KEEP_BYTES = 128     # registers a thread may give values kept for the outpu
 ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unroll fully)
 MIN_ROWS = 64            # fewer rows than this would leave most multiprocessors idle
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
+ELEMENTWISE_THREADS = 32768  # an element-wise task of too few rows for this many threads a warp each
+                             # gives each row a block
 
 
 @dataclass(eq=False)
@@ -90,10 +93,11 @@ class RowPlan:
         return isinstance(self.row_len, SymSize) or self.row_len % (self.lanes * self.vector) != 0
 
 
-def plan_row(row_len: int, vector: int, cached_bytes: int) -> RowPlan:
+def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32) -> RowPlan:
     """The plan for rows of `row_len` elements in packs of `vector`; `cached_bytes` is what one
-    pack of every stream the statistics read takes in registers. A symbolic length's plan
-    depends on its value only through the choice of a warp or a block (see the module doc)."""
+    pack of every stream the statistics read takes in registers; a row gets `min_lanes` threads
+    at least where it has that many packs. A symbolic length's plan depends on its value only
+    through the choice of a warp or a block (see the module doc)."""
     if isinstance(row_len, SymSize):
         lanes = 32 if row_len <= 32 * ROW_WARP_PACKS else BLOCK
         return RowPlan(row_len, 1, lanes, (row_len + lanes - 1) // lanes, False)
@@ -102,6 +106,8 @@ def plan_row(row_len: int, vector: int, cached_bytes: int) -> RowPlan:
         lanes = 32
     else:
         lanes = min(1024, -(-packs // (32 * ROW_BLOCK_PACKS)) * 32)
+    if lanes < min_lanes:
+        lanes = min(1024, -(-min(min_lanes, packs) // 32) * 32)
     chunks = -(-packs // lanes)
     threads = BLOCK if lanes == 32 else lanes
     budget = min(ROW_CACHE_BYTES, 2 * 65536 // threads)     # half the registers a thread may have
@@ -330,7 +336,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
             if isinstance(x, Load) and x.key() in streams and streams[x.key()] not in read_by_stats:
                 read_by_stats.append(streams[x.key()])
     pack_bytes = sum(max(4, s.tensor.dtype.nbytes) * vector for s in read_by_stats)
-    plan = plan_row(row_len, vector, pack_bytes)
+    plan = plan_row(row_len, vector, pack_bytes, 32 if stats else ELEMENTWISE_THREADS // rows)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
     em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
     em.load_cache()
