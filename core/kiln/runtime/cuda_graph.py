@@ -7,8 +7,8 @@ Python or driver overhead per kernel. The outputs are the graph's static buffers
 by the next replay, unless `run(inputs, copy=True)` returns copies of them.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
-copies in, replays and copies out, all on the stream the graph was captured on, which waits
-for the caller's current stream and which the caller's stream then waits for.
+copies in, replays and copies out, all on the caller's current stream (of the graph's device);
+a replay on another stream than the last replay's first makes its stream wait for that one.
 """
 from __future__ import annotations
 
@@ -40,33 +40,28 @@ class CapturedGraph:
             with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
                 self.static_outputs = list(fn(self.static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
-        # replays run on the capture stream, ordered after the caller's stream and before its next work
-        self._stream = stream
+        self._last_stream = stream          # the stream of the last work on the static buffers
         self._lock = threading.Lock()
 
     def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
-        replay it (on the capture stream, after the current stream's work and before its next),
-        and return its static outputs (their copies with
-        `copy`, which later replays leave alone), each passed through `wrap`."""
+        replay it on its device's current stream (after the last replay's work, on whatever stream that
+        ran) and return its static outputs (their copies with `copy`, which later replays
+        leave alone), each passed through `wrap`."""
         if len(inputs) != len(self.static_inputs):
             raise ValueError(f"the captured graph takes {len(self.static_inputs)} inputs, got {len(inputs)}")
         sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
         for dst, src in zip(self.static_inputs, sources):
-            if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+            if src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ValueError(f"captured graph input expects {dst.dtype}{list(dst.shape)}, got "
                                  f"{src.dtype}{list(src.shape)}")
-        caller = torch.cuda.current_stream()
         with self._lock:
-            self._stream.wait_stream(caller)
-            with torch.cuda.stream(self._stream):
-                for dst, src in zip(self.static_inputs, sources):
-                    dst.copy_(src, non_blocking=True)
-                    src.record_stream(self._stream)
-                self.graph.replay()
-                outputs = [t.clone() if copy else t for t in self.static_outputs]
-            caller.wait_stream(self._stream)
-        if copy:
-            for t in outputs:
-                t.record_stream(caller)
+            stream = torch.cuda.current_stream(self._last_stream.device)
+            if stream != self._last_stream:
+                stream.wait_stream(self._last_stream)
+                self._last_stream = stream
+            for dst, src in zip(self.static_inputs, sources):
+                dst.copy_(src, non_blocking=True)
+            self.graph.replay()
+            outputs = [t.clone() if copy else t for t in self.static_outputs]
         return [self.wrap(t) for t in outputs]

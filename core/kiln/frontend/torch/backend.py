@@ -16,7 +16,6 @@ with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view sema
 """
 from __future__ import annotations
 
-import operator
 import warnings
 import weakref
 from collections import OrderedDict
@@ -156,12 +155,11 @@ class KilnFunction:
         # since folded constants (merged or transposed weights) hold the values they were
         # computed from.
         constants = [args[k] for k in self._constant_positions]
-        state = tuple(map(torch.Tensor.data_ptr, constants)), tuple(map(_version, constants))
         compiled = self.graphs.get(key)
-        if compiled is None or self._constants_state[key] != state:
+        if compiled is None or not _unchanged(constants, self._constants_state[key]):
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
-            self._constants_state[key] = state
+            self._constants_state[key] = _constants_state(constants)
             if len(self.graphs) > SIGNATURES_KEPT:
                 oldest, _ = self.graphs.popitem(last=False)
                 del self._constants_state[oldest]
@@ -221,6 +219,9 @@ class CompiledRun:
         self.positions = positions
         self.structure = structure
         self.writeback = writeback
+        # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
+        self.flat_tensors = (type(structure) in (tuple, list) and not writeback and
+                             all(isinstance(v, Tensor) for v in structure))
         graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
         self.run = graph.run
         if cuda_examples is not None:
@@ -234,12 +235,32 @@ class CompiledRun:
             changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
             for position, value in zip(self.writeback, changed):
                 args[position].copy_(value.torch())
+        if self.flat_tensors:
+            return type(self.structure)(t.torch() for t in outs)
         outs = iter(outs)
         return map_aggregate(self.structure,
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
 
 
-_version = operator.attrgetter("_version")
+def _constants_state(constants: list[torch.Tensor]) -> tuple[list, list, list]:
+    """What `_unchanged` compares: the constants' memory addresses and versions."""
+    return [t.data_ptr() for t in constants], [t._version for t in constants], list(range(len(constants)))
+
+
+# torch's C++ check of many tensors' addresses (CUDA builds; the per-call cost of models with
+# hundreds of parameters)
+_same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+def _unchanged(constants: list[torch.Tensor], state: tuple[list, list, list]) -> bool:
+    """Whether `constants` still have the memory and versions `state` recorded."""
+    addresses, versions, positions = state
+    if _same_addresses is not None:
+        if not _same_addresses(constants, addresses, positions):
+            return False
+    elif [t.data_ptr() for t in constants] != addresses:
+        return False
+    return [t._version for t in constants] == versions
 
 
 def _plain(value):
