@@ -122,3 +122,13 @@ def test_tuner_candidates_follow_the_suggestions():
             assert found[:SUGGESTED[level]] == ranked[:SUGGESTED[level]]
             assert all(k in found for k in template.space(level))
             assert len({tuple(sorted(k.items())) for k in found}) == len(found)
+
+
+def test_outputs_of_64_columns_take_64_wide_tiles():
+    """Where N is 64, a wave-filling grid takes 64 x 64 tiles rather than 64 x 128 ones half
+    past N (attention's batched 96 x 128 x 128 x 64: 1.13x on an H100); wider N keeps them."""
+    from kiln_ops_builtin.templates import gemm_sm90
+    narrow = gemm_sm90.suggest(_task("matmul", (96, 128, 128), (96, 128, 64)), SMS)[0]
+    assert (narrow["BN"], narrow["CW"]) == (64, 1)
+    wide = gemm_sm90.suggest(_task("matmul", (96, 128, 64), (96, 64, 128)), SMS)[0]
+    assert wide["BN"] == 128
