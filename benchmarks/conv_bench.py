@@ -7,6 +7,10 @@ depthwise`: every depthwise shape of MobileNetV3-large, EfficientNet-B0 and Conv
 (torchvision, 224x224) at batch 1 and 8 in float16, NHWC data with (C, kH, kW, 1) weights, no
 bias (Kiln's conv_depthwise_nhwc; torch's depthwise cuDNN kernels on channels_last tensors);
 their rows report memory throughput (input, weights and output bytes over the time).
+The first layer (fewer than 8 input channels) is timed as the model runs it, from the NCHW
+input on both sides: Kiln's optimized graph of the convolution (the kernel converting to
+channels-last, which `space_to_depth` makes stack each stride cell's pixels as channels, then
+the convolution it made) against torch's conversion to channels_last and cuDNN's convolution.
 Each side runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA
 events after a warm-up, median of several replays; Kiln's kernel is its level-0 choice
 (`--level` 1 or 2 tunes). The summary weighs each shape by how often its model runs it.
@@ -101,6 +105,26 @@ def _case(batch, size, cin, cout, k, stride, pad, groups=1):
     return task, (x, w), (tx, tw), kwargs, out, 2 * out[0] * out[1] * out[2] * cout * k * k * cin
 
 
+def _first_layer(batch, size, cin, cout, k, stride, pad, groups=1):
+    """(Kiln's step, torch's step, Kiln's result, reference, the graph's steps) of the
+    first layer from NCHW data (see the module doc); the result is channels-last."""
+    from kiln.passes import optimize
+    x = torch.randn(batch, cin, size, size, device="cuda", dtype=torch.float16)
+    w = torch.randn(cout, cin, k, k, device="cuda", dtype=torch.float16) * (1 / math.sqrt(k * k * cin))
+    symbol = kiln.symbol(tuple(x.shape), "float16", "cuda")
+    y = kiln.ops.permute(kiln.ops.conv2d(symbol, kiln.from_torch(w), None, stride, pad), (0, 2, 3, 1))
+    graph = optimize(kiln.trace_from(y, [symbol]))
+    compiled = graph.compile()
+    workspace = compiled.workspace_set()
+    result = []
+    kiln_step = lambda: result.__setitem__(slice(None), compiled.run([x], workspace))
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    torch_step = lambda: F.conv2d(x.contiguous(memory_format=torch.channels_last), w_cl, stride=stride, padding=pad)
+    kiln_step()
+    reference = F.conv2d(x.double(), w.double(), stride=stride, padding=pad).permute(0, 2, 3, 1)
+    return kiln_step, torch_step, result, reference, " + ".join(n.name for n in graph.nodes)
+
+
 def _kiln_runner(program):
     from kiln.runtime.backend import backend_for
     return backend_for(kiln.device("cuda")).load(program, kiln.device("cuda"))
@@ -168,6 +192,18 @@ def main():
     for n, ((batch, model, shape, count), (task, operands, torch_ops, kwargs, out_shape, work),
             (template, knobs, program)) in enumerate(zip(cases, built, chosen)):
         size, cin, cout, k, stride, pad, groups = shape
+        if cin < 8 and groups == 1:
+            kiln_step, torch_step, result, reference, steps = _first_layer(batch, *shape)
+            t_kiln, t_torch = _graph_time(kiln_step), _graph_time(torch_step)
+            err = ((result[0].double() - reference).norm() / reference.norm()).item()
+            name = f"{size}x{size} {cin}->{cout} k{k} s{stride} from NCHW"
+            row = {"model": model, "batch": batch, "name": name, "count": count, "template": steps, "knobs": {},
+                   "kiln_us": t_kiln * 1e6, "torch_us": t_torch * 1e6, "ratio": t_torch / t_kiln, "rel_err": err,
+                   "kiln_tflops": work / t_kiln / 1e12}
+            rows.append(row)
+            print(f"b{batch:<3d} {name:26s} x{count} {steps}: kiln {row['kiln_us']:8.1f} us  torch "
+                  f"{row['torch_us']:8.1f} us  ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
+            continue
         reference = F.conv2d(*[t.double() for t in torch_ops], **kwargs).permute(0, 2, 3, 1)
         out = torch.empty(out_shape, dtype=torch.float16, device="cuda")
         t_kiln, err = _time_program(program, operands, out, reference)
