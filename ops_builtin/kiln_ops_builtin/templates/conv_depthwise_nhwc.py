@@ -6,10 +6,13 @@ A block computes a tile of TH output rows x TW = TX * PX columns x CB channels o
 first copies the input window the tile reads into shared memory, converted to float32 (zero
 outside the image, so padding costs no test later), with V-channel packs (16 bytes of input:
 eight 16-bit channels, four float32 ones): consecutive threads copy consecutive packs of a pixel,
-then the next pixel, so a warp reads whole lines; and the block's filters. Then each of its
+then the next pixel, so a warp reads whole lines, each thread FILL packs at once (their loads
+issued before any store); and the block's filters. Then each of its
 (CB / V) * TX * TH threads computes PX neighbouring output pixels of one row for V channels,
-accumulating in float32 registers: for each filter tap it reads the V * G weights once and
-the PX input packs under the tap. Outputs go through the core's vector epilogue hook
+accumulating in float32 registers: for each filter row it reads the NWIN input packs under
+its PX outputs from shared memory into registers once, and each tap of the row takes its PX
+packs from those (rather than reading them again, up to KW times a pack), with the V * G
+weights of the tap. Outputs go through the core's vector epilogue hook
 (`kiln_epilogue_v`: GEMM row m the output pixel, column n the channel), one pack per pixel, so
 bias, folded batch norm, activations and residual adds fuse in, read as packs too.
 
@@ -52,6 +55,7 @@ MAX_THREADS = 512
 SMEM_LIMIT = 96 * 1024        # bytes of shared memory a block may take (two blocks fit an SM)
 WANTED_WARPS = 8              # warps per multiprocessor the level-0 choice aims for
 DEFAULT = {"CB": 64, "PX": 4, "TX": 4, "TH": 4}
+FILL = 4                      # input packs a thread loads at once while filling shared memory
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS) {
@@ -66,23 +70,30 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
     const int tile = blockIdx.x, c0 = blockIdx.y * CB;
     const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
     const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
-    for (int i = threadIdx.x; i < IH_T * IW_T * CBV; i += NT) {
-        const int p = i / CBV, cv = i - p * CBV, iy = ih0 + p / IW_T, ix = iw0 + p % IW_T, c = c0 + cv * V;
-        ACC v[V];
-        if ((unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W && c < C) {
-            const in_pack raw = *(const in_pack*)&X[((int64_t)(b * H + iy) * W + ix) * C + c];
+    // FILL packs a thread in flight at once: their loads are issued before any is stored
+    for (int i0 = threadIdx.x; i0 < IH_T * IW_T * CBV; i0 += NT * FILL) {
+        in_pack raw[FILL];
 #pragma unroll
-            for (int e = 0; e < V; ++e) v[e] = LOAD(raw.v[e]);
-        } else {
+        for (int u = 0; u < FILL; ++u) {
+            const int i = i0 + u * NT, p = i / CBV, cv = i - p * CBV, iy = ih0 + p / IW_T, ix = iw0 + p % IW_T;
+            const int c = c0 + cv * V;
+            if (i < IH_T * IW_T * CBV && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W && c < C)
+                raw[u] = *(const in_pack*)&X[((int64_t)(b * H + iy) * W + ix) * C + c];
+            else
 #pragma unroll
-            for (int e = 0; e < V; ++e) v[e] = (ACC)0;
+                for (int e = 0; e < V; ++e) raw[u].v[e] = (T)0;
         }
 #pragma unroll
-        for (int h = 0; h < V / QW; ++h) {
-            quad q;
+        for (int u = 0; u < FILL; ++u) {
+            const int i = i0 + u * NT, p = i / CBV, cv = i - p * CBV;
+            if (i >= IH_T * IW_T * CBV) break;
 #pragma unroll
-            for (int j = 0; j < QW; ++j) q.v[j] = v[h * QW + j];
-            *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
+            for (int h = 0; h < V / QW; ++h) {
+                quad q;
+#pragma unroll
+                for (int j = 0; j < QW; ++j) q.v[j] = LOAD(raw[u].v[h * QW + j]);
+                *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
+            }
         }
     }
     for (int i = threadIdx.x; i < KH * KW * CB * G; i += NT) {
@@ -101,7 +112,18 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
         for (int e = 0; e < V; ++e) acc[p][e] = (ACC)0;
 #pragma unroll
     for (int ky = 0; ky < KH; ++ky) {
+        // the row's NWIN pixels under the thread's PX outputs, read from shared memory once and
+        // reused by every tap over them
         const ACC* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
+        ACC win[NWIN][V];
+#pragma unroll
+        for (int x = 0; x < NWIN; ++x)
+#pragma unroll
+            for (int h = 0; h < V / QW; ++h) {
+                const quad q = *(const quad*)&xrow[x * PIX + h * CBV * QW];
+#pragma unroll
+                for (int j = 0; j < QW; ++j) win[x][h * QW + j] = q.v[j];
+            }
 #pragma unroll
         for (int kx = 0; kx < KW; ++kx) {
             ACC w[V * G];
@@ -112,19 +134,11 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
                 for (int j = 0; j < WQW; ++j) w[h * WQW + j] = q.v[j];
             }
 #pragma unroll
-            for (int p = 0; p < PX; ++p) {
-                ACC in[V];
-#pragma unroll
-                for (int h = 0; h < V / QW; ++h) {
-                    const quad q = *(const quad*)&xrow[(p * SW + kx * DW) * PIX + h * CBV * QW];
-#pragma unroll
-                    for (int j = 0; j < QW; ++j) in[h * QW + j] = q.v[j];
-                }
+            for (int p = 0; p < PX; ++p)
 #pragma unroll
                 for (int e = 0; e < V; ++e)
 #pragma unroll
-                    for (int g = 0; g < G; ++g) acc[p][e] += in[e / G * G + g] * w[e * G + g];
-            }
+                    for (int g = 0; g < G; ++g) acc[p][e] += win[p * SW + kx * DW][e / G * G + g] * w[e * G + g];
         }
     }
     const int64_t m = ((int64_t)b * OH + oh) * OW + ow;
@@ -297,6 +311,8 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
                "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
                "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
                "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
+               "FILL": FILL,
+               "NWIN": (k["PX"] - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1,
                "KH": conv.kh, "KW": conv.kw, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "X": conv.x,
                "WT": conv.weight, "LOAD(v)": d.load(conv.dtype, "(v)"), "PARAMS": ", ".join(decl),
