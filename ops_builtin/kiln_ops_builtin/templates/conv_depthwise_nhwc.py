@@ -67,7 +67,8 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
     ACC* xs = (ACC*)kiln_dw_smem;
     // the filters: quad h of the V * G weights of channel pack cv for tap t at ((t * WQ + h) * CBV + cv) * WQW
     ACC* ws = xs + IH_T * IW_T * PIX;
-    const int tile = blockIdx.x, c0 = blockIdx.y * CB;
+    // the channel blocks of a tile are neighbours in the grid: they read the same input lines
+    const int tile = blockIdx.x / CBLOCKS, c0 = blockIdx.x % CBLOCKS * CB;
     const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
     const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
     // FILL packs a thread in flight at once: their loads are issued before any is stored
@@ -311,13 +312,13 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
                "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
                "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
                "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
-               "FILL": FILL,
+               "FILL": FILL, "CBLOCKS": -(-conv.channels // k["CB"]),
                "NWIN": (k["PX"] - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1,
                "KH": conv.kh, "KW": conv.kw, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "X": conv.x,
                "WT": conv.weight, "LOAD(v)": d.load(conv.dtype, "(v)"), "PARAMS": ", ".join(decl),
                "ARGS": ", ".join(args)}
-    grid = (int(conv.batch * tiles_y * tiles_x), -(-conv.channels // k["CB"]), 1)
+    grid = (int(conv.batch * tiles_y * tiles_x) * -(-conv.channels // k["CB"]), 1, 1)
     launch = Launch("kiln_conv_depthwise_nhwc", tuple(args), (k["NT"], 1, 1), grid=grid, smem=k["smem"])
     return CudaProgram(template_source([KERNEL], defines, epilogue), [launch], alignment=PACK_BYTES,
                        sizes=sizes.values)
