@@ -49,45 +49,40 @@ static __device__ __forceinline__ void kiln_zero(float4& v) { v = make_float4(0.
 
 // A thread's share of the copies of one operand's k-tile (BX x BK elements, stored k-major in
 // shared memory, rows of BX + 4): L copies of W elements along the operand's contiguous
-// dimension (k when KC, else x), copy i starting at tile element (x[i], k[i]). A k-contiguous
+// dimension (k when KC, else x), copy i starting at tile element `slot(i)`. A k-contiguous
 // operand copied as float4s gives each warp 16 rows x 2 float4s of k: whole 32-byte sectors
 // of global memory, and transposed stores that the padding keeps free of bank conflicts.
 template <int BX, int KC, int W>
 struct kiln_tile_copy {
     static constexpr int COPIES = BX * BK / W, L = (COPIES + 255) / 256;
     typedef typename kiln_vec<W>::type T;
-    int x[L], k[L];
     T v[L];
-    __device__ __forceinline__ explicit kiln_tile_copy(int tid) {
-#pragma unroll
-        for (int i = 0; i < L; ++i) {
-            const int idx = tid + i * 256;
-            if constexpr (KC && W == 4) {
-                const int c = idx / 32, l = idx % 32;
-                k[i] = (l % 2 + 2 * (c % (BK / 8))) * 4;
-                x[i] = l / 2 + 16 * (c / (BK / 8));
-            } else if (KC) {
-                x[i] = idx / BK;
-                k[i] = idx % BK;
-            } else {
-                k[i] = idx / (BX / W);
-                x[i] = idx % (BX / W) * W;
-            }
+    // (x, k) of copy i (a function of threadIdx.x, left to the compiler to keep or recompute)
+    static __device__ __forceinline__ int2 slot(int i) {
+        const int idx = threadIdx.x + i * 256;
+        if constexpr (KC && W == 4) {
+            const int c = idx / 32, l = idx % 32;
+            return make_int2(l / 2 + 16 * (c / (BK / 8)), (l % 2 + 2 * (c % (BK / 8))) * 4);
+        } else if constexpr (KC) {
+            return make_int2(idx / BK, idx % BK);
+        } else {
+            return make_int2(idx % (BX / W) * W, idx / (BX / W));
         }
     }
-    __device__ __forceinline__ bool live(int i) const { return COPIES % 256 == 0 || threadIdx.x + i * 256 < COPIES; }
+    static __device__ __forceinline__ bool live(int i) { return COPIES % 256 == 0 || threadIdx.x + i * 256 < COPIES; }
     // the registers of the last fetch into buffer s
     __device__ __forceinline__ void stash(float (*s)[BX + 4]) const {
 #pragma unroll
         for (int i = 0; i < L; ++i) {
             if (!live(i)) continue;
+            const int2 at = slot(i);
             if constexpr (!KC && W == 4) {
-                *(float4*)&s[k[i]][x[i]] = v[i];
+                *(float4*)&s[at.y][at.x] = v[i];
             } else {
 #pragma unroll
                 for (int e = 0; e < W; ++e) {
-                    if (KC) s[k[i] + e][x[i]] = kiln_part(v[i], e);
-                    else s[k[i]][x[i] + e] = kiln_part(v[i], e);
+                    if (KC) s[at.y + e][at.x] = kiln_part(v[i], e);
+                    else s[at.y][at.x + e] = kiln_part(v[i], e);
                 }
             }
         }
@@ -104,19 +99,20 @@ struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
     const float* base;
     bool in[S::L];
     int64_t step;
-    __device__ __forceinline__ kiln_plain_copy(int tid, const float* b, int64_t x0, int64_t X, int64_t XS,
-                                               int64_t KS, int64_t k0) : S(tid), base(b), step(BK * KS) {
+    __device__ __forceinline__ kiln_plain_copy(const float* b, int64_t x0, int64_t X, int64_t XS, int64_t KS,
+                                               int64_t k0) : base(b), step(BK * KS) {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
-            p[i] = b + (x0 + this->x[i]) * XS + (k0 + this->k[i]) * KS;
-            in[i] = x0 + this->x[i] < X;
+            const int2 at = S::slot(i);
+            p[i] = b + (x0 + at.x) * XS + (k0 + at.y) * KS;
+            in[i] = x0 + at.x < X;
         }
     }
     __device__ __forceinline__ void fetch(int64_t k0) {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
-            if (in[i] && k0 + this->k[i] < K) this->v[i] = *(const typename S::T*)p[i];
+            if (in[i] && k0 + S::slot(i).y < K) this->v[i] = *(const typename S::T*)p[i];
             else kiln_zero(this->v[i]);
             p[i] += step;
         }
@@ -127,8 +123,9 @@ struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
-            const bool ok = in[i] && k0 + this->k[i] < K;
-            kiln_cp_async16(&s[this->k[i]][this->x[i]], ok ? p[i] : base, ok ? 16 : 0);
+            const int2 at = S::slot(i);
+            const bool ok = in[i] && k0 + at.y < K;
+            kiln_cp_async16(&s[at.y][at.x], ok ? p[i] : base, ok ? 16 : 0);
             p[i] += step;
         }
     }
@@ -141,12 +138,13 @@ struct kiln_hooked_copy : kiln_tile_copy<BX, KC, 1> {
     typedef kiln_tile_copy<BX, KC, 1> S;
     F load;
     int64_t x0, X;
-    __device__ __forceinline__ kiln_hooked_copy(int tid, F f, int64_t x0_, int64_t X_) : S(tid), load(f), x0(x0_), X(X_) {}
+    __device__ __forceinline__ kiln_hooked_copy(F f, int64_t x0_, int64_t X_) : load(f), x0(x0_), X(X_) {}
     __device__ __forceinline__ void fetch(int64_t k0) {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
-            const int64_t gx = x0 + this->x[i], gk = k0 + this->k[i];
+            const int2 at = S::slot(i);
+            const int64_t gx = x0 + at.x, gk = k0 + at.y;
             this->v[i] = gx < X && gk < K ? load(gx, gk) : 0.f;
         }
     }
@@ -167,12 +165,12 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
 #if HOOKS
     auto load_a = [&](int64_t x, int64_t k) { return LOAD_A(x, k); };
     auto load_b = [&](int64_t x, int64_t k) { return LOAD_B(x, k); };
-    kiln_hooked_copy<BM, 0, decltype(load_a)> ca(tid, load_a, m0, M);
-    kiln_hooked_copy<BN, 1, decltype(load_b)> cb(tid, load_b, n0, N);
+    kiln_hooked_copy<BM, 0, decltype(load_a)> ca(load_a, m0, M);
+    kiln_hooked_copy<BN, 1, decltype(load_b)> cb(load_b, n0, N);
 #else
     const int64_t k_first = (int64_t)KT0 * BK;
-    kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(tid, A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, k_first);
-    kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(tid, B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, k_first);
+    kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, k_first);
+    kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, k_first);
 #endif
     // k-tile kt (of this split) into buffer buf: A_ASYNC/B_ASYNC copies land there by cp.async,
     // the others wait in registers for KILN_STASH
@@ -347,7 +345,9 @@ def applies(task) -> bool:
     return g is not None and g.acc_dtype == dtypes.float32
 
 
-def render(task, BM, BN, BK, WM=32, WN=64, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -> CudaProgram:
+def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -> CudaProgram:
+    """The program for `task` with these knobs (warp tiles, when not given, a 4 x 2 grid)."""
+    WM, WN = WM or BM // 4, WN or BN // 2
     tile = thread_tile(BM, BN, WM, WN)
     if tile is None or BK % 8 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}, warp tile {WM}x{WN}")
