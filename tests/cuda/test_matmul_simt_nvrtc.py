@@ -3,6 +3,10 @@ layout each operand is copied in, its level-0 choices, and every knob setting of
 compiled with NVRTC for sm_80 and sm_90 on the cases of `simt_cases`."""
 import pytest
 
+import kiln
+from kiln.graph import optimize, trace_from
+from kiln.ir import SymSize
+from kiln.tensor import symbol
 from kiln.runtime import cuda as rt
 from kiln.schedule.choose import schedules_for
 from kiln_ops_builtin.templates import matmul_simt
@@ -64,4 +68,21 @@ def test_level0_choice():
 def test_every_setting_compiles(name):
     task = view_task(name)[0] if name in VIEWS else call_task(name, call_inputs(name))
     programs = [matmul_simt.render(task, **knobs) for knobs in matmul_simt.space(2)]
+    rt.compile_many([(p.source, p.kernel_names[0], arch) for p in programs for arch in ("sm_80", "sm_90")])
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("build", [
+    lambda x, w: kiln.ops.matmul(kiln.ops.permute(x, (1, 0)), w),      # K symbolic, A m-contiguous
+    lambda x, w: kiln.ops.matmul(kiln.ops.permute(x, (1, 0)), x),      # one input twice: the load hooks
+    lambda x, w: kiln.ops.matmul(w, kiln.ops.permute(w, (1, 0))),      # M and N symbolic
+], ids=["plain", "hooks", "mn"])
+def test_symbolic_sizes_compile(build):
+    """Every setting of level 2 for tasks whose sizes are kernel arguments (`symbolic`)."""
+    x, w = symbol([SymSize.named("s0", 37), 12], "float32", "cuda"), symbol([SymSize.named("s0", 37), 20], "float32",
+                                                                          "cuda")
+    (node,) = optimize(trace_from([build(x, w)], [x, w])).nodes
+    assert matmul_simt.applies(node.task)
+    programs = [matmul_simt.render(node.task, **knobs) for knobs in matmul_simt.space(2)]
+    assert all(p.sizes == (37,) for p in programs)
     rt.compile_many([(p.source, p.kernel_names[0], arch) for p in programs for arch in ("sm_80", "sm_90")])

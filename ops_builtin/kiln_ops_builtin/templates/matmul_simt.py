@@ -89,18 +89,18 @@ struct kiln_tile_copy {
     }
 };
 
-// An operand in memory: element (x, k) at base[x * XS + k * KS]. The copies' pointers start at
-// the block's first k-tile and advance a k-tile per fetch; `fetch` and `async` take the
-// k-tiles in order, k0 being the first k of the one they copy.
+// An operand in memory: element (x, k) at base[x * XS + k * KS], x < X and k < KE. The copies'
+// pointers start at the block's first k-tile and advance a k-tile per fetch; `fetch` and
+// `async` take the k-tiles in order, k0 being the first k of the one they copy.
 template <int BX, int KC, int W>
 struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
     typedef kiln_tile_copy<BX, KC, W> S;
     const float* p[S::L];
     const float* base;
     bool in[S::L];
-    int64_t step;
+    int64_t step, ke;
     __device__ __forceinline__ kiln_plain_copy(const float* b, int64_t x0, int64_t X, int64_t XS, int64_t KS,
-                                               int64_t k0) : base(b), step(BK * KS) {
+                                               int64_t KE, int64_t k0) : base(b), step(BK * KS), ke(KE) {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             const int2 at = S::slot(i);
@@ -112,7 +112,7 @@ struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
-            if (in[i] && k0 + S::slot(i).y < K) this->v[i] = *(const typename S::T*)p[i];
+            if (in[i] && k0 + S::slot(i).y < ke) this->v[i] = *(const typename S::T*)p[i];
             else kiln_zero(this->v[i]);
             p[i] += step;
         }
@@ -124,7 +124,7 @@ struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
             const int2 at = S::slot(i);
-            const bool ok = in[i] && k0 + at.y < K;
+            const bool ok = in[i] && k0 + at.y < ke;
             kiln_cp_async16(&s[at.y][at.x], ok ? p[i] : base, ok ? 16 : 0);
             p[i] += step;
         }
@@ -132,20 +132,21 @@ struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
 #endif
 };
 
-// An operand read through a load hook, load(x, k), a scalar at a time
+// An operand read through a load hook, load(x, k) for x0 + x < X and k < KE, a scalar at a time
 template <int BX, int KC, class F>
 struct kiln_hooked_copy : kiln_tile_copy<BX, KC, 1> {
     typedef kiln_tile_copy<BX, KC, 1> S;
     F load;
-    int64_t x0, X;
-    __device__ __forceinline__ kiln_hooked_copy(F f, int64_t x0_, int64_t X_) : load(f), x0(x0_), X(X_) {}
+    int64_t x0, X, ke;
+    __device__ __forceinline__ kiln_hooked_copy(F f, int64_t x0_, int64_t X_, int64_t KE)
+        : load(f), x0(x0_), X(X_), ke(KE) {}
     __device__ __forceinline__ void fetch(int64_t k0) {
 #pragma unroll
         for (int i = 0; i < S::L; ++i) {
             if (!this->live(i)) continue;
             const int2 at = S::slot(i);
             const int64_t gx = x0 + at.x, gk = k0 + at.y;
-            this->v[i] = gx < X && gk < K ? load(gx, gk) : 0.f;
+            this->v[i] = gx < X && gk < ke ? load(gx, gk) : 0.f;
         }
     }
 };
@@ -165,12 +166,12 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
 #if HOOKS
     auto load_a = [&](int64_t x, int64_t k) { return LOAD_A(x, k); };
     auto load_b = [&](int64_t x, int64_t k) { return LOAD_B(x, k); };
-    kiln_hooked_copy<BM, 0, decltype(load_a)> ca(load_a, m0, M);
-    kiln_hooked_copy<BN, 1, decltype(load_b)> cb(load_b, n0, N);
+    kiln_hooked_copy<BM, 0, decltype(load_a)> ca(load_a, m0, M, K);
+    kiln_hooked_copy<BN, 1, decltype(load_b)> cb(load_b, n0, N, K);
 #else
     const int64_t k_first = (int64_t)KT0 * BK;
-    kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, k_first);
-    kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, k_first);
+    kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, K, k_first);
+    kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, K, k_first);
 #endif
     // k-tile kt (of this split) into buffer buf: A_ASYNC/B_ASYNC copies land there by cp.async,
     // the others wait in registers for KILN_STASH
