@@ -71,18 +71,19 @@ def test_every_setting_compiles(name):
     rt.compile_many([(p.source, p.kernel_names[0], arch) for p in programs for arch in ("sm_80", "sm_90")])
 
 
+S0 = SymSize.named("s0", 37)
+
+
 @needs_nvrtc
-@pytest.mark.parametrize("build", [
-    lambda x, w: kiln.ops.matmul(kiln.ops.permute(x, (1, 0)), w),      # K symbolic, A m-contiguous
-    lambda x, w: kiln.ops.matmul(kiln.ops.permute(x, (1, 0)), x),      # one input twice: the load hooks
-    lambda x, w: kiln.ops.matmul(w, kiln.ops.permute(w, (1, 0))),      # M and N symbolic
-], ids=["plain", "hooks", "mn"])
-def test_symbolic_sizes_compile(build):
+@pytest.mark.parametrize("shapes,build,hooks", [
+    ([(S0, 12), (S0, 20)], lambda x, w: kiln.ops.matmul(kiln.ops.permute(x, (1, 0)), w), "0"),  # K symbolic
+    ([(S0, 12), (S0, 20)], lambda x, w: kiln.ops.matmul(w, kiln.ops.permute(w, (1, 0))), "0"),  # M and N
+    ([(2, 5, S0, 9), (12, 5, 3, 3)], lambda x, w: kiln.ops.conv2d(x, w, None, 1, 1), "1"),       # M, load hooks
+], ids=["k", "mn", "conv"])
+def test_symbolic_sizes_compile(shapes, build, hooks):
     """Every setting of level 2 for tasks whose sizes are kernel arguments (`symbolic`)."""
-    x, w = symbol([SymSize.named("s0", 37), 12], "float32", "cuda"), symbol([SymSize.named("s0", 37), 20], "float32",
-                                                                          "cuda")
-    (node,) = optimize(trace_from([build(x, w)], [x, w])).nodes
-    assert matmul_simt.applies(node.task)
+    symbols = [symbol(list(s), "float32", "cuda") for s in shapes]
+    (node,) = optimize(trace_from([build(*symbols)], symbols)).nodes
     programs = [matmul_simt.render(node.task, **knobs) for knobs in matmul_simt.space(2)]
-    assert all(p.sizes == (37,) for p in programs)
+    assert all(p.sizes == (37,) and _defines(p)["HOOKS"] == hooks for p in programs)
     rt.compile_many([(p.source, p.kernel_names[0], arch) for p in programs for arch in ("sm_80", "sm_90")])
