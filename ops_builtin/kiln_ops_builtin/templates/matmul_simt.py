@@ -1,15 +1,24 @@
 """GEMM-shaped tasks in float32 on the CUDA cores (no TF32): matmul, batched matmul, linear,
 and convolutions as implicit GEMM.
 
-A block of 256 threads computes a BM x BN output tile, each thread a TM x TN sub-tile made of
-four 4-row x 4-column pieces spread half a tile apart (conflict-free 16-byte shared-memory
-reads). K advances BK at a time (over a share of K with split-K,
-`kiln_ops_builtin.templates.split_k`) through two shared-memory buffers: the next tile is read
-from global memory into registers (as float4s where sizes allow) while the current one is
-multiplied. Both operands are stored k-major in shared memory; an operand that is k-contiguous
-in memory (A, or B of `linear`) is transposed on the way in. A convolution's operands are read through the core's load hooks
-(`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included).
-Outputs go through the core's epilogue hook.
+A block of 256 threads (8 warps) computes a BM x BN output tile; each warp a WM x WN part of
+it, and each thread of a warp a TM x TN sub-tile made of 4-row x 4-column pieces spread over
+the warp's tile (the lanes form a 4 x 8 grid, or 8 x 4 where WM > WN), so that the 16-byte
+shared-memory reads of a k-step are broadcasts of at most 128 distinct bytes: free of bank
+conflicts. K advances BK at a time (over a share of K with split-K,
+`kiln_ops_builtin.templates.split_k`) through two shared-memory buffers: the next tile is
+copied while the current one is multiplied, one `__syncthreads` a k-tile. Both operands are
+stored k-major in shared memory, rows padded by 4 floats; an operand that is k-contiguous in
+memory (A, or B of `linear`) is read into registers (float4s along k where sizes allow) and
+transposed on the way in, the padding keeping those stores free of bank conflicts; an operand
+contiguous along m or n is copied by `cp.async` straight into shared memory when ASYNC (else
+through registers too). Each thread's copies walk their operand by pointers that advance a
+k-tile at a time, the 64-bit offsets computed once. Tiles are handed out in groups of
+GROUP_M rows of tiles, so that blocks running together share their operands in L2.
+
+A convolution's operands are read through the core's load hooks
+(`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included), a
+scalar at a time. Outputs go through the core's epilogue hook.
 
 Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
 (`Contraction.sizes`, `HookedGemm.sizes`); `suggest` buckets them by powers of two
@@ -18,6 +27,7 @@ Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel
 from __future__ import annotations
 
 from kiln import dtypes
+from kiln.codegen import ptx
 from kiln.codegen.cuda import template_source
 from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
 from kiln.schedule import Template
@@ -25,156 +35,266 @@ from kiln.runtime.cuda import CudaProgram, Launch
 from kiln_ops_builtin.templates import split_k
 
 NT = 256
-DEFAULT = {"BM": 128, "BN": 128, "BK": 8, "MIN_BLOCKS": 1}
+KNOBS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS", "ASYNC")
+
+COPIES = r"""
+template <int W> struct kiln_vec { typedef float4 type; };
+template <> struct kiln_vec<1> { typedef float type; };
+static __device__ __forceinline__ float kiln_part(float v, int) { return v; }
+static __device__ __forceinline__ float kiln_part(const float4& v, int e) {
+    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+static __device__ __forceinline__ void kiln_zero(float& v) { v = 0.f; }
+static __device__ __forceinline__ void kiln_zero(float4& v) { v = make_float4(0.f, 0.f, 0.f, 0.f); }
+
+// A thread's share of the copies of one operand's k-tile (BX x BK elements, stored k-major in
+// shared memory, rows of BX + 4): L copies of W elements along the operand's contiguous
+// dimension (k when KC, else x), copy i starting at tile element `slot(i)`. A k-contiguous
+// operand copied as float4s gives each warp 16 rows x 2 float4s of k: whole 32-byte sectors
+// of global memory, and transposed stores that the padding keeps free of bank conflicts.
+template <int BX, int KC, int W>
+struct kiln_tile_copy {
+    static constexpr int COPIES = BX * BK / W, L = (COPIES + 255) / 256;
+    typedef typename kiln_vec<W>::type T;
+    T v[L];
+    // (x, k) of copy i (a function of threadIdx.x, left to the compiler to keep or recompute)
+    static __device__ __forceinline__ int2 slot(int i) {
+        const int idx = threadIdx.x + i * 256;
+        if constexpr (KC && W == 4) {
+            const int c = idx / 32, l = idx % 32;
+            return make_int2(l / 2 + 16 * (c / (BK / 8)), (l % 2 + 2 * (c % (BK / 8))) * 4);
+        } else if constexpr (KC) {
+            return make_int2(idx / BK, idx % BK);
+        } else {
+            return make_int2(idx % (BX / W) * W, idx / (BX / W));
+        }
+    }
+    static __device__ __forceinline__ bool live(int i) { return COPIES % 256 == 0 || threadIdx.x + i * 256 < COPIES; }
+    // the registers of the last fetch into buffer s
+    __device__ __forceinline__ void stash(float (*s)[BX + 4]) const {
+#pragma unroll
+        for (int i = 0; i < L; ++i) {
+            if (!live(i)) continue;
+            const int2 at = slot(i);
+            if constexpr (!KC && W == 4) {
+                *(float4*)&s[at.y][at.x] = v[i];
+            } else {
+#pragma unroll
+                for (int e = 0; e < W; ++e) {
+                    if (KC) s[at.y + e][at.x] = kiln_part(v[i], e);
+                    else s[at.y][at.x + e] = kiln_part(v[i], e);
+                }
+            }
+        }
+    }
+};
+
+// An operand in memory: element (x, k) at base[x * XS + k * KS], x < X and k < KE. The copies'
+// pointers start at the block's first k-tile and advance a k-tile per fetch; `fetch` and
+// `async` take the k-tiles in order, k0 being the first k of the one they copy.
+template <int BX, int KC, int W>
+struct kiln_plain_copy : kiln_tile_copy<BX, KC, W> {
+    typedef kiln_tile_copy<BX, KC, W> S;
+    const float* p[S::L];
+    const float* base;
+    bool in[S::L];
+    int64_t step, ke;
+    __device__ __forceinline__ kiln_plain_copy(const float* b, int64_t x0, int64_t X, int64_t XS, int64_t KS,
+                                               int64_t KE, int64_t k0) : base(b), step(BK * KS), ke(KE) {
+#pragma unroll
+        for (int i = 0; i < S::L; ++i) {
+            const int2 at = S::slot(i);
+            p[i] = b + (x0 + at.x) * XS + (k0 + at.y) * KS;
+            in[i] = x0 + at.x < X;
+        }
+    }
+    __device__ __forceinline__ void fetch(int64_t k0) {
+#pragma unroll
+        for (int i = 0; i < S::L; ++i) {
+            if (!this->live(i)) continue;
+            if (in[i] && k0 + S::slot(i).y < ke) this->v[i] = *(const typename S::T*)p[i];
+            else kiln_zero(this->v[i]);
+            p[i] += step;
+        }
+    }
+#if A_ASYNC || B_ASYNC
+    // fetch's copies (W = 4, not KC) straight into buffer s, zero-filled out of bounds
+    __device__ __forceinline__ void async(float (*s)[BX + 4], int64_t k0) {
+#pragma unroll
+        for (int i = 0; i < S::L; ++i) {
+            if (!this->live(i)) continue;
+            const int2 at = S::slot(i);
+            const bool ok = in[i] && k0 + at.y < ke;
+            kiln_cp_async16(&s[at.y][at.x], ok ? p[i] : base, ok ? 16 : 0);
+            p[i] += step;
+        }
+    }
+#endif
+};
+
+// An operand read through a load hook, load(x, k) for x0 + x < X and k < KE, a scalar at a time
+template <int BX, int KC, class F>
+struct kiln_hooked_copy : kiln_tile_copy<BX, KC, 1> {
+    typedef kiln_tile_copy<BX, KC, 1> S;
+    F load;
+    int64_t x0, X, ke;
+    __device__ __forceinline__ kiln_hooked_copy(F f, int64_t x0_, int64_t X_, int64_t KE)
+        : load(f), x0(x0_), X(X_), ke(KE) {}
+    __device__ __forceinline__ void fetch(int64_t k0) {
+#pragma unroll
+        for (int i = 0; i < S::L; ++i) {
+            if (!this->live(i)) continue;
+            const int2 at = S::slot(i);
+            const int64_t gx = x0 + at.x, gk = k0 + at.y;
+            this->v[i] = gx < X && gk < ke ? load(gx, gk) : 0.f;
+        }
+    }
+};
+"""
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(PARAMS) {
-    __shared__ __align__(16) float As[2][BK][BM];
-    __shared__ __align__(16) float Bs[2][BK][BN];
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int tiles_n = (N + BN - 1) / BN;
-    const int64_t m0 = (int64_t)(blockIdx.x / tiles_n) * BM, n0 = (int64_t)(blockIdx.x % tiles_n) * BN;
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    const int tid = threadIdx.x;
+    const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
+    const int group = blockIdx.x / (GROUP_M * tiles_n), first = group * GROUP_M;
+    const int rows = min(tiles_m - first, GROUP_M), r = blockIdx.x % (GROUP_M * tiles_n);
+    const int64_t m0 = (int64_t)(first + r % rows) * BM, n0 = (int64_t)(r / rows) * BN;
     const int64_t bz = blockIdx.z;
-#if !HOOKS
-    const float* A = A_PARAM + (A_BATCH);
-    const float* B = B_PARAM + (B_BATCH);
-#endif
-    // operand X's tile is BK x BX; each thread copies LX elements of it per k-step, four at a
-    // time along the operand's contiguous dimension when VEC
-#if VEC
-    float4 ra[LA / 4], rb[LB / 4];
+    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
+#if HOOKS
+    auto load_a = [&](int64_t x, int64_t k) { return LOAD_A(x, k); };
+    auto load_b = [&](int64_t x, int64_t k) { return LOAD_B(x, k); };
+    kiln_hooked_copy<BM, 0, decltype(load_a)> ca(load_a, m0, M, K);
+    kiln_hooked_copy<BN, 1, decltype(load_b)> cb(load_b, n0, N, K);
 #else
-    float ra[LA], rb[LB];
+    const int64_t k_first = (int64_t)KT0 * BK;
+    kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, K, k_first);
+    kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, K, k_first);
 #endif
-    auto fetch = [&](int64_t k0) {
-#pragma unroll
-        for (int i = 0; i < LA / W; ++i) {
-            const int idx = tid + i * 256;
-#if A_K_CONTIGUOUS
-            const int x = idx / (BK / W), k = idx % (BK / W) * W;
+    // k-tile kt (of this split) into buffer buf: A_ASYNC/B_ASYNC copies land there by cp.async,
+    // the others wait in registers for KILN_STASH
+#if A_ASYNC
+#define KILN_FETCH_A(kt, buf) ca.async(As[buf], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(buf) ((void)0)
 #else
-            const int k = idx / (BM / W), x = idx % (BM / W) * W;
+#define KILN_FETCH_A(kt, buf) ca.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(buf) ca.stash(As[buf])
 #endif
-            const int64_t gx = m0 + x, gk = k0 + k;
-            const bool ok = gx < M && gk < K;
-#if VEC
-            ra[i] = ok ? *(const float4*)&A[gx * A_XS + gk * A_KS] : make_float4(0.f, 0.f, 0.f, 0.f);
+#if B_ASYNC
+#define KILN_FETCH_B(kt, buf) cb.async(Bs[buf], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(buf) ((void)0)
 #else
-            ra[i] = ok ? LOAD_A(gx, gk) : 0.f;
+#define KILN_FETCH_B(kt, buf) cb.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(buf) cb.stash(Bs[buf])
 #endif
-        }
-#pragma unroll
-        for (int i = 0; i < LB / W; ++i) {
-            const int idx = tid + i * 256;
-#if B_K_CONTIGUOUS
-            const int x = idx / (BK / W), k = idx % (BK / W) * W;
+#if A_ASYNC || B_ASYNC
+#define KILN_LANDED() (kiln_cp_async_commit(), kiln_cp_async_wait<0>())
 #else
-            const int k = idx / (BN / W), x = idx % (BN / W) * W;
+#define KILN_LANDED() ((void)0)
 #endif
-            const int64_t gx = n0 + x, gk = k0 + k;
-            const bool ok = gx < N && gk < K;
-#if VEC
-            rb[i] = ok ? *(const float4*)&B[gx * B_XS + gk * B_KS] : make_float4(0.f, 0.f, 0.f, 0.f);
-#else
-            rb[i] = ok ? LOAD_B(gx, gk) : 0.f;
-#endif
-        }
-    };
-    // element e of the value a thread copied (a float4 when VEC)
-#if VEC
-#define KILN_PART(v, e) ((e) == 0 ? (v).x : (e) == 1 ? (v).y : (e) == 2 ? (v).z : (v).w)
-#else
-#define KILN_PART(v, e) (v)
-#endif
-    auto stash = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < LA / W; ++i) {
-            const int idx = tid + i * 256;
-#pragma unroll
-            for (int e = 0; e < W; ++e) {
-#if A_K_CONTIGUOUS
-                As[buf][idx % (BK / W) * W + e][idx / (BK / W)] = KILN_PART(ra[i], e);
-#else
-                As[buf][idx / (BM / W)][idx % (BM / W) * W + e] = KILN_PART(ra[i], e);
-#endif
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < LB / W; ++i) {
-            const int idx = tid + i * 256;
-#pragma unroll
-            for (int e = 0; e < W; ++e) {
-#if B_K_CONTIGUOUS
-                Bs[buf][idx % (BK / W) * W + e][idx / (BK / W)] = KILN_PART(rb[i], e);
-#else
-                Bs[buf][idx / (BN / W)][idx % (BN / W) * W + e] = KILN_PART(rb[i], e);
-#endif
-            }
-        }
-    };
+    // lanes form an LM x LN grid over the warp's WM x WN tile; a thread's pieces lie 4 * LM
+    // rows and 4 * LN columns apart
+    const int warp = tid / 32, lane = tid % 32;
+    const int wm = warp / (BN / WN) * WM + lane / LN * 4, wn = warp % (BN / WN) * WN + lane % LN * 4;
     float acc[TM][TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
-    fetch((int64_t)KT0 * BK);
-    stash(0);
+    if (KT > 0) {
+        KILN_FETCH_A(0, 0);
+        KILN_FETCH_B(0, 0);
+        KILN_STASH_A(0);
+        KILN_STASH_B(0);
+        KILN_LANDED();
+    }
     __syncthreads();
     for (int kt = 0; kt < KT; ++kt) {
         const int cur = kt & 1;
-        if (kt + 1 < KT) fetch((int64_t)(KT0 + kt + 1) * BK);
+        if (kt + 1 < KT) {
+            KILN_FETCH_A(kt + 1, cur ^ 1);
+            KILN_FETCH_B(kt + 1, cur ^ 1);
+        }
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
             float a[TM], b[TN];
 #pragma unroll
-            for (int p = 0; p < TM / 4; ++p)
-                *(float4*)&a[p * 4] = *(const float4*)&As[cur][k][p * (BM / (TM / 4)) + ty * 4];
+            for (int p = 0; p < TM / 4; ++p) *(float4*)&a[p * 4] = *(const float4*)&As[cur][k][wm + p * 4 * LM];
 #pragma unroll
-            for (int p = 0; p < TN / 4; ++p)
-                *(float4*)&b[p * 4] = *(const float4*)&Bs[cur][k][p * (BN / (TN / 4)) + tx * 4];
+            for (int p = 0; p < TN / 4; ++p) *(float4*)&b[p * 4] = *(const float4*)&Bs[cur][k][wn + p * 4 * LN];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-        if (kt + 1 < KT) stash(cur ^ 1);
+        if (kt + 1 < KT) {
+            KILN_STASH_A(cur ^ 1);
+            KILN_STASH_B(cur ^ 1);
+            KILN_LANDED();
+        }
         __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; j += 2) {
-            const int64_t m = m0 + (i / 4) * (BM / (TM / 4)) + ty * 4 + (i % 4);
-            const int64_t n = n0 + (j / 4) * (BN / (TN / 4)) + tx * 4 + (j % 4);
+            const int64_t m = m0 + wm + (i / 4) * 4 * LM + (i % 4);
+            const int64_t n = n0 + wn + (j / 4) * 4 * LN + (j % 4);
             if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j], acc[i][j + 1]);
             else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j]);
         }
 }
 """
 
+GROUP_M = 8
 
-SPLIT_PROBE = {"BM": 64, "BN": 64, "BK": 16, "MIN_BLOCKS": 2, "SPLIT": 2}
+
+def knobs(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, async_: int = 1, **more) -> dict:
+    """A knob setting of the template (named in `KNOBS` order), with `more` (SPLIT)."""
+    return dict(zip(KNOBS, (bm, bn, bk, wm, wn, min_blocks, async_)), **more)
 
 
-def _fit_tile(bm: int, bn: int, bk: int, min_blocks: int) -> split_k.Tile:
+def lanes(wm: int, wn: int) -> tuple[int, int]:
+    """The LM x LN grid of a warp's lanes over its WM x WN tile."""
+    return (8, 4) if wm > wn else (4, 8)
+
+
+def thread_tile(bm: int, bn: int, wm: int, wn: int) -> tuple[int, int] | None:
+    """A thread's TM x TN sub-tile, or None where the knobs make no valid layout (8 warps of
+    WM x WN tiling BM x BN, sub-tiles of whole 4 x 4 pieces)."""
+    lm, ln = lanes(wm, wn)
+    if bm % wm or bn % wn or (bm // wm) * (bn // wn) != NT // 32 or wm % (4 * lm) or wn % (4 * ln):
+        return None
+    return wm // lm, wn // ln
+
+
+def _fit_tile(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int) -> split_k.Tile:
     """A tile for `suggest`: 128 FMAs per SM clock, less the shared-memory reads a thread's
     TM x TN FMAs wait on (TM + TN per k)."""
-    tm, tn = bm // 16, bn // 16
-    return split_k.Tile(dict(zip(DEFAULT, (bm, bn, bk, min_blocks))), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn))
+    tm, tn = thread_tile(bm, bn, wm, wn)
+    return split_k.Tile(knobs(bm, bn, bk, wm, wn, min_blocks), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn))
 
 
-FIT_TILES = [_fit_tile(*s) for s in [(128, 128, 8, 1), (128, 64, 8, 2), (64, 128, 8, 2), (64, 64, 16, 2)]]
+FIT_TILES = [_fit_tile(*s) for s in [(128, 128, 8, 32, 64, 1), (128, 64, 8, 32, 32, 2), (64, 128, 8, 32, 32, 2),
+                                      (64, 64, 16, 16, 32, 2)]]
+SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 128x128x8; levels 1 and 2 add other tile sizes, a deeper k-step and split-K."""
-    shapes = [(128, 128, 8, 1)]
+    """Level 0: 128 x 128 x 8 tiles of 32 x 64 warp tiles, cp.async where an operand allows;
+    level 1 adds the other warp shape, a deeper k-step, two blocks an SM, register-staged
+    copies only, smaller tiles and split-K; level 2 more combinations of them."""
+    settings = [(128, 128, 8, 32, 64, 1, 1)]
     if level >= 1:
-        shapes += [(128, 128, 8, 2), (128, 64, 8, 2), (64, 128, 8, 2), (128, 128, 16, 2)]
+        settings += [(128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 2, 1),
+                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1)]
     if level >= 2:
-        shapes += [(64, 64, 8, 2), (64, 64, 16, 2), (128, 64, 16, 2), (64, 128, 16, 2), (128, 128, 16, 1)]
-    return [dict(zip(DEFAULT, s)) for s in shapes] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
+        settings += [(128, 128, 16, 64, 32, 1, 1), (128, 128, 16, 32, 64, 2, 1), (128, 128, 8, 64, 32, 2, 1),
+                     (128, 128, 16, 32, 64, 1, 0), (128, 64, 16, 32, 32, 2, 1), (64, 128, 16, 32, 32, 2, 1),
+                     (64, 64, 8, 16, 32, 2, 1), (64, 64, 16, 32, 16, 2, 1), (128, 64, 8, 64, 16, 2, 1)]
+    return [knobs(*s) for s in settings] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
 
 
 def _gemm(task) -> Contraction | HookedGemm:
@@ -191,32 +311,30 @@ def suggest(task, sm_count: int) -> list[dict]:
     return split_k.rank(FIT_TILES, *(split_k.bucket(x) for x in (g.M, g.N, g.K, batch)), sm_count, 4)
 
 
-def _layout(prefix: str, op: Operand, text) -> dict:
+def _operand_defines(prefix: str, op: Operand, extent, K, use_async: int, text) -> dict:
+    """An operand's layout; 4-wide copies (W) where every copy can be an aligned float4 along
+    its contiguous dimension (that dimension's stride 1 and extent a multiple of 4, every other
+    stride a multiple of 4, buffers 16-byte aligned), by cp.async where ASYNC and that
+    dimension is m or n."""
+    kc = int(op.k_contiguous and not op.x_contiguous)
+    vec = (K if kc else extent) % 4 == 0 and op.strides_multiple_of(4) and (op.k_stride if kc else op.x_stride) == 1
     return {f"{prefix}_XS": f"(int64_t){text(op.x_stride)}", f"{prefix}_KS": f"(int64_t){text(op.k_stride)}",
-            f"{prefix}_K_CONTIGUOUS": int(op.k_contiguous and not op.x_contiguous),
-            f"LOAD_{prefix}(x, k)": f"{prefix}[(x) * {prefix}_XS + (k) * {prefix}_KS]"}
+            f"{prefix}_K_CONTIGUOUS": kc, f"{prefix}_W": 4 if vec else 1,
+            f"{prefix}_ASYNC": int(bool(use_async and vec and not kc))}
 
 
-def _vectorizable(c: Contraction, BM: int, BN: int, BK: int) -> bool:
-    """Whether both operands can be copied as aligned float4s along their contiguous dimension."""
-    def ok(op: Operand, x_extent: int) -> bool:
-        extent = c.K if op.k_contiguous and not op.x_contiguous else x_extent
-        return extent % 4 == 0 and all(s % 4 == 0 for s in op.batch_strides)
-    return ok(c.a, c.M) and ok(c.b, c.N) and (BM * BK) % 1024 == 0 and (BN * BK) % 1024 == 0
-
-
-def _plain_defines(c: Contraction, BM: int, BN: int, BK: int) -> dict:
+def _plain_defines(c: Contraction, ASYNC: int) -> dict:
     """Operands read straight from memory (float32 matmul, batched matmul, linear)."""
-    vec = int(_vectorizable(c, BM, BN, BK))
-    return {"HOOKS": 0, "VEC": vec, "W": 4 if vec else 1, "A_PARAM": c.a.param, "B_PARAM": c.b.param,
+    return {"HOOKS": 0, "A_PARAM": c.a.param, "B_PARAM": c.b.param,
             "A_BATCH": c.batch_offset(c.a, "bz"), "B_BATCH": c.batch_offset(c.b, "bz"),
-            **_layout("A", c.a, c.text), **_layout("B", c.b, c.text)}
+            **_operand_defines("A", c.a, c.M, c.K, ASYNC, c.text),
+            **_operand_defines("B", c.b, c.N, c.K, ASYNC, c.text)}
 
 
 def _hook_defines(g: HookedGemm) -> dict:
     """Operands read through the core's load hooks (convolutions: im2col on the fly). Threads
     walk A along m (neighbouring output pixels) and B along k (a filter's contiguous taps)."""
-    return {"HOOKS": 1, "VEC": 0, "W": 1, "A_K_CONTIGUOUS": 0, "B_K_CONTIGUOUS": 1,
+    return {"HOOKS": 1, "A_ASYNC": 0, "B_ASYNC": 0,
             "LOAD_A(x, k)": f"kiln_load_a({g.args}, (x), (k))", "LOAD_B(x, k)": f"kiln_load_b({g.args}, (k), (x))"}
 
 
@@ -228,24 +346,28 @@ def applies(task) -> bool:
     return g is not None and g.acc_dtype == dtypes.float32
 
 
-def render(task, BM, BN, BK, MIN_BLOCKS=1, SPLIT=1) -> CudaProgram:
-    tm, tn = BM // 16, BN // 16
-    if tm % 4 or tn % 4 or (BM * BK) % NT or (BN * BK) % NT:
-        raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}")
+def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -> CudaProgram:
+    """The program for `task` with these knobs (warp tiles, when not given, a 4 x 2 grid)."""
+    WM, WN = WM or BM // 4, WN or BN // 2
+    tile = thread_tile(BM, BN, WM, WN)
+    if tile is None or BK % 8 or (BM * BK) % NT or (BN * BK) % NT:
+        raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}, warp tile {WM}x{WN}")
     g = _gemm(task)
     if isinstance(g, Contraction):
-        batch, hooks, defines = g.batch_count, g.epilogue, _plain_defines(g, BM, BN, BK)
+        batch, hooks, defines = g.batch_count, g.epilogue, _plain_defines(g, ASYNC)
     else:
         batch, hooks, defines = 1, g.hooks, _hook_defines(g)
     names, temporaries = tuple(g.args.split(", ")), []
     sk = split_k.plan(SPLIT, g.M, g.N, g.K, BK, batch, g.params, names, temporaries, text=g.text)
-    defines.update({"BM": BM, "BN": BN, "BK": BK, "MIN_BLOCKS": MIN_BLOCKS, "TM": tm, "TN": tn,
-                    "LA": BM * BK // NT, "LB": BN * BK // NT, "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K),
-                    "ARGS": g.args, **sk.defines})
+    lm, ln = lanes(WM, WN)
+    defines.update({"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LM": lm, "LN": ln, "TM": tile[0],
+                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "GROUP_M": GROUP_M, "M": g.text(g.M),
+                    "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
     tiles = int(-(-g.M // BM) * -(-g.N // BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, int(batch)))
-    return CudaProgram(template_source([KERNEL, sk.source], defines, hooks), [launch, *sk.launches], temporaries,
-                       alignment=16, sizes=g.sizes.values)
+    wrappers = (ptx.CP_ASYNC,) if defines["A_ASYNC"] or defines["B_ASYNC"] else ()
+    return CudaProgram(template_source([COPIES, KERNEL, sk.source], defines, hooks, wrappers),
+                       [launch, *sk.launches], temporaries, alignment=16, sizes=g.sizes.values)
 
 
 TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
