@@ -118,12 +118,17 @@ def test_level0_choice(xs, k, stride, first):
     assert fitted["NT"] <= dw.MAX_THREADS and fitted["smem"] <= dw.SMEM_LIMIT
 
 
-@pytest.mark.parametrize("xs,k,knobs,pixel", [
-    ((1, 112, 112, 16), 3, {"CB": 16, "PX": 1, "TX": 8, "TH": 8}, 24),     # pixels 16 floats apart: 2-way conflicts
-    ((8, 56, 56, 96), 7, {"CB": 32, "PX": 4, "TX": 7, "TH": 4}, 36),
-    ((8, 56, 56, 96), 7, {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, 64)])     # a warp reads whole bank rows
-def test_window_pixels_are_padded_against_bank_conflicts(xs, k, knobs, pixel):
-    conv = match_conv_nhwc(_task(xs, (xs[-1], k, k, 1), padding=k // 2, groups=xs[-1]))
+@pytest.mark.parametrize("xs,k,knobs,dtype,pixel", [
+    # float16 packs of 8 stay 16-bit in shared memory: PIX counts halves
+    ((1, 112, 112, 16), 3, {"CB": 16, "PX": 1, "TX": 8, "TH": 8}, torch.float16, 16),  # 8 lanes, 8 neighbouring units
+    ((8, 56, 56, 96), 7, {"CB": 32, "PX": 4, "TX": 7, "TH": 4}, torch.float16, 40),   # pixels 64 bytes, 4 apart: padded
+    ((8, 56, 56, 96), 7, {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, torch.float16, 64),   # a warp reads whole bank rows
+    # float32 (and 16-bit packs under 16 bytes) are stored as float32: PIX counts floats
+    ((1, 56, 56, 32), 3, {"CB": 16, "PX": 2, "TX": 4, "TH": 8}, torch.float32, 24),   # pixels 16 floats apart: padded
+    ((1, 56, 56, 16), 3, {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, torch.float32, 20)])
+def test_window_pixels_are_padded_against_bank_conflicts(xs, k, knobs, dtype, pixel):
+    conv = match_conv_nhwc(_task(xs, (xs[-1], k, k, 1), dtype, padding=k // 2, groups=xs[-1]))
+    assert dw.stored_bytes(conv) == (2 if dtype == torch.float16 else 4)
     assert dw._fit(conv, **knobs)["PIX"] == pixel
 
 

@@ -3,23 +3,25 @@ as many output channels as input channels and G = channels / groups of them per 
 depthwise convolution; G must divide the vector width), float16, bfloat16 or float32.
 
 A block computes a tile of TH output rows x TW = TX * PX columns x CB channels of one image. It
-first copies the input window the tile reads into shared memory, converted to float32 (zero
-outside the image, so padding costs no test later), with V-channel packs (16 bytes of input:
-eight 16-bit channels, four float32 ones): consecutive threads copy consecutive packs of a pixel,
-then the next pixel, so a warp reads whole lines, each thread FILL packs at once (their loads
-issued before any store); and the block's filters. Then each of its
-(CB / V) * TX * TH threads computes PX neighbouring output pixels of one row for V channels,
-accumulating in float32 registers: for each filter row it reads the NWIN input packs under
-its PX outputs from shared memory into registers once, and each tap of the row takes its PX
-packs from those (rather than reading them again, up to KW times a pack), with the V * G
-weights of the tap. Outputs go through the core's vector epilogue hook
-(`kiln_epilogue_v`: GEMM row m the output pixel, column n the channel), one pack per pixel, so
-bias, folded batch norm, activations and residual adds fuse in, read as packs too.
+first copies the input window the tile reads into shared memory (zero outside the image, so
+padding costs no test later), in V-channel packs (16 bytes of input: eight 16-bit channels,
+four float32 ones): consecutive threads copy consecutive packs of a pixel, then the next
+pixel, so a warp reads whole lines, each thread FILL packs at once (their loads issued before
+any store); then the block's filters. A 16-byte pack of a 16-bit type is stored as it is (half
+the shared memory of float32, so more blocks an SM), anything else as float32
+(`stored_bytes`). Each of the block's (CB / V) * TX * TH threads computes PX neighbouring
+output pixels of one row for V channels, accumulating in float32 registers: for each filter
+row it reads the NWIN input packs under its PX outputs from shared memory into registers once
+(as float32), and each tap of the row takes its PX packs from those (rather than reading them
+again, up to KW times a pack), with the V * G weights of the tap. Outputs go through the
+core's vector epilogue hook (`kiln_epilogue_v`: GEMM row m the output pixel, column n the
+channel), one pack per pixel, so bias, folded batch norm, activations and residual adds fuse
+in, read as packs too.
 
-Shared memory holds a pack as quads of 4 floats (16 bytes), quad h of every pack of a pixel
-before quad h + 1, so that neighbouring threads (neighbouring packs) read neighbouring 16
-bytes; each pixel is padded to the size that leaves the fewest bank conflicts for the block's
-threads, which read pixels PX * stride apart (`_pixel_floats`).
+Shared memory holds a pack as quads of QW stored values (16 bytes at most: `quad_width`),
+quad h of every pack of a pixel before quad h + 1, so that neighbouring threads (neighbouring
+packs) read neighbouring 16 bytes; each pixel is padded to the size that leaves the fewest
+bank conflicts for the block's threads, which read pixels PX * stride apart (`_pixel_values`).
 
 The input comes from DRAM once (the windows of neighbouring tiles overlap by the filter's
 halo, read again from L2) and each output is written once. Where the channels are not a
@@ -60,13 +62,13 @@ FILL = 4                      # input packs a thread loads at once while filling
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS) {
     typedef kiln_pack<T, V> in_pack;
-    typedef kiln_pack<ACC, QW> quad;
+    typedef kiln_pack<S, QW> quad;
     typedef kiln_pack<ACC, WQW> weight_quad;
     extern __shared__ float4 kiln_dw_smem[];
-    // the input window: quad h of channel pack cv of pixel p at p * PIX + (h * CBV + cv) * QW
-    ACC* xs = (ACC*)kiln_dw_smem;
+    // the input window, in S: quad h of channel pack cv of pixel p at p * PIX + (h * CBV + cv) * QW
+    S* xs = (S*)kiln_dw_smem;
     // the filters: quad h of the V * G weights of channel pack cv for tap t at ((t * WQ + h) * CBV + cv) * WQW
-    ACC* ws = xs + IH_T * IW_T * PIX;
+    ACC* ws = (ACC*)(xs + IH_T * IW_T * PIX);
     // the channel blocks of a tile are neighbours in the grid: they read the same input lines
     const int tile = blockIdx.x / CBLOCKS, c0 = blockIdx.x % CBLOCKS * CB;
     const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
@@ -92,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
             for (int h = 0; h < V / QW; ++h) {
                 quad q;
 #pragma unroll
-                for (int j = 0; j < QW; ++j) q.v[j] = LOAD(raw[u].v[h * QW + j]);
+                for (int j = 0; j < QW; ++j) q.v[j] = STORE_S(raw[u].v[h * QW + j]);
                 *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
             }
         }
@@ -115,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
     for (int ky = 0; ky < KH; ++ky) {
         // the row's NWIN pixels under the thread's PX outputs, read from shared memory once and
         // reused by every tap over them
-        const ACC* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
+        const S* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
         ACC win[NWIN][V];
 #pragma unroll
         for (int x = 0; x < NWIN; ++x)
@@ -123,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS
             for (int h = 0; h < V / QW; ++h) {
                 const quad q = *(const quad*)&xrow[x * PIX + h * CBV * QW];
 #pragma unroll
-                for (int j = 0; j < QW; ++j) win[x][h * QW + j] = q.v[j];
+                for (int j = 0; j < QW; ++j) win[x][h * QW + j] = LOAD_S(q.v[j]);
             }
 #pragma unroll
         for (int kx = 0; kx < KW; ++kx) {
@@ -181,24 +183,36 @@ def applies(task) -> bool:
     return vector_stores(out, _epilogue_index(out), vector_width(conv), _extents(conv)) and _fit(conv, **DEFAULT) is not None
 
 
+def stored_bytes(conv: ConvNHWC) -> int:
+    """Bytes of an input value in shared memory: its own 16-bit type where a pack is 16 bytes
+    (half the shared memory, so more blocks an SM), else float32."""
+    return 2 if conv.dtype.nbytes == 2 and vector_width(conv) * 2 == PACK_BYTES else 4
+
+
+def quad_width(conv: ConvNHWC) -> int:
+    """Stored values per shared-memory access (QW): 16 bytes' worth, at most a pack."""
+    return min(vector_width(conv), PACK_BYTES // stored_bytes(conv))
+
+
 def _tile(conv: ConvNHWC, CB, PX, TX, TH) -> dict:
     """The tile's derived sizes: channel packs per block, columns, input window, threads, the
-    window's floats per pixel, shared memory bytes."""
+    window's stored values per pixel, shared memory bytes."""
     v, group = vector_width(conv), conv.channels // conv.groups
     ih = (TH - 1) * conv.stride[0] + (conv.kh - 1) * conv.dilation[0] + 1
     iw = (TX * PX - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1
     tile = {"CBV": CB // v, "TW": TX * PX, "IH_T": ih, "IW_T": iw, "NT": CB // v * TX * TH}
-    tile["PIX"] = _pixel_floats(conv, v, CB, PX, TX, tile)
-    return {**tile, "smem": (ih * iw * tile["PIX"] + conv.kh * conv.kw * CB * group) * 4}
+    tile["PIX"] = _pixel_values(conv, CB, PX, TX, tile)
+    return {**tile, "smem": ih * iw * tile["PIX"] * stored_bytes(conv) + conv.kh * conv.kw * CB * group * 4}
 
 
-def _pixel_floats(conv: ConvNHWC, v: int, CB: int, PX: int, TX: int, tile: dict) -> int:
-    """Floats a pixel of the input window takes in shared memory: its CB channels and the
-    padding (up to a bank row) that leaves the fewest bank conflicts where the block's threads
-    read it (a warp's accesses of QW floats go in 32 / QW lanes at a time; lanes of one channel
-    pack read the same pixel, those of the next strip or row pixels PX * SW or a row apart)."""
-    qw = min(v, 4)
-    slots = 32 // qw
+def _pixel_values(conv: ConvNHWC, CB: int, PX: int, TX: int, tile: dict) -> int:
+    """Stored values a pixel of the input window takes in shared memory: its CB channels and
+    the padding (up to a bank row) that leaves the fewest bank conflicts where the block's
+    threads read it (a warp's accesses of QW values go in 128 bytes / (QW values) lanes at a
+    time; lanes of one channel pack read the same pixel, those of the next strip or row pixels
+    PX * SW or a row apart)."""
+    qw = quad_width(conv)
+    slots = 128 // (qw * stored_bytes(conv))
 
     def cost(pix: int) -> int:
         total = 0
@@ -307,8 +321,12 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
     epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv), sizes)
     tiles_y, tiles_x = -(-conv.out_h // k["TH"]), -(-conv.out_w // k["TW"])
     group = conv.channels // conv.groups
+    raw = stored_bytes(conv) == conv.dtype.nbytes      # the window keeps the input's own type
     defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": group,
-               "QW": min(v, 4), "WQW": min(v * group, 4), "WQ": max(1, v * group // 4), "PIX": k["PIX"],
+               "S": d.storage_type(conv.dtype) if raw else "float",
+               "STORE_S(v)": "(v)" if raw else d.load(conv.dtype, "(v)"),
+               "LOAD_S(v)": d.load(conv.dtype, "(v)") if raw else "(v)",
+               "QW": quad_width(conv), "WQW": min(v * group, 4), "WQ": max(1, v * group // 4), "PIX": k["PIX"],
                "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
                "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
                "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
