@@ -35,7 +35,8 @@ from kiln.runtime.cuda import CudaProgram, Launch
 from kiln_ops_builtin.templates import split_k
 
 NT = 256
-KNOBS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS", "ASYNC")
+KNOBS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS", "ASYNC", "STAGES", "FRAG")
+MAX_SMEM = 48 * 1024
 
 COPIES = r"""
 template <int W> struct kiln_vec { typedef float4 type; };
@@ -154,8 +155,8 @@ struct kiln_hooked_copy : kiln_tile_copy<BX, KC, 1> {
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(PARAMS) {
-    __shared__ __align__(16) float As[2][BK][BM + 4];
-    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+    __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
     const int tid = threadIdx.x;
     const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
     const int group = blockIdx.x / (GROUP_M * tiles_n), first = group * GROUP_M;
@@ -173,25 +174,27 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, K, k_first);
     kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, K, k_first);
 #endif
-    // k-tile kt (of this split) into buffer buf: A_ASYNC/B_ASYNC copies land there by cp.async,
-    // the others wait in registers for KILN_STASH
+    // k-tile kt (of this split) into stage s: A_ASYNC/B_ASYNC copies land there by cp.async (one
+    // group a k-tile), the others wait in registers for KILN_STASH
 #if A_ASYNC
-#define KILN_FETCH_A(kt, buf) ca.async(As[buf], (int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_A(buf) ((void)0)
+#define KILN_FETCH_A(kt, s) ca.async(As[s], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(s) ((void)0)
 #else
-#define KILN_FETCH_A(kt, buf) ca.fetch((int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_A(buf) ca.stash(As[buf])
+#define KILN_FETCH_A(kt, s) ca.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(s) ca.stash(As[s])
 #endif
 #if B_ASYNC
-#define KILN_FETCH_B(kt, buf) cb.async(Bs[buf], (int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_B(buf) ((void)0)
+#define KILN_FETCH_B(kt, s) cb.async(Bs[s], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(s) ((void)0)
 #else
-#define KILN_FETCH_B(kt, buf) cb.fetch((int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_B(buf) cb.stash(Bs[buf])
+#define KILN_FETCH_B(kt, s) cb.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(s) cb.stash(Bs[s])
 #endif
 #if A_ASYNC || B_ASYNC
-#define KILN_LANDED() (kiln_cp_async_commit(), kiln_cp_async_wait<0>())
+#define KILN_COMMIT() kiln_cp_async_commit()
+#define KILN_LANDED() kiln_cp_async_wait<STAGES - 2>()
 #else
+#define KILN_COMMIT() ((void)0)
 #define KILN_LANDED() ((void)0)
 #endif
     // lanes form an LM x LN grid over the warp's WM x WN tile; a thread's pieces lie 4 * LM
@@ -203,38 +206,61 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    if (KT > 0) {
-        KILN_FETCH_A(0, 0);
-        KILN_FETCH_B(0, 0);
-        KILN_STASH_A(0);
-        KILN_STASH_B(0);
-        KILN_LANDED();
-    }
-    __syncthreads();
-    for (int kt = 0; kt < KT; ++kt) {
-        const int cur = kt & 1;
-        if (kt + 1 < KT) {
-            KILN_FETCH_A(kt + 1, cur ^ 1);
-            KILN_FETCH_B(kt + 1, cur ^ 1);
+    // k-tiles 0 to STAGES - 2 into their stages; k-tile kt is in stage kt % STAGES
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) {
+            KILN_FETCH_A(s, s);
+            KILN_FETCH_B(s, s);
+            KILN_STASH_A(s);
+            KILN_STASH_B(s);
         }
+        KILN_COMMIT();
+    }
+    KILN_LANDED();
+    __syncthreads();
+    // a thread's fragments of k-step k of stage s into register set f (two sets where FRAG: the
+    // next k-step's are read while the current one's FMAs run, across k-tiles too)
+    float a[FRAG + 1][TM], b[FRAG + 1][TN];
+#define KILN_FRAGMENT(f, s, k) do { \
+        _Pragma("unroll") for (int p = 0; p < TM / 4; ++p) \
+            *(float4*)&a[f][p * 4] = *(const float4*)&As[s][k][wm + p * 4 * LM]; \
+        _Pragma("unroll") for (int p = 0; p < TN / 4; ++p) \
+            *(float4*)&b[f][p * 4] = *(const float4*)&Bs[s][k][wn + p * 4 * LN]; \
+    } while (0)
+    // the end of k-tile kt's reads of shared memory: k-tile kt + STAGES - 1 stashed into the
+    // stage kt - 1 left (every thread passed its reads at the last barrier), kt + 1 landed
+#define KILN_TILE_END() do { \
+        if (ahead) { KILN_STASH_A(last); KILN_STASH_B(last); } \
+        KILN_LANDED(); \
+        __syncthreads(); \
+    } while (0)
+    if constexpr (FRAG) KILN_FRAGMENT(0, 0, 0);
+    for (int kt = 0; kt < KT; ++kt) {
+        const int cur = kt % STAGES, last = (kt + STAGES - 1) % STAGES;
+        const bool ahead = kt + STAGES - 1 < KT;
+        if (ahead) {
+            KILN_FETCH_A(kt + STAGES - 1, last);
+            KILN_FETCH_B(kt + STAGES - 1, last);
+        }
+        KILN_COMMIT();
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            float a[TM], b[TN];
-#pragma unroll
-            for (int p = 0; p < TM / 4; ++p) *(float4*)&a[p * 4] = *(const float4*)&As[cur][k][wm + p * 4 * LM];
-#pragma unroll
-            for (int p = 0; p < TN / 4; ++p) *(float4*)&b[p * 4] = *(const float4*)&Bs[cur][k][wn + p * 4 * LN];
+            if constexpr (!FRAG) {
+                KILN_FRAGMENT(0, cur, k);
+            } else if (k + 1 < BK) {
+                KILN_FRAGMENT((k + 1) % 2, cur, k + 1);
+            } else {
+                KILN_TILE_END();
+                KILN_FRAGMENT(0, (kt + 1) % STAGES, 0);
+            }
+            const int f = FRAG ? k % 2 : 0;
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[f][i], b[f][j], acc[i][j]);
         }
-        if (kt + 1 < KT) {
-            KILN_STASH_A(cur ^ 1);
-            KILN_STASH_B(cur ^ 1);
-            KILN_LANDED();
-        }
-        __syncthreads();
+        if constexpr (!FRAG) KILN_TILE_END();
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -251,9 +277,15 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
 GROUP_M = 8
 
 
-def knobs(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, async_: int = 1, **more) -> dict:
+def knobs(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, async_: int = 1, stages: int = 2,
+          frag: int = 0, **more) -> dict:
     """A knob setting of the template (named in `KNOBS` order), with `more` (SPLIT)."""
-    return dict(zip(KNOBS, (bm, bn, bk, wm, wn, min_blocks, async_)), **more)
+    return dict(zip(KNOBS, (bm, bn, bk, wm, wn, min_blocks, async_, stages, frag)), **more)
+
+
+def smem_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """The shared memory of a block: STAGES k-tiles of both operands, rows padded by 4 floats."""
+    return stages * bk * (bm + 4 + bn + 4) * 4
 
 
 def lanes(wm: int, wn: int) -> tuple[int, int]:
@@ -352,12 +384,18 @@ def applies(task) -> bool:
     return g is not None and g.acc_dtype == dtypes.float32
 
 
-def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -> CudaProgram:
+def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, STAGES=2, FRAG=0, SPLIT=1) -> CudaProgram:
     """The program for `task` with these knobs (warp tiles, when not given, a 4 x 2 grid)."""
     WM, WN = WM or BM // 4, WN or BN // 2
     tile = thread_tile(BM, BN, WM, WN)
     if tile is None or BK % 8 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}, warp tile {WM}x{WN}")
+    if STAGES < 2 or FRAG not in (0, 1):
+        raise ValueError(f"invalid matmul_simt knobs STAGES={STAGES} (2 or more), FRAG={FRAG} (0 or 1)")
+    if smem_bytes(BM, BN, BK, STAGES) > MAX_SMEM:
+        raise ValueError(f"matmul_simt knobs BM={BM}, BN={BN}, BK={BK}, STAGES={STAGES} need "
+                         f"{smem_bytes(BM, BN, BK, STAGES)} bytes of shared memory, over the {MAX_SMEM} of a "
+                         f"kernel's static shared memory")
     g = _gemm(task)
     if isinstance(g, Contraction):
         batch, hooks, defines = g.batch_count, g.epilogue, _plain_defines(g, ASYNC)
@@ -367,7 +405,7 @@ def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -
     sk = split_k.plan(SPLIT, g.M, g.N, g.K, BK, batch, g.params, names, temporaries, text=g.text)
     lm, ln = lanes(WM, WN)
     defines.update({"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LM": lm, "LN": ln, "TM": tile[0],
-                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "GROUP_M": GROUP_M, "M": g.text(g.M),
+                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "STAGES": STAGES, "FRAG": FRAG, "GROUP_M": GROUP_M, "M": g.text(g.M),
                     "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
     tiles = int(-(-g.M // BM) * -(-g.N // BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, int(batch)))
