@@ -6,8 +6,16 @@ it, and each thread of a warp a TM x TN sub-tile made of 4-row x 4-column pieces
 the warp's tile (the lanes form a 4 x 8 grid, or 8 x 4 where WM > WN), so that the 16-byte
 shared-memory reads of a k-step are broadcasts of at most 128 distinct bytes: free of bank
 conflicts. K advances BK at a time (over a share of K with split-K,
-`kiln_ops_builtin.templates.split_k`) through two shared-memory buffers: the next tile is
-copied while the current one is multiplied, one `__syncthreads` a k-tile. Both operands are
+`kiln_ops_builtin.templates.split_k`) through a ring of STAGES shared-memory stages, one
+`__syncthreads` a k-tile: while k-tile t is multiplied, the copies of t + STAGES - 1 are in
+flight (cp.async groups, waited `STAGES - 2` deep; a register-staged operand holds one k-tile
+in registers across the FMAs and stores it into its stage after them). With FRAG, each thread
+reads the next k-step's fragments (its float4s of A and B) into a second register set while
+the current k-step's FMAs run, the first k-step of the next k-tile included (read right after
+the barrier, before the last k-step's FMAs). STAGES = 2 and FRAG = 0 is the kernel measured
+below; with FRAG the 128 x 128 tile keeps two blocks an SM (128 registers, no spills, 2 to 4
+stages, ptxas for sm_90), without it three stages spill 16 bytes. Shared memory is static,
+at most 48 KB (`render` refuses more), so 128 x 128 x 16 tiles take two stages. Both operands are
 stored k-major in shared memory, rows padded by 4 floats; an operand that is k-contiguous in
 memory (A, or B of `linear`) is read into registers (float4s along k where sizes allow) and
 transposed on the way in, the padding keeping those stores free of bank conflicts; an operand
@@ -321,16 +329,22 @@ SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 def space(level: int) -> list[dict]:
     """Level 0: 128 x 128 x 8 tiles of 32 x 64 warp tiles, two blocks an SM, cp.async where an
     operand allows; level 1 adds the other warp shape, a deeper k-step, one block an SM (what
-    `suggest` gives the load hooks), register-staged copies only, smaller tiles and split-K;
-    level 2 more combinations of them."""
+    `suggest` gives the load hooks), register-staged copies only, smaller tiles, split-K, and
+    the level-0 tile with fragment double buffering (FRAG) over 2 to 4 stages (STAGES), which
+    keep it at 128 registers without spills; level 2 more combinations of them."""
     settings = [(128, 128, 8, 32, 64, 2, 1)]
     if level >= 1:
         settings += [(128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
-                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1)]
+                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 2, 1), (128, 128, 8, 32, 64, 2, 1, 3, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 4, 1), (128, 128, 8, 32, 64, 1, 1, 3, 1)]
     if level >= 2:
         settings += [(128, 128, 16, 64, 32, 1, 1), (128, 128, 16, 32, 64, 2, 1), (128, 128, 8, 64, 32, 2, 1),
                      (128, 128, 16, 32, 64, 1, 0), (128, 64, 16, 32, 32, 2, 1), (64, 128, 16, 32, 32, 2, 1),
-                     (64, 64, 8, 16, 32, 2, 1), (64, 64, 16, 32, 16, 2, 1), (128, 64, 8, 64, 16, 2, 1)]
+                     (64, 64, 8, 16, 32, 2, 1), (64, 64, 16, 32, 16, 2, 1), (128, 64, 8, 64, 16, 2, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 3), (128, 128, 8, 64, 32, 2, 1, 3, 1),
+                     (128, 128, 16, 32, 64, 1, 1, 2, 1), (128, 64, 8, 32, 32, 2, 1, 3, 1),
+                     (64, 128, 8, 32, 32, 2, 1, 3, 1), (64, 64, 16, 16, 32, 2, 1, 3, 1)]
     return [knobs(*s) for s in settings] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
 
 
@@ -405,8 +419,8 @@ def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, STAGES=2, 
     sk = split_k.plan(SPLIT, g.M, g.N, g.K, BK, batch, g.params, names, temporaries, text=g.text)
     lm, ln = lanes(WM, WN)
     defines.update({"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LM": lm, "LN": ln, "TM": tile[0],
-                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "STAGES": STAGES, "FRAG": FRAG, "GROUP_M": GROUP_M, "M": g.text(g.M),
-                    "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
+                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "STAGES": STAGES, "FRAG": FRAG, "GROUP_M": GROUP_M,
+                    "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
     tiles = int(-(-g.M // BM) * -(-g.N // BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, int(batch)))
     wrappers = (ptx.CP_ASYNC,) if defines["A_ASYNC"] or defines["B_ASYNC"] else ()
