@@ -52,12 +52,14 @@ def test_fused_views_match_torch(name, knobs):
 @pytest.mark.parametrize("shape", [(128, 200, 96), (33, 1000, 68)])
 def test_split_k_matches_torch(shape, split):
     """Split-K over k-tiles that do not divide evenly (200 / 8 = 25 tiles, 1000 / 16), with a
-    bias in the epilogue."""
+    bias in the epilogue; four stages where a split has fewer k-tiles than the stages filled
+    ahead (25 tiles over 7 splits: 4, and 1 in the last)."""
     m, k, n = shape
     args = [rand((m, k)).cuda(), rand((n, k)).cuda(), rand((n,)).cuda()]
     task = call_task("linear_bias", args)
     want = torch.nn.functional.linear(*[a.double() for a in args]).float()
-    for knobs in (matmul_simt.knobs(128, 128, 8, 32, 64, 1), matmul_simt.knobs(64, 64, 16, 16, 32, 2)):
+    for knobs in (matmul_simt.knobs(128, 128, 8, 32, 64, 1), matmul_simt.knobs(64, 64, 16, 16, 32, 2),
+                  matmul_simt.knobs(128, 128, 8, 32, 64, 2, 1, 4, 1)):
         assert_close(_run(task, dict(knobs, SPLIT=split), args), want, **TOL)
 
 

@@ -27,9 +27,15 @@ def test_every_setting_is_a_valid_layout():
     for knobs in matmul_simt.space(2):
         tile = matmul_simt.thread_tile(knobs["BM"], knobs["BN"], knobs["WM"], knobs["WN"])
         assert tile is not None and tile[0] * tile[1] * 256 == knobs["BM"] * knobs["BN"]
+        assert matmul_simt.smem_bytes(knobs["BM"], knobs["BN"], knobs["BK"], knobs["STAGES"]) <= matmul_simt.MAX_SMEM
     assert matmul_simt.thread_tile(128, 128, 64, 64) is None        # 4 warps
+    task = call_task("square_tiles", call_inputs("square_tiles"))
     with pytest.raises(ValueError, match="warp tile 64x64"):
-        matmul_simt.render(call_task("square_tiles", call_inputs("square_tiles")), 128, 128, 8, 64, 64)
+        matmul_simt.render(task, 128, 128, 8, 64, 64)
+    with pytest.raises(ValueError, match="BM=128, BN=128, BK=16, STAGES=3 need 50688 bytes"):
+        matmul_simt.render(task, **matmul_simt.knobs(128, 128, 16, 32, 64, 1, 1, 3))
+    with pytest.raises(ValueError, match="STAGES=1"):
+        matmul_simt.render(task, **matmul_simt.knobs(128, 128, 8, 32, 64, 1, 1, 1))
 
 
 @pytest.mark.parametrize("name,a,b", [

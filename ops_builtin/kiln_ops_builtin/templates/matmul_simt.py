@@ -6,8 +6,16 @@ it, and each thread of a warp a TM x TN sub-tile made of 4-row x 4-column pieces
 the warp's tile (the lanes form a 4 x 8 grid, or 8 x 4 where WM > WN), so that the 16-byte
 shared-memory reads of a k-step are broadcasts of at most 128 distinct bytes: free of bank
 conflicts. K advances BK at a time (over a share of K with split-K,
-`kiln_ops_builtin.templates.split_k`) through two shared-memory buffers: the next tile is
-copied while the current one is multiplied, one `__syncthreads` a k-tile. Both operands are
+`kiln_ops_builtin.templates.split_k`) through a ring of STAGES shared-memory stages, one
+`__syncthreads` a k-tile: while k-tile t is multiplied, the copies of t + STAGES - 1 are in
+flight (cp.async groups, waited `STAGES - 2` deep; a register-staged operand holds one k-tile
+in registers across the FMAs and stores it into its stage after them). With FRAG, each thread
+reads the next k-step's fragments (its float4s of A and B) into a second register set while
+the current k-step's FMAs run, the first k-step of the next k-tile included (read right after
+the barrier, before the last k-step's FMAs). STAGES = 2 and FRAG = 0 is the kernel measured
+below; with FRAG the 128 x 128 tile keeps two blocks an SM (128 registers, no spills, 2 to 4
+stages, ptxas for sm_90), without it three stages spill 16 bytes. Shared memory is static,
+at most 48 KB (`render` refuses more), so 128 x 128 x 16 tiles take two stages. Both operands are
 stored k-major in shared memory, rows padded by 4 floats; an operand that is k-contiguous in
 memory (A, or B of `linear`) is read into registers (float4s along k where sizes allow) and
 transposed on the way in, the padding keeping those stores free of bank conflicts; an operand
@@ -35,7 +43,8 @@ from kiln.runtime.cuda import CudaProgram, Launch
 from kiln_ops_builtin.templates import split_k
 
 NT = 256
-KNOBS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS", "ASYNC")
+KNOBS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS", "ASYNC", "STAGES", "FRAG")
+MAX_SMEM = 48 * 1024
 
 COPIES = r"""
 template <int W> struct kiln_vec { typedef float4 type; };
@@ -154,8 +163,8 @@ struct kiln_hooked_copy : kiln_tile_copy<BX, KC, 1> {
 
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(PARAMS) {
-    __shared__ __align__(16) float As[2][BK][BM + 4];
-    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    __shared__ __align__(16) float As[STAGES][BK][BM + 4];
+    __shared__ __align__(16) float Bs[STAGES][BK][BN + 4];
     const int tid = threadIdx.x;
     const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
     const int group = blockIdx.x / (GROUP_M * tiles_n), first = group * GROUP_M;
@@ -173,25 +182,27 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     kiln_plain_copy<BM, A_K_CONTIGUOUS, A_W> ca(A_PARAM + (A_BATCH), m0, M, A_XS, A_KS, K, k_first);
     kiln_plain_copy<BN, B_K_CONTIGUOUS, B_W> cb(B_PARAM + (B_BATCH), n0, N, B_XS, B_KS, K, k_first);
 #endif
-    // k-tile kt (of this split) into buffer buf: A_ASYNC/B_ASYNC copies land there by cp.async,
-    // the others wait in registers for KILN_STASH
+    // k-tile kt (of this split) into stage s: A_ASYNC/B_ASYNC copies land there by cp.async (one
+    // group a k-tile), the others wait in registers for KILN_STASH
 #if A_ASYNC
-#define KILN_FETCH_A(kt, buf) ca.async(As[buf], (int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_A(buf) ((void)0)
+#define KILN_FETCH_A(kt, s) ca.async(As[s], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(s) ((void)0)
 #else
-#define KILN_FETCH_A(kt, buf) ca.fetch((int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_A(buf) ca.stash(As[buf])
+#define KILN_FETCH_A(kt, s) ca.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_A(s) ca.stash(As[s])
 #endif
 #if B_ASYNC
-#define KILN_FETCH_B(kt, buf) cb.async(Bs[buf], (int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_B(buf) ((void)0)
+#define KILN_FETCH_B(kt, s) cb.async(Bs[s], (int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(s) ((void)0)
 #else
-#define KILN_FETCH_B(kt, buf) cb.fetch((int64_t)(KT0 + (kt)) * BK)
-#define KILN_STASH_B(buf) cb.stash(Bs[buf])
+#define KILN_FETCH_B(kt, s) cb.fetch((int64_t)(KT0 + (kt)) * BK)
+#define KILN_STASH_B(s) cb.stash(Bs[s])
 #endif
 #if A_ASYNC || B_ASYNC
-#define KILN_LANDED() (kiln_cp_async_commit(), kiln_cp_async_wait<0>())
+#define KILN_COMMIT() kiln_cp_async_commit()
+#define KILN_LANDED() kiln_cp_async_wait<STAGES - 2>()
 #else
+#define KILN_COMMIT() ((void)0)
 #define KILN_LANDED() ((void)0)
 #endif
     // lanes form an LM x LN grid over the warp's WM x WN tile; a thread's pieces lie 4 * LM
@@ -203,38 +214,61 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    if (KT > 0) {
-        KILN_FETCH_A(0, 0);
-        KILN_FETCH_B(0, 0);
-        KILN_STASH_A(0);
-        KILN_STASH_B(0);
-        KILN_LANDED();
-    }
-    __syncthreads();
-    for (int kt = 0; kt < KT; ++kt) {
-        const int cur = kt & 1;
-        if (kt + 1 < KT) {
-            KILN_FETCH_A(kt + 1, cur ^ 1);
-            KILN_FETCH_B(kt + 1, cur ^ 1);
+    // k-tiles 0 to STAGES - 2 into their stages; k-tile kt is in stage kt % STAGES
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) {
+            KILN_FETCH_A(s, s);
+            KILN_FETCH_B(s, s);
+            KILN_STASH_A(s);
+            KILN_STASH_B(s);
         }
+        KILN_COMMIT();
+    }
+    KILN_LANDED();
+    __syncthreads();
+    // a thread's fragments of k-step k of stage s into register set f (two sets where FRAG: the
+    // next k-step's are read while the current one's FMAs run, across k-tiles too)
+    float a[FRAG + 1][TM], b[FRAG + 1][TN];
+#define KILN_FRAGMENT(f, s, k) do { \
+        _Pragma("unroll") for (int p = 0; p < TM / 4; ++p) \
+            *(float4*)&a[f][p * 4] = *(const float4*)&As[s][k][wm + p * 4 * LM]; \
+        _Pragma("unroll") for (int p = 0; p < TN / 4; ++p) \
+            *(float4*)&b[f][p * 4] = *(const float4*)&Bs[s][k][wn + p * 4 * LN]; \
+    } while (0)
+    // the end of k-tile kt's reads of shared memory: k-tile kt + STAGES - 1 stashed into the
+    // stage kt - 1 left (every thread passed its reads at the last barrier), kt + 1 landed
+#define KILN_TILE_END() do { \
+        if (ahead) { KILN_STASH_A(last); KILN_STASH_B(last); } \
+        KILN_LANDED(); \
+        __syncthreads(); \
+    } while (0)
+    if constexpr (FRAG) KILN_FRAGMENT(0, 0, 0);
+    for (int kt = 0; kt < KT; ++kt) {
+        const int cur = kt % STAGES, last = (kt + STAGES - 1) % STAGES;
+        const bool ahead = kt + STAGES - 1 < KT;
+        if (ahead) {
+            KILN_FETCH_A(kt + STAGES - 1, last);
+            KILN_FETCH_B(kt + STAGES - 1, last);
+        }
+        KILN_COMMIT();
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            float a[TM], b[TN];
-#pragma unroll
-            for (int p = 0; p < TM / 4; ++p) *(float4*)&a[p * 4] = *(const float4*)&As[cur][k][wm + p * 4 * LM];
-#pragma unroll
-            for (int p = 0; p < TN / 4; ++p) *(float4*)&b[p * 4] = *(const float4*)&Bs[cur][k][wn + p * 4 * LN];
+            if constexpr (!FRAG) {
+                KILN_FRAGMENT(0, cur, k);
+            } else if (k + 1 < BK) {
+                KILN_FRAGMENT((k + 1) % 2, cur, k + 1);
+            } else {
+                KILN_TILE_END();
+                KILN_FRAGMENT(0, (kt + 1) % STAGES, 0);
+            }
+            const int f = FRAG ? k % 2 : 0;
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[f][i], b[f][j], acc[i][j]);
         }
-        if (kt + 1 < KT) {
-            KILN_STASH_A(cur ^ 1);
-            KILN_STASH_B(cur ^ 1);
-            KILN_LANDED();
-        }
-        __syncthreads();
+        if constexpr (!FRAG) KILN_TILE_END();
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -251,9 +285,15 @@ extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) kiln_matmul_simt(P
 GROUP_M = 8
 
 
-def knobs(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, async_: int = 1, **more) -> dict:
+def knobs(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, async_: int = 1, stages: int = 2,
+          frag: int = 0, **more) -> dict:
     """A knob setting of the template (named in `KNOBS` order), with `more` (SPLIT)."""
-    return dict(zip(KNOBS, (bm, bn, bk, wm, wn, min_blocks, async_)), **more)
+    return dict(zip(KNOBS, (bm, bn, bk, wm, wn, min_blocks, async_, stages, frag)), **more)
+
+
+def smem_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """The shared memory of a block: STAGES k-tiles of both operands, rows padded by 4 floats."""
+    return stages * bk * (bm + 4 + bn + 4) * 4
 
 
 def lanes(wm: int, wn: int) -> tuple[int, int]:
@@ -289,16 +329,22 @@ SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 def space(level: int) -> list[dict]:
     """Level 0: 128 x 128 x 8 tiles of 32 x 64 warp tiles, two blocks an SM, cp.async where an
     operand allows; level 1 adds the other warp shape, a deeper k-step, one block an SM (what
-    `suggest` gives the load hooks), register-staged copies only, smaller tiles and split-K;
-    level 2 more combinations of them."""
+    `suggest` gives the load hooks), register-staged copies only, smaller tiles, split-K, and
+    the level-0 tile with fragment double buffering (FRAG) over 2 to 4 stages (STAGES), which
+    keep it at 128 registers without spills; level 2 more combinations of them."""
     settings = [(128, 128, 8, 32, 64, 2, 1)]
     if level >= 1:
         settings += [(128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
-                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1)]
+                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 2, 1), (128, 128, 8, 32, 64, 2, 1, 3, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 4, 1), (128, 128, 8, 32, 64, 1, 1, 3, 1)]
     if level >= 2:
         settings += [(128, 128, 16, 64, 32, 1, 1), (128, 128, 16, 32, 64, 2, 1), (128, 128, 8, 64, 32, 2, 1),
                      (128, 128, 16, 32, 64, 1, 0), (128, 64, 16, 32, 32, 2, 1), (64, 128, 16, 32, 32, 2, 1),
-                     (64, 64, 8, 16, 32, 2, 1), (64, 64, 16, 32, 16, 2, 1), (128, 64, 8, 64, 16, 2, 1)]
+                     (64, 64, 8, 16, 32, 2, 1), (64, 64, 16, 32, 16, 2, 1), (128, 64, 8, 64, 16, 2, 1),
+                     (128, 128, 8, 32, 64, 2, 1, 3), (128, 128, 8, 64, 32, 2, 1, 3, 1),
+                     (128, 128, 16, 32, 64, 1, 1, 2, 1), (128, 64, 8, 32, 32, 2, 1, 3, 1),
+                     (64, 128, 8, 32, 32, 2, 1, 3, 1), (64, 64, 16, 16, 32, 2, 1, 3, 1)]
     return [knobs(*s) for s in settings] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
 
 
@@ -352,12 +398,18 @@ def applies(task) -> bool:
     return g is not None and g.acc_dtype == dtypes.float32
 
 
-def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -> CudaProgram:
+def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, STAGES=2, FRAG=0, SPLIT=1) -> CudaProgram:
     """The program for `task` with these knobs (warp tiles, when not given, a 4 x 2 grid)."""
     WM, WN = WM or BM // 4, WN or BN // 2
     tile = thread_tile(BM, BN, WM, WN)
     if tile is None or BK % 8 or (BM * BK) % NT or (BN * BK) % NT:
         raise ValueError(f"invalid matmul_simt knobs {BM}x{BN}x{BK}, warp tile {WM}x{WN}")
+    if STAGES < 2 or FRAG not in (0, 1):
+        raise ValueError(f"invalid matmul_simt knobs STAGES={STAGES} (2 or more), FRAG={FRAG} (0 or 1)")
+    if smem_bytes(BM, BN, BK, STAGES) > MAX_SMEM:
+        raise ValueError(f"matmul_simt knobs BM={BM}, BN={BN}, BK={BK}, STAGES={STAGES} need "
+                         f"{smem_bytes(BM, BN, BK, STAGES)} bytes of shared memory, over the {MAX_SMEM} of a "
+                         f"kernel's static shared memory")
     g = _gemm(task)
     if isinstance(g, Contraction):
         batch, hooks, defines = g.batch_count, g.epilogue, _plain_defines(g, ASYNC)
@@ -367,8 +419,8 @@ def render(task, BM, BN, BK, WM=None, WN=None, MIN_BLOCKS=1, ASYNC=1, SPLIT=1) -
     sk = split_k.plan(SPLIT, g.M, g.N, g.K, BK, batch, g.params, names, temporaries, text=g.text)
     lm, ln = lanes(WM, WN)
     defines.update({"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LM": lm, "LN": ln, "TM": tile[0],
-                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "GROUP_M": GROUP_M, "M": g.text(g.M),
-                    "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
+                    "TN": tile[1], "MIN_BLOCKS": MIN_BLOCKS, "STAGES": STAGES, "FRAG": FRAG, "GROUP_M": GROUP_M,
+                    "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines})
     tiles = int(-(-g.M // BM) * -(-g.N // BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, SPLIT, int(batch)))
     wrappers = (ptx.CP_ASYNC,) if defines["A_ASYNC"] or defines["B_ASYNC"] else ()
