@@ -105,11 +105,12 @@ def test_an_epilogue_that_permutes_or_a_prologue_declines():
 
 
 @pytest.mark.parametrize("xs,k,stride,first", [
-    ((1, 112, 112, 16), 3, 1, {"CB": 16, "PX": 1, "TX": 4, "TH": 16}),      # MobileNetV3, batch 1
-    ((1, 14, 14, 672), 5, 2, {"CB": 32, "PX": 1, "TX": 7, "TH": 1}),        # one row: the whole row's width
-    ((8, 112, 112, 96), 3, 2, {"CB": 48, "PX": 2, "TX": 4, "TH": 5}),       # EfficientNet-B0, batch 8
-    ((8, 56, 56, 96), 7, 1, {"CB": 32, "PX": 4, "TX": 4, "TH": 8}),         # ConvNeXt-tiny, batch 8
-    ((8, 7, 7, 768), 7, 1, {"CB": 32, "PX": 1, "TX": 4, "TH": 7})])
+    ((1, 112, 112, 16), 3, 1, {"CB": 16, "PX": 2, "TX": 4, "TH": 8}),       # MobileNetV3, batch 1: DEFAULT, 16 channels
+    ((1, 14, 14, 672), 5, 2, {"CB": 16, "PX": 1, "TX": 4, "TH": 4}),        # a small grid: SMALL
+    ((8, 112, 112, 96), 3, 2, {"CB": 96, "PX": 4, "TX": 2, "TH": 8}),       # EfficientNet-B0, batch 8: STRIDED
+    ((1, 112, 112, 96), 3, 2, {"CB": 32, "PX": 2, "TX": 4, "TH": 8}),       # ... batch 1: too few warps for it
+    ((8, 56, 56, 96), 7, 1, {"CB": 32, "PX": 2, "TX": 4, "TH": 8}),         # ConvNeXt-tiny, batch 8
+    ((8, 7, 7, 768), 7, 1, {"CB": 32, "PX": 2, "TX": 4, "TH": 7})])         # clamped to the image's rows
 def test_level0_choice(xs, k, stride, first):
     c = xs[-1]
     task = _task(xs, (c, k, k, 1), stride=stride, padding=k // 2, groups=c)

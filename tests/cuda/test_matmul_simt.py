@@ -57,10 +57,12 @@ def test_split_k_matches_torch(shape, split):
     m, k, n = shape
     args = [rand((m, k)).cuda(), rand((n, k)).cuda(), rand((n,)).cuda()]
     task = call_task("linear_bias", args)
-    want = torch.nn.functional.linear(*[a.double() for a in args]).float()
+    want = torch.nn.functional.linear(*[a.double() for a in args])
+    eager_error = (torch.nn.functional.linear(*args).double() - want).abs().max().item()
     for knobs in (matmul_simt.knobs(128, 128, 8, 32, 64, 1), matmul_simt.knobs(64, 64, 16, 16, 32, 2),
                   matmul_simt.knobs(128, 128, 8, 32, 64, 2, 1, 4, 1)):
-        assert_close(_run(task, dict(knobs, SPLIT=split), args), want, **TOL)
+        error = (_run(task, dict(knobs, SPLIT=split), args).double() - want).abs().max().item()
+        assert error <= 4 * eager_error + 1e-5, (knobs, error, eager_error)   # sums of 1000 products
 
 
 def test_misaligned_operands_and_output():

@@ -64,13 +64,19 @@ def test_views_choose_their_copies():
 
 def test_level0_choice():
     big = call_task("square_tiles", [rand((4096, 4096)), rand((4096, 4096))])
-    assert matmul_simt.suggest(big, 132)[0] == matmul_simt.space(0)[0]
+    assert matmul_simt.suggest(big, 132)[0] == matmul_simt.space(0)[0]                 # B by cp.async
+    linear = call_task("linear_bias", [rand((4096, 4096)), rand((4096, 4096)), rand((4096,))])
+    assert matmul_simt.suggest(linear, 132)[0] == dict(matmul_simt.space(0)[0], **matmul_simt.STAGED_PIPELINE)
     assert matmul_simt.space(0)[0]["MIN_BLOCKS"] == 2                                  # plain: two blocks an SM
     conv = call_task("conv_hooks", call_inputs("conv_hooks"))
     wide = [k for k in matmul_simt.suggest(conv, 132) if (k["BM"], k["BN"]) == (128, 128)]
     assert wide and all(k["MIN_BLOCKS"] == 1 for k in wide)                             # hooks would spill
     bert = call_task("linear_bias", [rand((128, 768)), rand((768, 768)), rand((768,))])
     assert matmul_simt.suggest(bert, 132)[0].get("SPLIT", 1) > 1            # 24 to 36 tiles for 132 SMs
+    mid = call_task("linear_bias", [rand((1024, 768)), rand((768, 768)), rand((768,))])
+    first = matmul_simt.suggest(mid, 132)[0]
+    assert (first["BM"], first["BN"], first["SPLIT"]) == (64, 128, 4)      # 128 x 128 tiles are never split
+    assert all(k.get("SPLIT", 1) == 1 for k in matmul_simt.suggest(mid, 132) if (k["BM"], k["BN"]) == (128, 128))
 
 
 @needs_nvrtc

@@ -54,7 +54,8 @@ def test_bert_shapes_fill_the_gpu(m, k, n, dtype):
     for template in schedules_for(task, "cuda"):
         best = template.suggest(task, SMS)[0]
         blocks = _blocks(template.render(task, **best))
-        assert SMS // 2 <= blocks <= 2 * SMS, (template.name, best, blocks)
+        resident = best.get("MIN_BLOCKS", 1)                  # matmul_simt runs two blocks an SM
+        assert SMS // 2 <= blocks <= 2 * SMS * resident, (template.name, best, blocks)
 
 
 def test_batched_attention_uses_small_tiles():

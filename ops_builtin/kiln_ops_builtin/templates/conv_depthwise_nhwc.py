@@ -55,8 +55,11 @@ PACK_BYTES = 16
 MAX_KERNEL = 7
 MAX_THREADS = 512
 SMEM_LIMIT = 96 * 1024        # bytes of shared memory a block may take (two blocks fit an SM)
-WANTED_WARPS = 8              # warps per multiprocessor the level-0 choice aims for
-DEFAULT = {"CB": 64, "PX": 4, "TX": 4, "TH": 4}
+DEFAULT = {"CB": 32, "PX": 2, "TX": 4, "TH": 8}
+SMALL = {"CB": 16, "PX": 1, "TX": 4, "TH": 4}      # small grids
+STRIDED = {"CB": 128, "PX": 4, "TX": 2, "TH": 8}   # large 3x3 stride-2 convolutions (CB: all channels)
+SMALL_GRID_WARPS = 4
+LARGE_GRID_WARPS = 24
 FILL = 4                      # input packs a thread loads at once while filling shared memory
 
 KERNEL = r"""
@@ -255,56 +258,43 @@ def _fit(conv: ConvNHWC, CB, PX, TX, TH) -> dict | None:
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 64 channels x 4 rows x 16 columns (4 pixels a thread; `suggest` fits a first
-    choice to the convolution instead); level 1 adds narrower and wider rows, fewer and more
-    pixels a thread, fewer channels; level 2 a grid of them."""
+    """Level 0: 32 channels x 8 rows x 8 columns (2 pixels a thread; `suggest` fits a first
+    choice to the convolution instead); level 1 adds `suggest`'s other guesses, narrower and
+    wider rows, fewer and more pixels a thread, more and fewer channels; level 2 a grid of them."""
     out = [dict(DEFAULT)]
     if level >= 1:
-        out += [{"CB": 64, "PX": 2, "TX": 8, "TH": 2}, {"CB": 32, "PX": 4, "TX": 2, "TH": 8},
-                {"CB": 64, "PX": 8, "TX": 2, "TH": 4}, {"CB": 32, "PX": 1, "TX": 8, "TH": 8},
-                {"CB": 32, "PX": 2, "TX": 8, "TH": 4}, {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
+        out += [dict(SMALL), dict(STRIDED), {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, {"CB": 64, "PX": 2, "TX": 8, "TH": 2},
+                {"CB": 32, "PX": 4, "TX": 2, "TH": 8}, {"CB": 64, "PX": 8, "TX": 2, "TH": 4},
+                {"CB": 32, "PX": 1, "TX": 8, "TH": 8}, {"CB": 32, "PX": 2, "TX": 8, "TH": 4},
+                {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
     if level >= 2:
         out += [{"CB": cb, "PX": px, "TX": tx, "TH": th} for cb in (16, 32, 64) for px in (1, 2, 4, 8)
                 for tx, th in ((2, 2), (4, 4), (8, 2), (2, 8)) if {"CB": cb, "PX": px, "TX": tx, "TH": th} not in out]
     return out
 
 
-def _blocks(conv: ConvNHWC, knobs: dict, batch: int) -> int:
-    return batch * -(-conv.out_h // knobs["TH"]) * -(-conv.out_w // knobs["TW"]) * -(-conv.channels // knobs["CB"])
-
-
-def _balanced(total: int, most: int) -> int:
-    """The tile size up to `most` that covers `total` in as few tiles as `most` does, evenly."""
-    return -(-total // -(-total // most))
-
-
 def suggest(task, sm_count: int) -> list[dict]:
-    """Knob settings for this convolution, best guess first, then level 1's. The guess takes
-    up to 64 channels a block (32 for 5- and 7-wide filters, whose windows take more shared
-    memory), split evenly; pixels a thread (2, 4 for 5- and 7-wide filters) halved while the
-    grid would have fewer than WANTED_WARPS warps a multiprocessor (a small layer at batch 1
-    wants threads more than reuse); rows cut into even tiles of up to 4 threads, rows up to
-    128 threads a block; then fewer rows while the grid has fewer blocks than multiprocessors.
-    Where that leaves one row, tiles of up to 8 threads a row instead (H100, `conv_bench.py
-    --suite depthwise`, session of 2026-11-26: taller, narrower tiles took geomeans 0.94 -> 0.98
-    and 1.15 -> 1.18 at batch 8; with one row they lost, 0.86 -> 0.69 on 14x14x672 k5 s2).
-    A symbolic batch counts as its bucket (`split_k.bucket`), so that the batches of a bucket
-    share one source."""
+    """Knob settings for this convolution, best guess first, then level 1's. The guess goes by
+    the grid's size in warps an SM (a thread per output pixel's channel pack): under
+    SMALL_GRID_WARPS, `SMALL` tiles of a pixel a thread (latency wants threads more than
+    reuse); from LARGE_GRID_WARPS, a 3x3 stride-2 convolution of at most 128 channels takes
+    `STRIDED` tiles of every channel (its input, four times its output, dominates the
+    traffic); anything else `DEFAULT`. Fitted on an H100 to 140 settings timed on each shape of
+    `conv_bench.py --suite depthwise` at batch 1 and 8 (session tool `dw_grid.py`, 2026-11-26):
+    the guess reached 0.955 of each shape's best in geomean (the rule before it 0.860), no
+    shape under 0.9 of cuDNN (0.75 before). A symbolic batch counts as its bucket
+    (`split_k.bucket`), so that the batches of a bucket share one source."""
     conv = match_conv_nhwc(task)
-    v, batch = vector_width(conv), bucket(conv.batch)
-    CB = _balanced(-(-conv.channels // v), (32 if conv.kw >= 5 else 64) // v) * v
-    PX = 4 if conv.kw >= 5 else 2
-    packs = batch * conv.out_h * -(-conv.channels // v)
-    while PX > 1 and packs * -(-conv.out_w // PX) < WANTED_WARPS * 32 * sm_count:
-        PX //= 2
-    for most in (4, 8):
-        TX = _balanced(-(-conv.out_w // PX), most)
-        TH = _balanced(conv.out_h, max(1, 128 // (CB // v * TX)))
-        while TH > 1 and _blocks(conv, _fit(conv, CB, PX, TX, TH), batch) < sm_count:
-            TH = _balanced(conv.out_h, TH // 2)
-        if TH > 1:
-            break
-    fitted = _fit(conv, CB, PX, TX, TH)
+    packs = bucket(conv.batch) * conv.out_h * conv.out_w * -(-conv.channels // vector_width(conv))
+    warps = packs / (32 * sm_count)
+    if warps < SMALL_GRID_WARPS:
+        first = SMALL
+    elif (warps >= LARGE_GRID_WARPS and conv.stride == (2, 2) and (conv.kh, conv.kw) == (3, 3)
+          and conv.channels <= 128):
+        first = dict(STRIDED, CB=conv.channels)
+    else:
+        first = DEFAULT
+    fitted = _fit(conv, **first)
     first = {k: fitted[k] for k in DEFAULT}
     return [first] + [k for k in space(1) if k != first]
 

@@ -142,26 +142,29 @@ class Tile:
     bn: int
     bk: int
     rate: float          # MACs per SM clock
+    max_split: int = MAX_SPLIT
 
 
-def cost(tile: Tile, split: int, M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int) -> float:
-    """Modelled cycles of the contraction (and the split-K sum) with `tile` and `split`."""
+def cost(tile: Tile, split: int, M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int,
+         sm_bytes: float = SM_BYTES) -> float:
+    """Modelled cycles of the contraction (and the split-K sum, its partials moved at
+    `sm_bytes` per SM clock) with `tile` and `split`."""
     blocks = -(-M // tile.bm) * -(-N // tile.bn) * batch * split
     k_steps = -(-(-(-K // tile.bk)) // split)
     step = tile.bk * max((tile.bm + tile.bn) * elem_bytes / BLOCK_BYTES, tile.bm * tile.bn / tile.rate)
     total = LAUNCH + -(-blocks // sm_count) * (FILL + k_steps * step)
     if split > 1:
-        total += LAUNCH + 2 * split * batch * M * N * 4 / (sm_count * SM_BYTES)
+        total += LAUNCH + 2 * split * batch * M * N * 4 / (sm_count * sm_bytes)
     return total
 
 
 def splits(tile: Tile, M: int, N: int, K: int, batch: int, sm_count: int) -> list[int]:
-    """1, and where `tile` makes fewer blocks than SMs, the split counts that leave every split
-    at least one k-tile."""
+    """1, and where `tile` makes fewer blocks than SMs, the split counts up to the tile's
+    `max_split` that leave every split at least one k-tile."""
     if -(-M // tile.bm) * -(-N // tile.bn) * batch >= sm_count:
         return [1]
     k_tiles = -(-K // tile.bk)
-    return [s for s in range(1, min(MAX_SPLIT, k_tiles) + 1) if -(-k_tiles // s) * (s - 1) < k_tiles]
+    return [s for s in range(1, min(tile.max_split, k_tiles) + 1) if -(-k_tiles // s) * (s - 1) < k_tiles]
 
 
 def bucket(size) -> int:
@@ -171,11 +174,12 @@ def bucket(size) -> int:
     return 1 << (int(size) - 1).bit_length() if isinstance(size, SymSize) else size
 
 
-def rank(tiles: list[Tile], M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int) -> list[dict]:
+def rank(tiles: list[Tile], M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int,
+         sm_bytes: float = SM_BYTES) -> list[dict]:
     """Knob settings of every tile and split, cheapest first by `cost` (SPLIT only when > 1)."""
     scored = []
     for order, tile in enumerate(tiles):
         for split in splits(tile, M, N, K, batch, sm_count):
-            scored.append((cost(tile, split, M, N, K, batch, sm_count, elem_bytes), order, split, tile))
+            scored.append((cost(tile, split, M, N, K, batch, sm_count, elem_bytes, sm_bytes), order, split, tile))
     scored.sort(key=lambda s: s[:3])
     return [dict(tile.knobs, **({"SPLIT": split} if split > 1 else {})) for _, _, split, tile in scored]
