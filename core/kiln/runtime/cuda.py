@@ -23,6 +23,7 @@ from typing import Sequence
 from kiln.codegen.emitter import KernelArgs
 from kiln import dtypes
 from kiln.dtypes import DataType
+from kiln.runtime import dependent_launch
 from kiln.runtime.cache import content_key, lookup_or_build
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-diag-suppress=177")
@@ -198,6 +199,15 @@ def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()
                            lambda out: out.write_bytes(_compile(source, name, arch, options)))
 
 
+def launch_source(program: CudaProgram, arch: str) -> str:
+    """The source the runtime compiles `program` from for a GPU of `arch` ('sm_90'): each
+    kernel waiting for the grids before it where they launch as programmatic dependents
+    (`kiln.runtime.dependent_launch`)."""
+    if dependent_launch.enabled(arch_number(arch)):
+        return dependent_launch.with_prior_grid_wait(program.source)
+    return program.source
+
+
 def compile_many(jobs: Sequence[tuple[str, str, str]], workers: int | None = None) -> list[Path]:
     """Compile several (source, name, arch) jobs in parallel threads (NVRTC releases the GIL)."""
     if len(jobs) <= 1:
@@ -254,10 +264,18 @@ def device_info(index: int) -> dict:
 class CudaKernel:
     """A kernel loaded from a cubin on one device; call `launch` with pointers and a grid."""
 
-    def __init__(self, cubin: Path, name: str, device_index: int, dynamic_smem: int = 0):
+    def __init__(self, cubin: Path, name: str, device_index: int, dynamic_smem: int = 0, dependent: bool = False):
+        """`dependent`: launch as a programmatic dependent of the kernel ahead of it in the
+        stream (the kernel must wait for prior grids first: `kiln.runtime.dependent_launch`)."""
         driver, _ = _bindings()
         self.name = name
         self.device_index = device_index
+        self._attrs = []
+        if dependent:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            self._attrs = [attr]
         with _lock:
             _make_current(device_index)
             self._module = _check(driver.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
@@ -279,8 +297,17 @@ class CudaKernel:
         values = [ctypes.create_string_buffer(p, len(p)) if isinstance(p, bytes) else ctypes.c_void_p(p)
                   for p in pointers]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        _check(driver.cuLaunchKernel(self._fn, *grid, *block, smem, driver.CUstream(stream),
-                                     ctypes.addressof(params), 0), f"cuLaunchKernel({self.name})")
+        if not self._attrs:
+            _check(driver.cuLaunchKernel(self._fn, *grid, *block, smem, driver.CUstream(stream),
+                                         ctypes.addressof(params), 0), f"cuLaunchKernel({self.name})")
+            return
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = smem
+        config.hStream = driver.CUstream(stream)
+        config.attrs, config.numAttrs = self._attrs, len(self._attrs)
+        _check(driver.cuLaunchKernelEx(config, self._fn, ctypes.addressof(params), 0), f"cuLaunchKernelEx({self.name})")
 
 
 class CudaRunner:
@@ -292,11 +319,14 @@ class CudaRunner:
         self.program = program
         self.device_index = device_index
         self.sm_count = info["sm_count"]
-        cubin = compile_cubin(program.source, program.kernel_names[0], program.arch_for(info["arch"]))
+        arch = program.arch_for(info["arch"])
+        cubin = compile_cubin(launch_source(program, arch), program.kernel_names[0], arch)
+        dependent = dependent_launch.enabled(arch_number(arch))
         smem = {}
         for launch in program.launches:
             smem[launch.kernel] = max(smem.get(launch.kernel, 0), launch.smem)
-        self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name]) for name in program.kernel_names}
+        self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name], dependent)
+                        for name in program.kernel_names}
 
     def __call__(self, inputs: list, outputs: list) -> None:
         import torch

@@ -178,7 +178,9 @@ def candidate_programs(task: Task, level: int = 0, sm_count: int = DEFAULT_SM_CO
 
 def check_nvrtc(task: Task, archs) -> None:
     """Compile every CUDA program Kiln may build for `task` (tuning level 1) for each of
-    `archs` ('sm_80', ...) with NVRTC; raises CudaBuildError on the first that fails. Needs no GPU."""
+    `archs` ('sm_80', ...) with NVRTC, from the source the runtime compiles for that
+    architecture (`kiln.runtime.cuda.launch_source`); raises CudaBuildError on the first that
+    fails. Needs no GPU."""
     programs = candidate_programs(task, level=1)
-    rt.compile_many([(p.source, f"{task.name}_{name}", p.arch_for(arch.strip()))
+    rt.compile_many([(rt.launch_source(p, arch.strip()), f"{task.name}_{name}", p.arch_for(arch.strip()))
                      for name, _, p in programs for arch in archs if p.min_arch <= rt.arch_number(arch)])

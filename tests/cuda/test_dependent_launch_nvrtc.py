@@ -1,0 +1,55 @@
+"""Programmatic dependent launch without a GPU (`kiln.runtime.dependent_launch`): every kernel
+of a source waits for the grids before it as its first statement, kernels that macros define
+included, and the sources compile with NVRTC for sm_80 (the wait compiled out) and sm_90."""
+import pytest
+import torch
+
+from kiln.plugins.registry import registry
+from kiln.runtime import cuda as rt
+from kiln.runtime import dependent_launch
+from kiln_ops_builtin.templates import sort_bitonic
+
+needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
+                                 "not installed: pip install 'kiln-core[cuda]'")
+
+MACRO_KERNELS = r'''
+// a __global__ named in a comment, before the kernels
+#define KILN_TWICE(K) extern "C" __global__ void __launch_bounds__(64) twice_##K(float* x) { \
+    x[threadIdx.x] *= 2.f * K; \
+}
+KILN_TWICE(1)
+KILN_TWICE(2)
+extern "C" __global__ void __launch_bounds__(128, 2) plain(const float* __restrict__ a,
+                                                          float* b) {
+    b[threadIdx.x] = a[threadIdx.x];
+}
+'''
+
+
+def test_every_kernel_waits_first():
+    source = dependent_launch.with_prior_grid_wait(MACRO_KERNELS)
+    assert source.startswith(dependent_launch.WAIT_HELPER)
+    assert source.count("kiln_wait_prior_grids();") == 2              # the macro's body and `plain`'s
+    assert "twice_##K(float* x) { kiln_wait_prior_grids(); \\\n" in source
+    assert "float* b) { kiln_wait_prior_grids();\n    b[threadIdx.x]" in source
+    with pytest.raises(ValueError, match="without a body"):
+        dependent_launch.with_prior_grid_wait('extern "C" __global__ void declared(float*);\n')
+
+
+def test_enabled_from_sm90_unless_turned_off(monkeypatch):
+    assert dependent_launch.enabled(90) and dependent_launch.enabled(100) and not dependent_launch.enabled(89)
+    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "0")
+    assert not dependent_launch.enabled(90)
+
+
+@needs_nvrtc
+def test_waiting_sources_compile():
+    definition = registry().operator("sort")
+    task = definition.task(definition.bind([torch.randn(3, 5000)], {"dim": 1}))[0]     # TILE 2048: chunks
+    programs = [sort_bitonic.render(task, **knobs) for knobs in sort_bitonic.space(1)]
+    assert any("#define KILN_MERGE_CHUNK" in p.source for p in programs)   # kernels macros define
+    jobs = [(rt.launch_source(p, arch), f"sort{k}", arch) for k, p in enumerate(programs) for arch in ("sm_80", "sm_90")]
+    jobs.append((dependent_launch.with_prior_grid_wait(MACRO_KERNELS), "macro_kernels", "sm_90"))
+    rt.compile_many(jobs)
+    assert "kiln_wait_prior_grids" in rt.launch_source(programs[0], "sm_90")
+    assert rt.launch_source(programs[0], "sm_80") == programs[0].source
