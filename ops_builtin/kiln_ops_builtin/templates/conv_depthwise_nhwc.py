@@ -280,9 +280,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     reuse); from LARGE_GRID_WARPS, a 3x3 stride-2 convolution of at most 128 channels takes
     `STRIDED` tiles of every channel (its input, four times its output, dominates the
     traffic); anything else `DEFAULT`. Fitted on an H100 to 140 settings timed on each shape of
-    `conv_bench.py --suite depthwise` at batch 1 and 8 (session tool `dw_grid.py`, 2026-11-26):
-    the guess reached 0.955 of each shape's best in geomean (the rule before it 0.860), no
-    shape under 0.9 of cuDNN (0.75 before). A symbolic batch counts as its bucket
+    `conv_bench.py --suite depthwise` at batch 1 and 8 (`benchmarks/depthwise_grid.py`,
+    2026-11-26): the guess reached 0.955 of each shape's best in geomean (the rule before it
+    0.860), no shape under 0.9 of cuDNN (0.75 before). A symbolic batch counts as its bucket
     (`split_k.bucket`), so that the batches of a bucket share one source."""
     conv = match_conv_nhwc(task)
     packs = bucket(conv.batch) * conv.out_h * conv.out_w * -(-conv.channels // vector_width(conv))
