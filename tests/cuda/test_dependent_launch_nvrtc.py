@@ -36,14 +36,16 @@ def test_every_kernel_waits_first():
         dependent_launch.with_prior_grid_wait('extern "C" __global__ void declared(float*);\n')
 
 
-def test_enabled_from_sm90_unless_turned_off(monkeypatch):
-    assert dependent_launch.enabled(90) and dependent_launch.enabled(100) and not dependent_launch.enabled(89)
-    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "0")
+def test_enabled_from_sm90_when_asked(monkeypatch):
+    monkeypatch.delenv("KILN_DEPENDENT_LAUNCH", raising=False)
     assert not dependent_launch.enabled(90)
+    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "1")
+    assert dependent_launch.enabled(90) and dependent_launch.enabled(100) and not dependent_launch.enabled(89)
 
 
 @needs_nvrtc
-def test_waiting_sources_compile():
+def test_waiting_sources_compile(monkeypatch):
+    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "1")
     definition = registry().operator("sort")
     task = definition.task(definition.bind([torch.randn(3, 5000)], {"dim": 1}))[0]     # TILE 2048: chunks
     programs = [sort_bitonic.render(task, **knobs) for knobs in sort_bitonic.space(1)]

@@ -14,10 +14,12 @@ such a source. Right after its wait, each block lets the next kernel launch
 its blocks take only the places the last wave leaves. Kernels that PyTorch launches between
 Kiln's are ordinary launches, ordered as always.
 
-On an H100 (session of 2026-11-26, CUDA graphs on, fp16), on against off in one process:
-ResNet-50 batch 1 1.07x, GPT-2 1.07x, MobileNetV3 1.03x, BERT batch 8 1.01x, EfficientNet-B0
-batch 8 0.99x. `KILN_DEPENDENT_LAUNCH=0` turns it off (every launch an ordinary one, sources
-unchanged).
+Off unless `KILN_DEPENDENT_LAUNCH=1`. On an H100 (session of 2026-11-26, CUDA graphs on,
+float16), on against off in one process: ResNet-50 batch 1 1.07x, GPT-2 1.07x, MobileNetV3
+1.03x, BERT batch 8 1.01x, EfficientNet-B0 batch 8 0.99x; but in a later model record with it on,
+Kiln's float32 ResNet-18 and ResNet-50 at batch 1 ran 12% and 25% slower than in the record
+before it (on another machine, where Inductor's ran 9% and 3% faster), which no same-process
+comparison has yet confirmed or ruled out.
 """
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ WAIT_CALL = " kiln_wait_prior_grids();"
 
 def enabled(arch: int) -> bool:
     """Whether kernels for a GPU of compute capability `arch` (90 for sm_90) launch as
-    programmatic dependents."""
-    return arch >= MIN_ARCH and os.environ.get("KILN_DEPENDENT_LAUNCH", "1") != "0"
+    programmatic dependents (`KILN_DEPENDENT_LAUNCH=1`, sm_90 and later)."""
+    return arch >= MIN_ARCH and os.environ.get("KILN_DEPENDENT_LAUNCH", "0") == "1"
 
 
 def with_prior_grid_wait(source: str) -> str:
