@@ -36,6 +36,8 @@ WAIT_HELPER = r"""static __device__ __forceinline__ void kiln_wait_prior_grids()
 }
 """
 WAIT_CALL = " kiln_wait_prior_grids();"
+_KERNEL = re.compile(r"\b__global__\b")
+_BODY_OR_END = re.compile(r"[{;]")
 
 
 def enabled(arch: int) -> bool:
@@ -50,10 +52,10 @@ def with_prior_grid_wait(source: str) -> str:
     get it too), and the helper defined ahead of it. Raises ValueError where a `__global__`
     has no body."""
     pieces, start = [WAIT_HELPER], 0
-    for found in re.finditer(r"\b__global__\b", source):
+    for found in _KERNEL.finditer(source):
         if found.start() < start:
             continue
-        body = re.compile(r"[{;]").search(source, found.end())
+        body = _BODY_OR_END.search(source, found.end())
         if body is None or body.group() != "{":
             raise ValueError(f"a __global__ without a body at character {found.start()} of a kernel source")
         pieces += [source[start:body.end()], WAIT_CALL]

@@ -263,8 +263,9 @@ def space(level: int) -> list[dict]:
     wider rows, fewer and more pixels a thread, more and fewer channels; level 2 a grid of them."""
     out = [dict(DEFAULT)]
     if level >= 1:
-        out += [dict(SMALL), dict(STRIDED), {"CB": 64, "PX": 4, "TX": 4, "TH": 4}, {"CB": 64, "PX": 2, "TX": 8, "TH": 2},
-                {"CB": 32, "PX": 4, "TX": 2, "TH": 8}, {"CB": 64, "PX": 8, "TX": 2, "TH": 4},
+        out += [dict(SMALL), dict(STRIDED), {"CB": 64, "PX": 4, "TX": 4, "TH": 4},
+                {"CB": 64, "PX": 2, "TX": 8, "TH": 2}, {"CB": 32, "PX": 4, "TX": 2, "TH": 8},
+                {"CB": 64, "PX": 8, "TX": 2, "TH": 4},
                 {"CB": 32, "PX": 1, "TX": 8, "TH": 8}, {"CB": 32, "PX": 2, "TX": 8, "TH": 4},
                 {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
     if level >= 2:

@@ -14,9 +14,8 @@ reads the next k-step's fragments (its float4s of A and B) into a second registe
 the current k-step's FMAs run, the first k-step of the next k-tile included (read right after
 the barrier, before the last k-step's FMAs). With FRAG the 128 x 128 tile keeps two blocks an
 SM (128 registers, no spills, 2 to 4 stages, ptxas for sm_90), without it three stages spill
-16 bytes. Shared memory is static,
-at most 48 KB (`render` refuses more), so 128 x 128 x 16 tiles take two stages. Both operands are
-stored k-major in shared memory, rows padded by 4 floats; an operand that is k-contiguous in
+16 bytes. Shared memory is static, at most 48 KB (`render` refuses more), so 128 x 128 x 16
+tiles take two stages. Both operands are stored k-major in shared memory, rows padded by 4 floats; an operand that is k-contiguous in
 memory (A, or B of `linear`) is read into registers (float4s along k where sizes allow) and
 transposed on the way in, the padding keeping those stores free of bank conflicts; an operand
 contiguous along m or n is copied by `cp.async` straight into shared memory when ASYNC (else
@@ -33,8 +32,6 @@ Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel
 (`split_k.bucket`), so the sizes of a bucket share one source.
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 from kiln import dtypes
 from kiln.codegen import ptx
@@ -312,22 +309,18 @@ def thread_tile(bm: int, bn: int, wm: int, wn: int) -> tuple[int, int] | None:
     return wm // lm, wn // ln
 
 
-def _fit_tile(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, max_split=split_k.MAX_SPLIT) -> split_k.Tile:
-    """A tile for `suggest`: 128 FMAs per SM clock, less the shared-memory reads a thread's
-    TM x TN FMAs wait on (TM + TN per k)."""
+def _fit_tile(bm: int, bn: int, bk: int, wm: int, wn: int, min_blocks: int, max_split: int = split_k.MAX_SPLIT,
+              pipeline: dict | None = None) -> split_k.Tile:
+    """A tile for `suggest` (with `pipeline`'s STAGES and FRAG): 128 FMAs per SM clock, less the
+    shared-memory reads a thread's TM x TN FMAs wait on (TM + TN per k)."""
     tm, tn = thread_tile(bm, bn, wm, wn)
-    return split_k.Tile(knobs(bm, bn, bk, wm, wn, min_blocks), bm, bn, bk, 128 * tm * tn / (tm * tn + tm + tn),
-                        max_split)
+    return split_k.Tile(dict(knobs(bm, bn, bk, wm, wn, min_blocks), **(pipeline or {})), bm, bn, bk,
+                        128 * tm * tn / (tm * tn + tm + tn), max_split)
 
 
 SMALL_TILES = [_fit_tile(*s) for s in [(64, 128, 8, 32, 32, 2), (128, 64, 8, 32, 32, 2), (64, 64, 16, 16, 32, 2)]]
 """64 x 128 first: on an H100 it beat 128 x 64 on every BERT linear where the model ties them
 (1024 x 768 x 768 0.811 of cuBLAS against 0.754, 128 x 3072 x 768 2.03 against 1.69)."""
-PLAIN_FIT_TILES = [_fit_tile(128, 128, 8, 32, 64, 2, max_split=1)] + SMALL_TILES
-"""Plain operands' 128 x 128 tile runs two blocks an SM (128 registers, no spills): on an H100,
-4096^3 float32 0.815 -> 0.833 of cuBLAS, x @ W.T 0.542 -> 0.761. It is not split over K: on
-grids of fewer blocks than SMs, 64 x 128 tiles split over K ran faster (1024 x 768 x 768 0.823
-of cuBLAS against 0.719 for 128 x 128 split 8 ways, 128 x 768 x 2304 1.32 against 1.19)."""
 FIT_TILES = [_fit_tile(128, 128, 8, 32, 64, 1), SMALL_TILES[1], SMALL_TILES[0], SMALL_TILES[2]]
 """Through the load hooks (convolutions) the 128 x 128 tile spills at two blocks an SM."""
 ASYNC_PIPELINE = {"STAGES": 2, "FRAG": 1}
@@ -335,20 +328,28 @@ ASYNC_PIPELINE = {"STAGES": 2, "FRAG": 1}
 H100, 4096^3 0.825 -> 0.887 of cuBLAS."""
 STAGED_PIPELINE = {"STAGES": 3, "FRAG": 0}
 """... where both operands go through registers (x @ W.T): 0.760 -> 0.828 (with FRAG, below 0.77)."""
+ASYNC_FIT_TILES, STAGED_FIT_TILES = ([_fit_tile(128, 128, 8, 32, 64, 2, max_split=1, pipeline=pipeline)] + SMALL_TILES
+                                     for pipeline in (ASYNC_PIPELINE, STAGED_PIPELINE))
+"""Plain operands' 128 x 128 tile runs two blocks an SM (128 registers, no spills): on an H100,
+4096^3 float32 0.815 -> 0.833 of cuBLAS, x @ W.T 0.542 -> 0.761. It is not split over K: on
+grids of fewer blocks than SMs, 64 x 128 tiles split over K ran faster (1024 x 768 x 768 0.823
+of cuBLAS against 0.719 for 128 x 128 split 8 ways, 128 x 768 x 2304 1.32 against 1.19)."""
 SUM_BYTES = 32
 """The split-K partials' bytes per SM clock in this template's cost model (`split_k.cost`): half
 what the tensor-core templates assume. On an H100, 128 x 768 x 3072 split 8 ways over 64 x 128
-tiles ran at 0.75 of cuBLAS against 0.85 for 4 ways, which the default ranked the other way."""
+tiles ran at 0.75 of cuBLAS against 0.85 for 4 ways, which the default ranked the other way.
+Convolutions (the load hooks) are ranked with it too, measured only end to end (float32
+ResNet-18 and ResNet-50 at batch 1, `benchmarks/RESULTS.md`)."""
 SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 
 
 def space(level: int) -> list[dict]:
     """Level 0: 128 x 128 x 8 tiles of 32 x 64 warp tiles, two blocks an SM, cp.async where an
     operand allows, fragments double buffered (`suggest` picks `STAGED_PIPELINE` instead where
-    both operands go through registers); level 1 adds the other warp shape, a deeper k-step, one block an SM (what
-    `suggest` gives the load hooks), register-staged copies only, smaller tiles, split-K, and
-    the level-0 tile with fragment double buffering (FRAG) over 2 to 4 stages (STAGES), which
-    keep it at 128 registers without spills; level 2 more combinations of them."""
+    both operands go through registers); level 1 adds the other warp shape, a deeper k-step,
+    one block an SM (what `suggest` gives the load hooks), register-staged copies only, smaller
+    tiles, split-K, and the level-0 tile over 2 to 4 stages with and without FRAG; level 2 more
+    combinations of them."""
     settings = [(128, 128, 8, 32, 64, 2, 1, 2, 1)]
     if level >= 1:
         settings += [(128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
@@ -379,8 +380,7 @@ def suggest(task, sm_count: int) -> list[dict]:
     tiles = FIT_TILES
     if plain:
         d = _plain_defines(g, 1)
-        pipeline = ASYNC_PIPELINE if d["A_ASYNC"] or d["B_ASYNC"] else STAGED_PIPELINE
-        tiles = [replace(PLAIN_FIT_TILES[0], knobs=dict(PLAIN_FIT_TILES[0].knobs, **pipeline)), *PLAIN_FIT_TILES[1:]]
+        tiles = ASYNC_FIT_TILES if d["A_ASYNC"] or d["B_ASYNC"] else STAGED_FIT_TILES
     return split_k.rank(tiles, *(split_k.bucket(x) for x in (g.M, g.N, g.K, g.batch_count if plain else 1)),
                         sm_count, 4, SUM_BYTES)
 
