@@ -36,11 +36,11 @@ def test_every_kernel_waits_first():
         dependent_launch.with_prior_grid_wait('extern "C" __global__ void declared(float*);\n')
 
 
-def test_enabled_from_sm90_when_asked(monkeypatch):
+def test_enabled_from_sm90_unless_turned_off(monkeypatch):
     monkeypatch.delenv("KILN_DEPENDENT_LAUNCH", raising=False)
-    assert not dependent_launch.enabled(90)
-    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "1")
     assert dependent_launch.enabled(90) and dependent_launch.enabled(100) and not dependent_launch.enabled(89)
+    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "0")
+    assert not dependent_launch.enabled(90)
 
 
 @needs_nvrtc

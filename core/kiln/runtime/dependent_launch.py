@@ -14,12 +14,10 @@ such a source. Right after its wait, each block lets the next kernel launch
 its blocks take only the places the last wave leaves. Kernels that PyTorch launches between
 Kiln's are ordinary launches, ordered as always.
 
-Off unless `KILN_DEPENDENT_LAUNCH=1`. On an H100 (session of 2026-11-26, CUDA graphs on,
-float16), on against off in one process: ResNet-50 batch 1 1.07x, GPT-2 1.07x, MobileNetV3
-1.03x, BERT batch 8 1.01x, EfficientNet-B0 batch 8 0.99x; but in a later model record with it on,
-Kiln's float32 ResNet-18 and ResNet-50 at batch 1 ran 12% and 25% slower than in the record
-before it (on another machine, where Inductor's ran 9% and 3% faster), which no same-process
-comparison has yet confirmed or ruled out.
+On by default from sm_90; `KILN_DEPENDENT_LAUNCH=0` turns it off. On an H100 (two sessions of
+2026-11-26, CUDA graphs on), on against off in one process: float16 ResNet-50 batch 1
+1.07-1.26x, GPT-2 1.07-1.09x, MobileNetV3 1.01-1.03x, BERT batch 8 1.00x, EfficientNet-B0
+batch 8 0.99-1.00x; float32 ResNet-18 batch 1 1.03x, ResNet-50 batch 1 1.01x.
 """
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ _BODY_OR_END = re.compile(r"[{;]")
 
 def enabled(arch: int) -> bool:
     """Whether kernels for a GPU of compute capability `arch` (90 for sm_90) launch as
-    programmatic dependents (`KILN_DEPENDENT_LAUNCH=1`, sm_90 and later)."""
-    return arch >= MIN_ARCH and os.environ.get("KILN_DEPENDENT_LAUNCH", "0") == "1"
+    programmatic dependents (sm_90 and later, unless `KILN_DEPENDENT_LAUNCH=0`)."""
+    return arch >= MIN_ARCH and os.environ.get("KILN_DEPENDENT_LAUNCH", "1") != "0"
 
 
 def with_prior_grid_wait(source: str) -> str:
