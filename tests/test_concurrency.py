@@ -165,24 +165,33 @@ def test_threads_calling_a_compiled_mlp_on_cuda_with_cuda_graphs():
                           "thread drawing CUDA random numbers fails with PyTorch's 'Offset increment outside "
                           "graph capture encountered unexpectedly' (the capture puts torch's CUDA generator "
                           "in capture mode for every thread); seen on an H200, 2026-11-23")
-def test_capture_while_another_thread_draws_cuda_random_numbers():
+def test_capture_while_another_thread_draws_cuda_random_numbers(monkeypatch):
+    """The other thread draws while a capture is open: every capture is held open until it has."""
     torch._dynamo.reset()
     model = _mlp("cuda")
     compiled = torch.compile(model, backend="kiln")
-    stop = threading.Event()
+    capturing, drawn = threading.Event(), threading.Event()
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def capture_begin(self, *args, **kwargs):
+        begin(self, *args, **kwargs)
+        capturing.set()
+        drawn.wait(timeout=60)
 
     def draw():
-        while not stop.is_set():
+        capturing.wait(timeout=60)
+        try:
             torch.randn(1024, device="cuda")
+        finally:
+            drawn.set()
 
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", capture_begin)
     with ThreadPoolExecutor(1) as pool:
         drawing = pool.submit(draw)
-        try:
-            with torch.no_grad():
-                for batch in range(2, 8):        # each new size is a new capture
-                    compiled(torch.randn(batch, 24, device="cuda"))
-        finally:
-            stop.set()
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(torch.randn(4, 24, device="cuda"))
+        assert capturing.is_set(), "Kiln captured no CUDA graph"
         drawing.result()
 
 
