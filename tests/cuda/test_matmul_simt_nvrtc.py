@@ -65,11 +65,12 @@ def test_views_choose_their_copies():
 def test_level0_choice():
     big = call_task("square_tiles", [rand((4096, 4096)), rand((4096, 4096))])
     first = matmul_simt.suggest(big, 132)[0]                                            # B by cp.async
+    assert first == matmul_simt.space(0)[0]
     assert (first["BM"], first["BN"], first["MIN_BLOCKS"], first["FRAG"]) == (128, 256, 1, 1)
-    assert first in matmul_simt.space(1)
     linear = call_task("linear_bias", [rand((4096, 4096)), rand((4096, 4096)), rand((4096,))])
-    assert matmul_simt.suggest(linear, 132)[0] == dict(matmul_simt.space(0)[0], **matmul_simt.STAGED_PIPELINE)
-    assert matmul_simt.space(0)[0]["MIN_BLOCKS"] == 2                                  # plain: two blocks an SM
+    staged = matmul_simt.suggest(linear, 132)[0]                                        # both through registers
+    assert staged == dict(matmul_simt.space(1)[1], **matmul_simt.STAGED_PIPELINE)
+    assert (staged["BM"], staged["BN"], staged["MIN_BLOCKS"]) == (128, 128, 2)          # two blocks an SM
     conv = call_task("conv_hooks", call_inputs("conv_hooks"))
     wide = [k for k in matmul_simt.suggest(conv, 132) if (k["BM"], k["BN"]) == (128, 128)]
     assert wide and all(k["MIN_BLOCKS"] == 1 for k in wide)                             # hooks would spill

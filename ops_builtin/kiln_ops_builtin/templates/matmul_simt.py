@@ -349,20 +349,21 @@ SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 128 x 128 x 8 tiles of 32 x 64 warp tiles, two blocks an SM, cp.async where an
-    operand allows, fragments double buffered (`suggest` picks `STAGED_PIPELINE` instead where
-    both operands go through registers, and a 128 x 256 tile to large ones where an operand
-    comes by cp.async); level 1 adds the other warp shape, a deeper k-step, one block an SM
+    """Level 0: 128 x 256 x 8 tiles of 64 x 64 warp tiles, one block an SM, cp.async where an
+    operand allows, fragments double buffered: what `suggest` gives large GEMMs whose operand
+    comes by cp.async (elsewhere it ranks 128 x 128 tiles of two blocks an SM, with
+    `STAGED_PIPELINE` where both operands go through registers, smaller tiles and split-K);
+    level 1 adds that 128 x 128 tile, the other warp shape, a deeper k-step, one block an SM
     (what `suggest` gives the load hooks), register-staged copies only, smaller tiles, split-K,
-    the level-0 tile over 2 to 4 stages with and without FRAG, and 128 x 256 tiles; level 2
-    more combinations of them."""
-    settings = [(128, 128, 8, 32, 64, 2, 1, 2, 1)]
+    the 128 x 128 tile over 2 to 4 stages with and without FRAG, and another 128 x 256 warp
+    shape; level 2 more combinations of them."""
+    settings = [(128, 256, 8, 64, 64, 1, 1, 2, 1)]
     if level >= 1:
-        settings += [(128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
+        settings += [(128, 128, 8, 32, 64, 2, 1, 2, 1), (128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
                      (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1),
                      (128, 128, 8, 32, 64, 2, 1), (128, 128, 8, 32, 64, 2, 1, 3), (128, 128, 8, 32, 64, 2, 1, 3, 1),
                      (128, 128, 8, 32, 64, 2, 1, 4, 1), (128, 128, 8, 32, 64, 1, 1, 3, 1),
-                     (128, 256, 8, 64, 64, 1, 1, 2, 1), (128, 256, 8, 32, 128, 1, 1, 3, 1)]
+                     (128, 256, 8, 32, 128, 1, 1, 3, 1)]
     if level >= 2:
         settings += [(128, 128, 16, 64, 32, 1, 1), (128, 128, 16, 32, 64, 2, 1), (128, 128, 8, 64, 32, 2, 1),
                      (128, 128, 16, 32, 64, 1, 0), (128, 64, 16, 32, 32, 2, 1), (64, 128, 16, 32, 32, 2, 1),
