@@ -334,11 +334,12 @@ ASYNC_FIT_TILES, STAGED_FIT_TILES = ([_fit_tile(128, 128, 8, 32, 64, 2, max_spli
 4096^3 float32 0.815 -> 0.833 of cuBLAS, x @ W.T 0.542 -> 0.761. It is not split over K: on
 grids of fewer blocks than SMs, 64 x 128 tiles split over K ran faster (1024 x 768 x 768 0.823
 of cuBLAS against 0.719 for 128 x 128 split 8 ways, 128 x 768 x 2304 1.32 against 1.19)."""
-ASYNC_FIT_TILES.insert(0, _fit_tile(128, 256, 8, 64, 64, 1, max_split=1, pipeline=ASYNC_PIPELINE))
+LARGE_ASYNC_TILE = _fit_tile(128, 256, 8, 64, 64, 1, max_split=1, pipeline=ASYNC_PIPELINE)
 """Where an operand comes by cp.async, a 128 x 256 tile of 64 x 64 warp tiles (16 x 8 a thread,
-one block an SM, 232 registers) first: on an H100, 4096^3 x @ W 0.887 -> 0.928 of cuBLAS (over
-128 x 256 and 256 x 128 tiles, both warp shapes, 2 or 3 stages, with and without FRAG; x @ W.T
-stays on 128 x 128, where every larger tile ran below 0.77)."""
+one block an SM, 232 registers) ranks first: on an H100, 4096^3 x @ W 0.887 -> 0.928 of cuBLAS
+(over 128 x 256 and 256 x 128 tiles, both warp shapes, 2 or 3 stages, with and without FRAG;
+x @ W.T stays on 128 x 128, where every larger tile ran below 0.77)."""
+ASYNC_FIT_TILES.insert(0, LARGE_ASYNC_TILE)
 SUM_BYTES = 32
 """The split-K partials' bytes per SM clock in this template's cost model (`split_k.cost`): half
 what the tensor-core templates assume. On an H100, 128 x 768 x 3072 split 8 ways over 64 x 128
@@ -357,10 +358,10 @@ def space(level: int) -> list[dict]:
     (what `suggest` gives the load hooks), register-staged copies only, smaller tiles, split-K,
     the 128 x 128 tile over 2 to 4 stages with and without FRAG, and another 128 x 256 warp
     shape; level 2 more combinations of them."""
-    settings = [(128, 256, 8, 64, 64, 1, 1, 2, 1)]
+    settings = []        # after the level-0 tile, `LARGE_ASYNC_TILE`
     if level >= 1:
-        settings += [(128, 128, 8, 32, 64, 2, 1, 2, 1), (128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 1),
-                     (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1),
+        settings += [(128, 128, 8, 32, 64, 2, 1, 2, 1), (128, 128, 8, 64, 32, 1, 1), (128, 128, 16, 32, 64, 1, 1),
+                     (128, 128, 8, 32, 64, 1, 1), (128, 128, 8, 32, 64, 1, 0), (128, 64, 8, 32, 32, 2, 1), (64, 128, 8, 32, 32, 2, 1),
                      (128, 128, 8, 32, 64, 2, 1), (128, 128, 8, 32, 64, 2, 1, 3), (128, 128, 8, 32, 64, 2, 1, 3, 1),
                      (128, 128, 8, 32, 64, 2, 1, 4, 1), (128, 128, 8, 32, 64, 1, 1, 3, 1),
                      (128, 256, 8, 32, 128, 1, 1, 3, 1)]
@@ -371,8 +372,10 @@ def space(level: int) -> list[dict]:
                      (128, 128, 8, 64, 32, 2, 1, 3, 1),
                      (128, 128, 16, 32, 64, 1, 1, 2, 1), (128, 64, 8, 32, 32, 2, 1, 3, 1),
                      (64, 128, 8, 32, 32, 2, 1, 3, 1), (64, 64, 16, 16, 32, 2, 1, 3, 1),
-                     (256, 128, 8, 64, 64, 1, 1, 2, 1), (256, 128, 8, 128, 32, 1, 1, 2, 1), (128, 256, 8, 64, 64, 1, 1, 3, 1)]
-    return [knobs(*s) for s in settings] + ([dict(SPLIT_PROBE)] if level >= 1 else [])
+                     (256, 128, 8, 64, 64, 1, 1, 2, 1), (256, 128, 8, 128, 32, 1, 1, 2, 1),
+                     (128, 256, 8, 64, 64, 1, 1, 3, 1)]
+    probe = [dict(SPLIT_PROBE)] if level >= 1 else []
+    return [dict(LARGE_ASYNC_TILE.knobs)] + [knobs(*s) for s in settings] + probe
 
 
 def _gemm(task) -> Contraction | HookedGemm:
