@@ -5,10 +5,10 @@ the BERT-base/GPT-2 linears (M in 128, 1024, 4096; K, N from 768, 2304, 3072), V
 batch 8 (group `vit`, M = 1576), the
 decode-shaped linears (M of 1, 4, 16 against Llama-sized weights) and the attention-shaped
 batched matmuls. Each side runs as a CUDA graph of REPS calls (launch gaps out of
-the numbers), timed with CUDA events, median of several replays. Group `tf32` times float32
-x @ W.T with TF32 allowed on both sides (torch.backends.cuda.matmul.allow_tf32, which Kiln's
-linear then carries as `allow_tf32`); group `fp32` float32 without TF32; every other group runs
-with TF32 off. Prints the GPU's name and a table; `--json PATH` writes every row.
+the numbers), timed with CUDA events, median of several replays, the two sides in alternating
+rounds. Group `tf32` times float32 x @ W.T with TF32 allowed on both sides
+(torch.backends.cuda.matmul.allow_tf32, which Kiln's linear then carries as `allow_tf32`);
+group `fp32` float32 without TF32; every other group runs with TF32 off. Prints the GPU's name and a table; `--json PATH` writes every row.
 Usage: python3 benchmarks/gemm_bench.py [--only square,tf32] [--json out.json]
 """
 from __future__ import annotations
@@ -35,6 +35,12 @@ def _task(op, args):
 
 def _graph_time(fn) -> float:
     """Median seconds of one `fn()` call, from replays of a CUDA graph of REPS calls."""
+    return _replay_timer(fn)()
+
+
+def _replay_timer(fn):
+    """A CUDA graph of REPS `fn()` calls, captured once, and a function that replays it and
+    returns the median seconds of one call."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -47,15 +53,26 @@ def _graph_time(fn) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / REPS)
-    return statistics.median(times)
+
+    def time() -> float:
+        times = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / REPS)
+        return statistics.median(times)
+    return time
+
+
+def _alternating_times(*fns, rounds=5) -> list[float]:
+    """Median seconds of one call of each of `fns`, timed in `rounds` alternating rounds (the
+    GPU's clock drifts between measurements: a side timed once, apart, can be 15% off)."""
+    timers = [_replay_timer(fn) for fn in fns]
+    times = [[timer() for timer in timers] for _ in range(rounds)]
+    return [statistics.median(column) for column in zip(*times)]
 
 
 def _case(name, op, args, reference, flops):
@@ -70,8 +87,7 @@ def _case(name, op, args, reference, flops):
     runner(list(args), [out])
     ref = reference(*[a.double() for a in args])
     err = ((out.double() - ref).norm() / ref.norm()).item()
-    t_kiln = _graph_time(lambda: runner(list(args), [out]))
-    t_torch = _graph_time(lambda: reference(*args))
+    t_kiln, t_torch = _alternating_times(lambda: runner(list(args), [out]), lambda: reference(*args))
     return {"name": name, "dtype": str(args[0].dtype)[6:], "template": template,
             "kiln_us": t_kiln * 1e6, "torch_us": t_torch * 1e6, "kiln_tflops": flops / t_kiln / 1e12,
             "torch_tflops": flops / t_torch / 1e12, "ratio": t_torch / t_kiln, "rel_err": err}

@@ -47,7 +47,7 @@ def test_float32_only_with_allow_tf32_and_k_major_operands():
     assert not gemm_sm90.applies(_task("linear", (64, 72), (45, 72), dtype=torch.float32))   # not allowed
     assert not gemm_sm90.applies(_tf32_task("matmul", (64, 72), (72, 64)))       # N-major B: no TF32 transpose
     assert not gemm_sm90.applies(_tf32_task("linear", (64, 70), (45, 70)))       # rows of 280 bytes
-    a, b = _maps(_tf32_task("linear", (1000, 776), (4104, 776)), gemm_sm90.space(0)[0])
+    a, b = _maps(_tf32_task("linear", (1000, 776), (4104, 776)), gemm_sm90.DEFAULT)
     assert (a.box, b.box) == ((32, 128), (32, 256))                              # 128-byte rows of 32 floats
 
 
@@ -60,7 +60,7 @@ def test_tf32_knobs_compile_with_nvrtc():
 
 
 def test_b_layouts_map_k_major_and_n_major():
-    knobs = gemm_sm90.space(0)[0]
+    knobs = gemm_sm90.DEFAULT
     a, b = _maps(_task("linear", (1000, 776), (4104, 776)), knobs)
     assert (a.dims, a.strides, a.box) == ((776, 1000), (1, 776), (64, 128))
     assert (b.dims, b.strides, b.box) == ((776, 4104), (1, 776), (64, 256))
@@ -71,11 +71,32 @@ def test_b_layouts_map_k_major_and_n_major():
 
 
 def test_batch_broadcast_gets_no_batch_dimension():
-    a, b = _maps(_task("matmul", (2, 3, 128, 64), (3, 64, 128)), gemm_sm90.space(0)[0])
+    a, b = _maps(_task("matmul", (2, 3, 128, 64), (3, 64, 128)), gemm_sm90.DEFAULT)
     assert a.dims == (64, 128, 6) and a.strides[2] == 128 * 64      # (2, 3) contiguous: one dim
     assert b.dims == (128, 64, 3) and b.strides[2] == 64 * 128      # broadcast over the 2: absent
-    a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), gemm_sm90.space(0)[0])
+    a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), gemm_sm90.DEFAULT)
     assert a.dims == (96, 520) and len(b.dims) == 2      # contiguous (batch, row) of A: one M of 520 rows
+
+
+def test_clusters_share_b_by_multicast():
+    knobs = dict(gemm_sm90.DEFAULT, CLUSTER=2)
+    program = gemm_sm90.render(_task("linear", (1000, 776), (4104, 776)), **knobs)
+    a, b = [arg for arg in program.launches[0].args if isinstance(arg, TensorMapArg)]
+    assert (a.box, b.box) == ((64, 128), (64, 128))            # each CTA of a pair loads half of the 256 B rows
+    assert "kiln_tma_2d_multicast(dst + rank * 128 * BK, &tmB, &full[stage], 3, k0, (int)n0 + rank * 128)" \
+        in program.source
+    launch = program.launches[0]
+    assert (launch.cluster, launch.items) == (2, 4 * 17 * 2)    # pairs of 128-row tiles: 4 of M x 17 of N
+    program = gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **knobs)
+    assert "for (int j = rank * 2; j < rank * 2 + 2; ++j) kiln_tma_2d_multicast(" in program.source
+    with pytest.raises(ValueError, match="clusters of 2 at BN=64"):    # one 64-column box: nothing to split
+        gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), BN=64, CW=1, MI=1, STAGES=8, CLUSTER=2)
+
+
+@pytest.mark.parametrize("items,max_clusters,grid", [(136, None, 132), (136, 60, 120), (6, 60, 6), (2, 1, 2)])
+def test_cluster_launches_cover_whole_clusters_that_fit_at_once(items, max_clusters, grid):
+    launch = rt.Launch("k", (), (384, 1, 1), items=items, per_block=1, waves=1, cluster=2)
+    assert launch.shape_for(SMS, max_clusters) == ((grid, 1, 1), (384, 1, 1))
 
 
 def test_tensor_map_arg_rejects_bad_strides():
@@ -86,7 +107,8 @@ def test_tensor_map_arg_rejects_bad_strides():
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (4096, 4096, 4096, gemm_sm90.DEFAULT), (8192, 2048, 8192, gemm_sm90.DEFAULT),
+    (4096, 4096, 4096, gemm_sm90.CLUSTERED), (8192, 2048, 8192, gemm_sm90.CLUSTERED),
+    (4096, 768, 3072, gemm_sm90.CLUSTERED), (1576, 768, 2304, gemm_sm90.DEFAULT),
     (4096, 768, 2304, {"BN": 128, "CW": 3, "MI": 1, "STAGES": 4}),
     (1024, 768, 3072, {"BN": 192, "CW": 2, "MI": 1, "STAGES": 5, "PP": 1}),
     (1024, 768, 768, gemm_sm90.PING_PONG),

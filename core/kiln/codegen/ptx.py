@@ -140,6 +140,44 @@ TMA = _tma_copies()
 """`kiln_tma_{r}d(dst, map, bar, c0 ..)` for ranks 2 to 5: one box copy of a tensor map into
 shared memory, completing on mbarrier `bar` (needs MBARRIER before it)."""
 
+
+def _tma_multicasts() -> str:
+    out = []
+    for rank in range(2, 6):
+        coords = ", ".join(f"int c{d}" for d in range(rank))
+        slots = ", ".join(f"%{4 + d}" for d in range(rank))
+        ins = ", ".join(f'"r"(c{d})' for d in range(rank))
+        out.append(
+            f"static __device__ __forceinline__ void kiln_tma_{rank}d_multicast(void* dst, const CUtensorMap* map, "
+            f"uint64_t* bar, uint16_t ctas, {coords}) {{\n"
+            f'    asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes'
+            f'.multicast::cluster [%0], [%1, {{{slots}}}], [%2], %3;\\n"\n'
+            f'                 :: "r"(kiln_smem(dst)), "l"((uint64_t)map), "r"(kiln_smem(bar)), "h"(ctas), {ins}'
+            f' : "memory");\n}}\n')
+    return "".join(out)
+
+
+CLUSTER = r"""
+// this CTA's rank in its cluster
+static __device__ __forceinline__ uint32_t kiln_cluster_rank() {
+    uint32_t r; asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)); return r;
+}
+// every thread of every CTA of the cluster meets here (shared memory written before is visible after)
+static __device__ __forceinline__ void kiln_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// an arrival on mbarrier `bar` of CTA `cta` of the cluster (`bar`: this CTA's barrier at the same offset)
+static __device__ __forceinline__ void kiln_bar_arrive_cta(uint64_t* bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" :: "r"(kiln_smem(bar)), "r"(cta) : "memory");
+}
+""" + _tma_multicasts()
+"""Thread-block clusters (sm_90; needs MBARRIER before it): `kiln_cluster_rank()`,
+`kiln_cluster_sync()`, `kiln_bar_arrive_cta(bar, cta)` (an arrival, with the default
+release at CTA scope, on the barrier at `bar`'s offset in CTA `cta`), and
+`kiln_tma_{r}d_multicast(dst, map, bar, ctas, c0 ..)`: one box copy into shared memory at `dst`'s
+offset in every CTA of the mask `ctas`, completing on the barrier at `bar`'s offset in each."""
+
 def mma_m16n8k16(t: DataType) -> str:
     """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""
     if t not in (dtypes.float16, dtypes.bfloat16):

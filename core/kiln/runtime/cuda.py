@@ -37,7 +37,9 @@ class Launch:
     capped at `waves` blocks per multiprocessor (the kernel loops over what remains). With
     `narrows`, the items are warps that the kernel finds through blockDim (the auto-scheduler's
     warp mode): where fewer than two blocks a multiprocessor would cover them, blocks take fewer
-    warps (two at least), so that the work spreads over every multiprocessor.
+    warps (two at least), so that the work spreads over every multiprocessor. With `cluster`
+    > 1 the blocks launch in thread-block clusters of that many (consecutive blocks along x),
+    the grid a multiple of it.
     """
 
     kernel: str
@@ -49,9 +51,13 @@ class Launch:
     waves: int = 16
     smem: int = 0
     narrows: bool = False
+    cluster: int = 1
 
-    def shape_for(self, sm_count: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """The grid and the block to launch on a GPU with `sm_count` multiprocessors."""
+    def shape_for(self, sm_count: int,
+                  max_clusters: int | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The grid and the block to launch on a GPU with `sm_count` multiprocessors, where at
+        most `max_clusters` of this launch's clusters fit at once (cluster launches: the grid
+        then covers no more, so that a persistent kernel's blocks all run together)."""
         if self.grid is not None:
             return self.grid, self.block
         per_block, block = self.per_block, self.block
@@ -59,8 +65,11 @@ class Launch:
             while per_block > 2 and -(-self.items // per_block) < 2 * sm_count:
                 per_block //= 2
             block = (32 * per_block, 1, 1)
-        blocks = -(-self.items // per_block)
-        return (max(1, min(blocks, sm_count * self.waves)), 1, 1), block
+        blocks = min(-(-self.items // per_block), sm_count * self.waves)
+        if self.cluster > 1:
+            clusters = min(blocks // self.cluster, max_clusters or sm_count // self.cluster)
+            return (self.cluster * max(1, clusters), 1, 1), block
+        return (max(1, blocks), 1, 1), block
 
 
 @dataclass
@@ -264,18 +273,27 @@ def device_info(index: int) -> dict:
 class CudaKernel:
     """A kernel loaded from a cubin on one device; call `launch` with pointers and a grid."""
 
-    def __init__(self, cubin: Path, name: str, device_index: int, dynamic_smem: int = 0, dependent: bool = False):
+    def __init__(self, cubin: Path, name: str, device_index: int, dynamic_smem: int = 0, dependent: bool = False,
+                 cluster: int = 1):
         """`dependent`: launch as a programmatic dependent of the kernel ahead of it in the
-        stream (the kernel must wait for prior grids first: `kiln.runtime.dependent_launch`)."""
+        stream (the kernel must wait for prior grids first: `kiln.runtime.dependent_launch`);
+        `cluster`: launch in thread-block clusters of that many blocks along x."""
         driver, _ = _bindings()
         self.name = name
         self.device_index = device_index
         self._attrs = []
+        self._configs = {}
         if dependent:
             attr = driver.CUlaunchAttribute()
             attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
-            self._attrs = [attr]
+            self._attrs.append(attr)
+        if cluster > 1:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            self._attrs.append(attr)
+        self.cluster = cluster
         with _lock:
             _make_current(device_index)
             self._module = _check(driver.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
@@ -301,13 +319,31 @@ class CudaKernel:
             _check(driver.cuLaunchKernel(self._fn, *grid, *block, smem, driver.CUstream(stream),
                                          ctypes.addressof(params), 0), f"cuLaunchKernel({self.name})")
             return
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = block
-        config.sharedMemBytes = smem
-        config.hStream = driver.CUstream(stream)
-        config.attrs, config.numAttrs = self._attrs, len(self._attrs)
+        config = self._config(grid, block, smem, stream)
         _check(driver.cuLaunchKernelEx(config, self._fn, ctypes.addressof(params), 0), f"cuLaunchKernelEx({self.name})")
+
+    def _config(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int):
+        """The `CUlaunchConfig` of a launch with this kernel's attributes, made once per shape and stream."""
+        key = (grid, block, smem, stream)
+        config = self._configs.get(key)
+        if config is None:
+            driver, _ = _bindings()
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = smem
+            config.hStream = driver.CUstream(stream)
+            config.attrs, config.numAttrs = self._attrs, len(self._attrs)
+            self._configs[key] = config
+        return config
+
+    def max_active_clusters(self, block: tuple[int, int, int], smem: int) -> int:
+        """How many of this kernel's clusters the GPU runs at once with `block` and `smem` bytes
+        of dynamic shared memory (`cuOccupancyMaxActiveClusters`)."""
+        driver, _ = _bindings()
+        _make_current(self.device_index)
+        config = self._config((self.cluster, 1, 1), block, smem, 0)
+        return _check(driver.cuOccupancyMaxActiveClusters(self._fn, config), f"cuOccupancyMaxActiveClusters({self.name})")
 
 
 class CudaRunner:
@@ -322,11 +358,14 @@ class CudaRunner:
         arch = program.arch_for(info["arch"])
         cubin = compile_cubin(launch_source(program, arch), program.kernel_names[0], arch)
         dependent = dependent_launch.enabled(arch_number(arch))
-        smem = {}
+        smem, cluster = {}, {}
         for launch in program.launches:
             smem[launch.kernel] = max(smem.get(launch.kernel, 0), launch.smem)
-        self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name], dependent)
+            cluster[launch.kernel] = launch.cluster
+        self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name], dependent, cluster[name])
                         for name in program.kernel_names}
+        self.shapes = [launch.shape_for(self.sm_count, self.kernels[launch.kernel].max_active_clusters(
+            launch.block, launch.smem) if launch.cluster > 1 else None) for launch in program.launches]
 
     def __call__(self, inputs: list, outputs: list) -> None:
         import torch
@@ -343,9 +382,8 @@ class CudaRunner:
         buffers = KernelArgs.bind(inputs, outputs, temps)
         buffers.update({KernelArgs.size(k): struct.pack("<q", v) for k, v in enumerate(self.program.sizes)})
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
-        for launch in self.program.launches:
-            self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args],
-                                               *launch.shape_for(self.sm_count), launch.smem, stream)
+        for launch, shape in zip(self.program.launches, self.shapes):
+            self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args], *shape, launch.smem, stream)
 
 
 # ------------------------------------------------------------------ TMA tensor maps

@@ -53,9 +53,11 @@ def _batch_dims(c: Contraction, operand: Operand) -> list[tuple[int, int, int]] 
     return dims if len(dims) <= 3 else None
 
 
-def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name: str):
+def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name: str, parts: int = 1):
     """The tensor map of `operand` (extent rows of M or N) with `rows`-row tiles, the C of its
-    loads into the stage `dst`, and whether it is MN-major (wgmma's transpose bit)."""
+    loads into the stage `dst`, and whether it is MN-major (wgmma's transpose bit). With `parts`
+    > 1 the tile is shared by a cluster of that many CTAs: CTA `rank` loads part `rank` of its
+    rows into every CTA's stage by multicast (None where the rows do not split so)."""
     batch = _batch_dims(c, operand)
     if batch is None:
         return None
@@ -64,24 +66,30 @@ def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name:
     bdims, bstrides = tuple(int(s) for _, s, _ in batch), tuple(int(st) for _, _, st in batch)
     x0 = "m0" if name == "A" else "n0"
     K, extent = int(c.K), int(extent)
+    copy = f"kiln_tma_{rank}d(" if parts == 1 else f"kiln_tma_{rank}d_multicast("
+    bar = "&full[stage]" if parts == 1 else f"&full[stage], {(1 << parts) - 1}"
     if operand.k_stride == 1:
+        part = rows // parts
         arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
-                           (k_block(operand.dtype), rows) + (1,) * len(batch))
-        load = f"kiln_tma_{rank}d(dst, &tm{name}, &full[stage], k0, (int){x0}{coords});"
+                           (k_block(operand.dtype), part) + (1,) * len(batch))
+        dst, at = ("dst", "") if parts == 1 else (f"dst + rank * {part} * BK", f" + rank * {part}")
+        load = f"{copy}{dst}, &tm{name}, {bar}, k0, (int){x0}{at}{coords});"
         return arg, load, 0
-    if operand.x_stride == 1 and operand.dtype.is_16bit_float:
+    if operand.x_stride == 1 and operand.dtype.is_16bit_float and rows // 64 % parts == 0:
+        boxes = rows // 64 // parts
         arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
-        load = (f"for (int j = 0; j < {rows // 64}; ++j) kiln_tma_{rank}d(dst + j * 64 * BK, &tm{name}, &full[stage], "
+        first = "0" if parts == 1 else f"rank * {boxes}"
+        load = (f"for (int j = {first}; j < {first} + {boxes}; ++j) {copy}dst + j * 64 * BK, &tm{name}, {bar}, "
                 f"(int){x0} + j * 64, k0{coords});")
         return arg, load, 1
     return None
 
 
-def _maps(c: Contraction, bm: int, bn: int):
+def _maps(c: Contraction, bm: int, bn: int, cluster: int = 1):
     try:
         a = _operand_map(c, c.a, bm, c.M, "A")
-        b = _operand_map(c, c.b, bn, c.N, "B")
+        b = _operand_map(c, c.b, bn, c.N, "B", cluster)
     except ValueError:        # strides or boxes TMA cannot take
         return None
     return (a, b) if a and b else None
@@ -97,18 +105,27 @@ FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k
 
 
 def space(level: int) -> list[dict]:
-    """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; 1 and 2 add other tiles, depths,
-    ping-pong consumers and split-K (2: and epilogue fetch depths other than the default)."""
+    """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
+    consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
+    multicast and split-K (2: and epilogue fetch depths other than the default)."""
     if level == 0:
-        return [dict(DEFAULT)]
-    out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2)]
+        return [dict(CLUSTERED)]
+    out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2), dict(DEFAULT, CLUSTER=2), CLUSTERED]
     if level == 2:
         out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
                 _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), dict(PING_PONG, FETCH=1), dict(DEFAULT, FETCH=2)]
+        out += [dict(k, CLUSTER=2) for k in (_k(128, 2, 1, 6), _k(128, 2, 2, 6, 1), PING_PONG, _k(256, 2, 1, 3))]
     return [dict(k) for k in out if fits(k)]
 
 
 PING_PONG = _k(128, 2, 1, 8, 1)
+CLUSTERED = dict(_k(256, 2, 1, 5, 1), CLUSTER=2)
+CLUSTER_WAVES = 4
+"""Grids of 16-bit operands of at least CLUSTER_WAVES waves of 64 x 256 tiles that `WAVE_TILES`
+gives 128 x 256 take CLUSTERED instead: ping-pong 64 x 256 tiles in clusters of two sharing B by
+multicast. On an H200 it was 1.00-1.10x DEFAULT on the float16 and bfloat16 squares (8192 x 2048
+x 8192: 1.10x) and 4096 x 768 x 3072, and 0.92x on ViT's 1576 x 768 x 2304 (1.7 waves); on TF32
+squares 1.04x and 0.96x, so float32 keeps DEFAULT."""
 WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]
@@ -122,7 +139,8 @@ def suggest(task, sm_count: int) -> list[dict]:
     cooperative tiles and split-K. Shapes of at least 0.7 of a wave of 64 x 128 tiles take the
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
-    residual) and a short main loop, only the entries that can stage them (`staged_stages`).
+    residual) and a short main loop, only the entries that can stage them (`staged_stages`);
+    16-bit operands without sources in grids of many waves take clusters (`CLUSTER_WAVES`).
     Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split).
     Symbolic sizes count as their bucket (`split_k.bucket`: the power of two at or above the
     value), so that the sizes of a bucket take the same knobs and share one source, built once."""
@@ -135,6 +153,9 @@ def suggest(task, sm_count: int) -> list[dict]:
         cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (K + 2 * BK) / entry[2]
         staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources, k_tiles)] if c.sources else []
         first = dict(min(staging or WAVE_TILES, key=cost)[1])
+        if (first == DEFAULT and c.a.dtype.is_16bit_float and not c.sources
+                and tiles(64, 256) >= CLUSTER_WAVES * sm_count):
+            first = dict(CLUSTERED)
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
@@ -152,15 +173,19 @@ def applies(task) -> bool:
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> CudaProgram:
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None, CLUSTER=1) -> CudaProgram:
     c: Contraction = match_contraction(task)
     bm = 64 * MI * (1 if PP else CW)
-    (map_a, load_a, trans_a), (map_b, load_b, trans_b) = _maps(c, bm, BN)
+    maps = _maps(c, bm, BN, CLUSTER)
+    if maps is None:
+        raise ValueError(f"gemm_sm90: B ({c.N} x {c.K}, {c.b.dtype.name}) cannot be shared by clusters of "
+                         f"{CLUSTER} at BN={BN}: an N-contiguous B splits into 64-column boxes, BN / 64 a multiple of it")
+    (map_a, load_a, trans_a), (map_b, load_b, trans_b) = maps
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
     problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sizes, c.sources,
                       c.output)
-    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
+    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH, CLUSTER)
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,

@@ -28,7 +28,11 @@ two consumers take whole 64*MI x BN tiles in turn instead of sharing one: named 
 one consumer at a time run its main loop, and its epilogue overlaps the other's MMA. Tiles are
 taken by a persistent grid of at most one CTA per SM, in groups of GROUP tile rows (grouped
 rasterization) for L2 reuse. Split-K (SPLIT > 1) makes work units (tile, split) and sums the
-float32 partials in `split_k`'s kernel.
+float32 partials in `split_k`'s kernel. With CLUSTER = 2 the CTAs run in thread-block clusters
+of two that take vertically adjacent tiles together: the producer of each loads its own A and
+half of the shared B tile into both CTAs' slots (TMA multicast), so each slot's empty barrier
+counts the releases of both CTAs' consumers (one per warp, the peer's by a remote arrive), and a
+producer stays until the peer's last releases have arrived before its CTA may exit.
 """
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             kiln_bar_init(&full[s], FULL_ARRIVALS);
-            kiln_bar_init(&empty[s], PP ? 128 : CW * 128);
+            kiln_bar_init(&empty[s], EMPTY_ARRIVALS);
         }
         for (int s = 0; s < 2; ++s) {
             kiln_bar_init(&src_full[s], 1);
@@ -75,8 +79,15 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#if CLUSTER > 1
+    kiln_cluster_sync();        // the peers' barriers are ready before anything arrives on them
+    const int rank = kiln_cluster_rank();
+#else
     __syncthreads();
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, per_batch = tiles_m * tiles_n;
+    const int rank = 0;
+#endif
+    // work units are CLUSTER vertically adjacent tiles, one per CTA of a cluster
+    const int tiles_m = (M + BM * CLUSTER - 1) / (BM * CLUSTER), tiles_n = (N + BN - 1) / BN, per_batch = tiles_m * tiles_n;
     const int units = per_batch * BATCH * SPLIT;
     const int k_tiles = (K + KB - 1) / KB;
     int stage = 0, parity = 0;
@@ -84,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
         if (tid >= PRODUCERS) return;
         int local = 0;
-        for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++local) {
+        for (int unit = blockIdx.x / CLUSTER; unit < units; unit += gridDim.x / CLUSTER, ++local) {
             UNIT_COORDS
             TILE_SETUP
             for (int kt = kt0; kt < kt1; ++kt) {
@@ -110,6 +121,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
 #endif
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
+#if CLUSTER > 1
+        // the peers' consumers release into this CTA's barriers: stay until the last have arrived
+        for (int s = 0; s < STAGES; ++s) {
+            kiln_bar_wait(&empty[stage], parity ^ 1);
+            if (++stage == STAGES) { stage = 0; parity ^= 1; }
+        }
+#endif
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
@@ -117,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
     const int SLAB = PP ? 0 : c * MI;    // the consumer's first 64-row slab of the tile
     float acc[MI][BN / 2];
     int local = 0;
-    for (int unit = blockIdx.x; unit < units; unit += gridDim.x, ++local) {
+    for (int unit = blockIdx.x / CLUSTER; unit < units; unit += gridDim.x / CLUSTER, ++local) {
         UNIT_COORDS
         if (PP && local % CW != c) {        // the other consumer's tile: skip its stages
             const int passed = stage + (kt1 - kt0);
@@ -153,13 +171,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
             }
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-            if (held >= 0) kiln_bar_arrive(&empty[held]);
+            if (held >= 0) RELEASE(&empty[held]);
             held = stage;
             if (++stage == STAGES) { stage = 0; parity ^= 1; }
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        if (held >= 0) kiln_bar_arrive(&empty[held]);
-        if (PP && unit + gridDim.x < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
+        if (held >= 0) RELEASE(&empty[held]);
+        if (PP && unit + gridDim.x / CLUSTER < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
 #if NSRC
         const int sb = local % 2;
         kiln_bar_wait(&src_full[sb], (local / 2) & 1);
@@ -235,7 +253,7 @@ STAGE_BLOCK = (
 UNIT_COORDS = (
     "const int ks = unit % SPLIT, tile = unit / SPLIT, bz = tile / per_batch, r = tile % per_batch;"
     " const int band = GROUP * tiles_n, first_m = r / band * GROUP, rows = min(tiles_m - first_m, GROUP);"
-    " const int tm = first_m + r % band % rows, tn = r % band / rows;"
+    " const int tm = (first_m + r % band % rows) * CLUSTER + rank, tn = r % band / rows;"
     " const int64_t m0 = (int64_t)tm * BM, n0 = (int64_t)tn * BN;"
     " const int kt0 = ks * KT_SPLIT, kt1 = min(k_tiles, kt0 + KT_SPLIT); (void)bz;")
 
@@ -373,11 +391,17 @@ def fetch_depth(knobs: dict, producer_regs: int = 40) -> int:
 
 
 def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8,
-            FETCH=None) -> CudaProgram:
+            FETCH=None, CLUSTER=1) -> CudaProgram:
     """The engine's program for problem `p` filled by `producer`, kernel named `kernel` (FETCH:
     see `fetch_depth`, its default). Where `staged_stages` allows, the epilogue's sources come
-    as tiles by TMA, and the ring is that deep."""
+    as tiles by TMA, and the ring is that deep. With CLUSTER = 2 the CTAs run in clusters of two
+    that take vertically adjacent tiles together, and `producer` fills both CTAs' slots of what
+    they share (by TMA multicast, rank `rank` of the pair issuing its half): each slot is then
+    released by the consumers of both CTAs."""
     knobs = tile_knobs(BN, CW, MI, STAGES, PP)
+    if CLUSTER not in (1, 2) or (CLUSTER > 1 and producer.threads > 1):
+        raise ValueError(f"{kernel}: CLUSTER={CLUSTER}; the engine runs clusters of 1 or 2 CTAs, "
+                         "and of 2 only where the producer loads by TMA alone")
     if not fits(knobs, producer.regs):
         raise ValueError(f"{kernel}: knobs {knobs} need {smem_bytes(knobs)} bytes of shared memory "
                          f"(at most {MAX_SMEM}) or more accumulators than the consumers' registers hold")
@@ -401,18 +425,30 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "PRODUCER_REGS": producer.regs, "CONSUMER_REGS": consumer_registers(CW, producer.regs),
         "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
         "TILE_SETUP": producer.tile_setup, "GATHER": producer.gather, "UNIT_COORDS": UNIT_COORDS,
-        "STAGE_BLOCK": STAGE_BLOCK, **vector,
+        "STAGE_BLOCK": STAGE_BLOCK, **vector, "CLUSTER": CLUSTER, **_release_defines(CLUSTER, PP, CW),
         "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),
         **producer.defines, **sk.defines,
     }
+    groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA] + [ptx.CLUSTER] * (CLUSTER > 1)
     source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
-                              KERNEL, sk.source], defines, p.epilogue + vector_hook,
-                             ptx=[ptx.CP_ASYNC, ptx.MBARRIER, ptx.TMA] if gathered else [ptx.MBARRIER, ptx.TMA])
-    units = int(-(-p.M // block_m(knobs)) * -(-p.N // BN) * p.batch * SPLIT)
+                              KERNEL, sk.source], defines, p.epilogue + vector_hook, ptx=groups)
+    units = int(-(-p.M // (block_m(knobs) * CLUSTER)) * -(-p.N // BN) * p.batch * SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (CW + 1), 1, 1),
-                       items=units, per_block=1, waves=1, smem=smem_bytes(knobs, sources))] + sk.launches
+                       items=units * CLUSTER, per_block=1, waves=1, smem=smem_bytes(knobs, sources),
+                       cluster=CLUSTER)] + sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
                        sizes=p.sizes.values)
+
+
+def _release_defines(cluster: int, pp: int, cw: int) -> dict:
+    """EMPTY_ARRIVALS and RELEASE(bar), a consumer's release of a ring slot: one arrival per
+    thread, or in a cluster one per warp on the slot's barrier in each CTA (both CTAs' producers
+    fill it)."""
+    consumers = 128 * (1 if pp else cw)
+    if cluster == 1:
+        return {"EMPTY_ARRIVALS": consumers, "RELEASE(bar)": "kiln_bar_arrive(bar)"}
+    return {"EMPTY_ARRIVALS": consumers // 32 * cluster,
+            "RELEASE(bar)": "if (lane == 0) { kiln_bar_arrive(bar); kiln_bar_arrive_cta(bar, rank ^ 1); }"}
 
 
 def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, bn: int) -> dict[str, TensorMapArg]:
