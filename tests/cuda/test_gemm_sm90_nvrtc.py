@@ -93,6 +93,25 @@ def test_clusters_share_b_by_multicast():
         gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), BN=64, CW=1, MI=1, STAGES=8, CLUSTER=2)
 
 
+def _output_map(task, **knobs):
+    program = gemm_sm90.render(task, **knobs)
+    maps = [a for a in program.launches[0].args if isinstance(a, TensorMapArg) and a.param == "out0"]
+    assert ("#define TMA_STORE 1" in program.source) == bool(maps)
+    return maps[0] if maps else None
+
+
+def test_tma_store_maps_dense_16bit_outputs_only():
+    knobs = dict(gemm_sm90.DEFAULT, TMA_STORE=1)
+    out = _output_map(_task("linear", (1000, 776), (4104, 776), (4104,)), **knobs)
+    assert (out.dims, out.strides, out.box, out.swizzle) == ((4104, 1000), (1, 4104), (64, 16), 128)
+    out = _output_map(_task("matmul", (2, 3, 70, 64), (3, 64, 40)), **knobs)     # one batch dim of 6 images
+    assert (out.dims, out.strides, out.box) == ((40, 70, 6), (1, 40, 2800), (64, 16, 1))
+    assert _output_map(_task("linear", (1000, 776), (4100, 776)), **knobs) is None      # rows of 8200 bytes
+    assert _output_map(_tf32_task("linear", (1000, 776), (4104, 776)), **knobs) is None  # float32 outputs
+    assert _output_map(_task("linear", (64, 4096), (4104, 4096)), **dict(knobs, SPLIT=4)) is None
+    assert _output_map(_task("linear", (1000, 776), (4104, 776)), **gemm_sm90.DEFAULT) is None
+
+
 @pytest.mark.parametrize("items,max_clusters,grid", [(136, None, 132), (136, 60, 120), (6, 60, 6), (2, 1, 2)])
 def test_cluster_launches_cover_whole_clusters_that_fit_at_once(items, max_clusters, grid):
     launch = rt.Launch("k", (), (384, 1, 1), items=items, per_block=1, waves=1, cluster=2)
@@ -116,6 +135,14 @@ def test_tensor_map_arg_rejects_bad_strides():
     (128, 3072, 768, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 6})])
 def test_level0_choice(m, k, n, first):
     assert gemm_sm90.suggest(_task("linear", (m, k), (n, k)), SMS)[0] == first
+
+
+@pytest.mark.parametrize("a,b,first", [
+    ((32, 1024, 128), (32, 128, 1024), dict(gemm_sm90.CLUSTERED, TMA_STORE=1)),
+    ((96, 128, 64), (96, 64, 128), dict(gemm_sm90.PING_PONG, TMA_STORE=1)),
+    ((96, 128, 128), (96, 128, 64), {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8})])
+def test_level0_choice_of_attention_shapes(a, b, first):
+    assert gemm_sm90.suggest(_task("matmul", a, b), SMS)[0] == first
 
 
 def test_space_fits_shared_memory():

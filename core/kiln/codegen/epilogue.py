@@ -185,7 +185,11 @@ def render_epilogue(lowered, out, decl: list[str], index_of, n_contiguous: bool,
     `contraction_epilogue` adds the sources' hook, `kiln_fetch2_staged(params, b, m, n, f, at,
     src0, ..)`: `kiln_fetch2` reading the sources' elements from tiles the template staged in
     shared memory, element (m, n) of source k at `srck[at]` (`at`: its place in the BM x BN
-    tile)."""
+    tile).
+
+    For 16-bit outputs, `kiln_epilogue2_packed(params, b, m, n, acc0, acc1)` computes the pair
+    as `kiln_epilogue2` does and returns it as one 32-bit word (n in the low half) instead of
+    storing it, for a template that stores the output by other means (a TMA store)."""
     return _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage=False)[0]
 
 
@@ -206,7 +210,7 @@ def _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage: b
     sources = _sources(fetched, names, mvar, nvars) if stage else ()
     staged = [staged_source(load, names, mvar, nvars, sources) for load in fetched] if sources else []
 
-    def body(count: int, seeded: dict) -> list[str]:
+    def body(count: int, seeded: dict, packed: bool = False) -> list[str]:
         em = Emitter(d, names, strides, sizes=sizes)
         em.scopes[0].update(seeded)
         values, offsets = [], []
@@ -219,6 +223,9 @@ def _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage: b
                 if any(sz > 1 for sz in out.shape) else 0
             offsets.append(em.emit(simplify(flat)) if not isinstance(flat, int) else "0")
         size = out.dtype.nbytes
+        if packed:
+            em.line(f"return (uint32_t)(uint16_t)({values[0]}) | ((uint32_t)(uint16_t)({values[1]}) << 16);")
+            return em.lines
         apart = [f"{out0}[{offsets[0]}] = {values[0]};", f"{out0}[{offsets[1]}] = {values[1]};"] if count == 2 else []
         if count == 1:
             em.line(f"{out0}[{offsets[0]}] = {values[0]};")
@@ -262,6 +269,8 @@ def _render(lowered, out, decl, index_of, n_contiguous, extents, sizes, stage: b
         f"{head} kiln_epilogue({params}, {acc_type} acc) {{\n" + "\n".join(body(1, {})) + "\n}\n",
         f"{head} kiln_epilogue2({params}, {acc_type} acc0, {acc_type} acc1) {{\n{n1}"
         + "\n".join(body(2, {})) + "\n}\n",
+        f"{head.replace('void', 'uint32_t')} kiln_epilogue2_packed({params}, {acc_type} acc0, {acc_type} acc1) "
+        f"{{\n{n1}" + "\n".join(body(2, {}, packed=True)) + "\n}\n" if out.dtype.nbytes == 2 else "",
         f"struct kiln_fetched {{{fields} }};\n",
         f"{head} kiln_fetch2({params}, kiln_fetched& f) {{\n{n1}" + "\n".join(fetch.lines) + "\n}\n",
         f"{head} kiln_prefetch({params}) {{\n" + "\n".join(prefetch.lines) + "\n}\n",

@@ -136,9 +136,32 @@ def _tma_copies() -> str:
     return "".join(out)
 
 
-TMA = _tma_copies()
+def _tma_stores() -> str:
+    out = []
+    for rank in range(2, 6):
+        coords = ", ".join(f"int c{d}" for d in range(rank))
+        slots = ", ".join(f"%{2 + d}" for d in range(rank))
+        ins = ", ".join(f'"r"(c{d})' for d in range(rank))
+        out.append(
+            f"static __device__ __forceinline__ void kiln_tma_store_{rank}d(const CUtensorMap* map, const void* src, "
+            f"{coords}) {{\n"
+            f'    asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{slots}}}], [%1];\\n"\n'
+            f'                 :: "l"((uint64_t)map), "r"(kiln_smem(src)), {ins} : "memory");\n}}\n')
+    return "".join(out) + r"""
+static __device__ __forceinline__ void kiln_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// wait until at most N committed bulk groups of this thread still read their shared memory
+template <int N> static __device__ __forceinline__ void kiln_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+"""
+
+
+TMA = _tma_copies() + _tma_stores()
 """`kiln_tma_{r}d(dst, map, bar, c0 ..)` for ranks 2 to 5: one box copy of a tensor map into
-shared memory, completing on mbarrier `bar` (needs MBARRIER before it)."""
+shared memory, completing on mbarrier `bar` (needs MBARRIER before it); `kiln_tma_store_{r}d(map,
+src, c0 ..)`: one box copy from shared memory at `src` out to the tensor map (elements outside
+the tensor are not written), in this thread's current bulk group; `kiln_bulk_commit()` closes
+the group, `kiln_bulk_wait_read<N>()` waits until at most N groups still read shared memory."""
 
 
 def _tma_multicasts() -> str:

@@ -107,10 +107,12 @@ FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k
 def space(level: int) -> list[dict]:
     """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
     consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
-    multicast and split-K (2: and epilogue fetch depths other than the default)."""
+    multicast, epilogues storing by TMA and split-K (2: and epilogue fetch depths other than the
+    default)."""
     if level == 0:
         return [dict(CLUSTERED)]
     out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2), dict(DEFAULT, CLUSTER=2), CLUSTERED]
+    out += [dict(k, TMA_STORE=1) for k in (DEFAULT, CLUSTERED, PING_PONG, _k(64, 1, 1, 8))]
     if level == 2:
         out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
                 _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), dict(PING_PONG, FETCH=1), dict(DEFAULT, FETCH=2)]
@@ -126,6 +128,13 @@ gives 128 x 256 take CLUSTERED instead: ping-pong 64 x 256 tiles in clusters of 
 multicast. On an H200 it was 1.00-1.10x DEFAULT on the float16 and bfloat16 squares (8192 x 2048
 x 8192: 1.10x) and 4096 x 768 x 3072, and 0.92x on ViT's 1576 x 768 x 2304 (1.7 waves); on TF32
 squares 1.04x and 0.96x, so float32 keeps DEFAULT."""
+TMA_STORE_K_TILES = 2
+"""Main loops of at most this many k-tiles (K <= 128 for 16-bit operands: attention's batched
+matmuls), whose time goes to writing the output, store it by TMA (`TMA_STORE`) where the tile is
+DEFAULT, CLUSTERED or PING_PONG. On an H200 (three alternating rounds, each setting against the
+same without) that made 32 x 1024 x 128 x 1024 1.30x faster with CLUSTERED (1.013 of cuBLAS)
+and 96 x 128 x 64 x 128 1.21x with PING_PONG; on the squares it was 0.88-0.96x with CLUSTERED and
+on ViT's linears 0.86-0.99x, so longer main loops keep their register-staged stores."""
 WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]
@@ -140,7 +149,8 @@ def suggest(task, sm_count: int) -> list[dict]:
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
     residual) and a short main loop, only the entries that can stage them (`staged_stages`);
-    16-bit operands without sources in grids of many waves take clusters (`CLUSTER_WAVES`).
+    16-bit operands without sources in grids of many waves take clusters (`CLUSTER_WAVES`), and
+    short main loops store by TMA (`TMA_STORE_K_TILES`).
     Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split).
     Symbolic sizes count as their bucket (`split_k.bucket`: the power of two at or above the
     value), so that the sizes of a bucket take the same knobs and share one source, built once."""
@@ -156,6 +166,8 @@ def suggest(task, sm_count: int) -> list[dict]:
         if (first == DEFAULT and c.a.dtype.is_16bit_float and not c.sources
                 and tiles(64, 256) >= CLUSTER_WAVES * sm_count):
             first = dict(CLUSTERED)
+        if k_tiles <= TMA_STORE_K_TILES and first in (DEFAULT, CLUSTERED, PING_PONG):
+            first = dict(first, TMA_STORE=1)
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
@@ -173,7 +185,7 @@ def applies(task) -> bool:
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None, CLUSTER=1) -> CudaProgram:
+def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None, CLUSTER=1, TMA_STORE=0) -> CudaProgram:
     c: Contraction = match_contraction(task)
     bm = 64 * MI * (1 if PP else CW)
     maps = _maps(c, bm, BN, CLUSTER)
@@ -185,7 +197,7 @@ def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None, CLUSTER
                         + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
     problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sizes, c.sources,
                       c.output)
-    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH, CLUSTER)
+    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH, CLUSTER, TMA_STORE)
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,

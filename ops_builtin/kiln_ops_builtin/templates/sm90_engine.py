@@ -20,10 +20,15 @@ group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the pr
 fetches the next tile; each warp first stages 16 x 32 blocks of its accumulators in shared
 memory, so every store instruction writes two whole 128-byte rows. Where the output stores
 16-byte packs (VEC), each lane instead takes VEC neighbouring outputs of a row through the
-core's vector hook (`kiln_epilogue_v`). What the epilogue reads per element at
-m * row_stride + n (a residual: the match's `sources`) comes as BM x BN tiles by TMA, issued by
-the producer after the tile's operands into one of two buffers with their own full and empty
-mbarriers (`staged_stages`: the ring is made shallower where shared memory needs it). With PP = 1 (ping-pong) the
+core's vector hook (`kiln_epilogue_v`). With TMA_STORE = 1, where the output is a 16-bit
+matrix TMA can describe (`output_map`), each warp instead packs its 16 x 64 blocks straight from
+the accumulators through `kiln_epilogue2_packed` into a 128-byte-swizzled 2 KB tile of shared
+memory (the staging area, free then) and stores it with one TMA copy, which clips what lies past
+M and N: nothing staged in float32, and the stores leave the load/store pipeline. What the
+epilogue reads per element at m * row_stride + n (a residual: the match's `sources`) comes as
+BM x BN tiles by TMA, issued by the producer after the tile's operands into one of two buffers
+with their own full and empty mbarriers (`staged_stages`: the ring is made shallower where
+shared memory needs it). With PP = 1 (ping-pong) the
 two consumers take whole 64*MI x BN tiles in turn instead of sharing one: named barriers let
 one consumer at a time run its main loop, and its epilogue overlaps the other's MMA. Tiles are
 taken by a persistent grid of at most one CTA per SM, in groups of GROUP tile rows (grouped
@@ -41,10 +46,13 @@ from dataclasses import dataclass, field
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.cuda import CudaDialect, template_source
+from kiln.codegen.emitter import KernelArgs, row_major_strides
 from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource
 from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
+from kiln.ir.expr import Const, Var
+from kiln.ir.simplify import linear_terms, simplify
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln_ops_builtin.templates import split_k
 
@@ -187,7 +195,35 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         // what the epilogue reads per row (a residual) is loaded FETCH blocks ahead of the block
         // being stored, so that that many blocks' loads are in flight at once
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
-#if VEC
+#if TMA_STORE
+        // each warp packs its 16 x 64 blocks of outputs into a 128-byte-swizzled 2 KB tile (in
+        // the staging area, unused here) and stores it by TMA, which clips what lies past M and N
+        unsigned char* packed = (unsigned char*)(((uint64_t)epi + 1023) & ~(uint64_t)1023) + (c * 4 + w) * 2048;
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+            for (int q = 0; q < BN / 64; ++q) {
+                if (lane == 0) kiln_bulk_wait_read<0>();      // the tile's last store has read it
+                __syncwarp();
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = lane / 4 + h * 8, col = q * 64 + jj * 8 + (lane % 4) * 2;
+                        const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + col;
+                        const float* v = &acc[i][(q * 8 + jj) * 4 + h * 2];
+                        *(uint32_t*)(packed + row * 128 + ((jj ^ (row & 7)) * 16) + (lane % 4) * 4) =
+                            m < M && n + 1 < N ? KILN_PACK2(bz, m, n, v[0], v[1]) : 0u;
+                    }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0) {
+                    STORE_TILE(packed, (int)(n0 + q * 64), (int)(m0 + (SLAB + i) * 64 + w * 16));
+                    kiln_bulk_commit();
+                }
+            }
+        }
+#elif VEC
         // each lane stores VEC neighbouring outputs of a row (16 bytes) through the vector hook
 #pragma unroll
         for (int i = 0; i < MI; ++i) {
@@ -240,6 +276,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         kiln_bar_arrive(&src_empty[sb]);
 #endif
     }
+#if TMA_STORE
+    if (lane == 0) kiln_bulk_wait_read<0>();           // shared memory outlives the last store's reads
+#endif
 }
 """
 
@@ -391,13 +430,14 @@ def fetch_depth(knobs: dict, producer_regs: int = 40) -> int:
 
 
 def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8,
-            FETCH=None, CLUSTER=1) -> CudaProgram:
+            FETCH=None, CLUSTER=1, TMA_STORE=0) -> CudaProgram:
     """The engine's program for problem `p` filled by `producer`, kernel named `kernel` (FETCH:
     see `fetch_depth`, its default). Where `staged_stages` allows, the epilogue's sources come
     as tiles by TMA, and the ring is that deep. With CLUSTER = 2 the CTAs run in clusters of two
     that take vertically adjacent tiles together, and `producer` fills both CTAs' slots of what
     they share (by TMA multicast, rank `rank` of the pair issuing its half): each slot is then
-    released by the consumers of both CTAs."""
+    released by the consumers of both CTAs. With TMA_STORE = 1 the epilogue stores its outputs
+    by TMA where `output_map` can describe them (else it stores as without)."""
     knobs = tile_knobs(BN, CW, MI, STAGES, PP)
     if CLUSTER not in (1, 2) or (CLUSTER > 1 and producer.threads > 1):
         raise ValueError(f"{kernel}: CLUSTER={CLUSTER}; the engine runs clusters of 1 or 2 CTAs, "
@@ -415,6 +455,9 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     gathered = producer.threads > 1
     maps = {**producer.maps, **_source_maps(sources, p.M, p.N, block_m(knobs), BN)}
     vector, vector_hook = _vector_epilogue(p, SPLIT, sources)
+    out_map = output_map(p) if TMA_STORE and SPLIT == 1 and not sources else None
+    if out_map:
+        maps["O"] = out_map[0]
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
@@ -426,6 +469,8 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
         "GATHERED": int(gathered), "TMA_BYTES": producer.tma_bytes, "LOAD_TMA": "{ " + producer.tma + " }",
         "TILE_SETUP": producer.tile_setup, "GATHER": producer.gather, "UNIT_COORDS": UNIT_COORDS,
         "STAGE_BLOCK": STAGE_BLOCK, **vector, "CLUSTER": CLUSTER, **_release_defines(CLUSTER, PP, CW),
+        "TMA_STORE": int(out_map is not None), "KILN_PACK2(b, m, n, v0, v1)": "kiln_epilogue2_packed(ARGS, b, m, n, v0, v1)",
+        "STORE_TILE(tile, x, y)": out_map[1] if out_map else "",
         "DESC_A(S, KK)": stage_desc(producer.trans_a), "DESC_B(S, KK)": stage_desc(producer.trans_b),
         **producer.defines, **sk.defines,
     }
@@ -438,6 +483,33 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
                        cluster=CLUSTER)] + sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
                        sizes=p.sizes.values)
+
+
+def output_map(p: Problem) -> tuple[TensorMapArg, str] | None:
+    """The output as a tensor map of 16 x 64 boxes (128-byte swizzled) and the C of one box's
+    store from shared memory `tile` at column x, row y of batch bz (`STORE_TILE`), where the
+    output is 16-bit, its element (b, m, n) at b * sb + m * sm + n for fixed sizes, N even and
+    the strides multiples of 16 bytes; else None."""
+    o = p.output
+    if (o is None or o.out.dtype.nbytes != 2 or p.sizes.values or not all(isinstance(x, int) for x in (p.M, p.N))
+            or p.N % 2):
+        return None
+    b, m, n = Var("b", max(int(p.batch), 1)), Var("m", p.M), Var("n", p.N)
+    index = o.index_of(b, m, n)
+    flat = sum((index[id(a)] * s for a, s in zip(o.out.axes, row_major_strides(o.out.shape))), Const(0, dtypes.int64))
+    terms, const = linear_terms(simplify(flat))
+    coef = {id(t): k for t, k in terms}
+    if (const or len(coef) != len(terms) or coef.get(id(n)) != 1
+            or any(id(t) not in (id(b), id(m), id(n)) or not isinstance(k, int) for t, k in terms)):
+        return None
+    sm, sb = coef.get(id(m), 0), coef.get(id(b), 0)
+    batched = p.batch > 1 and sb
+    if not sm or sm * 2 % 16 or (batched and sb * 2 % 16):
+        return None
+    dims = (p.N, p.M) + ((int(p.batch),) if batched else ())
+    strides = (1, sm) + ((sb,) if batched else ())
+    arg = TensorMapArg(KernelArgs.output(0), o.out.dtype, dims, strides, (64, 16) + (1,) * (len(dims) - 2))
+    return arg, f"kiln_tma_store_{len(dims)}d(&tmO, tile, x, y{', (int)bz' if batched else ''})"
 
 
 def _release_defines(cluster: int, pp: int, cw: int) -> dict:
