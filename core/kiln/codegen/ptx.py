@@ -122,62 +122,40 @@ arrival expecting `bytes` of asynchronous copies), `kiln_bar_arrive(bar)`,
 parity)`, and `kiln_gdesc(p, lbo, sbo)`, a 128-byte-swizzled wgmma descriptor."""
 
 
-def _tma_copies() -> str:
+def _per_rank(name: str, params: str, instruction: str, operands: str, first: int) -> str:
+    """Device functions `name` (with `{r}` for the rank) for tensor ranks 2 to 5: `params`, then
+    coordinates c0 .. of the box, wrapping the PTX `instruction` (with `{r}` and `{c}`, the
+    coordinates' operand slots from `%first` on) over `operands`, then the coordinates."""
     out = []
     for rank in range(2, 6):
         coords = ", ".join(f"int c{d}" for d in range(rank))
-        slots = ", ".join(f"%{3 + d}" for d in range(rank))
+        slots = ", ".join(f"%{first + d}" for d in range(rank))
         ins = ", ".join(f'"r"(c{d})' for d in range(rank))
-        out.append(
-            f"static __device__ __forceinline__ void kiln_tma_{rank}d(void* dst, const CUtensorMap* map, uint64_t* bar, {coords}) {{\n"
-            f'    asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes'
-            f' [%0], [%1, {{{slots}}}], [%2];\\n"\n'
-            f'                 :: "r"(kiln_smem(dst)), "l"((uint64_t)map), "r"(kiln_smem(bar)), {ins} : "memory");\n}}\n')
+        out.append(f"static __device__ __forceinline__ void {name.format(r=rank)}({params}, {coords}) {{\n"
+                   f'    asm volatile("{instruction.format(r=rank, c="{" + slots + "}")};\\n"\n'
+                   f"                 :: {operands}, {ins} : \"memory\");\n}}\n")
     return "".join(out)
 
 
-def _tma_stores() -> str:
-    out = []
-    for rank in range(2, 6):
-        coords = ", ".join(f"int c{d}" for d in range(rank))
-        slots = ", ".join(f"%{2 + d}" for d in range(rank))
-        ins = ", ".join(f'"r"(c{d})' for d in range(rank))
-        out.append(
-            f"static __device__ __forceinline__ void kiln_tma_store_{rank}d(const CUtensorMap* map, const void* src, "
-            f"{coords}) {{\n"
-            f'    asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{slots}}}], [%1];\\n"\n'
-            f'                 :: "l"((uint64_t)map), "r"(kiln_smem(src)), {ins} : "memory");\n}}\n')
-    return "".join(out) + r"""
+_LOAD = "cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+_TO_SHARED = '"r"(kiln_smem(dst)), "l"((uint64_t)map), "r"(kiln_smem(bar))'
+TMA = (_per_rank("kiln_tma_{r}d", "void* dst, const CUtensorMap* map, uint64_t* bar", _LOAD + " [%0], [%1, {c}], [%2]",
+                 _TO_SHARED, 3)
+       + _per_rank("kiln_tma_store_{r}d", "const CUtensorMap* map, const void* src",
+                   "cp.async.bulk.tensor.{r}d.global.shared::cta.bulk_group [%0, {c}], [%1]",
+                   '"l"((uint64_t)map), "r"(kiln_smem(src))', 2)
+       + r"""
 static __device__ __forceinline__ void kiln_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // wait until at most N committed bulk groups of this thread still read their shared memory
 template <int N> static __device__ __forceinline__ void kiln_bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
 }
-"""
-
-
-TMA = _tma_copies() + _tma_stores()
+""")
 """`kiln_tma_{r}d(dst, map, bar, c0 ..)` for ranks 2 to 5: one box copy of a tensor map into
 shared memory, completing on mbarrier `bar` (needs MBARRIER before it); `kiln_tma_store_{r}d(map,
 src, c0 ..)`: one box copy from shared memory at `src` out to the tensor map (elements outside
 the tensor are not written), in this thread's current bulk group; `kiln_bulk_commit()` closes
 the group, `kiln_bulk_wait_read<N>()` waits until at most N groups still read shared memory."""
-
-
-def _tma_multicasts() -> str:
-    out = []
-    for rank in range(2, 6):
-        coords = ", ".join(f"int c{d}" for d in range(rank))
-        slots = ", ".join(f"%{4 + d}" for d in range(rank))
-        ins = ", ".join(f'"r"(c{d})' for d in range(rank))
-        out.append(
-            f"static __device__ __forceinline__ void kiln_tma_{rank}d_multicast(void* dst, const CUtensorMap* map, "
-            f"uint64_t* bar, uint16_t ctas, {coords}) {{\n"
-            f'    asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes'
-            f'.multicast::cluster [%0], [%1, {{{slots}}}], [%2], %3;\\n"\n'
-            f'                 :: "r"(kiln_smem(dst)), "l"((uint64_t)map), "r"(kiln_smem(bar)), "h"(ctas), {ins}'
-            f' : "memory");\n}}\n')
-    return "".join(out)
 
 
 CLUSTER = r"""
@@ -194,7 +172,8 @@ static __device__ __forceinline__ void kiln_bar_arrive_cta(uint64_t* bar, uint32
     asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
                  "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" :: "r"(kiln_smem(bar)), "r"(cta) : "memory");
 }
-""" + _tma_multicasts()
+""" + _per_rank("kiln_tma_{r}d_multicast", "void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t ctas",
+                _LOAD + ".multicast::cluster [%0], [%1, {c}], [%2], %3", _TO_SHARED + ', "h"(ctas)', 4)
 """Thread-block clusters (sm_90; needs MBARRIER before it): `kiln_cluster_rank()`,
 `kiln_cluster_sync()`, `kiln_bar_arrive_cta(bar, cta)` (an arrival, with the default
 release at CTA scope, on the barrier at `bar`'s offset in CTA `cta`), and
