@@ -11,7 +11,7 @@ The first layer (fewer than 8 input channels) is timed as the model runs it, fro
 input on both sides: Kiln's optimized graph of the convolution (the kernel converting to
 channels-last, which `space_to_depth` makes stack each stride cell's pixels as channels, then
 the convolution it made) against torch's conversion to channels_last and cuDNN's convolution.
-Each side runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA
+Each side runs as a CUDA graph of 20 calls (`gemm_bench._graph_time`) (launch gaps out of the numbers), timed with CUDA
 events after a warm-up, median of several replays; Kiln's kernel is its level-0 choice
 (`--level` 1 or 2 tunes). The summary weighs each shape by how often its model runs it.
 `--sweep` also times every knob setting of the chosen template's level-1 space per shape
@@ -23,15 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 import kiln
+from gemm_bench import _graph_time
 from kiln.plugins.registry import registry
 
-REPS = 20
 
 # (input size, in channels, out channels, kernel, stride, padding, times in ResNet-50)
 RESNET50 = [(224, 3, 64, 7, 2, 3, 1),
@@ -59,31 +58,6 @@ SUITES = {
     "depthwise": (lambda: [(model, (size, c, c, k, stride, k // 2, c), count)
                            for model, rows in DEPTHWISE.items() for size, c, k, stride, count in rows], "1,8"),
 }
-
-
-def _graph_time(fn) -> float:
-    """Median seconds of one `fn()` call, from replays of a CUDA graph of REPS calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / REPS)
-    return statistics.median(times)
 
 
 def _case(batch, size, cin, cout, k, stride, pad, groups=1):
