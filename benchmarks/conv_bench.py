@@ -12,8 +12,8 @@ input on both sides: Kiln's optimized graph of the convolution (the kernel conve
 channels-last, which `space_to_depth` makes stack each stride cell's pixels as channels, then
 the convolution it made) against torch's conversion to channels_last and cuDNN's convolution.
 Each side runs as a CUDA graph of 20 calls (`gemm_bench._graph_time`: launch gaps out of the
-numbers), timed with CUDA events after a warm-up, median of several replays; Kiln's kernel is its level-0 choice
-(`--level` 1 or 2 tunes). The summary weighs each shape by how often its model runs it.
+numbers), timed with CUDA events after a warm-up, median of several replays; Kiln's kernel is
+its level-0 choice (`--level` 1 or 2 tunes). The summary weighs each shape by how often its model runs it.
 `--sweep` also times every knob setting of the chosen template's level-1 space per shape
 (`--sweep-level 2`: level 2's). `--json PATH` writes every row.
 Usage: python3 benchmarks/conv_bench.py [--suite resnet50|depthwise] [--batch 1,32] [--sweep] [--json out.json]
