@@ -190,6 +190,42 @@ def test_concurrent_compilers_of_one_kernel_all_succeed(cache_root):
     assert len(entry_files(cache_root, ".so")) == 1
 
 
+def _counted_slow_build(log: Path):
+    """A build that appends a line to `log` each time it runs, and takes a while (a window in
+    which the other process misses the entry too)."""
+    def build(out: Path) -> None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        out.write_bytes(b"built by " + str(os.getpid()).encode())
+    return build
+
+
+def _build_once(root: str, log: str, barrier, results) -> None:
+    os.environ["KILN_CACHE_DIR"] = root
+    barrier.wait()
+    results.put(cache.lookup_or_build("test", "cd" * 32, ".bin", _counted_slow_build(Path(log))).read_bytes())
+
+
+def test_processes_missing_one_entry_at_once_build_it_once(cache_root, tmp_path):
+    """Two processes (two test workers, two ranks) that need the same kernel at the same time:
+    one builds it, the other waits for its build lock and uses its entry."""
+    ctx = multiprocessing.get_context("fork")
+    log = tmp_path / "builds.log"
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_build_once, args=(str(cache_root), str(log), barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    builders = log.read_text().split()
+    assert len(builders) == 1, f"built by processes {builders}"
+    assert outcomes == [f"built by {builders[0]}".encode()] * 2
+    assert cache.status()["kinds"]["test"]["entries"] == 1, "the build lock is no entry"
+
+
 def test_cache_directory_is_private(tmp_path, monkeypatch):
     root = tmp_path / "a" / "b" / "cache"
     monkeypatch.setenv("KILN_CACHE_DIR", str(root))

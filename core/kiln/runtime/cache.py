@@ -4,6 +4,11 @@ Entries are content-addressed: the key hashes the source, the compiler and its v
 flags and the target architecture. An entry is the built file plus a record of its key and of
 the checksum of Kiln's own build output: `ROOT/KIND/KEY[:2]/KEY.SUFFIX` and `KEY.json`.
 
+An entry is built once, however many processes (test workers, the ranks of a distributed run)
+or threads miss it at the same time: a builder holds an exclusive lock on `KEY.lock` (an empty
+file beside the entry, `flock`, released by the system if the builder dies) while it builds and
+publishes, and the others wait for the lock, then find the entry and use it.
+
 Nothing in the cache is trusted beyond what Kiln checked itself:
 
 - The root is created private (mode 0700) and must belong to the user. Every folder under it
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -45,6 +51,8 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 _CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+_OPEN_LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _CLOEXEC
+_NOT_ENTRIES = (".json", ".lock")    # beside each entry: its record and its build lock
 
 
 class CacheError(OSError):
@@ -267,33 +275,62 @@ def _build_privately(build: Callable[[Path], None], suffix: str) -> bytes:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@contextmanager
+def _build_lock(dir_fd: int, key: str, folder: Path):
+    """Hold the exclusive build lock of entry `key` (see the module's docstring), waiting for
+    whoever holds it."""
+    try:
+        fd = os.open(key + ".lock", _OPEN_LOCK, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _unusable(folder, exc, "opening a build lock") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], None]) -> Path:
     """The path of a private copy of the artifact `key`, taken from a verified cache entry or,
     when the entry is missing or untrustworthy, built by `build(path)` (which writes the
-    artifact to the path it is given) and published to the cache."""
+    artifact to the path it is given) and published to the cache. Callers that miss the same
+    entry at once build it once: one builds, the others wait and take its entry."""
     with _entry_folder(kind, key) as (fd, folder):
         data = _verified(fd, key, suffix)
         if data is not None:
             logger.debug("kernel cache hit: %s/%s%s", kind, key, suffix)
         else:
-            logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
-            data = _build_privately(build, suffix)
-            record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
-            try:
-                _write_new(fd, key + suffix, data)
-                _write_new(fd, key + ".json", record)
-            except OSError as exc:
-                raise _unusable(folder, exc, "storing a kernel") from None
+            with _build_lock(fd, key, folder):
+                data = _verified(fd, key, suffix)      # published while this caller waited
+                if data is None:
+                    logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
+                    data = _build_privately(build, suffix)
+                    _publish(fd, folder, key, suffix, data)
     return _private_copy(key, suffix, data)
 
 
+def _publish(dir_fd: int, folder: Path, key: str, suffix: str, data: bytes) -> None:
+    """Store the entry `key` and its record, each atomically."""
+    record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
+    try:
+        _write_new(dir_fd, key + suffix, data)
+        _write_new(dir_fd, key + ".json", record)
+    except OSError as exc:
+        raise _unusable(folder, exc, "storing a kernel") from None
+
+
+def _is_entry(name: str) -> bool:
+    """Whether a file so named is a built file: no record, lock or temporary file."""
+    return not name.endswith(_NOT_ENTRIES) and not name.startswith(".")
+
+
 def _entries(folder: Path) -> list[Path]:
-    """The built files under `folder`: no records, no temporary files, no links followed."""
+    """The built files under `folder`: no records, locks or temporary files, no links followed."""
     found = []
     for parent, dirs, files in os.walk(folder, followlinks=False):
         for name in files:
             path = Path(parent) / name
-            if not name.endswith(".json") and not name.startswith(".") and not path.is_symlink():
+            if _is_entry(name) and not path.is_symlink():
                 found.append(path)
     return found
 
@@ -341,8 +378,8 @@ class Cleared:
 
 
 def clear() -> Cleared:
-    """Delete every entry, record and leftover temporary file (links are removed, never
-    followed), and the private folders of processes that ended; count only the entries
+    """Delete every entry, record, build lock and leftover temporary file (links are removed,
+    never followed), and the private folders of processes that ended; count only the entries
     actually removed."""
     root = cache_dir()
     result = Cleared()
@@ -354,8 +391,7 @@ def clear() -> Cleared:
             continue
         for parent, dirs, files in os.walk(top, topdown=False, followlinks=False):
             for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
-                entry = not name.endswith(".json") and not name.startswith(".")
-                _remove(Path(parent) / name, result, counted=entry and not (Path(parent) / name).is_symlink())
+                _remove(Path(parent) / name, result, counted=_is_entry(name) and not (Path(parent) / name).is_symlink())
             try:
                 os.rmdir(parent)
             except OSError as exc:
