@@ -1,9 +1,14 @@
-"""Shared pytest configuration: tests marked `cuda` skip on machines without a usable GPU."""
+"""Shared pytest configuration: tests marked `slow` run first, and tests marked `cuda` skip on
+machines without a usable GPU."""
 import pytest
 import torch
 
 
 def pytest_collection_modifyitems(config, items):
+    # Long tests first (a stable sort keeps the order otherwise): the test workers take them
+    # while the short tests fill in around them, rather than one worker ending the run alone
+    # on a long test that it took last.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")

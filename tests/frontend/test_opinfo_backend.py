@@ -17,6 +17,7 @@ MATCH_RATE = 0.99
 CLEAN_OPS_PER_SHARD = 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_opinfo_samples_match_eager(shard):
     tally = run_ops(float32_ops()[shard::SHARDS])

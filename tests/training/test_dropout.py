@@ -51,6 +51,7 @@ def test_mask_density_scaling_and_gradient(p):
     assert torch.equal(compiled(x) != 0, first), "torch.manual_seed must make masks repeatable"
 
 
+@pytest.mark.slow
 def test_bert_with_dropout_tracks_eager_loss_curve():
     """50 AdamW steps with dropout 0.1: Kiln's curve stays as close to eager's as a second eager
     run with other random numbers does."""
