@@ -5,6 +5,10 @@ and sm_90. Needs cuda-bindings and nvidia-cuda-nvrtc (the README's test command 
 For full coverage, run any CPU tests with `KILN_NVRTC_CHECK=sm_80,sm_90`: every task the CPU
 backend builds then has its CUDA program compiled too (see `kiln.schedule.choose.build_task`).
 """
+import os
+import threading
+import time
+
 import pytest
 
 from kiln.plugins.registry import registry
@@ -47,6 +51,34 @@ def test_compiling_leaves_python_singletons_intact(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     rt.compile_cubin('extern "C" __global__ void k() {}\n', "empty_log", "sm_80")
     assert b" " == bytes([32]) and " ".encode() == bytes([32])
+
+
+def test_compilations_at_once_are_one_per_core(tmp_path, monkeypatch):
+    """However many threads ask at once (a graph's kernels built in parallel, each compiling its
+    candidates in parallel: dozens of threads), one NVRTC compilation runs per usable core, each
+    holding its own memory (about 100 MB for a GEMM template's)."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    _, nvrtc = rt._bindings()
+    compile_program, lock = nvrtc.nvrtcCompileProgram, threading.Lock()
+    running, most = 0, 0
+
+    def counted(*args):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.05)      # long enough for every thread to be asking at once
+            return compile_program(*args)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(nvrtc, "nvrtcCompileProgram", counted)
+    jobs = [(f'extern "C" __global__ void k{i}(float* x) {{ x[threadIdx.x] = {i}.0f; }}\n', f"k{i}", "sm_80")
+            for i in range(12)]
+    rt.compile_many(jobs, workers=len(jobs))
+    assert most == min(len(jobs), len(os.sched_getaffinity(0)))
 
 
 @pytest.mark.parametrize("size, channels", [(14, 672), (7, 2048), (7, 1280)])

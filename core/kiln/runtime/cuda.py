@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
 import struct
 import threading
@@ -178,13 +179,20 @@ def _numbered(source: str) -> str:
     return "\n".join(f"{n:5d} | {line}" for n, line in enumerate(source.splitlines(), 1))
 
 
+_COMPILE_SLOTS = threading.BoundedSemaphore(len(os.sched_getaffinity(0)))
+"""NVRTC compilations that run at once in this process, whatever the threads asking (graph
+builds in parallel, each compiling candidates in parallel): one per usable core. More would only
+share the cores, each holding its own memory (about 100 MB for a GEMM template's)."""
+
+
 def _compile(source: str, name: str, arch: str, options: Sequence[str]) -> bytes:
     _, nvrtc = _bindings()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []),
                   "nvrtcCreateProgram")
     try:
         opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
-        status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+        with _COMPILE_SLOTS:
+            status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         log = bytearray(size)  # never `b" " * size`: at size 1 that is CPython's shared b" "
         nvrtc.nvrtcGetProgramLog(prog, log)
