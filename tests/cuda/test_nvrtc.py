@@ -38,6 +38,42 @@ def test_compiles_for_sm80_and_sm90(case, dtype):
     check_nvrtc(_task(case, dtype), ARCHS)
 
 
+def _operator_task(op, *args):
+    definition = registry().operator(op)
+    return definition.task(definition.bind(args, {}))[0]
+
+
+def test_check_compiles_each_code_path_once_not_once_a_size(monkeypatch):
+    """KILN_NVRTC_CHECK over a test suite: a task differing from one already checked only in its
+    sizes compiles nothing new; one that changes the code (a dtype, a ragged edge) does."""
+    import importlib
+    import torch
+    choose = importlib.import_module("kiln.schedule.choose")   # the package exports the function
+    compiled = []
+    monkeypatch.setattr(choose, "_COMPILED_FORMS", set())
+    monkeypatch.setattr(rt, "compile_many", lambda jobs: compiled.extend(jobs))
+
+    def checked(*shapes, dtype=torch.float32):
+        compiled.clear()
+        choose.check_nvrtc(_operator_task("matmul", *(torch.randn(s, dtype=dtype) for s in shapes)), ARCHS)
+        return len(compiled)
+
+    first = checked((64, 96), (96, 128))
+    assert first > 0 and {arch for *_, arch in compiled} >= {"sm_80", "sm_90"}
+    assert checked((64, 96), (96, 128)) == 0
+    assert checked((32, 96), (96, 64)) == 0, "the same code at other sizes is compiled again"
+    assert checked((64, 96), (96, 128), dtype=torch.float16) > 0
+    assert checked((63, 95), (95, 127)) > 0, "odd sizes take other code paths, which must be compiled"
+
+
+def test_program_form_blanks_sizes_but_not_instructions():
+    from kiln.schedule.choose import program_form
+    a = "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {...}; x[i * 768LL + 3] = v;"
+    assert program_form(a) == program_form(a.replace("768LL", "1024LL").replace("+ 3", "+ 5"))
+    assert program_form(a) != program_form(a.replace("n256", "n128"))
+    assert program_form("float4 v;") != program_form("float2 v;")
+
+
 def test_compile_error_shows_numbered_source():
     with pytest.raises(rt.CudaBuildError) as info:
         rt.compile_cubin('extern "C" __global__ void k() {\n  undeclared_thing = 1;\n}\n', "broken", "sm_80")

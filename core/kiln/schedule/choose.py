@@ -14,6 +14,7 @@ build serves every size; every other template gets it specialized to the trace's
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,6 +23,7 @@ from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
 from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.runtime import cuda as rt
+from kiln.runtime.cache import content_key
 from kiln.runtime.backend import CompiledTask, backend_for
 import kiln.schedule.tuner as tuner
 from kiln.schedule.cpu_auto import schedule as cpu_loop_nests
@@ -180,7 +182,32 @@ def check_nvrtc(task: Task, archs) -> None:
     """Compile every CUDA program Kiln may build for `task` (tuning level 1) for each of
     `archs` ('sm_80', ...) with NVRTC, from the source the runtime compiles for that
     architecture (`kiln.runtime.cuda.launch_source`); raises CudaBuildError on the first that
-    fails. Needs no GPU."""
-    programs = candidate_programs(task, level=1)
-    rt.compile_many([(rt.launch_source(p, arch.strip()), f"{task.name}_{name}", p.arch_for(arch.strip()))
-                     for name, _, p in programs for arch in archs if p.min_arch <= rt.arch_number(arch)])
+    fails. Needs no GPU.
+
+    A program of a form (`program_form`) that this process has compiled for an architecture,
+    from the same template with the same knobs, is not compiled again: a test suite building one
+    operator at many sizes compiles each code path once, not once a size. (A compile error that
+    only some sizes' constants cause, such as a static array sized by the task, shows for the
+    sizes compiled.)"""
+    jobs, forms = [], []
+    for name, knobs, program in candidate_programs(task, level=1):
+        for arch in (a.strip() for a in archs):
+            if program.min_arch > rt.arch_number(arch):
+                continue
+            source = rt.launch_source(program, arch)
+            form = content_key(arch, name, repr(sorted(knobs.items())), program_form(source))
+            if form not in _COMPILED_FORMS and form not in forms:
+                jobs.append((source, f"{task.name}_{name}", program.arch_for(arch)))
+                forms.append(form)
+    rt.compile_many(jobs)
+    _COMPILED_FORMS.update(forms)
+
+
+_COMPILED_FORMS: set[str] = set()
+_INTEGER = re.compile(r"\b\d+[uUlL]*\b")
+
+
+def program_form(source: str) -> str:
+    """`source` with every integer literal blanked: two programs of one form differ only in
+    sizes, strides and other constants, not in their code paths, types or instructions."""
+    return _INTEGER.sub("#", source)
