@@ -44,26 +44,30 @@ def _operator_task(op, *args):
 
 
 def test_check_compiles_each_code_path_once_not_once_a_size(monkeypatch):
-    """KILN_NVRTC_CHECK over a test suite: a task differing from one already checked only in its
-    sizes compiles nothing new; one that changes the code (a dtype, a ragged edge) does."""
+    """KILN_NVRTC_CHECK over a test suite: every knob setting is compiled for an operator and
+    its dtypes; at other sizes only the programs built by default (each template's level-0
+    setting, the auto-scheduler's) are compiled again, and only where their code changes."""
     import importlib
     import torch
     choose = importlib.import_module("kiln.schedule.choose")   # the package exports the function
     compiled = []
-    monkeypatch.setattr(choose, "_COMPILED_FORMS", set())
+    monkeypatch.setattr(choose, "_COMPILED", set())
     monkeypatch.setattr(rt, "compile_many", lambda jobs: compiled.extend(jobs))
 
     def checked(*shapes, dtype=torch.float32):
         compiled.clear()
-        choose.check_nvrtc(_operator_task("matmul", *(torch.randn(s, dtype=dtype) for s in shapes)), ARCHS)
-        return len(compiled)
+        task = _operator_task("matmul", *(torch.randn(s, dtype=dtype) for s in shapes))
+        choose.check_nvrtc(task, ARCHS)
+        defaults = len(ARCHS) * (len(choose.schedules_for(task, "cuda")) + 1)
+        return len(compiled), defaults
 
-    first = checked((64, 96), (96, 128))
-    assert first > 0 and {arch for *_, arch in compiled} >= {"sm_80", "sm_90"}
-    assert checked((64, 96), (96, 128)) == 0
-    assert checked((32, 96), (96, 64)) == 0, "the same code at other sizes is compiled again"
-    assert checked((64, 96), (96, 128), dtype=torch.float16) > 0
-    assert checked((63, 95), (95, 127)) > 0, "odd sizes take other code paths, which must be compiled"
+    first, defaults = checked((64, 96), (96, 128))
+    assert first > defaults and {arch for *_, arch in compiled} >= {"sm_80", "sm_90"}
+    assert checked((64, 96), (96, 128))[0] == 0
+    assert checked((64, 96), (96, 256))[0] == 0, "the same code at another size is compiled again"
+    again, defaults = checked((63, 95), (95, 127))
+    assert 0 < again <= defaults, "odd sizes change the default programs' code, and only theirs is compiled"
+    assert checked((64, 96), (96, 128), dtype=torch.float16)[0] > defaults, "a new dtype compiles every setting"
 
 
 def test_program_form_blanks_sizes_but_not_instructions():

@@ -169,41 +169,54 @@ def build_task(task: Task, device: Device, settings: BuildSettings | None = None
     return CompiledTask(task, device, backend.load(program, device))
 
 
-def candidate_programs(task: Task, level: int = 0, sm_count: int = DEFAULT_SM_COUNT) -> list[tuple[str, dict, object]]:
-    """Every CUDA program Kiln may build for `task` at a tuning level: (template name, knobs,
-    program) for each knob setting the tuner tries (`kiln.schedule.tuner.candidates`, for a GPU
-    of `sm_count` multiprocessors) of each applicable template, and the auto-scheduler's."""
-    out = [(t.name, knobs, t.render(t.task_for(task), **knobs)) for t in schedules_for(task, "cuda")
-           for knobs in tuner.candidates(t, t.task_for(task), sm_count, level)]
-    return out + [("auto", {}, auto_program(task, "cuda"))]
-
-
 def check_nvrtc(task: Task, archs) -> None:
-    """Compile every CUDA program Kiln may build for `task` (tuning level 1) for each of
-    `archs` ('sm_80', ...) with NVRTC, from the source the runtime compiles for that
-    architecture (`kiln.runtime.cuda.launch_source`); raises CudaBuildError on the first that
-    fails. Needs no GPU.
+    """Compile with NVRTC, for each of `archs` ('sm_80', ...), the CUDA programs Kiln may build
+    for `task`: every applicable template at each knob setting of tuning level 1, and the
+    auto-scheduler's program; each from the source the runtime compiles for that architecture
+    (`kiln.runtime.cuda.launch_source`). Raises CudaBuildError on the first that fails. Needs no
+    GPU.
 
-    A program of a form (`program_form`) that this process has compiled for an architecture,
-    from the same template with the same knobs, is not compiled again: a test suite building one
-    operator at many sizes compiles each code path once, not once a size. (A compile error that
-    only some sizes' constants cause, such as a static array sized by the task, shows for the
-    sizes compiled.)"""
-    jobs, forms = [], []
-    for name, knobs, program in candidate_programs(task, level=1):
-        for arch in (a.strip() for a in archs):
-            if program.min_arch > rt.arch_number(arch):
-                continue
+    A test suite builds the same operators at many sizes, so a process compiles each program
+    once for what can change its code, not once a size:
+
+    - the program a template builds by default (its level-0 setting) and the auto-scheduler's,
+      once for each form (`program_form`): every code path the tests reach;
+    - a template's other settings, once for each operator and operand dtypes: each setting
+      compiles, and the code paths that sizes select show in the default setting's."""
+    archs = [a.strip() for a in archs]
+    operands = (task.name, repr([t.dtype for t in (*task.inputs, *task.outputs)]))
+    jobs, keys = [], set()
+
+    def check(name: str, knobs: dict, render: Callable, by: tuple = ()) -> None:
+        """Queue `render()`'s program for each arch, unless a program of the same template,
+        knobs and `by` (its form when empty) was compiled or queued."""
+        setting = repr(sorted(knobs.items()))
+
+        def key(arch, source=None):
+            return content_key(arch, name, setting, *(by or (program_form(source),)))
+        if by and all(key(arch) in _COMPILED or key(arch) in keys for arch in archs):
+            return
+        program = render()
+        for arch in archs:
             source = rt.launch_source(program, arch)
-            form = content_key(arch, name, repr(sorted(knobs.items())), program_form(source))
-            if form not in _COMPILED_FORMS and form not in forms:
+            compiled = key(arch, source)
+            if compiled not in _COMPILED and compiled not in keys and program.min_arch <= rt.arch_number(arch):
                 jobs.append((source, f"{task.name}_{name}", program.arch_for(arch)))
-                forms.append(form)
+            keys.add(compiled)
+
+    for template in schedules_for(task, "cuda"):
+        subject = template.task_for(task)
+        default = tuner.candidates(template, subject, DEFAULT_SM_COUNT, 0)[0]
+        check(template.name, default, lambda: template.render(subject, **default))
+        for knobs in tuner.candidates(template, subject, DEFAULT_SM_COUNT, 1):
+            if knobs != default:
+                check(template.name, knobs, lambda: template.render(subject, **knobs), by=operands)
+    check("auto", {}, lambda: auto_program(task, "cuda"))
     rt.compile_many(jobs)
-    _COMPILED_FORMS.update(forms)
+    _COMPILED.update(keys)
 
 
-_COMPILED_FORMS: set[str] = set()
+_COMPILED: set[str] = set()
 _INTEGER = re.compile(r"\b\d+[uUlL]*\b")
 
 
