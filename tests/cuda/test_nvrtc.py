@@ -70,23 +70,6 @@ def test_check_compiles_each_code_path_once_not_once_a_size(monkeypatch):
     assert checked((64, 96), (96, 128), dtype=torch.float16)[0] > defaults, "a new dtype compiles every setting"
 
 
-def test_computation_form_keeps_what_is_fused_and_the_dtypes_but_not_sizes():
-    import kiln
-    from kiln.graph import optimize
-    from kiln.schedule.choose import computation_form
-
-    def matmul(m, k, n, dtype="float32", epilogue=lambda y: y):
-        x, w = kiln.symbol((m, k), dtype, "cpu"), kiln.symbol((k, n), dtype, "cpu")
-        graph = optimize(kiln.trace_from(epilogue(kiln.ops.matmul(x, w)), [x, w]))
-        return computation_form([n.task for n in graph.nodes if n.task.name == "matmul"][0])
-
-    plain = matmul(64, 96, 128)
-    assert plain == matmul(33, 17, 250)
-    assert plain != matmul(64, 96, 128, "float16")
-    assert plain != matmul(64, 96, 128, epilogue=kiln.ops.relu)
-    assert matmul(64, 96, 128, epilogue=kiln.ops.relu) != matmul(64, 96, 128, epilogue=kiln.ops.sigmoid)
-
-
 def test_program_form_blanks_sizes_but_not_instructions():
     from kiln.schedule.choose import program_form
     a = "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {...}; x[i * 768LL + 3] = v;"

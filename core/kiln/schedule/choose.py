@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kiln.device import Device
-from kiln.ir.compute import Compute, Task
+from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
 from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.runtime import cuda as rt
@@ -181,11 +181,10 @@ def check_nvrtc(task: Task, archs) -> None:
 
     - the program a template builds by default (its level-0 setting) and the auto-scheduler's,
       once for each form (`program_form`): every code path the tests reach;
-    - a template's other settings, once for each computation (`computation_form`: the
-      operator with what is fused into it, and the dtypes): each setting compiles with every
-      epilogue and prologue, and the code paths that sizes select show in the default's."""
+    - a template's other settings, once for each operator and operand dtypes: each setting
+      compiles, and the code paths that sizes select show in the default setting's."""
     archs = [a.strip() for a in archs]
-    computation = (computation_form(task),)
+    operands = (task.name, repr([t.dtype for t in (*task.inputs, *task.outputs)]))
     jobs, keys = [], set()
 
     def check(name: str, knobs: dict, render: Callable, by: tuple = ()) -> None:
@@ -211,7 +210,7 @@ def check_nvrtc(task: Task, archs) -> None:
         check(template.name, default, lambda: template.render(subject, **default))
         for knobs in tuner.candidates(template, subject, DEFAULT_SM_COUNT, 1):
             if knobs != default:
-                check(template.name, knobs, lambda: template.render(subject, **knobs), by=computation)
+                check(template.name, knobs, lambda: template.render(subject, **knobs), by=operands)
     check("auto", {}, lambda: auto_program(task, "cuda"))
     rt.compile_many(jobs)
     _COMPILED.update(keys)
@@ -219,13 +218,6 @@ def check_nvrtc(task: Task, archs) -> None:
 
 _COMPILED: set[str] = set()
 _INTEGER = re.compile(r"\b\d+[uUlL]*\b")
-
-
-def computation_form(task: Task) -> str:
-    """What `task` computes without its sizes: its name, and the dtype and expression tree of
-    each tensor with every integer blanked (sizes, constants, and the ids naming variables)."""
-    trees = [(n.dtype.name, n.value.key() if isinstance(n, Compute) else None) for n in task.nodes()]
-    return program_form(f"{task.name} {trees}")
 
 
 def program_form(source: str) -> str:
