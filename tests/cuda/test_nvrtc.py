@@ -23,10 +23,14 @@ pytestmark = pytest.mark.skipif(not rt.nvrtc_available(),
 ARCHS = ("sm_80", "sm_90")
 
 
+def _operator_task(op, *args, **kwargs):
+    definition = registry().operator(op)
+    return definition.task(definition.bind(args, kwargs))[0]
+
+
 def _task(case, dtype):
     args, kwargs = case.make(dtype, "cpu")
-    definition = registry().operator(case.op)
-    return definition.task(definition.bind(args, kwargs))[0]
+    return _operator_task(case.op, *args, **kwargs)
 
 
 PARAMS = [pytest.param(c, d, id=f"{c.name}-{str(d).replace('torch.', '')}") for c in CASES for d in c.dtypes]
@@ -36,11 +40,6 @@ PARAMS = [pytest.param(c, d, id=f"{c.name}-{str(d).replace('torch.', '')}") for 
 def test_compiles_for_sm80_and_sm90(case, dtype):
     from kiln.schedule.choose import check_nvrtc
     check_nvrtc(_task(case, dtype), ARCHS)
-
-
-def _operator_task(op, *args):
-    definition = registry().operator(op)
-    return definition.task(definition.bind(args, {}))[0]
 
 
 def test_check_compiles_each_code_path_once_not_once_a_size(monkeypatch):
