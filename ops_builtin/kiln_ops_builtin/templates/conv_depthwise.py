@@ -8,7 +8,11 @@ shared memory. Outputs go through the core's epilogue hook (bias, activation, ca
 row m the plane (image x channel) and column n the output pixel.
 
 Applies to kernels up to 7 x 7, strides 1 and 2, no dilation, and reads the input and filter
-straight from the task's inputs (a prologue fused into them declines the template).
+straight from the task's inputs (a prologue fused into them declines the template). The output
+may be a permutation of the convolution's (a fused permute, as in channels-last blocks): which
+output axis is the image, the channel, the row and the column is read from the loads' index
+expressions, never from the output's shape, and the template declines any other index form (a
+fused slice, a broadcast, a squeezed dimension).
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
 from kiln.codegen.emitter import KernelArgs
 from kiln.codegen.epilogue import render_epilogue
 from kiln.codegen.hooks import strip_cast, unravel_index
-from kiln.ir.expr import Load, Select
+from kiln.ir.expr import Const, Load, Select, Var
+from kiln.ir.simplify import linear_terms
 from kiln.ir.inline import inline_task
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
@@ -85,19 +90,82 @@ def _direct_loads(task):
     return lowered, x, w
 
 
+def _terms(index, zero) -> tuple[dict, int] | None:
+    """{variable: coefficient} and constant of a linear index expression, the variables of
+    `zero` (reduction axes of extent 1) left out; None when a term is not a variable."""
+    terms, constant = linear_terms(index)
+    coefficients: dict = {}
+    for term, k in terms:
+        if not isinstance(term, Var):
+            return None
+        if term not in zero:
+            coefficients[term] = coefficients.get(term, 0) + k
+    return {v: k for v, k in coefficients.items() if k}, constant
+
+
+def _output_axis(terms, extra: dict, stride: int, constant: int, axes):
+    """The output axis `a` of terms {a: stride, **extra} + constant (None where the index has
+    no output axis, which an extent of 1 allows); False for any other form."""
+    if terms is None or terms[1] != constant:
+        return False
+    coefficients = dict(terms[0])
+    if any(coefficients.pop(v, 0) != k for v, k in extra.items()):
+        return False
+    if not coefficients:
+        return None
+    if len(coefficients) != 1:
+        return False
+    (axis, k), = coefficients.items()
+    return axis if k == stride and any(axis is a for a in axes) else False
+
+
+def _roles(out, x: Load, w: Load, reduce_axes, strides, pads) -> tuple | None:
+    """The output axes that are the convolution's image, channel, row and column, each a Var of
+    `out` or None (extent 1, absent), when the loads read x[image, channel, row * SH - PH + kh,
+    column * SW - PW + kw] and w[channel, 0, kh, kw] and `out` has no other axis of extent > 1;
+    else None."""
+    zero = {a for a in reduce_axes if a.extent == 1}
+    wt = [_terms(i, zero) for i in w.indices]
+    if any(t is None for t in wt) or wt[1] != ({}, 0) or any(t[1] for t in wt):
+        return None
+    window = []
+    for t in wt[2:]:
+        if len(t[0]) > 1 or any(k != 1 or v not in reduce_axes for v, k in t[0].items()):
+            return None
+        window.append(t[0])
+    if len(reduce_axes) - len(zero) != sum(map(len, window)):
+        return None
+    xt = [_terms(i, zero) for i in x.indices]
+    roles = [_output_axis(xt[0], {}, 1, 0, out.axes), _output_axis(xt[1], {}, 1, 0, out.axes),
+             _output_axis(xt[2], window[0], strides[0], -pads[0], out.axes),
+             _output_axis(xt[3], window[1], strides[1], -pads[1], out.axes)]
+    if any(r is False for r in roles) or wt[0][0] != ({roles[1]: 1} if roles[1] is not None else {}):
+        return None
+    used = [r for r in roles if r is not None]
+    if len({id(r) for r in used}) != len(used):
+        return None
+    if any(e != 1 and not any(a is r for r in used) for a, e in zip(out.axes, out.shape)):
+        return None
+    return tuple(roles)
+
+
+def _extent(axis) -> int:
+    return 1 if axis is None else axis.extent
+
+
 def _geometry(task):
-    """(N, C, H, W, KH, KW, SH, SW, PH, PW) of a depthwise conv2d task, or None."""
+    """(N, C, H, W, KH, KW, SH, SW, PH, PW, roles) of a depthwise conv2d task, roles being the
+    output axes of image, channel, row and column (see `_roles`), or None."""
     a = task.attrs
     found = _direct_loads(task)
     if found is None or a.get("groups", 1) == 1:
         return None
-    _, x, w = found
+    lowered, x, w = found
     if len(x.tensor.shape) != 4 or len(w.tensor.shape) != 4:
         return None
     n, c, h, wd = x.tensor.shape
     oc, one, kh, kw = w.tensor.shape
-    out = task.outputs[0].shape
-    if not (a["groups"] == c == oc and one == 1 and out[:2] == (n, c) and kh <= MAX_KERNEL and kw <= MAX_KERNEL):
+    if not (a["groups"] == c == oc and one == 1 and kh <= MAX_KERNEL and kw <= MAX_KERNEL):
         return None
     if _pair(a.get("dilation", 1), "dilation") != (1, 1):
         return None
@@ -110,7 +178,12 @@ def _geometry(task):
     ph, pw = _pair(padding, "padding")
     if sh not in (1, 2) or sw not in (1, 2):
         return None
-    return n, c, h, wd, kh, kw, sh, sw, ph, pw
+    out = lowered.outputs[0]
+    reduce = top_reduces(out.value)[0]
+    roles = _roles(out, x, w, reduce.axes, (sh, sw), (ph, pw))
+    if roles is None or (_extent(roles[0]), _extent(roles[1])) != (n, c):
+        return None
+    return n, c, h, wd, kh, kw, sh, sw, ph, pw, roles
 
 
 def applies(task) -> bool:
@@ -137,10 +210,10 @@ def space(level: int) -> list[dict]:
 
 
 def render(task, TW=0, RPT=0) -> CudaProgram:
-    n, c, h, w, kh, kw, sh, sw, ph, pw = _geometry(task)
+    n, c, h, w, kh, kw, sh, sw, ph, pw, roles = _geometry(task)
     lowered, x, wt = _direct_loads(task)
     out = lowered.outputs[0]
-    oh, ow = out.shape[2:]
+    oh, ow = _extent(roles[2]), _extent(roles[3])
     if TW == 0:
         TW, RPT = auto_tile(oh, ow)
     if NT % TW or RPT < 1:
@@ -153,7 +226,10 @@ def render(task, TW=0, RPT=0) -> CudaProgram:
     args = KernelArgs.args(len(lowered.inputs))
 
     def index_of(bvar, mvar, nvar):
-        return {**unravel_index(mvar, out.axes[:2], out.shape[:2]), **unravel_index(nvar, out.axes[2:], out.shape[2:])}
+        planes = [(r, _extent(r)) for r in roles[:2] if r is not None]
+        pixels = [(r, _extent(r)) for r in roles[2:] if r is not None]
+        return {**unravel_index(mvar, [r for r, _ in planes], [e for _, e in planes]),
+                **unravel_index(nvar, [r for r, _ in pixels], [e for _, e in pixels])}
 
     epilogue = render_epilogue(lowered, out, decl, index_of, False)
     defines = {"NT": NT, "TW": TW, "TH": th, "RPT": RPT, "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
