@@ -63,18 +63,30 @@ class FlowGraph:
             values.append(t)
         return [from_torch(t) for t in self.compile().run(values)]
 
-    def cuda_graph(self, example_inputs: Sequence | None = None):
+    def cuda_graph(self, example_inputs: Sequence | None = None,
+                   write_back: Sequence[tuple[int, int]] = ()) -> CapturedGraph:
         """This graph's CompiledGraph captured in a CUDA graph: an object whose `run(inputs)`
         replays its steps over its fixed workspace (see `kiln.runtime.cuda_graph`). The graph's
-        inputs must be on a CUDA device;
-        `example_inputs` (random by default) are only used for the capture."""
+        inputs must be on a CUDA device; `example_inputs` (random by default) are only used for
+        the capture. Each pair (output, input) of `write_back` makes the replay copy that
+        output into that input, which the graph then takes in place (bound at the example's
+        memory): replays update the caller's tensor and return the other outputs only."""
         if example_inputs is None:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]
         examples = [t.torch() if isinstance(t, Tensor) else t for t in example_inputs]
         compiled = self.compile()
         workspace = compiled.workspace_set()    # the graph's own: replays never share it
-        return CapturedGraph(lambda inputs: compiled.run(inputs, workspace), examples, wrap=from_torch)
+        written = {out for out, _ in write_back}
+
+        def replay_body(inputs):
+            outs = compiled.run(inputs, workspace)
+            for out, position in write_back:
+                inputs[position].copy_(outs[out])
+            return [t for k, t in enumerate(outs) if k not in written]
+
+        return CapturedGraph(replay_body, examples, wrap=from_torch,
+                             bound=[position for _, position in write_back])
 
     def __str__(self) -> str:
         return format_graph(self)

@@ -6,6 +6,12 @@ inputs into those buffers and replays the graph: one launch for the whole sequen
 Python or driver overhead per kernel. The outputs are the graph's static buffers, overwritten
 by the next replay, unless `run(inputs, copy=True)` returns copies of them.
 
+Inputs named `bound` are not copied: the graph is captured on the example tensors themselves
+(an in-place update of a caller's tensor, such as a KV cache written at every decoding step,
+then costs no copy in or out). A bound graph replays only for inputs at the memory it was
+captured on (`run` returns None otherwise), and the warm-up call that loads the kernels runs on
+copies, so the capture writes nothing the caller can see.
+
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.
@@ -20,20 +26,41 @@ import torch
 
 _capturing = threading.Lock()
 
+# torch's C++ comparison of many tensors' addresses (CUDA builds of torch have it)
+_addresses_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+def same_addresses(tensors: list[torch.Tensor], addresses: list[int]) -> bool:
+    """Whether each of `tensors` starts at the address of the same position in `addresses`."""
+    if _addresses_equal is not None:
+        return _addresses_equal(tensors, addresses, list(range(len(tensors))))
+    return [t.data_ptr() for t in tensors] == addresses
+
 
 class CapturedGraph:
     """A captured CUDA graph of `fn(inputs) -> list of torch tensors`. The graph keeps `fn`:
-    the buffers it closes over (a workspace) are what the captured kernels read and write."""
+    the buffers it closes over (a workspace) are what the captured kernels read and write.
+    `bound` lists the positions of the inputs captured at the example tensors' own memory
+    (contiguous tensors), which `run` then takes in place instead of copying."""
 
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
-                 wrap: Callable = lambda t: t):
+                 wrap: Callable = lambda t: t, bound: Sequence[int] = ()):
         self.wrap = wrap
         self.fn = fn
-        self.static_inputs = [t.detach().clone() for t in example_inputs]
+        self.bound = sorted(set(bound))
+        for k in self.bound:
+            if not example_inputs[k].is_contiguous():
+                raise ValueError(f"a bound input must be contiguous: input {k} has strides "
+                                 f"{example_inputs[k].stride()} for shape {list(example_inputs[k].shape)}")
+        self.static_inputs = [t if k in self.bound else t.detach().clone()
+                              for k, t in enumerate(example_inputs)]
+        self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
+        self._bound_addresses = [self.static_inputs[k].data_ptr() for k in self.bound]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            fn(self.static_inputs)          # builds and loads every kernel before capture
+            # builds and loads every kernel before capture, on copies of every input
+            fn([t.detach().clone() for t in example_inputs])
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: CUDA calls of other threads (eager work, another model's run) stay
             # legal during the capture; one capture at a time in the process
@@ -43,11 +70,18 @@ class CapturedGraph:
         self._last_stream = stream          # the stream of the last work on the static buffers
         self._lock = threading.Lock()
 
-    def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list:
+    def binds(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether the bound positions of `inputs` (torch tensors) are the captured tensors'
+        memory, contiguous."""
+        mine = [inputs[k] for k in self.bound]
+        return same_addresses(mine, self._bound_addresses) and all(t.is_contiguous() for t in mine)
+
+    def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list | None:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
-        replay it on its device's current stream (after the last replay's work, on whatever stream that
-        ran) and return its static outputs (their copies with `copy`, which later replays
-        leave alone), each passed through `wrap`."""
+        replay it on its device's current stream (after the last replay's work, on whatever
+        stream that ran) and return its static outputs (their copies with `copy`, which later
+        replays leave alone), each passed through `wrap`. None, with nothing run, when the
+        bound inputs are not at the memory the graph was captured on."""
         if len(inputs) != len(self.static_inputs):
             raise ValueError(f"the captured graph takes {len(self.static_inputs)} inputs, got {len(inputs)}")
         sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
@@ -55,13 +89,15 @@ class CapturedGraph:
             if src.shape != dst.shape or src.dtype != dst.dtype:
                 raise ValueError(f"captured graph input expects {dst.dtype}{list(dst.shape)}, got "
                                  f"{src.dtype}{list(src.shape)}")
+        if self.bound and not self.binds(sources):
+            return None
         with self._lock:
             stream = torch.cuda.current_stream(self._last_stream.device)
             if stream != self._last_stream:
                 stream.wait_stream(self._last_stream)
                 self._last_stream = stream
-            for dst, src in zip(self.static_inputs, sources):
-                dst.copy_(src, non_blocking=True)
+            for k in self._copied:
+                self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
             outputs = [t.clone() if copy else t for t in self.static_outputs]
         return [self.wrap(t) for t in outputs]

@@ -16,6 +16,7 @@ with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view sema
 """
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
+from kiln.runtime.cuda_graph import same_addresses
 from kiln.schedule import BuildSettings
 from kiln.tensor import Tensor, from_torch, symbol
 
@@ -211,7 +213,14 @@ class KilnFunction:
 class CompiledRun:
     """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs), how to put
     its outputs back into the graph's output structure, and the inputs its last outputs are
-    written back to (inputs the graph changes in place)."""
+    written back to (inputs the graph changes in place).
+
+    On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
+    caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
+    of those inputs in or out. New memory for them captures again (the last CAPTURES_KEPT
+    captures are kept); inputs that cannot be captured so run without a CUDA graph."""
+
+    CAPTURES_KEPT = 4
 
     def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
                  cuda_examples=None, build_settings=None):
@@ -223,18 +232,50 @@ class CompiledRun:
         self.flat_tensors = (type(structure) in (tuple, list) and not writeback and
                              all(isinstance(v, Tensor) for v in structure))
         graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
-        self.run = graph.run
+        self.captures: OrderedDict | None = None
         if cuda_examples is not None:
-            captured = graph.cuda_graph(cuda_examples)
-            # replays overwrite the captured outputs: the caller gets copies
-            self.run = lambda inputs: captured.run(inputs, copy=True)
+            first = len(graph.outputs) - len(writeback)
+            inputs = {p: j for j, p in enumerate(positions)}
+            self.write_back = [(first + k, inputs[p]) for k, p in enumerate(writeback)]
+            self.captures = OrderedDict()
+            self._captures_lock = threading.Lock()
+            self._capture(cuda_examples)
+
+    def _capture(self, inputs: list[torch.Tensor]):
+        """A capture for `inputs`' memory (None when an input written back is not contiguous:
+        such calls run without a CUDA graph)."""
+        if not all(inputs[j].is_contiguous() for _, j in self.write_back):
+            return None
+        captured = self.graph.cuda_graph(inputs, write_back=self.write_back)
+        with self._captures_lock:
+            self.captures[id(captured)] = captured
+            while len(self.captures) > self.CAPTURES_KEPT:
+                self.captures.popitem(last=False)
+        return captured
+
+    def _replay(self, inputs: list[torch.Tensor]) -> list | None:
+        """The outputs of a replay for `inputs`, captured now if none binds them; None where
+        they cannot be captured."""
+        for key, captured in reversed(list(self.captures.items())):
+            outs = captured.run(inputs, copy=True)
+            if outs is not None:
+                if len(self.captures) > 1:
+                    with self._captures_lock:
+                        if key in self.captures:
+                            self.captures.move_to_end(key)
+                return outs
+        captured = self._capture(inputs)
+        return None if captured is None else captured.run(inputs, copy=True)
 
     def __call__(self, args):
-        outs = self.run([args[p] for p in self.positions])
-        if self.writeback:
-            changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
-            for position, value in zip(self.writeback, changed):
-                args[position].copy_(value.torch())
+        inputs = [args[p] for p in self.positions]
+        outs = self._replay(inputs) if self.captures is not None else None
+        if outs is None:
+            outs = self.graph.run(inputs)
+            if self.writeback:
+                changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
+                for position, value in zip(self.writeback, changed):
+                    args[position].copy_(value.torch())
         if self.flat_tensors:
             return type(self.structure)(t.torch() for t in outs)
         outs = iter(outs)
@@ -242,25 +283,15 @@ class CompiledRun:
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
 
 
-def _constants_state(constants: list[torch.Tensor]) -> tuple[list, list, list]:
+def _constants_state(constants: list[torch.Tensor]) -> tuple[list, list]:
     """What `_unchanged` compares: the constants' memory addresses and versions."""
-    return [t.data_ptr() for t in constants], [t._version for t in constants], list(range(len(constants)))
+    return [t.data_ptr() for t in constants], [t._version for t in constants]
 
 
-# torch's C++ check of many tensors' addresses (CUDA builds; the per-call cost of models with
-# hundreds of parameters)
-_same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-
-
-def _unchanged(constants: list[torch.Tensor], state: tuple[list, list, list]) -> bool:
+def _unchanged(constants: list[torch.Tensor], state: tuple[list, list]) -> bool:
     """Whether `constants` still have the memory and versions `state` recorded."""
-    addresses, versions, positions = state
-    if _same_addresses is not None:
-        if not _same_addresses(constants, addresses, positions):
-            return False
-    elif [t.data_ptr() for t in constants] != addresses:
-        return False
-    return [t._version for t in constants] == versions
+    addresses, versions = state
+    return same_addresses(constants, addresses) and [t._version for t in constants] == versions
 
 
 def _plain(value):
