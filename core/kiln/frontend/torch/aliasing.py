@@ -1,9 +1,13 @@
-"""Finding in-place changes that reach other tensors through views.
+"""Finding in-place changes that reach other tensors through views or shared memory.
 
 The fx interpreter gives each node a value of its own, so it cannot make a write through a
 view (`y = x[0]; y.add_(1)`) reach the view's base, nor make a view taken before its base was
 changed in place (`v = x.view(-1); x.mul_(2); return v`) see the change. `view_mutations(gm)`
 lists the nodes of a graph where either happens; the backend runs such graphs in PyTorch.
+
+For the same reason a compiled graph cannot make a write to one input reach another input
+that shares its memory (`f(a, a[0])` where f changes `a` in place): `shared_memory(args, ...)`
+finds such inputs at call time, and the backend runs those calls in PyTorch.
 
 Ops that may return a view or the tensor itself (`VIEW_METHODS`, `VIEW_FUNCTIONS`) are taken
 as views whatever their arguments: a copy mistaken for a view only costs speed.
@@ -81,3 +85,54 @@ def view_mutations(gm: GraphModule) -> list[str]:
                 continue
             root[node], viewed[node] = root.get(source, source), True
     return found
+
+
+def storage_address(t: torch.Tensor) -> int:
+    """The address of `t`'s storage: for tensors with elements, equal exactly when they share
+    one."""
+    return t.untyped_storage().data_ptr()
+
+
+def storages(args, positions: list[int]) -> dict[int, list[int]]:
+    """The positions `positions` of the tensors `args` by storage address."""
+    found: dict[int, list[int]] = {}
+    for k in positions:
+        found.setdefault(storage_address(args[k]), []).append(k)
+    return found
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, end) of its storage that `t`'s elements lie in (and the gaps between)."""
+    first = t.storage_offset()
+    last = first + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return first * t.element_size(), (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether tensors on one storage may share bytes (by extent: interleaved slices such as
+    `x[::2]` and `x[1::2]` count as overlapping)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a_first, a_end), (b_first, b_end) = _byte_range(a), _byte_range(b)
+    return a_first < b_end and b_first < a_end
+
+
+def shared_memory(args, written: list[int], others: list[int],
+                  constants: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """The pairs of positions (w, k) where `args[w]`, an input the graph changes in place, may
+    share memory with `args[k]`: another of `written`, one of `others`, or a constant input
+    (`constants`: their `storages`, found once, since constants keep their memory).
+
+    Storage addresses are compared first: where every tensor has a storage of its own, a call
+    costs one address per written and per other input (a few microseconds)."""
+    by_storage = storages(args, written)
+    pairs = []
+    for k in others:
+        if isinstance(args[k], torch.Tensor):
+            same = by_storage.get(storage_address(args[k]))
+            if same:
+                pairs += [(w, k) for w in same]
+    if len(by_storage) < len(written) or not by_storage.keys().isdisjoint(constants):
+        for storage, ws in by_storage.items():
+            pairs += [(w, k) for i, w in enumerate(ws) for k in ws[i + 1:] + constants.get(storage, [])]
+    return [(w, k) for w, k in pairs if _overlap(args[w], args[k])]

@@ -12,7 +12,9 @@ decline its arguments raises a `MappingError` when the graph first runs. With
 `dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
 (`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
 PyTorch, named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
-with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics.
+with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics. For the
+same reason, a call where an input the graph changes in place shares memory with another input
+(`f(a, a[0])`) runs in PyTorch, with a warning.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
-from kiln.frontend.torch.aliasing import view_mutations
+from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
@@ -116,7 +118,11 @@ class KilnFunction:
     `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
     `constant_ids` holds the ids of the parameters and buffers it was called with (how
     `kiln.save` finds a model's graphs among the `live()` ones) and `frame` the Python frame
-    dynamo compiled it from."""
+    dynamo compiled it from.
+
+    A call where an input the graph changes in place may share memory with another input runs
+    `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
+    input skip that check."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -135,9 +141,15 @@ class KilnFunction:
         self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
         self._constants_state: dict[tuple, tuple] = {}
+        # inputs changed in place, checked at each call for memory shared with other inputs
+        self._written_positions = [k for k, n in enumerate(placeholders) if n in changed]
+        self._other_positions = [k for k in self._input_positions + self._read_positions
+                                 if k not in self._written_positions]
+        self._constant_storages: dict[tuple, dict[int, list[int]]] = {}
         # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
         self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
                         for n in placeholders]
+        self._names = [source or n.name for source, n in zip(self.sources, placeholders)]
         self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
         self.constant_ids: set[int] = set()
@@ -162,11 +174,26 @@ class KilnFunction:
             # kernels are built (and tuned) by this first run
             compiled = self.graphs[key] = self._compile(args)
             self._constants_state[key] = _constants_state(constants)
+            self._constant_storages[key] = storages(args, self._constant_positions)
             if len(self.graphs) > SIGNATURES_KEPT:
                 oldest, _ = self.graphs.popitem(last=False)
-                del self._constants_state[oldest]
+                del self._constants_state[oldest], self._constant_storages[oldest]
         self.graphs.move_to_end(key)
+        if self._written_positions:
+            shared = shared_memory(args, self._written_positions, self._other_positions,
+                                   self._constant_storages[key])
+            if shared:
+                return self._run_in_pytorch(args, shared)
         return compiled(args)
+
+    def _run_in_pytorch(self, args, shared: list[tuple[int, int]]):
+        """Run `self.gm` in PyTorch on `args`, where the inputs of each pair in `shared` may
+        share memory and the first of it is changed in place: eager's values (or errors)."""
+        pairs = "\n  ".join(f"{self._names[w]} (changed in place) and {self._names[k]}"
+                            for w, k in shared)
+        _warn_once("Kiln runs this call in PyTorch: inputs that the graph changes in place share "
+                   f"memory with other inputs, which Kiln does not model:\n  {pairs}")
+        return self.gm.forward(*args)
 
     def _compile(self, args) -> CompiledRun:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
