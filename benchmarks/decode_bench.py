@@ -1,15 +1,19 @@
-"""Greedy decoding of a Llama-style model: eager PyTorch, torch.compile's default backend and Kiln.
+"""Greedy decoding of Llama- and Qwen2-shaped models: eager PyTorch, Inductor with CUDA graphs
+and Kiln, in one process.
 
-The model of `models_bench.llama_1b`'s configuration (8 layers, hidden 2048, 32 heads, 8 KV
-heads, vocabulary 32000; random weights, bfloat16 by default) decodes `--tokens` tokens greedily
-after a `--prompt`-token prompt, over transformers' StaticCache (the KV cache updated in place at
-`cache_position`, so every step has the same shapes and one compiled graph serves them all).
-The prompt runs eagerly; each backend compiles the one-token step. Reported: milliseconds per
-generated token (the whole loop, host included, divided by the tokens, after a warm-up loop),
-the compile time (the warm-up loop's first step), and how many of the tokens equal eager's.
-Inductor is timed in its default mode and in mode="reduce-overhead" (CUDA graphs).
+Models (random weights, bfloat16 by default): `llama_1b` (8 layers, hidden 2048, 32 heads, 8 KV
+heads, vocabulary 32000) and `qwen2_0_5b` (24 layers, hidden 896, 14 heads, 2 KV heads,
+vocabulary 151936, tied embeddings). A `--prompt`-token prompt runs eagerly, then each backend
+compiles the one-token step and decodes `--tokens` tokens greedily over transformers'
+StaticCache, the way `generate()` does: the next position and token stay on the GPU, so the
+loop never waits for the host (`cache_position + 1`, `argmax`). Reported per model and batch:
+milliseconds per generated token (the whole loop, after a warm-up loop), the weights' bytes over
+that time against the copy bandwidth measured in the same run, the first step's logits against
+eager's (relative error), and how many tokens equal eager's. Inductor is timed with
+mode="reduce-overhead" (CUDA graphs).
 
-    python benchmarks/decode_bench.py [--tokens 256] [--prompt 32] [--dtype bfloat16] [--json out.json]
+    python benchmarks/decode_bench.py [--models llama_1b qwen2_0_5b] [--batch 1 8] [--tokens 128]
+        [--prompt 32] [--dtype bfloat16] [--json out.json]
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import warnings
 import torch
 
 
-def llama(dtype: torch.dtype):
+def llama_1b(dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
@@ -29,69 +33,122 @@ def llama(dtype: torch.dtype):
     return config, LlamaForCausalLM(config).to("cuda", dtype).eval()
 
 
-def decode(model, step, config, prompt, tokens: int, dtype) -> tuple[list[int], float, float]:
-    """(tokens, seconds of the first step, seconds of the whole loop)."""
-    from transformers import StaticCache
-    cache = StaticCache(config=config, max_batch_size=1, max_cache_len=prompt.shape[1] + tokens,
-                        dtype=dtype, device="cuda")
-    n = prompt.shape[1]
-    logits = model(prompt, past_key_values=cache, cache_position=torch.arange(n, device="cuda")).logits
-    token = logits[:, -1:].argmax(-1)
-    out = []
+def qwen2_0_5b(dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True, max_position_embeddings=4096,
+                         attn_implementation="sdpa")
+    return config, Qwen2ForCausalLM(config).to("cuda", dtype).eval()
+
+
+MODELS = {"llama_1b": llama_1b, "qwen2_0_5b": qwen2_0_5b}
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes per second of a device-to-device copy of `nbytes`, counting reads and writes."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    first = None
-    for i in range(tokens):
-        out.append(token)
-        logits = step(token, past_key_values=cache,
-                      cache_position=torch.tensor([n + i], device="cuda")).logits
-        token = logits[:, -1:].argmax(-1)
-        if first is None:
-            torch.cuda.synchronize()
-            first = time.perf_counter() - start
+    for _ in range(20):
+        dst.copy_(src)
     torch.cuda.synchronize()
-    return [t.item() for t in out], first, time.perf_counter() - start
+    return 2 * nbytes * 20 / (time.perf_counter() - start)
+
+
+def decode(model, step, cache, prompt, tokens: int):
+    """(tokens generated as a (batch, tokens) list, the first step's logits, seconds of the
+    loop), over `cache` emptied first (one cache per model and batch: a new one would be new
+    memory, which CUDA graphs capture again)."""
+    cache.reset()
+    n = prompt.shape[1]
+    position = torch.arange(n, device="cuda")
+    logits = model(prompt, past_key_values=cache, cache_position=position).logits
+    token = logits[:, -1:].argmax(-1)
+    position = position[-1:] + 1
+    out, first = [], None
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(tokens):
+        out.append(token)
+        logits = step(token, past_key_values=cache, cache_position=position).logits
+        if first is None:
+            first = logits.float().clone()
+        token = logits[:, -1:].argmax(-1)
+        position = position + 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return torch.cat(out, 1).tolist(), first, seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
+    from transformers import StaticCache
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
     dtype = getattr(torch, args.dtype)
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    torch.manual_seed(0)
-    config, model = llama(dtype)
-    prompt = torch.randint(0, config.vocab_size, (1, args.prompt), device="cuda")
     rows = []
-    with torch.no_grad():
-        reference = None
-        for label, backend, mode in (("eager", None, None), ("inductor", "inductor", None),
-                                     ("inductor_cg", "inductor", "reduce-overhead"), ("kiln", "kiln", None)):
-            torch._dynamo.reset()
-            step = model if backend is None else torch.compile(model, backend=backend, mode=mode)
-            try:
-                _, compile_s, _ = decode(model, step, config, prompt, args.tokens, dtype)   # warm-up
-                tokens, _, seconds = decode(model, step, config, prompt, args.tokens, dtype)
-            except Exception as exc:   # report the failure and go on
-                print(f"{label:<12} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                rows.append({"backend": label, "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            reference = reference or tokens
-            same = sum(a == b for a, b in zip(tokens, reference))
-            row = {"backend": label, "ms_per_token": seconds / args.tokens * 1e3,
-                   "first_step_s": compile_s, "tokens_equal_to_eager": same, "tokens": args.tokens}
-            rows.append(row)
-            print(f"{label:<12} {row['ms_per_token']:8.3f} ms/token   first step {compile_s:7.2f} s   "
-                  f"{same}/{args.tokens} tokens equal to eager's", flush=True)
+    for name in args.models:
+        torch.manual_seed(0)
+        config, model = MODELS[name](dtype)
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        bandwidth = copy_bandwidth(weight_bytes)
+        for batch in args.batch:
+            prompt = torch.randint(0, config.vocab_size, (batch, args.prompt), device="cuda")
+            cache = StaticCache(config=config, max_batch_size=batch, max_cache_len=args.prompt + args.tokens + 1,
+                                dtype=dtype, device="cuda")
+            with torch.no_grad():
+                reference, reference_logits = None, None
+                for label, backend, mode in (("eager", None, None), ("inductor_cg", "inductor", "reduce-overhead"),
+                                             ("kiln", "kiln", None)):
+                    torch._dynamo.reset()
+                    step = model if backend is None else torch.compile(model, backend=backend, mode=mode)
+                    row = {"model": name, "batch": batch, "backend": label}
+                    try:
+                        start = time.perf_counter()
+                        decode(model, step, cache, prompt, 4)                  # compile, warm up
+                        row["compile_s"] = time.perf_counter() - start
+                        tokens, first, seconds = decode(model, step, cache, prompt, args.tokens)
+                    except Exception as exc:   # report the failure and go on
+                        print(f"{name} b{batch} {label:<12} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
+                        continue
+                    if reference is None:
+                        reference, reference_logits = tokens, first
+                    ms = seconds / args.tokens * 1e3
+                    same = sum(a == b for t, r in zip(tokens, reference) for a, b in zip(t, r))
+                    row.update(ms_per_token=ms, weight_bytes=weight_bytes, copy_bandwidth=bandwidth,
+                               bandwidth_fraction=weight_bytes / (ms * 1e-3) / bandwidth,
+                               first_logits_rel_err=float((first - reference_logits).norm() / reference_logits.norm()),
+                               tokens_equal_to_eager=same, tokens=args.tokens * batch)
+                    rows.append(row)
+                    print(f"{name} b{batch} {label:<12} {ms:8.3f} ms/token  {row['bandwidth_fraction']:6.1%} of copy "
+                          f"bandwidth  logits err {row['first_logits_rel_err']:.1e}  {same}/{row['tokens']} tokens "
+                          f"equal to eager's  compile {row['compile_s']:.1f} s", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    for row in rows:
+        if row["backend"] == "kiln" and "ms_per_token" in row:
+            ind = next((r for r in rows if r["backend"] == "inductor_cg" and r["model"] == row["model"]
+                        and r["batch"] == row["batch"] and "ms_per_token" in r), None)
+            if ind:
+                row["vs_inductor_cg"] = row["ms_per_token"] / ind["ms_per_token"]
+                print(f"{row['model']} b{row['batch']}: Kiln / Inductor+CG time {row['vs_inductor_cg']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "prompt": args.prompt,
-                       "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
+                       "prompt": args.prompt, "tokens": args.tokens, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
