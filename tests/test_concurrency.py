@@ -27,11 +27,15 @@ def _hammer(fn, make_inputs, expected_fn):
     def worker(seed):
         g = torch.Generator().manual_seed(seed)
         wrong = 0
-        for _ in range(CALLS):
-            args = make_inputs(g)
-            got, want = fn(*args), expected_fn(*args)
-            if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
-                wrong += 1
+        # grad mode is per thread: the caller's no_grad does not reach the pool's threads, whose
+        # calls would otherwise compile the training graph (an fx trace, which patches
+        # nn.Module.__call__ for every thread while it runs)
+        with torch.no_grad():
+            for _ in range(CALLS):
+                args = make_inputs(g)
+                got, want = fn(*args), expected_fn(*args)
+                if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
+                    wrong += 1
         return wrong
 
     # one OpenMP thread per call: THREADS teams of the machine's width would oversubscribe CI's
