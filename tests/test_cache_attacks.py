@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -245,6 +246,19 @@ def test_a_kernel_with_nowhere_to_go_is_reported(cache_root, monkeypatch):
     monkeypatch.setattr(cache, "_write_new", refused)
     with pytest.warns(UserWarning, match="is read-only"), pytest.raises(cache.CacheError, match="is read-only"):
         build_shared_library(fresh_source("_ro"), "k")
+
+
+@pytest.mark.parametrize("suffix", [".so", ".json", ".lock"])
+def test_a_directory_in_place_of_an_entry_its_record_or_its_lock_is_named(cache_root, suffix):
+    source = fresh_source(f"_dir_{suffix[1:]}")
+    build_shared_library(source, "k")
+    entry = only_entry(cache_root)
+    record_of(entry).unlink()          # a miss, whatever stands in the way
+    path = entry.with_suffix(suffix)
+    path.unlink(missing_ok=True)
+    path.mkdir()
+    with pytest.raises(cache.CacheError, match=re.escape(str(path)) + ".* is a directory .*remove it"):
+        build_shared_library(source, "k")
 
 
 @pytest.mark.parametrize("where", ["cache", "private"])

@@ -90,6 +90,8 @@ def _unusable(path: Path, exc: OSError, doing: str) -> CacheError:
         error = ReadOnlyCacheError
     elif exc.errno in (errno.EEXIST, errno.ENOTDIR):
         why = f"it (or a folder on its path) is a file, not a directory; remove the file or {setting}"
+    elif exc.errno == errno.EISDIR:
+        why = f"it is a directory where Kiln keeps a file, found while {doing}; remove it"
     else:
         why = f"{exc.strerror or exc} while {doing}"
     return error(exc.errno, f"Kiln's kernel cache {path} cannot be used: {why}")
@@ -201,16 +203,19 @@ def _checksum(data: bytes) -> str:
 
 def _read_own_file(dir_fd: int, name: str) -> bytes | None:
     """The bytes of regular file `name` in `dir_fd`, read through one descriptor, if it is the
-    user's own and writable by no one else; else None (missing, a link, foreign)."""
+    user's own and writable by no one else; else None (missing, a link, a directory, foreign)."""
     try:
         fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
             return None
-        return f.read()
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def _verified(dir_fd: int, key: str, suffix: str) -> bytes | None:
@@ -320,7 +325,7 @@ def _build_lock(dir_fd: int, key: str, folder: Path):
     try:
         fd = os.open(key + ".lock", _OPEN_LOCK, 0o600, dir_fd=dir_fd)
     except OSError as exc:
-        raise _unusable(folder, exc, "opening a build lock") from None
+        raise _unusable(folder / (key + ".lock"), exc, "opening a build lock") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -370,11 +375,11 @@ def _warn_read_only(exc: ReadOnlyCacheError) -> None:
 def _publish(dir_fd: int, folder: Path, key: str, suffix: str, data: bytes) -> None:
     """Store the entry `key` and its record, each atomically."""
     record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
-    try:
-        _write_new(dir_fd, key + suffix, data)
-        _write_new(dir_fd, key + ".json", record)
-    except OSError as exc:
-        raise _unusable(folder, exc, "storing a kernel") from None
+    for name, content in ((key + suffix, data), (key + ".json", record)):
+        try:
+            _write_new(dir_fd, name, content)
+        except OSError as exc:
+            raise _unusable(folder / name, exc, "storing a kernel") from None
 
 
 def _is_entry(name: str) -> bool:
