@@ -9,8 +9,11 @@ import ctypes
 import errno
 import hashlib
 import json
+import logging
 import os
+import re
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -162,13 +165,100 @@ def test_cache_dir_that_is_a_file_is_reported(tmp_path, monkeypatch):
         build_shared_library(fresh_source("_file"), "k")
 
 
-def test_read_only_cache_dir_is_reported(cache_root, monkeypatch):
-    def read_only(*_):
+def read_only(root: Path, monkeypatch, existing: int = errno.EEXIST) -> None:
+    """Refuse every creation or change under `root` as a read-only file system does (EROFS):
+    the tests run as root, whom a folder's mode does not stop. Making a folder that exists
+    fails with `existing` (Linux says EEXIST; some file systems check writability first)."""
+    def inside(path, dir_fd) -> bool:
+        if dir_fd is not None:
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        path = Path(os.path.abspath(path))
+        return path == root or root in path.parents
+
+    def refuse(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    real_open, real_mkdir, real_replace, real_fchmod = os.open, os.mkdir, os.replace, os.fchmod
+
+    def open_(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and inside(path, dir_fd):
+            refuse(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        if inside(path, dir_fd):
+            if os.path.lexists(path if dir_fd is None else f"/proc/self/fd/{dir_fd}/{path}"):
+                raise OSError(existing, os.strerror(existing), str(path))
+            refuse(path)
+        return real_mkdir(path, mode, dir_fd=dir_fd)
+
+    def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        if inside(dst, dst_dir_fd):
+            refuse(dst)
+        return real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    def fchmod(fd, mode):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if inside(path, None):
+            refuse(path)
+        return real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize("existing, mode", [(errno.EEXIST, 0o700), (errno.EROFS, 0o755)],
+                         ids=["private-root", "open-root"])
+def test_a_read_only_cache_serves_its_entries_and_builds_the_others_uncached(cache_root, monkeypatch, caplog,
+                                                                             existing, mode):
+    """A warm cache on a read-only file system (issue 30), its root private or readable by
+    others (Kiln cannot make it private then): a hit loads without a warning or a build; a
+    miss is built for the process alone, not cached, and warned about once."""
+    cached = fresh_source("_ro_hit")
+    build_shared_library(cached, "k")
+    entries = entry_files(cache_root, ".so")
+    cache_root.chmod(mode)
+    monkeypatch.delitem(cache._private, (os.getpid(), cache_root))    # as if filled by another process
+    read_only(cache_root, monkeypatch, existing)
+    caplog.set_level(logging.INFO, logger="kiln")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hit = build_shared_library(cached, "k")
+    check_kernel(hit, "_ro_hit")
+    assert cache_root not in hit.parents
+    assert not [r for r in caplog.records if "kernel cache miss" in r.getMessage()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for tag in ("_ro_miss", "_ro_miss_again"):
+            check_kernel(build_shared_library(fresh_source(tag), "k"), tag)
+    assert len(caught) == 1 and f"kernel cache {cache_root} is read-only" in str(caught[0].message)
+    assert len([r for r in caplog.records if "kernel cache miss" in r.getMessage()]) == 2
+    assert entry_files(cache_root, ".so") == entries
+
+
+def test_a_kernel_with_nowhere_to_go_is_reported(cache_root, monkeypatch):
+    """Where even the process's private folder refuses the kernel, the error says read-only."""
+    def refused(*_):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(cache, "_write_new", read_only)
-    with pytest.raises(cache.CacheError, match="is read-only"):
+    monkeypatch.setattr(cache, "_write_new", refused)
+    with pytest.warns(UserWarning, match="is read-only"), pytest.raises(cache.CacheError, match="is read-only"):
         build_shared_library(fresh_source("_ro"), "k")
+
+
+@pytest.mark.parametrize("suffix", [".so", ".json", ".lock"])
+def test_a_directory_in_place_of_an_entry_its_record_or_its_lock_is_named(cache_root, suffix):
+    source = fresh_source(f"_dir_{suffix[1:]}")
+    build_shared_library(source, "k")
+    entry = only_entry(cache_root)
+    record_of(entry).unlink()          # a miss, whatever stands in the way
+    path = entry.with_suffix(suffix)
+    path.unlink(missing_ok=True)
+    path.mkdir()
+    with pytest.raises(cache.CacheError, match=re.escape(str(path)) + ".* is a directory .*remove it"):
+        build_shared_library(source, "k")
 
 
 @pytest.mark.parametrize("where", ["cache", "private"])

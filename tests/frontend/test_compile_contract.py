@@ -139,6 +139,41 @@ def test_a_rule_returning_the_wrong_shape_or_dtype_is_named():
             registry.remove(F.silu, handler=rule)
 
 
+@pytest.mark.parametrize("fn, dynamic", [(lambda x: F.silu(x, inplace=True) + 1, False),
+                                        (lambda x: F.silu(x) + 1, True)], ids=["in-place", "symbolic-sizes"])
+def test_a_wrong_shape_is_blamed_on_the_plugin_rule_that_made_it(fn, dynamic, monkeypatch):
+    """Issue 30: the result of an in-place call, and one whose sizes are symbols, are checked
+    too, so that a plugin rule's wrong shape is neither missed nor blamed on the next node's
+    rule (operator.add's, of kiln-mappings-builtin)."""
+    def transposed(x, inplace=False):
+        return kiln.ops.permute(kiln.ops.silu(x), (1, 0))
+
+    registry = kiln.torch.mapping_registry()
+    register_function(F.silu, priority=1000)(transposed)
+    try:
+        rule, = [r for r in registry.candidates("function", F.silu) if r.handler is transposed]
+        monkeypatch.setattr(rule, "plugin", "kiln-test-transposer")    # as for a plugin's rule
+        with pytest.raises(RuleResultError, match=r"rule \S*transposed for torch.nn.functional.silu \(plugin "
+                                                  r"'kiln-test-transposer'\) returned float32\[3, 4\].*"
+                                                  r"PyTorch gives float32\[4, 3\]"):
+            torch.compile(fn, backend="kiln", dynamic=dynamic)(torch.randn(4, 3))
+    finally:
+        registry.remove(F.silu, handler=transposed)
+
+
+def test_an_in_place_call_keeps_the_dtype_of_the_tensor_it_changes():
+    def fn(x, y):
+        z = x * 2
+        z.add_(y)
+        w = x.clone()
+        w += y
+        return z, w
+
+    x, y = torch.randn(4, 3).half(), torch.randn(4, 3)
+    for got, want in zip(torch.compile(fn, backend="kiln")(x, y), fn(x, y)):
+        torch.testing.assert_close(got, want)
+
+
 def test_batch_norm_in_training_mode_says_so():
     model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)).train()
     with torch.no_grad(), pytest.raises(MappingError,  # the torch-level path (training: AOT)

@@ -2,6 +2,8 @@
 runs at every size with the kernels built for the first (counted as CPU kernel cache misses in
 a fresh cache, from the `kiln` log), and matches eager. (The CUDA programs that
 KILN_NVRTC_CHECK compiles for each task are left out here: tests/cuda checks those.)"""
+import gc
+import sys
 import warnings
 
 import pytest
@@ -11,6 +13,7 @@ from torch import nn
 
 import kiln
 from kiln.frontend.torch.backend import SIGNATURES_KEPT, KilnFunction
+from kiln.runtime.backend import BACKENDS
 from tests.frontend.frontend_support import builds_per_length, fresh_compiles, greedy_decode, kernels_built
 
 
@@ -79,6 +82,39 @@ def test_only_the_last_signatures_are_kept():
     function, = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
     shapes = [next(s[0] for s in key if isinstance(s, tuple)) for key in function.graphs]
     assert shapes == [(3, n) for n in range(4, SIGNATURES_KEPT + 4)]
+
+
+def test_a_new_size_at_every_call_keeps_what_the_process_holds_bounded(monkeypatch):
+    """One function called at 200 widths (issue 30): the Tasks of each operator and the
+    kernels kept for reuse stay within their bounds (made small here), the loaded kernels are
+    those still used (the graphs of the last SIGNATURES_KEPT sizes and the kernels kept), and
+    every size, old or kept, still runs."""
+    operators = sys.modules["kiln.graph.operator"]
+    monkeypatch.setattr(operators, "TASKS_KEPT", 8)
+    monkeypatch.setattr(operators, "KERNELS_KEPT", 8)
+    fn = lambda x: torch.relu(x) * 2 + 1
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    before = set(map(id, KilnFunction.live()))
+    loaded = BACKENDS["cpu"]._loaded
+    gc.collect()
+    loaded_before = len(loaded)
+    definitions = {name: c.item for name, c in kiln.plugins.registry().operators.items()}
+    tasks_before = {name: len(d._tasks) for name, d in definitions.items()}
+    for n in range(2, 202):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(compiled(x), fn(x))
+    gc.collect()
+    function, = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
+    used = {id(step.kernel.kernel) for run in function.graphs.values() for step in run.graph.compile().steps}
+    assert len(function.graphs) == SIGNATURES_KEPT
+    assert len(operators._compiled) <= 8
+    tasks = {name: len(d._tasks) for name, d in definitions.items() if len(d._tasks) != tasks_before[name]}
+    assert tasks and max(tasks.values()) <= 8, tasks
+    assert len(loaded) - loaded_before <= SIGNATURES_KEPT + 8
+    assert used <= {id(kernel) for kernel in loaded.values()}
+    for n in (2, 201, 100):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(compiled(x), fn(x))
 
 
 def test_a_float_the_graph_reads_is_part_of_its_signature():

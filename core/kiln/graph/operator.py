@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import re
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 import torch
@@ -25,6 +26,44 @@ from kiln.tensor import Tensor, from_torch
 
 class OperatorError(ValueError):
     """An operator was called with arguments it does not support."""
+
+
+TASKS_KEPT = 256
+"""The most Tasks an operator definition keeps, one per combination of input shapes, dtypes and
+attributes it was called with; the least recently used goes first (called so again, the
+definition builds its Task again)."""
+
+KERNELS_KEPT = 256
+"""The most built kernels `compiled_task` keeps for tasks that may be run again; the least
+recently used goes first. A CompiledGraph holds its own kernels, whatever this keeps."""
+
+
+class _Recent:
+    """A mapping, safe across threads, that keeps its `limit()` most recently used entries."""
+
+    def __init__(self, limit: Callable[[], int]):
+        self._entries: OrderedDict = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key):
+        """The value of `key` (now the most recently used), or None."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, key, value) -> None:
+        """Keep `value` under `key`, dropping the least recently used entries beyond the limit."""
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._limit():
+                self._entries.popitem(last=False)
 
 
 def _camel(name: str) -> str:
@@ -42,8 +81,7 @@ class OperatorDef:
         self.override = override
         self.signature = inspect.signature(definition)
         self.__doc__ = definition.__doc__
-        self._tasks: dict = {}
-        self._lock = threading.Lock()
+        self._tasks = _Recent(lambda: TASKS_KEPT)
 
     def __repr__(self) -> str:
         return f"<operator {self.name}>"
@@ -65,9 +103,9 @@ class OperatorDef:
         return out
 
     def task(self, arguments: dict) -> tuple[Task, list[Tensor], dict]:
-        """The Task for these arguments (cached by input shapes, dtypes and attributes, symbolic
-        sizes by their expressions and values), with the tensor inputs in task order and the
-        attributes."""
+        """The Task for these arguments (the last TASKS_KEPT kept by input shapes, dtypes and
+        attributes, symbolic sizes by their expressions and values), with the tensor inputs in
+        task order and the attributes."""
         tensors, attrs, call, key = [], {}, {}, [self.name]
         for name, v in arguments.items():
             if isinstance(v, Tensor):
@@ -84,8 +122,7 @@ class OperatorDef:
                 attrs[name] = call[name] = v
                 key.append((name, repr(size_key(v))))
         key = tuple(key)
-        with self._lock:
-            cached = self._tasks.get(key)
+        cached = self._tasks.get(key)
         if cached is None:
             result = self.definition(**call)
             outputs = list(result) if isinstance(result, (tuple, list)) else [result]
@@ -94,8 +131,7 @@ class OperatorDef:
             inputs = [t for v in call.values() for t in (v if isinstance(v, list) else [v])
                       if isinstance(t, TensorInput)]
             cached = Task(self.name, inputs, outputs, attrs)
-            with self._lock:
-                self._tasks[key] = cached
+            self._tasks.put(key, cached)
         return cached, tensors, attrs
 
     def __call__(self, *args, **kwargs):
@@ -152,22 +188,20 @@ class Operator:
         return f"<{self.name} operator>"
 
 
-_compiled: dict = {}
-_compiled_lock = threading.Lock()
+# (id(task), device, settings) -> (task, its kernel): the task is held so that its id stays its own
+_compiled = _Recent(lambda: KERNELS_KEPT)
 
 
 def compiled_task(task: Task, device: Device, settings=None):
-    """The built kernel of `task` on `device`, built on first use with `settings` (a
-    `kiln.schedule.BuildSettings`; the user's default when None)."""
+    """The built kernel of `task` on `device` with `settings` (a `kiln.schedule.BuildSettings`;
+    the user's default when None): the one built before while it is among the KERNELS_KEPT
+    most recently used, else built now."""
     from kiln.schedule import build_task
     key = (id(task), device, settings)
-    with _compiled_lock:
-        found = _compiled.get(key)
+    found = _compiled.get(key)
     if found is None:
-        found = build_task(task, device, settings)
-        with _compiled_lock:
-            _compiled[key] = (task, found)
-        return found
+        found = (task, build_task(task, device, settings))
+        _compiled.put(key, found)
     return found[1]
 
 

@@ -2,12 +2,15 @@
 
 A backend compiles a schedule's program (`kiln.runtime.cpu.CpuProgram`,
 `kiln.runtime.cuda.CudaProgram`) through the on-disk kernel cache, loads it, and launches it;
-it keeps the loaded kernels in its in-memory cache, once per program and device, which is the
-only in-memory kernel cache of Kiln.
+it keeps the loaded kernels in its in-memory cache, once per program and device, for as long as
+something uses them (a `CompiledTask`: a step of a CompiledGraph, `kiln.graph.operator`'s
+kernels kept for reuse), so that a kernel is never dropped from under its users and one no
+longer used does not stay loaded.
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -54,7 +57,8 @@ class Backend:
     `kernel(inputs, outputs)` with torch tensors; `unavailable()` is None where the backend can
     run here, else the reason it cannot (raised as `error`); `arch(device)` is the device's
     architecture as a number (90 for sm_90, 100 for sm_100), None where templates do not
-    depend on one.
+    depend on one. A loaded kernel stays in the backend's table while it is referenced
+    elsewhere, and no longer (the table holds it weakly).
     """
 
     kind: str
@@ -63,11 +67,12 @@ class Backend:
     unavailable: Callable[[], str | None] = lambda: None
     arch: Callable[[Device], int | None] = lambda device: None
     error: type = RuntimeError
-    _loaded: dict = field(default_factory=dict)
+    _loaded: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def load(self, program, device: Device):
-        """The loaded kernel of `program` on `device`, compiled and loaded once per process."""
+        """The loaded kernel of `program` on `device`: the one already loaded while anything
+        still uses it, else compiled (through the on-disk cache) and loaded now."""
         if not isinstance(program, self.program_type):
             raise TypeError(f"the {self.kind} runtime runs a {self.program_type.__name__}, got "
                             f"{type(program).__name__}")

@@ -24,8 +24,11 @@ Nothing in the cache is trusted beyond what Kiln checked itself:
   loads: `lookup_or_build` returns a copy in a private per-process folder of the root, never a
   path in the shared folders that someone could change between the check and the load.
 
-A cache that cannot be used (KILN_CACHE_DIR is a file, is read-only, or the disk is full)
-raises `CacheError` saying so, and leaves no temporary file behind.
+A cache that cannot be used (KILN_CACHE_DIR is a file, or the disk is full) raises `CacheError`
+saying so, and leaves no temporary file behind. A read-only cache (a read-only file system, or
+folders the user may not write) still serves its verified entries; an entry it lacks is built
+for the process alone, neither locked nor published, with one warning a process. Its private
+copies then go to a private folder of the system's temporary directory.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +57,15 @@ _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 _CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
 _OPEN_LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _CLOEXEC
 _NOT_ENTRIES = (".json", ".lock")    # beside each entry: its record and its build lock
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class CacheError(OSError):
     """The kernel cache cannot be used: its directory is a file, is read-only, or is full."""
+
+
+class ReadOnlyCacheError(CacheError):
+    """The kernel cache refuses writes: its file system or a folder of it is read-only."""
 
 
 class UnsafeCacheError(PermissionError):
@@ -70,17 +79,22 @@ def _root_path() -> Path:
 
 
 def _unusable(path: Path, exc: OSError, doing: str) -> CacheError:
-    """A CacheError explaining `exc`, raised while `doing` at `path`."""
+    """A CacheError explaining `exc`, raised while `doing` at `path` (a ReadOnlyCacheError where
+    writing was refused)."""
     setting = "set KILN_CACHE_DIR to a directory of your own"
+    error = CacheError
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         why = f"no space left on the device (or quota exceeded) while {doing}; free some space or {setting}"
-    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    elif exc.errno in _READ_ONLY:
         why = f"it is read-only ({exc.strerror}) while {doing}; {setting} that is writable"
+        error = ReadOnlyCacheError
     elif exc.errno in (errno.EEXIST, errno.ENOTDIR):
         why = f"it (or a folder on its path) is a file, not a directory; remove the file or {setting}"
+    elif exc.errno == errno.EISDIR:
+        why = f"it is a directory where Kiln keeps a file, found while {doing}; remove it"
     else:
         why = f"{exc.strerror or exc} while {doing}"
-    return CacheError(exc.errno, f"Kiln's kernel cache {path} cannot be used: {why}")
+    return error(exc.errno, f"Kiln's kernel cache {path} cannot be used: {why}")
 
 
 def cache_dir() -> Path:
@@ -107,7 +121,11 @@ def _root_fd():
             raise UnsafeCacheError(f"the kernel cache {path} belongs to another user (uid {info.st_uid}); "
                                    "set KILN_CACHE_DIR to a directory of your own")
         if info.st_mode & 0o077:
-            os.fchmod(fd, 0o700)
+            try:
+                os.fchmod(fd, 0o700)
+            except OSError as exc:
+                if exc.errno != errno.EROFS:      # no one changes a read-only file system
+                    raise _unusable(path, exc, "making it private") from None
         yield fd
     finally:
         os.close(fd)
@@ -125,15 +143,20 @@ def _check_folder(fd: int, path: Path) -> None:
 
 def _open_folder(parent_fd: int, name: str, path: Path) -> int:
     """A descriptor of the private folder `name` in `parent_fd` (created if missing)."""
+    refused = None
     try:
         os.mkdir(name, 0o700, dir_fd=parent_fd)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise _unusable(path, exc, "creating a folder") from None
+        if exc.errno not in _READ_ONLY:
+            raise _unusable(path, exc, "creating a folder") from None
+        refused = exc          # a read-only cache: the folder may be there already
     try:
         fd = os.open(name, _OPEN_DIR, dir_fd=parent_fd)
     except OSError as exc:
+        if refused is not None and exc.errno == errno.ENOENT:
+            raise _unusable(path, refused, "creating a folder") from None
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             link = stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode)
             raise UnsafeCacheError(f"the kernel cache folder {path} is "
@@ -180,16 +203,19 @@ def _checksum(data: bytes) -> str:
 
 def _read_own_file(dir_fd: int, name: str) -> bytes | None:
     """The bytes of regular file `name` in `dir_fd`, read through one descriptor, if it is the
-    user's own and writable by no one else; else None (missing, a link, foreign)."""
+    user's own and writable by no one else; else None (missing, a link, a directory, foreign)."""
     try:
         fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
             return None
-        return f.read()
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def _verified(dir_fd: int, key: str, suffix: str) -> bytes | None:
@@ -228,22 +254,39 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
 
 _private_lock = threading.Lock()
 _private: dict[tuple[int, Path], Path] = {}      # (pid, root) -> this process's private folder
+_warned_read_only: set[Path] = set()            # roots found read-only, warned about
 PRIVATE_PREFIX = ".private-"
 
 
 def _private_dir() -> Path:
-    """A folder of the cache root that only this process writes (mode 0700, named after the
-    process id), removed when the process exits. It lies in the root rather than in /tmp, which
-    may forbid loading code."""
-    with _root_fd():
-        root = _root_path()
+    """A folder that only this process writes (mode 0700, named after the process id), removed
+    when the process exits. It lies in the cache root rather than in /tmp, which may forbid
+    loading code; in the system's temporary directory only where the root is read-only."""
     with _private_lock:
-        key = (os.getpid(), root)
+        key = (os.getpid(), _root_path())
         if key not in _private:
-            path = Path(tempfile.mkdtemp(dir=root, prefix=f"{PRIVATE_PREFIX}{key[0]}-"))
+            path = _new_private_dir(f"{PRIVATE_PREFIX}{key[0]}-")
             _private[key] = path
             atexit.register(lambda: os.getpid() == key[0] and shutil.rmtree(path, ignore_errors=True))
         return _private[key]
+
+
+def _new_private_dir(prefix: str) -> Path:
+    """A new private folder named `prefix` and a random tail: in the cache root, or in the
+    system's temporary directory where the root is read-only."""
+    try:
+        with _root_fd():
+            root = _root_path()
+            try:
+                return Path(tempfile.mkdtemp(dir=root, prefix=prefix))
+            except OSError as exc:
+                raise _unusable(root, exc, "creating a private folder") from None
+    except ReadOnlyCacheError:
+        temporary = tempfile.gettempdir()
+        try:
+            return Path(tempfile.mkdtemp(dir=temporary, prefix=f"kiln{prefix}"))
+        except OSError as exc:
+            raise _unusable(Path(temporary), exc, "creating a private folder") from None
 
 
 def _private_copy(key: str, suffix: str, data: bytes) -> Path:
@@ -282,7 +325,7 @@ def _build_lock(dir_fd: int, key: str, folder: Path):
     try:
         fd = os.open(key + ".lock", _OPEN_LOCK, 0o600, dir_fd=dir_fd)
     except OSError as exc:
-        raise _unusable(folder, exc, "opening a build lock") from None
+        raise _unusable(folder / (key + ".lock"), exc, "opening a build lock") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -294,29 +337,49 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
     """The path of a private copy of the artifact `key`, taken from a verified cache entry or,
     when the entry is missing or untrustworthy, built by `build(path)` (which writes the
     artifact to the path it is given) and published to the cache. Callers that miss the same
-    entry at once build it once: one builds, the others wait and take its entry."""
-    with _entry_folder(kind, key) as (fd, folder):
-        data = _verified(fd, key, suffix)
-        if data is not None:
-            logger.debug("kernel cache hit: %s/%s%s", kind, key, suffix)
-        else:
-            with _build_lock(fd, key, folder):
-                data = _verified(fd, key, suffix)      # published while this caller waited
-                if data is None:
-                    logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
-                    data = _build_privately(build, suffix)
-                    _publish(fd, folder, key, suffix, data)
+    entry at once build it once: one builds, the others wait and take its entry. A read-only
+    cache serves its entries and builds the others for this process alone (one warning)."""
+    data = None
+    try:
+        with _entry_folder(kind, key) as (fd, folder):
+            data = _verified(fd, key, suffix)
+            if data is not None:
+                logger.debug("kernel cache hit: %s/%s%s", kind, key, suffix)
+            else:
+                with _build_lock(fd, key, folder):
+                    data = _verified(fd, key, suffix)      # published while this caller waited
+                    if data is None:
+                        logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
+                        data = _build_privately(build, suffix)
+                        _publish(fd, folder, key, suffix, data)
+    except ReadOnlyCacheError as exc:
+        _warn_read_only(exc)
+        if data is None:
+            logger.info("kernel cache miss: building %s/%s%s, not cached (read-only)", kind, key, suffix)
+            data = _build_privately(build, suffix)
     return _private_copy(key, suffix, data)
+
+
+def _warn_read_only(exc: ReadOnlyCacheError) -> None:
+    """Warn, once a process for each cache root, that kernels it lacks are not cached."""
+    root = _root_path()
+    with _private_lock:
+        if root in _warned_read_only:
+            return
+        _warned_read_only.add(root)
+    warnings.warn(f"Kiln's kernel cache {root} is read-only ({os.strerror(exc.errno)}): its kernels "
+                  "are used, and those it lacks are built for this process alone, not cached; set "
+                  "KILN_CACHE_DIR to a writable directory of your own to keep them", stacklevel=2)
 
 
 def _publish(dir_fd: int, folder: Path, key: str, suffix: str, data: bytes) -> None:
     """Store the entry `key` and its record, each atomically."""
     record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
-    try:
-        _write_new(dir_fd, key + suffix, data)
-        _write_new(dir_fd, key + ".json", record)
-    except OSError as exc:
-        raise _unusable(folder, exc, "storing a kernel") from None
+    for name, content in ((key + suffix, data), (key + ".json", record)):
+        try:
+            _write_new(dir_fd, name, content)
+        except OSError as exc:
+            raise _unusable(folder / name, exc, "storing a kernel") from None
 
 
 def _is_entry(name: str) -> bool:

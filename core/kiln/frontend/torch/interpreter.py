@@ -7,7 +7,7 @@ symbolic inputs it records a FlowGraph; given concrete ones it runs each operato
 
 Values between nodes are Kiln tensors or plain Python values (ints, tuples, dtypes). In-place
 methods and functions (`x.add_(y)`, `operator.iadd`, `inplace=True`, `x[i] = v`) compute a new
-tensor and rebind the mutated node and the nodes that alias it through in-place calls, so later
+tensor (of the changed tensor's dtype) and rebind the mutated node and the nodes that alias it through in-place calls, so later
 nodes read the updated value; `mutated_inputs` tells the caller which inputs to write back.
 Views (`y = x[0]; y.add_(1)` changing x) are not tracked: the backend hands graphs that change
 a tensor through a view to PyTorch (`kiln.frontend.torch.aliasing`).
@@ -37,6 +37,7 @@ from torch.fx.node import map_aggregate, map_arg
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
+from kiln.plugins import registry as plugin_registry
 from kiln.tensor import Tensor, from_torch
 
 _PYTHON_MODULES = {operator.__name__, math.__name__, builtins.__name__, "_operator"}
@@ -133,9 +134,11 @@ def _concrete(size, bindings: dict):
         return size
     try:
         value = size.node.expr.xreplace(bindings)
-        return int(value) if value.is_number else None
     except (AttributeError, TypeError):
         return None
+    if isinstance(value, int):      # the expression was one symbol, replaced by its int
+        return value
+    return int(value) if value.is_number else None
 
 
 def _describe(value) -> str:
@@ -306,14 +309,20 @@ class Interpreter:
             raise MappingError(f"the Kiln rule for {node.format_node()} failed on "
                                f"{_describe(args)} {_describe(kwargs) if kwargs else ''}: "
                                f"{type(exc).__name__}: {exc}{FALLBACK_HINT}") from exc
+        if mutates(node) and isinstance(value, Tensor) and isinstance(args[0], Tensor) \
+                and value.dtype != args[0].dtype:
+            # the rule computes the call out of place; in place, the result takes the dtype of
+            # the tensor it is written to (`x.add_(y)` keeps x's float16 where y is float32)
+            value = plugin_registry().operator("cast")(value, args[0].dtype.torch_dtype)
         self._check_result(node, rule, value)
         return value
 
     def _check_result(self, node: Node, rule, value) -> None:
         """Raise RuleResultError where the rule's tensors differ in shape or dtype from what
-        dynamo recorded for the node (nodes without metadata are not checked)."""
+        dynamo recorded for the node (nodes without metadata are not checked), so that a
+        wrong value is blamed on the rule that made it, not on a later node's."""
         expected = _expected_meta(node)
-        if expected is None or mutates(node):
+        if expected is None:
             return
         got, want = [], []
         map_aggregate(value, got.append)
