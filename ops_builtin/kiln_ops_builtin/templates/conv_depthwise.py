@@ -8,7 +8,9 @@ shared memory. Outputs go through the core's epilogue hook (bias, activation, ca
 row m the plane (image x channel) and column n the output pixel.
 
 Applies to kernels up to 7 x 7, strides 1 and 2, no dilation, and reads the input and filter
-straight from the task's inputs (a prologue fused into them declines the template).
+straight from the task's inputs (a prologue fused into them declines the template). The task's
+sum must be the conv2d definition's on them (`own_task.same_reduction`), so an epilogue that
+reshapes or permutes the output (flattened or transposed pixels) declines it too.
 """
 from __future__ import annotations
 
@@ -18,8 +20,12 @@ from kiln.codegen.epilogue import render_epilogue
 from kiln.codegen.hooks import strip_cast, unravel_index
 from kiln.ir.expr import Load, Select
 from kiln.ir.inline import inline_task
+from kiln.graph import OperatorError
 from kiln.schedule import Template
 from kiln.runtime.cuda import CudaProgram, Launch
+
+from kiln_ops_builtin.conv import conv2d
+from kiln_ops_builtin.templates.own_task import same_reduction
 
 NT = 128
 MAX_KERNEL = 7
@@ -86,18 +92,22 @@ def _direct_loads(task):
 
 
 def _geometry(task):
-    """(N, C, H, W, KH, KW, SH, SW, PH, PW) of a depthwise conv2d task, or None."""
+    """(N, C, H, W, KH, KW, SH, SW, PH, PW) of a depthwise conv2d task whose sum is the conv2d
+    definition's, written to its own (N, C, OH, OW) output, or None."""
     a = task.attrs
     found = _direct_loads(task)
     if found is None or a.get("groups", 1) == 1:
         return None
-    _, x, w = found
+    lowered, x, w = found
     if len(x.tensor.shape) != 4 or len(w.tensor.shape) != 4:
         return None
     n, c, h, wd = x.tensor.shape
     oc, one, kh, kw = w.tensor.shape
-    out = task.outputs[0].shape
-    if not (a["groups"] == c == oc and one == 1 and out[:2] == (n, c) and kh <= MAX_KERNEL and kw <= MAX_KERNEL):
+    if not (a["groups"] == c == oc and one == 1 and kh <= MAX_KERNEL and kw <= MAX_KERNEL):
+        return None
+    ref = conv2d.definition(x=x.tensor, weight=w.tensor, bias=None, stride=a.get("stride", 1),
+                            padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a["groups"])
+    if not same_reduction([x.tensor, w.tensor], lowered.outputs[0], ref):
         return None
     if _pair(a.get("dilation", 1), "dilation") != (1, 1):
         return None
@@ -116,7 +126,7 @@ def _geometry(task):
 def applies(task) -> bool:
     try:
         return _geometry(task) is not None
-    except (ValueError, KeyError):
+    except (OperatorError, ValueError, TypeError, KeyError):
         return False
 
 
