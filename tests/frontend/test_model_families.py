@@ -274,6 +274,31 @@ def test_masked_index_put_and_tensor_narrow():
     compile_and_compare(fn, x, torch.tensor([True, False, True, True, False]), torch.tensor(1))
 
 
+@pytest.mark.parametrize("shape, mask_dims", [((6, 5), 1), ((6, 5), 2), ((3, 4, 5), 2)])
+def test_boolean_mask_write_after_a_graph_break(shape, mask_dims):
+    """`out[mask] = y` after `x[mask]` (a graph break: its size depends on the data), for a
+    mask over the leading dims (y holds rows) and a scalar y."""
+    def write(x, mask):
+        y = x[mask] * 2
+        out = torch.zeros_like(x)
+        out[mask] = y
+        return out
+
+    def fill(x, mask):
+        out = torch.zeros_like(x)
+        out[mask] = 2.5
+        return out
+
+    torch.manual_seed(0)
+    for fn in (write, fill):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="kiln")
+        for _ in range(2):
+            x = torch.randn(shape)
+            mask = torch.rand(shape[:mask_dims]) > 0.5
+            torch.testing.assert_close(compiled(x, mask), fn(x, mask))
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_embedding_bag_with_offsets_and_padding(mode):
     bag = _eval(nn.EmbeddingBag(50, 6, mode=mode, padding_idx=3))
