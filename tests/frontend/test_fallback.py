@@ -128,3 +128,20 @@ def test_split_passes_sizes_made_in_pytorch_to_later_parts(fn, make):
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         out = torch.compile(fn, backend=backend)(*inputs)
     torch.testing.assert_close(out, fn(*inputs))
+
+
+def test_pad_by_tensor_amounts_after_a_graph_break_matches_eager():
+    """EnCodec's padding under fallback: the amounts, dynamo's 0-dim tensor inputs, are read as
+    the trace's constants (traced again for new ones). In a symbolic_trace graph their values
+    are known only when it runs: that pad runs in PyTorch, the rest in Kiln."""
+    compiled, _ = _compiled_backends(_pad_by_tensors)
+    for left, right in ((5, 1), (3, 2)):
+        x, left, right = torch.randn(1, 4, 37), torch.tensor(left), torch.tensor(right)
+        torch.testing.assert_close(compiled(x, left, right), _pad_by_tensors(x, left, right))
+
+    gm = torch.fx.symbolic_trace(_pad_by_tensors)
+    x, left, right = torch.randn(1, 4, 37), torch.tensor(4), torch.tensor(2)
+    with pytest.warns(UserWarning, match="(?s)Kiln runs these nodes in PyTorch.*pad"):
+        compiled = kiln.torch.kiln_backend(gm, [x, left, right])
+    assert isinstance(compiled, torch.fx.GraphModule)
+    torch.testing.assert_close(compiled(x, left, right), _pad_by_tensors(x, left, right))

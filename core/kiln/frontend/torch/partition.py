@@ -20,6 +20,7 @@ from torch.fx.passes.split_module import split_module
 
 from kiln.dtypes import data_type
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, Unrepresentable
+from kiln.frontend.torch.sizes import reads_value
 from kiln.tensor import from_torch, symbol
 
 
@@ -67,7 +68,8 @@ def nodes_for_pytorch(gm: GraphModule, example_inputs, constants: set[str] = fro
 
     inputs = []
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
-        if isinstance(value, torch.Tensor) and node.name in constants and _supported(value.dtype):
+        known = node.name in constants or reads_value(node)      # as `KilnFunction` traces it
+        if isinstance(value, torch.Tensor) and known and _supported(value.dtype):
             inputs.append(from_torch(value))
         else:
             inputs.append(stand_in(value))
