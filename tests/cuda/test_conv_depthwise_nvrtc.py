@@ -64,3 +64,13 @@ def test_segformer_block_keeps_the_template_and_compiles():
     assert len(anchors) == 1 and schedules_for(anchors[0], "cuda")[0].name == "conv_depthwise"
     for node in graph.nodes:
         check_nvrtc(node.task, ARCHS)
+
+
+@pytest.mark.parametrize("name, epilogue", [("flatten", lambda y: ops.flatten(y, 1, 2)),
+                                            ("permute", lambda y: ops.permute(y, (0, 2, 1, 3)))])
+def test_the_channels_last_templates_read_the_output_layout_too(name, epilogue):
+    """`conv_depthwise_nhwc` and `conv_sm90` read the geometry from the output's index
+    arithmetic (`match_conv_nhwc`): an output that is not (N, OH, OW, C) declines them."""
+    x, w, b = (kiln.symbol(s, "float16", "cuda") for s in [(2, 16, 12, 64), (64, 3, 3, 1), (64,)])
+    graph = trace_from(epilogue(ops.conv2d_channels_last(x, w, b, padding=1, groups=64)), [x, w, b])
+    assert schedules_for(FusedOperator(graph.nodes, [x, w, b], graph.outputs, 0).task, "cuda") == []
