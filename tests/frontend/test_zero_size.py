@@ -4,8 +4,11 @@ samples: eager's (empty) results on the CPU and, marked `cuda`, on a GPU.
 CUDA rejects a launch of no blocks, and a node with no elements has a CUDA program with no
 launch at all (the auto-scheduler writes no kernel for an empty buffer) or launches over no
 items: the runtime makes no launch that has no work (`kiln.runtime.cuda.Launch.empty`) and
-loads nothing for a program left with none. Without a GPU, the CUDA runner is checked on the
-programs these graphs' nodes get, with the device, NVRTC and the driver stood in for."""
+loads nothing for a program left with none; a graph whose nodes all have no elements captures
+no (empty) CUDA graph. Without a GPU, the CUDA runner is checked on the programs these graphs'
+nodes get, with the device, NVRTC and the driver stood in for."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,7 +91,8 @@ def test_empty_samples_match_eager_on_cuda(name, cuda_graphs):
     fn, make = CASES[name]
     inputs = [t.cuda() for t in make()]
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="The CUDA Graph is empty")   # nothing to capture
         expected = fn(*inputs)
         actual = torch.compile(fn, backend=Capture(use_cuda_graph=cuda_graphs), fullgraph=True)(*inputs)
     torch.testing.assert_close(actual, expected)

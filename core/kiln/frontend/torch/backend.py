@@ -225,7 +225,8 @@ class CompiledRun:
                              all(isinstance(v, Tensor) for v in structure))
         graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
         self.run = graph.run
-        if cuda_examples is not None:
+        # a graph whose nodes all have no elements launches nothing: no CUDA graph to capture
+        if cuda_examples is not None and any(t.numel() for node in graph.nodes for t in node.outputs):
             captured = graph.cuda_graph(cuda_examples)
             # replays overwrite the captured outputs: the caller gets copies
             self.run = lambda inputs: captured.run(inputs, copy=True)
