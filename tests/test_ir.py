@@ -13,7 +13,7 @@ import pytest
 
 from kiln import dtypes
 from kiln.ir import (
-    Binary, BinaryOp, Cast, Const, Load, ReduceOp, Select, Task, TensorInput, UnaryOp, Var, binary,
+    Binary, BinaryOp, Cast, Const, Load, Reduce, ReduceOp, Select, Task, TensorInput, UnaryOp, Var, binary,
     bounds, cast, compute, exp, inline_task, maximum, minimum, reduce, rewrite, select, simplify,
     substitute, unary, unravel,
 )
@@ -253,6 +253,22 @@ def test_substitute_and_inlining_through_the_rewriter():
     (axis,) = moved.axes
     assert axis is not total.axes[0] and simplify(axis.extent).value == 3
     assert moved.body.indices[1] is axis, "the body reads the new axis"
+
+
+def test_substitute_gives_copies_of_a_reduction_one_new_axis():
+    """Two copies of a reduction of variable extent sharing their axis and part of their body
+    (simplification leaves such copies in two index expressions) keep one axis: the shared part,
+    rewritten once, reads it in both."""
+    x = TensorInput("x", (12,), "float32")
+    k = Var("k", 12)
+    shared = cast(x[Var("r", k + 1)], dtypes.int64)
+    r = shared.a.indices[0]
+    first = Reduce("sum", (r,), shared + 1, dtypes.int64)
+    second = Reduce("sum", (r,), shared + 2, dtypes.int64)
+    moved = substitute(first * second, {id(k): Const(5, dtypes.int64)})
+    a, b = moved.a, moved.b
+    assert a.axes[0] is b.axes[0] is not r and simplify(a.axes[0].extent).value == 6
+    assert a.body.a.a.indices[0] is b.body.a.a.indices[0] is a.axes[0]
 
 
 @pytest.mark.parametrize("extents", [(3, 4, 5), (1, 6, 1, 2), (7,), (2, 1)])

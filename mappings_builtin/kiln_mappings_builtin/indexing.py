@@ -90,7 +90,7 @@ def setitem(x, index, value):
     single value); the interpreter rebinds `x` to it."""
     items = _items(index)
     if _is_mask(items[0]):
-        mask = items[0]
+        mask = ops.reshape(items[0], tuple(items[0].shape) + (1,) * (x.ndim - items[0].ndim))  # x's leading dims
     else:
         region = tuple(torch.empty(x.shape, device="meta")[index].shape)
         where = torch.zeros(x.shape, dtype=torch.bool)

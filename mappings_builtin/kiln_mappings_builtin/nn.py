@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
-from kiln_mappings_builtin.common import direct
+from kiln_mappings_builtin.common import direct, is_tensor
 from kiln_mappings_builtin.reduce import vector_norm
 
 
@@ -192,15 +192,32 @@ def affine_grid(theta, size, align_corners=None):
     return ops.affine_grid(theta, list(size), bool(align_corners))
 
 
+def _pad_amounts(pad) -> list | None:
+    """The pad amounts as ints, a one-element tensor read as its value where it is known (a
+    constant of the graph, or an input whose value the trace is made for); None where one is
+    known only when the graph runs."""
+    amounts = []
+    for p in pad:
+        if is_tensor(p):
+            if p.is_symbolic or p.numel() != 1 or not p.dtype.is_integer:
+                return None
+            p = int(p.torch().item())
+        amounts.append(p)
+    return amounts
+
+
 def _pad_mode(input, pad, mode="constant", value=None) -> bool:
-    return mode in ("constant", "reflect", "replicate") or mode == "circular" and min(pad) >= 0
+    amounts = _pad_amounts(pad)
+    return amounts is not None and (mode in ("constant", "reflect", "replicate")
+                                    or mode == "circular" and min(amounts) >= 0)
 
 
 @register_function(F.pad, torch._C._nn.pad, check=_pad_mode)
 def pad(input, pad, mode="constant", value=None):
+    """F.pad; amounts may be one-element tensors of known value (`_pad_amounts`)."""
     if mode == "circular":
-        return _circular_pad(input, pad)
-    return ops.pad(input, list(pad), mode, 0 if value is None else value)
+        return _circular_pad(input, _pad_amounts(pad))
+    return ops.pad(input, _pad_amounts(pad), mode, 0 if value is None else value)
 
 
 def _circular_pad(input, pad):

@@ -122,3 +122,12 @@ def test_every_scatter_variant_compiles():
     calls = list(_scatter_calls(torch.float32).values())[1:]
     calls += [_scatter_calls(dtype)["scatter_add"] for dtype in (torch.float16, torch.bfloat16)]
     _compile(programs + [scatter_atomic.render(_task(*call)) for call in calls])
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("mask_shape", [(4, 1), (4, 5)])
+def test_masked_scatter_from_a_source_of_several_dims_compiles(mask_shape):
+    """`out[mask] = y` with y's rows: the source's index, unravelled from one count of the
+    mask, holds copies of that count, each bound to its one reduction axis."""
+    from kiln.schedule.choose import check_nvrtc
+    check_nvrtc(_task("masked_scatter", torch.zeros(4, 5), torch.rand(mask_shape) > 0.5, torch.randn(4, 5)), ARCHS)

@@ -85,3 +85,63 @@ def test_train_mode_dropout_runs_in_pytorch():
         out = compiled(x)
     torch.manual_seed(1)
     torch.testing.assert_close(out, model(x))
+
+
+def _pad_by_tensors(x, left, right):
+    """EnCodec's reflect padding (`EncodecConv1d._pad1d`): amounts are 0-dim tensors, so the
+    padded length is a size dynamo takes from their values."""
+    padded = F.pad(x, (left, right), "reflect")
+    return padded[..., :padded.shape[-1] - 1] * 2
+
+
+def _nonzero_between(x):
+    a = torch.relu(x)
+    i = torch.nonzero(a)
+    return (a + 1).sum() * i.shape[0] + i.sum()
+
+
+def test_nonzero_in_the_middle_of_a_graph_runs_in_pytorch():
+    x = torch.randn(4, 5)
+    compiled, kinds = _compiled_backends(_nonzero_between)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), \
+            pytest.warns(UserWarning, match="nonzero"):
+        out = compiled(x)
+    torch.testing.assert_close(out, _nonzero_between(x))
+    assert kinds == ["GraphModule"]
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_pad_by_tensors, lambda: (torch.randn(1, 4, 37), torch.tensor(5), torch.tensor(1))),
+    (_nonzero_between, lambda: (torch.randn(4, 5),)),
+])
+def test_split_passes_sizes_made_in_pytorch_to_later_parts(fn, make):
+    """pad, nonzero and the size read from nonzero's result each alone in PyTorch, the rest in
+    parts: a size defined by no node (a 0-dim tensor's value) or by a node reading the value
+    from another part (sym_size of nonzero's result) is no input of a part."""
+    from kiln.frontend.torch.partition import split
+
+    def backend(gm, inputs):
+        sizing = {F.pad, torch._C._nn.pad, torch.nonzero, torch.ops.aten.sym_size.int}
+        return split(gm, {n for n in gm.graph.nodes if n.target in sizing}, lambda part: part)
+
+    inputs = make()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        out = torch.compile(fn, backend=backend)(*inputs)
+    torch.testing.assert_close(out, fn(*inputs))
+
+
+def test_pad_by_tensor_amounts_after_a_graph_break_matches_eager():
+    """EnCodec's padding under fallback: the amounts, dynamo's 0-dim tensor inputs, are read as
+    the trace's constants (traced again for new ones). In a symbolic_trace graph their values
+    are known only when it runs: that pad runs in PyTorch, the rest in Kiln."""
+    compiled, _ = _compiled_backends(_pad_by_tensors)
+    for left, right in ((5, 1), (3, 2)):
+        x, left, right = torch.randn(1, 4, 37), torch.tensor(left), torch.tensor(right)
+        torch.testing.assert_close(compiled(x, left, right), _pad_by_tensors(x, left, right))
+
+    gm = torch.fx.symbolic_trace(_pad_by_tensors)
+    x, left, right = torch.randn(1, 4, 37), torch.tensor(4), torch.tensor(2)
+    with pytest.warns(UserWarning, match="(?s)Kiln runs these nodes in PyTorch.*pad"):
+        compiled = kiln.torch.kiln_backend(gm, [x, left, right])
+    assert isinstance(compiled, torch.fx.GraphModule)
+    torch.testing.assert_close(compiled(x, left, right), _pad_by_tensors(x, left, right))

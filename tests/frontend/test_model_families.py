@@ -9,6 +9,7 @@ from torch import nn
 
 from kiln import UnmappedOperatorError
 from kiln.frontend.torch import dynamo_config, kiln_backend
+from kiln.frontend.torch.interpreter import MappingError
 
 from frontend_support import compile_and_compare
 
@@ -272,6 +273,66 @@ def test_masked_index_put_and_tensor_narrow():
 
     x = torch.randn(5, 4)
     compile_and_compare(fn, x, torch.tensor([True, False, True, True, False]), torch.tensor(1))
+
+
+@pytest.mark.parametrize("shape, mask_dims", [((6, 5), 1), ((6, 5), 2), ((3, 4, 5), 2)])
+def test_boolean_mask_write_after_a_graph_break(shape, mask_dims):
+    """`out[mask] = y` after `x[mask]` (a graph break: its size depends on the data), for a
+    mask over the leading dims (y holds rows) and a scalar y."""
+    def write(x, mask):
+        y = x[mask] * 2
+        out = torch.zeros_like(x)
+        out[mask] = y
+        return out
+
+    def fill(x, mask):
+        out = torch.zeros_like(x)
+        out[mask] = 2.5
+        return out
+
+    torch.manual_seed(0)
+    for fn in (write, fill):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="kiln")
+        for _ in range(2):
+            x = torch.randn(shape)
+            mask = torch.rand(shape[:mask_dims]) > 0.5
+            torch.testing.assert_close(compiled(x, mask), fn(x, mask))
+
+
+class _BufferPadding(nn.Module):
+    """Padding by amounts held in buffers (0-dim tensors), as EnCodec's convolutions hold theirs."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("left", torch.tensor(3))
+        self.register_buffer("right", torch.tensor(2))
+
+    def forward(self, x):
+        return F.pad(x, (self.left, self.right), "reflect") * 2
+
+
+def test_pad_by_0_dim_tensor_amounts():
+    """Amounts that are constants of the graph (buffers) or inputs (EnCodec's, after a graph
+    break: read as the trace's constants, traced again for new values) are read as ints."""
+    compile_and_compare(_eval(_BufferPadding()), torch.randn(1, 4, 9))
+
+    def by_inputs(x, left, right):
+        return F.pad(x, (left, right), "reflect") + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(by_inputs, backend="kiln")
+    for left, right in ((5, 1), (3, 2)):
+        x, left, right = torch.randn(1, 4, 37), torch.tensor(left), torch.tensor(right)
+        torch.testing.assert_close(compiled(x, left, right), by_inputs(x, left, right))
+
+
+def test_pad_by_amounts_known_only_at_run_time_is_declined():
+    """In a symbolic_trace graph a tensor input's value is unknown when Kiln traces it: the pad
+    rule declines it (fallback_to_eager runs it in PyTorch: test_fallback.py)."""
+    gm = torch.fx.symbolic_trace(lambda x, n: F.pad(x, (0, n)) + 1)
+    with pytest.raises(MappingError, match="every Kiln rule for torch.nn.functional.pad declined"):
+        kiln_backend(gm, [torch.randn(2, 5), torch.tensor(3)])(torch.randn(2, 5), torch.tensor(3))
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])

@@ -143,3 +143,25 @@ def test_conv2d_channels_last_is_conv2d_on_permuted_data(dtype, xs, ws, bias, kw
 def test_conv2d_channels_last_rejects_mismatched_channels():
     with pytest.raises(OperatorError, match="conv2d_channels_last"):
         kiln.ops.conv2d_channels_last(rand((1, 5, 5, 4)), rand((2, 3, 3, 3)))
+
+
+class _DepthwiseTokens(torch.nn.Module):
+    """SegFormer's DWConv (tokens to an image, a depthwise convolution, back to tokens), or
+    with `dims=1` a depthwise conv1d over the tokens."""
+
+    def __init__(self, channels, dims):
+        super().__init__()
+        conv = torch.nn.Conv1d if dims == 1 else torch.nn.Conv2d
+        self.conv, self.dims = conv(channels, channels, 3, padding=1, groups=channels), dims
+
+    def forward(self, x, side: int):
+        b, n, c = x.shape
+        image = x.transpose(1, 2) if self.dims == 1 else x.transpose(1, 2).reshape(b, c, side, n // side)
+        return torch.nn.functional.gelu(self.conv(image)).flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_depthwise_conv_between_tokens_compiles_as_eager(dims):
+    from tests.frontend.frontend_support import compile_and_compare
+    model = _DepthwiseTokens(32, dims).eval()
+    compile_and_compare(model, rand((2, 48, 32)), 6)

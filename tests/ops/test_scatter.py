@@ -1,5 +1,7 @@
 """scatter, scatter_add, scatter_reduce, index_add, index_copy, index_fill, index_put and
 masked_scatter against PyTorch."""
+import math
+
 import pytest
 import torch
 
@@ -81,6 +83,16 @@ def test_masked_scatter(dtype):
     x = rand((4, 5), dtype).t()
     mask = rand((5, 1), torch.bool).expand(5, 4)
     source = rand((30,), dtype)
+    assert_close(kiln.ops.masked_scatter(x, mask, source), x.masked_scatter(mask, source))
+
+
+@pytest.mark.parametrize("x_shape, mask_shape", [((4, 5), (4, 1)), ((3, 4, 5), (3, 4, 1)), ((6, 5), (6, 5))])
+def test_masked_scatter_from_a_source_of_several_dims(x_shape, mask_shape):
+    """A source read at an index unravelled from one count of the mask, once per dim: the
+    count's copies in the index expressions keep one reduction axis (`kiln.ir.substitute`)."""
+    x = rand(x_shape)
+    mask = rand(mask_shape, torch.bool)
+    source = rand((x_shape[0], math.prod(x_shape[1:])))
     assert_close(kiln.ops.masked_scatter(x, mask, source), x.masked_scatter(mask, source))
 
 

@@ -18,18 +18,27 @@ from kiln.ir.simplify import simplify
 
 def substitute(expr: Expr, mapping: dict[int, Expr], memo: dict | None = None,
                loads: dict[int, TensorNode] | None = None) -> Expr:
-    """Replace variables (by id) with expressions and, if given, loaded tensors (by id)."""
+    """Replace variables (by id) with expressions and, if given, loaded tensors (by id).
+
+    A reduction axis whose extent is an expression gets a new axis of the rewritten extent, once:
+    copies of a reduction (as simplification leaves in two index expressions) share its axis
+    and parts of its body, which are rewritten once (`memo`) and read that one new axis."""
     mapping = dict(mapping)
     loads = loads or {}
     memo = {} if memo is None else memo
+    renamed: dict[int, Var] = {}
+
+    def axis(a: Var) -> Var:
+        if id(a) not in renamed:
+            renamed[id(a)] = Var(a.name, rewrite(a.extent, post, pre, memo))
+            mapping[id(a)] = renamed[id(a)]
+        return renamed[id(a)]
 
     def pre(e: Expr) -> Expr | None:
         if isinstance(e, Var):
             return mapping.get(id(e), e)
         if isinstance(e, Reduce) and any(isinstance(a.extent, Expr) for a in e.axes):
-            axes = [Var(a.name, rewrite(a.extent, post, pre, memo)) if isinstance(a.extent, Expr) else a
-                    for a in e.axes]
-            mapping.update({id(a): n for a, n in zip(e.axes, axes)})
+            axes = [axis(a) if isinstance(a.extent, Expr) else a for a in e.axes]
             return Reduce(e.op, axes, rewrite(e.body, post, pre, memo), e.dtype)
         return None
 

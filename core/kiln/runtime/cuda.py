@@ -54,6 +54,13 @@ class Launch:
     narrows: bool = False
     cluster: int = 1
 
+    @property
+    def empty(self) -> bool:
+        """Whether the launch has no work: a fixed grid with no blocks along some dimension, or
+        no items to cover (a node with no elements). CUDA rejects a grid of no blocks, so the
+        runtime makes no such launch."""
+        return 0 in self.grid if self.grid is not None else self.items == 0
+
     def shape_for(self, sm_count: int,
                   max_clusters: int | None = None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """The grid and the block to launch on a GPU with `sm_count` multiprocessors, where at
@@ -356,27 +363,34 @@ class CudaKernel:
 
 class CudaRunner:
     """A CudaProgram compiled (through the kernel cache) and loaded on one device: call it with
-    input and output tensors."""
+    input and output tensors. Launches with no work (`Launch.empty`) are not made, and a
+    program left with none compiles and loads nothing."""
 
     def __init__(self, program: CudaProgram, device_index: int):
         info = device_info(device_index)
         self.program = program
         self.device_index = device_index
         self.sm_count = info["sm_count"]
+        self.launches = [launch for launch in program.launches if not launch.empty]
+        self.kernels, self.shapes = {}, []
+        if not self.launches:
+            return
         arch = program.arch_for(info["arch"])
-        cubin = compile_cubin(launch_source(program, arch), program.kernel_names[0], arch)
+        cubin = compile_cubin(launch_source(program, arch), self.launches[0].kernel, arch)
         dependent = dependent_launch.enabled(arch_number(arch))
         smem, cluster = {}, {}
-        for launch in program.launches:
+        for launch in self.launches:
             smem[launch.kernel] = max(smem.get(launch.kernel, 0), launch.smem)
             cluster[launch.kernel] = launch.cluster
         self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name], dependent, cluster[name])
-                        for name in program.kernel_names}
+                        for name in smem}
         self.shapes = [launch.shape_for(self.sm_count, self.kernels[launch.kernel].max_active_clusters(
-            launch.block, launch.smem) if launch.cluster > 1 else None) for launch in program.launches]
+            launch.block, launch.smem) if launch.cluster > 1 else None) for launch in self.launches]
 
     def __call__(self, inputs: list, outputs: list) -> None:
         import torch
+        if not self.launches:
+            return
         align = self.program.alignment
         if align > 1 and any(t.data_ptr() % align for t in outputs):
             staged = [torch.empty_like(t) for t in outputs]
@@ -390,7 +404,7 @@ class CudaRunner:
         buffers = KernelArgs.bind(inputs, outputs, temps)
         buffers.update({KernelArgs.size(k): struct.pack("<q", v) for k, v in enumerate(self.program.sizes)})
         stream = torch.cuda.current_stream(self.device_index).cuda_stream
-        for launch, shape in zip(self.program.launches, self.shapes):
+        for launch, shape in zip(self.launches, self.shapes):
             self.kernels[launch.kernel].launch([resolve(a, buffers) for a in launch.args], *shape, launch.smem, stream)
 
 

@@ -24,7 +24,7 @@ of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
-inputs (`own_task.same_values`), with attributes from `task.attrs`; depthwise convolutions are
+inputs (`own_task.same_reduction`), with attributes from `task.attrs`; depthwise convolutions are
 `conv_depthwise_cpu`'s, 3x3 ones of stride 1 mostly `conv_winograd_cpu`'s. Its sizes are fixed
 (a kernel per size): a model traced with symbolic sizes keeps `gemm_cpu.CONV`, built once for
 every size.
@@ -40,7 +40,7 @@ from kiln.codegen.cuda import top_reduces
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.hooks import unravel_index
 from kiln.graph import OperatorError
-from kiln.ir import Compute, Const, Load, Task, TensorInput, Var, cast, inline_task, simplify, substitute
+from kiln.ir import Load, Task, TensorInput, Var, cast, inline_task, simplify
 from kiln.ir.expr import walk
 from kiln.runtime.cpu import CpuProgram
 from kiln.schedule import Template
@@ -50,7 +50,7 @@ from kiln_ops_builtin.conv import conv2d
 from kiln_ops_builtin.templates import gemm_cpu
 from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.cpu_simd import VECTORS
-from kiln_ops_builtin.templates.own_task import same_values
+from kiln_ops_builtin.templates.own_task import same_reduction
 
 PACK = r"""
 /* planes offset of tap k = (c, i, j) */
@@ -226,11 +226,6 @@ def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
         return None
 
 
-def _unit_axes_zero(axes, e):
-    """`e` with the axes of extent 1 replaced by 0 (fusion may have done so, or not)."""
-    return simplify(substitute(e, {id(a): Const(0, dtypes.int64) for a in axes if a.extent == 1}))
-
-
 def windowed(task: Task, op: str, reads: int) -> tuple | None:
     """(the task inlined, the tensors its reduction reads, the reduction) where `task` has one
     4-D output of fixed shape around one reduction `op` that reads `reads` 4-D float inputs of
@@ -249,14 +244,6 @@ def windowed(task: Task, op: str, reads: int) -> tuple | None:
                                      and all(isinstance(s, int) for s in t.shape) for t in read):
         return None
     return lowered, read, reduces[0]
-
-
-def same_reduction(inputs: list[TensorInput], out: Compute, ref: Compute) -> bool:
-    """Whether the top reduction of `out` (a task's output, inlined: epilogues around it) is the
-    one of `ref` (what an operator's definition builds on `inputs`), axes of extent 1 aside."""
-    ref_out = inline_task(Task("ref", inputs, [ref])).outputs[0]
-    return ref_out.shape == out.shape and same_values(
-        inputs, *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0])) for name, t in (("a", out), ("b", ref_out))))
 
 
 def match_conv(task: Task) -> ConvCpu | None:

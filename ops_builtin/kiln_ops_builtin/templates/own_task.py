@@ -7,14 +7,18 @@ way the contraction templates do (`kiln.codegen.hooks`); it takes exactly the ta
 definition builds and declines the rest: a fused task, or another plugin's operator of the same
 name. `own_call(task, definition)` rebuilds the definition's computes on the task's inputs and
 compares the two structurally (names and identities aside), and returns the call's arguments.
+A template that runs its own code around a task's reduction but takes the epilogues fused
+after it (a convolution, a pool) checks that reduction alone with `same_reduction`.
 """
 from __future__ import annotations
 
 import threading
 import weakref
 
+from kiln import dtypes
+from kiln.codegen.cuda import top_reduces
 from kiln.graph import OperatorDef
-from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var
+from kiln.ir import Compute, Const, Expr, Load, Task, TensorInput, Var, inline_task, simplify, substitute
 
 _found: "weakref.WeakKeyDictionary[Task, dict | None]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()      # kernels are built by several threads (kiln.graph.compile)
@@ -113,3 +117,16 @@ def same_values(inputs: list[TensorInput], a: Compute, b: Compute) -> bool:
         return False
     table: dict = {}
     return _structure(tasks[0], table) == _structure(tasks[1], table)
+
+
+def _unit_axes_zero(axes, e):
+    """`e` with the axes of extent 1 replaced by 0 (fusion may have done so, or not)."""
+    return simplify(substitute(e, {id(a): Const(0, dtypes.int64) for a in axes if a.extent == 1}))
+
+
+def same_reduction(inputs: list[TensorInput], out: Compute, ref: Compute) -> bool:
+    """Whether the top reduction of `out` (a task's output, inlined: epilogues around it) is the
+    one of `ref` (what an operator's definition builds on `inputs`), axes of extent 1 aside."""
+    ref_out = inline_task(Task("ref", inputs, [ref])).outputs[0]
+    return ref_out.shape == out.shape and same_values(
+        inputs, *(Compute(name, t.axes, _unit_axes_zero(t.axes, top_reduces(t.value)[0])) for name, t in (("a", out), ("b", ref_out))))

@@ -8,7 +8,7 @@ max over the taps of unaligned vector loads, NaN propagated as the C prelude's m
 block goes through the epilogue hook (whatever fusion put after the pool). 16-bit inputs are
 converted to float32 in the planes (exactly: the max of converted values is the converted max)
 and stored through the epilogue. The template takes a task only where its max is exactly the
-max_pool2d definition's on a 4-D float input (`conv_cpu.same_reduction`); sizes are fixed.
+max_pool2d definition's on a 4-D float input (`own_task.same_reduction`); sizes are fixed.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from kiln.schedule import Template
 
 from kiln_ops_builtin.pool import _Windows, max_pool2d
 from kiln_ops_builtin.templates import conv_depthwise_cpu
-from kiln_ops_builtin.templates.conv_cpu import ConvCpu, same_reduction, windowed
+from kiln_ops_builtin.templates.conv_cpu import ConvCpu, windowed
+from kiln_ops_builtin.templates.own_task import same_reduction
 
 MAX = {"PAD": "(-INFINITY)", "DW_INIT": "((kiln_vf){0} - INFINITY)", "DW_TAP(acc, w, x)": "kiln_vmax(acc, x)",
        "DW_WEIGHTS(b, c, w)": "for (int64_t e = 0; e < KH * KW; ++e) w[e] = 0.f"}

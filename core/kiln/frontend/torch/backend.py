@@ -35,7 +35,7 @@ from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
-from kiln.frontend.torch.sizes import input_sizes
+from kiln.frontend.torch.sizes import input_sizes, reads_value
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.ir.size import SymSize
@@ -134,8 +134,9 @@ class KilnFunction:
         # input: as a constant, what is computed from it would be folded at compile time
         changed = _changed_in_place(gm)
         # a one-element input the graph reads the value of (`x.item()`: a module's float that
-        # dynamic=True passes as a tensor) is a constant of the trace, traced again when it changes
-        read = [any(u.op == "call_method" and u.target == "item" for u in n.users) for n in placeholders]
+        # dynamic=True passes as a tensor; a size dynamo took from it) is a constant of the
+        # trace, traced again when it changes
+        read = [reads_value(n) for n in placeholders]
         self.constant = [(n.name in constants or r) and n not in changed for n, r in zip(placeholders, read)]
         self._read_positions = [k for k, r in enumerate(read) if r and self.constant[k]]
         self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
@@ -260,7 +261,8 @@ class CompiledRun:
                              all(isinstance(v, Tensor) for v in structure))
         graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
         self.captures: OrderedDict | None = None
-        if cuda_examples is not None:
+        # a graph whose nodes all have no elements launches nothing: no CUDA graph to capture
+        if cuda_examples is not None and any(t.numel() for node in graph.nodes for t in node.outputs):
             first = len(graph.outputs) - len(writeback)
             inputs = {p: j for j, p in enumerate(positions)}
             self.write_back = [(first + k, inputs[p]) for k, p in enumerate(writeback)]

@@ -20,6 +20,7 @@ from torch.fx.passes.split_module import split_module
 
 from kiln.dtypes import data_type
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, Unrepresentable
+from kiln.frontend.torch.sizes import reads_value
 from kiln.tensor import from_torch, symbol
 
 
@@ -67,7 +68,8 @@ def nodes_for_pytorch(gm: GraphModule, example_inputs, constants: set[str] = fro
 
     inputs = []
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
-        if isinstance(value, torch.Tensor) and node.name in constants and _supported(value.dtype):
+        known = node.name in constants or reads_value(node)      # as `KilnFunction` traces it
+        if isinstance(value, torch.Tensor) and known and _supported(value.dtype):
             inputs.append(from_torch(value))
         else:
             inputs.append(stand_in(value))
@@ -86,7 +88,7 @@ def split(gm: GraphModule, for_pytorch: set[Node], compile_part: Callable) -> Gr
         if ok != previous or not ok:  # each node for PyTorch runs alone
             current += 1
         partition[node], compiled[current], previous = current, ok, ok
-    parts = split_module(gm, None, partition.__getitem__, keep_original_order=True)
+    parts = _split_module(gm, partition.__getitem__)
     for pid, ok in compiled.items():
         name = f"submod_{pid}"
         if ok and hasattr(parts, name):
@@ -94,3 +96,32 @@ def split(gm: GraphModule, for_pytorch: set[Node], compile_part: Callable) -> Gr
             delattr(parts, name)
             setattr(parts, name, part)
     return parts
+
+
+def _split_module(gm: GraphModule, part_of: Callable[[Node], int]) -> GraphModule:
+    """torch's `split_module` of `gm` by `part_of`, blind to dynamo's example values.
+
+    Seeing them, `split_module` makes every size symbol of a value passed between parts an
+    input of the part that reads it, taken from the node that first has that symbol as its value:
+    a KeyError where no node has (a size taken from a 0-dim tensor input's value), a cycle
+    where that node reads the value from another part (the size of a data-dependent result
+    made in PyTorch, read by a node of its own). Kiln's parts read their sizes from the
+    tensors they are called with (`kiln.frontend.torch.sizes`) and need no such input. The
+    example values travel under another key, which `split_module` copies with the rest of
+    each node's metadata, and are put back."""
+    modules = [gm]
+    for node in gm.graph.nodes:
+        if "example_value" in node.meta:
+            node.meta[_HIDDEN] = node.meta.pop("example_value")
+    try:
+        parts = split_module(gm, None, part_of, keep_original_order=True)
+        modules += [m for m in parts.modules() if isinstance(m, GraphModule)]
+    finally:
+        for module in modules:
+            for node in module.graph.nodes:
+                if _HIDDEN in node.meta:
+                    node.meta["example_value"] = node.meta.pop(_HIDDEN)
+    return parts
+
+
+_HIDDEN = "kiln_example_value"

@@ -82,3 +82,12 @@ def input_sizes(gm: GraphModule, args) -> list:
         sizes = tuple(_size(m, int(a), values) for m, a in zip(*pair))
         out.append(sizes if isinstance(arg, torch.Tensor) else sizes[0])
     return out
+
+
+def reads_value(placeholder) -> bool:
+    """Whether a graph reads the value of its input `placeholder` as a number: through
+    `.item()`, or where dynamo took a size from it while tracing (the input's example is a
+    fake tensor whose `item_memo` holds that size: an operator's sizes given as 0-dim tensors)."""
+    example = placeholder.meta.get("example_value")
+    return (any(u.op == "call_method" and u.target == "item" for u in placeholder.users)
+            or getattr(example, "item_memo", None) is not None)
