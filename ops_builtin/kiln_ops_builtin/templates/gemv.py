@@ -20,11 +20,7 @@ Symbolic sizes (`Template.symbolic`): N, K, strides and batch dims are kernel ar
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.cuda import template_source
-from kiln.codegen.hooks import Contraction, match_contraction
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import Contraction, CudaProgram, Launch, Template, dtypes, match_contraction, template_source
 from kiln_ops_builtin.templates import split_k
 
 MAX_M = 4
