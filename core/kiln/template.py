@@ -43,7 +43,20 @@ Programs and launches
     What `render` returns: `CudaProgram` (source, `Launch`es, temporaries, architecture,
     sizes) with `TensorMapArg` kernel arguments for TMA, or `CpuProgram` with an optional
     `Preparation` (a constant operand laid out once).
+
+Device code and knobs (defined here)
+    `device_code(package, path)`: a `.cuh` file shipped with the template's package, as text
+    to place in the program (`template_source`'s kernels), compiler messages pointing into
+    the file. `Knobs`: the base of a template's knobs, declared once as a frozen dataclass
+    (fields, level-0 defaults, validity, tuning space per level).
 """
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import itertools
+from dataclasses import asdict, dataclass
+
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.c import C_PRELUDE, CDialect
@@ -82,4 +95,60 @@ __all__ = [
     "template_source", "ptx",
     # programs and launches
     "CudaProgram", "Launch", "TensorMapArg", "CpuProgram", "Preparation",
+    # device code and knobs
+    "device_code", "Knobs",
 ]
+
+
+@functools.lru_cache(maxsize=None)
+def device_code(package: str, path: str) -> str:
+    """The text of the file `path` ('cuda/gemv.cuh') of the Python package `package`
+    ('kiln_ops_builtin.templates', a template's `__package__`), shipped as package data, ready
+    to be one of `template_source`'s kernels: a `#line` directive makes compiler messages and
+    line info name the file as `kiln_ops_builtin/templates/cuda/gemv.cuh` and its own line
+    numbers, and a second one after it names what follows `<rendered after ...>`, counting
+    from 1. Read once a process."""
+    text = importlib.resources.files(package).joinpath(path).read_text()
+    name = f"{package.replace('.', '/')}/{path}"
+    return f'#line 1 "{name}"\n{text.rstrip()}\n#line 1 "<rendered after {name}>"\n'
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """A template's knobs, declared once (in the spirit of Triton's `Config`).
+
+    Subclass it as a frozen dataclass whose fields are the knobs, each with a type and, as its
+    default, the value of the level-0 setting (the one used without tuning); override `valid`
+    for the settings the kernel supports (constructing any other raises ValueError) and
+    `space` for the settings the tuner tries at each level (0: one, 1: a few, 2: many).
+    `Template` and the tuner exchange settings as dicts (`as_dict`, all fields), so the
+    template's `space` is `settings` and its `render(task, **knobs)` builds `cls(**knobs)`.
+    """
+
+    def __post_init__(self):
+        if not self.valid():
+            raise ValueError(f"{type(self).__name__}: unsupported setting {self.as_dict()}")
+
+    def valid(self) -> bool:
+        """Whether the kernel supports this setting (every one, unless overridden)."""
+        return True
+
+    @classmethod
+    def space(cls, level: int) -> list[Knobs]:
+        """The settings to try at tuning `level`: the defaults only, unless overridden."""
+        return [cls()]
+
+    @classmethod
+    def grid(cls, **choices) -> list[Knobs]:
+        """The setting of each combination of `choices` (knob: values), the first knob varying
+        slowest, the others at their defaults."""
+        return [cls(**dict(zip(choices, values))) for values in itertools.product(*choices.values())]
+
+    @classmethod
+    def settings(cls, level: int) -> list[dict]:
+        """`space(level)` as dicts: a `Template`'s `space`."""
+        return [k.as_dict() for k in cls.space(level)]
+
+    def as_dict(self) -> dict:
+        """The setting as `render`'s keyword arguments."""
+        return asdict(self)
