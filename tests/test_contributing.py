@@ -105,7 +105,8 @@ def test_every_python_block_of_the_guide_runs(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "KILN_DISABLE_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "tests")])
+    # the caller's PYTHONPATH last: a checkout run through it (a worktree) is the one tested
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "blocks.json")],
                           cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

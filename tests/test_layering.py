@@ -24,6 +24,7 @@ LAYERS = [
     ("kiln.runtime",),
     ("kiln.plugins",),
     ("kiln.schedule",),
+    ("kiln.template",),
     ("kiln.tensor",),
     ("kiln.graph",),
     ("kiln.passes",),

@@ -1,9 +1,10 @@
 """The NCHW depthwise convolution template (`conv_depthwise`) without a GPU: it takes a depthwise
-conv2d whose output is its own (N, C, OH, OW) one, epilogues included, and declines a task
-whose epilogue reshapes or permutes that output (SegFormer's, Twins-SVT's, XCiT's and
-CoaT-lite's depthwise convolutions are followed by `flatten(2)`): such a task gets another
-program, which NVRTC compiles, where the template once failed to render it (its output has no
-(OH, OW) to unpack) or rendered pixels at the wrong places (a transposed square output)."""
+conv2d whose output is its own (N, C, OH, OW) one or a permutation of it, epilogues included,
+reading which output axis is which from the index arithmetic, and declines a task whose
+epilogue reshapes that output (SegFormer's, Twins-SVT's, XCiT's and CoaT-lite's depthwise
+convolutions are followed by `flatten(2)`): such a task gets another program, which NVRTC
+compiles, where the template once failed to render it (its output has no (OH, OW) to unpack) or
+rendered pixels at the wrong places (a transposed square output)."""
 import pytest
 
 import kiln
@@ -12,6 +13,7 @@ from kiln.passes import FusedOperator
 from kiln.runtime import cuda as rt
 from kiln.schedule import schedules_for
 from kiln.schedule.choose import check_nvrtc, choose
+from kiln_ops_builtin.templates import conv_depthwise
 
 ops = kiln.ops
 ARCHS = ("sm_80", "sm_90")
@@ -21,7 +23,6 @@ needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings
 EPILOGUES = {
     "flatten": lambda y: ops.flatten(y, 2),
     "flatten_transpose": lambda y: ops.transpose(ops.flatten(y, 2), 1, 2),
-    "transpose_square": lambda y: ops.transpose(y, 2, 3),
 }
 
 
@@ -43,10 +44,19 @@ def test_declines_an_epilogue_that_moves_the_pixels(name):
     assert "conv_depthwise" not in [t.name for t in schedules_for(_depthwise(EPILOGUES[name]), "cuda")]
 
 
+def test_takes_a_transposed_square_output_with_its_rows_and_columns_swapped():
+    task = _depthwise(lambda y: ops.transpose(y, 2, 3))
+    assert schedules_for(task, "cuda")[0].name == "conv_depthwise"
+    out = task.outputs[0]
+    lowered_axes = conv_depthwise._geometry(task)[-1]
+    assert [a.name for a in lowered_axes] == ["i0", "i1", "i3", "i2"], "row is the output's last axis"
+    assert out.shape == (2, 64, 16, 16)
+
+
 @needs_nvrtc
-@pytest.mark.parametrize("name", EPILOGUES)
+@pytest.mark.parametrize("name", [*EPILOGUES, "transpose_square"])
 def test_the_program_chosen_compiles(name):
-    task = _depthwise(EPILOGUES[name])
+    task = _depthwise(EPILOGUES.get(name, lambda y: ops.transpose(y, 2, 3)))
     program = choose(task, "cuda")
     rt.compile_many([(rt.launch_source(program, arch), f"depthwise_{name}", program.arch_for(arch))
                      for arch in ARCHS])

@@ -35,7 +35,7 @@ def _programs():
             task = _task(op, make(dtype))
             assert gemv.applies(task), call
             settings = []
-            for knobs in gemv.space(2) + gemv.suggest(task, 132)[:3]:
+            for knobs in gemv.TEMPLATE.space(2) + gemv.suggest(task, 132)[:3]:
                 if knobs not in settings:
                     settings.append(knobs)
             for knobs in settings:

@@ -1,5 +1,5 @@
 """The decode-shaped matmul template (`gemv`) without a GPU: which tasks it takes and declines,
-its level-0 choices, and every knob setting compiled with NVRTC."""
+its knobs and level-0 choices, and every knob setting compiled with NVRTC for sm_80 and sm_90."""
 import pytest
 import torch
 
@@ -32,18 +32,30 @@ def test_takes_decode_shapes_and_declines_the_rest():
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (1, 4096, 4096, {"R": 2, "KW": 2}),       # 512 blocks: two per SM
-    (1, 4096, 1024, {"R": 2, "KW": 8}),
-    (4, 4096, 4096, {"R": 2, "KW": 2}),
+    (1, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1}),       # 512 blocks: two per SM
+    (1, 4096, 1024, {"R": 2, "KW": 8, "SPLIT": 1}),
+    (4, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1}),
     (1, 65536, 16, {"R": 2, "KW": 8, "SPLIT": 16}),
 ])
 def test_level0_choice(m, k, n, first):
     assert gemv.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
 
 
+def test_knobs():
+    """Level 0 is GemvKnobs' defaults; level 1 every columns-per-warp and K-warps pair; level 2
+    adds split-K over blocks; other values are refused."""
+    assert gemv.TEMPLATE.space(0) == [{"R": 2, "KW": 4, "SPLIT": 1}]
+    assert len(gemv.TEMPLATE.space(1)) == 12 and len(gemv.TEMPLATE.space(2)) == 18
+    assert gemv.TEMPLATE.space(2)[12:] == [{"R": r, "KW": 8, "SPLIT": s} for r in (1, 2) for s in (2, 4, 8)]
+    task = _task("linear", _ones(1, 64), _ones(8, 64))
+    with pytest.raises(ValueError, match="GemvKnobs: unsupported setting"):
+        gemv.render(task, R=3, KW=4)
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_every_knob_setting_compiles(dtype):
     task = _task("linear", _ones(3, 1000, dtype=dtype), _ones(777, 1000, dtype=dtype), _ones(777, dtype=dtype))
-    programs = [gemv.render(task, **knobs) for knobs in gemv.space(2)]
-    rt.compile_many([(p.source, p.kernel_names[0], "sm_80") for p in programs])
+    programs = [gemv.render(task, **knobs) for knobs in gemv.TEMPLATE.space(2)]
+    rt.compile_many([(rt.launch_source(p, arch), p.kernel_names[0], arch)
+                     for p in programs for arch in ("sm_80", "sm_90")])

@@ -25,11 +25,7 @@ the auto-scheduler, whose one build serves every size.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.c import C_PRELUDE
-from kiln.codegen.emitter import KernelArgs
-from kiln.runtime.cpu import CpuProgram
-from kiln.schedule import Template
+from kiln.template import C_PRELUDE, CpuProgram, KernelArgs, Template, dtypes
 
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.cpu_simd import VECTORS

@@ -33,11 +33,7 @@ keeps one source within a power-of-two bucket of its length (`suggest`).
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import CudaProgram, Launch, Template, dtypes, ptx, template_source
 from kiln_ops_builtin.templates.attention_flash import (DEVICE, HEAD_DIMS, MAX_SMEM, PAD, operand_defines,
                                                         split_kv)
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention

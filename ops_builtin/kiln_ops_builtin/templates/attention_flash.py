@@ -34,12 +34,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.codegen.emitter import KernelArgs
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import CudaProgram, KernelArgs, Launch, Template, dtypes, ptx, template_source
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.attention_softmax import ONLINE_SOFTMAX
 from kiln_ops_builtin.templates.split_k import bucket

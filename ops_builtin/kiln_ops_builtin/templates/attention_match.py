@@ -33,19 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln import dtypes
-from kiln.codegen.c import CDialect
-from kiln.codegen.cuda import CudaDialect
-from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.epilogue import render_epilogue
-from kiln.codegen.hooks import unravel_index
-from kiln.codegen.sizes import SizeArgs
-from kiln.dtypes import DataType
-from kiln.ir import Binary, Cast, Compute, Const, Expr, Load, Reduce, Select, TensorInput, Unary, Var, rewrite
-from kiln.ir.inline import inline_task, substitute
-from kiln.ir.simplify import simplify
-from kiln.ir.expr import walk
-from kiln.ir.size import SymSize
+from kiln.template import (Binary, CDialect, Cast, Compute, Const, CudaDialect, DataType, Emitter, Expr, KernelArgs,
+                           Load, Reduce, Select, SizeArgs, SymSize, TensorInput, Unary, Var, dtypes, inline_task,
+                           render_epilogue, rewrite, row_major_strides, simplify, substitute, unravel_index, walk)
 
 from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row, reports_failures
 

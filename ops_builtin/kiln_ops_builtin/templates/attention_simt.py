@@ -17,10 +17,7 @@ grouped-query attention). Symbolic sizes are kernel arguments; `suggest` buckets
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.cuda import template_source
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import CudaProgram, Launch, Template, dtypes, template_source
 from kiln_ops_builtin.templates.attention_flash import operand_defines
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.split_k import bucket

@@ -41,11 +41,7 @@ flash backend on 2k-4k tokens, where `attention_flash` is 0.85-0.98x.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
-from kiln.schedule import Template
+from kiln.template import CudaProgram, Launch, Template, TensorMapArg, dtypes, ptx, template_source
 from kiln_ops_builtin.templates.attention_flash import operand_defines
 from kiln_ops_builtin.templates.attention_match import Attention, Strided, match_attention
 from kiln_ops_builtin.templates.attention_softmax import ONLINE_SOFTMAX

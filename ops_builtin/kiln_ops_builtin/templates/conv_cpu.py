@@ -34,16 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln import dtypes
-from kiln.codegen.c import C_PRELUDE, CDialect
-from kiln.codegen.cuda import top_reduces
-from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.hooks import unravel_index
-from kiln.graph import OperatorError
-from kiln.ir import Load, Task, TensorInput, Var, cast, inline_task, simplify
-from kiln.ir.expr import walk
-from kiln.runtime.cpu import CpuProgram
-from kiln.schedule import Template
+from kiln.template import (CDialect, C_PRELUDE, CpuProgram, Emitter, KernelArgs, Load, Task, Template, TensorInput,
+                           Var, cast, dtypes, inline_task, row_major_strides, simplify, top_reduces, unravel_index,
+                           walk)
 
 from kiln_ops_builtin.common import int_tuple
 from kiln_ops_builtin.conv import conv2d
@@ -222,7 +215,7 @@ def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
         return tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
     try:
         return int_tuple("conv2d", "padding", padding, 2)
-    except (OperatorError, TypeError):
+    except (ValueError, TypeError):      # int_tuple's OperatorError is a ValueError
         return None
 
 
@@ -264,7 +257,7 @@ def match_conv(task: Task) -> ConvCpu | None:
         try:
             ref = conv2d.definition(x=x, weight=weight, bias=None, stride=attrs["stride"], padding=attrs["padding"],
                                     dilation=attrs["dilation"], groups=groups)
-        except (OperatorError, ValueError, TypeError):
+        except (ValueError, TypeError):      # an OperatorError is a ValueError
             continue
         if not same_reduction([x, weight], out, ref):
             continue

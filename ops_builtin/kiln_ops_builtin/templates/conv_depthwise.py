@@ -16,15 +16,9 @@ fused slice, a broadcast, a squeezed dimension).
 """
 from __future__ import annotations
 
-from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
-from kiln.codegen.emitter import KernelArgs
-from kiln.codegen.epilogue import render_epilogue
-from kiln.codegen.hooks import strip_cast, unravel_index
-from kiln.ir.expr import Const, Load, Select, Var
-from kiln.ir.simplify import linear_terms
-from kiln.ir.inline import inline_task
-from kiln.schedule import Template
-from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Launch, Load, Select, Template, Var,
+                           inline_task, linear_terms, render_epilogue, strip_cast, template_source, top_reduces,
+                           unravel_index)
 
 NT = 128
 MAX_KERNEL = 7

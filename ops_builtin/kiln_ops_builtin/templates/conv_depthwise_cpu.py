@@ -15,9 +15,7 @@ so that `pool_cpu` runs max-pools on it.
 """
 from __future__ import annotations
 
-from kiln.codegen.emitter import KernelArgs
-from kiln.runtime.cpu import CpuProgram
-from kiln.schedule import Template
+from kiln.template import CpuProgram, KernelArgs, Template
 
 from kiln_ops_builtin.templates.conv_cpu import FILL, ConvCpu, match_conv, source
 

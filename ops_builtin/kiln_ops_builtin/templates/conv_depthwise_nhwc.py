@@ -39,15 +39,8 @@ height or width gives each size its own source.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
-from kiln.codegen.emitter import KernelArgs
-from kiln.codegen.sizes import SizeArgs
-from kiln.codegen.hooks import unravel_index
-from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
-from kiln.ir.inline import inline_task
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Launch, SizeArgs, Template, dtypes, inline_task,
+                           render_vector_epilogue, template_source, top_reduces, unravel_index, vector_stores)
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
 from kiln_ops_builtin.templates.split_k import bucket
 

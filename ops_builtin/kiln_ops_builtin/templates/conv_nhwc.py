@@ -20,14 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.codegen.cuda import top_reduces
-from kiln.codegen.emitter import KernelArgs
-from kiln.codegen.hooks import HookedGemm, gemm_factors, match_hooked_gemm, strip_cast, variables_of
-from kiln.dtypes import DataType
-from kiln.ir.compute import Task
-from kiln.ir.expr import Binary, Const, Expr, Load, Select, Var, as_expr, walk
-from kiln.ir.inline import inline_task, substitute
-from kiln.ir.simplify import simplify
+from kiln.template import (Binary, Const, DataType, Expr, HookedGemm, KernelArgs, Load, Select, Task, Var, as_expr,
+                           gemm_factors, inline_task, match_hooked_gemm, simplify, strip_cast, substitute, top_reduces,
+                           variables_of, walk)
 
 
 @dataclass(frozen=True)

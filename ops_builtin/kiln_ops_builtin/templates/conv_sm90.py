@@ -25,9 +25,7 @@ written as numbers, so a symbolic height or width gives each size its own source
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.runtime.cuda import CudaProgram, TensorMapArg
-from kiln.schedule import Template
+from kiln.template import CudaProgram, Template, TensorMapArg, dtypes
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
 from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, block_m, fits, program

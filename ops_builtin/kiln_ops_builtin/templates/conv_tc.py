@@ -19,13 +19,7 @@ the batches of a bucket share one source.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.codegen.ptx import mma_m16n8k16
-from kiln.codegen.hooks import match_hooked_gemm
-from kiln.schedule import Template
-from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.template import CudaProgram, Launch, Template, dtypes, match_hooked_gemm, ptx, template_source
 
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.matmul_tc import MMA_STEP
@@ -194,7 +188,7 @@ def render(task, BM=0, BN=0, WM=0, WN=0, SPLIT=0) -> CudaProgram:
     defines = {"NT": nt, "BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "LA": BM * BK // 8 // nt,
                "LB": BN * BK // 8 // nt, "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args,
                "B_K_CONTIGUOUS": 1, "TO16(x)": "kiln_f2h(x)" if is_f16 else "kiln_f2bf(x)", **sk.defines}
-    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(_operand_dtype(task))},
+    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": ptx.mma_m16n8k16(_operand_dtype(task))},
                              g.hooks, (ptx.LDMATRIX, ptx.MMA))
     launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1),
                     grid=(int(_tiles(g.M, g.N, (BM, BN))), split, 1))

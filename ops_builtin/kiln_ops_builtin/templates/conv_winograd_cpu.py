@@ -28,8 +28,7 @@ channels or more and at least `MIN_TILES` tiles; fixed sizes, as `conv_cpu`.
 """
 from __future__ import annotations
 
-from kiln.runtime.cpu import CpuProgram
-from kiln.schedule import Template
+from kiln.template import CpuProgram, Template
 
 from kiln_ops_builtin.templates import gemm_cpu
 from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, match_conv, prepared_program

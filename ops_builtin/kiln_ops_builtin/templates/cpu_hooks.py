@@ -27,14 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln import dtypes
-from kiln.codegen.c import CDialect
-from kiln.codegen.cuda import top_reduces
-from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.codegen.sizes import SizeArgs
-from kiln.codegen.hooks import gemm_factors, strip_cast, unravel_index, variables_of
-from kiln.ir import Const, Expr, Load, Reduce, SizeVar, SymSize, Task, Var, cast, inline_task, simplify, substitute
-from kiln.ir.expr import Check, walk
+from kiln.template import (CDialect, Check, Const, Emitter, Expr, KernelArgs, Load, Reduce, SizeArgs, SizeVar, SymSize,
+                           Task, Var, cast, dtypes, gemm_factors, inline_task, row_major_strides, simplify, strip_cast,
+                           substitute, top_reduces, unravel_index, variables_of, walk)
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 

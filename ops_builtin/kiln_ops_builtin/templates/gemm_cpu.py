@@ -36,11 +36,7 @@ them, so one build serves every size.
 """
 from __future__ import annotations
 
-from kiln.codegen.c import C_PRELUDE
-from kiln.codegen.emitter import KernelArgs
-from kiln.ir import SymSize
-from kiln.runtime.cpu import CpuProgram, Preparation
-from kiln.schedule import Template
+from kiln.template import C_PRELUDE, CpuProgram, KernelArgs, Preparation, SymSize, Template
 
 from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
 from kiln_ops_builtin.templates.cpu_simd import VECTORS

@@ -25,10 +25,7 @@ size as it comes, so a size that differs there gets its own source.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen.hooks import Contraction, Operand, match_contraction
-from kiln.runtime.cuda import CudaProgram, TensorMapArg
-from kiln.schedule import Template
+from kiln.template import Contraction, CudaProgram, Operand, Template, TensorMapArg, dtypes, match_contraction
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, k_block, program, staged_stages
 from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, smem_bytes  # noqa: F401 (this template's limits, as before)

@@ -33,12 +33,8 @@ Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.codegen.hooks import Contraction, HookedGemm, Operand, match_contraction, match_hooked_gemm
-from kiln.schedule import Template
-from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.template import (Contraction, CudaProgram, HookedGemm, Launch, Operand, Template, dtypes, match_contraction,
+                           match_hooked_gemm, ptx, template_source)
 from kiln_ops_builtin.templates import split_k
 
 NT = 256

@@ -16,13 +16,7 @@ from __future__ import annotations
 
 import itertools
 
-from kiln import dtypes
-from kiln.codegen.hooks import Contraction, match_contraction
-from kiln.schedule import Template
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.codegen.ptx import mma_m16n8k16
+from kiln.template import Contraction, CudaProgram, Launch, Template, dtypes, match_contraction, ptx, template_source
 from kiln_ops_builtin.templates import split_k
 
 MAX_SMEM = 227 * 1024
@@ -212,7 +206,7 @@ def render(task, BM, BN, BK, WM, WN, STAGES, GROUP=8, SPLIT=1) -> CudaProgram:
         "A_PARAM": c.a.param, "B_PARAM": c.b.param, "A_BATCH": c.batch_offset(c.a, "bz"),
         "B_BATCH": c.batch_offset(c.b, "bz"), "ARGS": c.args, **sk.defines,
     }
-    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": mma_m16n8k16(c.a.dtype)},
+    source = template_source([MMA_STEP, KERNEL, sk.source], {**defines, "MMA": ptx.mma_m16n8k16(c.a.dtype)},
                              c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA))
     tiles = int(-(-c.M // BM) * -(-c.N // BN))
     launch = Launch("kiln_matmul_tc", args + sk.args, (nt, 1, 1), grid=(tiles, SPLIT, int(c.batch_count)),

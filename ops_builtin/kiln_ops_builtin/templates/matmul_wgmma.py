@@ -14,12 +14,7 @@ by powers of two (`split_k.bucket`), so the sizes of a bucket share one source.
 """
 from __future__ import annotations
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import template_source
-from kiln.codegen.hooks import Contraction, match_contraction
-from kiln.schedule import Template
-from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.template import Contraction, CudaProgram, Launch, Template, dtypes, match_contraction, ptx, template_source
 from kiln_ops_builtin.templates import split_k
 
 BK = 64

@@ -12,19 +12,29 @@ after it (a convolution, a pool) checks that reduction alone with `same_reductio
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
+from typing import Callable, Protocol
 
-from kiln import dtypes
-from kiln.codegen.cuda import top_reduces
-from kiln.graph import OperatorDef
-from kiln.ir import Compute, Const, Expr, Load, Task, TensorInput, Var, inline_task, simplify, substitute
+from kiln.template import (Compute, Const, Expr, Load, Task, TensorInput, Var, dtypes, inline_task, simplify,
+                           substitute, top_reduces)
+
+
+class Definition(Protocol):
+    """What `own_call` reads of an operator definition (`kiln.graph.OperatorDef`, which the
+    `@operator` decorator makes): its name, its function and that function's signature."""
+
+    name: str
+    definition: Callable
+    signature: inspect.Signature
+
 
 _found: "weakref.WeakKeyDictionary[Task, dict | None]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()      # kernels are built by several threads (kiln.graph.compile)
 
 
-def _arguments(task: Task, definition: OperatorDef) -> dict | None:
+def _arguments(task: Task, definition: Definition) -> dict | None:
     """The definition's arguments of `task` by parameter name (tensor inputs as the task's
     `TensorInput`s, a list of them where `OperatorDef.task` numbered them `name0, name1, ..`),
     or None when the task's inputs and attributes are not exactly those of one call."""
@@ -84,7 +94,7 @@ def _structure(task: Task, table: dict) -> list[int]:
     return [tensor(t) for t in task.outputs]
 
 
-def own_call(task: Task, definition: OperatorDef) -> dict | None:
+def own_call(task: Task, definition: Definition) -> dict | None:
     """The arguments (by parameter name) of the call of `definition` whose own task `task` is,
     or None where it is not one (fused, another operator's, built otherwise)."""
     if task.name != definition.name:

@@ -27,12 +27,8 @@ from __future__ import annotations
 
 import math
 
-from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, template_source
-from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
-from kiln.ir import Var, cast, simplify, unravel
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import (CudaDialect, CudaProgram, Emitter, KernelArgs, Launch, Template, Var, cast, dtypes,
+                           row_major_strides, simplify, template_source, unravel)
 
 from kiln_ops_builtin import scatter
 from kiln_ops_builtin.templates.own_task import own_call

@@ -43,17 +43,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln import dtypes
-from kiln.codegen import ptx
-from kiln.codegen.cuda import CudaDialect, template_source
-from kiln.codegen.emitter import KernelArgs, row_major_strides
-from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource
-from kiln.codegen.sizes import SizeArgs
-from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
-from kiln.dtypes import DataType
-from kiln.ir.expr import Const, Var
-from kiln.ir.simplify import linear_terms, simplify
-from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
+from kiln.template import (Const, CudaDialect, CudaProgram, DataType, EpilogueOutput, EpilogueSource, KernelArgs,
+                           Launch, SizeArgs, TensorMapArg, Var, dtypes, linear_terms, ptx, render_vector_epilogue,
+                           row_major_strides, simplify, template_source, vector_stores)
 from kiln_ops_builtin.templates import split_k
 
 BK = 64              # 16-bit units in a stage's row: 128 bytes, the swizzle's width

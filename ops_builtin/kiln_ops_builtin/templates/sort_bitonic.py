@@ -28,11 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, template_source
-from kiln.codegen.emitter import KernelArgs
-from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule import Template
+from kiln.template import CudaDialect, CudaProgram, KernelArgs, Launch, Template, dtypes, template_source
 
 from kiln_ops_builtin import sorting
 from kiln_ops_builtin.common import normalize_dim

@@ -44,10 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln import dtypes
-from kiln.codegen.emitter import KernelArgs
-from kiln.ir import SymSize
-from kiln.runtime.cuda import Launch
+from kiln.template import KernelArgs, Launch, SymSize, dtypes
 
 SUM_KERNEL = r"""
 // out[b, m, n] = epilogue(sum over s of kiln_ws[s][b][m][n]): a thread per two neighbouring columns
