@@ -11,10 +11,12 @@ Unmapped operators raise one `UnmappedOperatorError` listing them all; a node wh
 decline its arguments raises a `MappingError` when the graph first runs. With
 `dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
 (`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
-PyTorch, named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
-with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics. For the
-same reason, a call where an input the graph changes in place shares memory with another input
-(`f(a, a[0])`) runs in PyTorch, with a warning.
+PyTorch, named in one warning. Kiln's values have no view semantics: a graph that changes a
+tensor in place through a view (`kiln.frontend.torch.aliasing`) is functionalized by
+AOTAutograd and its ATen graph compiled by Kiln, the caller's inputs updated after each call as
+eager updates them (in PyTorch, with a warning, only where AOTAutograd fails on it); a call
+where an input the graph changes in place shares memory with another input (`f(a, a[0])`) runs
+in PyTorch, with a warning.
 """
 from __future__ import annotations
 
@@ -57,13 +59,33 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         print(input_graph_table(gm))
     mutations = view_mutations(gm)
     if mutations:
-        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
-                   "which Kiln does not model:\n  " + "\n  ".join(mutations))
-        return gm.forward
+        return _functionalized(gm, example_inputs, settings, mutations)
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs, lambda graph, examples: compile_graph(graph, examples, settings))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
+
+
+def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str]):
+    """`gm`, which changes tensors in place through views (`mutations`), compiled through
+    AOTAutograd, whose functionalization rewrites views and in-place changes into pure
+    operations and copies the new values into the caller's inputs after each call; where
+    AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with a warning."""
+    functional = []
+
+    def compile_aten(graph: GraphModule, examples):
+        functional.append(graph)
+        return compile_graph(graph, examples, settings)
+
+    try:
+        return compile_for_training(gm, example_inputs, compile_aten)
+    except Exception as error:
+        if functional:      # AOTAutograd succeeded: the error is Kiln's
+            raise
+        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
+                   f"and AOTAutograd could not functionalize it ({type(error).__name__}: "
+                   f"{error}):\n  " + "\n  ".join(mutations))
+        return gm.forward
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
