@@ -198,6 +198,20 @@ def test_an_ssdlite_like_block_is_compiled_by_kiln():
     assert torch.ops.aten.convolution.default in targets
 
 
+def test_parameters_and_buffers_left_unchanged_are_constants_of_the_graph():
+    """As on the torch-level path: constants, checked at every call (an in-place change to a
+    weight is seen); a buffer the graph changes stays an input."""
+    torch.manual_seed(0)
+    model = _SSDLiteBlock().eval()
+    images = [torch.randn(3, 8, 7), torch.randn(3, 6, 8)]
+    [block] = _check(model, images)
+    assert block.constant == [False, False] + [True] * 16     # images; weights, statistics
+    with torch.no_grad():
+        model.heads[1].weight.mul_(2)
+        torch.testing.assert_close(torch.compile(model, backend="kiln")(images), model(images))
+    [state] = _check(_RunningState(), torch.randn(3, 6))
+    assert not any(state.constant)
+
 def test_a_graph_aotautograd_fails_on_runs_in_pytorch_with_a_warning(monkeypatch):
     import kiln.frontend.torch.backend as backend
 

@@ -69,13 +69,17 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
 def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str]):
     """`gm`, which changes tensors in place through views (`mutations`), compiled through
     AOTAutograd, whose functionalization rewrites views and in-place changes into pure
-    operations and copies the new values into the caller's inputs after each call; where
-    AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with a warning."""
+    operations and copies the new values into the caller's inputs after each call (without
+    autograd, parameters and buffers the graph leaves unchanged are constants, as on the
+    torch-level path); where AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with
+    a warning."""
     functional = []
+    constants = (set() if needs_autograd(gm, example_inputs)
+                 else constant_placeholders(gm, example_inputs))
 
     def compile_aten(graph: GraphModule, examples):
         functional.append(graph)
-        return compile_graph(graph, examples, settings)
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants))
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -86,6 +90,21 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
                    f"and AOTAutograd could not functionalize it ({type(error).__name__}: "
                    f"{error}):\n  " + "\n  ".join(mutations))
         return gm.forward
+
+
+def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) -> set[str]:
+    """The placeholders of AOTAutograd's inference graph `graph` that hold what `constants`
+    names in dynamo's `gm` (parameters and buffers) and that the graph does not change; none
+    where AOTAutograd did not keep `gm`'s inputs one for one (duplicates removed, aliased inputs
+    merged into a base, a seeds input added)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    ours = list(graph.graph.find_nodes(op="placeholder"))
+    theirs = list(gm.graph.find_nodes(op="placeholder"))
+    if meta is None or not len(ours) == len(theirs) == len(meta.input_info):
+        return set()
+    return {a.name for a, b, info in zip(ours, theirs, meta.input_info)
+            if b.name in constants and not (info.mutates_data or info.mutates_metadata)}
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
