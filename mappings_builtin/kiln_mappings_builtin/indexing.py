@@ -109,8 +109,7 @@ def setitem(x, index, value):
 
 def _index_tensors(x, index, value) -> bool:
     items = _items(index)
-    return (any(is_tensor(i) or isinstance(i, list) for i in items)
-            and not any(_is_mask(i) for i in items))
+    return any(is_tensor(i) for i in items) and not any(_is_mask(i) for i in items)
 
 
 @register_function(operator.setitem, check=_index_tensors)

@@ -87,6 +87,17 @@ def test_writes_through_views_under_grad_mode():
     _check(_select_add, torch.randn(3, 5), grad=True)
 
 
+def test_dynamic_shapes_at_new_sizes():
+    compiled = torch.compile(_views_read_after_their_base_changed, backend="kiln", dynamic=True)
+    torch.manual_seed(0)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rows in (3, 6, 9):
+            x = torch.randn(rows, 4)
+            eager_x = x.clone()
+            torch.testing.assert_close(compiled(x), _views_read_after_their_base_changed(eager_x))
+            torch.testing.assert_close(x, eager_x)
+
 def _written_at_int(x, y):
     out = x.new_zeros(5, 4)
     rows = out[2:]
