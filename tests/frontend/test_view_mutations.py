@@ -209,6 +209,13 @@ def test_an_ssdlite_like_block_is_compiled_by_kiln():
     assert torch.ops.aten.convolution.default in targets
 
 
+def test_with_fallback_to_eager_every_node_is_still_kilns():
+    """The check for nodes to run in PyTorch works on AOTAutograd's graph outside its fake
+    mode (inside it, rules that build constants failed and their nodes went to PyTorch)."""
+    kiln.torch.dynamo_config.fallback_to_eager(True)
+    torch.manual_seed(0)
+    _check(_SSDLiteBlock().eval(), [torch.randn(3, 8, 7), torch.randn(3, 6, 8)])
+
 def test_parameters_and_buffers_left_unchanged_are_constants_of_the_graph():
     """As on the torch-level path: constants, checked at every call (an in-place change to a
     weight is seen); a buffer the graph changes stays an input."""

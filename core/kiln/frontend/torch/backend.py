@@ -26,6 +26,7 @@ import weakref
 from collections import OrderedDict
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
@@ -117,7 +118,8 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
         if unmapped:
             raise UnmappedOperatorError(unmapped)
         return KilnFunction(gm, settings, constants)   # a declined node raises at first run
-    with stage("check", f"{len(gm.graph.nodes)} fx nodes"):
+    # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
+    with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
         return KilnFunction(gm, settings, constants)
