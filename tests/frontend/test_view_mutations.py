@@ -140,6 +140,22 @@ def test_writes_into_a_new_tensor_at_index_tensors(fn):
     _check(fn, torch.randn(6, 4), torch.randn(2, 4), torch.tensor([4, 0]))
 
 
+def _ranked_into_a_transposed_buffer(x):
+    out = torch.empty_like(x.t())
+    out.copy_(x.sort(0, descending=True)[0].t())
+    out[:, :2].copy_(x.t().topk(2, dim=1)[0])
+    out[0].add_(x.sort(stable=True)[1][:, 0])
+    return out
+
+
+def test_sorts_into_a_transposed_buffer():
+    """ATen's sort, topk and empty_permuted (empty_like of a transposed tensor)."""
+    torch.manual_seed(0)
+    [ranked] = _check(_ranked_into_a_transposed_buffer, torch.randn(5, 4))
+    targets = {n.target for n in ranked.gm.graph.nodes}
+    aten = torch.ops.aten
+    assert {aten.empty_permuted.default, aten.sort.default, aten.sort.stable, aten.topk.default} <= targets
+
 def _views_read_after_their_base_changed(x):
     v = x.view(-1)
     row = x[1]
