@@ -26,6 +26,12 @@ ones = register_function(aten.ones.default)(_filled(1))
 empty = register_function(aten.empty.memory_format)(_filled(0))   # any value will do: zeros
 
 
+@register_function(aten.empty_permuted.default)
+def empty_permuted(size, physical_layout, dtype=None, layout=None, device=None, pin_memory=None):
+    """Zeros, as `empty`: Kiln's values have no memory layout to permute."""
+    return empty(size, dtype, layout, device, pin_memory)
+
+
 @register_function(aten.scalar_tensor.default)
 def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     return ops.full((), value, dtype=dtype or torch.get_default_dtype(), device=device)

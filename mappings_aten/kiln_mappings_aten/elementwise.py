@@ -59,3 +59,13 @@ def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocki
             memory_format=None):
     """A cast (a copy to another device is declined)."""
     return x if dtype is None or dtype == x.dtype.torch_dtype else ops.cast(x, dtype)
+
+
+def _one_device(x, src, non_blocking=False) -> bool:
+    return src.device == x.device
+
+
+@register_function(aten.copy.default, check=_one_device)
+def copy(x, src, non_blocking=False):
+    """`src` in `x`'s dtype and shape: the functional form of `x.copy_(src)`."""
+    return ops.broadcast_to(ops.cast(src, x.dtype), x.shape)

@@ -1,5 +1,5 @@
 """ATen reductions: sums, means, extremes, logical reductions and variance, over dim lists
-(an empty list meaning every dim, as in ATen)."""
+(an empty list meaning every dim, as in ATen); sort and topk."""
 from kiln import ops
 from kiln.frontend.torch import register_function
 
@@ -111,3 +111,20 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     if ord == 2:
         return ops.sqrt(ops.sum(ops.mul(x, x), dims, keepdim))
     return ops.pow(ops.sum(ops.pow(size, ord), dims, keepdim), 1.0 / ord)
+
+
+@register_function(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    """A stable sort, valid for unstable requests too."""
+    return ops.sort(x, dim, descending)
+
+
+@register_function(aten.sort.stable)
+def sort_stable(x, stable=None, dim=-1, descending=False):
+    return ops.sort(x, dim, descending)
+
+
+@register_function(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """The k largest (smallest) in order, which `sorted=False` allows too."""
+    return ops.topk(x, k, dim, largest)

@@ -1,9 +1,14 @@
 """ATen view and layout operators: views become Kiln's reshapes, permutes and slices (values, not
-aliases), and the scatter forms of slicing write a slice back by concatenation."""
+aliases), and the scatter forms of slicing write a slice back by concatenation; diagonals and
+strided views gather and scatter by the flat positions they select."""
+import math
 import operator
+
+import torch
 
 from kiln import dtypes, ops
 from kiln.frontend.torch import register_function
+from kiln.tensor import asarray
 
 from kiln_mappings_aten.common import aten, same_signature
 
@@ -95,3 +100,53 @@ def select_scatter(x, src, dim, index):
     dim %= x.ndim
     index %= x.shape[dim]
     return _written(x, ops.cast(ops.unsqueeze(src, dim), x.dtype), dim, index, index + 1)
+
+
+def _static(x, *args, **kwargs) -> bool:
+    return all(isinstance(n, int) for n in x.shape)
+
+
+def _positions(x, view) -> torch.Tensor:
+    """The flat positions, in contiguous `x`, of the elements that `view` (a function from a
+    torch tensor to a view of it) selects."""
+    return view(torch.arange(math.prod(x.shape)).reshape(x.shape)).contiguous()
+
+
+def _gathered(x, positions: torch.Tensor):
+    """The elements of `x` at flat `positions`, in their shape."""
+    flat = ops.index_select(ops.reshape(x, (-1,)), 0,
+                            asarray(positions.reshape(-1), device=x.device))
+    return ops.reshape(flat, tuple(positions.shape))
+
+
+def _scattered(x, positions: torch.Tensor, src):
+    """`x` with `src` written at flat `positions`."""
+    values = ops.broadcast_to(ops.cast(src, x.dtype), tuple(positions.shape))
+    flat = ops.index_put(ops.reshape(x, (-1,)), [asarray(positions.reshape(-1), device=x.device)],
+                         ops.reshape(values, (-1,)))
+    return ops.reshape(flat, x.shape)
+
+
+@register_function(aten.diagonal.default, check=_static)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return _gathered(x, _positions(x, lambda t: t.diagonal(offset, dim1, dim2)))
+
+
+@register_function(aten.diagonal_scatter.default, check=_static)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """`x` with `src` written over its diagonal `offset` of dims (dim1, dim2)."""
+    return _scattered(x, _positions(x, lambda t: t.diagonal(offset, dim1, dim2)), src)
+
+
+@register_function(aten.as_strided.default, check=_static)
+def as_strided(x, size, stride, storage_offset=None):
+    """The strided view of `x`'s elements, `x` taken as contiguous from its first element:
+    AOTAutograd's graphs take it of fresh tensors, and Kiln's values have no strides (of a
+    strided or offset input, the input's own layout is not seen)."""
+    return _gathered(x, _positions(x, lambda t: t.as_strided(size, stride, storage_offset)))
+
+
+@register_function(aten.as_strided_scatter.default, check=_static)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """`x` with `src` written over the strided view `as_strided` reads."""
+    return _scattered(x, _positions(x, lambda t: t.as_strided(size, stride, storage_offset)), src)

@@ -105,3 +105,21 @@ def setitem(x, index, value):
     if is_tensor(value):
         value = ops.cast(value, x.dtype)
     return ops.cast(ops.where(mask, value, x), x.dtype)
+
+
+def _index_tensors(x, index, value) -> bool:
+    items = _items(index)
+    return any(is_tensor(i) for i in items) and not any(_is_mask(i) for i in items)
+
+
+@register_function(operator.setitem, check=_index_tensors)
+@register_method("__setitem__", check=_index_tensors)
+def setitem_indexed(x, index, value):
+    """`x[index] = value` where `index` holds index tensors: the same indexing of the flat
+    positions of `x` says which elements index_put writes."""
+    positions = ops.reshape(ops.arange(x.numel(), device=x.device), x.shape)
+    targets = getitem(positions, index)
+    if is_tensor(value):
+        value = ops.reshape(ops.broadcast_to(ops.cast(value, x.dtype), targets.shape), (-1,))
+    flat = ops.index_put(ops.reshape(x, (-1,)), [ops.reshape(targets, (-1,))], value)
+    return ops.reshape(flat, x.shape)

@@ -52,6 +52,25 @@ def test_setitem(index, value):
     compile_and_compare(fn, X)
 
 
+@pytest.mark.parametrize("index", [i for i in INDICES if any(isinstance(t, torch.Tensor) for t in i)],
+                         ids=str)
+def test_setitem_at_index_tensors(index):
+    """A scalar, then a row broadcast over the region (one value per position, even where an
+    index repeats)."""
+    tensors = [i for i in index if isinstance(i, torch.Tensor)]
+    row = torch.randn(X[index].shape[-1])
+
+    def fn(x, row, *ts):
+        it = iter(ts)
+        i = tuple(next(it) if isinstance(t, torch.Tensor) else t for t in index)
+        y = x * 2
+        z = x + 1
+        y[i] = -1.5
+        z[i] = row
+        return y, z
+
+    compile_and_compare(fn, X, row, *tensors)
+
 def test_inplace_methods_and_operators_rebind_the_tensor():
     def fn(x, y):
         h = x * 1

@@ -3,7 +3,8 @@
 The fx interpreter gives each node a value of its own, so it cannot make a write through a
 view (`y = x[0]; y.add_(1)`) reach the view's base, nor make a view taken before its base was
 changed in place (`v = x.view(-1); x.mul_(2); return v`) see the change. `view_mutations(gm)`
-lists the nodes of a graph where either happens; the backend runs such graphs in PyTorch.
+lists the nodes of a graph where either happens; the backend compiles such graphs through
+AOTAutograd, whose functionalization rewrites them into pure operations.
 
 For the same reason a compiled graph cannot make a write to one input reach another input
 that shares its memory (`f(a, a[0])` where f changes `a` in place): `shared_memory(args, ...)`

@@ -11,10 +11,12 @@ Unmapped operators raise one `UnmappedOperatorError` listing them all; a node wh
 decline its arguments raises a `MappingError` when the graph first runs. With
 `dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
 (`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
-PyTorch, named in one warning. A graph that changes a tensor in place through a view runs in PyTorch
-with a warning (`kiln.frontend.torch.aliasing`): Kiln's values have no view semantics. For the
-same reason, a call where an input the graph changes in place shares memory with another input
-(`f(a, a[0])`) runs in PyTorch, with a warning.
+PyTorch, named in one warning. Kiln's values have no view semantics: a graph that changes a
+tensor in place through a view (`kiln.frontend.torch.aliasing`) is functionalized by
+AOTAutograd and its ATen graph compiled by Kiln, the caller's inputs updated after each call as
+eager updates them (in PyTorch, with a warning, only where AOTAutograd fails on it); a call
+where an input the graph changes in place shares memory with another input (`f(a, a[0])`) runs
+in PyTorch, with a warning.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import weakref
 from collections import OrderedDict
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
@@ -57,13 +60,52 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         print(input_graph_table(gm))
     mutations = view_mutations(gm)
     if mutations:
-        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
-                   "which Kiln does not model:\n  " + "\n  ".join(mutations))
-        return gm.forward
+        return _functionalized(gm, example_inputs, settings, mutations)
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs, lambda graph, examples: compile_graph(graph, examples, settings))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
+
+
+def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str]):
+    """`gm`, which changes tensors in place through views (`mutations`), compiled through
+    AOTAutograd, whose functionalization rewrites views and in-place changes into pure
+    operations and copies the new values into the caller's inputs after each call (without
+    autograd, parameters and buffers the graph leaves unchanged are constants, as on the
+    torch-level path); where AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with
+    a warning."""
+    functional = []
+    constants = (set() if needs_autograd(gm, example_inputs)
+                 else constant_placeholders(gm, example_inputs))
+
+    def compile_aten(graph: GraphModule, examples):
+        functional.append(graph)
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants))
+
+    try:
+        return compile_for_training(gm, example_inputs, compile_aten)
+    except Exception as error:
+        if functional:      # AOTAutograd succeeded: the error is Kiln's
+            raise
+        _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
+                   f"and AOTAutograd could not functionalize it ({type(error).__name__}: "
+                   f"{error}):\n  " + "\n  ".join(mutations))
+        return gm.forward
+
+
+def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) -> set[str]:
+    """The placeholders of AOTAutograd's inference graph `graph` that hold what `constants`
+    names in dynamo's `gm` (parameters and buffers) and that the graph does not change; none
+    where AOTAutograd did not keep `gm`'s inputs one for one (duplicates removed, aliased inputs
+    merged into a base, a seeds input added)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    ours = list(graph.graph.find_nodes(op="placeholder"))
+    theirs = list(gm.graph.find_nodes(op="placeholder"))
+    if meta is None or not len(ours) == len(theirs) == len(meta.input_info):
+        return set()
+    return {a.name for a, b, info in zip(ours, theirs, meta.input_info)
+            if b.name in constants and not (info.mutates_data or info.mutates_metadata)}
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
@@ -76,7 +118,8 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
         if unmapped:
             raise UnmappedOperatorError(unmapped)
         return KilnFunction(gm, settings, constants)   # a declined node raises at first run
-    with stage("check", f"{len(gm.graph.nodes)} fx nodes"):
+    # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
+    with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
         return KilnFunction(gm, settings, constants)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate
 from torch.fx.passes.split_module import split_module
@@ -69,7 +70,8 @@ def nodes_for_pytorch(gm: GraphModule, example_inputs, constants: set[str] = fro
     inputs = []
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
         known = node.name in constants or reads_value(node)      # as `KilnFunction` traces it
-        if isinstance(value, torch.Tensor) and known and _supported(value.dtype):
+        if (isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and known
+                and _supported(value.dtype)):
             inputs.append(from_torch(value))
         else:
             inputs.append(stand_in(value))

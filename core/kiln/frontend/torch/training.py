@@ -6,7 +6,10 @@ torch's AOTAutograd, which traces forward and backward to core ATen (`decomposit
 torch's core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps
 more simply than the op itself) and splits them; both ATen graphs are compiled by
 `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping rules, the
-unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`).
+unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`). The backend
+sends graphs that change tensors in place through views here too, with or without grad mode:
+AOTAutograd's functionalization makes their ATen graph pure and copies the new values into the
+caller's inputs after each call.
 
 Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
 backward is matmuls and a softmax rather than a fused kernel's backward op.
