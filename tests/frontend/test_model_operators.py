@@ -1,8 +1,9 @@
 """Operators real models use that Kiln used to lack or decline (issue 30), through
 torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
-CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta."""
+CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta, batch_norm with batch statistics."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from frontend_support import compile_and_compare, run_traced
@@ -76,4 +77,82 @@ def test_addmm_broadcast_input(input_shape, beta, alpha):
         bias[..., 0] = float("inf")
     compile_and_compare(lambda b, x, w: torch.addmm(b, x, w.t(), beta=beta, alpha=alpha),
                         bias, torch.randn(4, 11), torch.randn(6, 11))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 7, 3, 5), (1, 6, 9), (5, 3), (2, 3, 2, 3, 3), (1, 5, 1, 2)], ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_with_batch_statistics(shape, affine, dtype):
+    """F.batch_norm(x, None, None, weight, bias, training=True): mean and biased variance over
+    (N, *spatial), as eager computes them (under no_grad an inference graph)."""
+    c = shape[1]
+    x = (torch.randn(shape) * 3 + 1).to(dtype)
+    w, b = (torch.randn(c).to(dtype), torch.randn(c).to(dtype)) if affine else (None, None)
+
+    def norm(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True, eps=1e-3)
+
+    if dtype.itemsize > 2:
+        compile_and_compare(norm, x, w, b)
+        return
+    # 16-bit: eager's CPU kernel loses more than float32 statistics do where a channel's values
+    # are close (Kiln takes them in float32): compare with eager in float32, rounded
+    torch._dynamo.reset()
+    with torch.no_grad():
+        actual = torch.compile(norm, backend="kiln", fullgraph=True)(x, w, b)
+        expected = norm(*(t if t is None else t.float() for t in (x, w, b))).to(dtype)
+    torch.testing.assert_close(actual, expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_batch_norm_with_batch_statistics_non_contiguous():
+    x = torch.randn(5, 6, 4, 3).permute(0, 3, 2, 1)        # (5, 3, 4, 6), channels not innermost
+    compile_and_compare(lambda x: F.batch_norm(x, None, None, training=True), x)
+
+
+def test_weight_standardization():
+    """NFNet's WSConv2d: the weight standardized per output channel by batch_norm over the batch
+    of one, then convolved."""
+    class WSConv2d(nn.Conv2d):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.gain = nn.Parameter(torch.randn(self.out_channels, 1, 1, 1))
+
+        def forward(self, x):
+            scale = self.weight[0].numel() ** -0.5
+            weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                                  weight=(self.gain * scale).view(-1), training=True, momentum=0.0,
+                                  eps=1e-6).reshape_as(self.weight)
+            return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+    torch.manual_seed(0)
+    model = WSConv2d(3, 8, 3, padding=1).eval()
+    compile_and_compare(model, torch.randn(2, 3, 9, 7))
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_batch_norm_without_running_statistics_module(traced):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)).eval()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 2.0)
+        model[1].bias.uniform_(-1.0, 1.0)
+    x = torch.randn(3, 3, 7, 6)
+    if traced:
+        graph = run_traced(model, x)
+        assert any(n.op == "call_module" and n.target == "1" for n in graph.graph.nodes)
+    else:
+        compile_and_compare(model, x)
+
+
+def test_batch_norm_of_one_value_per_channel_is_declined():
+    """PyTorch raises for one value per channel; Kiln's rule declines (the fallback gives eager's error)."""
+    from kiln.frontend.torch import kiln_backend
+
+    class Norm(nn.Module):
+        def forward(self, x):
+            return F.batch_norm(x, None, None, training=True)
+
+    with pytest.raises(Exception, match="declined"), torch.no_grad():
+        x = torch.randn(1, 4)
+        kiln_backend(torch.fx.symbolic_trace(Norm()), [x])(x)
 
