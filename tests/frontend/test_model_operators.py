@@ -1,6 +1,7 @@
 """Operators real models use that Kiln used to lack or decline (issue 30), through
 torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
-CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta, batch_norm with batch statistics."""
+CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta,
+batch_norm with batch statistics, F.fold (col2im)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,3 +157,41 @@ def test_batch_norm_of_one_value_per_channel_is_declined():
         x = torch.randn(1, 4)
         kiln_backend(torch.fx.symbolic_trace(Norm()), [x])(x)
 
+
+FOLD_CASES = [  # (input shape, output_size, kernel_size, dilation, padding, stride)
+    ((2, 12, 20), (5, 6), 2, 1, 0, 1),
+    ((1, 27, 9), (7, 7), 3, 1, 0, 2),
+    ((3, 2 * 6, 12), (5, 7), (2, 3), 1, 1, (2, 2)),
+    ((2, 3 * 4, 24), (6, 5), (2, 2), (2, 1), (1, 0), (1, 1)),
+    ((18, 4), (4, 4), 3, 1, 1, 2),                      # unbatched
+    ((1, 5 * 9, 4), (8, 8), 3, 2, 1, 3),                 # dilation 2, stride 3
+    ((2, 4, 6), (2, 3), 1, 1, 0, 1),                     # 1x1: a reshape
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", FOLD_CASES, ids=str)
+def test_fold(case, dtype):
+    """F.fold (col2im): each output pixel sums the patch entries that cover it."""
+    shape, output_size, kernel_size, dilation, padding, stride = case
+    x = torch.randn(shape).to(dtype)
+    compile_and_compare(lambda x: F.fold(x, output_size, kernel_size, dilation, padding, stride), x,
+                        atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_fold_of_unfold_non_contiguous():
+    """fold(unfold(x)) counts each pixel once per patch covering it; the columns transposed."""
+    def roundtrip(x, cols):
+        return F.fold(F.unfold(x, 3, padding=1, stride=2), (7, 9), 3, padding=1, stride=2), \
+            F.fold(cols.transpose(1, 2), (7, 9), 3, padding=1, stride=2)
+
+    compile_and_compare(roundtrip, torch.randn(2, 3, 7, 9), torch.randn(2, 20, 27))
+
+
+def test_fold_operator_checks_its_shapes():
+    import kiln
+    from kiln.graph import OperatorError
+    with pytest.raises(OperatorError, match="fold: input of shape"):
+        kiln.ops.fold(torch.randn(2, 12, 19), (5, 6), 2)
+    with pytest.raises(OperatorError, match="fold: expected a 2-D"):
+        kiln.ops.fold(torch.randn(2, 2, 12, 20), (5, 6), 2)
