@@ -1,4 +1,5 @@
-"""`x[index]` and `x[index] = value` with ints, slices, None, Ellipsis and index tensors."""
+"""`x[index]` and `x[index] = value` with ints, slices, None, Ellipsis and index tensors
+(`x[rows, cols] = v`: the operator index_put)."""
 import math
 import operator
 
@@ -105,3 +106,45 @@ def setitem(x, index, value):
     if is_tensor(value):
         value = ops.cast(value, x.dtype)
     return ops.cast(ops.where(mask, value, x), x.dtype)
+
+
+def _index_tensor(item) -> bool:
+    return is_tensor(item) and item.dtype.is_integer or \
+        isinstance(item, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in item)
+
+
+def _index_tensors_and_full_slices(x, index, value) -> bool:
+    """`x[rows, cols] = v`, `x[:, idx] = v`: integer index tensors (or lists of ints) where every
+    other item is a full slice or Ellipsis; v a number or a tensor of x's kind."""
+    if not is_tensor(x) or not any(_index_tensor(i) for i in _items(index)):
+        return False
+    if is_tensor(value) and value.dtype.is_float and not x.dtype.is_float:
+        return False
+    items = _expand_ellipsis(_items(index), x.ndim)
+    return len(items) <= x.ndim and all(_index_tensor(i) or isinstance(i, slice) and i == slice(None) for i in items)
+
+
+@register_function(operator.setitem, check=_index_tensors_and_full_slices)
+@register_method("__setitem__", check=_index_tensors_and_full_slices)
+def setitem_index_tensors(x, index, value):
+    """x with `value` written where the index tensors point (index_put without accumulate), the
+    indexed dims moved first and back; the value broadcast to the region eager's x[index] has."""
+    items = _expand_ellipsis(_items(index), x.ndim)
+    items += [slice(None)] * (x.ndim - len(items))
+    dims = [d for d, i in enumerate(items) if not isinstance(i, slice)]
+    indices = [asarray(i, "int64", x.device) if isinstance(i, list) else i for i in items if not isinstance(i, slice)]
+    index_shape = tuple(torch.broadcast_shapes(*(tuple(i.shape) for i in indices)))
+    rest = [d for d in range(x.ndim) if d not in dims]
+    order = dims + rest
+    adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
+    if is_tensor(value):
+        value = ops.cast(value, x.dtype)
+        if adjacent and dims[0] > 0:      # eager's region: x.shape[:p] + index_shape + the rest
+            before = [x.shape[d] for d in range(dims[0])]
+            region = tuple(before) + index_shape + tuple(x.shape[d] for d in rest[dims[0]:])
+            value = ops.broadcast_to(value, region)
+            n, p = len(index_shape), dims[0]
+            value = ops.permute(value, list(range(p, p + n)) + list(range(p)) + list(range(p + n, len(region))))
+    moved = x if order == list(range(x.ndim)) else ops.permute(x, order)
+    written = ops.index_put(moved, indices, value, False)
+    return written if moved is x else ops.permute(written, [order.index(d) for d in range(x.ndim)])

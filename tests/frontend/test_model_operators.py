@@ -1,7 +1,7 @@
 """Operators real models use that Kiln used to lack or decline (issue 30), through
 torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
 CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta,
-batch_norm with batch statistics, F.fold (col2im)."""
+batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -195,3 +195,55 @@ def test_fold_operator_checks_its_shapes():
         kiln.ops.fold(torch.randn(2, 12, 19), (5, 6), 2)
     with pytest.raises(OperatorError, match="fold: expected a 2-D"):
         kiln.ops.fold(torch.randn(2, 2, 12, 20), (5, 6), 2)
+
+
+X4 = (4, 5, 6, 3)
+SETITEM_CASES = [  # (x shape, index: tensors as shapes of index tensors, value)
+    ((4, 5), ("r", "c"), 2.5),
+    ((4, 5), ("r", "c"), "tensor"),
+    ((4, 5), ("r", "c"), "one"),
+    ((7,), ("r",), "tensor"),
+    (X4, ("r", "c"), "tensor"),                          # trailing dims kept: region (k, 6, 3)
+    (X4, ("r", "c"), "row"),                             # value broadcast over the region
+    (X4, (slice(None), "r", "c"), "tensor"),             # adjacent after a slice: (4, k, 3)
+    (X4, ("r", slice(None), "c"), "tensor"),             # apart: index dims first, (k, 5, 3)
+    (X4, (Ellipsis, "r", "c"), -1.0),
+    (X4, ("r",), "tensor"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.int32])
+@pytest.mark.parametrize("case", SETITEM_CASES, ids=str)
+def test_setitem_with_index_tensors(case, dtype):
+    """x[rows, cols] = v (operator.setitem with a tuple of index tensors), unique positions."""
+    shape, index, value = case
+    x = (torch.randn(shape) * 5).to(dtype)
+    tensor_dims = [d for d, i in enumerate(index) if isinstance(i, str)]
+    dims = [x.ndim - len(index) + d if Ellipsis in index else d for d in tensor_dims]
+    k = min(x.shape[d] for d in dims)
+    # unique positions: a permutation per indexed dim, the first k of each, some negative
+    idx = [torch.randperm(x.shape[d])[:k] - (x.shape[d] if n % 2 else 0) for n, d in enumerate(dims)]
+    items = iter(idx)
+    key = tuple(next(items) if isinstance(i, str) else i for i in index)
+    region = x[key].shape
+    v = {"tensor": lambda: (torch.randn(region) * 5).to(dtype), "one": lambda: torch.tensor(7).to(dtype),
+         "row": lambda: (torch.randn(region[-1]) * 5).to(dtype)}.get(value, lambda: value)()
+
+    def write(x, v, *idx):
+        items = iter(idx)
+        y = x * 1
+        y[tuple(next(items) if isinstance(i, str) else i for i in index)] = v
+        return y
+
+    compile_and_compare(write, x, v, *idx, atol=0, rtol=0)
+
+
+def test_setitem_with_index_tensors_non_contiguous_and_lists():
+    def write(x, rows, cols, v):
+        y = x.t() * 1                               # (6, 4), not contiguous
+        y[rows, cols] = v
+        y[[0, 5], [3, 1]] = 9.0
+        return y
+
+    rows, cols = torch.tensor([[1, 2], [4, 3]]), torch.tensor([0, 3])   # broadcast: (2, 2)
+    compile_and_compare(write, torch.randn(4, 6), rows, cols, torch.randn(5, 2)[::3])
