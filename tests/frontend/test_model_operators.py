@@ -1,7 +1,7 @@
 """Operators real models use that Kiln used to lack or decline (issue 30), through
 torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
 CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta,
-batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors."""
+batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors, histc."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -247,3 +247,22 @@ def test_setitem_with_index_tensors_non_contiguous_and_lists():
 
     rows, cols = torch.tensor([[1, 2], [4, 3]]), torch.tensor([0, 3])   # broadcast: (2, 2)
     compile_and_compare(write, torch.randn(4, 6), rows, cols, torch.randn(5, 2)[::3])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(37, 5), (101,), (2, 3, 7)], ids=str)
+@pytest.mark.parametrize("bins, low, high", [(10, -1, 1), (7, 0, 0), (5, -2.5, 3), (3, 1, 1), (1, -4, 4), (100, 0, 0)],
+                         ids=str)
+def test_histc(shape, bins, low, high, dtype):
+    """torch.histc as on the CPU: bins over [min, max] (the data's range where min == max), values
+    outside ignored, max counted in the last bin."""
+    x = (torch.randn(shape) * 2).to(dtype)
+    compile_and_compare(lambda x: torch.histc(x, bins, low, high), x, atol=0, rtol=0)
+    compile_and_compare(lambda x: x.histc(bins=bins, min=low, max=high), x, atol=0, rtol=0)
+
+
+def test_histc_edges_nan_constant_and_non_contiguous():
+    edges = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0, 1.0, -1.0, 2.0, -3.0, float("nan"), 0.25])
+    compile_and_compare(lambda x: torch.histc(x, 4, -1, 1), edges, atol=0, rtol=0)   # edges, max, NaN
+    compile_and_compare(lambda x: torch.histc(x, 5), torch.full((6,), 2.5), atol=0, rtol=0)  # range 1.5..3.5
+    compile_and_compare(lambda x: torch.histc(x, 6, -2, 2), torch.randn(9, 4).t(), atol=0, rtol=0)
