@@ -1,7 +1,8 @@
 """Rearranging and constructing tensors, composed from shape operators: rot90, fliplr/flipud,
 pixel_shuffle/unshuffle, channel_shuffle, atleast_*d, hstack/vstack/dstack/column_stack,
 block_diag, cartesian_prod, meshgrid, diag/diagonal/diag_embed/diagflat, eye, linspace,
-logspace, tril/triu_indices, unflatten, F.unfold (im2col), and the in-place fills zero_/fill_/copy_.
+logspace, tril/triu_indices, unflatten, F.unfold (im2col) and F.fold (col2im, the operator `fold`),
+and the in-place fills zero_/fill_/copy_.
 
 Creation functions without tensor arguments (eye, linspace, the triangle indices) build their
 values in PyTorch at trace time and enter the graph as constants.
@@ -332,3 +333,9 @@ def im2col(input, kernel_size, dilation=1, padding=0, stride=1):
                         j * dw + (ow - 1) * sw + 1, sw) for i in range(kh) for j in range(kw)]
     cols = ops.reshape(ops.stack(blocks, 2), (n, c * kh * kw, oh * ow))
     return cols if batched else ops.squeeze(cols, 0)
+
+
+@register_function(F.fold)
+def col2im(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """F.fold: the columns (N, C*kh*kw, L) of unfold back to (N, C, H, W), overlapping entries summed."""
+    return ops.fold(input, output_size, kernel_size, dilation, padding, stride)

@@ -1,11 +1,13 @@
-"""Creation functions: arange, full, zeros, ones, the *_like functions and new_* methods."""
+"""Creation functions: arange, full, zeros, ones, the *_like functions, the new_* methods
+(new_tensor too) and torch.tensor."""
 import torch
 
-from kiln import ops
+from kiln import dtypes, ops
+from kiln.device import device as as_device
 from kiln.frontend.torch import register_function, register_method
 from kiln.tensor import asarray
 
-from kiln_mappings_builtin.common import dims_arg
+from kiln_mappings_builtin.common import dims_arg, is_tensor
 
 
 @register_function(torch.arange)
@@ -64,3 +66,30 @@ new_full = register_method("new_full")(_new(None))
 @register_function(torch.tensor, torch.as_tensor, torch.scalar_tensor)
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
     return asarray(torch.as_tensor(data, dtype=dtype), device=device or "cpu")
+
+
+def _plain_data(data) -> bool:
+    """Python numbers and bools, or (nested) lists and tuples of them: values known when the
+    graph is traced."""
+    if isinstance(data, (list, tuple)):
+        return all(_plain_data(d) for d in data)
+    return isinstance(data, (bool, int, float))
+
+
+def _known_data(self, data, *, dtype=None, device=None, **_) -> bool:
+    """Plain data on any device, or a tensor already on the device asked for (moving between
+    devices inside a graph is not mapped)."""
+    if is_tensor(data):
+        return as_device(self.device if device is None else device) == data.device
+    return _plain_data(data)
+
+
+@register_method("new_tensor", check=_known_data)
+def new_tensor(self, data, *, dtype=None, device=None, layout=None, requires_grad=False,
+               pin_memory=False):
+    """A constant from Python data (or a copy of a tensor) with self's dtype and device unless
+    given."""
+    dtype = dtypes.data_type(dtype or self.dtype)
+    if is_tensor(data):
+        return ops.cast(data, dtype)
+    return asarray(torch.as_tensor(data, dtype=dtype.torch_dtype), device=device or self.device)

@@ -1,4 +1,5 @@
-"""`x[index]` and `x[index] = value` with ints, slices, None, Ellipsis and index tensors."""
+"""`x[index]` and `x[index] = value` with ints, slices, None, Ellipsis and index tensors
+(`x[rows, cols] = v`: the operator index_put)."""
 import math
 import operator
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
-from kiln_mappings_builtin.common import direct, is_tensor
+from kiln_mappings_builtin.common import direct, is_tensor, no_out
+from kiln_mappings_builtin.products import plus_scaled
 from kiln_mappings_builtin.reduce import vector_norm
 
 
@@ -101,15 +102,14 @@ def adaptive_max_pool3d(input, output_size, return_indices=False):
     return ops.adaptive_max_pool3d(input, output_size)
 
 
-@register_function(torch.addmm)
-@register_method("addmm")
-def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+@register_function(torch.addmm, torch.baddbmm, check=no_out)
+@register_method("addmm", "baddbmm")
+def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """beta * input + alpha * (mat1 @ mat2), `input` broadcast to the product (BLOOM's alibi:
+    (batch * heads, 1, n) or (1, 1, n)); beta 0 ignores input, its NaN and inf too, as PyTorch does."""
     product = ops.matmul(mat1, mat2)
-    product = product if alpha == 1 else ops.mul(product, alpha)
-    return ops.add(product, input if beta == 1 else ops.mul(input, beta))
+    return plus_scaled(product if alpha == 1 else ops.mul(product, alpha), input, beta)
 
-
-register_function(torch.baddbmm)(register_method("baddbmm")(addmm))
 
 
 @register_function(F.softmax)

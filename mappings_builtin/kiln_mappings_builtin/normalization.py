@@ -1,10 +1,14 @@
-"""Normalizations composed from reductions: instance_norm, local_response_norm and weight
+"""Normalizations composed from reductions: instance_norm, batch_norm over the batch's own
+statistics (training=True without running statistics), local_response_norm and weight
 normalization (torch._weight_norm, as nn.utils.weight_norm computes it)."""
+import math
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from kiln import ops
-from kiln.frontend.torch import register_function
+from kiln.frontend.torch import KilnModule, register_function, register_module
 
 
 def _statistics_only(input, running_mean=None, running_var=None, weight=None, bias=None,
@@ -27,6 +31,48 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if bias is not None:
         y = ops.add(y, ops.reshape(bias, channel))
     return y
+
+
+def _normalized(input, dims, weight, bias, eps):
+    """(input - mean) / sqrt(biased variance + eps) over `dims`, then the per-channel (dim 1)
+    affine; 16-bit inputs take their statistics in float32, as PyTorch does."""
+    x = ops.cast(input, "float32") if input.dtype.is_16bit_float else input
+    mean = ops.mean(x, dims, True)
+    centered = ops.sub(x, mean)
+    y = ops.mul(centered, ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps)))
+    channel = (input.shape[1],) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        y = ops.mul(y, ops.reshape(weight, channel))
+    if bias is not None:
+        y = ops.add(y, ops.reshape(bias, channel))
+    return ops.cast(y, input.dtype)
+
+
+def _batch_statistics(input, running_mean, running_var, weight=None, bias=None, training=False,
+                      momentum=0.1, eps=1e-5) -> bool:
+    """training=True with no running statistics to update (weight standardization, NFNet,
+    BatchNorm with track_running_stats=False), and more than one value per channel (else
+    PyTorch raises)."""
+    return (training and running_mean is None and running_var is None and input.ndim >= 2
+            and math.prod(input.shape) // max(input.shape[1], 1) > 1)
+
+
+@register_function(F.batch_norm, check=_batch_statistics)
+def batch_norm_batch_statistics(input, running_mean, running_var, weight=None, bias=None,
+                                training=False, momentum=0.1, eps=1e-5):
+    """Each channel normalized by its mean and biased variance over (N, *spatial), as eager
+    computes them in training mode (a pure function of the input: no running statistics)."""
+    return _normalized(input, [0] + list(range(2, input.ndim)), weight, bias, eps)
+
+
+@register_module(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
+                 check=lambda m, x: not m.track_running_stats and math.prod(x.shape) // x.shape[1] > 1)
+class BatchNormBatchStatistics(KilnModule):
+    """A batch norm without running statistics normalizes by the batch's own, in eval mode too."""
+
+    def __call__(self, x):
+        return _normalized(x, [0] + list(range(2, x.ndim)), self.param("weight", optional=True),
+                           self.param("bias", optional=True), self.torch_module.eps)
 
 
 @register_function(F.local_response_norm)

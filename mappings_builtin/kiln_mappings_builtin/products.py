@@ -1,5 +1,5 @@
 """Products and distances composed from matmul: outer, dot, mv, addmv, addr, addbmm, bilinear,
-einsum (lowered to permute, reshape and batched matmul), cdist, cosine_similarity and
+einsum (lowered to diagonals, permute, reshape and batched matmul), cdist, cosine_similarity and
 pairwise_distance."""
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from kiln import ops
 from kiln.frontend.torch import register_function, register_method
+
+from kiln_mappings_builtin.arrange import diagonal_of
 
 
 def _scaled(t, factor):
@@ -197,8 +199,26 @@ def _einsum_supported(equation, *operands) -> bool:
         operands = tuple(operands[0])
     if not isinstance(equation, str):
         return False
-    terms, _ = _einsum_terms(equation, operands)
-    return len(terms) == len(operands) and all(len(set(t)) == len(t) for t in terms)
+    terms, rhs = _einsum_terms(equation, operands)
+    if len(terms) != len(operands) or len(set(rhs)) != len(rhs):
+        return False
+    for letters, t in zip(terms, operands):  # a repeated letter's dims: one size (a diagonal)
+        if len(letters) != t.ndim or any(
+                len({t.shape[k] for k, c in enumerate(letters) if c == letter}) > 1 for letter in letters):
+            return False
+    return True
+
+
+def _diagonals(t, letters: str):
+    """An operand whose letters repeat (`'bii'`) as its diagonal over each repeated letter's dims,
+    the letter kept once, last (`'bi'`)."""
+    for letter in dict.fromkeys(letters):
+        while letters.count(letter) > 1:
+            first = letters.index(letter)
+            second = letters.index(letter, first + 1)
+            t = diagonal_of(t, 0, first, second)
+            letters = "".join(c for k, c in enumerate(letters) if k not in (first, second)) + letter
+    return t, letters
 
 
 def _sum_letters(t, letters: str, drop: set):
@@ -234,10 +254,12 @@ def _contract(a, la: str, b, lb: str, keep: set):
 @register_function(torch.einsum, check=_einsum_supported)
 def einsum(equation, *operands):
     """Operands folded left to right by batched matmul, each summing away the letters nothing
-    later needs (no repeated letters within one operand)."""
+    later needs; a letter repeated within one operand (`'ii->i'`, `'bii->b'`) first takes that
+    operand's diagonal over its dims."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     terms, rhs = _einsum_terms(equation, operands)
+    operands, terms = zip(*(_diagonals(t, letters) for t, letters in zip(operands, terms)))
     result, letters = operands[0], terms[0]
     for k in range(1, len(operands)):
         keep = set(rhs) | set("".join(terms[k + 1:]))

@@ -1,6 +1,9 @@
 """Reductions and statistics composed from the basic ones: aminmax, nanmean, nansum,
 count_nonzero, dist, trace, renorm, the trapezoid rules, isin, bucketize and
-searchsorted (counting comparisons), quantile and nanquantile (sorting)."""
+searchsorted (counting comparisons), histc (counting per bin), quantile and nanquantile
+(sorting)."""
+import math
+
 import torch
 
 from kiln import ops
@@ -176,3 +179,31 @@ def _quantile_rule(ignore_nan: bool):
 quantile = register_function(torch.quantile, check=no_out)(register_method("quantile")(_quantile_rule(False)))
 nanquantile = register_function(torch.nanquantile, check=no_out)(
     register_method("nanquantile")(_quantile_rule(True)))
+
+
+def _histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
+    """Float input, a range eager accepts (finite, min <= max; min == max takes the data's)."""
+    return (out is None and input.dtype.is_float and math.prod(input.shape) > 0 and isinstance(bins, int)
+            and bins > 0 and math.isfinite(min) and math.isfinite(max) and min <= max)
+
+
+@register_function(torch.histc, check=_histc_supported)
+@register_method("histc", check=_histc_supported)
+def histc(input, bins=100, min=0, max=0, *, out=None):
+    """As eager's CPU kernel: edges min and max in the input's dtype (the data's extremes where
+    min == max, widened by 1 where those are equal too), element e in bin
+    trunc((e - min) * bins / (max - min)), max in the last bin, NaN and values outside ignored;
+    each bin counts its elements (a comparison per element and bin, no atomics)."""
+    x = ops.reshape(input, (-1,))
+    if min == max:
+        low, high = ops.amin(x), ops.amax(x)
+        same = ops.eq(low, high)
+        low, high = ops.where(same, ops.sub(low, 1), low), ops.where(same, ops.add(high, 1), high)
+    else:
+        low, high = (ops.full((), v, dtype=input.dtype, device=input.device) for v in (min, max))
+    position = ops.div(ops.mul(ops.sub(x, low), bins), ops.sub(high, low))
+    position = ops.minimum(ops.cast(position, "int64"), bins - 1)
+    inside = ops.logical_and(ops.ge(x, low), ops.le(x, high))
+    bin_index = ops.reshape(ops.arange(bins, device=input.device), (bins, 1))
+    counted = ops.logical_and(ops.eq(position, bin_index), inside)
+    return ops.sum(ops.cast(counted, input.dtype), 1)

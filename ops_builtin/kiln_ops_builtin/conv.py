@@ -1,5 +1,5 @@
 """Direct convolutions: conv1d, conv2d, conv3d and their transposes, as
-torch.nn.functional defines them.
+torch.nn.functional defines them, and fold (col2im, the sum of overlapping patches).
 
 Inputs are (N, C, *spatial) or unbatched (C, *spatial). Each output element sums x * weight
 over the input channels of its group and the kernel window; zero padding is a select on the
@@ -219,3 +219,44 @@ def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, 
         return total if bias is None else total + cast(bias[oc], acc)
 
     return compute((n, *out_spatial, out_channels), element, dtype=x.dtype)
+
+
+@operator("fold")
+def fold(x, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """torch.nn.functional.fold (col2im): x of shape (N, C * kH * kW, L) or unbatched
+    (C * kH * kW, L), L sliding blocks, to (N, C, H, W) or (C, H, W). Each output pixel sums the
+    block entries that cover it (in float32 for 16-bit floats), in a fixed order: deterministic,
+    no atomics."""
+    op = "fold"
+    check_dtype(op, x, dtypes.FLOATS)
+    if x.ndim not in (2, 3):
+        raise OperatorError(f"{op}: expected a 2-D (unbatched) or 3-D input, got shape {x.shape}")
+    (h, w), (kh, kw) = int_tuple(op, "output_size", output_size, 2), int_tuple(op, "kernel_size", kernel_size, 2)
+    stride, dilation = _steps(op, 2, stride, dilation)
+    (ph, pw), (sh, sw), (dh, dw) = int_tuple(op, "padding", padding, 2), stride, dilation
+    if min(kh, kw) < 1 or min(ph, pw) < 0:
+        raise OperatorError(f"{op}: kernel_size {(kh, kw)} must be positive and padding {(ph, pw)} non-negative")
+    blocks_h, blocks_w = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows, length = x.shape[-2:]
+    if rows % (kh * kw) or min(blocks_h, blocks_w) < 1 or length != blocks_h * blocks_w:
+        raise OperatorError(f"{op}: input of shape {x.shape} does not hold C * {kh * kw} rows of "
+                            f"{max(blocks_h, 0) * max(blocks_w, 0)} blocks for output_size {(h, w)}, "
+                            f"kernel_size {(kh, kw)}, dilation {dilation}, padding {(ph, pw)}, stride {stride}")
+    batch, acc = tuple(x.shape[:-2]), accumulator_type(x.dtype)
+
+    def element(*idx):
+        b, c, y, xx = idx[:-3], idx[-3], idx[-2], idx[-1]
+
+        def entry(i, j):
+            # the block (by, bx) whose entry (i, j) lands on (y, xx): by * sh - ph + i * dh == y
+            offset = (y + ph - i * dh, xx + pw - j * dw)
+            pos = (offset[0] // sh, offset[1] // sw)
+            cond = in_bounds(pos, (blocks_h, blocks_w))
+            for o, s_ in zip(offset, (sh, sw)):
+                if s_ > 1:
+                    cond = cond & eq(o % s_, 0)
+            return select(cond, cast(x[b + ((c * kh + i) * kw + j, pos[0] * blocks_w + pos[1])], acc), 0)
+
+        return reduce([kh, kw], entry, dtype=acc)
+
+    return compute(batch + (rows // (kh * kw), h, w), element, dtype=x.dtype)

@@ -1,6 +1,6 @@
 """Small random configurations of the model families that used to stop at an unmapped operator,
 through torch.compile(backend="kiln") on the CPU against eager: nn.MultiheadAttention, einsum
-attention, a 3-D conv net, BLOOM-style alibi attention (baddbmm), a weight-normed conv
+attention and einsum equations (repeated letters: diagonals), a 3-D conv net, BLOOM-style alibi attention (baddbmm), a weight-normed conv
 (wav2vec2's positional conv), losses, and an LSTM, which runs through the documented fallback."""
 import pytest
 import torch
@@ -95,6 +95,35 @@ def test_einsum_attention():
 def test_einsum_equations(equation, shapes):
     operands = [torch.randn(s) for s in shapes]
     compile_and_compare(lambda *ops: torch.einsum(equation, *ops), *operands)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("equation, shapes", [
+    ("bii->b", [(2, 3, 3)]),
+    ("bii->b", [(1, 5, 5)]),
+    ("ii->i", [(7, 7)]),
+    ("ii", [(4, 4)]),
+    ("ii->", [(1, 1)]),
+    ("bij,bjj->bi", [(2, 3, 4), (2, 4, 4)]),
+    ("bij,bjj->bi", [(3, 5, 7), (3, 7, 7)]),
+    ("iji->j", [(3, 2, 3)]),
+    ("iij->ji", [(5, 5, 3)]),
+    ("...ii->...i", [(2, 3, 4, 4)]),
+    ("iiii->i", [(3, 3, 3, 3)]),
+    ("ij,jji->ij", [(2, 3), (3, 3, 2)]),
+])
+def test_einsum_repeated_indices(equation, shapes, dtype):
+    """A letter repeated within one operand takes its diagonal, as eager does (issue 30)."""
+    operands = [torch.randn(s).to(dtype) for s in shapes]
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    compile_and_compare(lambda *ops: torch.einsum(equation, *ops), *operands, atol=tol, rtol=tol)
+
+
+def test_einsum_repeated_indices_non_contiguous():
+    x = torch.randn(4, 6, 6).transpose(1, 2)                 # a transposed batch of squares
+    y = torch.randn(6, 4, 6)[:, :, ::1].permute(1, 0, 2)     # (4, 6, 6), permuted
+    compile_and_compare(lambda x, y: torch.einsum("bii,bij->bj", x, y), x, y)
+    compile_and_compare(lambda x: torch.einsum("bii->bi", x), x)
 
 
 class Conv3dNet(nn.Module):

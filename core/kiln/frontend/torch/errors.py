@@ -25,18 +25,37 @@ def _public_names() -> dict[int, str]:
     return names
 
 
+def _own_name_in_namespaces(target) -> str | None:
+    """'torch._grouped_mm' for a private builtin that a torch namespace holds under its own name
+    (its module and qualified name, 'torch._VariableFunctionsClass', say nothing useful)."""
+    name = getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    for prefix in _NAMESPACES:
+        namespace = torch.Tensor if prefix == "torch.Tensor" else importlib.import_module(prefix)
+        if getattr(namespace, name, None) is target:
+            return f"{prefix}.{name}"
+    return None
+
+
 def target_name(kind: str, target) -> str:
     """A readable, stable name of a torch target: 'torch.nn.functional.gelu', 'torch.Tensor.view',
-    'operator.add', 'torch.nn.Conv2d', 'aten.convolution_backward.default'."""
+    'operator.add', 'torch.nn.Conv2d', 'aten.convolution_backward.default', 'aten._grouped_mm'
+    (an overload packet), 'torch._grouped_mm', 'torch.ops.higher_order.cond'."""
     if kind == "method":
         return f"torch.Tensor.{target}"
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)      # 'aten.add.Tensor'
-    public = _public_names().get(id(target))
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)      # 'aten.add.Tensor', 'aten.add' (not the packet's pybind11 class)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"torch.ops.higher_order.{target.name()}"
+    public = _public_names().get(id(target)) or _own_name_in_namespaces(target)
     if public:
         return public
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
-    return f"{getattr(target, '__module__', None) or ''}.{name}".lstrip(".")
+    module = getattr(target, "__module__", None) or ""
+    # C++ bindings may carry pybind11's mangled class name ('pybind11_detail_function_record_...')
+    parts = [p for p in f"{module}.{name}".split(".") if p and not p.startswith("pybind11_detail")]
+    return ".".join(parts)
 
 
 @dataclass(frozen=True)

@@ -349,7 +349,7 @@ class Interpreter:
             return MappingError(f"no Kiln rule maps {name} ({node.format_node()})")
         hint = FALLBACK_HINT
         if self._in_training_mode(node, kind, target, args, kwargs):
-            hint = ("; training mode (training=True: batch statistics, random dropout) is not "
+            hint = ("; training mode (training=True: running statistics updated, random dropout) is not "
                     "supported by Kiln: call model.eval(), or run such operators in PyTorch with "
                     "kiln.torch.dynamo_config.fallback_to_eager(True)")
         arguments = f"{_describe(args)} {_describe(kwargs) if kwargs else ''}".rstrip()

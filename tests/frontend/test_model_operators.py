@@ -1,0 +1,268 @@
+"""Operators real models use that Kiln used to lack or decline (issue 30), through
+torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
+CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta,
+batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors, histc."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from frontend_support import compile_and_compare, run_traced
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
+
+
+class NewTensor(nn.Module):
+    def __init__(self, data, **kwargs):
+        super().__init__()
+        self.data, self.kwargs = data, kwargs
+
+    def forward(self, x):
+        return x.new_tensor(self.data, **self.kwargs) * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("data", [[1.5, -2.25, 3.0], 7, [[1, 2, 3], [4, 5, 6]], [True, False, True], 0.1], ids=str)
+def test_new_tensor_takes_self_dtype_and_device(data, dtype):
+    """symbolic_trace keeps Tensor.new_tensor as a method call (dynamo rewrites it to torch.tensor)."""
+    x = torch.randn(2, 3).to(dtype)
+    traced = run_traced(NewTensor(data), x, atol=0, rtol=0)
+    assert "new_tensor" in {n.target for n in traced.graph.nodes}
+
+
+@pytest.mark.parametrize("kwargs", [dict(dtype=torch.float64), dict(dtype=torch.int32), dict(device="cpu"),
+                                    dict(dtype=torch.bool)], ids=str)
+def test_new_tensor_with_dtype_or_device(kwargs):
+    run_traced(NewTensor([[0.5, -1.0], [2.0, 3.5]], **kwargs), torch.randn(5, 2)[::2], atol=0, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
+def test_new_tensor_from_a_tensor_copies_it():
+    class FromTensor(nn.Module):
+        def forward(self, x, y):
+            return x.new_tensor(y) + x
+
+    run_traced(FromTensor(), torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 3).t())
+
+
+def test_new_tensor_through_dynamo():
+    compile_and_compare(lambda x: x + x.new_tensor([1.0, 2.0, 3.0]), torch.randn(4, 3))
+    compile_and_compare(lambda x: x * x.new_tensor(x.shape[0]), torch.randn(5, 3).t())
+
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-4, torch.float64: 1e-7, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("input_shape", [(1, 1, 9), (3, 1, 9), (9,), (1, 9), (3, 5, 9), (3, 5, 1)], ids=str)
+@pytest.mark.parametrize("beta, alpha", [(1.0, 0.125), (0.5, 1), (2, 0.3), (0.0, 0.7)], ids=str)
+def test_baddbmm_broadcast_input(input_shape, beta, alpha, dtype):
+    """BLOOM's alibi: torch.baddbmm(alibi, q, k, beta=beta, alpha=inv_norm_factor), alibi of shape
+    (batch * heads, 1, n); k transposed (not contiguous); beta 0 ignores a NaN input, as eager does."""
+    alibi = torch.randn(input_shape).to(dtype)
+    if beta == 0:
+        alibi[..., 0] = float("nan")
+    q, k = torch.randn(3, 5, 7).to(dtype), torch.randn(3, 9, 7).to(dtype)
+    compile_and_compare(lambda a, q, k: torch.baddbmm(a, q, k.transpose(1, 2), beta=beta, alpha=alpha),
+                        alibi, q, k, atol=TOL[dtype], rtol=TOL[dtype])
+    compile_and_compare(lambda a, q, k: a.baddbmm(q, k.transpose(1, 2), beta=beta, alpha=alpha),
+                        alibi, q, k, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("input_shape", [(1, 6), (6,), (4, 6), (4, 1)], ids=str)
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (0.25, 3), (0, 0.5)], ids=str)
+def test_addmm_broadcast_input(input_shape, beta, alpha):
+    bias = torch.randn(input_shape)
+    if beta == 0:
+        bias[..., 0] = float("inf")
+    compile_and_compare(lambda b, x, w: torch.addmm(b, x, w.t(), beta=beta, alpha=alpha),
+                        bias, torch.randn(4, 11), torch.randn(6, 11))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 7, 3, 5), (1, 6, 9), (5, 3), (2, 3, 2, 3, 3), (1, 5, 1, 2)], ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_with_batch_statistics(shape, affine, dtype):
+    """F.batch_norm(x, None, None, weight, bias, training=True): mean and biased variance over
+    (N, *spatial), as eager computes them (under no_grad an inference graph)."""
+    c = shape[1]
+    x = (torch.randn(shape) * 3 + 1).to(dtype)
+    w, b = (torch.randn(c).to(dtype), torch.randn(c).to(dtype)) if affine else (None, None)
+
+    def norm(x, w, b):
+        return F.batch_norm(x, None, None, w, b, training=True, eps=1e-3)
+
+    if dtype.itemsize > 2:
+        compile_and_compare(norm, x, w, b)
+        return
+    # 16-bit: eager's CPU kernel loses more than float32 statistics do where a channel's values
+    # are close (Kiln takes them in float32): compare with eager in float32, rounded
+    torch._dynamo.reset()
+    with torch.no_grad():
+        actual = torch.compile(norm, backend="kiln", fullgraph=True)(x, w, b)
+        expected = norm(*(t if t is None else t.float() for t in (x, w, b))).to(dtype)
+    torch.testing.assert_close(actual, expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_batch_norm_with_batch_statistics_non_contiguous():
+    x = torch.randn(5, 6, 4, 3).permute(0, 3, 2, 1)        # (5, 3, 4, 6), channels not innermost
+    compile_and_compare(lambda x: F.batch_norm(x, None, None, training=True), x)
+
+
+def test_weight_standardization():
+    """NFNet's WSConv2d: the weight standardized per output channel by batch_norm over the batch
+    of one, then convolved."""
+    class WSConv2d(nn.Conv2d):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.gain = nn.Parameter(torch.randn(self.out_channels, 1, 1, 1))
+
+        def forward(self, x):
+            scale = self.weight[0].numel() ** -0.5
+            weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                                  weight=(self.gain * scale).view(-1), training=True, momentum=0.0,
+                                  eps=1e-6).reshape_as(self.weight)
+            return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+    torch.manual_seed(0)
+    model = WSConv2d(3, 8, 3, padding=1).eval()
+    compile_and_compare(model, torch.randn(2, 3, 9, 7))
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_batch_norm_without_running_statistics_module(traced):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)).eval()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 2.0)
+        model[1].bias.uniform_(-1.0, 1.0)
+    x = torch.randn(3, 3, 7, 6)
+    if traced:
+        graph = run_traced(model, x)
+        assert any(n.op == "call_module" and n.target == "1" for n in graph.graph.nodes)
+    else:
+        compile_and_compare(model, x)
+
+
+def test_batch_norm_of_one_value_per_channel_is_declined():
+    """PyTorch raises for one value per channel; Kiln's rule declines (the fallback gives eager's error)."""
+    from kiln.frontend.torch import kiln_backend
+
+    class Norm(nn.Module):
+        def forward(self, x):
+            return F.batch_norm(x, None, None, training=True)
+
+    with pytest.raises(Exception, match="declined"), torch.no_grad():
+        x = torch.randn(1, 4)
+        kiln_backend(torch.fx.symbolic_trace(Norm()), [x])(x)
+
+
+FOLD_CASES = [  # (input shape, output_size, kernel_size, dilation, padding, stride)
+    ((2, 12, 20), (5, 6), 2, 1, 0, 1),
+    ((1, 27, 9), (7, 7), 3, 1, 0, 2),
+    ((3, 2 * 6, 12), (5, 7), (2, 3), 1, 1, (2, 2)),
+    ((2, 3 * 4, 24), (6, 5), (2, 2), (2, 1), (1, 0), (1, 1)),
+    ((18, 4), (4, 4), 3, 1, 1, 2),                      # unbatched
+    ((1, 5 * 9, 4), (8, 8), 3, 2, 1, 3),                 # dilation 2, stride 3
+    ((2, 4, 6), (2, 3), 1, 1, 0, 1),                     # 1x1: a reshape
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", FOLD_CASES, ids=str)
+def test_fold(case, dtype):
+    """F.fold (col2im): each output pixel sums the patch entries that cover it."""
+    shape, output_size, kernel_size, dilation, padding, stride = case
+    x = torch.randn(shape).to(dtype)
+    compile_and_compare(lambda x: F.fold(x, output_size, kernel_size, dilation, padding, stride), x,
+                        atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_fold_of_unfold_non_contiguous():
+    """fold(unfold(x)) counts each pixel once per patch covering it; the columns transposed."""
+    def roundtrip(x, cols):
+        return F.fold(F.unfold(x, 3, padding=1, stride=2), (7, 9), 3, padding=1, stride=2), \
+            F.fold(cols.transpose(1, 2), (7, 9), 3, padding=1, stride=2)
+
+    compile_and_compare(roundtrip, torch.randn(2, 3, 7, 9), torch.randn(2, 20, 27))
+
+
+def test_fold_operator_checks_its_shapes():
+    import kiln
+    from kiln.graph import OperatorError
+    with pytest.raises(OperatorError, match="fold: input of shape"):
+        kiln.ops.fold(torch.randn(2, 12, 19), (5, 6), 2)
+    with pytest.raises(OperatorError, match="fold: expected a 2-D"):
+        kiln.ops.fold(torch.randn(2, 2, 12, 20), (5, 6), 2)
+
+
+X4 = (4, 5, 6, 3)
+SETITEM_CASES = [  # (x shape, index: tensors as shapes of index tensors, value)
+    ((4, 5), ("r", "c"), 2.5),
+    ((4, 5), ("r", "c"), "tensor"),
+    ((4, 5), ("r", "c"), "one"),
+    ((7,), ("r",), "tensor"),
+    (X4, ("r", "c"), "tensor"),                          # trailing dims kept: region (k, 6, 3)
+    (X4, ("r", "c"), "row"),                             # value broadcast over the region
+    (X4, (slice(None), "r", "c"), "tensor"),             # adjacent after a slice: (4, k, 3)
+    (X4, ("r", slice(None), "c"), "tensor"),             # apart: index dims first, (k, 5, 3)
+    (X4, (Ellipsis, "r", "c"), -1.0),
+    (X4, ("r",), "tensor"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.int32])
+@pytest.mark.parametrize("case", SETITEM_CASES, ids=str)
+def test_setitem_with_index_tensors(case, dtype):
+    """x[rows, cols] = v (operator.setitem with a tuple of index tensors), unique positions."""
+    shape, index, value = case
+    x = (torch.randn(shape) * 5).to(dtype)
+    tensor_dims = [d for d, i in enumerate(index) if isinstance(i, str)]
+    dims = [x.ndim - len(index) + d if Ellipsis in index else d for d in tensor_dims]
+    k = min(x.shape[d] for d in dims)
+    # unique positions: a permutation per indexed dim, the first k of each, some negative
+    idx = [torch.randperm(x.shape[d])[:k] - (x.shape[d] if n % 2 else 0) for n, d in enumerate(dims)]
+    items = iter(idx)
+    key = tuple(next(items) if isinstance(i, str) else i for i in index)
+    region = x[key].shape
+    v = {"tensor": lambda: (torch.randn(region) * 5).to(dtype), "one": lambda: torch.tensor(7).to(dtype),
+         "row": lambda: (torch.randn(region[-1]) * 5).to(dtype)}.get(value, lambda: value)()
+
+    def write(x, v, *idx):
+        items = iter(idx)
+        y = x * 1
+        y[tuple(next(items) if isinstance(i, str) else i for i in index)] = v
+        return y
+
+    compile_and_compare(write, x, v, *idx, atol=0, rtol=0)
+
+
+def test_setitem_with_index_tensors_non_contiguous_and_lists():
+    def write(x, rows, cols, v):
+        y = x.t() * 1                               # (6, 4), not contiguous
+        y[rows, cols] = v
+        y[[0, 5], [3, 1]] = 9.0
+        return y
+
+    rows, cols = torch.tensor([[1, 2], [4, 3]]), torch.tensor([0, 3])   # broadcast: (2, 2)
+    compile_and_compare(write, torch.randn(4, 6), rows, cols, torch.randn(5, 2)[::3])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(37, 5), (101,), (2, 3, 7)], ids=str)
+@pytest.mark.parametrize("bins, low, high", [(10, -1, 1), (7, 0, 0), (5, -2.5, 3), (3, 1, 1), (1, -4, 4), (100, 0, 0)],
+                         ids=str)
+def test_histc(shape, bins, low, high, dtype):
+    """torch.histc as on the CPU: bins over [min, max] (the data's range where min == max), values
+    outside ignored, max counted in the last bin."""
+    x = (torch.randn(shape) * 2).to(dtype)
+    compile_and_compare(lambda x: torch.histc(x, bins, low, high), x, atol=0, rtol=0)
+    compile_and_compare(lambda x: x.histc(bins=bins, min=low, max=high), x, atol=0, rtol=0)
+
+
+def test_histc_edges_nan_constant_and_non_contiguous():
+    edges = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0, 1.0, -1.0, 2.0, -3.0, float("nan"), 0.25])
+    compile_and_compare(lambda x: torch.histc(x, 4, -1, 1), edges, atol=0, rtol=0)   # edges, max, NaN
+    compile_and_compare(lambda x: torch.histc(x, 5), torch.full((6,), 2.5), atol=0, rtol=0)  # range 1.5..3.5
+    compile_and_compare(lambda x: torch.histc(x, 6, -2, 2), torch.randn(9, 4).t(), atol=0, rtol=0)
