@@ -15,3 +15,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's compiled frames and Kiln's dynamo_config reset around a test (a file takes it
+    for every test with `pytestmark = pytest.mark.usefixtures("fresh_dynamo")`)."""
+    import kiln
+    torch._dynamo.reset()
+    yield
+    kiln.torch.dynamo_config.reset()
+    torch._dynamo.reset()

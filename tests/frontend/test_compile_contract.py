@@ -15,12 +15,7 @@ from kiln.frontend.torch.interpreter import NO_EFFECT_CALLS, RuleResultError
 from kiln.graph import FlowGraph
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    kiln.torch.dynamo_config.reset()
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _mlp():

@@ -12,12 +12,7 @@ import kiln
 from kiln.frontend.torch.backend import KilnFunction
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    kiln.torch.dynamo_config.reset()
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _check(fn, *args, grad=False):

@@ -5,11 +5,7 @@ import torch
 import torch.nn.functional as F
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def check(fn, *inputs, rtol=1e-4, atol=1e-5):

@@ -9,12 +9,7 @@ import kiln
 from kiln.frontend.torch import KilnFunction, kiln_backend
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    yield
-    kiln.torch.dynamo_config.reset()
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class ConvHead(nn.Module):
