@@ -4,7 +4,6 @@
 the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
 `kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`.
 """
-from importlib import metadata as _metadata
 
 from kiln import dtypes, ops
 from kiln.device import Device, device
@@ -28,10 +27,7 @@ _expect_contributions({"operators": _OperatorDef, "schedules": _Template, "torch
                        "graph_passes": _GraphPass, "rewrite_patterns": _RewritePattern})
 from kiln.frontend.torch.persist import load, save  # noqa: E402
 
-try:
-    __version__ = _metadata.version("kiln-core")
-except _metadata.PackageNotFoundError:   # run from a source tree without installing
-    __version__ = "0.0.0+unknown"
+from kiln.version import VERSION as __version__  # noqa: E402
 
 __all__ = [
     "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",

@@ -90,3 +90,13 @@ def test_unmapped_targets_are_named_by_their_qualified_names():
     assert "aten._grouped_mm  " in str(info.value) and "torch._grouped_mm  " in str(info.value)
     assert target_name("function", torch.ops.higher_order.cond) == "torch.ops.higher_order.cond"
     assert target_name("function", torch._C._nn.gelu) == "torch.nn.functional.gelu"
+
+
+def test_method_rules_registered_by_the_method_itself_are_named_by_its_name():
+    """A rule for `torch.Tensor.addcdiv` (the method object, as `kiln plugins` lists the rules)
+    is named 'torch.Tensor.addcdiv', not "torch.Tensor.<method 'addcdiv' of ...>" (issue 34)."""
+    from kiln.frontend.torch.errors import target_name
+
+    assert target_name("method", torch.Tensor.addcdiv) == "torch.Tensor.addcdiv"
+    assert target_name("method", torch.Tensor.__rsub__) == "torch.Tensor.__rsub__"
+    assert target_name("method", "view") == "torch.Tensor.view"

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 from torch.fx.node import map_aggregate
 
-import kiln
 from kiln.frontend.torch.backend import KilnFunction
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
 from kiln.runtime.cpu import CpuKernel
 from kiln.tensor import Tensor
+from kiln.version import VERSION
 
 FORMAT = "kiln-compiled-model/1"
 _SOURCES = [(re.compile(r"L\['args'\]\[(\d+)\]$"), "position"),
@@ -124,7 +124,7 @@ def save(compiled_model, path) -> None:
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     graphs = [{**_graph_record(run), "sources": _argument_sources(function)}
               for function in _graphs_of(module) for run in function.graphs.values()]
-    torch.save({"format": FORMAT, "kiln": kiln.__version__, "forward": parameters,
+    torch.save({"format": FORMAT, "kiln": VERSION, "forward": parameters,
                 "graphs": graphs}, path)
 
 
