@@ -59,7 +59,7 @@ def kernel_calls(name: str) -> list[tuple]:
     calls = []
     with torch.no_grad():
         compiled(*inputs)
-        for graph, graph_inputs in graph_runs(compiled, inputs):
+        for graph, graph_inputs in graph_runs(lambda: compiled(*inputs)):
             original = [s.kernel for s in graph.steps]
 
             def keeping(kernel):

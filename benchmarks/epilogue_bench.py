@@ -64,7 +64,7 @@ def main() -> None:
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x, residual), module(x, residual), atol=5e-2, rtol=5e-2)
                 steps = []
-                for graph, inputs in graph_runs(compiled, (x, residual)):
+                for graph, inputs in graph_runs(lambda: compiled(x, residual)):
                     steps += [dict(describe(s), us=us) for s, us in zip(graph.steps, time_steps(graph, inputs))]
                 eager_us = _graph_time(lambda: module(x, residual), 20)
             kiln_us = sum(s["us"] for s in steps)

@@ -95,8 +95,9 @@ def _host_time(fn, reps: int) -> float:
     return statistics.median(samples)
 
 
-def graph_runs(compiled, inputs) -> list[tuple]:
-    """(CompiledGraph, its inputs) of every graph one call of `compiled` runs."""
+def graph_runs(call) -> list[tuple]:
+    """(CompiledGraph, its inputs) of every graph that `call()` runs (forward and backward
+    graphs of a training step alike)."""
     runs = {}
     original = CompiledGraph.run
 
@@ -106,7 +107,7 @@ def graph_runs(compiled, inputs) -> list[tuple]:
 
     CompiledGraph.run = run
     try:
-        compiled(*inputs)
+        call()
     finally:
         CompiledGraph.run = original
     return list(runs.values())
@@ -125,7 +126,7 @@ def run_case(name: str, dtype: torch.dtype, top: int, device: str) -> dict:
     rows = []
     with torch.no_grad():
         compiled(*inputs)
-        for graph, graph_inputs in graph_runs(compiled, inputs):
+        for graph, graph_inputs in graph_runs(lambda: compiled(*inputs)):
             times = time_steps(graph, graph_inputs)
             rows += [dict(describe(step), us=round(us, 2)) for step, us in zip(graph.steps, times)]
     by_operator = collections.defaultdict(lambda: [0, 0.0])

@@ -1,21 +1,27 @@
-"""Training step time: eager PyTorch, torch.compile's default backend and Kiln.
+"""Training step time and peak memory: eager PyTorch, torch.compile's default backend and Kiln.
 
-Cases: ResNet-50 at batch 32 (float32 weights, bfloat16 autocast, SGD with momentum,
-cross-entropy on random labels) and the Llama-style 1B model of `models_bench` (bfloat16 weights,
-AdamW, next-token cross-entropy on 512 random tokens). A step is forward, backward and the
-optimizer step; only the model is compiled. Each backend starts from the same weights; the
-first step's loss is compared with eager's, then steps are timed (median of `--steps` after
-three warm-up steps, CUDA events around each step).
+Cases (issue 32): GPT-2 small at batch 8 x 512 tokens (LM head and cross-entropy inside the
+model, bfloat16 autocast, fused AdamW), the Llama-style 1B model of `models_bench` (bfloat16
+weights, fused AdamW, next-token cross-entropy on 512 tokens), ResNet-50 at batch 32 in
+channels_last (bfloat16 autocast, SGD with momentum) and ViT-B/16 at batch 32 (bfloat16
+autocast, fused AdamW). A step is forward, backward and the optimizer step; only the model is
+compiled. Every backend starts from the same weights and batch and runs `--loss-steps` steps
+whose losses are kept (they also warm up), then `--steps` timed steps (median, CUDA events
+around each step). Peak memory is `torch.cuda.max_memory_allocated` over all of a backend's steps.
 
-    python benchmarks/train_bench.py [--cases resnet50_b32 llama_1b] [--steps 20] [--json out.json]
-        [--backends eager inductor kiln] [--profile N]
+    python benchmarks/train_bench.py [--cases gpt2_b8 ...] [--steps 10] [--loss-steps 20]
+        [--backends eager inductor kiln] [--json out_train.json] [--profile N] [--kernels N]
 
-`--profile N` prints the N kernels that take the most GPU time in two steps of each backend.
+`--profile N` prints the N kernels that take the most GPU time in two steps of each backend;
+`--kernels N` times each step of Kiln's forward and backward graphs in place (CUDA graphs off,
+`kernel_times.time_steps`) and prints the N heaviest with their operator and shapes.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
+import gc
 import json
 import statistics
 import warnings
@@ -23,18 +29,19 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from kernel_times import describe, graph_runs, time_steps
 from models_bench import llama_1b, torchvision_model
 
 
-def resnet50_case():
-    model = torchvision_model("resnet50").cuda()
-    images = torch.randn(32, 3, 224, 224, device="cuda")
-    labels = torch.randint(0, 1000, (32,), device="cuda")
+def gpt2_case():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(use_cache=False)).cuda()
+    ids = torch.randint(0, 50257, (8, 512), device="cuda")
 
     def loss_of(m):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            return F.cross_entropy(m(images).float(), labels)
-    return model, loss_of, lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)
+            return m(input_ids=ids, labels=ids).loss
+    return model, loss_of, lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True)
 
 
 def llama_case():
@@ -44,16 +51,38 @@ def llama_case():
     def loss_of(m):
         logits = m(ids[:, :-1])
         return F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-    return model, loss_of, lambda params: torch.optim.AdamW(params, lr=1e-4)
+    return model, loss_of, lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True)
 
 
-CASES = {"resnet50_b32": resnet50_case, "llama_1b": llama_case}
+def image_case(name: str, make_optimizer, channels_last: bool):
+    def case():
+        model = torchvision_model(name).cuda()
+        images = torch.randn(32, 3, 224, 224, device="cuda")
+        if channels_last:
+            model, images = model.to(memory_format=torch.channels_last), images.to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (32,), device="cuda")
+
+        def loss_of(m):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(m(images).float(), labels)
+        return model, loss_of, make_optimizer
+    return case
 
 
-def step_times(model, loss_of, make_optimizer, compiled, steps: int,
-               profile: int = 0) -> tuple[float, float]:
-    """(first step's loss, median milliseconds of a step); with `profile`, print the kernels that
-    take the most GPU time in two more steps."""
+CASES = {
+    "gpt2_b8": gpt2_case,
+    "llama_1b": llama_case,
+    "resnet50_b32_cl": image_case("resnet50", lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), True),
+    "resnet50_b32": image_case("resnet50", lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), False),
+    "vit_b16_b32": image_case("vit_b_16", lambda p: torch.optim.AdamW(p, lr=1e-4, fused=True), False),
+}
+DEFAULT_CASES = ["gpt2_b8", "llama_1b", "resnet50_b32_cl", "vit_b16_b32"]
+
+
+def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int, profile: int = 0) -> dict:
+    """Losses of the first `loss_steps` steps, the median milliseconds of `steps` more and the
+    peak memory over them; with `profile`, print the kernels that take the most GPU time in two
+    more steps."""
     optimizer = make_optimizer(model.parameters())
 
     def step():
@@ -61,11 +90,10 @@ def step_times(model, loss_of, make_optimizer, compiled, steps: int,
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
-    first = step().item()
-    for _ in range(2):
-        step()
+    torch.cuda.reset_peak_memory_stats()
+    losses = [step() for _ in range(loss_steps)]
     times = []
     for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,22 +102,60 @@ def step_times(model, loss_of, make_optimizer, compiled, steps: int,
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
+    result = {"ms": statistics.median(times), "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+              "losses": [x.item() for x in losses]}
     if profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(2):
                 step()
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile, max_name_column_width=70))
-    return first, statistics.median(times)
+        result["kernels_per_step"] = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA") / 2
+    return result
+
+
+def kiln_kernels(model, loss_of, top: int) -> dict:
+    """Every step of Kiln's forward and backward graphs of one training step timed in place (CUDA
+    graphs off): microseconds summed by operator and the `top` heaviest steps."""
+    import kiln
+    kiln.torch.dynamo_config.use_cuda_graph(False)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln")
+
+    def step():
+        loss_of(compiled).backward()
+        model.zero_grad(set_to_none=True)
+    step()
+    rows = []
+    for graph, inputs in graph_runs(step):
+        rows += [dict(describe(s), us=round(us, 2), step=s) for s, us in zip(graph.steps, time_steps(graph, inputs))]
+    kiln.torch.dynamo_config.use_cuda_graph(True)
+    by_operator = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        by_operator[r["operator"]][0] += 1
+        by_operator[r["operator"]][1] += r["us"]
+    print(f"  kiln: {len(rows)} steps, {sum(r['us'] for r in rows) / 1e3:.2f} ms of kernels timed alone")
+    for op, (n, us) in sorted(by_operator.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {us:>10.1f} us {n:>5}x  {op}")
+    print("  heaviest steps:")
+    heaviest = sorted(rows, key=lambda r: -r["us"])[:top]
+    for r in heaviest:
+        print(f"  {r['us']:>9.1f} us  {r['operator']:<24} {r['shapes']} {','.join(r['kernels'])}")
+        program = getattr(getattr(r.pop("step").kernel, "kernel", None), "program", None)
+        r["source"] = getattr(program, "source", None)
+    return {"steps": len(rows), "top": heaviest,
+            "by_operator": {op: {"steps": n, "us": round(us, 1)} for op, (n, us) in by_operator.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--loss-steps", type=int, default=20)
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"])
     parser.add_argument("--profile", type=int, default=0, help="print this many top kernels per backend")
+    parser.add_argument("--kernels", type=int, default=0, help="time Kiln's steps alone, print this many")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -102,22 +168,36 @@ def main() -> None:
         initial = copy.deepcopy(model.state_dict())
         row = {"case": name}
         for label in args.backends:
-            backend = None if label == "eager" else label
             model.load_state_dict(initial)
             torch._dynamo.reset()
-            compiled = model if backend is None else torch.compile(model, backend=backend)
+            gc.collect()
+            torch.cuda.empty_cache()
+            compiled = model if label == "eager" else torch.compile(model, backend=label)
             try:
-                loss, ms = step_times(model, loss_of, make_optimizer, compiled, args.steps, args.profile)
+                r = train(model, loss_of, make_optimizer, compiled, args.loss_steps, args.steps, args.profile)
             except Exception as exc:   # report the failure and go on
                 row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"
-                print(f"{name:<14} {label:<9} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                print(f"{name:<16} {label:<9} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 continue
-            row[f"{label}_ms"], row[f"{label}_first_loss"] = ms, loss
-            print(f"{name:<14} {label:<9} {ms:9.2f} ms/step   first loss {loss:.5f}", flush=True)
+            for key, value in r.items():
+                row[f"{label}_{key}"] = value
+            print(f"{name:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB  "
+                  f"losses {r['losses'][0]:.5f} .. {r['losses'][-1]:.5f}", flush=True)
+        if "eager_losses" in row:
+            for label in args.backends[1:]:
+                if f"{label}_losses" in row:
+                    row[f"{label}_max_loss_diff"] = max(abs(a - b) for a, b in zip(row[f"{label}_losses"],
+                                                                                     row["eager_losses"]))
+                    print(f"  {label}: largest loss difference from eager over {args.loss_steps} steps "
+                          f"{row[f'{label}_max_loss_diff']:.2e}")
+        if args.kernels:
+            model.load_state_dict(initial)
+            row["kiln_kernels"] = kiln_kernels(model, loss_of, args.kernels)
         rows.append(row)
+        del model, initial
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kiln.codegen.hooks import match_contraction
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
 from kiln.ir.specialize import has_symbolic_sizes, specialize
+from kiln.log import logger
 from kiln.runtime import cuda as rt
 from kiln.runtime.cache import content_key
 from kiln.runtime.backend import CompiledTask, backend_for
@@ -149,6 +151,11 @@ def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | N
     given), or the auto-scheduler's."""
     templates = schedules_for(task, target, arch)
     if not templates:
+        if target == "cuda" and match_contraction(task) is not None:
+            c = match_contraction(task)
+            logger.warning("no CUDA template takes %s (%s x %s x %s, %s and %s, strides A %s, B %s): the "
+                        "auto-scheduler computes it, far below tensor-core speed", task.name, c.M, c.N, c.K,
+                        c.a.dtype, c.b.dtype, (c.a.x_stride, c.a.k_stride), (c.b.x_stride, c.b.k_stride))
         return auto_program(task, target)
     template = templates[0]
     subject = template.task_for(task)

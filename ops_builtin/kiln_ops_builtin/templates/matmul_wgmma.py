@@ -4,46 +4,27 @@ Each of WG warpgroups computes MI slabs of 64 rows x BN columns with
 `wgmma.mma_async.m64n{BN}k16`, both operands read by the tensor cores straight from shared
 memory through descriptors. Tiles are BK = 64 elements (128 bytes) deep in the 128-byte-swizzled
 K-major layout wgmma expects, filled STAGES deep by `cp.async` (zero-filled past the edges).
-A row-major [K, N] operand is first transposed to [N, K] by a small kernel into a temporary,
-so both operands are K-major. Outputs go through the core's epilogue hooks, or with split-K
+An operand that is not K-contiguous in 16-byte aligned rows (a row-major [K, N] weight, K not
+a multiple of eight, a strided view) is first staged K-major into a temporary
+(`kiln_ops_builtin.templates.stage`). Outputs go through the core's epilogue hooks, or with split-K
 (`kiln_ops_builtin.templates.split_k`) through the sum kernel's.
 
 Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
-(`Contraction.sizes`), the transpose's temporary sized by their values; `suggest` buckets them
+(`Contraction.sizes`), staged operands' temporaries sized by their values; `suggest` buckets them
 by powers of two (`split_k.bucket`), so the sizes of a bucket share one source.
 """
 from __future__ import annotations
 
 from kiln.template import Contraction, CudaProgram, Launch, Template, dtypes, match_contraction, ptx, template_source
-from kiln_ops_builtin.templates import split_k
+from kiln_ops_builtin.templates import split_k, stage
 
 BK = 64
 MAX_SMEM = 227 * 1024
 DEFAULT = {"BN": 128, "WG": 2, "MI": 1, "STAGES": 4}
 
-TRANSPOSE = r"""
-// out[z][n][k] = in[z-th batch offset + k * LD + n]: a [K, N] operand made K-major (SIZE_PARAMS:
-// the symbolic sizes, after the buffers)
-extern "C" __global__ void __launch_bounds__(256) kiln_transpose(const uint16_t* __restrict__ src,
-                                                                 uint16_t* __restrict__ dst SIZE_PARAMS) {
-    __shared__ uint16_t tile[32][33];
-    const int64_t z = blockIdx.z;
-    const uint16_t* in = src + (SRC_BATCH);
-    const int64_t k0 = (int64_t)blockIdx.y * 32, n0 = (int64_t)blockIdx.x * 32;
-    for (int r = threadIdx.y; r < 32; r += 8) {
-        const int64_t k = k0 + r, n = n0 + threadIdx.x;
-        tile[r][threadIdx.x] = (k < K && n < N) ? in[k * LD + n] : (uint16_t)0;
-    }
-    __syncthreads();
-    for (int r = threadIdx.y; r < 32; r += 8) {
-        const int64_t n = n0 + r, k = k0 + threadIdx.x;
-        if (n < N && k < K) dst[(z * N + n) * K + k] = tile[threadIdx.x][r];
-    }
-}
-"""
-
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, const uint16_t* __restrict__ BT) {
+extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, const uint16_t* __restrict__ a_source,
+                                                                    const uint16_t* __restrict__ b_source) {
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* As = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);
     uint16_t* Bs = As + STAGES * BM * BK;
@@ -53,8 +34,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
     const int first_m = group * 8, rows = min(tiles_m - first_m, 8);
     const int tm = first_m + (pid % (8 * tiles_n)) % rows, tn = (pid % (8 * tiles_n)) / rows;
     const int64_t m0 = (int64_t)tm * BM, n0 = (int64_t)tn * BN, bz = blockIdx.z;
-    const uint16_t* A = (const uint16_t*)A_PARAM + (A_BATCH);
-    const uint16_t* B = B_SOURCE + (B_BATCH);
+    const uint16_t* A = a_source + (A_BATCH);
+    const uint16_t* B = b_source + (B_BATCH);
     float acc[MI][BN / 2];
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -155,36 +136,28 @@ def suggest(task, sm_count: int) -> list[dict]:
 def applies(task) -> bool:
     c = match_contraction(task)
     return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
-            and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or c.b.x_contiguous)
-            and c.a.strides_multiple_of(8) and (c.b.strides_multiple_of(8) or not c.b.k_contiguous))
+            and c.K > 0)
 
 
 def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
     c: Contraction = match_contraction(task)
     bm, nt = 64 * WG * MI, 128 * WG
-    transposed = not c.b.k_contiguous
-    args, launches, temporaries = tuple(c.args.split(", ")), [], []
-    if transposed:
-        temporaries.append(((int(c.batch_count), int(c.N), int(c.K)), c.b.dtype))
-        launches.append(Launch("kiln_transpose", (c.b.param, "tmp0", *c.sizes.names), (32, 8, 1),
-                               grid=(int(-(-c.N // 32)), int(-(-c.K // 32)), int(c.batch_count))))
-    sk = split_k.plan(SPLIT, c.M, c.N, c.K, BK, c.batch_count, c.params, args, temporaries, text=c.text)
+    args, temporaries = tuple(c.args.split(", ")), []
+    a = stage.stage(c, c.a, c.M, "kiln_stage_a", temporaries)
+    b = stage.stage(c, c.b, c.N, "kiln_stage_b", temporaries)
+    K = stage.padded_k(c) if a.launch or b.launch else c.K
+    sk = split_k.plan(SPLIT, c.M, c.N, K, BK, c.batch_count, c.params, args, temporaries, text=c.text)
     defines = {
         "NT": nt, "BM": bm, "BN": BN, "BK": BK, "MI": MI, "STAGES": STAGES, "AHEAD": STAGES - 2,
-        "M": c.text(c.M), "N": c.text(c.N), "K": c.text(c.K),
-        "A_XS": f"(int64_t){c.text(c.a.x_stride)}", "A_PARAM": c.a.param, "A_BATCH": c.batch_offset(c.a, "bz"),
-        "B_SOURCE": "BT" if transposed else f"(const uint16_t*){c.b.param}",
-        "B_XS": f"(int64_t){c.text(c.K if transposed else c.b.x_stride)}",
-        "B_BATCH": f"bz * (int64_t){c.text(c.N * c.K)}" if transposed else c.batch_offset(c.b, "bz"),
-        "ARGS": c.args, "LD": f"(int64_t){c.text(c.b.k_stride)}", "SRC_BATCH": c.batch_offset(c.b, "z"),
-        "SIZE_PARAMS": "".join(f", {d}" for d in c.sizes.declarations()), **sk.defines,
+        "M": c.text(c.M), "N": c.text(c.N), "K": c.text(K), "ARGS": c.args,
+        "A_XS": a.x_stride, "A_BATCH": a.batch, "B_XS": b.x_stride, "B_BATCH": b.batch, **sk.defines,
     }
-    kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), TRANSPOSE if transposed else "", KERNEL, sk.source]
+    kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), a.source, b.source, KERNEL, sk.source]
     source = template_source(kernels, defines, c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.WGMMA))
     tiles = int(-(-c.M // bm) * -(-c.N // BN))
     k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}
-    b_arg = "tmp0" if transposed else c.b.param
-    launches.append(Launch("kiln_matmul_wgmma", args + sk.args + (b_arg,), (nt, 1, 1),
+    launches = [s.launch for s in (a, b) if s.launch]
+    launches.append(Launch("kiln_matmul_wgmma", args + sk.args + (a.arg, b.arg), (nt, 1, 1),
                            grid=(tiles, SPLIT, int(c.batch_count)), smem=smem_bytes(k)))
     launches += sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
