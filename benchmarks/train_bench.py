@@ -1,7 +1,7 @@
 """Training step time and peak memory: eager PyTorch, torch.compile's default backend and Kiln.
 
 Cases (issue 32): GPT-2 small at batch 8 x 512 tokens (LM head and cross-entropy inside the
-model, bfloat16 autocast, fused AdamW), the Llama-style 1B model of `models_bench` (bfloat16
+model, bfloat16 autocast, fused AdamW, dropout off as in nanoGPT, so that losses compare), the Llama-style 1B model of `models_bench` (bfloat16
 weights, fused AdamW, next-token cross-entropy on 512 tokens), ResNet-50 at batch 32 in
 channels_last (bfloat16 autocast, SGD with momentum) and ViT-B/16 at batch 32 (bfloat16
 autocast, fused AdamW). A step is forward, backward and the optimizer step; only the model is
@@ -35,7 +35,7 @@ from models_bench import llama_1b, torchvision_model
 
 def gpt2_case():
     from transformers import GPT2Config, GPT2LMHeadModel
-    model = GPT2LMHeadModel(GPT2Config(use_cache=False)).cuda()
+    model = GPT2LMHeadModel(GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).cuda()
     ids = torch.randint(0, 50257, (8, 512), device="cuda")
 
     def loss_of(m):
@@ -77,6 +77,13 @@ CASES = {
     "vit_b16_b32": image_case("vit_b_16", lambda p: torch.optim.AdamW(p, lr=1e-4, fused=True), False),
 }
 DEFAULT_CASES = ["gpt2_b8", "llama_1b", "resnet50_b32_cl", "vit_b16_b32"]
+BACKENDS = {    # label: torch.compile's keywords (None: the model run eagerly)
+    "eager": None,
+    "inductor": {"backend": "inductor"},
+    "inductor_cg": {"backend": "inductor", "mode": "reduce-overhead"},
+    "kiln": {"backend": "kiln"},
+    "kiln_nocg": {"backend": "kiln", "options": {"use_cuda_graph": False}},
+}
 
 
 def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int, profile: int = 0) -> dict:
@@ -153,7 +160,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--loss-steps", type=int, default=20)
     parser.add_argument("--json", help="write the rows to this file")
-    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"])
+    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"], choices=list(BACKENDS))
     parser.add_argument("--profile", type=int, default=0, help="print this many top kernels per backend")
     parser.add_argument("--kernels", type=int, default=0, help="time Kiln's steps alone, print this many")
     args = parser.parse_args()
@@ -172,7 +179,7 @@ def main() -> None:
             torch._dynamo.reset()
             gc.collect()
             torch.cuda.empty_cache()
-            compiled = model if label == "eager" else torch.compile(model, backend=label)
+            compiled = model if BACKENDS[label] is None else torch.compile(model, **BACKENDS[label])
             try:
                 r = train(model, loss_of, make_optimizer, compiled, args.loss_steps, args.steps, args.profile)
             except Exception as exc:   # report the failure and go on

@@ -65,3 +65,11 @@ def test_a_contraction_no_template_takes_is_logged(caplog):
     with caplog.at_level("WARNING", logger="kiln"):
         choose(task, "cuda", 90)
     assert "no CUDA template takes matmul (64 x 16 x 32, float64 and float64" in caplog.text
+
+
+def test_a_dot_product_left_to_the_auto_scheduler_is_not_logged(caplog):
+    from kiln.schedule import choose
+    task = _task("matmul", _ones(1, 768, dtype=torch.float32), _ones(768, 1, dtype=torch.float32))
+    with caplog.at_level("WARNING", logger="kiln"):
+        choose(task, "cuda", 90)
+    assert "no CUDA template" not in caplog.text

@@ -36,6 +36,7 @@ from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
 
 DEFAULT_SM_COUNT = 132       # what the knobs of a GPU-less build are fitted to (an H100/H200)
+MIN_GEMM_SIDE = 16           # a contraction this wide both ways, left to the auto-scheduler, is logged
 
 
 @dataclass
@@ -151,11 +152,11 @@ def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | N
     given), or the auto-scheduler's."""
     templates = schedules_for(task, target, arch)
     if not templates:
-        if target == "cuda" and match_contraction(task) is not None:
-            c = match_contraction(task)
+        c = match_contraction(task) if target == "cuda" else None
+        if c is not None and min(c.M, c.N) >= MIN_GEMM_SIDE:
             logger.warning("no CUDA template takes %s (%s x %s x %s, %s and %s, strides A %s, B %s): the "
-                        "auto-scheduler computes it, far below tensor-core speed", task.name, c.M, c.N, c.K,
-                        c.a.dtype, c.b.dtype, (c.a.x_stride, c.a.k_stride), (c.b.x_stride, c.b.k_stride))
+                           "auto-scheduler computes it, far below tensor-core speed", task.name, c.M, c.N, c.K,
+                           c.a.dtype, c.b.dtype, (c.a.x_stride, c.a.k_stride), (c.b.x_stride, c.b.k_stride))
         return auto_program(task, target)
     template = templates[0]
     subject = template.task_for(task)
