@@ -86,6 +86,26 @@ def llama_case(seed: int = 0):
     return LanguageModel(transformers.LlamaForCausalLM(config)), _transformer_batches(40)
 
 
+def check(fn, *inputs, rtol=1e-4, atol=1e-5):
+    """fn(*inputs) and the gradients of every floating-point input, Kiln against eager."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor)
+              else t for t in inputs]
+    out = torch.compile(fn, backend="kiln")(*leaves)
+    assert out.requires_grad
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    got = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            t.grad = None
+    expected = fn(*leaves)
+    (expected * weights).sum().backward()
+    want = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    assert all(g is not None for g in got)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
