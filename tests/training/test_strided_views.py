@@ -55,6 +55,15 @@ def test_as_strided_reads_the_traced_storage(layout):
     compare(lambda t: torch.as_strided(t, (7, 4), (5, 3)).sin(), x)
 
 
+def test_one_function_called_with_two_layouts_of_one_shape():
+    """Kiln's graphs are keyed by shapes, not strides: the second layout must not reuse the
+    first one's reading of the storage."""
+    fn = torch.compile(lambda t: torch.as_strided(t, (2, 3, 4), (60, 1, 15)) * 2, backend="kiln")
+    for x in (layouts()["contiguous"], layouts()["channels_last"]):
+        leaf = x.detach().requires_grad_(True)
+        torch.testing.assert_close(fn(leaf), x.as_strided((2, 3, 4), (60, 1, 15)) * 2)
+
+
 def test_write_through_a_strided_view_of_a_channels_last_tensor():
     """Functionalization makes the write an as_strided_scatter into y's channels_last storage."""
     def fn(t):
