@@ -32,6 +32,18 @@ def empty_permuted(size, physical_layout, dtype=None, layout=None, device=None, 
     return empty(size, dtype, layout, device, pin_memory)
 
 
+@register_function(aten.empty_strided.default)
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """Zeros, as `empty`: Kiln's values have no strides."""
+    return empty(size, dtype, layout, device, pin_memory)
+
+
+@register_function(aten.new_empty_strided.default)
+def new_empty_strided(x, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """Zeros of `x`'s dtype and device (unless given), as `empty_strided`."""
+    return ops.full(tuple(size), 0, dtype=dtype or x.dtype, device=device or x.device)
+
+
 @register_function(aten.scalar_tensor.default)
 def scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     return ops.full((), value, dtype=dtype or torch.get_default_dtype(), device=device)

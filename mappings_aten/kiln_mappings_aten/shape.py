@@ -1,14 +1,14 @@
 """ATen view and layout operators: views become Kiln's reshapes, permutes and slices (values, not
 aliases), and the scatter forms of slicing write a slice back by concatenation; diagonals and
-strided views gather and scatter by the flat positions they select."""
+strided views read and write the elements of a storage through Kiln's as_strided and
+as_strided_scatter (index arithmetic, no gather), the storage laid out as PyTorch traced it."""
 import math
 import operator
 
 import torch
 
 from kiln import dtypes, ops
-from kiln.frontend.torch import register_function
-from kiln.tensor import asarray
+from kiln.frontend.torch import register_function, traced_argument
 
 from kiln_mappings_aten.common import aten, same_signature
 
@@ -106,47 +106,60 @@ def _static(x, *args, **kwargs) -> bool:
     return all(isinstance(n, int) for n in x.shape)
 
 
-def _positions(x, view) -> torch.Tensor:
-    """The flat positions, in contiguous `x`, of the elements that `view` (a function from a
-    torch tensor to a view of it) selects."""
-    return view(torch.arange(math.prod(x.shape)).reshape(x.shape)).contiguous()
-
-
-def _gathered(x, positions: torch.Tensor):
-    """The elements of `x` at flat `positions`, in their shape."""
-    flat = ops.index_select(ops.reshape(x, (-1,)), 0,
-                            asarray(positions.reshape(-1), device=x.device))
-    return ops.reshape(flat, tuple(positions.shape))
-
-
-def _scattered(x, positions: torch.Tensor, src):
-    """`x` with `src` written at flat `positions`."""
-    values = ops.broadcast_to(ops.cast(src, x.dtype), tuple(positions.shape))
-    flat = ops.index_put(ops.reshape(x, (-1,)), [asarray(positions.reshape(-1), device=x.device)],
-                         ops.reshape(values, (-1,)))
-    return ops.reshape(flat, x.shape)
+def _view_of(x, view) -> tuple:
+    """(size, stride, storage offset) of the view that `view` (a function from a torch tensor to
+    a view of it) takes of a contiguous tensor of `x`'s shape."""
+    viewed = view(torch.empty(x.shape, device="meta"))
+    return tuple(viewed.shape), viewed.stride(), viewed.storage_offset()
 
 
 @register_function(aten.diagonal.default, check=_static)
 def diagonal(x, offset=0, dim1=0, dim2=1):
-    return _gathered(x, _positions(x, lambda t: t.diagonal(offset, dim1, dim2)))
+    return ops.as_strided(x, *_view_of(x, lambda t: t.diagonal(offset, dim1, dim2)))
 
 
 @register_function(aten.diagonal_scatter.default, check=_static)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     """`x` with `src` written over its diagonal `offset` of dims (dim1, dim2)."""
-    return _scattered(x, _positions(x, lambda t: t.diagonal(offset, dim1, dim2)), src)
+    return ops.as_strided_scatter(x, ops.cast(src, x.dtype),
+                                  *_view_of(x, lambda t: t.diagonal(offset, dim1, dim2)))
+
+
+def _storage_order(x) -> tuple[list[int], int]:
+    """The dims of `x` (the node's first argument) from the largest stride PyTorch traced it with
+    to the smallest, and its traced storage offset: permuted so, `x`'s row-major order is its
+    storage's. Raises where the traced layout is unknown or does not fill the storage densely
+    (gaps between elements, or elements sharing memory), which Kiln's values cannot show."""
+    traced = traced_argument(0)
+    if traced is None:
+        raise ValueError("the strides PyTorch traced the input with are unknown (no metadata)")
+    strides, base = traced.stride(), traced.storage_offset()
+    order = sorted(range(x.ndim), key=lambda d: (-strides[d] if x.shape[d] > 1 else 0, d))
+    dense = 1
+    for d in reversed(order):
+        if x.shape[d] > 1 and strides[d] != dense and math.prod(x.shape):
+            raise ValueError(f"the input was traced as {x.dtype} {list(x.shape)} with strides "
+                             f"{list(strides)} at storage offset {base}, which does not fill its "
+                             "storage densely (gaps or shared elements): Kiln holds tensors as "
+                             "values, not memory, and reads a storage only through a dense tensor")
+        dense *= x.shape[d]
+    return order, base
 
 
 @register_function(aten.as_strided.default, check=_static)
 def as_strided(x, size, stride, storage_offset=None):
-    """The strided view of `x`'s elements, `x` taken as contiguous from its first element:
-    AOTAutograd's graphs take it of fresh tensors, and Kiln's values have no strides (of a
-    strided or offset input, the input's own layout is not seen)."""
-    return _gathered(x, _positions(x, lambda t: t.as_strided(size, stride, storage_offset)))
+    """The strided view of `x`'s storage, laid out as PyTorch traced `x` (its strides and storage
+    offset: a channels_last tensor's storage holds channels innermost)."""
+    order, base = _storage_order(x)
+    start = base if storage_offset is None else storage_offset
+    return ops.as_strided(ops.permute(x, order), size, stride, start - base)
 
 
 @register_function(aten.as_strided_scatter.default, check=_static)
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """`x` with `src` written over the strided view `as_strided` reads."""
-    return _scattered(x, _positions(x, lambda t: t.as_strided(size, stride, storage_offset)), src)
+    order, base = _storage_order(x)
+    start = base if storage_offset is None else storage_offset
+    written = ops.as_strided_scatter(ops.permute(x, order), ops.cast(src, x.dtype), size, stride,
+                                     start - base)
+    return ops.permute(written, [order.index(d) for d in range(x.ndim)])

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+from kiln import dtypes
 from kiln.graph import OperatorError, operator
-from kiln.ir import TensorNode, as_index, cast, compute, select, unravel
+from kiln.ir import TensorNode, as_expr, as_index, cast, compute, eq, select, unravel
 
-from kiln_ops_builtin.common import normalize_dim, ravel, result_type
+from kiln_ops_builtin.common import clamp_index, normalize_dim, ravel, result_type
 
 
 def _ints(op: str, what: str, values) -> list[int]:
@@ -310,3 +311,60 @@ def chunk(x, chunks, dim=0):
         raise OperatorError(f"chunk: chunks must be a positive int, got {chunks!r}")
     n = x.shape[d]
     return _pieces(x, d, _cut(n, -(-n // chunks)) if n else [0] * chunks)
+
+
+def _strided(op: str, x: TensorNode, size, stride, storage_offset) -> tuple[list[int], list[int], int]:
+    """The checked (size, stride, storage offset) of a strided view of `x`'s elements taken in
+    row-major order as its storage: every position it reaches lies among them."""
+    size, stride = _ints(op, "size", size), _ints(op, "stride", stride)
+    start = as_index(storage_offset)
+    numel = math.prod(x.shape)
+    last = start + sum((n - 1) * s for n, s in zip(size, stride))
+    if len(size) != len(stride) or min(size + stride + [start], default=0) < 0 or (
+            math.prod(size) and last >= numel):
+        raise OperatorError(f"{op}: size {tuple(size)}, stride {tuple(stride)} and storage offset "
+                            f"{start} do not describe a view of the {numel} elements of a {x.dtype} "
+                            f"tensor of shape {x.shape} taken in row-major order")
+    return size, stride, start
+
+
+@operator("as_strided")
+def as_strided(x, size, stride, storage_offset=0):
+    """The strided view of `x`'s elements taken in row-major order as its storage, as
+    `torch.as_strided` views a contiguous `x`: element j is the one at flat position
+    storage_offset + sum(j[k] * stride[k]) (positions may repeat, as in an expanded view)."""
+    size, stride, start = _strided("as_strided", x, size, stride, storage_offset)
+    return compute(size, lambda *j: x[unravel(start + sum(i * s for i, s in zip(j, stride)), x.shape)])
+
+
+@operator("as_strided_scatter")
+def as_strided_scatter(x, src, size, stride, storage_offset=0):
+    """`x` with `src` (of shape `size`) written over `as_strided(x, size, stride, storage_offset)`.
+    The view's elements must be distinct, its strides nesting (each larger than the span of the
+    smaller ones), so that each element of `x` finds the one element of `src` written over it
+    by dividing its position by the strides, largest first."""
+    size, stride, start = _strided("as_strided_scatter", x, size, stride, storage_offset)
+    if tuple(src.shape) != tuple(size):
+        raise OperatorError(f"as_strided_scatter: src of shape {src.shape} must have the view's "
+                            f"size {tuple(size)}")
+    order = sorted((k for k, n in enumerate(size) if n > 1), key=lambda k: -stride[k])
+    for rank, k in enumerate(order):
+        if stride[k] <= sum((size[i] - 1) * stride[i] for i in order[rank + 1:]):
+            raise OperatorError(f"as_strided_scatter: size {tuple(size)} and stride {tuple(stride)} "
+                                f"describe a view whose elements overlap (or do not nest): which "
+                                f"write wins is undefined")
+    if not math.prod(size):
+        return compute(x.shape, lambda *p: x[p])
+
+    def element(*p):
+        offset = as_expr(ravel(p, x.shape) - start, dtypes.int64)
+        hit, rest, j = offset >= 0, offset, [0] * len(size)
+        for k in order:
+            j[k] = rest // stride[k]
+            hit = hit & (j[k] < size[k])
+            rest = rest % stride[k]
+        hit = hit & eq(rest, 0)
+        written = src[[clamp_index(i, n) for i, n in zip(j, size)]]
+        return select(hit, cast(written, x.dtype), x[p])
+
+    return compute(x.shape, element)

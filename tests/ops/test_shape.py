@@ -113,6 +113,35 @@ def test_traced_graph_runs():
     assert_close(graph(x), (a.flatten(), b))
 
 
+# (input shape, size, stride, storage offset) of views of a row-major storage
+STRIDED_VIEWS = [
+    ((3, 4, 5), (2, 3), (1, 4), 1),             # a slice, dims swapped
+    ((3, 4, 5), (4, 5, 3), (5, 1, 20), 0),      # a permutation
+    ((3, 4, 5), (2, 2, 2), (30, 1, 10), 3),     # steps in every dim
+    ((3, 4), (1, 4), (100, 1), 4),              # a size-1 dim's stride does not matter
+    ((3, 4), (), (), 5),                        # one element
+    ((3, 4), (0, 3), (1, 1), 0),                # no elements
+]
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16, i64])
+@pytest.mark.parametrize("shape, size, stride, offset", STRIDED_VIEWS + [
+    ((3, 4, 5), (6, 7), (3, 2), 7),             # overlapping windows
+    ((3, 4), (3, 2), (0, 1), 2),                # an expanded row
+])
+def test_as_strided_views_the_row_major_storage(shape, size, stride, offset, dtype):
+    x = strided(shape, dtype)
+    assert_close(ops.as_strided(x, size, stride, offset), x.contiguous().as_strided(size, stride, offset))
+
+
+@pytest.mark.parametrize("dtype", [f32, f16, i32])
+@pytest.mark.parametrize("shape, size, stride, offset", STRIDED_VIEWS)
+def test_as_strided_scatter_writes_the_row_major_storage(shape, size, stride, offset, dtype):
+    x, src = strided(shape, dtype), strided(size, dtype)
+    assert_close(ops.as_strided_scatter(x, src, size, stride, offset),
+                 torch.as_strided_scatter(x.contiguous(), src, size, stride, offset))
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda x: ops.reshape(x, (5, -1)), "reshape: shape (5, -1) is invalid for an input of 24"),
     (lambda x: ops.reshape(x, (-1, -1)), "reshape: invalid shape"),
@@ -142,6 +171,16 @@ def test_traced_graph_runs():
     (lambda x: ops.split(x, 0), "split: split size must be positive"),
     (lambda x: ops.split(x[0, 0, 0], 1), "split: expected a tensor with at least one dim, got a 0-d tensor"),
     (lambda x: ops.chunk(x, 0), "chunk: chunks must be a positive int"),
+    (lambda x: ops.as_strided(x, (3, 5), (20, 1), 30),
+     "as_strided: size (3, 5), stride (20, 1) and storage offset 30 do not describe a view of the "
+     "24 elements of a float32 tensor of shape (2, 3, 4)"),
+    (lambda x: ops.as_strided(x, (2, 3), (1,), 0), "as_strided: size (2, 3), stride (1,)"),
+    (lambda x: ops.as_strided_scatter(x, rand((3, 2)), (3, 2), (0, 1), 2),
+     "as_strided_scatter: size (3, 2) and stride (0, 1) describe a view whose elements overlap"),
+    (lambda x: ops.as_strided_scatter(x, rand((4, 2)), (4, 2), (2, 5), 0),   # distinct, not nested
+     "as_strided_scatter: size (4, 2) and stride (2, 5) describe a view whose elements overlap"),
+    (lambda x: ops.as_strided_scatter(x, rand((2, 2)), (2, 3), (3, 1), 0),
+     "as_strided_scatter: src of shape (2, 2) must have the view's size (2, 3)"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_bad_input_names_the_operator(call, message):
     with pytest.raises(OperatorError, match=re.escape(message)):

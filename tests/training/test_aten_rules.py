@@ -4,28 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from training_support import check
+
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-def check(fn, *inputs, rtol=1e-4, atol=1e-5):
-    """fn(*inputs) and the gradients of every floating-point input, Kiln against eager."""
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor)
-              else t for t in inputs]
-    out = torch.compile(fn, backend="kiln")(*leaves)
-    assert out.requires_grad
-    weights = torch.randn(out.shape)
-    (out * weights).sum().backward()
-    got = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-    for t in leaves:
-        if isinstance(t, torch.Tensor):
-            t.grad = None
-    expected = fn(*leaves)
-    (expected * weights).sum().backward()
-    want = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-    assert all(g is not None for g in got)
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
 
 
 def transposed(*shape):

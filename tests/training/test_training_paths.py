@@ -140,3 +140,49 @@ def test_symbolic_trace_graph_returning_one_tensor():
     model.zero_grad()
     model(x).sum().backward()
     torch.testing.assert_close(got, [p.grad for p in model.parameters()], rtol=1e-5, atol=1e-6)
+
+
+def test_rule_declared_with_decompose_false_sees_the_op_whole():
+    """aten.hardswish is in torch's core-ATen decomposition table: a rule declared with
+    decompose=False takes it out, and AOTAutograd hands the op itself to the rule."""
+    from kiln.frontend.torch import mapping_registry, register_function
+    from kiln.frontend.torch.training import decompositions
+    hardswish = torch.ops.aten.hardswish.default
+    seen = []
+
+    @register_function(hardswish, priority=10, decompose=False)
+    def whole(x):
+        seen.append(x.shape)
+        return kiln.ops.hardswish(x)
+
+    try:
+        assert hardswish not in decompositions()
+        x = torch.randn(3, 5, requires_grad=True)
+        torch.compile(F.hardswish, backend="kiln")(x).sum().backward()
+        assert seen == [(3, 5)]
+        torch.testing.assert_close(x.grad, torch.func.grad(lambda t: F.hardswish(t).sum())(x))
+    finally:
+        mapping_registry().remove(hardswish, handler=whole)
+    assert hardswish in decompositions()
+
+
+def test_rules_read_the_strides_pytorch_traced():
+    """traced_argument(k) gives a rule (here a check that declines) the tensor PyTorch traced
+    argument k as: channels_last strides, which Kiln's values do not have."""
+    from kiln.frontend.torch import mapping_registry, register_function, traced_argument
+    strides = []
+
+    def record(x, other):
+        strides.append(traced_argument(0).stride())
+        return False
+
+    @register_function(torch.ops.aten.mul.Tensor, priority=10, check=record)
+    def never(x, other):
+        raise AssertionError("the check declines every call")
+
+    try:
+        x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last).requires_grad_(True)
+        torch.compile(lambda t: t * t, backend="kiln")(x)
+        assert strides[0] == (60, 1, 15, 3) and traced_argument(0) is None
+    finally:
+        mapping_registry().remove(torch.ops.aten.mul.Tensor, handler=never)

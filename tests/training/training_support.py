@@ -24,8 +24,11 @@ class Block(nn.Module):
             nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x):
+        """torchvision's way: in-place ReLUs and residual add."""
         skip = x if self.project is None else self.project(x)
-        return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + skip)
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)), inplace=True)))
+        out += skip
+        return F.relu(out, inplace=True)
 
 
 class TinyResNet(nn.Module):
@@ -44,10 +47,12 @@ class TinyResNet(nn.Module):
         return F.cross_entropy(self.head(features), labels)
 
 
-def resnet_case(seed: int = 0):
+def resnet_case(seed: int = 0, shape=(4, 3, 11, 13), memory_format=torch.contiguous_format):
+    """TinyResNet and 4 batches of images of `shape`, both in `memory_format`."""
     torch.manual_seed(seed)
-    model = TinyResNet()
-    batches = [(torch.randn(4, 3, 11, 13), torch.randint(0, 5, (4,))) for _ in range(4)]
+    model = TinyResNet().to(memory_format=memory_format)
+    batches = [(torch.randn(shape).to(memory_format=memory_format), torch.randint(0, 5, shape[:1]))
+               for _ in range(4)]
     return model, batches
 
 
@@ -86,6 +91,26 @@ def llama_case(seed: int = 0):
     return LanguageModel(transformers.LlamaForCausalLM(config)), _transformer_batches(40)
 
 
+def check(fn, *inputs, rtol=1e-4, atol=1e-5):
+    """fn(*inputs) and the gradients of every floating-point input, Kiln against eager."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor)
+              else t for t in inputs]
+    out = torch.compile(fn, backend="kiln")(*leaves)
+    assert out.requires_grad
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    got = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            t.grad = None
+    expected = fn(*leaves)
+    (expected * weights).sum().backward()
+    want = [t.grad for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    assert all(g is not None for g in got)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
@@ -94,10 +119,12 @@ OPTIMIZERS = {
 
 @dataclass
 class Run:
-    """Losses of each step, and each parameter's gradient after the first step."""
+    """Losses of each step, each parameter's gradient after the first step, and the parameters
+    and buffers (batch norm's running statistics) after the last."""
 
     losses: list[float] = field(default_factory=list)
     first_grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
     kiln_graphs: int = 0   # graphs Kiln compiled and ran (forward and backward halves)
 
 
@@ -121,5 +148,6 @@ def train(model: nn.Module, batches, optimizer: str, steps: int, compile_with=No
                                if p.grad is not None}
         opt.step()
         run.losses.append(loss.item())
+    run.state = {n: t.detach().clone() for n, t in model.state_dict().items()}
     run.kiln_graphs = sum(1 for f in KilnFunction.live() if id(f) not in before and f.graphs)
     return run

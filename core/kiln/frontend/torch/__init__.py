@@ -3,13 +3,14 @@
 - `register_function`, `register_method`, `register_module`, `KilnModule`: mapping rules;
 - `dynamo_config`: the backend's settings;
 - `unmapped_operators(model, *inputs)`: what no rule maps yet;
+- `traced_argument(k)`: inside a rule, the tensor PyTorch traced its argument k as (strides);
 - `kiln_backend`: the backend itself (`torch.compile(model, backend="kiln")` finds it by
   entry point, without `import kiln`).
 """
 from kiln.frontend.torch.backend import KilnFunction, kiln_backend
 from kiln.frontend.torch.config import DynamoConfig, dynamo_config
 from kiln.frontend.torch.errors import UnmappedOperator, UnmappedOperatorError
-from kiln.frontend.torch.interpreter import Interpreter, MappingError
+from kiln.frontend.torch.interpreter import Interpreter, MappingError, traced_argument
 from kiln.frontend.torch.registry import (
     KilnModule, MappingRegistry, Rule, mapping_registry, register_function, register_method,
     register_module, rules_of,
@@ -20,5 +21,5 @@ __all__ = [
     "DynamoConfig", "Interpreter", "KilnFunction", "KilnModule", "MappingError", "MappingRegistry",
     "Rule", "UnmappedOperator", "UnmappedOperatorError", "dynamo_config", "kiln_backend",
     "mapping_registry", "register_function", "register_method", "register_module", "rules_of",
-    "unmapped_operators",
+    "traced_argument", "unmapped_operators",
 ]

@@ -20,10 +20,15 @@ on the sizes of the run: a graph dynamo traced with SymInts is interpreted at ea
 symbolic sizes being `kiln.ir.size.SymSize`s (ints that keep their expression), so that
 kernels can take them as arguments. Each rule's result is checked against dynamo's metadata (`node.meta`): a tensor of
 another shape or dtype than PyTorch's is a `RuleResultError` naming the rule and its plugin.
+
+Kiln's values have no strides; a rule whose meaning depends on how an argument lies in memory
+(`aten.as_strided` reads its input's storage) asks `traced_argument(k)` for the tensor PyTorch
+traced that argument as, with the strides and storage offset of the trace.
 """
 from __future__ import annotations
 
 import builtins
+import contextvars
 import inspect
 import math
 import operator
@@ -62,6 +67,21 @@ _SIZE_QUERIES = {
     torch.ops.aten.sym_size.int: lambda t, dim: t.shape[dim],
     torch.ops.aten.sym_numel.default: lambda t: math.prod(t.shape),
 }
+
+
+_translating: contextvars.ContextVar[Node | None] = contextvars.ContextVar("kiln_translating",
+                                                                          default=None)
+
+
+def traced_argument(position: int):
+    """What PyTorch traced positional argument `position` of the node being translated as: for a
+    tensor, a (fake) torch tensor with the shape, dtype, strides and storage offset of the trace.
+    None outside a rule (or its check), for an argument that is no graph value, or where the
+    graph holds no metadata."""
+    node = _translating.get()
+    if node is None or position >= len(node.args) or not isinstance(node.args[position], Node):
+        return None
+    return _expected_meta(node.args[position])
 
 
 FALLBACK_HINT = "; to run it in PyTorch: kiln.torch.dynamo_config.fallback_to_eager(True)"
@@ -265,6 +285,13 @@ class Interpreter:
         return _as_kiln(value)
 
     def _call(self, node: Node, args, kwargs):
+        token = _translating.set(node)
+        try:
+            return self._translate(node, args, kwargs)
+        finally:
+            _translating.reset(token)
+
+    def _translate(self, node: Node, args, kwargs):
         kind, target = self.kind_and_target(node)
         if kind == MODULE:
             return self._call_module(node, args, kwargs)

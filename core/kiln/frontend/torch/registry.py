@@ -9,6 +9,8 @@ A rule is declared with a decorator, exactly where its code is::
 Decorators stack, and one rule may serve several torch aliases. A rule has a priority (higher
 wins) and an optional `check(*args, **kwargs)` that declines arguments it cannot handle, so the
 next rule for the same target is tried; among equal priorities the latest declaration wins.
+A rule for an ATen overload declared with `decompose=False` takes that op whole: AOTAutograd
+leaves it undecomposed in training graphs (`MappingRegistry.undecomposed`).
 
 A decorator only builds `Rule` objects and keeps them with the module that defines the
 handler (`rules_of(module, ...)` lists them). A plugin's rules take effect only by being
@@ -46,6 +48,7 @@ class Rule:
     handler: Callable
     priority: int = 0
     check: Callable | None = None
+    decompose: bool = True
     plugin: str = ""
     order: int = field(default_factory=lambda: next(_order))
 
@@ -138,6 +141,10 @@ class MappingRegistry:
         """The first rule for `target` that accepts the arguments, or None."""
         return next((r for r in self.candidates(kind, target) if r.accepts(args, kwargs)), None)
 
+    def undecomposed(self) -> set:
+        """The targets that a rule declared with `decompose=False` maps whole."""
+        return {r.target for rules in self.rules.values() for r in rules if not r.decompose}
+
     def ties(self) -> list[tuple[str, object, list[str]]]:
         """Targets whose best rules share one priority but come from different plugins."""
         out = []
@@ -179,10 +186,10 @@ def mapping_registry() -> MappingRegistry:
         return _live[1]
 
 
-def _declare(kind: str, targets, handler, priority: int, check) -> None:
+def _declare(kind: str, targets, handler, priority: int, check, decompose: bool) -> None:
     if not targets:
         raise TypeError(f"register_{kind} needs at least one torch target")
-    rules = [Rule(kind, t, handler, priority, check) for t in targets]
+    rules = [Rule(kind, t, handler, priority, check, decompose) for t in targets]
     module_name = getattr(handler, "__module__", None)
     module = sys.modules.get(module_name) if module_name else None
     if module is not None:
@@ -197,9 +204,10 @@ def _declare(kind: str, targets, handler, priority: int, check) -> None:
 
 
 def _register(kind: str):
-    def register(*targets, priority: int = 0, check: Callable | None = None):
+    def register(*targets, priority: int = 0, check: Callable | None = None,
+                 decompose: bool = True):
         def wrap(handler):
-            _declare(kind, targets, handler, priority, check)
+            _declare(kind, targets, handler, priority, check, decompose)
             return handler
         return wrap
     return register
@@ -208,7 +216,9 @@ def _register(kind: str):
 register_function = _register(FUNCTION)
 register_function.__doc__ = """Declare a rule for torch functions (torch.*, torch.nn.functional.*,
 operator.*, math.*, aten overloads): the handler has the function's signature and receives Kiln
-tensors in place of torch tensors."""
+tensors in place of torch tensors. With `decompose=False`, AOTAutograd keeps the aten overloads
+it names whole in training graphs instead of decomposing them, so the rule (which must then
+take every call: no check) sees the op itself."""
 register_method = _register(METHOD)
 register_method.__doc__ = """Declare a rule for Tensor methods (`torch.Tensor.flatten` or the name
 'flatten'): the handler's first parameter is the tensor. In-place methods (`add_`) without a

@@ -4,7 +4,8 @@
 and an input or a parameter requires grad. `compile_for_training` then hands the graph to
 torch's AOTAutograd, which traces forward and backward to core ATen (`decompositions()`:
 torch's core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps
-more simply than the op itself) and splits them; both ATen graphs are compiled by
+more simply than the op itself, less the ops that mapping rules declared with `decompose=False`
+take whole) and splits them; both ATen graphs are compiled by
 `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping rules, the
 unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`). The backend
 sends graphs that change tensors in place through views here too, with or without grad mode:
@@ -27,6 +28,7 @@ from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
+from kiln.frontend.torch.registry import mapping_registry
 
 _aten = torch.ops.aten
 ALSO_DECOMPOSED = (
@@ -40,7 +42,9 @@ ALSO_DECOMPOSED = (
 
 def decompositions() -> dict:
     """The decomposition table handed to AOTAutograd."""
-    return {**core_aten_decompositions(), **get_decompositions(list(ALSO_DECOMPOSED))}
+    table = {**core_aten_decompositions(), **get_decompositions(list(ALSO_DECOMPOSED))}
+    whole = mapping_registry().undecomposed()
+    return {op: fn for op, fn in table.items() if op not in whole}
 
 
 def needs_autograd(gm: GraphModule, example_inputs) -> bool:
