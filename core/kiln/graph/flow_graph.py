@@ -63,14 +63,16 @@ class FlowGraph:
             values.append(t)
         return [from_torch(t) for t in self.compile().run(values)]
 
-    def cuda_graph(self, example_inputs: Sequence | None = None,
-                   write_back: Sequence[tuple[int, int]] = ()) -> CapturedGraph:
+    def cuda_graph(self, example_inputs: Sequence | None = None, write_back: Sequence[tuple[int, int]] = (),
+                   lent: Sequence[int] = (), bound: Sequence[int] = ()) -> CapturedGraph:
         """This graph's CompiledGraph captured in a CUDA graph: an object whose `run(inputs)`
         replays its steps over its fixed workspace (see `kiln.runtime.cuda_graph`). The graph's
         inputs must be on a CUDA device; `example_inputs` (random by default) are only used for
         the capture. Each pair (output, input) of `write_back` makes the replay copy that
         output into that input, which the graph then takes in place (bound at the example's
-        memory): replays update the caller's tensor and return the other outputs only."""
+        memory): replays update the caller's tensor and return the other outputs only. Of
+        those, the positions `lent` that the graph allocates itself (not inputs or constants)
+        are lent rather than copied; the inputs at positions `bound` are read in place."""
         if example_inputs is None:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]
@@ -85,8 +87,11 @@ class FlowGraph:
                 inputs[position].copy_(outs[out])
             return [t for k, t in enumerate(outs) if k not in written]
 
+        returned = [k for k in range(len(compiled.outputs)) if k not in written]
+        allocated = set(compiled.allocated_outputs)
         return CapturedGraph(replay_body, examples, wrap=from_torch,
-                             bound=[position for _, position in write_back])
+                             bound=[position for _, position in write_back] + list(bound),
+                             lent=[j for j in lent if compiled.outputs[returned[j]] in allocated])
 
     def __str__(self) -> str:
         return format_graph(self)

@@ -122,7 +122,8 @@ class CompiledGraph:
         self.constants = dict(constants)
         # non-contiguous constants are made contiguous at each run, so they follow their source
         self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
-        self._fresh = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
+        # the output slots each run allocates (every output but the inputs and constants returned)
+        self.allocated_outputs = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
         self._lock = threading.Lock()
         self._free: dict[tuple, list[list]] = {}
         first = self.workspace_set()
@@ -191,7 +192,7 @@ class CompiledGraph:
             slots[slot] = tensor.contiguous()
         for slot, tensor in self._strided.items():
             slots[slot] = tensor.contiguous()
-        for slot in self._fresh:
+        for slot in self.allocated_outputs:
             b = self.buffers[slot]
             slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
         for step in self.steps:

@@ -12,6 +12,14 @@ then costs no copy in or out). A bound graph replays only for inputs at the memo
 captured on (`run` returns None otherwise), and the warm-up call that loads the kernels runs on
 copies, so the capture writes nothing the caller can see.
 
+Outputs named `lent` (a training forward's values saved for the backward, which no caller but
+autograd sees) are handed out without a copy: the caller gets aliases of the static buffers.
+While any alias of one is alive (the storage's use count above what the graph holds itself),
+the graph is `busy` and `run` returns None instead of overwriting it; the owner runs another
+capture or no CUDA graph. A graph captured with a lent tensor as a bound input (the backward,
+on the forward's saved values: `is_lent`) reads it in place, so a training step copies neither
+its saved values out of the forward nor into the backward.
+
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.
@@ -19,6 +27,7 @@ a replay on another stream than the last replay's first makes its stream wait fo
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -28,6 +37,19 @@ _capturing = threading.Lock()
 
 # torch's C++ comparison of many tensors' addresses (CUDA builds of torch have it)
 _addresses_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+_lenders: weakref.WeakSet = weakref.WeakSet()       # the live graphs with lent outputs
+
+
+def is_lent(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` starts at a lent output of a live captured graph."""
+    address = tensor.data_ptr()
+    return any(address in graph.lent_addresses for graph in list(_lenders))
+
+
+def _use_count(storage) -> int:
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 def same_addresses(tensors: list[torch.Tensor], addresses: list[int]) -> bool:
@@ -41,10 +63,12 @@ class CapturedGraph:
     """A captured CUDA graph of `fn(inputs) -> list of torch tensors`. The graph keeps `fn`:
     the buffers it closes over (a workspace) are what the captured kernels read and write.
     `bound` lists the positions of the inputs captured at the example tensors' own memory
-    (contiguous tensors), which `run` then takes in place instead of copying."""
+    (contiguous tensors), which `run` then takes in place instead of copying (the graph keeps
+    their addresses, not the tensors); `lent` the positions of the outputs `run` hands out
+    without a copy (see the module doc)."""
 
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
-                 wrap: Callable = lambda t: t, bound: Sequence[int] = ()):
+                 wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = ()):
         self.wrap = wrap
         self.fn = fn
         self.bound = sorted(set(bound))
@@ -52,10 +76,10 @@ class CapturedGraph:
             if not example_inputs[k].is_contiguous():
                 raise ValueError(f"a bound input must be contiguous: input {k} has strides "
                                  f"{example_inputs[k].stride()} for shape {list(example_inputs[k].shape)}")
-        self.static_inputs = [t if k in self.bound else t.detach().clone()
-                              for k, t in enumerate(example_inputs)]
+        self._input_types = [(t.shape, t.dtype) for t in example_inputs]
+        static_inputs = [t if k in self.bound else t.detach().clone() for k, t in enumerate(example_inputs)]
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
-        self._bound_addresses = [self.static_inputs[k].data_ptr() for k in self.bound]
+        self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -65,10 +89,22 @@ class CapturedGraph:
             # thread_local: CUDA calls of other threads (eager work, another model's run) stay
             # legal during the capture; one capture at a time in the process
             with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-                self.static_outputs = list(fn(self.static_inputs))
+                self.static_outputs = list(fn(static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
+        self.static_inputs = [None if k in self.bound else t for k, t in enumerate(static_inputs)]
+        self.lent = sorted(set(lent))
+        storages = [self.static_outputs[k].untyped_storage() for k in self.lent]
+        # what the graph's own tensors count, before any alias is handed out
+        self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
+        self.lent_addresses = {self.static_outputs[k].data_ptr() for k in self.lent}
+        if self.lent:
+            _lenders.add(self)
         self._last_stream = stream          # the stream of the last work on the static buffers
         self._lock = threading.Lock()
+
+    def busy(self) -> bool:
+        """Whether an alias of a lent output of an earlier replay is still alive."""
+        return any(_use_count(storage) > own for storage, own in self._lent_storages)
 
     def binds(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the bound positions of `inputs` (torch tensors) are the captured tensors'
@@ -80,18 +116,21 @@ class CapturedGraph:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
         replay it on its device's current stream (after the last replay's work, on whatever
         stream that ran) and return its static outputs (their copies with `copy`, which later
-        replays leave alone), each passed through `wrap`. None, with nothing run, when the
-        bound inputs are not at the memory the graph was captured on."""
-        if len(inputs) != len(self.static_inputs):
-            raise ValueError(f"the captured graph takes {len(self.static_inputs)} inputs, got {len(inputs)}")
+        replays leave alone; lent outputs as aliases), each passed through `wrap`. None, with
+        nothing run, when the bound inputs are not at the memory the graph was captured on or
+        the graph is `busy`."""
+        if len(inputs) != len(self._input_types):
+            raise ValueError(f"the captured graph takes {len(self._input_types)} inputs, got {len(inputs)}")
         sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
-        for dst, src in zip(self.static_inputs, sources):
-            if src.shape != dst.shape or src.dtype != dst.dtype:
-                raise ValueError(f"captured graph input expects {dst.dtype}{list(dst.shape)}, got "
+        for (shape, dtype), src in zip(self._input_types, sources):
+            if src.shape != shape or src.dtype != dtype:
+                raise ValueError(f"captured graph input expects {dtype}{list(shape)}, got "
                                  f"{src.dtype}{list(src.shape)}")
         if self.bound and not self.binds(sources):
             return None
         with self._lock:
+            if self.busy():
+                return None
             stream = torch.cuda.current_stream(self._last_stream.device)
             if stream != self._last_stream:
                 stream.wait_stream(self._last_stream)
@@ -99,5 +138,7 @@ class CapturedGraph:
             for k in self._copied:
                 self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
-            outputs = [t.clone() if copy else t for t in self.static_outputs]
+            lent = set(self.lent)
+            outputs = [t.detach() if k in lent else t.clone() if copy else t
+                       for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]

@@ -24,6 +24,7 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
+from typing import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -45,7 +46,7 @@ from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
-from kiln.runtime.cuda_graph import same_addresses
+from kiln.runtime.cuda_graph import is_lent, same_addresses
 from kiln.schedule import BuildSettings
 from kiln.tensor import Tensor, from_torch, symbol
 
@@ -63,7 +64,8 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         return _functionalized(gm, example_inputs, settings, mutations)
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
-            gm, example_inputs, lambda graph, examples: compile_graph(graph, examples, settings))
+            gm, example_inputs,
+            lambda graph, examples, saved_from=None: compile_graph(graph, examples, settings, saved_from=saved_from))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
 
 
@@ -78,9 +80,9 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
-    def compile_aten(graph: GraphModule, examples):
+    def compile_aten(graph: GraphModule, examples, saved_from=None):
         functional.append(graph)
-        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants))
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), saved_from)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -109,15 +111,16 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
-                  constants: set[str] = frozenset()):
+                  constants: set[str] = frozenset(), saved_from: int | None = None):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
-    holding parameters and buffers."""
+    holding parameters and buffers; the outputs from position `saved_from` on are a training
+    forward's values saved for the backward, which CUDA graphs lend instead of copying."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
             raise UnmappedOperatorError(unmapped)
-        return KilnFunction(gm, settings, constants)   # a declined node raises at first run
+        return KilnFunction(gm, settings, constants, saved_from)   # a declined node raises at first run
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
@@ -161,7 +164,8 @@ class KilnFunction:
     `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
     `constant_ids` holds the ids of the parameters and buffers it was called with (how
     `kiln.save` finds a model's graphs among the `live()` ones) and `frame` the Python frame
-    dynamo compiled it from.
+    dynamo compiled it from. The outputs from position `saved_from` on (a training forward's
+    saved values) are lent by its CUDA graphs rather than copied.
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -169,9 +173,11 @@ class KilnFunction:
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
-    def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset()):
+    def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
+                 saved_from: int | None = None):
         self.gm = gm
         self.settings = settings
+        self.saved_from = saved_from
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
@@ -273,7 +279,8 @@ class KilnFunction:
             compiled = CompiledRun(graph, positions, result, writeback,
                                    examples if self.settings.use_cuda_graph and on_cuda
                                    else None,
-                                   BuildSettings(tune_level=level) if level else None)
+                                   BuildSettings(tune_level=level) if level else None,
+                                   _leaves_from(result, self.saved_from))
         if folder is not None:
             dump_compiled(folder, self.gm, graph)
         if self.settings.correctness_report:
@@ -288,17 +295,22 @@ class CompiledRun:
 
     On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
     caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
-    of those inputs in or out. New memory for them captures again (the last CAPTURES_KEPT
-    captures are kept); inputs that cannot be captured so run without a CUDA graph."""
+    of those inputs in or out. The outputs at positions `lent` (a training forward's values
+    saved for the backward) are lent, not copied, and a graph called with lent tensors (the
+    backward) is captured reading them in place (`kiln.runtime.cuda_graph`). New memory for
+    bound inputs, or every capture busy with lent outputs still alive, captures again (the
+    last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
+    so, calls run without a CUDA graph)."""
 
     CAPTURES_KEPT = 4
 
     def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
-                 cuda_examples=None, build_settings=None):
+                 cuda_examples=None, build_settings=None, lent: Sequence[int] = ()):
         self.graph = graph
         self.positions = positions
         self.structure = structure
         self.writeback = writeback
+        self.lent = list(lent)
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(structure) in (tuple, list) and not writeback and
                              all(isinstance(v, Tensor) for v in structure))
@@ -318,7 +330,9 @@ class CompiledRun:
         such calls run without a CUDA graph)."""
         if not all(inputs[j].is_contiguous() for _, j in self.write_back):
             return None
-        captured = self.graph.cuda_graph(inputs, write_back=self.write_back)
+        written = {j for _, j in self.write_back}
+        bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous() and is_lent(t)]
+        captured = self.graph.cuda_graph(inputs, write_back=self.write_back, lent=self.lent, bound=bound)
         with self._captures_lock:
             self.captures[id(captured)] = captured
             while len(self.captures) > self.CAPTURES_KEPT:
@@ -326,9 +340,11 @@ class CompiledRun:
         return captured
 
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
-        """The outputs of a replay for `inputs`, captured now if none binds them; None where
-        they cannot be captured."""
-        for key, captured in reversed(list(self.captures.items())):
+        """The outputs of a replay for `inputs` (a capture reading inputs in place first),
+        captured now if none binds them or all are busy; None where they cannot be captured
+        or CAPTURES_KEPT captures are busy."""
+        captures = list(self.captures.items())
+        for key, captured in sorted(reversed(captures), key=lambda kc: not kc[1].bound):
             outs = captured.run(inputs, copy=True)
             if outs is not None:
                 if len(self.captures) > 1:
@@ -336,6 +352,8 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
+        if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
+            return None
         captured = self._capture(inputs)
         return None if captured is None else captured.run(inputs, copy=True)
 
@@ -353,6 +371,15 @@ class CompiledRun:
         outs = iter(outs)
         return map_aggregate(self.structure,
                              lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
+
+
+def _leaves_from(structure, first: int | None) -> list[int]:
+    """The positions among `structure`'s tensors (a graph's outputs, flattened) of those at
+    position `first` or later of a tuple or list `structure`; none without `first`."""
+    if first is None or type(structure) not in (tuple, list):
+        return []
+    tensors = [k for k, v in enumerate(structure) if isinstance(v, Tensor)]
+    return [j for j, k in enumerate(tensors) if k >= first]
 
 
 def _constants_state(constants: list[torch.Tensor]) -> tuple[list, list]:

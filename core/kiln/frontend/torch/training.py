@@ -24,6 +24,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import default_partition
 from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -56,20 +57,30 @@ def needs_autograd(gm: GraphModule, example_inputs) -> bool:
     return any(t.requires_grad for t in tensors + list(gm.parameters()))
 
 
-def compile_for_training(gm: GraphModule, example_inputs,
-                         compile_aten: Callable[[GraphModule, list], Callable]):
+def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable[..., Callable]):
     """`gm` as a differentiable function whose forward and backward ATen graphs are compiled by
-    `compile_aten` (the backward when autograd first needs it)."""
-    def compile_half(graph: GraphModule, examples):
+    `compile_aten(graph, examples, saved_from)` (the backward when autograd first needs it),
+    `saved_from` being the position of the forward's first output saved for the backward
+    (None for the backward, and for a forward AOTAutograd did not partition)."""
+    saved_from: list[int] = []
+
+    def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
+        saved_from.append(num_fwd_outputs)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **options)
+
+    def compile_half(graph: GraphModule, examples, saved: int | None = None):
         rows, device = seed_random_ops(graph)
         if rows:
-            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)]),
+            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], saved),
                               rows, device)
         else:
-            compiled = compile_aten(graph, list(examples))
+            compiled = compile_aten(graph, list(examples), saved)
         return make_boxed_func(compiled)
 
-    backend = aot_autograd(fw_compiler=compile_half, bw_compiler=compile_half,
+    def compile_forward(graph: GraphModule, examples):
+        return compile_half(graph, examples, saved_from.pop() if saved_from else None)
+
+    backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_half, partition_fn=partition,
                            decompositions=decompositions())
     single = _returns_one_value(gm)
     if single:
