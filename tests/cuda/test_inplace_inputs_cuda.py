@@ -1,6 +1,8 @@
 """Graphs that change their inputs in place, replayed as CUDA graphs captured on the caller's
 tensors (the write-back inside the graph): every call changes the caller's tensor exactly once,
 new memory captures again, and inputs that cannot be captured so still give eager's values."""
+import gc
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ pytestmark = pytest.mark.cuda
 
 
 def _runs(fn) -> list[CompiledRun]:
+    gc.collect()        # graphs of earlier tests, freed with the autograd graphs that held them
     return [run for f in KilnFunction.live() for run in f.graphs.values()]
 
 
