@@ -1,5 +1,6 @@
 """Tuning's progress on stderr: one line per template tuned where stderr is a file, a tqdm bar
-that gives way to that line on a terminal, nothing under KILN_PROGRESS=0.
+that gives way to that line on a terminal, nothing under KILN_PROGRESS=0; and what the compile's
+record (`kiln.log.recording`) keeps of tuning.
 
 The GPU is faked (device info, NVRTC, loading and timing), so these run anywhere."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from kiln.device import Device
 from kiln.ir import TensorInput, Task, compute
+from kiln.log import recording
 from kiln.runtime import cuda as rt
 from kiln.schedule import tuner
 
@@ -96,3 +98,14 @@ def test_failed_candidates_are_counted_on_the_line(fake_gpu, monkeypatch, tmp_pa
     tune_two_templates(monkeypatch, stream)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and all(", 1 failed (4 candidates, " in line for line in lines), lines
+
+
+def test_the_compile_record_keeps_what_was_tuned_and_what_was_reused(fake_gpu, monkeypatch):
+    monkeypatch.setenv("KILN_PROGRESS", "0")
+    with recording() as record:
+        tune_two_templates(monkeypatch, io.StringIO())
+        tune_two_templates(monkeypatch, io.StringIO())      # the winners are on disk now
+    assert [(t["template"], t["best"], t["candidates"], t["failed"]) for t in record.tuned] == \
+        [("first", {"tile": 64}, 4, 0), ("second", {"tile": 64}, 4, 0)]
+    assert record.tuned[0]["task"] == "Task double(x: float32[8, 8]) -> float32[8, 8]"
+    assert record.tuning_reused == 2

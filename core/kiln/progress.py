@@ -48,12 +48,14 @@ class Progress:
         if self.bar is not None:
             self.bar.update()
 
-    def done(self, summary: str) -> None:
-        """Close the bar and write the work's one line: `summary`, the steps and the seconds."""
+    def done(self, summary: str) -> float:
+        """Close the bar and write the work's one line: `summary`, the steps and the seconds;
+        return the seconds the work took."""
+        seconds = time.perf_counter() - self.started
         if self.bar is not None:
             self.bar.close()
         if self.stream is not None:
-            seconds = time.perf_counter() - self.started
             units = self.unit if self.total == 1 else f"{self.unit}s"
             self.stream.write(f"kiln: {summary} ({self.total} {units}, {seconds:.1f} s)\n")
             self.stream.flush()
+        return seconds

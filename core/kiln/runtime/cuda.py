@@ -10,6 +10,7 @@ GPU, Kiln runs on the CPU, and `unavailable_reason()` says why CUDA cannot be us
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import os
@@ -234,7 +235,9 @@ def compile_many(jobs: Sequence[tuple[str, str, str]], workers: int | None = Non
     if len(jobs) <= 1:
         return [compile_cubin(*job) for job in jobs]
     with ThreadPoolExecutor(max_workers=workers or min(16, len(jobs))) as pool:
-        return list(pool.map(lambda job: compile_cubin(*job), jobs))
+        # each job in a copy of the caller's context, which holds the compile's record (kiln.log)
+        futures = [pool.submit(contextvars.copy_context().run, compile_cubin, *job) for job in jobs]
+        return [future.result() for future in futures]
 
 
 # ------------------------------------------------------------------ devices and modules

@@ -25,7 +25,7 @@ import torch
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.specialize import has_symbolic_sizes
-from kiln.log import logger
+from kiln.log import current_record, logger
 from kiln.progress import Progress
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import backend_for
@@ -101,7 +101,9 @@ def tune(task: Task, template, device: Device, level: int) -> dict:
                       rt.nvrtc_version(), *(p.source for p in programs))
     record = _record_path(key)
     try:
-        return json.loads(record.read_text())["knobs"]
+        knobs = json.loads(record.read_text())["knobs"]
+        current_record().add_tuning_reused()
+        return knobs
     except (OSError, ValueError, KeyError):
         pass
     results = []
@@ -118,8 +120,12 @@ def tune(task: Task, template, device: Device, level: int) -> dict:
         if not results:
             raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")
         best_ms, _, best = min(results)
-        failed = f", {len(space) - len(results)} failed" if len(results) < len(space) else ""
-        progress.done(f"tuned {template.name} for {task!r}: {best} at {best_ms:.4f} ms{failed}")
+        failed = len(space) - len(results)
+        seconds = progress.done(f"tuned {template.name} for {task!r}: {best} at {best_ms:.4f} ms"
+                                + (f", {failed} failed" if failed else ""))
+    current_record().add_tuned({"template": template.name, "task": repr(task), "best": best,
+                                "best_ms": best_ms, "candidates": len(space), "failed": failed,
+                                "seconds": seconds})
     logger.info("tuned %s for %r: %s at %.4f ms (of %d timed)", template.name, task, best, best_ms,
                 len(results))
     fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".tmp-")

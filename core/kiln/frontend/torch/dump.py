@@ -5,6 +5,8 @@
     graph-NNN/flow_graph.txt     the optimized FlowGraph that runs
     graph-NNN/kernels/KK_NAME.c  the source of each kernel (.cu for CUDA), in run order
     graph-NNN/memory_plan.txt    a table of each intermediate's workspace offset, size and lifetime
+
+and `compile_summary.jsonl` beside the folders, one line per compile (`kiln.frontend.torch.summary`).
 """
 from __future__ import annotations
 
