@@ -32,6 +32,7 @@ import itertools
 import json
 import os
 
+from torch._guards import CompileContext, compile_context
 from torch._logging import trace_structured
 from torch.fx import GraphModule, Node
 
@@ -87,5 +88,7 @@ def publish(summary: dict, compile_id) -> None:
             os.write(fd, f"{line}\n".encode())
         finally:
             os.close(fd)
-    trace_structured("artifact", metadata_fn=lambda: {"name": ARTIFACT, "encoding": "json"},
-                     payload_fn=lambda: line, compile_id=compile_id)
+    # a graph is traced at its first call, after dynamo's compile: its id is given back here
+    with compile_context(CompileContext(compile_id)):
+        trace_structured("artifact", metadata_fn=lambda: {"name": ARTIFACT, "encoding": "json"},
+                         payload_fn=lambda: line)
