@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from kiln.cli.plugins import format_table
+from kiln.cli.plugins import plugin_table
 from kiln.plugins import registry
 
 # An operator plugin module; {name} is the operator, {factor} what it multiplies by.
@@ -228,7 +228,7 @@ def test_plugin_table_shows_disabled_plugins_and_hides_names_on_request():
     reg = Registry()
     reg.plugins.append(PluginInfo("off", "kiln-off", "2.0", disabled=True))
     reg.add_plugin("inline", type("P", (), {}), "kiln-inline", "0.3")
-    lines = format_table(reg, names=False).splitlines()
+    lines = plugin_table(reg, names=False).splitlines()
     assert lines[0].split() == ["plugin", "distribution", "version", "contributes"]
     assert lines[1].split() == ["off", "kiln-off", "2.0", "disabled", "(KILN_DISABLE_PLUGINS)"]
     assert lines[2].split() == ["inline", "kiln-inline", "0.3", "nothing"]

@@ -81,7 +81,7 @@ def test_compile_error_shows_numbered_source():
     with pytest.raises(rt.CudaBuildError) as info:
         rt.compile_cubin('extern "C" __global__ void k() {\n  undeclared_thing = 1;\n}\n', "broken", "sm_80")
     message = str(info.value)
-    assert "undeclared_thing" in message and "    2 |   undeclared_thing = 1;" in message
+    assert "undeclared_thing" in message and "\n2 |   undeclared_thing = 1;" in message
 
 
 def test_compiling_leaves_python_singletons_intact(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """Show or clear Kiln's on-disk kernel cache ($KILN_CACHE_DIR, else ~/.cache/kiln)."""
 from __future__ import annotations
 
+from kiln.table import format_table
+
 HELP = "show (status) or empty (clear) the on-disk kernel cache"
 
 
@@ -27,11 +29,8 @@ def format_status(status: dict) -> str:
     rows = [(kind, str(v["entries"]), human_size(v["bytes"])) for kind, v in kinds.items()]
     rows.append(("total", str(sum(v["entries"] for v in kinds.values())),
                  human_size(sum(v["bytes"] for v in kinds.values()))))
-    header = ("kind", "entries", "size")
-    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(3)]
-    lines = [f"kernel cache: {status['path']}"]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    return "\n".join(lines)
+    table = format_table(rows, ("kind", "entries", "size"), rule=False, indent="  ")
+    return f"kernel cache: {status['path']}\n{table}"
 
 
 def run(args) -> int:

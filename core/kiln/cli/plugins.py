@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import textwrap
 
+from kiln.table import format_table
+
 HELP = "list installed plugins, what they contribute, and load errors"
 
 
@@ -38,18 +40,14 @@ def count(n: int, plural: str) -> str:
     return f"1 {plural[:-2] if plural.endswith('sses') else plural[:-1]}"
 
 
-def format_table(reg, names: bool = True) -> str:
+def plugin_table(reg, names: bool = True) -> str:
     """The plugin table of `kiln plugins` for registry `reg`."""
-    header = ("plugin", "distribution", "version", "contributes")
     rows = [(p.name, p.distribution, p.version or "-", state(p)) for p in reg.plugins]
-    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(3)]
-
-    def line(row) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]
-
-    lines = [line(header)]
-    for plugin, row in zip(reg.plugins, rows):
-        lines.append(line(row))
+    header, *row_lines = format_table(rows, ("plugin", "distribution", "version", "contributes"),
+                                      rule=False).splitlines()
+    lines = [header]
+    for plugin, row in zip(reg.plugins, row_lines):
+        lines.append(row)
         if plugin.error:
             lines.append(f"    error: {plugin.error}")
         if names:
@@ -71,5 +69,5 @@ def run(args) -> int:
     from kiln.plugins import registry
 
     reg = registry()
-    print(format_table(reg, args.names))
+    print(plugin_table(reg, args.names))
     return 1 if reg.errors or reg.conflicts else 0

@@ -38,7 +38,7 @@ def load(target: str):
 def run(args) -> int:
     from kiln.frontend.torch import unmapped_operators
     from kiln.frontend.torch.errors import GUIDE
-    from kiln.frontend.torch.report import format_table
+    from kiln.table import format_table
 
     model, inputs = load(args.target)()
     if isinstance(inputs, dict):
@@ -48,7 +48,7 @@ def run(args) -> int:
     if not found:
         print("every operator of the model is mapped to Kiln")
         return 0
-    print(format_table(("operator", "kind", "count", "example node"),
-                       [(o.name, o.kind, o.count, o.example) for o in found]))
+    print(format_table([(o.name, o.kind, o.count, o.example) for o in found],
+                       ("operator", "kind", "count", "example node")))
     print(f"\nTo add the rules, see {GUIDE}.")
     return 1

@@ -8,6 +8,7 @@ threads (gcc and NVRTC builds release the GIL), each distinct task once.
 """
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 from kiln.graph.operator import compiled_task
@@ -21,8 +22,10 @@ def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     (`kiln.schedule.BuildSettings`)."""
     tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        built = dict(zip(tasks, pool.map(lambda key: compiled_task(tasks[key], key[1], settings), tasks)))
-    return [built[(id(node.task), node.device)] for node in graph.nodes]
+        # each build in a copy of the caller's context, which holds the compile's record (kiln.log)
+        built = {key: pool.submit(contextvars.copy_context().run, compiled_task, task, key[1], settings)
+                 for key, task in tasks.items()}
+    return [built[(id(node.task), node.device)].result() for node in graph.nodes]
 
 
 def compile_graph(graph, settings=None) -> CompiledGraph:

@@ -21,6 +21,7 @@ import torch
 from kiln.device import Device, device as as_device
 from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir.size import size_key
+from kiln.log import current_record
 from kiln.tensor import Tensor, from_torch
 
 
@@ -202,6 +203,8 @@ def compiled_task(task: Task, device: Device, settings=None):
     if found is None:
         found = (task, build_task(task, device, settings))
         _compiled.put(key, found)
+    else:
+        current_record().add_kernel_reused()
     return found[1]
 
 

@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from kiln.table import format_table
+
 
 class PassInstrument:
     """Base class: override the callbacks you need."""
@@ -58,8 +60,9 @@ class PassTiming(PassInstrument):
         self.timings.append((graph_pass.name, time.perf_counter() - self._started.pop()))
 
     def render(self) -> str:
-        """One line per pass run: its name and milliseconds."""
-        return "\n".join(f"{name:<28} {sec * 1e3:9.3f} ms" for name, sec in self.timings)
+        """A table of the passes run: each one's name and milliseconds."""
+        return format_table([(name, f"{sec * 1e3:.3f}") for name, sec in self.timings],
+                            ("pass", "ms"), align=("left", "right"))
 
 
 class DumpGraph(PassInstrument):

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kiln.log import logger
+from kiln.log import current_record, logger
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -345,17 +345,20 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
             data = _verified(fd, key, suffix)
             if data is not None:
                 logger.debug("kernel cache hit: %s/%s%s", kind, key, suffix)
+                current_record().add_cache_lookup(kind, hit=True)
             else:
                 with _build_lock(fd, key, folder):
                     data = _verified(fd, key, suffix)      # published while this caller waited
                     if data is None:
                         logger.info("kernel cache miss: building %s/%s%s", kind, key, suffix)
+                        current_record().add_cache_lookup(kind, hit=False)
                         data = _build_privately(build, suffix)
                         _publish(fd, folder, key, suffix, data)
     except ReadOnlyCacheError as exc:
         _warn_read_only(exc)
         if data is None:
             logger.info("kernel cache miss: building %s/%s%s, not cached (read-only)", kind, key, suffix)
+            current_record().add_cache_lookup(kind, hit=False)
             data = _build_privately(build, suffix)
     return _private_copy(key, suffix, data)
 

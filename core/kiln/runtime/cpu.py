@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cache import content_key, lookup_or_build
 from kiln.runtime.kernel_errors import KernelCheck, raise_failed
+from kiln.table import numbered_source
 
 # -fno-tree-loop-if-convert: GCC 12.2 at -O3 with AVX2 or AVX-512 vectorizes a loop whose
 # load sits in one branch of an if (a Select guarding a load) with masked loads that read the
@@ -57,10 +58,6 @@ def cpu_model() -> str:
     return f"{fields.get('model name', 'unknown-cpu')}/{content_key(fields.get('flags', ''))[:16]}"
 
 
-def _numbered(source: str) -> str:
-    return "\n".join(f"{n:5d} | {line}" for n, line in enumerate(source.splitlines(), 1))
-
-
 def build_shared_library(source: str, name: str) -> Path:
     """Compile C `source` to a shared library through the kernel cache; return its path."""
     cc, version, arch = compiler()
@@ -76,7 +73,7 @@ def build_shared_library(source: str, name: str) -> Path:
             src.unlink(missing_ok=True)
         if proc.returncode != 0:
             raise BuildError(f"C compiler failed on kernel '{name}':\n{proc.stderr}\n--- source ---\n"
-                             f"{_numbered(source)}")
+                             f"{numbered_source(source)}")
 
     return lookup_or_build("cpu", key, ".so", build)
 

@@ -10,6 +10,7 @@ GPU, Kiln runs on the CPU, and `unavailable_reason()` says why CUDA cannot be us
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import os
@@ -26,6 +27,7 @@ from kiln import dtypes
 from kiln.dtypes import DataType
 from kiln.runtime import dependent_launch
 from kiln.runtime.cache import content_key, lookup_or_build
+from kiln.table import numbered_source
 
 BASE_OPTIONS = ("-std=c++17", "-default-device", "-diag-suppress=177")
 
@@ -182,10 +184,6 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-def _numbered(source: str) -> str:
-    return "\n".join(f"{n:5d} | {line}" for n, line in enumerate(source.splitlines(), 1))
-
-
 _COMPILE_SLOTS = threading.BoundedSemaphore(len(os.sched_getaffinity(0)))
 """NVRTC compilations that run at once in this process, whatever the threads asking (graph
 builds in parallel, each compiling candidates in parallel): one per usable core. More would only
@@ -206,7 +204,7 @@ def _compile(source: str, name: str, arch: str, options: Sequence[str]) -> bytes
         if int(status) != 0:
             text = log.decode(errors="replace").rstrip("\x00 \n")
             raise CudaBuildError(f"NVRTC {nvrtc_version()} failed to compile kernel '{name}' for {arch}:\n"
-                                 f"{text}\n--- source ---\n{_numbered(source)}")
+                                 f"{text}\n--- source ---\n{numbered_source(source)}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -237,7 +235,9 @@ def compile_many(jobs: Sequence[tuple[str, str, str]], workers: int | None = Non
     if len(jobs) <= 1:
         return [compile_cubin(*job) for job in jobs]
     with ThreadPoolExecutor(max_workers=workers or min(16, len(jobs))) as pool:
-        return list(pool.map(lambda job: compile_cubin(*job), jobs))
+        # each job in a copy of the caller's context, which holds the compile's record (kiln.log)
+        futures = [pool.submit(contextvars.copy_context().run, compile_cubin, *job) for job in jobs]
+        return [future.result() for future in futures]
 
 
 # ------------------------------------------------------------------ devices and modules

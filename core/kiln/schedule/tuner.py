@@ -8,13 +8,15 @@ fresh random inputs; the winner is cached on disk per task, template sources and
 a second process does not tune again. A task with symbolic sizes is keyed by its candidates'
 sources alone, which a symbolic template renders alike for every size of a bucket (its
 `suggest` buckets sizes): the winner timed at one size serves its bucket.
+
+Tuning tells its progress on stderr (`kiln.progress`): a bar on a terminal, and one line per
+template tuned (the winner, the candidates, the seconds); `KILN_PROGRESS=0` silences it.
 """
 from __future__ import annotations
 
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 
@@ -23,7 +25,8 @@ import torch
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.specialize import has_symbolic_sizes
-from kiln.log import logger
+from kiln.log import current_record, logger
+from kiln.progress import Progress
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import backend_for
 from kiln.runtime.cache import cache_dir, content_key
@@ -98,25 +101,31 @@ def tune(task: Task, template, device: Device, level: int) -> dict:
                       rt.nvrtc_version(), *(p.source for p in programs))
     record = _record_path(key)
     try:
-        return json.loads(record.read_text())["knobs"]
+        knobs = json.loads(record.read_text())["knobs"]
+        current_record().add_tuning_reused()
+        return knobs
     except (OSError, ValueError, KeyError):
         pass
-    rt.compile_many([(p.source, p.kernel_names[0], p.arch_for(info["arch"])) for p in programs])
     results = []
-    with _timing:
-        for n, (knobs, program) in enumerate(zip(space, programs), 1):
-            print(f"\rkiln: tuning {template.name} for {task!r}: {n}/{len(space)}", end="", file=sys.stderr)
-            try:
-                ms = time_runner(backend_for(device).load(program, device), task, device)
-            except rt.CudaError as exc:      # a candidate the GPU cannot launch (too much shared memory)
-                print(f"\nkiln: candidate {knobs} failed: {exc}", file=sys.stderr)
-                continue
-            results.append((ms, n, knobs))
-    print(file=sys.stderr)
-    if not results:
-        raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")
-    best_ms, _, best = min(results)
-    print(f"kiln: {template.name} winner {best} at {best_ms:.4f} ms (of {len(results)} timed)", file=sys.stderr)
+    with Progress(len(space), f"tuning {template.name}", unit="candidate") as progress:
+        rt.compile_many([(p.source, p.kernel_names[0], p.arch_for(info["arch"])) for p in programs])
+        with _timing:
+            for n, (knobs, program) in enumerate(zip(space, programs), 1):
+                try:
+                    ms = time_runner(backend_for(device).load(program, device), task, device)
+                    results.append((ms, n, knobs))
+                except rt.CudaError as exc:  # a candidate the GPU cannot launch (too much shared memory)
+                    logger.info("tuning %s: candidate %s failed: %s", template.name, knobs, exc)
+                progress.step()
+        if not results:
+            raise rt.CudaError(f"no candidate of template '{template.name}' ran for {task!r}")
+        best_ms, _, best = min(results)
+        failed = len(space) - len(results)
+        seconds = progress.done(f"tuned {template.name} for {task!r}: {best} at {best_ms:.4f} ms"
+                                + (f", {failed} failed" if failed else ""))
+    current_record().add_tuned({"template": template.name, "task": repr(task), "best": best,
+                                "best_ms": best_ms, "candidates": len(space), "failed": failed,
+                                "seconds": seconds})
     logger.info("tuned %s for %r: %s at %.4f ms (of %d timed)", template.name, task, best, best_ms,
                 len(results))
     fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=".tmp-")

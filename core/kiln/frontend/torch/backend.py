@@ -40,10 +40,11 @@ from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.sizes import input_sizes, reads_value
+from kiln.frontend.torch.summary import compile_summary, left_to_pytorch, publish
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.ir.size import SymSize
-from kiln.log import dump_folder, logger, stage
+from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.cuda_graph import is_lent, same_addresses
@@ -120,15 +121,16 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
             raise UnmappedOperatorError(unmapped)
-        return KilnFunction(gm, settings, constants, saved_from)   # a declined node raises at first run
+        return KilnFunction(gm, settings, constants, saved_from=saved_from)   # a declined node raises at first run
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
-        return KilnFunction(gm, settings, constants)
+        return KilnFunction(gm, settings, constants, saved_from=saved_from)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
-    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants))
+    left = left_to_pytorch(gm, for_pytorch)
+    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants, left))
 
 
 def _warn_once(message: str) -> None:
@@ -163,9 +165,12 @@ class KilnFunction:
 
     `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
     `constant_ids` holds the ids of the parameters and buffers it was called with (how
-    `kiln.save` finds a model's graphs among the `live()` ones) and `frame` the Python frame
-    dynamo compiled it from. The outputs from position `saved_from` on (a training forward's
-    saved values) are lent by its CUDA graphs rather than copied.
+    `kiln.save` finds a model's graphs among the `live()` ones), `frame` the Python frame
+    dynamo compiled it from and `compile_id` the id of that compile. Each trace publishes its
+    summary (`kiln.frontend.torch.summary`), which lists `left_to_pytorch`: the nodes of a
+    graph split for fallback_to_eager that run in PyTorch. The outputs from position
+    `saved_from` on (a training forward's saved values) are lent by its CUDA graphs rather
+    than copied.
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -174,9 +179,10 @@ class KilnFunction:
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
-                 saved_from: int | None = None):
+                 left_to_pytorch: list[dict] | None = None, saved_from: int | None = None):
         self.gm = gm
         self.settings = settings
+        self.left_to_pytorch = left_to_pytorch or []
         self.saved_from = saved_from
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
@@ -202,6 +208,7 @@ class KilnFunction:
         self._names = [source or n.name for source, n in zip(self.sources, placeholders)]
         self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
+        self.compile_id = torch._guards.CompileContext.current_compile_id()
         self.constant_ids: set[int] = set()
         KilnFunction._live.add(self)
 
@@ -246,9 +253,23 @@ class KilnFunction:
         return self.gm.forward(*args)
 
     def _compile(self, args) -> CompiledRun:
+        described = [_describe_arg(a) for a in args]
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
-                    ", ".join(_describe_arg(a) for a in args))
+                    ", ".join(described))
         folder = dump_folder()
+        with recording() as record:
+            traced, traced_values, graph, compiled = self._trace_and_build(args, folder)
+        publish(compile_summary(self.gm, self.compile_id, described, self.left_to_pytorch, traced,
+                                graph, record, folder), self.compile_id)
+        if folder is not None:
+            dump_compiled(folder, self.gm, graph)
+        if self.settings.correctness_report:
+            print(correctness_report(self.gm, list(args), traced_values, traced, graph))
+        return compiled
+
+    def _trace_and_build(self, args, folder):
+        """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
+        CompiledRun, for the call `args`; each pass's graph written to `folder`."""
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
         for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
@@ -281,11 +302,7 @@ class KilnFunction:
                                    else None,
                                    BuildSettings(tune_level=level) if level else None,
                                    _leaves_from(result, self.saved_from))
-        if folder is not None:
-            dump_compiled(folder, self.gm, graph)
-        if self.settings.correctness_report:
-            print(correctness_report(self.gm, list(args), traced_values, traced, graph))
-        return compiled
+        return traced, traced_values, graph, compiled
 
 
 class CompiledRun:

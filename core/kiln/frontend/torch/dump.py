@@ -4,7 +4,9 @@
     graph-NNN/passes/            the FlowGraph before the passes and after each one
     graph-NNN/flow_graph.txt     the optimized FlowGraph that runs
     graph-NNN/kernels/KK_NAME.c  the source of each kernel (.cu for CUDA), in run order
-    graph-NNN/memory_plan.txt    each intermediate's workspace offset, size and lifetime
+    graph-NNN/memory_plan.txt    a table of each intermediate's workspace offset, size and lifetime
+
+and `compile_summary.jsonl` beside the folders, one line per compile (`kiln.frontend.torch.summary`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from torch.fx import GraphModule
 
 from kiln.graph import FlowGraph
 from kiln.runtime.cpu import CpuProgram
+from kiln.table import format_table
 
 
 def kernel_source(kernel) -> tuple[str, str] | None:
@@ -25,16 +28,19 @@ def kernel_source(kernel) -> tuple[str, str] | None:
 
 
 def memory_plan_text(compiled) -> str:
-    """The memory plan of a CompiledGraph, one line per intermediate."""
+    """The memory plan of a CompiledGraph: per workspace, a table of its intermediates."""
     lines = [repr(compiled)]
     for device, plan in compiled.plans.items():
         lines.append(f"workspace on {device}: {plan.size} bytes")
+        rows = []
         for slot, offset in sorted(plan.offsets.items(), key=lambda item: item[1]):
             buffer = compiled.buffers[slot]
             first, last = compiled.lifetimes[slot]
-            lines.append(f"  slot {slot:4d}  offset {offset:10d}  {buffer.nbytes:10d} bytes  "
-                         f"{str(buffer.dtype).replace('torch.', '')}{list(buffer.shape)}  "
-                         f"steps {first}..{last}")
+            rows.append((slot, offset, buffer.nbytes,
+                         f"{str(buffer.dtype).replace('torch.', '')}{list(buffer.shape)}",
+                         f"{first}..{last}"))
+        lines.append(format_table(rows, ("slot", "offset", "bytes", "tensor", "steps"),
+                                  align=("right", "right", "right", "left", "left"), indent="  "))
     return "\n".join(lines) + "\n"
 
 

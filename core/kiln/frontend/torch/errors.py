@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.table import format_table
+
 GUIDE = "CONTRIBUTING.md, section 'Mapping rules' (adding a torch mapping rule)"
 
 _NAMESPACES = ("torch.nn.functional", "torch.nn", "torch.special", "torch.linalg", "torch.fft",
@@ -73,10 +75,9 @@ class UnmappedOperatorError(NotImplementedError):
 
     def __init__(self, operators: list[UnmappedOperator]):
         self.operators = list(operators)
-        width = max(len(o.name) for o in self.operators)
-        lines = [f"  {o.name:<{width}}  {o.kind:<8}  {o.count} node{'s' if o.count > 1 else ''}"
-                 for o in self.operators]
+        table = format_table([(o.name, o.kind, f"{o.count} node{'s' if o.count > 1 else ''}")
+                              for o in self.operators], indent="  ")
         super().__init__(
-            "The following torch operators are not mapped to Kiln yet:\n" + "\n".join(lines) +
+            f"The following torch operators are not mapped to Kiln yet:\n{table}" +
             f"\nTo add the conversion rules, see {GUIDE}.\n"
             "To run them in PyTorch instead: kiln.torch.dynamo_config.fallback_to_eager(True)")

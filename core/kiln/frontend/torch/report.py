@@ -17,26 +17,18 @@ from torch.fx.node import map_aggregate
 from kiln.frontend.torch.errors import target_name
 from kiln.graph import FlowGraph
 from kiln.runtime.compiled_graph import Step
+from kiln.table import format_table
 from kiln.tensor import Tensor
 
 ATTENTION = {torch.float16: 1e-2, torch.bfloat16: 1e-2}
 DEFAULT_ATTENTION = 1e-5
 
 
-def format_table(headers, rows) -> str:
-    """A plain-text table: a header line, a rule of dashes, then one line per row."""
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[k]) for r in cells) for k in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def input_graph_table(gm: GraphModule) -> str:
     """The graph dynamo hands over: opcode, name, target, args, kwargs of every node."""
     rows = [(n.op, n.name, n.target if isinstance(n.target, str) else repr(n.target),
              n.args, n.kwargs) for n in gm.graph.nodes]
-    return format_table(("opcode", "name", "target", "args", "kwargs"), rows)
+    return format_table(rows, ("opcode", "name", "target", "args", "kwargs"))
 
 
 def node_error(actual, expected) -> float | None:
@@ -148,7 +140,7 @@ def correctness_report(gm: GraphModule, inputs: list, traced_values: dict[Node, 
         limit = next((_limit(e) for e in leaves_e if isinstance(e, torch.Tensor)), DEFAULT_ATTENTION)
         rows.append((len(rows), node.op, _operator_text(gm, node), dtype,
                      "" if error is None else f"{error:.1e}", _flag(error, limit)))
-    nodes_table = format_table(("", "kind", "operator", "dtype", "error", "attention"), rows)
+    nodes_table = format_table(rows, ("", "kind", "operator", "dtype", "error", "attention"))
     return (f"fx nodes (Kiln's operators before the graph passes):\n{nodes_table}\n\n"
             f"kernels that run (the optimized graph):\n"
             f"{_kernel_table(traced, traced_values, expected, kiln_values, optimized, run_inputs)}")
@@ -185,5 +177,5 @@ def _kernel_table(traced, traced_values, expected, kiln_values, optimized, run_i
             rows.append((len(rows), node.name, members, f"{t.dtype}[{','.join(map(str, t.shape))}]",
                          "" if error is None else f"{error:.1e}", closest,
                          "<------" if error is None or error > _limit(value) else ""))
-    return format_table(("", "kernel", "fused operators", "output", "error", "closest reference",
-                         "attention"), rows)
+    return format_table(rows, ("", "kernel", "fused operators", "output", "error",
+                               "closest reference", "attention"))
