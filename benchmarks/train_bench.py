@@ -202,9 +202,9 @@ def main() -> None:
             row["kiln_kernels"] = kiln_kernels(model, loss_of, args.kernels)
         rows.append(row)
         del model, initial
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        if args.json:       # after each case, so that a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
