@@ -3,7 +3,7 @@ import torch
 
 from kiln import dtypes, ops
 from kiln.frontend.torch import register_function, register_method
-from kiln.tensor import Tensor
+from kiln.tensor import Tensor, from_torch
 
 from kiln_mappings_builtin.common import is_tensor
 
@@ -33,17 +33,37 @@ def _same_device(self, *args, **kwargs) -> bool:
     return device is None or torch.device(device).type == self.device.torch().type
 
 
-@register_method("to", check=_same_device)
+def _moved(x: Tensor, device) -> Tensor:
+    """`x` on `device`: itself where it is there, a constant on `device` where its values are
+    known (a tensor a forward builds from constants, `torch.arange(n).to(x.device)`); a
+    symbolic tensor on another device is not mapped (the check declines it)."""
+    if device is None or torch.device(device).type == x.device.torch().type:
+        return x
+    return from_torch(x.torch().to(device))
+
+
+def _movable(self, *args, **kwargs) -> bool:
+    return not self.is_symbolic or _same_device(self, *args, **kwargs)
+
+
+@register_method("to", check=_movable)
 def to(self, *args, **kwargs):
-    return _cast(self, _conversion(self, *args, **kwargs)[0])
+    dtype, device = _conversion(self, *args, **kwargs)
+    return _moved(_cast(self, dtype), device)
 
 
-@register_method("cpu", check=lambda self, *args, **kwargs: not self.device.is_cuda)
-@register_method("cuda", check=lambda self, *args, **kwargs: self.device.is_cuda)
-def already_there(self, *args, **kwargs):
-    """`x.cpu()` of a CPU tensor, `x.cuda()` of a CUDA one: the tensor itself (moving between
-    devices inside a graph is not mapped)."""
-    return self
+@register_method("cpu", check=lambda self, *args, **kwargs: not self.device.is_cuda or not self.is_symbolic)
+def cpu(self, *args, **kwargs):
+    """`x.cpu()`: the tensor itself on the CPU, a CPU constant of a CUDA tensor whose values are
+    known (moving a symbolic tensor between devices inside a graph is not mapped)."""
+    return _moved(self, "cpu")
+
+
+@register_method("cuda", check=lambda self, *args, **kwargs: self.device.is_cuda or not self.is_symbolic)
+def cuda(self, device=None, *args, **kwargs):
+    """`x.cuda()`: the tensor itself on a GPU, a CUDA constant of a CPU tensor whose values are
+    known (moving a symbolic tensor between devices inside a graph is not mapped)."""
+    return self if self.device.is_cuda else _moved(self, "cuda" if device is None else device)
 
 
 @register_method("type", check=lambda self, dtype=None, **_: isinstance(dtype, torch.dtype))

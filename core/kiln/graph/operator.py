@@ -136,12 +136,33 @@ class OperatorDef:
         return cached, tensors, attrs
 
     def __call__(self, *args, **kwargs):
+        args, kwargs = _on_one_device(args, kwargs)
         arguments = self.bind(args, kwargs)
         task, tensors, attrs = self.task(arguments)
         dev = _device_of(self.name, tensors, attrs)
         op = Operator(self, tensors, attrs, task, dev)
         outs = op.outputs
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _on_one_device(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments with every CPU tensor whose values are known (a constant, or computed from
+    constants while tracing: `torch.tensor(2.0)`, `torch.arange(n)` in a forward) moved to the
+    one CUDA device the other tensor arguments are on, as PyTorch combines a CPU scalar with
+    CUDA tensors. Symbolic CPU tensors stay where they are (and the operator refuses the mix)."""
+    flat = [a for v in (*args, *kwargs.values()) for a in (v if isinstance(v, (list, tuple)) else [v])]
+    cuda = {t.device for t in flat if isinstance(t, Tensor) and t.device.is_cuda}
+    if len(cuda) != 1 or not any(isinstance(t, Tensor) and not t.device.is_cuda and not t.is_symbolic for t in flat):
+        return args, kwargs
+    target = next(iter(cuda)).torch()
+
+    def moved(v):
+        if isinstance(v, (list, tuple)):
+            return type(v)(moved(x) for x in v)
+        if isinstance(v, Tensor) and not v.device.is_cuda and not v.is_symbolic:
+            return from_torch(v.torch().to(target))
+        return v
+    return tuple(moved(a) for a in args), {k: moved(v) for k, v in kwargs.items()}
 
 
 def _device_of(name: str, tensors: list[Tensor], attrs: dict) -> Device:

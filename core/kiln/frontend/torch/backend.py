@@ -272,12 +272,17 @@ class KilnFunction:
         CompiledRun, for the call `args`; each pass's graph written to `folder`."""
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         values, inputs, positions = [], [], []
+        # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them
+        gpu = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        moves: dict[int, torch.device] = {}
         for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
                 else:
-                    v = symbol(sizes, a.dtype, a.device)
+                    if gpu is not None and a.dim() == 0 and not a.is_cuda and k not in self._written_positions:
+                        moves[len(positions)] = gpu
+                    v = symbol(sizes, a.dtype, moves.get(len(positions), a.device))
                     inputs.append(v)
                     positions.append(k)
             else:
@@ -293,7 +298,7 @@ class KilnFunction:
             traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
         with stage("optimize", f"{len(traced.nodes)} operators"):
             graph = _optimize(traced, self.settings, folder)
-        examples = [args[p] for p in positions]
+        examples = [args[p].to(moves[j]) if j in moves else args[p] for j, p in enumerate(positions)]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
@@ -301,7 +306,7 @@ class KilnFunction:
                                    examples if self.settings.use_cuda_graph and on_cuda
                                    else None,
                                    BuildSettings(tune_level=level) if level else None,
-                                   _leaves_from(result, self.saved_from))
+                                   _leaves_from(result, self.saved_from), moves)
         return traced, traced_values, graph, compiled
 
 
@@ -317,14 +322,17 @@ class CompiledRun:
     backward) is captured reading them in place (`kiln.runtime.cuda_graph`). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
-    so, calls run without a CUDA graph)."""
+    so, calls run without a CUDA graph). The inputs at positions `moves` (CPU scalars of a graph
+    on a GPU) are copied to their device first."""
 
     CAPTURES_KEPT = 4
 
     def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
-                 cuda_examples=None, build_settings=None, lent: Sequence[int] = ()):
+                 cuda_examples=None, build_settings=None, lent: Sequence[int] = (),
+                 moves: dict[int, torch.device] | None = None):
         self.graph = graph
         self.positions = positions
+        self.moves = moves or {}
         self.structure = structure
         self.writeback = writeback
         self.lent = list(lent)
@@ -376,6 +384,8 @@ class CompiledRun:
 
     def __call__(self, args):
         inputs = [args[p] for p in self.positions]
+        for j, device in self.moves.items():
+            inputs[j] = inputs[j].to(device, non_blocking=True)
         outs = self._replay(inputs) if self.captures is not None else None
         if outs is None:
             outs = self.graph.run(inputs)
