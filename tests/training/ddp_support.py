@@ -1,10 +1,12 @@
-"""DistributedDataParallel training of a tiny Llama-style model compiled by Kiln, and the
-one-process run on the global batch it must reproduce.
+"""Data-parallel training of a tiny Llama-style model compiled by Kiln, and the one-process run
+on the global batch it must reproduce.
 
 `ddp_losses` starts `world` processes (gloo on the CPU, NCCL on GPUs, one GPU a process); each
 wraps the model in DDP (buckets of 1 MB, so that dynamo's DDP optimizer splits the graph into
-several pieces, each compiled by the backend), trains on its slice of every global batch and
-records the loss averaged over the processes, which is the global batch's mean loss. Rank 0
+several pieces, each compiled by the backend) or, with `wrap="fsdp2"`, shards it with FSDP2
+(`fully_shard` on each decoder layer and on the whole; dynamo skips FSDP's hooks, which gather
+and free the parameters around each layer in eager), trains on its slice of every global batch
+and records the loss averaged over the processes, which is the global batch's mean loss. Rank 0
 writes the losses and the median step time to a JSON file.
 """
 from __future__ import annotations
@@ -82,7 +84,19 @@ def single_process_losses(model, batches, device: str, backend: str | None) -> t
     return _timed_steps(step, len(batches), device)
 
 
-def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str, out: str):
+def _wrapped(model, wrap: str, rank: int, device: str):
+    """`model` (on its rank's device) wrapped for data parallelism by `wrap` ("ddp", "fsdp2")."""
+    if wrap == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=BUCKET_MB)
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.model.model.layers:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str, out: str,
+            wrap: str = "ddp"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a rank that waits on a collective the others never reach raises after the timeout
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
@@ -94,10 +108,9 @@ def _worker(rank: int, world: int, port: int, model, batches, device: str, backe
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         where = f"cuda:{rank}" if device == "cuda" else "cpu"
         model = copy.deepcopy(model).to(where).train()   # spawn shares the caller's tensors
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=BUCKET_MB)
-        run = torch.compile(ddp, backend=backend)
-        opt = _optimizer(ddp.parameters())
+        parallel = _wrapped(model, wrap, rank, device)
+        run = torch.compile(parallel, backend=backend)
+        opt = _optimizer(parallel.parameters())
 
         def step(i):
             ids, labels = (t.chunk(world)[rank].to(where) for t in batches[i])
@@ -110,8 +123,10 @@ def _worker(rank: int, world: int, port: int, model, batches, device: str, backe
             return mean.item() / world
         losses, times = _timed_steps(step, len(batches), device)
         if rank == 0:
+            from kiln.frontend.torch.backend import KilnFunction
             with open(out, "w") as f:
-                json.dump({"losses": losses, "step_ms": statistics.median(times[3:]) if len(times) > 3 else None}, f)
+                json.dump({"losses": losses, "step_ms": statistics.median(times[3:]) if len(times) > 3 else None,
+                           "kiln_graphs": sum(len(g.graphs) for g in KilnFunction.live())}, f)
     finally:
         dist.destroy_process_group()
 
@@ -122,11 +137,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ddp_losses(model, batches, world: int, device: str, backend: str = "kiln") -> dict:
-    """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA)} of DDP
-    training over `world` processes."""
+def ddp_losses(model, batches, world: int, device: str, backend: str = "kiln", wrap: str = "ddp") -> dict:
+    """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
+    "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp" or "fsdp2") over `world` processes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(_worker, args=(world, _free_port(), model, batches, device, backend, out), nprocs=world)
+        mp.spawn(_worker, args=(world, _free_port(), model, batches, device, backend, out, wrap), nprocs=world)
         with open(out) as f:
             return json.load(f)
