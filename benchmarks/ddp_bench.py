@@ -1,13 +1,16 @@
-"""DistributedDataParallel training step time on two GPUs, compiled by Kiln.
+"""Data-parallel training step time on two GPUs: DDP and FSDP2, eager, Inductor and Kiln.
 
-The tiny Llama-style model of the DDP test (tests/training/ddp_support.py: 3 layers, hidden 128,
-float32, SGD with momentum, 1 MB buckets, so dynamo's DDP optimizer splits the graph) trains
-`--steps` steps on two GPUs (NCCL, one process a GPU, half of each global batch each) and on one
-GPU with the whole global batch, eagerly and through Kiln. Reported: the median step time after
-three steps (CUDA events on rank 0), and the largest relative difference between the DDP losses
-and the one-GPU eager losses.
+`--model tiny`: the tiny Llama-style model of the data-parallel tests (tests/training/ddp_support.py:
+3 layers, hidden 128, 16 tokens); `--model gpt2`: GPT-2 small (transformers, dropout off, 512
+tokens). float32, SGD with momentum. Each trains `--steps` steps on one GPU with the whole global
+batch (eagerly: the reference losses), then on two GPUs (NCCL, one process a GPU, half of each
+global batch each) for each wrapper (`--wraps`: DistributedDataParallel with 1 MB buckets, so
+dynamo's DDP optimizer splits the graph; FSDP2's `fully_shard` per decoder layer) and backend.
+Reported: the median step time after three steps (CUDA events on rank 0) and the largest
+relative difference between the two-GPU losses and the one-GPU eager losses.
 
-    python benchmarks/ddp_bench.py [--steps 20] [--batch 8] [--json out.json]
+    python benchmarks/ddp_bench.py [--model tiny|gpt2] [--steps 20] [--batch 8]
+        [--wraps ddp fsdp2] [--backends eager inductor kiln] [--json out.json]
 """
 from __future__ import annotations
 
@@ -22,35 +25,46 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "training"))
 from ddp_support import ddp_losses, global_batches, single_process_losses, tiny_llama  # noqa: E402
+from training_support import LanguageModel  # noqa: E402
+
+
+def gpt2_small() -> LanguageModel:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return LanguageModel(GPT2LMHeadModel(config))
+
+
+MODELS = {"tiny": (tiny_llama, {}), "gpt2": (gpt2_small, {"vocab": 50257, "length": 512})}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", choices=list(MODELS))
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences of 16 tokens)")
+    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
+    parser.add_argument("--wraps", nargs="+", default=["ddp", "fsdp2"], choices=["ddp", "fsdp2"])
+    parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"])
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"GPU: {torch.cuda.get_device_name()} x {torch.cuda.device_count()}, torch {torch.__version__}", flush=True)
-    model, batches = tiny_llama(), global_batches(args.steps, args.batch)
+    make, sizes = MODELS[args.model]
+    model, batches = make(), global_batches(args.steps, args.batch, **sizes)
     reference, eager_times = single_process_losses(model, batches, "cuda", backend=None)
-    torch._dynamo.reset()
-    _, kiln_times = single_process_losses(model, batches, "cuda", backend="kiln")
-    rows = {"one GPU, eager": statistics.median(eager_times[3:]),
-            "one GPU, kiln": statistics.median(kiln_times[3:])}
-    result = {"gpu": torch.cuda.get_device_name(), "steps": args.steps, "global_batch": args.batch}
-    for backend in ("eager", "kiln"):
-        ddp = ddp_losses(model, batches, 2, "cuda", backend=backend)
-        rows[f"two GPUs DDP, {backend}"] = ddp["step_ms"]
-        result[f"ddp_{backend}_max_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(ddp["losses"], reference))
-        result[f"ddp_{backend}_losses"] = ddp["losses"]
-    result["reference_losses"], result["step_ms"] = reference, rows
-    for label, ms in rows.items():
-        print(f"{label:<22} {ms:8.2f} ms/step", flush=True)
-    for backend in ("eager", "kiln"):
-        print(f"DDP {backend}: largest relative loss difference to one GPU eager "
-              f"{result[f'ddp_{backend}_max_rel_diff']:.2e}", flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "steps": args.steps,
+              "global_batch": args.batch, "reference_losses": reference, "rows": []}
+    rows = [{"wrap": "one GPU", "backend": "eager", "step_ms": statistics.median(eager_times[3:])}]
+    for wrap in args.wraps:
+        for backend in args.backends:
+            run = ddp_losses(model, batches, 2, "cuda", backend=None if backend == "eager" else backend, wrap=wrap)
+            rows.append({"wrap": wrap, "backend": backend, "step_ms": run["step_ms"], "losses": run["losses"],
+                         "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference))})
+    result["rows"] = rows
+    for r in rows:
+        diff = f"   loss vs one GPU eager {r['max_rel_loss_diff']:.2e}" if "max_rel_loss_diff" in r else ""
+        print(f"{r['wrap']:<8} {r['backend']:<9} {r['step_ms']:8.2f} ms/step{diff}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

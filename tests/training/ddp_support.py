@@ -4,7 +4,7 @@ on the global batch it must reproduce.
 `ddp_losses` starts `world` processes (gloo on the CPU, NCCL on GPUs, one GPU a process); each
 wraps the model in DDP (buckets of 1 MB, so that dynamo's DDP optimizer splits the graph into
 several pieces, each compiled by the backend) or, with `wrap="fsdp2"`, shards it with FSDP2
-(`fully_shard` on each decoder layer and on the whole; dynamo skips FSDP's hooks, which gather
+(`fully_shard` on each decoder layer, the model's first ModuleList, and on the whole; dynamo skips FSDP's hooks, which gather
 and free the parameters around each layer in eager), trains on its slice of every global batch
 and records the loss averaged over the processes, which is the global batch's mean loss. Rank 0
 writes the losses and the median step time to a JSON file.
@@ -38,11 +38,12 @@ def tiny_llama(seed: int = 0) -> LanguageModel:
     return LanguageModel(transformers.LlamaForCausalLM(config))
 
 
-def global_batches(steps: int, batch: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def global_batches(steps: int, batch: int, seed: int = 1, vocab: int = VOCAB,
+                   length: int = LENGTH) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`steps` global batches of random tokens, cycling through two, so that the loss falls."""
     generator = torch.Generator().manual_seed(seed)
-    two = [(torch.randint(0, VOCAB, (batch, LENGTH), generator=generator),
-            torch.randint(0, VOCAB, (batch, LENGTH), generator=generator)) for _ in range(2)]
+    two = [(torch.randint(0, vocab, (batch, length), generator=generator),
+            torch.randint(0, vocab, (batch, length), generator=generator)) for _ in range(2)]
     return [two[i % 2] for i in range(steps)]
 
 
@@ -90,12 +91,13 @@ def _wrapped(model, wrap: str, rank: int, device: str):
         return torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=BUCKET_MB)
     from torch.distributed.fsdp import fully_shard
-    for layer in model.model.model.layers:
+    decoder_layers = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))
+    for layer in decoder_layers:
         fully_shard(layer)
     return fully_shard(model)
 
 
-def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str, out: str,
+def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str | None, out: str,
             wrap: str = "ddp"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a rank that waits on a collective the others never reach raises after the timeout
@@ -109,7 +111,7 @@ def _worker(rank: int, world: int, port: int, model, batches, device: str, backe
         where = f"cuda:{rank}" if device == "cuda" else "cpu"
         model = copy.deepcopy(model).to(where).train()   # spawn shares the caller's tensors
         parallel = _wrapped(model, wrap, rank, device)
-        run = torch.compile(parallel, backend=backend)
+        run = parallel if backend is None else torch.compile(parallel, backend=backend)
         opt = _optimizer(parallel.parameters())
 
         def step(i):
@@ -137,7 +139,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ddp_losses(model, batches, world: int, device: str, backend: str = "kiln", wrap: str = "ddp") -> dict:
+def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp") -> dict:
     """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
     "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp" or "fsdp2") over `world` processes."""
     with tempfile.TemporaryDirectory() as tmp:
