@@ -141,7 +141,8 @@ def _free_port() -> int:
 
 def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp") -> dict:
     """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
-    "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp" or "fsdp2") over `world` processes."""
+    "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp"
+    or "fsdp2") over `world` processes; `backend` None runs the model eagerly."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         mp.spawn(_worker, args=(world, _free_port(), model, batches, device, backend, out, wrap), nprocs=world)
