@@ -1,12 +1,15 @@
-"""Show or clear Kiln's on-disk kernel cache ($KILN_CACHE_DIR, else ~/.cache/kiln)."""
+"""Show or clear Kiln's on-disk caches ($KILN_CACHE_DIR, else ~/.cache/kiln): the kernel cache
+(built kernels, by device kind) and the whole-graph cache (compiled graphs' plans, the kind
+`graphs`)."""
 from __future__ import annotations
 
-HELP = "show (status) or empty (clear) the on-disk kernel cache"
+HELP = "show (status) or empty (clear) the on-disk kernel and graph caches"
 
 
 def configure(parser) -> None:
     parser.add_argument("action", nargs="?", choices=("status", "clear"), default="status",
                         help="status (default): entries and sizes by kind; clear: delete every entry")
+    parser.add_argument("--kind", help="clear only the entries of this kind (cpu, cuda, graphs)")
 
 
 def human_size(n: int) -> str:
@@ -21,8 +24,9 @@ def human_size(n: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def format_status(status: dict) -> str:
-    """The report of `kiln cache status` for `kiln.runtime.cache.status()`."""
+def format_status(status: dict, graph_cache: str) -> str:
+    """The report of `kiln cache status` for `kiln.runtime.cache.status()`, ending with the
+    line `graph_cache` about the whole-graph cache's setting."""
     kinds = status["kinds"]
     rows = [(kind, str(v["entries"]), human_size(v["bytes"])) for kind, v in kinds.items()]
     rows.append(("total", str(sum(v["entries"] for v in kinds.values())),
@@ -31,20 +35,24 @@ def format_status(status: dict) -> str:
     widths = [max(len(r[k]) for r in [header, *rows]) for k in range(3)]
     lines = [f"kernel cache: {status['path']}"]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    return "\n".join(lines)
+    return "\n".join([*lines, graph_cache])
 
 
 def run(args) -> int:
+    from kiln.frontend.torch import dynamo_config, graph_cache
     from kiln.runtime import cache
 
     if args.action == "clear":
-        cleared = cache.clear()
-        print(f"removed {cleared.removed} entries from {cache.cache_dir()}")
+        cleared = cache.clear(args.kind)
+        what = f" of kind {args.kind}" if args.kind else ""
+        print(f"removed {cleared.removed} entries{what} from {cache.cache_dir()}")
         if cleared.failed:
             print(f"could not remove {len(cleared.failed)} paths:")
             for path in cleared.failed:
                 print(f"  {path}")
             return 1
     else:
-        print(format_status(cache.status()))
+        setting = "on" if dynamo_config.resolve().graph_cache else "off (KILN_GRAPH_CACHE=0)"
+        print(format_status(cache.status(), f"graph cache (kind {graph_cache.KIND}): {setting}, "
+                                            f"at most {human_size(graph_cache.limit())} (KILN_GRAPH_CACHE_MB)"))
     return 0

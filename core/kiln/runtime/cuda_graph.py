@@ -101,3 +101,23 @@ class CapturedGraph:
             self.graph.replay()
             outputs = [t.clone() if copy else t for t in self.static_outputs]
         return [self.wrap(t) for t in outputs]
+
+
+def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
+            wrap: Callable = lambda t: t) -> CapturedGraph:
+    """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
+    graph over a workspace of its own (replays never share it), on `example_inputs` (torch
+    tensors, used only for the capture). Each pair (output, input) of `write_back` makes the
+    replay copy that output into that input, which the graph then takes in place (bound at the
+    example's memory): replays update the caller's tensor and return the other outputs only,
+    each passed through `wrap`."""
+    workspace = compiled.workspace_set()
+    written = {out for out, _ in write_back}
+
+    def replay_body(inputs):
+        outs = compiled.run(inputs, workspace)
+        for out, position in write_back:
+            inputs[position].copy_(outs[out])
+        return [t for k, t in enumerate(outs) if k not in written]
+
+    return CapturedGraph(replay_body, example_inputs, wrap=wrap, bound=[position for _, position in write_back])

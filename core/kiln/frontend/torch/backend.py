@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
+from kiln.frontend.torch import graph_cache
 from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
@@ -38,6 +39,7 @@ from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
+from kiln.frontend.torch.run_record import Output, RunRecord
 from kiln.frontend.torch.sizes import input_sizes, reads_value
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
@@ -45,9 +47,10 @@ from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
-from kiln.runtime.cuda_graph import same_addresses
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.cuda_graph import capture, same_addresses
 from kiln.schedule import BuildSettings
-from kiln.tensor import Tensor, from_torch, symbol
+from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
 _warned: set[str] = set()
 
@@ -242,49 +245,69 @@ class KilnFunction:
     def _compile(self, args) -> CompiledRun:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(_describe_arg(a) for a in args))
-        folder = dump_folder()
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
+        sizes = input_sizes(self.gm, args)
+        key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, self.settings)
+        if key is not None:
+            with stage("graph cache"):
+                cached = graph_cache.lookup(key, args)
+                if cached is not None:
+                    return self._run(cached.plan.assemble(), cached, args)
+        folder = dump_folder()
         values, inputs, positions = [], [], []
-        for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
+        for k, (a, constant, size) in enumerate(zip(args, self.constant, sizes)):
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
                 else:
-                    v = symbol(sizes, a.dtype, a.device)
+                    v = symbol(size, a.dtype, a.device)
                     inputs.append(v)
                     positions.append(k)
             else:
-                v = sizes
+                v = size
             values.append(v)
         interpreter = Interpreter(self.gm)
         traced_values = {}
-        with stage("interpret"):
-            result = interpreter.run(values, on_node=traced_values.__setitem__)
-            leaves = []
-            map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
-            writeback = list(interpreter.mutated_inputs)
-            traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
-        with stage("optimize", f"{len(traced.nodes)} operators"):
-            graph = _optimize(traced, self.settings, folder)
-        examples = [args[p] for p in positions]
-        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        with recording_reads() as reads:
+            with stage("interpret"):
+                result = interpreter.run(values, on_node=traced_values.__setitem__)
+                leaves = []
+                map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
+                writeback = list(interpreter.mutated_inputs)
+                traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
+            with stage("optimize", f"{len(traced.nodes)} operators"):
+                graph = _optimize(traced, self.settings, folder)
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
-            compiled = CompiledRun(graph, positions, result, writeback,
-                                   examples if self.settings.use_cuda_graph and on_cuda
-                                   else None,
-                                   BuildSettings(tune_level=level) if level else None)
+            compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
+        structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
+        cached = RunRecord(compiled.plan, positions, structure, writeback)
+        run = self._run(compiled, cached, args, graph)
+        if key is not None:
+            graph_cache.store(key, cached, args, self._constant_positions,
+                              [k for k in self._constant_positions if id(values[k]) in reads])
         if folder is not None:
             dump_compiled(folder, self.gm, graph)
         if self.settings.correctness_report:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
-        return compiled
+        return run
+
+    def _run(self, compiled: CompiledGraph, cached: RunRecord, args,
+             graph: FlowGraph | None = None) -> CompiledRun:
+        """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
+        CUDA graph where the settings say so and its inputs are on CUDA."""
+        examples = [args[p] for p in cached.positions]
+        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        return CompiledRun(compiled, cached, examples if self.settings.use_cuda_graph and on_cuda else None,
+                           graph)
 
 
 class CompiledRun:
-    """A traced FlowGraph (replayed as a CUDA graph when given CUDA example inputs), how to put
+    """A compiled graph (replayed as a CUDA graph when given CUDA example inputs), how to put
     its outputs back into the graph's output structure, and the inputs its last outputs are
-    written back to (inputs the graph changes in place).
+    written back to (inputs the graph changes in place): `cached`'s, a
+    `kiln.frontend.torch.run_record.RunRecord`. `graph` is the optimized FlowGraph where this
+    process traced it, None for a plan from the graph cache.
 
     On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
     caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
@@ -293,22 +316,24 @@ class CompiledRun:
 
     CAPTURES_KEPT = 4
 
-    def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
-                 cuda_examples=None, build_settings=None):
+    def __init__(self, compiled: CompiledGraph, cached: RunRecord, cuda_examples=None,
+                 graph: FlowGraph | None = None):
+        self.compiled = compiled
         self.graph = graph
-        self.positions = positions
-        self.structure = structure
-        self.writeback = writeback
+        self.cached = cached
+        self.positions = cached.positions
+        self.structure = cached.structure
+        self.writeback = cached.writeback
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
-        self.flat_tensors = (type(structure) in (tuple, list) and not writeback and
-                             all(isinstance(v, Tensor) for v in structure))
-        graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
+        self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
+                             all(isinstance(v, Output) for v in self.structure))
         self.captures: OrderedDict | None = None
-        # a graph whose nodes all have no elements launches nothing: no CUDA graph to capture
-        if cuda_examples is not None and any(t.numel() for node in graph.nodes for t in node.outputs):
-            first = len(graph.outputs) - len(writeback)
-            inputs = {p: j for j, p in enumerate(positions)}
-            self.write_back = [(first + k, inputs[p]) for k, p in enumerate(writeback)]
+        # a graph whose steps all have no elements launches nothing: no CUDA graph to capture
+        if cuda_examples is not None and any(compiled.buffers[s].nbytes
+                                             for step in compiled.steps for s in step.outputs):
+            first = len(compiled.outputs) - len(self.writeback)
+            inputs = {p: j for j, p in enumerate(self.positions)}
+            self.write_back = [(first + k, inputs[p]) for k, p in enumerate(self.writeback)]
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
@@ -318,7 +343,7 @@ class CompiledRun:
         such calls run without a CUDA graph)."""
         if not all(inputs[j].is_contiguous() for _, j in self.write_back):
             return None
-        captured = self.graph.cuda_graph(inputs, write_back=self.write_back)
+        captured = capture(self.compiled, inputs, write_back=self.write_back)
         with self._captures_lock:
             self.captures[id(captured)] = captured
             while len(self.captures) > self.CAPTURES_KEPT:
@@ -343,16 +368,15 @@ class CompiledRun:
         inputs = [args[p] for p in self.positions]
         outs = self._replay(inputs) if self.captures is not None else None
         if outs is None:
-            outs = self.graph.run(inputs)
+            outs = self.compiled.run(inputs)
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
                 for position, value in zip(self.writeback, changed):
-                    args[position].copy_(value.torch())
+                    args[position].copy_(value)
         if self.flat_tensors:
-            return type(self.structure)(t.torch() for t in outs)
+            return type(self.structure)(outs)
         outs = iter(outs)
-        return map_aggregate(self.structure,
-                             lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
+        return map_aggregate(self.structure, lambda v: next(outs) if isinstance(v, Output) else v)
 
 
 def _constants_state(constants: list[torch.Tensor]) -> tuple[list, list]:
