@@ -17,6 +17,10 @@ AOTAutograd and its ATen graph compiled by Kiln, the caller's inputs updated aft
 eager updates them (in PyTorch, with a warning, only where AOTAutograd fails on it); a call
 where an input the graph changes in place shares memory with another input (`f(a, a[0])`) runs
 in PyTorch, with a warning.
+
+Before it traces a graph for an input signature, a KilnFunction asks the whole-graph cache
+(`kiln.frontend.torch.graph_cache`) for the plan compiled before for the same graph, inputs,
+settings and code: a hit skips mapping, graph passes, scheduling and rendering.
 """
 from __future__ import annotations
 
@@ -250,9 +254,9 @@ class KilnFunction:
         key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, self.settings)
         if key is not None:
             with stage("graph cache"):
-                cached = graph_cache.lookup(key, args)
-                if cached is not None:
-                    return self._run(cached.plan.assemble(), cached, args)
+                record = graph_cache.lookup(key, args)
+                if record is not None:
+                    return self._run(record.plan.assemble(), record, args)
         folder = dump_folder()
         values, inputs, positions = [], [], []
         for k, (a, constant, size) in enumerate(zip(args, self.constant, sizes)):
@@ -281,10 +285,10 @@ class KilnFunction:
         with stage("build", f"{len(graph.nodes)} kernels"):
             compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
-        cached = RunRecord(compiled.plan, positions, structure, writeback)
-        run = self._run(compiled, cached, args, graph)
+        record = RunRecord(compiled.plan, positions, structure, writeback)
+        run = self._run(compiled, record, args, graph)
         if key is not None:
-            graph_cache.store(key, cached, args, self._constant_positions,
+            graph_cache.store(key, record, args, self._constant_positions,
                               [k for k in self._constant_positions if id(values[k]) in reads])
         if folder is not None:
             dump_compiled(folder, self.gm, graph)
@@ -292,20 +296,20 @@ class KilnFunction:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
         return run
 
-    def _run(self, compiled: CompiledGraph, cached: RunRecord, args,
+    def _run(self, compiled: CompiledGraph, record: RunRecord, args,
              graph: FlowGraph | None = None) -> CompiledRun:
         """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
         CUDA graph where the settings say so and its inputs are on CUDA."""
-        examples = [args[p] for p in cached.positions]
+        examples = [args[p] for p in record.positions]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
-        return CompiledRun(compiled, cached, examples if self.settings.use_cuda_graph and on_cuda else None,
+        return CompiledRun(compiled, record, examples if self.settings.use_cuda_graph and on_cuda else None,
                            graph)
 
 
 class CompiledRun:
     """A compiled graph (replayed as a CUDA graph when given CUDA example inputs), how to put
     its outputs back into the graph's output structure, and the inputs its last outputs are
-    written back to (inputs the graph changes in place): `cached`'s, a
+    written back to (inputs the graph changes in place): `record`'s, a
     `kiln.frontend.torch.run_record.RunRecord`. `graph` is the optimized FlowGraph where this
     process traced it, None for a plan from the graph cache.
 
@@ -316,14 +320,14 @@ class CompiledRun:
 
     CAPTURES_KEPT = 4
 
-    def __init__(self, compiled: CompiledGraph, cached: RunRecord, cuda_examples=None,
+    def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
                  graph: FlowGraph | None = None):
         self.compiled = compiled
         self.graph = graph
-        self.cached = cached
-        self.positions = cached.positions
-        self.structure = cached.structure
-        self.writeback = cached.writeback
+        self.record = record
+        self.positions = record.positions
+        self.structure = record.structure
+        self.writeback = record.writeback
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
                              all(isinstance(v, Output) for v in self.structure))

@@ -126,28 +126,39 @@ def _qualified(obj) -> str:
     return f"{module}.{name}"
 
 
-def _callable_text(fn) -> str:
+def _callable_text(fn, seen: frozenset = frozenset()) -> str:
     """A call target by its qualified name; a Python function also by its code, defaults and
-    closure (two functions of one name in different scopes, or a lambda's captured values)."""
+    closure (two functions of one name in different scopes, or a lambda's captured values;
+    `seen`: the functions whose closures hold this one, named only)."""
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return f"op {fn}"
     if isinstance(fn, torch._ops.HigherOrderOperator):
         return f"higher-order op {fn.name()}"
     if isinstance(fn, functools.partial):
-        return f"partial({_callable_text(fn.func)}, {_value_text(fn.args)}, {_value_text(fn.keywords)})"
+        return (f"partial({_callable_text(fn.func, seen)}, {_value_text(fn.args, seen)}, "
+                f"{_value_text(fn.keywords, seen)})")
     text = _qualified(fn)
     bound = getattr(fn, "__self__", None)
     if bound is not None and not inspect.ismodule(bound) and not isinstance(bound, type):
-        text += f" of {_value_text(bound)}"
-    if inspect.isfunction(fn):
-        closure = [cell.cell_contents for cell in fn.__closure__ or ()]
-        text += (f" code {_sha(marshal.dumps(fn.__code__))} defaults {_value_text(fn.__defaults__)} "
-                 f"{_value_text(fn.__kwdefaults__)} closure {_value_text(closure)}")
+        text += f" of {_value_text(bound, seen)}"
+    if inspect.isfunction(fn) and id(fn) not in seen:
+        seen = seen | {id(fn)}
+        closure = [_cell_text(cell, seen) for cell in fn.__closure__ or ()]
+        text += (f" code {_sha(marshal.dumps(fn.__code__))} defaults {_value_text(fn.__defaults__, seen)} "
+                 f"{_value_text(fn.__kwdefaults__, seen)} closure {closure}")
     return text
 
 
-def _value_text(value) -> str:
-    """An argument of a node (or an attribute) as text that tells every distinct value apart."""
+def _cell_text(cell, seen: frozenset) -> str:
+    try:
+        return _value_text(cell.cell_contents, seen)
+    except ValueError:          # an empty cell
+        return "empty"
+
+
+def _value_text(value, seen: frozenset = frozenset()) -> str:
+    """An argument of a node (or an attribute) as text that tells every distinct value apart
+    (`seen`: see `_callable_text`)."""
     if isinstance(value, Node):
         return f"%{value.name}"
     if isinstance(value, torch.Tensor):
@@ -155,15 +166,15 @@ def _value_text(value) -> str:
     if isinstance(value, torch.nn.Module):
         return _module_text(value)
     if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__}({', '.join(_value_text(v) for v in value)})"
+        return f"{type(value).__name__}({', '.join(_value_text(v, seen) for v in value)})"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_value_text(k)}: {_value_text(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_value_text(k, seen)}: {_value_text(v, seen)}" for k, v in value.items()) + "}"
     if isinstance(value, slice):
         return f"slice({_value_text(value.start)}, {_value_text(value.stop)}, {_value_text(value.step)})"
     if isinstance(value, _PLAIN):
         return f"{type(value).__name__} {value!r}"
     if callable(value):
-        return _callable_text(value)
+        return _callable_text(value, seen)
     raise Uncacheable(f"the graph holds a value of type {type(value).__name__}, which the key cannot describe")
 
 

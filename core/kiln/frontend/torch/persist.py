@@ -134,10 +134,10 @@ def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str:
 
 
 def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
-    plan = run.cached.plan
+    plan = run.record.plan
     kernels = [_kernel_part(program, device, parts) for program, device in plan.kernels]
     stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
-    return {"run": replace(run.cached, plan=stored), "kernels": kernels, "sources": sources}
+    return {"run": replace(run.record, plan=stored), "kernels": kernels, "sources": sources}
 
 
 def save(compiled_model, path) -> None:
