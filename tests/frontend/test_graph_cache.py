@@ -15,7 +15,7 @@ from torch import nn
 import kiln
 from kiln.frontend.torch import graph_key, registry as mapping_rules
 from kiln.passes import PassContext, PassTiming
-from kiln.plugins import registry
+from kiln.plugins import PluginInfo, registry
 
 from frontend_support import Capture
 
@@ -100,7 +100,7 @@ def test_a_hit_skips_mapping_passes_and_builds_and_gives_a_fresh_compiles_output
 
 
 CHANGES = ["the graph", "a constant's shape", "an input's strides", "a dtype", "a setting", "a KILN_ variable",
-           "the pass context", "a plugin's version"]
+           "the pass context", "a plugin's version", "a plugin added"]
 
 
 @pytest.mark.parametrize("change", CHANGES)
@@ -126,6 +126,9 @@ def test_changing_one_part_of_the_key_misses(change, graph_cache, caplog, monkey
         info = next(p for p in registry().plugins if p.distribution == "kiln-ops-builtin")
         monkeypatch.setattr(info, "version", info.version + ".post1")
         monkeypatch.setattr(graph_key, "_code_digests", None)     # as in a process that starts now
+    elif change == "a plugin added":
+        plugins = registry()
+        monkeypatch.setattr(plugins, "plugins", [*plugins.plugins, PluginInfo("extra", "kiln-extra", "1.0")])
     if change == "the pass context":
         with PassContext(disabled_passes=["fuse_operators"]):
             out = compiled(model, x)

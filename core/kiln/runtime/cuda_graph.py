@@ -12,6 +12,9 @@ then costs no copy in or out). A bound graph replays only for inputs at the memo
 captured on (`run` returns None otherwise), and the warm-up call that loads the kernels runs on
 copies, so the capture writes nothing the caller can see.
 
+`capture(compiled, example_inputs)` captures a CompiledGraph this way, over a workspace of its
+own (what `FlowGraph.cuda_graph` and the torch backend's runs use).
+
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.

@@ -231,7 +231,7 @@ def _settings_text(settings: Settings) -> str:
                  str(torch.get_default_dtype()), torch.is_grad_enabled(), sorted(environment.items())))
 
 
-_code_digests: tuple[Registry, str] | None = None
+_code_digests: tuple[Registry, int, str] | None = None
 
 
 def _code_digest(plugins: Registry) -> str:
@@ -242,9 +242,9 @@ def _code_digest(plugins: Registry) -> str:
     if mapping_registry().edited:
         raise Uncacheable("mapping rules declared outside a plugin (or plugins' rules removed) are in "
                           "effect, and no version describes their code")
-    with _lock:
-        if _code_digests is not None and _code_digests[0] is plugins:
-            return _code_digests[1]
+    with _lock:     # a registry gains plugins (`Registry.add_plugin`), never loses one
+        if _code_digests is not None and _code_digests[:2] == (plugins, len(plugins.plugins)):
+            return _code_digests[2]
     lines = [f"kiln {kiln.version.VERSION} {_files_digest(str(Path(kiln.version.__file__).parent))}",
              f"torch {torch.__version__} python {sys.version}", _machine_text()]
     for info in plugins.plugins:
@@ -254,7 +254,7 @@ def _code_digest(plugins: Registry) -> str:
                      f"{info.error is not None} {code}")
     digest = _sha("\n".join(lines))
     with _lock:
-        _code_digests = (plugins, digest)
+        _code_digests = (plugins, len(plugins.plugins), digest)
     return digest
 
 
