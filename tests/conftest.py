@@ -1,7 +1,13 @@
-"""Shared pytest configuration: tests marked `slow` run first, and tests marked `cuda` skip on
-machines without a usable GPU."""
+"""Shared pytest configuration: tests marked `slow` run first, tests marked `cuda` skip on
+machines without a usable GPU, and the whole-graph cache is off (KILN_GRAPH_CACHE=0, for the
+subprocesses tests start too): a test compiles what it means to compile, whatever an earlier
+test or run left on disk. The graph cache's own tests turn it on over a cache of their own."""
+import os
+
 import pytest
 import torch
+
+os.environ["KILN_GRAPH_CACHE"] = "0"
 
 
 def pytest_collection_modifyitems(config, items):

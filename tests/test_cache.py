@@ -278,5 +278,52 @@ def test_kiln_cache_status_and_clear(cache_root, capsys):
     assert entry_files(cache_root, ".so") == [] and cache_root.is_dir()
 
     assert main(["cache"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].split() == ["total", "0", "0", "B"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].split() == ["total", "0", "0", "B"]
+    assert lines[-1] == "graph cache (kind graphs): off (KILN_GRAPH_CACHE=0), at most 1.0 GiB (KILN_GRAPH_CACHE_MB)"
     check_kernel(build_shared_library(fresh_source("_s1"), "k"), "_s1")
+
+
+def test_entries_of_another_kind_are_verified_when_read(cache_root):
+    key = "cd" * 32
+    assert cache.read_entry("graphs", key, ".plan") is None
+    cache.write_entry("graphs", key, ".plan", b"a plan")
+    assert cache.read_entry("graphs", key, ".plan") == b"a plan"
+    only_entry(cache_root, ".plan").write_bytes(b"a changed plan")
+    assert cache.read_entry("graphs", key, ".plan") is None
+    assert cache.status()["kinds"]["graphs"]["entries"] == 1
+
+
+def test_evict_removes_the_least_recently_used_entries_beyond_a_size(cache_root):
+    keys = [f"{k:02d}" * 32 for k in range(4)]
+    for age, key in enumerate(keys):
+        cache.write_entry("graphs", key, ".plan", b"x" * 1000)
+        path = only_entry(cache_root / "graphs" / key[:2], ".plan")
+        os.utime(path, (1000 + age, 1000 + age))
+    assert cache.read_entry("graphs", keys[0], ".plan") is not None    # the oldest, used now
+    assert cache.evict("graphs", 2500) == 2
+    assert [cache.read_entry("graphs", key, ".plan") is not None for key in keys] == [True, False, False, True]
+    assert not list(cache_root.rglob(f"{keys[1]}.*"))                 # record and lock gone too
+
+
+def _write_and_read(key: str, payload: bytes, rounds: int, queue) -> None:
+    seen = set()
+    for _ in range(rounds):
+        cache.write_entry("graphs", key, ".plan", payload)
+        seen.add(cache.read_entry("graphs", key, ".plan"))
+    queue.put(seen)
+
+
+def test_processes_writing_one_entry_at_once_leave_readers_whole_entries(cache_root):
+    key, payloads = "ef" * 32, [bytes([k]) * (50_000 + 1000 * k) for k in range(4)]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    workers = [context.Process(target=_write_and_read, args=(key, p, 20, queue)) for p in payloads]
+    for w in workers:
+        w.start()
+    seen = set().union(*(queue.get(timeout=120) for _ in workers))
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0
+    assert seen <= {None, *payloads} and seen & set(payloads)
+    assert cache.read_entry("graphs", key, ".plan") in payloads

@@ -1,14 +1,22 @@
-"""kiln.save / kiln.load: a compiled model restored in a fresh process builds no kernel."""
+"""kiln.save / kiln.load: a compiled model restored in a fresh process builds no kernel, and a
+file is checked against its manifest before anything in it is loaded."""
+import hashlib
+import io
+import json
 import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import kiln
+from kiln.frontend.torch import persist
 from kiln.frontend.torch.persist import SaveError
+from kiln.runtime.cpu import architecture
 
 SAVE = """
 import sys, torch, kiln
@@ -87,3 +95,129 @@ def test_load_refuses_other_files(tmp_path):
     torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a compiled model saved by kiln.save"):
         kiln.load(tmp_path / "other.pt")
+
+
+@pytest.fixture
+def saved(compiled, tmp_path):
+    """A file kiln.save wrote, with the eager model and an input."""
+    eager, model = compiled
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)
+    kiln.save(model, tmp_path / "m.kiln")
+    return tmp_path / "m.kiln", eager, x
+
+
+def parts_of(path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def rewrite(path, parts: dict[str, bytes]) -> None:
+    """Write `parts` as the zip archive at `path` (a file changed after kiln.save wrote it)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in parts.items():
+            archive.writestr(name, data)
+
+
+def with_manifest(parts: dict[str, bytes], **changes) -> dict[str, bytes]:
+    manifest = json.loads(parts[persist.MANIFEST])
+    return {**parts, persist.MANIFEST: json.dumps({**manifest, **changes}).encode()}
+
+
+@pytest.fixture
+def nothing_loaded(monkeypatch):
+    """Fail the test if the records are read or a kernel loaded."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("kiln.load read the records or loaded a kernel of a refused file")
+    monkeypatch.setattr(persist, "loads", refuse)
+    monkeypatch.setattr(persist, "CpuKernel", refuse)
+
+
+def test_the_manifest_names_the_format_versions_architecture_and_every_parts_hash(saved):
+    path, eager, x = saved
+    parts = parts_of(path)
+    manifest = json.loads(parts.pop(persist.MANIFEST))
+    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 2
+    assert manifest["kiln"] == kiln.__version__ and manifest["torch"] == torch.__version__
+    assert manifest["architecture"] == {"cpu": architecture()}
+    assert manifest["parts"] == {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()}
+    assert "model.pt" in parts and any(name.startswith("kernels/") for name in parts)
+    torch.testing.assert_close(kiln.load(path)(x), eager(x).detach())
+
+
+@pytest.mark.parametrize("part", ["model.pt", "a kernel"])
+def test_a_changed_part_is_refused_before_anything_is_loaded(saved, part, nothing_loaded):
+    path, _, _ = saved
+    parts = parts_of(path)
+    name = part if part == "model.pt" else next(n for n in parts if n.startswith("kernels/"))
+    data = bytearray(parts[name])
+    data[len(data) // 2] ^= 0xFF
+    rewrite(path, {**parts, name: bytes(data)})
+    with pytest.raises(persist.LoadError, match=f"was changed after kiln.save wrote it: part {name} "
+                                                "does not have the hash its manifest lists"):
+        kiln.load(path)
+
+
+def test_a_damaged_file_is_refused(saved, nothing_loaded):
+    path, _, _ = saved
+    data = bytearray(path.read_bytes())
+    start = data.find(b"kernels/")                 # inside the first kernel's bytes
+    data[start + 4096] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(persist.LoadError, match="damaged|was changed"):
+        kiln.load(path)
+
+
+def test_a_part_the_manifest_does_not_list_is_refused(saved, nothing_loaded):
+    path, _, _ = saved
+    rewrite(path, {**parts_of(path), "kernels/extra.so": b"\x7fELF"})
+    with pytest.raises(persist.LoadError, match="parts its manifest does not list: kernels/extra.so"):
+        kiln.load(path)
+
+
+def test_a_file_for_another_processor_is_refused(saved, nothing_loaded):
+    path, _, _ = saved
+    rewrite(path, with_manifest(parts_of(path), architecture={"cpu": "riscv64 Some CPU/0123"}))
+    with pytest.raises(persist.LoadError, match=r"holds cpu kernels for 'riscv64 Some CPU/0123' "
+                                                r"\(written by Kiln .* with torch .*\); this machine's cpu is"):
+        kiln.load(path)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_a_file_of_another_format_version_is_refused(saved, version, nothing_loaded):
+    path, _, _ = saved
+    rewrite(path, with_manifest(parts_of(path), format_version=version))
+    with pytest.raises(persist.LoadError, match=f"is in version {version} of Kiln's compiled-model "
+                                                r"format .*; this Kiln .* reads version 2"):
+        kiln.load(path)
+
+
+def test_a_file_from_before_manifests_is_refused(tmp_path, nothing_loaded):
+    torch.save({"format": "kiln-compiled-model/1", "graphs": []}, tmp_path / "old.kiln")
+    with pytest.raises(persist.LoadError, match="it has no manifest .*format 1.* must be saved again"):
+        kiln.load(tmp_path / "old.kiln")
+
+
+class _Runs:
+    """Unpickled, it would create a file: records are read without running anything."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_records_that_would_run_code_are_refused_without_running_it(saved):
+    path, _, _ = saved
+    marker = path.parent / "ran"
+    records = io.BytesIO()
+    torch.save({"forward": ["input"], "graphs": [_Runs(marker)]}, records)
+    parts = {**parts_of(path), "model.pt": records.getvalue()}
+    manifest = json.loads(parts[persist.MANIFEST])
+    manifest["parts"]["model.pt"] = hashlib.sha256(records.getvalue()).hexdigest()
+    rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
+    with pytest.raises(persist.LoadError, match="its model.pt holds what a compiled model does not"):
+        kiln.load(path)
+    assert not marker.exists()

@@ -1,11 +1,14 @@
 """Kiln tensors: concrete ones hold a torch tensor as storage; symbolic ones record a trace.
 
 Storage is a torch tensor, so `from_torch` and `Tensor.torch()` share memory and Kiln allocates
-through PyTorch's caching allocator.
+through PyTorch's caching allocator. `recording_reads()` tells which tensors' values were asked
+for while it is active (what a compile's result may depend on beyond shapes and dtypes).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +53,8 @@ class Tensor:
         """The torch tensor holding this tensor's values (shares memory)."""
         if self.storage is None:
             raise ValueError("a symbolic tensor has no values; run the graph it belongs to")
+        for reads in _recorders:
+            reads.add(id(self))
         return self.storage
 
     def numpy(self) -> np.ndarray:
@@ -111,6 +116,25 @@ class Tensor:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+
+_recorders: tuple[set[int], ...] = ()      # replaced, never changed: readers see a whole one
+_recorders_lock = threading.Lock()
+
+
+@contextmanager
+def recording_reads() -> Iterator[set[int]]:
+    """A set that collects the ids of the Tensors whose values (`Tensor.torch()`, and so
+    `numpy()`) are asked for, in any thread, until the block ends."""
+    global _recorders
+    reads: set[int] = set()
+    with _recorders_lock:
+        _recorders = (*_recorders, reads)
+    try:
+        yield reads
+    finally:
+        with _recorders_lock:
+            _recorders = tuple(r for r in _recorders if r is not reads)
 
 
 _operator_named: Callable[[str], Callable] | None = None

@@ -1,10 +1,11 @@
 """Compiling a FlowGraph into a `kiln.runtime.compiled_graph.CompiledGraph`.
 
 Every tensor of the graph gets a numbered buffer slot; every node becomes a step calling its
-operator's built kernel. Where that kernel lays out a constant input once
-(`kiln.runtime.cpu.Preparation`: a weight packed as its GEMM reads it), the prepared form is
-computed here and becomes one more constant the step reads. The kernels are built in parallel
-threads (gcc and NVRTC builds release the GIL), each distinct task once.
+operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the CompiledGraph (where a
+kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
+GEMM reads it, the prepared form is computed then and becomes one more constant the step
+reads). The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
+distinct task once.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 from kiln.graph.operator import compiled_task
-from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph
+from kiln.runtime.plan import Plan
 from kiln.tensor import Tensor
 
 
@@ -31,7 +33,7 @@ def build_kernels(graph, workers: int | None = None, settings=None) -> list:
 def compile_graph(graph, settings=None) -> CompiledGraph:
     """`graph` (a FlowGraph: `FlowGraph.compile` calls this) as a CompiledGraph: its inputs,
     constants, outputs and intermediates as buffer slots, its nodes as steps in order, its
-    kernels built with `settings` (see `build_kernels`)."""
+    kernels built with `settings` (see `build_kernels`); its `plan` says all that as data."""
     slots: dict[int, int] = {}
     buffers: list[Buffer] = []
     constants = {}
@@ -51,14 +53,9 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
         return slots[id(t)]
 
     inputs = [new_slot(t) for t in graph.inputs]
-    steps = []
-    for node, kernel in zip(graph.nodes, build_kernels(graph, settings=settings)):
-        ins = tuple(existing(t) for t in node.inputs)
-        prepared = kernel.prepared([constants.get(s) for s in ins])
-        if prepared is not None:
-            kernel, form = prepared
-            constants[len(buffers)] = form
-            ins += (len(buffers),)
-            buffers.append(Buffer(tuple(form.shape), form.dtype, form.device))
-        steps.append(Step(kernel, ins, tuple(new_slot(t) for t in node.outputs)))
-    return CompiledGraph(steps, buffers, inputs, [existing(t) for t in graph.outputs], constants)
+    steps = [(tuple(existing(t) for t in node.inputs), tuple(new_slot(t) for t in node.outputs))
+             for node in graph.nodes]
+    outputs = [existing(t) for t in graph.outputs]
+    kernels = build_kernels(graph, settings=settings)
+    plan = Plan([(k.program, k.device) for k in kernels], steps, buffers, inputs, outputs, constants)
+    return plan.assemble(kernels)

@@ -9,7 +9,7 @@ import torch
 from kiln.graph.compile import compile_graph
 from kiln.graph.operator import Operator, OperatorError
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.runtime.cuda_graph import CapturedGraph
+from kiln.runtime.cuda_graph import CapturedGraph, capture
 from kiln.tensor import Tensor, from_torch
 
 
@@ -77,21 +77,7 @@ class FlowGraph:
             example_inputs = [torch.randn(t.shape, device=t.device.torch()).to(t.dtype.torch_dtype)
                               for t in self.inputs]
         examples = [t.torch() if isinstance(t, Tensor) else t for t in example_inputs]
-        compiled = self.compile()
-        workspace = compiled.workspace_set()    # the graph's own: replays never share it
-        written = {out for out, _ in write_back}
-
-        def replay_body(inputs):
-            outs = compiled.run(inputs, workspace)
-            for out, position in write_back:
-                inputs[position].copy_(outs[out])
-            return [t for k, t in enumerate(outs) if k not in written]
-
-        returned = [k for k in range(len(compiled.outputs)) if k not in written]
-        allocated = set(compiled.allocated_outputs)
-        return CapturedGraph(replay_body, examples, wrap=from_torch,
-                             bound=[position for _, position in write_back] + list(bound),
-                             lent=[j for j in lent if compiled.outputs[returned[j]] in allocated])
+        return capture(self.compile(), examples, write_back, wrap=from_torch, lent=lent, bound=bound)
 
     def __str__(self) -> str:
         return format_graph(self)

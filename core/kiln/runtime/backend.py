@@ -9,6 +9,7 @@ longer used does not stay loaded.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -21,31 +22,52 @@ from kiln.ir.compute import Task
 from kiln.runtime import cpu, cuda
 
 
-class CompiledTask:
-    """A loaded kernel computing one Task on one device: call it with torch tensors."""
+class DeviceKernel:
+    """A loaded kernel (`kernel`, a backend's: `kernel(inputs, outputs)` with torch tensors) on
+    one device; a call whose outputs are all empty launches nothing."""
 
-    def __init__(self, task: Task, device: Device, kernel):
-        self.task = task
+    def __init__(self, device: Device, kernel):
         self.device = device
         self.kernel = kernel
 
-    def prepared(self, constants: list[torch.Tensor | None]) -> tuple[CompiledTask, torch.Tensor] | None:
+    @property
+    def program(self):
+        """The program the kernel was built from (`kiln.runtime.cpu.CpuProgram`, ...)."""
+        return self.kernel.program
+
+    def prepared(self, constants: list[torch.Tensor | None]) -> tuple[DeviceKernel, torch.Tensor] | None:
         """Where its kernel lays out one of the inputs that are constants (`constants`: one per
-        input, None for the others) once, as `kiln.runtime.cpu.Preparation` says: this task
-        with the kernel that takes the prepared form as one more input, and that form. Else
-        None (kernels without preparations: every CUDA kernel for now)."""
+        input, None for the others) once, as `kiln.runtime.cpu.Preparation` says: a copy of this
+        kernel whose kernel takes the prepared form as one more input, and that form. Else None
+        (kernels without preparations: every CUDA kernel for now)."""
         prepare = getattr(self.kernel, "prepare", None)
         found = prepare(constants) if prepare else None
-        return None if found is None else (CompiledTask(self.task, self.device, found[0]), found[1])
+        if found is None:
+            return None
+        kernel = copy.copy(self)
+        kernel.kernel = found[0]
+        return kernel, found[1]
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run on contiguous `inputs`, writing `outputs`."""
+        if any(o.numel() > 0 for o in outputs):
+            self.kernel(inputs, outputs)
+        return outputs
+
+
+class CompiledTask(DeviceKernel):
+    """A loaded kernel computing one Task on one device: call it with torch tensors."""
+
+    def __init__(self, task: Task, device: Device, kernel):
+        super().__init__(device, kernel)
+        self.task = task
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Run on contiguous `inputs`, writing `outputs` (allocated when not given)."""
         if outputs is None:
             outputs = [torch.empty(o.shape, dtype=o.dtype.torch_dtype, device=self.device.torch())
                        for o in self.task.outputs]
-        if any(o.numel() > 0 for o in outputs):
-            self.kernel(inputs, outputs)
-        return outputs
+        return super().__call__(inputs, outputs)
 
 
 @dataclass(eq=False)

@@ -24,6 +24,11 @@ Nothing in the cache is trusted beyond what Kiln checked itself:
   loads: `lookup_or_build` returns a copy in a private per-process folder of the root, never a
   path in the shared folders that someone could change between the check and the load.
 
+Other stores keep entries of their own kind in the same root, with the same checks and
+locks: `write_entry` publishes one, `read_entry` returns its verified bytes, and `evict` keeps
+a kind within a size, removing the least recently used entries first (the whole-graph cache,
+`kiln.frontend.torch.graph_cache`, is the kind `graphs`).
+
 A cache that cannot be used (KILN_CACHE_DIR is a file, or the disk is full) raises `CacheError`
 saying so, and leaves no temporary file behind. A read-only cache (a read-only file system, or
 folders the user may not write) still serves its verified entries; an entry it lacks is built
@@ -363,6 +368,60 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
     return _private_copy(key, suffix, data)
 
 
+def read_entry(kind: str, key: str, suffix: str) -> bytes | None:
+    """The bytes of the entry `key` of `kind` where it is there and verified (see the module's
+    docstring), else None. A hit refreshes the entry's time, so that `evict` removes the least
+    recently used entries first."""
+    try:
+        with _entry_folder(kind, key) as (fd, _):
+            data = _verified(fd, key, suffix)
+            if data is not None:
+                try:
+                    os.utime(key + suffix, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    pass           # a read-only cache: its entries age as they are
+            return data
+    except ReadOnlyCacheError:     # the folder is not there, and cannot be made
+        return None
+
+
+def write_entry(kind: str, key: str, suffix: str, data: bytes) -> None:
+    """Store `data` as the entry `key` of `kind`, with its record, under the entry's lock (the
+    build lock of `lookup_or_build`), each file atomically. A read-only cache stores nothing
+    (one warning a process)."""
+    try:
+        with _entry_folder(kind, key) as (fd, folder):
+            with _build_lock(fd, key, folder):
+                _publish(fd, folder, key, suffix, data)
+    except ReadOnlyCacheError as exc:
+        _warn_read_only(exc)
+
+
+def evict(kind: str, limit: int) -> int:
+    """Remove the least recently used entries of `kind` (with their records and locks) until
+    those left take at most `limit` bytes; return how many were removed. Entries that other
+    processes remove or read meanwhile are no harm: a reader verifies what it reads."""
+    found = []
+    for path in _entries(cache_dir() / kind):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        found.append((info.st_mtime, info.st_size, path))
+    total, removed = sum(size for _, size, _ in found), 0
+    for _, size, path in sorted(found):
+        if total <= limit:
+            break
+        for name in (path, path.with_suffix(".json"), path.with_suffix(".lock")):
+            try:
+                name.unlink()
+            except OSError:
+                pass
+        total -= size
+        removed += 1
+    return removed
+
+
 def _warn_read_only(exc: ReadOnlyCacheError) -> None:
     """Warn, once a process for each cache root, that kernels it lacks are not cached."""
     root = _root_path()
@@ -382,7 +441,7 @@ def _publish(dir_fd: int, folder: Path, key: str, suffix: str, data: bytes) -> N
         try:
             _write_new(dir_fd, name, content)
         except OSError as exc:
-            raise _unusable(folder / name, exc, "storing a kernel") from None
+            raise _unusable(folder / name, exc, "storing an entry") from None
 
 
 def _is_entry(name: str) -> bool:
@@ -443,15 +502,19 @@ class Cleared:
     failed: list[str] = field(default_factory=list)
 
 
-def clear() -> Cleared:
+def clear(kind: str | None = None) -> Cleared:
     """Delete every entry, record, build lock and leftover temporary file (links are removed,
     never followed), and the private folders of processes that ended; count only the entries
-    actually removed."""
+    actually removed. With `kind`, only the entries of that kind."""
     root = cache_dir()
     result = Cleared()
-    for folder in _abandoned_private_dirs(root):
-        shutil.rmtree(folder, onerror=lambda _f, path, exc: result.failed.append(f"{path} ({exc[1]})"))
-    for top in [p for p in root.iterdir() if p.is_symlink()] + _kinds(root):
+    if kind is None:
+        tops = [p for p in root.iterdir() if p.is_symlink()] + _kinds(root)
+        for folder in _abandoned_private_dirs(root):
+            shutil.rmtree(folder, onerror=lambda _f, path, exc: result.failed.append(f"{path} ({exc[1]})"))
+    else:
+        tops = [p for p in _kinds(root) if p.name == kind]
+    for top in tops:
         if top.is_symlink():
             _remove(top, result, counted=False)
             continue

@@ -104,10 +104,12 @@ class CompiledGraph:
     """Steps over numbered buffers: `buffers[slot]` describes each slot; `inputs` are the slots
     bound by `run`, `outputs` the slots it returns, `constants` fixed tensors by slot. Every
     other slot is an intermediate, placed in its device's workspace. `workspaces` is the first
-    workspace set's (runs that overlap in time make more)."""
+    workspace set's (runs that overlap in time make more). `plan` is the `kiln.runtime.plan.Plan`
+    it was assembled from, where it was (what the graph cache and `kiln.save` store)."""
 
     def __init__(self, steps: Sequence[Step], buffers: Sequence[Buffer], inputs: Sequence[int],
-                 outputs: Sequence[int], constants: dict[int, torch.Tensor]):
+                 outputs: Sequence[int], constants: dict[int, torch.Tensor], plan=None):
+        self.plan = plan
         self.steps = list(steps)
         self.buffers = list(buffers)
         self.inputs = list(inputs)

@@ -58,6 +58,12 @@ def cpu_model() -> str:
     return f"{fields.get('model name', 'unknown-cpu')}/{content_key(fields.get('flags', ''))[:16]}"
 
 
+def architecture() -> str:
+    """The processor kernels built here are for, as saved models record it: the machine type
+    and `cpu_model()` (what the kernel cache tells processors apart by; no compiler needed)."""
+    return f"{platform.machine()} {cpu_model()}"
+
+
 def build_shared_library(source: str, name: str) -> Path:
     """Compile C `source` to a shared library through the kernel cache; return its path."""
     cc, version, arch = compiler()

@@ -20,6 +20,9 @@ capture or no CUDA graph. A graph captured with a lent tensor as a bound input (
 on the forward's saved values: `is_lent`) reads it in place, so a training step copies neither
 its saved values out of the forward nor into the backward.
 
+`capture(compiled, example_inputs)` captures a CompiledGraph this way, over a workspace of its
+own (what `FlowGraph.cuda_graph` and the torch backend's runs use).
+
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.
@@ -142,3 +145,29 @@ class CapturedGraph:
             outputs = [t.detach() if k in lent else t.clone() if copy else t
                        for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]
+
+
+def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
+            wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = ()) -> CapturedGraph:
+    """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
+    graph over a workspace of its own (replays never share it), on `example_inputs` (torch
+    tensors, used only for the capture). Each pair (output, input) of `write_back` makes the
+    replay copy that output into that input, which the graph then takes in place (bound at the
+    example's memory): replays update the caller's tensor and return the other outputs only,
+    each passed through `wrap`. Of those, the positions `lent` that the graph allocates itself
+    (not inputs or constants) are lent rather than copied; the inputs at positions `bound` are
+    read in place."""
+    workspace = compiled.workspace_set()
+    written = {out for out, _ in write_back}
+
+    def replay_body(inputs):
+        outs = compiled.run(inputs, workspace)
+        for out, position in write_back:
+            inputs[position].copy_(outs[out])
+        return [t for k, t in enumerate(outs) if k not in written]
+
+    returned = [k for k in range(len(compiled.outputs)) if k not in written]
+    allocated = set(compiled.allocated_outputs)
+    return CapturedGraph(replay_body, example_inputs, wrap=wrap,
+                         bound=[position for _, position in write_back] + list(bound),
+                         lent=[j for j in lent if compiled.outputs[returned[j]] in allocated])

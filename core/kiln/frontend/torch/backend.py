@@ -17,6 +17,10 @@ AOTAutograd and its ATen graph compiled by Kiln, the caller's inputs updated aft
 eager updates them (in PyTorch, with a warning, only where AOTAutograd fails on it); a call
 where an input the graph changes in place shares memory with another input (`f(a, a[0])`) runs
 in PyTorch, with a warning.
+
+Before it traces a graph for an input signature, a KilnFunction asks the whole-graph cache
+(`kiln.frontend.torch.graph_cache`) for the plan compiled before for the same graph, inputs,
+settings and code: a hit skips mapping, graph passes, scheduling and rendering.
 """
 from __future__ import annotations
 
@@ -24,13 +28,13 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from typing import Sequence
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
+from kiln.frontend.torch import graph_cache
 from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
 from kiln.frontend.torch.config import Settings, dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
@@ -39,6 +43,7 @@ from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
+from kiln.frontend.torch.run_record import Output, RunRecord
 from kiln.frontend.torch.sizes import input_sizes, reads_value
 from kiln.frontend.torch.summary import compile_summary, left_to_pytorch, publish
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
@@ -47,9 +52,10 @@ from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
-from kiln.runtime.cuda_graph import is_lent, same_addresses
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
 from kiln.schedule import BuildSettings
-from kiln.tensor import Tensor, from_torch, symbol
+from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
 _warned: set[str] = set()
 
@@ -256,58 +262,78 @@ class KilnFunction:
         described = [_describe_arg(a) for a in args]
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
+        self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
+        sizes = input_sizes(self.gm, args)
+        key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, self.settings)
+        if key is not None:
+            with stage("graph cache"):
+                record = graph_cache.lookup(key, args)
+                if record is not None:
+                    return self._run(record.plan.assemble(), record, args)
         folder = dump_folder()
         with recording() as record:
-            traced, traced_values, graph, compiled = self._trace_and_build(args, folder)
+            traced, traced_values, graph, run = self._trace_and_build(args, sizes, key, folder)
         publish(compile_summary(self.gm, self.compile_id, described, self.left_to_pytorch, traced,
                                 graph, record, folder), self.compile_id)
         if folder is not None:
             dump_compiled(folder, self.gm, graph)
         if self.settings.correctness_report:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
-        return compiled
+        return run
 
-    def _trace_and_build(self, args, folder):
+    def _trace_and_build(self, args, sizes, key, folder):
         """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
-        CompiledRun, for the call `args`; each pass's graph written to `folder`."""
-        self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
+        CompiledRun, for the call `args` of input `sizes`; the run's record stored in the graph
+        cache under `key` (when not None); each pass's graph written to `folder`."""
         values, inputs, positions = [], [], []
         # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them
         gpu = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-        moves: dict[int, torch.device] = {}
-        for k, (a, constant, sizes) in enumerate(zip(args, self.constant, input_sizes(self.gm, args))):
+        moves: dict[int, str] = {}
+        for k, (a, constant, size) in enumerate(zip(args, self.constant, sizes)):
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
                 else:
                     if gpu is not None and a.dim() == 0 and not a.is_cuda and k not in self._written_positions:
-                        moves[len(positions)] = gpu
-                    v = symbol(sizes, a.dtype, moves.get(len(positions), a.device))
+                        moves[len(positions)] = str(gpu)
+                    v = symbol(size, a.dtype, moves.get(len(positions), a.device))
                     inputs.append(v)
                     positions.append(k)
             else:
-                v = sizes
+                v = size
             values.append(v)
         interpreter = Interpreter(self.gm)
         traced_values = {}
-        with stage("interpret"):
-            result = interpreter.run(values, on_node=traced_values.__setitem__)
-            leaves = []
-            map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
-            writeback = list(interpreter.mutated_inputs)
-            traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
-        with stage("optimize", f"{len(traced.nodes)} operators"):
-            graph = _optimize(traced, self.settings, folder)
-        examples = [args[p].to(moves[j]) if j in moves else args[p] for j, p in enumerate(positions)]
-        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        with recording_reads() as reads:
+            with stage("interpret"):
+                result = interpreter.run(values, on_node=traced_values.__setitem__)
+                leaves = []
+                map_aggregate(result, lambda v: leaves.append(v) if isinstance(v, Tensor) else v)
+                writeback = list(interpreter.mutated_inputs)
+                traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
+            with stage("optimize", f"{len(traced.nodes)} operators"):
+                graph = _optimize(traced, self.settings, folder)
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
-            compiled = CompiledRun(graph, positions, result, writeback,
-                                   examples if self.settings.use_cuda_graph and on_cuda
-                                   else None,
-                                   BuildSettings(tune_level=level) if level else None,
-                                   _leaves_from(result, self.saved_from), moves)
-        return traced, traced_values, graph, compiled
+            compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
+        structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
+        record = RunRecord(compiled.plan, positions, structure, writeback, moves,
+                           _leaves_from(result, self.saved_from))
+        run = self._run(compiled, record, args, graph)
+        if key is not None:
+            graph_cache.store(key, record, args, self._constant_positions,
+                              [k for k in self._constant_positions if id(values[k]) in reads])
+        return traced, traced_values, graph, run
+
+    def _run(self, compiled: CompiledGraph, record: RunRecord, args,
+             graph: FlowGraph | None = None) -> CompiledRun:
+        """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
+        CUDA graph where the settings say so and its inputs are on CUDA."""
+        examples = [args[p].to(record.moves[j]) if j in record.moves else args[p]
+                    for j, p in enumerate(record.positions)]
+        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+        return CompiledRun(compiled, record, examples if self.settings.use_cuda_graph and on_cuda else None,
+                           graph)
 
 
 class CompiledRun:
@@ -327,25 +353,26 @@ class CompiledRun:
 
     CAPTURES_KEPT = 4
 
-    def __init__(self, graph: FlowGraph, positions: list[int], structure, writeback: list[int],
-                 cuda_examples=None, build_settings=None, lent: Sequence[int] = (),
-                 moves: dict[int, torch.device] | None = None):
+    def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
+                 graph: FlowGraph | None = None):
+        self.compiled = compiled
         self.graph = graph
-        self.positions = positions
-        self.moves = moves or {}
-        self.structure = structure
-        self.writeback = writeback
-        self.lent = list(lent)
+        self.record = record
+        self.positions = record.positions
+        self.structure = record.structure
+        self.writeback = record.writeback
+        self.moves = {j: torch.device(d) for j, d in record.moves.items()}
+        self.lent = list(record.lent)
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
-        self.flat_tensors = (type(structure) in (tuple, list) and not writeback and
-                             all(isinstance(v, Tensor) for v in structure))
-        graph.compile(build_settings)  # builds (and tunes) every kernel in parallel
+        self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
+                             all(isinstance(v, Output) for v in self.structure))
         self.captures: OrderedDict | None = None
-        # a graph whose nodes all have no elements launches nothing: no CUDA graph to capture
-        if cuda_examples is not None and any(t.numel() for node in graph.nodes for t in node.outputs):
-            first = len(graph.outputs) - len(writeback)
-            inputs = {p: j for j, p in enumerate(positions)}
-            self.write_back = [(first + k, inputs[p]) for k, p in enumerate(writeback)]
+        # a graph whose steps all have no elements launches nothing: no CUDA graph to capture
+        if cuda_examples is not None and any(compiled.buffers[s].nbytes
+                                             for step in compiled.steps for s in step.outputs):
+            first = len(compiled.outputs) - len(self.writeback)
+            inputs = {p: j for j, p in enumerate(self.positions)}
+            self.write_back = [(first + k, inputs[p]) for k, p in enumerate(self.writeback)]
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
@@ -357,7 +384,7 @@ class CompiledRun:
             return None
         written = {j for _, j in self.write_back}
         bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous() and is_lent(t)]
-        captured = self.graph.cuda_graph(inputs, write_back=self.write_back, lent=self.lent, bound=bound)
+        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound)
         with self._captures_lock:
             self.captures[id(captured)] = captured
             while len(self.captures) > self.CAPTURES_KEPT:
@@ -388,16 +415,15 @@ class CompiledRun:
             inputs[j] = inputs[j].to(device, non_blocking=True)
         outs = self._replay(inputs) if self.captures is not None else None
         if outs is None:
-            outs = self.graph.run(inputs)
+            outs = self.compiled.run(inputs)
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
                 for position, value in zip(self.writeback, changed):
-                    args[position].copy_(value.torch())
+                    args[position].copy_(value)
         if self.flat_tensors:
-            return type(self.structure)(t.torch() for t in outs)
+            return type(self.structure)(outs)
         outs = iter(outs)
-        return map_aggregate(self.structure,
-                             lambda v: next(outs).torch() if isinstance(v, Tensor) else _plain(v))
+        return map_aggregate(self.structure, lambda v: next(outs) if isinstance(v, Output) else v)
 
 
 def _leaves_from(structure, first: int | None) -> list[int]:

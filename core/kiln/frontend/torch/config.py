@@ -5,10 +5,13 @@ level 2 (the tuner times many candidates of each template), "reduce-overhead" re
 graphs, "default" changes nothing.
 
 Each setter returns the config, so calls chain. Settings are read when a graph first runs
-(when its input shapes are known), not when torch.compile is called.
+(when its input shapes are known), not when torch.compile is called. Where an environment
+variable gives a setting's default (`KILN_GRAPH_CACHE` for `graph_cache`), the setting, once
+set, overrides it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -33,6 +36,7 @@ class Settings:
     print_input_graph: bool = False
     fallback_to_eager: bool = False
     allow_tf32: bool = False
+    graph_cache: bool | None = None    # None: on unless KILN_GRAPH_CACHE=0
 
 
 class DynamoConfig:
@@ -78,6 +82,13 @@ class DynamoConfig:
         self.settings.fallback_to_eager = bool(flag)
         return self
 
+    def graph_cache(self, flag: bool = True) -> DynamoConfig:
+        """Keep compiled graphs' plans on disk and reuse them in later compiles of the same
+        graph, inputs, settings and code (`kiln.frontend.torch.graph_cache`); on by default
+        unless KILN_GRAPH_CACHE=0."""
+        self.settings.graph_cache = bool(flag)
+        return self
+
     def reset(self) -> DynamoConfig:
         """Back to the defaults."""
         self.settings = Settings()
@@ -87,7 +98,8 @@ class DynamoConfig:
         """The settings for one compile: these, updated by torch.compile's `mode` (given as
         torch.compile's keyword or as options["mode"]) and `options`; `allow_tf32` is
         torch's `torch.backends.cuda.matmul.allow_tf32` now (dynamo compiles again when it
-        changes) unless `options` sets it."""
+        changes) unless `options` sets it, and `graph_cache` is KILN_GRAPH_CACHE's where
+        neither set it."""
         options = dict(options or {})
         in_options = options.pop("mode", None)
         if mode and in_options and mode != in_options:
@@ -102,7 +114,11 @@ class DynamoConfig:
         if unknown:
             raise ValueError(f"backend 'kiln' does not know option(s) {', '.join(unknown)}; "
                              f"expected some of {', '.join(sorted(known))}")
-        return replace(self.settings, **{"allow_tf32": torch.backends.cuda.matmul.allow_tf32, **MODES[mode], **options})
+        resolved = replace(self.settings, **{"allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                                             **MODES[mode], **options})
+        if resolved.graph_cache is None:
+            resolved.graph_cache = os.environ.get("KILN_GRAPH_CACHE", "1") != "0"
+        return resolved
 
     def __repr__(self) -> str:
         return f"DynamoConfig({self.settings})"

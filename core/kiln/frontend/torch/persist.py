@@ -2,35 +2,64 @@
 without compiling again.
 
 `save` takes a model compiled with `torch.compile(model, backend="kiln")` that has run: for
-each input signature Kiln compiled, the file holds the built kernels (the shared objects
-themselves), the memory plan's buffers, the constants (parameters, folded tensors) and how the
-model's arguments reach the graph. `load` returns a `LoadedModel`, called like the model's
-forward, that runs those kernels: no tracing, no graph passes, no compiler.
+each input signature Kiln compiled, the file holds its run (`kiln.frontend.torch.run_record`:
+the plan with the kernels' programs, the buffers and the constants, parameters and folded
+tensors alike), the built kernels (the shared objects themselves) and how the model's
+arguments reach the graph. `load` returns a `LoadedModel`, called like the model's forward,
+that runs those kernels: no tracing, no graph passes, no compiler.
+
+The file is a zip archive of parts, one of which describes the others:
+
+- `manifest.json`: the format (FORMAT) and its version (FORMAT_VERSION), the versions of Kiln
+  and torch that wrote it, the architecture of each device kind its kernels run on (the CPU's:
+  `kiln.runtime.cpu.architecture()`), and the SHA-256 of every other part;
+- `model.pt`: the runs and the forward's parameter names, in torch's serialization, read with
+  its weights-only unpickler (tensors, plain values and Kiln's own data classes: nothing in it
+  runs code);
+- `kernels/SHA.so`: each kernel's shared object, named by its hash.
+
+`load` checks the manifest before it reads anything else: the format and its version, the
+architectures against this machine's, and every part against its hash, with no part unlisted;
+then it reads the runs and loads the kernels the manifest lists, and those only. A changed or
+damaged file, a file of another format version or for another processor is a `LoadError`
+saying which (it names the Kiln and torch versions that wrote the file; these need not match
+the reader's). The hashes catch a damaged or altered part, not a forger who rewrites the
+manifest as well: the kernels are machine code, so load only files you trust.
 
 Limits, each an error where it applies: the model must be an nn.Module with parameters (they
 identify its graphs) captured as one graph (no graph breaks, no fallback_to_eager split; the
 graphs of recompilations for new shapes are all kept), on the CPU. A loaded model runs only
 the input signatures that were compiled, and returns what the graph returns: its one output,
-or a tuple of them. Loading a file runs the machine code in it: load only files you trust (as with `torch.load(weights_only=False)`).
+or a tuple of them.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import os
+import pickle
 import re
 import tempfile
+import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.fx.node import map_aggregate
 
-from kiln.frontend.torch.backend import KilnFunction
-from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
-from kiln.runtime.cpu import CpuKernel
-from kiln.tensor import Tensor
+from kiln.device import Device
+from kiln.frontend.torch.backend import CompiledRun, KilnFunction
+from kiln.frontend.torch.run_record import dumps, loads
+from kiln.runtime.backend import DeviceKernel, backend_for
+from kiln.runtime.cpu import CpuKernel, architecture
+from kiln.runtime.plan import owned
 from kiln.version import VERSION
 
-FORMAT = "kiln-compiled-model/1"
+FORMAT = "kiln-compiled-model"
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+RUNS = "model.pt"
+_ARCHITECTURES = {"cpu": architecture}
 _SOURCES = [(re.compile(r"L\['args'\]\[(\d+)\]$"), "position"),
             (re.compile(r"L\['kwargs'\]\['(\w+)'\]$"), "name"),
             (re.compile(r"L\['(\w+)'\]$"), "name")]
@@ -41,16 +70,17 @@ class SaveError(RuntimeError):
     """The compiled model cannot be saved (what is missing or unsupported is said)."""
 
 
-class _Output:
-    """Marks where a graph output goes in the saved output structure."""
+class LoadError(ValueError):
+    """A file `kiln.load` refuses: not a compiled model, of another format version, for another
+    machine, or changed since it was saved (which is said)."""
 
 
 def _graphs_of(module: torch.nn.Module) -> list[KilnFunction]:
-    owned = {id(t) for t in (*module.parameters(), *module.buffers())}
-    if not owned:
+    owned_ids = {id(t) for t in (*module.parameters(), *module.buffers())}
+    if not owned_ids:
         raise SaveError("kiln.save finds a model's compiled graph by its parameters; this model "
                         "has none")
-    found = [f for f in KilnFunction.live() if f.constant_ids & owned]
+    found = [f for f in KilnFunction.live() if f.constant_ids & owned_ids]
     if not found or not any(f.graphs for f in found):
         raise SaveError("kiln.save: the model has not been compiled by Kiln yet: call it once "
                         "(torch.compile(model, backend='kiln')(*inputs)) before saving")
@@ -88,29 +118,26 @@ def _argument(source: str) -> tuple | None:
     return None
 
 
-def _kernel_record(step: Step) -> dict:
-    kernel = getattr(step.kernel, "kernel", None)
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str:
+    """The name of the part holding the shared object of `program` (added to `parts`)."""
+    kernel = backend_for(device).load(program, device)
     if not isinstance(kernel, CpuKernel):
-        raise SaveError("kiln.save supports CPU kernels only; this graph runs "
-                        f"{type(kernel).__name__} kernels")
-    return {"program": kernel.program, "binary": Path(kernel.path).read_bytes()}
+        raise SaveError(f"kiln.save supports CPU kernels only; this graph runs {device.kind} kernels")
+    binary = Path(kernel.path).read_bytes()
+    name = f"kernels/{_sha256(binary)}.so"
+    parts[name] = binary
+    return name
 
 
-def _graph_record(run) -> dict:
-    compiled = run.graph.compile()
-    produced = {s for step in compiled.steps for s in step.outputs}
-    planned = {s for plan in compiled.plans.values() for s in plan.offsets}
-    constants = {s: t for s, t in compiled.constants.items()
-                 if s not in produced and s not in planned and s not in compiled.inputs}
-    return {
-        "kernels": [_kernel_record(step) for step in compiled.steps],
-        "steps": [(step.inputs, step.outputs) for step in compiled.steps],
-        "buffers": [(b.shape, b.dtype, str(b.device)) for b in compiled.buffers],
-        "inputs": compiled.inputs, "outputs": compiled.outputs, "constants": constants,
-        "positions": run.positions, "writeback": run.writeback,
-        "structure": map_aggregate(run.structure,
-                                   lambda v: _Output() if isinstance(v, Tensor) else v),
-    }
+def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
+    plan = run.record.plan
+    kernels = [_kernel_part(program, device, parts) for program, device in plan.kernels]
+    stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
+    return {"run": replace(run.record, plan=stored), "kernels": kernels, "sources": sources}
 
 
 def save(compiled_model, path) -> None:
@@ -122,54 +149,114 @@ def save(compiled_model, path) -> None:
                         f"backend='kiln'), not {type(compiled_model).__name__}")
     parameters = [p.name for p in inspect.signature(module.forward).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    graphs = [{**_graph_record(run), "sources": _argument_sources(function)}
+    parts: dict[str, bytes] = {}
+    graphs = [_graph_record(run, _argument_sources(function), parts)
               for function in _graphs_of(module) for run in function.graphs.values()]
-    torch.save({"format": FORMAT, "kiln": VERSION, "forward": parameters,
-                "graphs": graphs}, path)
+    parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
+                "torch": torch.__version__,
+                "architecture": {kind: _ARCHITECTURES[kind]() for kind in ("cpu",)},
+                "parts": {name: _sha256(data) for name, data in sorted(parts.items())}}
+    path = Path(path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr(MANIFEST, json.dumps(manifest, indent=1))
+            for name, data in sorted(parts.items()):
+                archive.writestr(name, data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
-def _loaded_kernel(record: dict, folder: str) -> CpuKernel:
+def _written_by(manifest: dict) -> str:
+    return f"written by Kiln {manifest.get('kiln', '?')} with torch {manifest.get('torch', '?')}"
+
+
+def _checked_parts(path) -> dict[str, bytes]:
+    """The parts of the file at `path`, once its manifest is found to describe this format
+    version and this machine, and every part to have the hash it lists (else LoadError)."""
+    not_ours = f"{path} is not a compiled model saved by kiln.save"
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise LoadError(f"{not_ours} (not a zip archive)") from None
+    with archive:
+        names = set(archive.namelist())
+        if MANIFEST not in names:
+            raise LoadError(f"{not_ours}: it has no manifest (files of Kiln's format 1, from before "
+                            "manifests, must be saved again)")
+        try:
+            manifest = json.loads(archive.read(MANIFEST))
+            listed = dict(manifest["parts"])
+            architectures = dict(manifest["architecture"])
+        except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
+            raise LoadError(f"{not_ours}: its manifest is unreadable ({error})") from None
+        if manifest.get("format") != FORMAT:
+            raise LoadError(f"{not_ours}: its manifest names format {manifest.get('format')!r}")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise LoadError(f"{path} is in version {manifest.get('format_version')!r} of Kiln's "
+                            f"compiled-model format ({_written_by(manifest)}); this Kiln ({VERSION}) "
+                            f"reads version {FORMAT_VERSION}: compile and save the model again")
+        for kind, saved in architectures.items():
+            here = _ARCHITECTURES[kind]() if kind in _ARCHITECTURES else None
+            if saved != here:
+                raise LoadError(f"{path} holds {kind} kernels for {saved!r} ({_written_by(manifest)}); "
+                                f"this machine's {kind} is {here!r}: compile and save the model on a "
+                                "machine like this one")
+        unlisted = sorted(names - set(listed) - {MANIFEST})
+        missing = sorted(set(listed) - names)
+        problems = [f"parts its manifest does not list: {', '.join(unlisted)}"] if unlisted else []
+        problems += [f"parts its manifest lists are missing: {', '.join(missing)}"] if missing else []
+        if problems:
+            raise LoadError(f"{path} was changed after kiln.save wrote it: {'; '.join(problems)}")
+        parts = {}
+        for name, digest in listed.items():
+            try:
+                data = archive.read(name)
+            except zipfile.BadZipFile as error:
+                raise LoadError(f"{path} is damaged: part {name}: {error}") from None
+            if _sha256(data) != digest:
+                raise LoadError(f"{path} was changed after kiln.save wrote it: part {name} does not "
+                                "have the hash its manifest lists")
+            parts[name] = data
+    return parts
+
+
+def _loaded_kernel(program, device: Device, binary: bytes, folder: str) -> DeviceKernel:
     """A saved CPU kernel, loaded from its shared object (nothing is left on disk)."""
     fd, so = tempfile.mkstemp(suffix=".so", dir=folder)
     with os.fdopen(fd, "wb") as f:
-        f.write(record["binary"])
+        f.write(binary)
     try:
-        return CpuKernel(record["program"], Path(so))
+        return DeviceKernel(device, CpuKernel(program, Path(so)))
     finally:
         os.unlink(so)      # the mapping stays loaded
 
 
 class _LoadedGraph:
-    def __init__(self, record: dict, folder: str):
-        steps = [Step(_loaded_kernel(k, folder), tuple(ins), tuple(outs))
-                 for k, (ins, outs) in zip(record["kernels"], record["steps"])]
-        buffers = [Buffer(tuple(shape), dtype, torch.device(device))
-                   for shape, dtype, device in record["buffers"]]
-        self.compiled = CompiledGraph(steps, buffers, record["inputs"], record["outputs"],
-                                      record["constants"])
+    def __init__(self, record: dict, parts: dict[str, bytes], folder: str):
+        run = record["run"]
+        plan = run.plan
+        kernels = [_loaded_kernel(program, device, parts[name], folder)
+                   for (program, device), name in zip(plan.kernels, record["kernels"])]
+        self.run = CompiledRun(plan.assemble(kernels), run)
         self.sources = record["sources"]
-        self.positions = record["positions"]
-        self.writeback = record["writeback"]
-        self.structure = record["structure"]
-        self.signature = tuple((tuple(buffers[s].shape), buffers[s].dtype) for s in record["inputs"])
-
-    def __call__(self, values: list):
-        outs = self.compiled.run([values[p] for p in self.positions])
-        if self.writeback:
-            changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
-            for position, value in zip(self.writeback, changed):
-                values[position].copy_(value)
-        outs = iter(outs)
-        return map_aggregate(self.structure, lambda v: next(outs) if isinstance(v, _Output) else v)
+        self.signature = tuple((tuple(plan.buffers[s].shape), plan.buffers[s].dtype) for s in plan.inputs)
 
 
 class LoadedModel:
     """A model restored by `kiln.load`: call it with the arguments of the model's forward."""
 
-    def __init__(self, saved: dict):
+    def __init__(self, saved: dict, parts: dict[str, bytes]):
+        kernels = {name for g in saved["graphs"] for name in g["kernels"]}
+        if not kernels <= set(parts):
+            raise LoadError(f"the file's runs name kernels its manifest does not list: "
+                            f"{', '.join(sorted(kernels - set(parts)))}")
         folder = tempfile.mkdtemp(prefix="kiln-load-")
         try:
-            self.graphs = [_LoadedGraph(g, folder) for g in saved["graphs"]]
+            self.graphs = [_LoadedGraph(g, parts, folder) for g in saved["graphs"]]
         finally:
             os.rmdir(folder)
         self.forward_names = saved["forward"]
@@ -193,9 +280,9 @@ class LoadedModel:
     def __call__(self, *args, **kwargs):
         for graph in self.graphs:
             values = [None if s is None else self._argument(s, args, kwargs) for s in graph.sources]
-            inputs = [values[p] for p in graph.positions]
+            inputs = [values[p] for p in graph.run.positions]
             if tuple((tuple(t.shape), t.dtype) for t in inputs) == graph.signature:
-                result = graph(values)
+                result = graph.run(values)
                 return result[0] if isinstance(result, tuple) and len(result) == 1 else result
         given = ", ".join(f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
                           for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
@@ -205,8 +292,11 @@ class LoadedModel:
 
 
 def load(path) -> LoadedModel:
-    """The compiled model `kiln.save` wrote to `path`, ready to run without compiling."""
-    saved = torch.load(path, weights_only=False)
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a compiled model saved by kiln.save")
-    return LoadedModel(saved)
+    """The compiled model `kiln.save` wrote to `path`, ready to run without compiling; its
+    manifest is checked first (see the module's docstring)."""
+    parts = _checked_parts(path)
+    try:
+        saved = loads(parts[RUNS])
+    except pickle.UnpicklingError as error:
+        raise LoadError(f"{path}: its {RUNS} holds what a compiled model does not ({error})") from None
+    return LoadedModel(saved, parts)

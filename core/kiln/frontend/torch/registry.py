@@ -97,17 +97,20 @@ class KilnModule:
 
 
 class MappingRegistry:
-    """All rules in effect, by kind and target, best first."""
+    """All rules in effect, by kind and target, best first. `edited` says whether rules other
+    than the plugins' own were added (declared in a script), or plugins' rules removed."""
 
     def __init__(self):
         self.rules: dict[tuple, list[Rule]] = {}
         self._ids: set[int] = set()
+        self.edited = False
 
     def add(self, rule: Rule) -> None:
         """Add a rule (adding the same rule object twice has no effect)."""
         if id(rule) in self._ids:
             return
         self._ids.add(id(rule))
+        self.edited |= not rule.plugin
         found = self.rules.setdefault((rule.kind, rule.key), [])
         found.append(rule)
         found.sort(key=lambda r: (-r.priority, -r.order))
@@ -126,6 +129,7 @@ class MappingRegistry:
                 self.rules[(k, rule_key(k, target))] = kept
         gone = {id(r) for r in removed}
         self._ids -= gone
+        self.edited |= bool(removed)
         with _lock:
             _declared[:] = [r for r in _declared if id(r) not in gone]
         return removed

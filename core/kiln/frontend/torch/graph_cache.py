@@ -1,0 +1,105 @@
+"""The whole-graph cache: compiled graphs' plans on disk, for later compiles of the same graph.
+
+A process that compiles a graph the cache holds, for the same inputs, under the same settings
+and the same code (`kiln.frontend.torch.graph_key`), skips mapping, graph passes, scheduling
+and rendering: it loads the stored `kiln.runtime.plan.Plan`, whose kernels come from the kernel
+cache (built again only where that lost them). An entry holds:
+
+- the plan, whose constants are either the caller's own tensors (parameters the compiled graph
+  reads as they are: each hit binds the caller's, sharing memory) or tensors computed while
+  compiling (folded batch norms, merged weights), stored;
+- how the call's arguments reach the plan and its outputs the caller (a
+  `kiln.frontend.torch.run_record.RunRecord`);
+- the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
+  folded, or read by a rule or a pass), with a hash of those values: a hit needs the caller's
+  to hash the same, so what was computed from them is the caller's own. The other constants'
+  values are not keyed: a model with other weights finds the same entry.
+
+Entries are the kind `graphs` of the kernel cache's root (`kiln.runtime.cache`): written
+atomically under the entry's lock, verified when read (a damaged or foreign entry is a miss),
+read back with torch's weights-only unpickler, and kept within KILN_GRAPH_CACHE_MB megabytes
+(1024 by default) by removing the least recently used. A cache that cannot be written is
+warned about once and the compile goes on.
+
+The cache is on unless KILN_GRAPH_CACHE=0, `dynamo_config.graph_cache(False)` or torch.compile's
+`options={"graph_cache": False}`. A compile that prints a correctness report or dumps its
+stages (KILN_DUMP_DIR) does the whole work and is not cached; so is a graph that cannot be
+keyed (`graph_key.Uncacheable`, logged).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from dataclasses import replace
+
+from kiln.frontend.torch.config import Settings
+from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
+from kiln.frontend.torch.run_record import RunRecord, dumps, loads
+from kiln.log import logger
+from kiln.runtime import cache
+from kiln.runtime.plan import owned
+
+KIND = "graphs"
+SUFFIX = ".plan"
+DEFAULT_LIMIT_MB = 1024
+
+
+def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
+    """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
+    off or cannot serve it (the reason logged)."""
+    if not settings.graph_cache or settings.correctness_report or os.environ.get("KILN_DUMP_DIR"):
+        return None
+    try:
+        return graph_key(gm, args, sizes, constant, reads, settings)
+    except Uncacheable as why:
+        logger.info("graph cache not used: %s", why)
+        return None
+
+
+def lookup(key: str, args) -> RunRecord | None:
+    """The run stored under `key`, its constants bound to `args`, where there is one whose
+    read constants have the values of `args`' (else None)."""
+    data = cache.read_entry(KIND, key, SUFFIX)
+    if data is None:
+        logger.info("graph cache miss: %s", key)
+        return None
+    try:
+        entry = loads(data)
+    except pickle.UnpicklingError as error:     # a value the weights-only unpickler refuses
+        logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
+        return None
+    if _values_digest(args, entry["read"]) != entry["values"]:
+        logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, entry["read"])
+        return None
+    logger.info("graph cache hit: %s", key)
+    run = entry["run"]
+    bound = {slot: args[k] for slot, k in entry["arguments"].items()}
+    run.plan = replace(run.plan, constants={**run.plan.constants, **bound})
+    return run
+
+
+def store(key: str, run: RunRecord, args, constant_positions: list[int], read: list[int]) -> None:
+    """Keep `run` under `key`: its plan's constants that are arguments at `constant_positions`
+    as references to them, the others stored; `read` lists the constants whose values the
+    compile read."""
+    arguments = {id(args[k]): k for k in constant_positions}
+    references = {slot: arguments[id(t)] for slot, t in run.plan.constants.items() if id(t) in arguments}
+    stored = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in references}
+    entry = {"run": replace(run, plan=replace(run.plan, constants=stored)), "arguments": references,
+             "read": read, "values": _values_digest(args, read)}
+    try:
+        cache.write_entry(KIND, key, SUFFIX, dumps(entry))
+        cache.evict(KIND, limit())
+    except cache.CacheError as error:
+        warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
+                      stacklevel=3)
+
+
+def limit() -> int:
+    """The most bytes the entries may take: KILN_GRAPH_CACHE_MB megabytes (DEFAULT_LIMIT_MB)."""
+    return int(os.environ.get("KILN_GRAPH_CACHE_MB", DEFAULT_LIMIT_MB)) << 20
+
+
+def _values_digest(args, positions: list[int]) -> list[str]:
+    return [tensor_digest(args[k]) for k in positions]

@@ -1,0 +1,42 @@
+"""A compiled graph's run as data (`RunRecord`): what the graph cache and `kiln.save` keep.
+
+A record holds the `kiln.runtime.plan.Plan` and what the backend's `CompiledRun` needs besides
+it: which of the graph's arguments are the plan's inputs, where its outputs go in the graph's
+output structure, and which inputs its last outputs are written back to. `dumps` and `loads`
+are the plan's own (`kiln.runtime.plan`), taught these classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.runtime import plan
+
+
+class Output:
+    """Marks where a graph output goes in an output structure."""
+
+
+@dataclass
+class RunRecord:
+    """The plan, the positions of the graph's arguments that are its inputs, the output
+    structure (`Output` where a graph output goes, plain values as they are), the positions of
+    the inputs the last outputs are written back to (inputs the graph changes in place), the
+    inputs copied to a device first (by position among the plan's inputs: CPU scalars of a
+    graph on a GPU) and the outputs a CUDA graph lends (a training forward's saved values)."""
+
+    plan: plan.Plan
+    positions: list[int]
+    structure: object
+    writeback: list[int]
+    moves: dict[int, str] = field(default_factory=dict)
+    lent: list[int] = field(default_factory=list)
+
+
+def dumps(record) -> bytes:
+    """`record` (plain containers holding RunRecords, tensors and plain values) as bytes."""
+    return plan.dumps(record)
+
+
+def loads(data: bytes):
+    """What `dumps` wrote, read with torch's weights-only unpickler (see `kiln.runtime.plan`)."""
+    return plan.loads(data, classes=(RunRecord, Output))

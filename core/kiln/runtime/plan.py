@@ -1,0 +1,90 @@
+"""A CompiledGraph as data: what the whole-graph cache stores and `kiln.save` writes.
+
+A `Plan` holds, for each step, its kernel's program and device (what identifies the kernel:
+`load_kernels` loads each through its backend, so through the on-disk kernel cache), the
+buffer slots the step reads and writes, and the graph's buffers, inputs, outputs and
+constants, as they were before any constant was laid out for its kernel
+(`kiln.runtime.cpu.Preparation`). `assemble` makes the CompiledGraph: it prepares those
+constants again, from the tensors the plan holds then, so a plan whose constants are replaced
+by other tensors of the same shapes (the caller's parameters, in another process) prepares
+theirs.
+
+`dumps` and `loads` write and read plans (and plain records holding them) with torch's
+serialization, read back with `weights_only=True`: tensors, plain containers and the
+runtime's own data classes only, nothing that runs code while it is read.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from kiln.device import Device
+from kiln.dtypes import DataType
+from kiln.runtime.backend import DeviceKernel, backend_for
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
+from kiln.runtime.cpu import CpuProgram, Preparation
+from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
+from kiln.runtime.kernel_errors import KernelCheck
+
+
+@dataclass
+class Plan:
+    """Steps over numbered buffer slots, each of a program on a device (see the module's
+    docstring): `kernels[k]` is step k's (program, device) and `steps[k]` its (input slots,
+    output slots); `constants` maps slots to fixed tensors."""
+
+    kernels: list[tuple[object, Device]]
+    steps: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    buffers: list[Buffer]
+    inputs: list[int]
+    outputs: list[int]
+    constants: dict[int, torch.Tensor]
+
+    def load_kernels(self) -> list[DeviceKernel]:
+        """Each step's kernel, loaded by its device's backend (through the kernel cache)."""
+        return [DeviceKernel(device, backend_for(device).load(program, device))
+                for program, device in self.kernels]
+
+    def assemble(self, kernels: Sequence[DeviceKernel] | None = None) -> CompiledGraph:
+        """The CompiledGraph running `kernels` (one per step, the plan's own by default, see
+        `load_kernels`), each constant a kernel lays out once prepared now for it (one more
+        constant slot that the step reads)."""
+        kernels = self.load_kernels() if kernels is None else kernels
+        buffers, constants, steps = list(self.buffers), dict(self.constants), []
+        for kernel, (ins, outs) in zip(kernels, self.steps):
+            prepared = kernel.prepared([constants.get(s) for s in ins])
+            if prepared is not None:
+                kernel, form = prepared
+                constants[len(buffers)] = form
+                ins = (*ins, len(buffers))
+                buffers.append(Buffer(tuple(form.shape), form.dtype, form.device))
+            steps.append(Step(kernel, tuple(ins), tuple(outs)))
+        return CompiledGraph(steps, buffers, self.inputs, self.outputs, constants, plan=self)
+
+
+SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelCheck,
+                CudaProgram, Launch, TensorMapArg)
+"""The classes a serialized plan may hold besides tensors and plain Python values."""
+
+
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a compact copy where it views part of a larger storage (torch's serialization
+    writes a view's whole storage)."""
+    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+
+
+def dumps(record) -> bytes:
+    """`record` (a Plan, or plain containers holding plans, tensors and plain values) as bytes."""
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    return buffer.getvalue()
+
+
+def loads(data: bytes, classes: Sequence[type] = ()):
+    """The record `dumps` wrote, read with torch's weights-only unpickler: besides tensors and
+    plain values it builds only instances of SAFE_CLASSES and of `classes`."""
+    with torch.serialization.safe_globals([*SAFE_CLASSES, *classes]):
+        return torch.load(io.BytesIO(data), weights_only=True)
