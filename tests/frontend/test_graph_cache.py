@@ -321,3 +321,45 @@ def test_the_key_tells_functions_of_one_name_apart_by_code_and_captured_values()
     texts = [graph_key._callable_text(f) for f in (scaled(2), scaled(3), scaled(2))]
     assert texts[0] != texts[1] and texts[0] == texts[2]
     assert "closure" in graph_key._callable_text(recursive())     # holds itself: named, not followed
+
+
+@pytest.mark.cuda
+def test_a_hit_on_cuda_replays_as_a_cuda_graph(graph_cache, caplog):
+    torch.manual_seed(0)
+    model, x = ConvNet().cuda().eval(), torch.randn(2, 3, 6, 6, device="cuda")
+    fresh = compiled(model, x)
+    hit = compiled(model, x)
+    assert events(caplog) == ["miss", "hit"]
+    torch.testing.assert_close(hit, fresh)
+    with torch.no_grad():
+        fn = torch.compile(model, backend="kiln")
+        for _ in range(3):                      # replays of the capture made from the cached plan
+            y = torch.randn(2, 3, 6, 6, device="cuda")
+            torch.testing.assert_close(fn(y), model(y), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_a_training_step_on_cuda_from_the_cache(graph_cache, caplog):
+    """Forward and backward plans from the cache, their CUDA graphs lending and binding the
+    saved values, and a CPU scalar argument moved to the GPU, as a fresh compile does."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = Mlp(hidden=32, activation=torch.tanh).cuda()
+
+    def step(fn, x, scale):
+        model.zero_grad()
+        loss = (fn(x) * scale).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    x, scale = torch.randn(16, 6, device="cuda"), torch.tensor(0.5)
+    want = step(model, x, scale)
+    for _ in range(2):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x, s: model(x) * s, backend="kiln")
+        for _ in range(2):
+            loss, grads = step(lambda x: fn(x, scale), x, 1.0)
+            torch.testing.assert_close(loss, want[0], atol=1e-5, rtol=1e-5)
+            for got, expected in zip(grads, want[1]):
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert events(caplog).count("hit") >= 2
