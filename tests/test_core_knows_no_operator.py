@@ -59,10 +59,7 @@ REMAINING = {
     "passes/patterns/matmul_bias.py": {"add", "linear", "matmul"},
     "passes/patterns/shape_chains.py": {"flatten", "permute", "reshape", "squeeze", "transpose", "unsqueeze"},
     "passes/patterns/softmax_dtype.py": {"cast", "softmax"},
-    "passes/sibling_linears.py": {"concat", "linear", "split"},
     "passes/space_to_depth.py": {"conv2d_channels_last", "pad", "permute", "reshape"},
-    "passes/zero_filters.py": {"add", "cast", "celu", "conv2d_channels_last", "elu", "gelu", "hardswish",
-                               "leaky_relu", "mish", "mul", "neg", "relu", "relu6", "selu", "silu", "sub", "tanh"},
     "tensor.py": {"abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "div", "eq",
                   "floor_divide", "ge", "gt", "le", "lt", "matmul", "mul", "ne", "neg", "pow", "remainder", "sub"},
 }
