@@ -47,7 +47,6 @@ ALLOWED = {
 REMAINING = {
     "frontend/torch/autocast.py": {"cast"},
     "frontend/torch/interpreter.py": {"cast"},
-    "passes/channel_gates.py": {"add", "conv2d_channels_last", "matmul", "mul", "reshape", "transpose"},
     "passes/fp16.py": {"cast"},
     "passes/layout.py": {"adaptive_avg_pool2d", "adaptive_max_pool2d", "amax", "amin", "avg_pool2d", "batch_norm",
                          "cat", "chunk", "concat", "conv2d", "conv2d_channels_last", "max_pool2d", "mean", "mode",
@@ -59,7 +58,6 @@ REMAINING = {
     "passes/patterns/matmul_bias.py": {"add", "linear", "matmul"},
     "passes/patterns/shape_chains.py": {"flatten", "permute", "reshape", "squeeze", "transpose", "unsqueeze"},
     "passes/patterns/softmax_dtype.py": {"cast", "softmax"},
-    "passes/space_to_depth.py": {"conv2d_channels_last", "pad", "permute", "reshape"},
     "tensor.py": {"abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "div", "eq",
                   "floor_divide", "ge", "gt", "le", "lt", "matmul", "mul", "ne", "neg", "pow", "remainder", "sub"},
 }

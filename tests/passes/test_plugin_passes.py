@@ -140,7 +140,8 @@ def test_plugin_passes_run_at_the_end_of_their_stage(restore_plugins):
     at = _pipeline_names(after_precision).index
     assert at("rewrite_subgraphs") < at("merge_sibling_linears") < at("fold_constants")
     assert at("allow_tf32") < at("after_precision") < at("plan_layout")
-    assert at("plan_layout") < at("zero_filters") < at("fuse_operators")
+    assert at("plan_layout") < at("space_to_depth") < at("zero_filters") < at("fold_channel_gates") \
+        < at("recompute_cheap_producers")
 
 
 def test_a_plugin_pass_of_an_unknown_stage_is_named_with_its_plugin(restore_plugins):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from kiln.graph import FlowGraph, use_pipeline
-from kiln.passes.channel_gates import FoldChannelGates
 from kiln.passes.cse import EliminateCommonSubexpressions
 from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
@@ -11,7 +10,6 @@ from kiln.passes.fusion import FuseOperators
 from kiln.passes.recompute import RecomputeCheapProducers
 from kiln.passes.graph_pass import STAGES, GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
-from kiln.passes.space_to_depth import SpaceToDepth
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
 from kiln.plugins import registry
@@ -47,12 +45,10 @@ def default_pipeline(plugin_passes: list[PluginPass] | None = None) -> Sequentia
     """The passes `optimize` runs, in order: dead-code and common-subexpression elimination and
     the subgraph rewrites (batch-norm folding among them); constant folding, float16
     conversion and the TF32 permission of operators declaring the trait `tf32`; layout
-    planning (which sees the types the graph runs in) and strided convolutions of few channels
-    made stride-1 ones over space-to-depth data; the folding of channel gates into the
-    weights of the 1x1 convolutions that read them (on GPUs), the recomputation of cheap
-    element-wise values in each of their readers, and fusion (which fuses the layout
-    conversions into their neighbours). The plugins' passes (by default those the registry
-    holds) run at the end of the stage each declares (`kiln.passes.graph_pass.STAGES`)."""
+    planning (which sees the types the graph runs in); the recomputation of cheap element-wise
+    values in each of their readers, and fusion (which fuses the layout conversions into their
+    neighbours). The plugins' passes (by default those the registry holds) run at the end of
+    the stage each declares (`kiln.passes.graph_pass.STAGES`)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
@@ -68,9 +64,7 @@ def default_pipeline(plugin_passes: list[PluginPass] | None = None) -> Sequentia
         AllowTF32(),
         *staged["precision"],
         PlanLayout(),
-        SpaceToDepth(),
         *staged["layout"],
-        FoldChannelGates(),
         RecomputeCheapProducers(),
         FuseOperators(),
         EliminateDeadCode(),
