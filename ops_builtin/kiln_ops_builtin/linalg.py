@@ -6,7 +6,7 @@ to TF32 on tensor cores (as `torch.backends.cuda.matmul.allow_tf32` lets cuBLAS)
 change the definition, which the CPU computes in float32.
 """
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Traits, operator
 from kiln.ir import cast, compute, reduce
 
 from kiln_ops_builtin.common import accumulator_type, broadcast_load, broadcast_shape, check_dtype
@@ -24,7 +24,7 @@ def _check_operands(op: str, *tensors) -> None:
                             f"{', '.join(str(t.dtype) for t in tensors)}")
 
 
-@operator("matmul")
+@operator("matmul", traits=Traits(tf32=True))
 def matmul(x, y, allow_tf32=False):
     """torch.matmul: dot product (1-D x 1-D), matrix-vector, vector-matrix, and matrix
     products with the batch dimensions broadcast (`allow_tf32`: see the module doc)."""
@@ -49,7 +49,7 @@ def matmul(x, y, allow_tf32=False):
     return compute(batch + rows + cols, element, dtype=x.dtype)
 
 
-@operator("linear")
+@operator("linear", traits=Traits(tf32=True))
 def linear(x, weight, bias=None, allow_tf32=False):
     """torch.nn.functional.linear: x @ weight^T + bias, for x of shape (..., in_features),
     weight of shape (out_features, in_features) and bias of shape (out_features,)

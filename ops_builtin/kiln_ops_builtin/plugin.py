@@ -1,4 +1,5 @@
-"""The entry point of kiln-ops-builtin: the operators of every module in OPERATOR_MODULES."""
+"""The entry point of kiln-ops-builtin: the operators of every module in OPERATOR_MODULES, the
+schedule templates, and the graph passes for particular operators."""
 from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
@@ -6,6 +7,7 @@ from kiln_ops_builtin import (
     activations, attention, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
     pool, pool_indices, random, reduce, resize, scatter, shape, sorting, special,
 )
+from kiln_ops_builtin.passes import PASSES
 
 OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, pool_indices, resize, grid_sample, reduce, normalization,
                     shape, indexing, creation, special, sorting, cumulative, scatter, random)
@@ -20,3 +22,8 @@ def kiln_operators():
 def kiln_schedules():
     from kiln_ops_builtin.templates import TEMPLATES
     return list(TEMPLATES)
+
+
+@hookimpl
+def kiln_graph_passes():
+    return list(PASSES)

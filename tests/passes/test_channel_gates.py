@@ -1,13 +1,13 @@
-"""Channel gates folded into per-batch weights (`kiln.passes.channel_gates`): a 1x1 convolution of
-squeeze-excite-gated channels-last data becomes a batched matrix product of the ungated data with
-scaled weights, giving the same values; other convolutions and other gates are left alone; the
-pass runs on GPU graphs only."""
+"""Channel gates folded into per-batch weights (`kiln_ops_builtin.passes.channel_gates`): a 1x1
+convolution of squeeze-excite-gated channels-last data becomes a batched matrix product of the
+ungated data with scaled weights, giving the same values; other convolutions and other gates are
+left alone; the pass runs on GPU graphs only."""
 import pytest
 import torch
 
 import kiln
-from kiln.passes.channel_gates import FoldChannelGates, fold_channel_gate
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
+from kiln_ops_builtin.passes.channel_gates import FoldChannelGates, fold_channel_gate
 from tests.passes.passes_support import apply, names, run_both
 from tests.support import rand
 

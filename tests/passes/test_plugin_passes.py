@@ -6,7 +6,8 @@ import torch
 
 import kiln
 from kiln.ir import compute, exp, reduce
-from kiln.passes import PassContext, op, rewrite_pattern, wildcard, graph_pass
+from kiln.passes import PassContext, default_pipeline, graph_pass, op, rewrite_pattern, wildcard
+from kiln.passes.pipeline import PassError
 from kiln.passes.patterns import attention as attention_patterns
 from kiln.plugins import hookimpl, registry, reload
 from tests.passes.passes_support import names, run_both
@@ -109,3 +110,41 @@ def test_a_wildcard_condition_picks_the_commutative_order():
         found = pattern.match(product.trace[0], {}, set())
         assert found[row] is a and found[other] is b
     assert pattern.match(kiln.ops.mul(b, b).trace[0], {}, set()) is None
+
+
+@graph_pass("after_precision", stage="precision")
+def after_precision(graph, ctx):
+    return graph
+
+
+@graph_pass("nowhere", stage="somewhere")
+def nowhere(graph, ctx):
+    return graph
+
+
+def _pipeline_names(*passes) -> list[str]:
+    plugin = types.SimpleNamespace(kiln_graph_passes=hookimpl(lambda: list(passes)))
+    registry().add_plugin("staged_passes_plugin", plugin, "kiln-staged-passes")
+    return [p.name for p in default_pipeline().passes]
+
+
+@pytest.fixture
+def restore_plugins():
+    yield
+    reload()
+
+
+def test_plugin_passes_run_at_the_end_of_their_stage(restore_plugins):
+    """A plugin pass runs at the end of the stage it declares (kiln.passes.graph_pass.STAGES);
+    kiln-ops-builtin's passes declare theirs."""
+    at = _pipeline_names(after_precision).index
+    assert at("rewrite_subgraphs") < at("merge_sibling_linears") < at("fold_constants")
+    assert at("allow_tf32") < at("after_precision") < at("plan_layout")
+    assert at("plan_layout") < at("space_to_depth") < at("zero_filters") < at("fold_channel_gates") \
+        < at("recompute_cheap_producers")
+
+
+def test_a_plugin_pass_of_an_unknown_stage_is_named_with_its_plugin(restore_plugins):
+    with pytest.raises(PassError, match=r"graph pass 'nowhere' of plugin kiln-staged-passes declares the stage "
+                                        r"'somewhere'; the pipeline's stages are simplify, precision, layout"):
+        _pipeline_names(nowhere)

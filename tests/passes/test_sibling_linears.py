@@ -2,7 +2,8 @@
 import torch
 
 import kiln
-from kiln.passes import MergeSiblingLinears, PassContext, PassInstrument
+from kiln.passes import PassContext, PassInstrument
+from kiln_ops_builtin.passes.sibling_linears import MergeSiblingLinears
 from tests.passes.passes_support import apply, const, names, run_both
 
 ops = kiln.ops

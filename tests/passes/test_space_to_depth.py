@@ -1,5 +1,5 @@
 """Strided convolutions of few channels as stride-1 convolutions of space-to-depth data
-(kiln.passes.space_to_depth).
+(kiln_ops_builtin.passes.space_to_depth).
 
 The models run on the CPU in float32 through torch.compile(backend="kiln") with layout planning
 forced on (config "channels_last": "always"), on odd image sizes. Each must give eager PyTorch's
@@ -12,7 +12,7 @@ from torch import nn
 
 from kiln.ir import SymSize
 from kiln.passes import PassContext
-from kiln.passes.space_to_depth import _stacked_weight
+from kiln_ops_builtin.passes.space_to_depth import _stacked_weight
 from tests.passes.layout_models import randomized
 from tests.passes.test_layout import compiled, members
 

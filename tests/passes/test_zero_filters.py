@@ -1,4 +1,4 @@
-"""Zero channels computed by the convolution (`kiln.passes.zero_filters`): a pad appending zero
+"""Zero channels computed by the convolution (`kiln_ops_builtin.passes.zero_filters`): a pad appending zero
 channels after a convolution and a chain of zero-keeping element-wise operators disappears into
 the convolution's zero filters, with the same values; chains that would not keep zeros zero,
 or that others read, keep their pad."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.passes.zero_filters import ZeroFilters
+from kiln_ops_builtin.passes.zero_filters import ZeroFilters
 from tests.passes.passes_support import apply, names, run_both
 
 ops = kiln.ops

@@ -10,8 +10,9 @@ from typing import Callable
 
 from kiln.graph.flow_graph import FlowGraph, format_graph, trace_from
 from kiln.graph.operator import Operator, OperatorDef, OperatorError, operator, run_task
+from kiln.graph.traits import Traits
 
-__all__ = ["FlowGraph", "Operator", "OperatorDef", "OperatorError", "format_graph", "operator",
+__all__ = ["FlowGraph", "Operator", "OperatorDef", "OperatorError", "Traits", "format_graph", "operator",
            "optimize", "run_task", "trace_from", "use_pipeline"]
 
 _pipeline: Callable | None = None

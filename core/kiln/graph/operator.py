@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from kiln.device import Device, device as as_device
+from kiln.graph.traits import Traits
 from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir.size import size_key
 from kiln.log import current_record
@@ -72,14 +73,16 @@ def _camel(name: str) -> str:
 
 
 class OperatorDef:
-    """An operator definition: its name and the function that builds its Task."""
+    """An operator definition: its name, the function that builds its Task, and its traits
+    (`kiln.graph.Traits`, what the graph passes read of it)."""
 
     def __init__(self, name: str, definition: Callable, display_name: str | None = None,
-                 override: bool = False):
+                 override: bool = False, traits: Traits = Traits()):
         self.name = name
         self.definition = definition
         self.display_name = display_name or _camel(name)
         self.override = override
+        self.traits = traits
         self.signature = inspect.signature(definition)
         self.__doc__ = definition.__doc__
         self._tasks = _Recent(lambda: TASKS_KEPT)
@@ -174,14 +177,16 @@ def _device_of(name: str, tensors: list[Tensor], attrs: dict) -> Device:
     return as_device(attrs.get("device") or "cpu")
 
 
-def operator(name: str, *, display_name: str | None = None, override: bool = False):
+def operator(name: str, *, display_name: str | None = None, override: bool = False,
+             traits: Traits = Traits()):
     """Decorator making a compute definition into an operator definition.
 
     The result is not registered anywhere: a plugin returns it from its `kiln_operators` hook.
-    `override=True` lets it replace another plugin's operator of the same name.
+    `override=True` lets it replace another plugin's operator of the same name; `traits`
+    declares what the graph passes read of it (`kiln.graph.Traits`).
     """
     def wrap(fn):
-        return OperatorDef(name, fn, display_name, override)
+        return OperatorDef(name, fn, display_name, override, traits)
     return wrap
 
 

@@ -17,14 +17,13 @@ from kiln.passes.pattern import (
     Match, OpPattern, Pattern, RewritePattern, Wildcard, constant, op, rewrite_pattern, wildcard,
 )
 from kiln.passes.pipeline import default_pipeline, optimize
-from kiln.passes.sibling_linears import MergeSiblingLinears
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
 
 __all__ = [
     "DEFAULT_CONFIG", "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
-    "GraphPass", "Match", "MergeSiblingLinears", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
+    "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
     "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "Wildcard", "constant",
     "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
 ]

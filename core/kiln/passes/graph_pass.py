@@ -13,7 +13,8 @@ compose passes with `Sequential`, as TVM's tutorial composes its pipelines:
         graph = pipeline(graph)
 
 (`rebuild` is `kiln.passes.edit.rebuild`; `FoldConstants` and `FuseOperators` are in
-`kiln.passes`.)
+`kiln.passes`.) A plugin's pass declares the stage of the default pipeline it runs in
+(`stage`, one of `STAGES`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ from typing import Callable, Sequence
 from kiln.graph import FlowGraph
 from kiln.passes.context import PassContext
 
+STAGES = ("simplify", "precision", "layout")
+"""The stages of the default pipeline at whose end the plugins' passes run, in order (within a
+stage, in the order the plugins contribute them):
+
+- "simplify": after dead-code and common-subexpression elimination and the subgraph rewrites,
+  before constant folding (the default);
+- "precision": after constant folding, float16 conversion and the TF32 permission: the graph
+  holds the types it runs in;
+- "layout": after layout planning (channels-last regions), before recomputation and fusion.
+"""
+
 
 class GraphPass:
     """A transformation of a FlowGraph; calling it runs it under the current PassContext
@@ -29,6 +41,8 @@ class GraphPass:
 
     name: str = ""
     opt_level: int = 0
+    stage: str = "simplify"
+    """Where the default pipeline runs it, if a plugin contributes it (one of `STAGES`)."""
 
     def transform(self, graph: FlowGraph, ctx: PassContext) -> FlowGraph:
         """Return the transformed graph (never modify `graph` in place)."""
@@ -52,18 +66,19 @@ class GraphPass:
 class FunctionPass(GraphPass):
     """A pass made of a function `fn(graph, ctx) -> graph`."""
 
-    def __init__(self, fn: Callable, name: str, opt_level: int):
-        self.fn, self.name, self.opt_level = fn, name, opt_level
+    def __init__(self, fn: Callable, name: str, opt_level: int, stage: str = "simplify"):
+        self.fn, self.name, self.opt_level, self.stage = fn, name, opt_level, stage
         self.__doc__ = fn.__doc__
 
     def transform(self, graph, ctx):
         return self.fn(graph, ctx)
 
 
-def graph_pass(name: str | None = None, opt_level: int = 0):
-    """Decorator making `fn(graph, ctx) -> graph` a GraphPass."""
+def graph_pass(name: str | None = None, opt_level: int = 0, stage: str = "simplify"):
+    """Decorator making `fn(graph, ctx) -> graph` a GraphPass (of the pipeline stage `stage`,
+    one of `STAGES`, where a plugin contributes it)."""
     def wrap(fn):
-        return FunctionPass(fn, name or fn.__name__, opt_level)
+        return FunctionPass(fn, name or fn.__name__, opt_level, stage)
     return wrap
 
 

@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 from kiln.graph import FlowGraph, use_pipeline
-from kiln.passes.channel_gates import FoldChannelGates
 from kiln.passes.cse import EliminateCommonSubexpressions
 from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
 from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.recompute import RecomputeCheapProducers
-from kiln.passes.graph_pass import GraphPass, Sequential
+from kiln.passes.graph_pass import STAGES, GraphPass, Sequential
 from kiln.passes.layout import PlanLayout
-from kiln.passes.sibling_linears import MergeSiblingLinears
-from kiln.passes.space_to_depth import SpaceToDepth
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
-from kiln.passes.zero_filters import ZeroFilters
 from kiln.plugins import registry
 
 
@@ -28,7 +24,10 @@ class PluginPass(GraphPass):
 
     def __init__(self, inner: GraphPass, distribution: str):
         self.inner, self.distribution = inner, distribution
-        self.name, self.opt_level = inner.name, inner.opt_level
+        self.name, self.opt_level, self.stage = inner.name, inner.opt_level, inner.stage
+        if self.stage not in STAGES:
+            raise PassError(f"graph pass '{self.name}' of plugin {distribution} declares the stage "
+                            f"{self.stage!r}; the pipeline's stages are {', '.join(STAGES)}")
 
     def transform(self, graph: FlowGraph, ctx) -> FlowGraph:
         where = f"graph pass '{self.name}' of plugin {self.distribution}"
@@ -42,33 +41,30 @@ class PluginPass(GraphPass):
         return out
 
 
-def default_pipeline(plugin_passes: list[GraphPass] | None = None) -> Sequential:
-    """The passes `optimize` runs, in order; the plugins' passes run after the subgraph
-    rewrites (batch-norm folding among them) and before the merging of sibling linears,
-    constant folding (which computes their concatenated weights), float16 conversion, the TF32
-    permission of float32 matrix products, layout planning (which sees the types the graph runs
-    in), strided convolutions of few channels made stride-1 ones over space-to-depth data,
-    convolutions computing the zero channels that layout planning appends after them, the
-    folding of channel gates into the weights of the 1x1 convolutions that read them (on GPUs),
-    the recomputation of cheap element-wise values in each of their readers, and fusion (which
-    fuses the layout conversions into their neighbours)."""
+def default_pipeline(plugin_passes: list[PluginPass] | None = None) -> Sequential:
+    """The passes `optimize` runs, in order: dead-code and common-subexpression elimination and
+    the subgraph rewrites (batch-norm folding among them); constant folding, float16
+    conversion and the TF32 permission of operators declaring the trait `tf32`; layout
+    planning (which sees the types the graph runs in); the recomputation of cheap element-wise
+    values in each of their readers, and fusion (which fuses the layout conversions into their
+    neighbours). The plugins' passes (by default those the registry holds) run at the end of
+    the stage each declares (`kiln.passes.graph_pass.STAGES`)."""
     if plugin_passes is None:
         plugin_passes = [PluginPass(c.item, c.plugin.distribution)
                          for c in registry().contributions["graph_passes"]]
+    staged = {stage: [p for p in plugin_passes if p.stage == stage] for stage in STAGES}
     return Sequential([
         EliminateDeadCode(),
         EliminateCommonSubexpressions(),
         RewriteSubgraphs(),
-        *plugin_passes,
-        MergeSiblingLinears(),
+        *staged["simplify"],
         FoldConstants(),
         EliminateCommonSubexpressions(),
         ConvertToFloat16(),
         AllowTF32(),
+        *staged["precision"],
         PlanLayout(),
-        SpaceToDepth(),
-        ZeroFilters(),
-        FoldChannelGates(),
+        *staged["layout"],
         RecomputeCheapProducers(),
         FuseOperators(),
         EliminateDeadCode(),

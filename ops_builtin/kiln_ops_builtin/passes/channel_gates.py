@@ -59,6 +59,7 @@ class FoldChannelGates(GraphPass):
 
     name = "fold_channel_gates"
     opt_level = 1
+    stage = "layout"        # the convolutions are channels-last then
 
     def transform(self, graph, ctx):
         if not any(n.device.kind == "cuda" for n in graph.nodes):

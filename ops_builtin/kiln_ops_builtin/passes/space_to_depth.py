@@ -91,6 +91,7 @@ class SpaceToDepth(GraphPass):
 
     name = "space_to_depth"
     opt_level = 1
+    stage = "layout"        # the convolutions are channels-last, their inputs padded, then
 
     def transform(self, graph, ctx):
         if any(provided(name) is None for name in OPERATORS_USED):

@@ -90,6 +90,7 @@ class ZeroFilters(GraphPass):
 
     name = "zero_filters"
     opt_level = 1
+    stage = "layout"        # after layout planning, which appends the zero channels
 
     def transform(self, graph, ctx):
         readers = users(graph)

@@ -31,6 +31,7 @@ class MergeSiblingLinears(GraphPass):
 
     name = "merge_sibling_linears"
     opt_level = 1
+    stage = "simplify"      # before constant folding, which computes the concatenated weights
 
     def transform(self, graph, ctx):
         linear, concat, split = provided("linear"), provided("concat"), provided("split")
