@@ -93,8 +93,10 @@ def _decode(data) -> dict | None:
 
 
 def _training(data) -> dict | None:
-    rows = _rows(data, {"case", "eager_first_loss"})
-    return None if rows is None else {
+    rows = _rows(data, {"case", "kiln_ms"})
+    if rows is None or not any("eager_first_loss" in r or "eager_losses" in r for r in rows):
+        return None
+    return {
         (r["case"],): {"eager": r["eager_ms"] / r["kiln_ms"], "Inductor": r["inductor_ms"] / r["kiln_ms"]}
         for r in rows if {"eager_ms", "inductor_ms", "kiln_ms"} <= r.keys()}
 
