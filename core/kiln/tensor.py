@@ -24,16 +24,19 @@ class Tensor:
 
     A dimension that changes from run to run is a `kiln.ir.size.SymSize` (an int that also
     knows its expression over run-time sizes). `storage` is None for a symbolic tensor; `trace` is `(operator, index)` for a tensor an
-    operator produced in a traced graph, None otherwise.
+    operator produced in a traced graph, None otherwise. `generated` says that the values
+    depend on no data, only on shapes and attributes (a fill, a range, a mask made of them):
+    a graph may compute such a tensor where it is used instead of holding it.
     """
 
     def __init__(self, shape: Sequence[int], dtype, device, storage: torch.Tensor | None = None,
-                 trace=None):
+                 trace=None, generated: bool = False):
         self.shape = tuple(map(as_dim, shape))
         self.dtype: DataType = dtypes.data_type(dtype)
         self.device: Device = as_device(device)
         self.storage = storage
         self.trace = trace
+        self.generated = generated
 
     @property
     def ndim(self) -> int:

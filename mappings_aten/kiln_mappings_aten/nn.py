@@ -143,29 +143,6 @@ def _softmax_rule(op: str):
 softmax = register_function(aten._softmax.default)(_softmax_rule("softmax"))
 log_softmax = register_function(aten._log_softmax.default)(_softmax_rule("log_softmax"))
 
-_MEAN = 1   # ATen's Reduction::Mean (0: none, 2: sum)
-
-
-@register_function(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default, decompose=False)
-def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    """The gradient of nll_loss by its input `x` (log-probabilities, classes along dim 1, or along
-    the only dim): -grad * weight[target] (divided by total_weight for the mean) at each target
-    class, 0 at the other classes and where the target is ignore_index. It is computed element by
-    element from the target (torch's decomposition scatters into zeros of x's size instead), so
-    that with the log-softmax backward it feeds it makes one row kernel: cross-entropy's gradient
-    softmax(logits) - onehot(target), scaled, with no tensor of the logits' size in between."""
-    dim = min(x.ndim - 1, 1)
-    target = ops.unsqueeze(target, dim)
-    scale = ops.neg(grad) if reduction != _MEAN else ops.div(ops.neg(grad), total_weight)
-    if scale.ndim:
-        scale = ops.unsqueeze(scale, dim)
-    classes = ops.reshape(ops.arange(x.shape[dim], device=x.device), (-1,) + (1,) * (x.ndim - dim - 1))
-    if weight is not None:
-        scale = ops.mul(scale, ops.reshape(weight, classes.shape))
-    hot = ops.logical_and(ops.eq(classes, target), ops.ne(target, ignore_index))
-    return ops.cast(ops.where(hot, scale, 0), x.dtype)
-
-
 def _floor_mode(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                 divisor_override) -> bool:
     return not ceil_mode and divisor_override is None and x.ndim in (3, 4)

@@ -1,10 +1,12 @@
-"""The entry point of kiln-mappings-aten: the rules of every module in RULE_MODULES."""
+"""The entry point of kiln-mappings-aten: the rules (and decompositions) of every module in
+RULE_MODULES."""
 from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
-from kiln_mappings_aten import common, creation, elementwise, indexing, linalg, nn, reduce, shape
+from kiln_mappings_aten import (common, creation, decompositions, elementwise, indexing, linalg, nn,
+                                reduce, shape)
 
-RULE_MODULES = (common, creation, elementwise, indexing, linalg, nn, reduce, shape)
+RULE_MODULES = (common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, shape)
 
 
 @hookimpl

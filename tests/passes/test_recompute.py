@@ -76,3 +76,25 @@ def test_a_template_epilogue_chain_stays_in_the_epilogue():
     widened = ops.cast(ops.conv2d_channels_last(x, w, padding=1, groups=12), torch.float32)
     graph = kiln.trace_from([ops.sum(widened, [0]), ops.amax(widened, [0])], [x])
     assert names(apply(RecomputeCheapProducers(), graph)).count("Cast") == 2
+
+
+def test_values_a_reader_takes_part_of_are_computed_in_it():
+    """Cross-entropy's forward: a log-sum-exp a row over float32 logits cast from a matrix
+    product (also returned), and a gather of the log-probabilities at the targets. Before, the
+    cast logits were written between the row kernel and the gather (float32, the logits' size):
+    they reach a row statistic, so they were not recomputed. Now the gather, which takes one
+    element a row, computes them itself, and so does the row kernel."""
+    h, w = kiln.symbol([6, 8], "bfloat16"), kiln.symbol([8, 50], "bfloat16")
+    target = kiln.symbol([6, 1], "int64")
+    logits = ops.matmul(h, w)
+    wide = ops.reshape(ops.cast(ops.reshape(logits, [2, 3, 50]), torch.float32), [6, 50])
+    top = ops.amax(wide, [1], True)
+    lse = ops.add(ops.log(ops.sum(ops.exp(ops.sub(wide, top)), [1], True)), top)
+    loss = ops.sum(ops.gather(ops.sub(wide, lse), 1, target))
+    graph = kiln.trace_from([loss, logits, lse], [h, w, target])
+    fused = optimize(graph)
+    assert [n for n in fused.nodes if any(o.numel() == 300 and o.dtype == kiln.dtypes.float32 for o in n.outputs)] == []
+    assert len(fused.nodes) == 3                    # the product, the row kernel, the gathered sum
+    inputs = [kiln.from_torch(torch.randn(6, 8).bfloat16()), kiln.from_torch(torch.randn(8, 50).bfloat16()),
+              kiln.from_torch(torch.randint(0, 50, (6, 1)))]
+    run_both(graph, fused, *inputs, atol=1e-3, rtol=1e-3)

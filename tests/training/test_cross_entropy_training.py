@@ -88,9 +88,10 @@ def backward_graph(fn, x, t):
 
 def test_backward_is_one_row_kernel_without_a_tensor_of_the_logits_size():
     """Before: torch's decomposition of nll_loss_backward scatters -1 into zeros of the logits'
-    size (a constant of Kiln's graph) in a kernel of its own, before the log-softmax backward's
-    row kernel. After: one row kernel computes scale * (softmax - onehot(target)) from the
-    log-probabilities and the targets."""
+    size (here small enough to be a constant of Kiln's graph) in a kernel of its own, before the
+    log-softmax backward's row kernel. After (Kiln's decomposition, a one-hot of the targets):
+    one row kernel computes scale * (softmax - onehot(target)) from what the forward saved and
+    the targets."""
     torch.manual_seed(0)
     rows, vocab = 6, 1001
     x, t = torch.randn(rows, vocab), targets(rows, vocab)

@@ -166,6 +166,31 @@ def test_rule_declared_with_decompose_false_sees_the_op_whole():
     assert hardswish in decompositions()
 
 
+def test_a_decomposition_registered_by_a_plugin_replaces_torchs():
+    """register_decomposition gives AOTAutograd Kiln's decomposition of an ATen overload in place
+    of torch's: the training graph holds the operations it makes (here hardswish written with
+    clamp, traced on the example), and its gradient follows them."""
+    from kiln.frontend.torch import mapping_registry, register_decomposition
+    from kiln.frontend.torch.training import decompositions
+    hardswish = torch.ops.aten.hardswish.default
+    traced = []
+
+    @register_decomposition(hardswish, priority=10)
+    def clamped(x):
+        traced.append(x.shape)
+        return x * torch.clamp(x + 3, 0, 6) / 6
+
+    try:
+        assert decompositions()[hardswish] is clamped
+        x = torch.randn(3, 5, requires_grad=True)
+        torch.compile(F.hardswish, backend="kiln")(x).sum().backward()
+        assert traced == [(3, 5)]
+        torch.testing.assert_close(x.grad, torch.func.grad(lambda t: F.hardswish(t).sum())(x))
+    finally:
+        mapping_registry().remove(hardswish, handler=clamped)
+    assert decompositions()[hardswish] is not clamped
+
+
 def test_rules_read_the_strides_pytorch_traced():
     """traced_argument(k) gives a rule (here a check that declines) the tensor PyTorch traced
     argument k as: channels_last strides, which Kiln's values do not have."""

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kiln.graph.flow_graph import FlowGraph, format_graph, trace_from
-from kiln.graph.operator import Operator, OperatorDef, OperatorError, operator, run_task
+from kiln.graph.flow_graph import FlowGraph, format_graph, known_value, trace_from
+from kiln.graph.operator import (GENERATED_BYTES_HELD, Operator, OperatorDef, OperatorError, operator,
+                                 run_task, tracing)
 from kiln.graph.traits import Traits
 
-__all__ = ["FlowGraph", "Operator", "OperatorDef", "OperatorError", "Traits", "format_graph", "operator",
-           "optimize", "run_task", "trace_from", "use_pipeline"]
+__all__ = ["FlowGraph", "GENERATED_BYTES_HELD", "Operator", "OperatorDef", "OperatorError", "Traits",
+           "format_graph", "known_value", "operator", "optimize", "run_task", "trace_from", "tracing",
+           "use_pipeline"]
 
 _pipeline: Callable | None = None
 

@@ -163,3 +163,14 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
             raise ValueError(f"the outputs depend on {len(missing)} symbolic tensor(s) not given "
                              f"as inputs: {', '.join(t.signature() for t in missing)}")
     return FlowGraph(outputs, inputs, nodes)
+
+
+def known_value(t: Tensor) -> torch.Tensor | None:
+    """The values of `t` where they are known before its graph runs: a constant's, or those of a
+    generated tensor (computed from no data; see `kiln.graph.tracing`), computed now; None for a
+    tensor that depends on the graph's inputs."""
+    if not t.is_symbolic:
+        return t.torch()
+    if not t.generated:
+        return None
+    return trace_from(t, []).run([])[0].torch()

@@ -7,10 +7,19 @@
 The definition receives a `TensorInput` for each tensor argument (a list of them for a list of
 tensors) and every other argument as it was given (an attribute). Called with concrete tensors
 an operator runs at once; called with a symbolic one it records a node of a graph.
+
+A value computed from no data (an operator with no tensor input, such as a fill or a range, and
+whatever is computed from such values alone) is *generated*. While a graph is being built
+(`tracing()`), a generated value larger than GENERATED_BYTES_HELD is recorded as a node even
+though no input is symbolic: the graph computes it where it is used (a fill fuses into its
+reader) instead of holding it as a constant for as long as the graph lives.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -38,6 +47,31 @@ definition builds its Task again)."""
 KERNELS_KEPT = 256
 """The most built kernels `compiled_task` keeps for tasks that may be run again; the least
 recently used goes first. A CompiledGraph holds its own kernels, whatever this keeps."""
+
+
+GENERATED_BYTES_HELD = 1 << 16
+"""The largest generated value (in bytes, all outputs of its operator together) that an operator
+computes at once while a graph is traced, so that the graph holds it as a constant."""
+
+_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_tracing", default=False)
+
+
+@contextlib.contextmanager
+def tracing():
+    """The context of building a graph (the torch frontend's interpreter and every graph pass
+    run in it): inside, an operator whose result is generated and larger than
+    GENERATED_BYTES_HELD records a node instead of running."""
+    token = _tracing.set(True)
+    try:
+        yield
+    finally:
+        _tracing.reset(token)
+
+
+def _recorded_generated(task: Task) -> bool:
+    """Whether a generated result of `task` is recorded rather than computed now."""
+    size = sum(math.prod(o.shape) * o.dtype.nbytes for o in task.outputs)
+    return _tracing.get() and size > GENERATED_BYTES_HELD
 
 
 class _Recent:
@@ -200,12 +234,14 @@ class Operator:
         self.attrs = dict(attrs)
         self.task = task
         self.device = device
-        if any(t.is_symbolic for t in inputs):
-            self.outputs = [Tensor(o.shape, o.dtype, device, trace=(self, k))
+        generated = all(t.generated for t in inputs)
+        if any(t.is_symbolic for t in inputs) or (generated and _recorded_generated(task)):
+            self.outputs = [Tensor(o.shape, o.dtype, device, trace=(self, k), generated=generated)
                             for k, o in enumerate(task.outputs)]
         else:
             results = run_task(task, device, [t.torch() for t in inputs])
-            self.outputs = [Tensor(o.shape, o.dtype, device, storage=r) for o, r in zip(task.outputs, results)]
+            self.outputs = [Tensor(o.shape, o.dtype, device, storage=r, generated=generated)
+                            for o, r in zip(task.outputs, results)]
 
     @property
     def name(self) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from kiln.graph import FlowGraph
+from kiln.graph import FlowGraph, tracing
 from kiln.passes.context import PassContext
 
 STAGES = ("simplify", "precision", "layout")
@@ -37,7 +37,8 @@ stage, in the order the plugins contribute them):
 
 class GraphPass:
     """A transformation of a FlowGraph; calling it runs it under the current PassContext
-    (skipped where the context disables it, watched by the context's instruments)."""
+    (skipped where the context disables it, watched by the context's instruments), in
+    `kiln.graph.tracing()`: large generated values stay nodes of the graphs it builds."""
 
     name: str = ""
     opt_level: int = 0
@@ -54,7 +55,8 @@ class GraphPass:
             return graph
         for inst in ctx.instruments:
             inst.run_before_pass(graph, self)
-        graph = self.transform(graph, ctx)
+        with tracing():
+            graph = self.transform(graph, ctx)
         for inst in ctx.instruments:
             inst.run_after_pass(graph, self)
         return graph

@@ -19,10 +19,15 @@ the write and its reads disappear. A node is recomputed by each of its k readers
 
 Nothing is copied whose value reaches, through element-wise operators, a reduction of trailing
 dims (a softmax or norm statistic): there fusion already makes one row kernel of the producers,
-the statistic and its readers. Readers are counted after their own recomputation, so chains
-(cast, cast, subtract) are copied whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
+the statistic and its readers. Unless some reader only takes part of the value (a gather of one
+element a row, a slice; or element-wise readers leading only to such), which that row kernel
+does not hold: the logits that a log-softmax's statistic reads and whose log-probabilities
+at the targets a gather reads are computed in both kernels, not written between them.
+Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
+whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
 nodes that only move data are copied only within such chains: on their own they are index
-arithmetic that fusion already places, and copying them would split multi-output kernels.
+arithmetic that fusion already places, and copying them would split multi-output kernels (a
+view of a cheap value that a reader takes part of heads such a chain: a reshape after a cast).
 """
 from __future__ import annotations
 
@@ -60,6 +65,12 @@ def _row_reduction(node: Operator) -> bool:
     return any(math.prod(shape[:j]) == kept for j in range(len(shape)))
 
 
+def _takes_part(reader: Operator, node: Operator) -> bool:
+    """Whether `reader` takes part of `node`'s value: it is element-wise and makes fewer
+    elements (a gather, a slice), so that it reads only some of them."""
+    return reader.task.is_injective and reader.outputs[0].numel() < node.outputs[0].numel()
+
+
 class RecomputeCheapProducers(GraphPass):
     """Copy cheap element-wise producers into each of their readers (see the module docs)."""
 
@@ -83,29 +94,45 @@ class RecomputeCheapProducers(GraphPass):
         def extends_epilogue(node: Operator) -> bool:
             """Whether `node` is the only reader of a template's output, or of an element-wise
             chain that is: fusion makes it part of that template's epilogue, which writes its
-            value once for every reader (no wider than what the template wrote)."""
+            value once for every reader (no wider than what the template wrote). A template's
+            output that the graph returns has no epilogue."""
             for t in node.inputs:
                 p = producer.get(id(t))
-                if p is None or len(readers[id(t)]) != 1 or node.outputs[0].dtype.nbytes > t.dtype.nbytes:
+                if (p is None or id(t) in outputs or len(readers[id(t)]) != 1
+                        or node.outputs[0].dtype.nbytes > t.dtype.nbytes):
                     continue
                 if id(p) in templated or (p.task.is_injective and not is_anchor(p) and len(p.outputs) == 1
                                           and not moves_data(p) and extends_epilogue(p)):
                     return True
             return False
 
-        feeds_rows: set[int] = set()       # nodes whose values reach a row reduction
+        def computed_view(node: Operator) -> bool:
+            """Whether `node` moves data of a value that a cheap element-wise node computes (a
+            cast, then a reshape), which its readers may then compute themselves."""
+            p = producer.get(id(node.inputs[0])) if node.inputs else None
+            return p is not None and eligible(p) and not moves_data(p)
+
+        to_rows: set[int] = set()      # nodes whose value a reader passes whole to a row reduction
+        in_part: set[int] = set()      # nodes whose readers all take part of the value
+        seen_by: dict[int, list] = {}  # copied node -> the readers its copies are for
         for node in reversed(graph.nodes):
             reading = [u for t in node.outputs for u in readers.get(id(t), ())]
-            if _row_reduction(node) or (node.task.is_injective and any(id(u) in feeds_rows for u in reading)):
-                feeds_rows.add(id(node))
-            if not eligible(node) or any(id(u) in feeds_rows for u in reading):
+            final = [r for u in reading for r in seen_by.get(id(u), [u])]
+            part = [r for r in final if _takes_part(r, node) or id(r) in in_part]
+            if _row_reduction(node) or (node.task.is_injective and any(
+                    id(r) in to_rows and not _takes_part(r, node) for r in final)):
+                to_rows.add(id(node))
+            if node.task.is_injective and final and len(part) == len(final):
+                in_part.add(id(node))
+            if not eligible(node) or (id(node) in to_rows and not part):
                 continue
             k = sum(copies.get(id(u), 1) for u in reading)
             chained = any(id(u) in copies for u in reading)
             reads, writes = _bytes_per_element(node)
-            if chained if moves_data(node) else (
+            if (chained or k > 1 and part and computed_view(node)) if moves_data(node) else (
                     k <= MAX_COPIES and (chained or k > 1) and (k - 1) * reads <= (k + 1) * writes):
                 copies[id(node)] = k
+                seen_by[id(node)] = final
         if not copies:
             return graph
 

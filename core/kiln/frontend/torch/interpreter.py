@@ -28,6 +28,7 @@ traced that argument as, with the strides and storage offset of the trace.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import contextvars
 import inspect
 import math
@@ -42,6 +43,7 @@ from torch.fx.node import map_aggregate, map_arg
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
+from kiln.graph import tracing
 from kiln.plugins import registry as plugin_registry
 from kiln.tensor import Tensor, from_torch
 
@@ -222,7 +224,14 @@ class Interpreter:
 
         `on_node(node, value)` sees each node's value. Where a node cannot be translated (no
         rule, every rule declines, or it reads an `Unrepresentable` value) `on_error(node,
-        error)` gives the value to go on with; without it the MappingError is raised."""
+        error)` gives the value to go on with; without it the MappingError is raised. With a
+        symbolic input the run records a graph (`kiln.graph.tracing`), where large values
+        computed from no data (fills, ranges) stay nodes instead of becoming constants."""
+        building = any(isinstance(v, Tensor) and v.is_symbolic for v in inputs)
+        with tracing() if building else contextlib.nullcontext():
+            return self._run(inputs, on_node, on_error)
+
+    def _run(self, inputs, on_node, on_error):
         env: dict[Node, object] = {}
         aliases: dict[Node, list[Node]] = {}  # nodes that are one tensor, mutated in place
         placeholders = iter(inputs)

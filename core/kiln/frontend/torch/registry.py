@@ -10,7 +10,10 @@ Decorators stack, and one rule may serve several torch aliases. A rule has a pri
 wins) and an optional `check(*args, **kwargs)` that declines arguments it cannot handle, so the
 next rule for the same target is tried; among equal priorities the latest declaration wins.
 A rule for an ATen overload declared with `decompose=False` takes that op whole: AOTAutograd
-leaves it undecomposed in training graphs (`MappingRegistry.undecomposed`).
+leaves it undecomposed in training graphs (`MappingRegistry.undecomposed`). Where torch's
+decomposition of an ATen overload suits Kiln badly, `register_decomposition` gives Kiln's own,
+written in torch operations (`MappingRegistry.decompositions`): AOTAutograd traces the op as
+what it computes, which the partitioner sees through, unlike an op taken whole.
 
 A decorator only builds `Rule` objects and keeps them with the module that defines the
 handler (`rules_of(module, ...)` lists them). A plugin's rules take effect only by being
@@ -33,7 +36,7 @@ from kiln.frontend.torch.errors import target_name
 from kiln.plugins import is_plugin_module, registry
 from kiln.tensor import Tensor, from_torch
 
-FUNCTION, METHOD, MODULE = "function", "method", "module"
+FUNCTION, METHOD, MODULE, DECOMPOSITION = "function", "method", "module", "decomposition"
 RULES_ATTRIBUTE = "__kiln_rules__"   # a module's own rules, in declaration order
 
 _order = itertools.count()
@@ -119,7 +122,7 @@ class MappingRegistry:
         """Remove the rules for `target` (of `kind`, or any kind; only those of `handler` if
         given) and return them; rules declared in this process are forgotten, plugins' rules
         come back on rediscovery."""
-        kinds = [kind] if kind else [FUNCTION, METHOD, MODULE]
+        kinds = [kind] if kind else [FUNCTION, METHOD, MODULE, DECOMPOSITION]
         removed = []
         for k in kinds:
             rules = self.rules.pop((k, rule_key(k, target)), [])
@@ -148,6 +151,11 @@ class MappingRegistry:
     def undecomposed(self) -> set:
         """The targets that a rule declared with `decompose=False` maps whole."""
         return {r.target for rules in self.rules.values() for r in rules if not r.decompose}
+
+    def decompositions(self) -> dict:
+        """Kiln's decompositions of ATen overloads (`register_decomposition`), the best for each."""
+        return {rules[0].target: rules[0].handler for (kind, _), rules in self.rules.items()
+                if kind == DECOMPOSITION}
 
     def ties(self) -> list[tuple[str, object, list[str]]]:
         """Targets whose best rules share one priority but come from different plugins."""
@@ -230,6 +238,19 @@ rule of their own use the rule of their out-of-place form."""
 register_module = _register(MODULE)
 register_module.__doc__ = """Declare a rule for nn.Module classes: the handler is a `KilnModule`
 subclass, built from the torch module and called with the module's forward arguments."""
+
+
+def register_decomposition(*targets, priority: int = 0):
+    """Declare Kiln's decomposition of ATen overloads `targets` in training graphs, in place of
+    torch's (or of keeping the op whole): the function, with the overload's signature, computes
+    its result with torch operations on the torch tensors AOTAutograd traces, so that the graph
+    holds those operations (which the partitioner may recompute or leave out) and Kiln maps
+    them (an op taken whole that reads a forward value only for its shape would keep that
+    value saved for the backward)."""
+    def wrap(fn):
+        _declare(DECOMPOSITION, targets, fn, priority, None, True)
+        return fn
+    return wrap
 
 
 def rules_of(*modules) -> list[Rule]:

@@ -4,13 +4,19 @@
 and an input or a parameter requires grad. `compile_for_training` then hands the graph to
 torch's AOTAutograd, which traces forward and backward to core ATen (`decompositions()`:
 torch's core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps
-more simply than the op itself, less the ops that mapping rules declared with `decompose=False`
-take whole) and splits them; both ATen graphs are compiled by
-`compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping rules, the
-unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`). The backend
-sends graphs that change tensors in place through views here too, with or without grad mode:
-AOTAutograd's functionalization makes their ATen graph pure and copies the new values into the
-caller's inputs after each call.
+more simply than the op itself, and the plugins' own (`register_decomposition`), less the ops
+that mapping rules declared with `decompose=False` take whole) and splits them with the min-cut
+partitioner Inductor uses, which saves for the backward the values that cost least memory and
+lets the backward recompute cheap element-wise ones from them (a log-softmax from the logits
+and a per-row statistic, rather than the log-probabilities themselves, in float32 where the
+logits are bfloat16). It never saves a view: Kiln's views are copies, so a saved view would
+cost a kernel and the bytes of its base; the base is saved and the backward takes the view
+(the forward's linear layers then read their weights untransposed). Both ATen graphs are
+compiled by `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping
+rules, the unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`).
+The backend sends graphs that change tensors in place through views here too, with or without
+grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
+values into the caller's inputs after each call.
 
 Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
 backward is matmuls and a softmax rather than a fused kernel's backward op.
@@ -23,8 +29,9 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import default_partition
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -43,8 +50,10 @@ ALSO_DECOMPOSED = (
 
 def decompositions() -> dict:
     """The decomposition table handed to AOTAutograd."""
-    table = {**core_aten_decompositions(), **get_decompositions(list(ALSO_DECOMPOSED))}
-    whole = mapping_registry().undecomposed()
+    registry = mapping_registry()
+    table = {**core_aten_decompositions(), **get_decompositions(list(ALSO_DECOMPOSED)),
+             **registry.decompositions()}
+    whole = registry.undecomposed()
     return {op: fn for op, fn in table.items() if op not in whole}
 
 
@@ -66,7 +75,9 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
         saved_from.append(num_fwd_outputs)
-        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **options)
+        with functorch_config.patch(recompute_views=True):
+            return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
+                                                       num_fwd_outputs=num_fwd_outputs, **options)
 
     def compile_half(graph: GraphModule, examples, saved: int | None = None):
         rows, device = seed_random_ops(graph)

@@ -9,17 +9,18 @@ scores absorb it exactly). The mask must not widen the scores nor change their d
 One difference remains: a query whose keys are all masked by -inf gets zeros from the
 operator (as scaled_dot_product_attention returns) where the written-out softmax gives NaN.
 
-A constant mask that is exactly the causal one (keep key j for query i where j <= i: True, or
-0 against at most -1e30) becomes `is_causal`, so that templates skip the masked blocks instead
-of reading the mask. Keys and values repeated per query head (`repeat_kv` of Hugging Face's
-grouped-query attention: unsqueeze, expand, reshape) are read through the operator's own
-grouping instead (`grouped_attention`).
+A mask known before the graph runs (a constant, or generated from no data) that is exactly
+the causal one (keep key j for query i where j <= i: True, or 0 against at most -1e30) becomes
+`is_causal`, so that templates skip the masked blocks instead of reading the mask. Keys and
+values repeated per query head (`repeat_kv` of Hugging Face's grouped-query attention:
+unsqueeze, expand, reshape) are read through the operator's own grouping instead
+(`grouped_attention`).
 """
 from __future__ import annotations
 
 import inspect
 
-from kiln.graph import OperatorError
+from kiln.graph import OperatorError, known_value
 from kiln.passes.edit import arguments_of
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
 from kiln.passes.patterns.provided import provided
@@ -84,13 +85,15 @@ def _same_scores(m, node) -> bool:
 
 
 def _is_causal_mask(mask: Tensor, lq: int, lk: int) -> bool:
-    """Whether constant `mask` (broadcast to [..., lq, lk]) keeps exactly the keys j <= i of each
-    query i: a bool mask True there and False elsewhere, or an additive one 0 there and at most
-    ABSORBED_FILL elsewhere."""
-    if mask.is_symbolic or mask.ndim < 2 or mask.shape[-2:] not in ((lq, lk), (1, lk)):
+    """Whether `mask` (broadcast to [..., lq, lk]), a constant or generated from no data,
+    keeps exactly the keys j <= i of each query i: a bool mask True there and False elsewhere,
+    or an additive one 0 there and at most ABSORBED_FILL elsewhere."""
+    if mask.ndim < 2 or mask.shape[-2:] not in ((lq, lk), (1, lk)):
+        return False
+    values = known_value(mask)
+    if values is None:
         return False
     import torch
-    values = mask.torch()
     keep = torch.ones(lq, lk, dtype=torch.bool, device=values.device).tril()
     if values.dtype == torch.bool:
         return bool((values == keep).all())

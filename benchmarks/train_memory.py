@@ -1,0 +1,91 @@
+"""Memory of a training step through Kiln, counted graph by graph (`kiln.frontend.torch.memory`).
+
+GPT-2 (transformers' GPT2LMHeadModel, dropout off, LM head and cross-entropy inside the model)
+with few layers, one forward and backward through Kiln, optionally under bfloat16 autocast; on
+the CPU by default, so that it runs where no GPU is. For each graph Kiln compiled (the forward,
+the backward) it prints the constants it holds, its workspace of intermediates (held as long
+as the graph lives), the inputs a run reads and the outputs it allocates, the values the
+forward saves for the backward, and the largest constants and saved values with the operator
+that makes them.
+
+    python benchmarks/train_memory.py [--layers 2] [--batch 2] [--seq 256] [--vocab 50257]
+        [--autocast] [--device cpu] [--top 8] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import warnings
+
+import torch
+
+MB = 1e6
+
+
+def gpt2(layers: int, vocab: int, device: str):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_layer=layers, n_embd=768, vocab_size=vocab, use_cache=False,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config).to(device)
+
+
+def step_memory(model, ids, autocast: bool) -> list[dict]:
+    """One forward and backward of `model` through Kiln on `ids` (labels too); the memory of
+    each graph compiled, as dicts of `GraphMemory`'s fields."""
+    from kiln.frontend.torch import KilnFunction
+    from kiln.frontend.torch.memory import graph_memory
+    before = set(KilnFunction.live())
+    compiled = torch.compile(model, backend="kiln")
+    region = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if autocast
+              else contextlib.nullcontext())
+    with region:
+        loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    rows = []
+    for function in KilnFunction.live():
+        if function not in before:
+            kind = "backward" if function.saved_from is None else "forward"
+            rows += [dict(dataclasses.asdict(m), graph=kind) for m in graph_memory(function)]
+    return sorted(rows, key=lambda r: r["graph"] != "forward")
+
+
+def report(rows: list[dict], top: int) -> None:
+    for r in rows:
+        print(f"{r['graph']}: constants {r['constants'] / MB:.1f} MB, workspace {r['workspace'] / MB:.1f} MB "
+              f"(intermediates {r['intermediates'] / MB:.1f} MB), inputs {r['inputs'] / MB:.1f} MB, "
+              f"outputs {r['outputs'] / MB:.1f} MB, saved for the backward {r['saved'] / MB:.1f} MB")
+        for title, key in (("constant", "largest_constants"), ("saved", "largest_saved"),
+                           ("workspace", "largest_intermediates")):
+            for v in r[key][:top]:
+                print(f"    {title:<9} {v['nbytes'] / MB:9.2f} MB  {v['signature']:<32} {v['made_by']}")
+    total = sum(r["constants"] + r["workspace"] for r in rows)
+    saved = sum(r["saved"] for r in rows)
+    print(f"held by the graphs: {total / MB:.1f} MB; saved between forward and backward: {saved / MB:.1f} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--autocast", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--top", type=int, default=8, help="largest constants and saved values to show")
+    parser.add_argument("--json", help="write the rows to this file")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", FutureWarning)
+    torch.manual_seed(0)
+    model = gpt2(args.layers, args.vocab, args.device)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+    rows = step_memory(model, ids, args.autocast)
+    report(rows, args.top)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "graphs": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
