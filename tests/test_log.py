@@ -56,12 +56,7 @@ def test_kiln_log_debug_shows_cache_hits(tmp_path):
 
 def test_kiln_dump_dir_keeps_graphs_sources_and_the_memory_plan(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_DUMP_DIR", str(tmp_path))
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 2), nn.Softmax(-1)).eval()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        x = torch.randn(3, 5)
-        torch.testing.assert_close(torch.compile(model, backend="kiln")(x), model(x))
+    _compile_small_model()
     folders = sorted(tmp_path.glob("graph-*"))
     assert len(folders) == 1
     folder = folders[0]
