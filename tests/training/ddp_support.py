@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import faulthandler
 import json
 import os
-import socket
 import statistics
 import tempfile
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -97,12 +98,20 @@ def _wrapped(model, wrap: str, rank: int, device: str):
     return fully_shard(model)
 
 
-def _worker(rank: int, world: int, port: int, model, batches, device: str, backend: str | None, out: str,
+# A rank that hangs dumps every thread's stack into its report and exits after this long (below
+# pytest-timeout's 20 minutes, which would end the whole test worker and say nothing of the ranks).
+RANK_WATCHDOG_S = 900
+
+
+def _worker(rank: int, world: int, folder: str, model, batches, device: str, backend: str | None,
             wrap: str = "ddp"):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a rank that waits on a collective the others never reach raises after the timeout
+    report = open(os.path.join(folder, f"rank{rank}.report"), "w")
+    faulthandler.dump_traceback_later(RANK_WATCHDOG_S, exit=True, file=report)
+    # a rendezvous file, not a port: a port picked free can be taken by another process before
+    # rank 0 binds it; a rank that waits on a collective the others never reach raises after the timeout
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=10))
+                            init_method="file://" + os.path.join(folder, "rendezvous"),
+                            timeout=datetime.timedelta(minutes=5))
     try:
         if device == "cuda":
             torch.cuda.set_device(rank)
@@ -126,25 +135,36 @@ def _worker(rank: int, world: int, port: int, model, batches, device: str, backe
         losses, times = _timed_steps(step, len(batches), device)
         if rank == 0:
             from kiln.frontend.torch.backend import KilnFunction
-            with open(out, "w") as f:
+            with open(os.path.join(folder, "rank0.json"), "w") as f:
                 json.dump({"losses": losses, "step_ms": statistics.median(times[3:]) if len(times) > 3 else None,
                            "kiln_graphs": sum(len(g.graphs) for g in KilnFunction.live())}, f)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        # leave at once: tearing down a process group whose peers wait in a collective can block
+        # until their timeout, and the caller reads the report instead
+        traceback.print_exc(file=report)
+        report.close()
+        os._exit(1)
+    faulthandler.cancel_dump_traceback_later()
+    dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reports(folder: str, world: int) -> str:
+    texts = []
+    for rank in range(world):
+        path = os.path.join(folder, f"rank{rank}.report")
+        text = open(path).read().strip() if os.path.exists(path) else ""
+        texts.append(f"--- rank {rank} ---\n{text or '(nothing reported)'}")
+    return "\n".join(texts)
 
 
 def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp") -> dict:
     """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
     "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp"
     or "fsdp2") over `world` processes; `backend` None runs the model eagerly."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rank0.json")
-        mp.spawn(_worker, args=(world, _free_port(), model, batches, device, backend, out, wrap), nprocs=world)
-        with open(out) as f:
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            mp.spawn(_worker, args=(world, folder, model, batches, device, backend, wrap), nprocs=world)
+        except mp.ProcessExitedException as exc:
+            raise RuntimeError(f"a rank of data-parallel training failed: {exc}\n{_reports(folder, world)}") from None
+        with open(os.path.join(folder, "rank0.json")) as f:
             return json.load(f)
