@@ -103,8 +103,7 @@ def _wrapped(model, wrap: str, rank: int, device: str):
 RANK_WATCHDOG_S = 900
 
 
-def _worker(rank: int, world: int, folder: str, model, batches, device: str, backend: str | None,
-            wrap: str = "ddp"):
+def _worker(rank: int, world: int, folder: str, device: str, backend: str | None, wrap: str = "ddp"):
     report = open(os.path.join(folder, f"rank{rank}.report"), "w")
     faulthandler.dump_traceback_later(RANK_WATCHDOG_S, exit=True, file=report)
     # a rendezvous file, not a port: a port picked free can be taken by another process before
@@ -118,7 +117,8 @@ def _worker(rank: int, world: int, folder: str, model, batches, device: str, bac
         else:       # the ranks share the cores: more threads each would only spin against each other
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         where = f"cuda:{rank}" if device == "cuda" else "cpu"
-        model = copy.deepcopy(model).to(where).train()   # spawn shares the caller's tensors
+        model, batches = torch.load(os.path.join(folder, "job.pt"), weights_only=False)
+        model = model.to(where).train()
         parallel = _wrapped(model, wrap, rank, device)
         run = parallel if backend is None else torch.compile(parallel, backend=backend)
         opt = _optimizer(parallel.parameters())
@@ -162,8 +162,11 @@ def ddp_losses(model, batches, world: int, device: str, backend: str | None = "k
     "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp"
     or "fsdp2") over `world` processes; `backend` None runs the model eagerly."""
     with tempfile.TemporaryDirectory() as folder:
+        # the ranks read the model and batches from a file: passed as arguments, spawn would move
+        # the caller's tensors into shared memory and serve them from a thread of this process
+        torch.save((model, batches), os.path.join(folder, "job.pt"))
         try:
-            mp.spawn(_worker, args=(world, folder, model, batches, device, backend, wrap), nprocs=world)
+            mp.spawn(_worker, args=(world, folder, device, backend, wrap), nprocs=world)
         except mp.ProcessExitedException as exc:
             raise RuntimeError(f"a rank of data-parallel training failed: {exc}\n{_reports(folder, world)}") from None
         with open(os.path.join(folder, "rank0.json")) as f:
