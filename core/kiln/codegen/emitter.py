@@ -424,6 +424,15 @@ class KernelArgs:
         return [cls.input(k) for k in range(num_inputs)] + [cls.output(k) for k in range(num_outputs)]
 
     @classmethod
+    def positions(cls, args, num_inputs: int, num_outputs: int) -> tuple[int, ...]:
+        """Where each argument named in `args` is in `[*inputs, *outputs]` (-1 for `STATUS`):
+        what a runtime binds a call's pointers by without naming them."""
+        where = {cls.STATUS: -1}
+        where.update({cls.input(k): k for k in range(num_inputs)})
+        where.update({cls.output(k): num_inputs + k for k in range(num_outputs)})
+        return tuple(where[name] for name in args)
+
+    @classmethod
     def bind(cls, inputs, outputs, temporaries=()) -> dict[str, int]:
         """Device pointers by argument name of the given torch tensors."""
         found = {cls.input(k): t.data_ptr() for k, t in enumerate(inputs)}

@@ -151,6 +151,7 @@ class CpuKernel:
         self._fn = getattr(self._lib, program.entry)
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
+        self._positions: dict[tuple[int, int], tuple[int, ...]] = {}    # by (inputs, outputs) given
 
     def prepare(self, constants: list[torch.Tensor | None]) -> tuple[CpuKernel, torch.Tensor] | None:
         """Where the program prepares an input (`CpuProgram.preparation`) and `constants` (one
@@ -196,8 +197,13 @@ class CpuKernel:
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         self._threads()
-        buffers = KernelArgs.bind(inputs, outputs)
+        arity = (len(inputs), len(outputs))
+        positions = self._positions.get(arity)
+        if positions is None:
+            positions = self._positions[arity] = KernelArgs.positions(self.program.args, *arity)
         status = (ctypes.c_int64 * 2)()
-        buffers[KernelArgs.STATUS] = ctypes.addressof(status)
-        self._fn(*[buffers[name] for name in self.program.args], *self.program.sizes)
-        raise_failed(self.program.checks, status[0], status[1], self.program.entry)
+        tensors = [*inputs, *outputs]
+        self._fn(*[tensors[k].data_ptr() if k >= 0 else ctypes.addressof(status) for k in positions],
+                 *self.program.sizes)
+        if status[0]:
+            raise_failed(self.program.checks, status[0], status[1], self.program.entry)
