@@ -51,7 +51,7 @@ def test_takes_few_queries_against_many_keys():
 
 
 def test_ranked_before_flash_for_decoding_only():
-    """Ranked before attention_flash where both apply (faster on an H100: benchmarks/RESULTS.md);
+    """Ranked before attention_flash where both apply (faster on an H100: benchmarks/HISTORY.md);
     prefill goes to attention_sm90 (before flash) beyond one key tile, short caches stay with flash."""
     names = lambda task: [t.name for t in schedules_for(task, "cuda", 90)]
     assert names(_task()) == ["attention_decode", "attention_flash"]

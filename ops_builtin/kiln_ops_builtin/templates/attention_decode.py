@@ -1,7 +1,7 @@
 """Attention for decoding (sm_80+): a few queries (at most 16) against many keys (at least
 256), float16 and bfloat16, head dims 64, 80, 96 and 128.
 
-Ranked before `attention_flash` where both apply: on an H100 (benchmarks/RESULTS.md, session of
+Ranked before `attention_flash` where both apply: on an H100 (benchmarks/HISTORY.md, session of
 2026-11-25) it runs the issue's decode shape (8 x 32 query / 8 KV heads, 1 query, 4096 keys,
 128) at 0.95x of torch's SDPA against flash's 0.46x, and 16 queries at 1.48x against 0.92x.
 
@@ -43,7 +43,7 @@ MAX_QUERIES = 16
 MIN_KEYS = 256
 CTAS_PER_SM = 2
 """Split-KV grids of about two CTAs a multiprocessor stream the KV cache fastest (H100 sweep,
-benchmarks/RESULTS.md, session of 2026-11-26: 8 x 32/8 heads x 4096 keys x 128 at 4 shares
+benchmarks/HISTORY.md, session of 2026-11-26: 8 x 32/8 heads x 4096 keys x 128 at 4 shares
 51.9-53.8 us against 54.8-57.8 at the 6 that filled every CTA slot; 4 x 16/4 heads x 16384 keys x
 64 at 8 shares 28.5 us against 36.0 at 37), at about 2.5 TB/s of DRAM reads."""
 

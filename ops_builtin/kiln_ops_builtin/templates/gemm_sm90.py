@@ -136,7 +136,7 @@ WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]
 """(tile, knobs, relative MMA rate): `suggest`'s choices for grids of most of a wave and more,
-the rates fitted to the level-2 sweeps on an H200 (benchmarks/RESULTS.md); 64 x 64's to the
+the rates fitted to the level-2 sweeps on an H200 (benchmarks/HISTORY.md); 64 x 64's to the
 batched 96 x 128 x 128 x 64 on an H100, where it beats 64 x 128 tiles half past N by 1.13x."""
 
 

@@ -341,7 +341,7 @@ SUM_BYTES = 32
 what the tensor-core templates assume. On an H100, 128 x 768 x 3072 split 8 ways over 64 x 128
 tiles ran at 0.75 of cuBLAS against 0.85 for 4 ways, which the default ranked the other way.
 Convolutions (the load hooks) are ranked with it too, measured only end to end (float32
-ResNet-18 and ResNet-50 at batch 1, `benchmarks/RESULTS.md`)."""
+ResNet-18 and ResNet-50 at batch 1, `benchmarks/HISTORY.md`)."""
 SPLIT_PROBE = knobs(64, 64, 16, 16, 32, 2, SPLIT=2)
 
 
