@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kiln.frontend.torch.config import DynamoConfig, Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,14 +50,15 @@ def python_blocks() -> list[dict]:
             for m in FENCE.finditer(README) if m.group(1) == "python"]
 
 
+@pytest.mark.slow
 def test_every_python_block_of_the_readme_runs(tmp_path):
     blocks = python_blocks()
     assert len(blocks) >= 8
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "runner.py").write_text(RUNNER)
-    # A cache of its own; no NVRTC check of what the examples build (other tests check those
-    # kernels; with it the examples took over 5 minutes on a loaded 2-core machine).
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_NVRTC_CHECK="")
+    # No NVRTC check of what the examples build (other tests check those kernels; with it the
+    # examples took over 5 minutes on a loaded 2-core machine).
+    env = dict(os.environ, KILN_NVRTC_CHECK="")
     proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(tmp_path / "blocks.json")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
