@@ -127,10 +127,10 @@ class CompiledGraph:
         # the output slots each run allocates (every output but the inputs and constants returned)
         self.allocated_outputs = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
         self._lock = threading.Lock()
-        self._free: dict[tuple, list[list]] = {}
+        self._free: dict[tuple, list[WorkspaceSet]] = {}
         first = self.workspace_set()
         self.workspaces = first.workspaces
-        self._free[self._pool_key()] = [first.slots]
+        self._free[self._pool_key()] = [first]
 
     def workspace_set(self) -> "WorkspaceSet":
         """A new set of workspaces (one per device) and the slot tensors viewing into them,
@@ -147,22 +147,33 @@ class CompiledGraph:
             slots[slot] = tensor
         return WorkspaceSet(workspaces, slots)
 
+    def take_workspace_set(self) -> "WorkspaceSet":
+        """A set of workspaces for the caller to own, like `workspace_set`, taken from the pool's
+        free sets of the current streams where it has one: a graph captured after a plain run
+        (the compile's first) keeps the workspace that run used, not a second one."""
+        key = self._pool_key()
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+        return self.workspace_set()
+
     def _pool_key(self) -> tuple:
         """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""
         return tuple(torch.cuda.current_stream(device).cuda_stream
                      for device in self.plans if device.type == "cuda")
 
-    def _checkout(self) -> tuple[tuple, list]:
+    def _checkout(self) -> tuple[tuple, WorkspaceSet]:
         key = self._pool_key()
         with self._lock:
             free = self._free.setdefault(key, [])
             if free:
                 return key, free.pop()
-        return key, self.workspace_set().slots
+        return key, self.workspace_set()
 
-    def _checkin(self, key: tuple, slots: list) -> None:
+    def _checkin(self, key: tuple, workspace: WorkspaceSet) -> None:
         with self._lock:
-            self._free[key].append(slots)
+            self._free[key].append(workspace)
 
     @property
     def workspace_bytes(self) -> int:
@@ -183,11 +194,11 @@ class CompiledGraph:
             raise ValueError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(inputs)}")
         if workspace is not None:
             return self._run(inputs, list(workspace.slots))
-        key, slots = self._checkout()
+        key, taken = self._checkout()
         try:
-            return self._run(inputs, list(slots))
+            return self._run(inputs, list(taken.slots))
         finally:
-            self._checkin(key, slots)
+            self._checkin(key, taken)
 
     def _run(self, inputs: Sequence[torch.Tensor], slots: list) -> list[torch.Tensor]:
         for slot, tensor in zip(self.inputs, inputs):

@@ -150,14 +150,15 @@ class CapturedGraph:
 def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
             wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = ()) -> CapturedGraph:
     """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
-    graph over a workspace of its own (replays never share it), on `example_inputs` (torch
+    graph over a workspace of its own (replays never share it; a free one of the graph's pool
+    where there is one), on `example_inputs` (torch
     tensors, used only for the capture). Each pair (output, input) of `write_back` makes the
     replay copy that output into that input, which the graph then takes in place (bound at the
     example's memory): replays update the caller's tensor and return the other outputs only,
     each passed through `wrap`. Of those, the positions `lent` that the graph allocates itself
     (not inputs or constants) are lent rather than copied; the inputs at positions `bound` are
     read in place."""
-    workspace = compiled.workspace_set()
+    workspace = compiled.take_workspace_set()
     written = {out for out, _ in write_back}
 
     def replay_body(inputs):
