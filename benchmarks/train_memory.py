@@ -46,7 +46,7 @@ def step_memory(model, ids, autocast: bool) -> list[dict]:
     rows = []
     for function in KilnFunction.live():
         if function not in before:
-            kind = "backward" if function.saved_from is None else "forward"
+            kind = "backward" if function.lent_from == 0 else "forward"
             rows += [dict(dataclasses.asdict(m), graph=kind) for m in graph_memory(function)]
     return sorted(rows, key=lambda r: r["graph"] != "forward")
 

@@ -1,8 +1,9 @@
-"""Training through CUDA graphs without copies of the saved values: the forward's capture lends
-the values it saves for the backward (aliases of its static buffers), the backward's capture
-reads them in place, and a forward whose lent values are still alive (two forwards before a
-backward, a retained graph) takes another capture instead of overwriting them. Losses and
-gradients against the same model run eagerly."""
+"""Training through CUDA graphs without copies of the saved values or the gradients: the
+forward's capture lends the values it saves for the backward (aliases of its static buffers),
+the backward's capture reads them in place and lends its gradients, and a capture whose lent
+values are still alive (two forwards before a backward, a retained graph, gradients kept for
+accumulation) is left for another capture instead of being overwritten. Losses and gradients
+against the same model run eagerly."""
 import copy
 import gc
 
@@ -27,6 +28,16 @@ def _captures():
             if run.captures}
 
 
+def _forward_and_backward() -> tuple[list, list]:
+    """The captures of the one forward graph and of the one backward graph (the captures that
+    read lent values in place)."""
+    runs = list(_captures().values())
+    forward = [c for c in runs if not c[0].bound]
+    backward = [c for c in runs if c[0].bound]
+    assert len(forward) == len(backward) == 1, "a forward and a backward graph, each captured"
+    return forward[0], backward[0]
+
+
 def _assert_same_gradients(model, reference):
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
@@ -46,11 +57,9 @@ def test_steps_lend_saved_values_and_read_them_in_place():
         _assert_same_gradients(model, reference)
         for opt in optimizers:
             opt.step()
-    runs = list(_captures().values())
-    assert len(runs) == 2, "a forward and a backward graph, each captured"
-    forward = next(c for c in runs if c[0].lent)
-    backward = next(c for c in runs if c is not forward)
+    forward, backward = _forward_and_backward()
     assert len(forward) == 1 and len(backward) == 1, "each step replays the first capture"
+    assert forward[0].lent and backward[0].lent
     assert backward[0].bound, "the backward reads the lent values in place"
     assert set(backward[0].bound) <= set(range(len(backward[0].static_inputs)))
     assert all(backward[0].static_inputs[k] is None for k in backward[0].bound)
@@ -67,7 +76,7 @@ def test_two_forwards_before_one_backward():
         for m in (compiled, reference):
             (m(a).square().mean() + m(b).abs().mean()).backward()
         _assert_same_gradients(model, reference)
-    forward = next(c for c in _captures().values() if c[0].lent)
+    forward, _ = _forward_and_backward()
     assert len(forward) == 2
 
 
@@ -80,7 +89,7 @@ def test_forwards_whose_saved_values_stay_alive():
     compiled = torch.compile(model, backend="kiln")
     xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
     losses = [compiled(x).square().mean() for x in xs]
-    forward = next(c for c in _captures().values() if c[0].lent)
+    forward = next(c for c in _captures().values() if not c[0].bound)
     assert len(forward) == 4
     for x, loss in reversed(list(zip(xs, losses))):
         model.zero_grad()
@@ -88,3 +97,46 @@ def test_forwards_whose_saved_values_stay_alive():
         loss.backward()
         reference(x).square().mean().backward()
         _assert_same_gradients(model, reference)
+
+
+def test_gradients_are_lent_to_the_parameters():
+    """With zero_grad() dropping the gradients each step, the backward's one capture serves every
+    step and the parameters' gradients are its static outputs, not copies."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
+    for _ in range(3):
+        x = torch.randn(48, 64, device="cuda")
+        for m, opt in zip((compiled, reference), optimizers):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+        _, backward = _forward_and_backward()
+        assert len(backward) == 1
+        lent = backward[0].lent_addresses
+        assert any(p.grad.data_ptr() in lent for p in model.parameters()), "gradients are lent, not copied"
+        for opt in optimizers:
+            opt.step()
+
+
+@pytest.mark.parametrize("keep", ["accumulate", "zero_in_place"])
+def test_gradients_kept_alive_are_never_overwritten(keep):
+    """Gradients accumulated over steps (no zero_grad) or zeroed in place (set_to_none=False)
+    keep the first capture's lent outputs alive as `.grad`: the next backward replays a second
+    capture and accumulates into them, as eager does."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    for step in range(4):
+        x = torch.randn(48, 64, device="cuda")
+        for m in (model, reference):
+            if keep == "zero_in_place" and step % 2 == 0:
+                m.zero_grad(set_to_none=False)
+        for m in (compiled, reference):
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+    _, backward = _forward_and_backward()
+    assert len(backward) == 2

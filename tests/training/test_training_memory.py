@@ -19,7 +19,7 @@ def compiled_memory(step) -> list:
     save values for a backward) first."""
     before = set(KilnFunction.live())
     step()
-    new = sorted((f for f in KilnFunction.live() if f not in before), key=lambda f: f.saved_from is None)
+    new = sorted((f for f in KilnFunction.live() if f not in before), key=lambda f: f.lent_from == 0)
     return [m for f in new for m in graph_memory(f)]
 
 

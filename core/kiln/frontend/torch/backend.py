@@ -72,7 +72,7 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs,
-            lambda graph, examples, saved_from=None: compile_graph(graph, examples, settings, saved_from=saved_from))
+            lambda graph, examples, lent_from=None: compile_graph(graph, examples, settings, lent_from=lent_from))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
 
 
@@ -87,9 +87,9 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
-    def compile_aten(graph: GraphModule, examples, saved_from=None):
+    def compile_aten(graph: GraphModule, examples, lent_from=None):
         functional.append(graph)
-        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), saved_from)
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -118,21 +118,22 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
-                  constants: set[str] = frozenset(), saved_from: int | None = None):
+                  constants: set[str] = frozenset(), lent_from: int | None = None):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
-    holding parameters and buffers; the outputs from position `saved_from` on are a training
-    forward's values saved for the backward, which CUDA graphs lend instead of copying."""
+    holding parameters and buffers; the outputs from position `lent_from` on (a training
+    forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
+    instead of copied."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
             raise UnmappedOperatorError(unmapped)
-        return KilnFunction(gm, settings, constants, saved_from=saved_from)   # a declined node raises at first run
+        return KilnFunction(gm, settings, constants, lent_from=lent_from)   # a declined node raises at first run
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
-        return KilnFunction(gm, settings, constants, saved_from=saved_from)
+        return KilnFunction(gm, settings, constants, lent_from=lent_from)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     left = left_to_pytorch(gm, for_pytorch)
@@ -175,8 +176,9 @@ class KilnFunction:
     dynamo compiled it from and `compile_id` the id of that compile. Each trace publishes its
     summary (`kiln.frontend.torch.summary`), which lists `left_to_pytorch`: the nodes of a
     graph split for fallback_to_eager that run in PyTorch. The outputs from position
-    `saved_from` on (a training forward's saved values) are lent by its CUDA graphs rather
-    than copied.
+    `lent_from` on (a training forward's saved values, a backward's gradients) are lent by its
+    CUDA graphs rather than copied: a replay reuses their memory only once the caller dropped
+    them (`kiln.runtime.cuda_graph`).
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -185,11 +187,11 @@ class KilnFunction:
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
-                 left_to_pytorch: list[dict] | None = None, saved_from: int | None = None):
+                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None):
         self.gm = gm
         self.settings = settings
         self.left_to_pytorch = left_to_pytorch or []
-        self.saved_from = saved_from
+        self.lent_from = lent_from
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
@@ -318,7 +320,7 @@ class KilnFunction:
             compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
-                           _leaves_from(result, self.saved_from))
+                           _leaves_from(result, self.lent_from))
         run = self._run(compiled, record, args, graph)
         if key is not None:
             graph_cache.store(key, record, args, self._constant_positions,

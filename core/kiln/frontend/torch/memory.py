@@ -64,7 +64,8 @@ def graph_memory(function) -> list[GraphMemory]:
         graph, compiled = run.graph, run.graph.compile()
         inputs = {id(t) for t in graph.inputs}
         made = _distinct(t for t in graph.outputs if id(t) not in inputs and t.trace is not None)
-        saved = _distinct(graph.outputs[k] for k in run.lent)
+        # what a forward lends is what it saves for the backward; a backward lends its gradients
+        saved = _distinct(graph.outputs[k] for k in run.lent) if function.lent_from else []
         saved_made = [t for t in saved if t.trace is not None]
         returned = {id(t) for t in graph.outputs}
         intermediates = [t for node in graph.nodes for t in node.outputs if id(t) not in returned]

@@ -68,9 +68,11 @@ def needs_autograd(gm: GraphModule, example_inputs) -> bool:
 
 def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable[..., Callable]):
     """`gm` as a differentiable function whose forward and backward ATen graphs are compiled by
-    `compile_aten(graph, examples, saved_from)` (the backward when autograd first needs it),
-    `saved_from` being the position of the forward's first output saved for the backward
-    (None for the backward, and for a forward AOTAutograd did not partition)."""
+    `compile_aten(graph, examples, lent_from)` (the backward when autograd first needs it).
+    The outputs from position `lent_from` on are lent by CUDA graphs rather than copied: the
+    forward's values saved for the backward (from AOTAutograd's partition; None where it did
+    not partition) and all of the backward's gradients, which autograd accumulates or hands on
+    and the optimizer reads before they are dropped."""
     saved_from: list[int] = []
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
@@ -79,19 +81,22 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
             return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
                                                        num_fwd_outputs=num_fwd_outputs, **options)
 
-    def compile_half(graph: GraphModule, examples, saved: int | None = None):
+    def compile_half(graph: GraphModule, examples, lent_from: int | None):
         rows, device = seed_random_ops(graph)
         if rows:
-            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], saved),
+            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from),
                               rows, device)
         else:
-            compiled = compile_aten(graph, list(examples), saved)
+            compiled = compile_aten(graph, list(examples), lent_from)
         return make_boxed_func(compiled)
 
     def compile_forward(graph: GraphModule, examples):
         return compile_half(graph, examples, saved_from.pop() if saved_from else None)
 
-    backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_half, partition_fn=partition,
+    def compile_backward(graph: GraphModule, examples):
+        return compile_half(graph, examples, 0)
+
+    backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward, partition_fn=partition,
                            decompositions=decompositions())
     single = _returns_one_value(gm)
     if single:
