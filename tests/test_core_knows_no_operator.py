@@ -52,12 +52,6 @@ REMAINING = {
                          "cat", "chunk", "concat", "conv2d", "conv2d_channels_last", "max_pool2d", "mean", "mode",
                          "pad", "permute", "reshape", "log_softmax", "slice", "softmax", "split", "sum",
                          "transpose"},
-    "passes/patterns/attention.py": {"add", "attention", "cast", "div", "expand", "logical_not", "matmul", "mul",
-                                     "permute", "softmax", "unsqueeze", "where"},
-    "passes/patterns/fold_batch_norm.py": {"batch_norm", "conv2d", "linear"},
-    "passes/patterns/matmul_bias.py": {"add", "linear", "matmul"},
-    "passes/patterns/shape_chains.py": {"flatten", "permute", "reshape", "squeeze", "transpose", "unsqueeze"},
-    "passes/patterns/softmax_dtype.py": {"cast", "softmax"},
     "tensor.py": {"abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "div", "eq",
                   "floor_divide", "ge", "gt", "le", "lt", "matmul", "mul", "ne", "neg", "pow", "remainder", "sub"},
 }

@@ -35,8 +35,7 @@ from kiln.ir import Const, Load, Var, inline_task
 from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
 from kiln.passes.edit import arguments_of, reapply
 from kiln.passes.graph_pass import GraphPass
-from kiln.passes.patterns.provided import provided
-from kiln.passes.patterns.shape_chains import permutation
+from kiln.passes.provided import provided
 from kiln.tensor import Tensor, from_torch, symbol
 
 MODES = ("auto", "always", "never")
@@ -82,6 +81,17 @@ def appended_zero_channels(node: Operator) -> int:
     if args["mode"] != "constant" or args["value"] != 0 or len(pad) != 2 or pad[0] != 0:
         return 0
     return max(pad[1], 0)
+
+
+def permutation(node) -> list[int]:
+    """The permutation (output dim k is input dim order[k]) a permute or transpose node applies."""
+    n = node.inputs[0].ndim
+    if node.definition.name == "permute":
+        return [d % n for d in node.attrs["dims"]]
+    order = list(range(n))
+    a, b = node.attrs["dim0"] % n, node.attrs["dim1"] % n
+    order[a], order[b] = b, a
+    return order
 
 
 def runs_channels_last(node: Operator, mode: str) -> bool:
