@@ -45,15 +45,10 @@ ALLOWED = {
 # Moving a pass to kiln-ops-builtin, or reading a trait instead of a name, shrinks this list;
 # when it is empty, drop it and the xfail below.
 REMAINING = {
-    "frontend/torch/autocast.py": {"cast"},
-    "frontend/torch/interpreter.py": {"cast"},
-    "passes/fp16.py": {"cast"},
     "passes/layout.py": {"adaptive_avg_pool2d", "adaptive_max_pool2d", "amax", "amin", "avg_pool2d", "batch_norm",
                          "cat", "chunk", "concat", "conv2d", "conv2d_channels_last", "max_pool2d", "mean", "mode",
                          "pad", "permute", "reshape", "log_softmax", "slice", "softmax", "split", "sum",
                          "transpose"},
-    "tensor.py": {"abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "div", "eq",
-                  "floor_divide", "ge", "gt", "le", "lt", "matmul", "mul", "ne", "neg", "pow", "remainder", "sub"},
 }
 
 
