@@ -17,18 +17,18 @@ vectors. The layout then travels forward with the data:
 - a pad (`Role.PAD`) pads the permuted dims; concatenations, splits, slices and softmaxes
   (`Layout.ALONG_DIM`) work along the permuted dim (channels: the last);
 - a permute (an operator declaring its `permutation`) of channels-last data composes with the
-  conversion (a model's own permute to
-  NHWC costs nothing), and a model's permute back to NCHW (ConvNeXt's, after its layer norm and
-  MLP over the channels) gives channels-last data again: the data it permutes.
+  conversion (a model's own permute to NHWC costs nothing), and a model's permute back to NCHW
+  (ConvNeXt's, after its layer norm and MLP over the channels) gives channels-last data again:
+  the data it permutes.
 
 Every other operator, and every graph output, reads NCHW: where one needs a channels-last
 tensor, one conversion is made for all its readers, and converting a converted tensor back
 gives the original. So conversions sit at the borders of regions only, constants (weights,
 broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
-layout; the conversions are made by the operators implementing `Role.PERMUTE` and
-`Role.RESHAPE`. The PassContext config key "channels_last" chooses which convolutions start a region
-(see `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only
-where every convolution in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
+layout; the operators implementing `Role.PERMUTE` and `Role.RESHAPE` make the conversions.
+The PassContext config key "channels_last" chooses which convolutions start a region (see
+`runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only where
+every convolution in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
 ones no channels-last template takes, say) would convert back and forth around each of them.
 """
 from __future__ import annotations
@@ -94,7 +94,8 @@ def permutation(node: Operator) -> list[int] | None:
 
 
 def runs_channels_last(node: Operator, mode: str) -> bool:
-    """Whether convolution `node` runs channels-last under `mode` (PassContext config "channels_last"):
+    """Whether convolution `node` runs channels-last under `mode` (PassContext config
+    "channels_last"):
 
     - "auto": convolutions on CUDA in float16 or bfloat16 that a schedule template on the
       device takes in their channels-last form (without such a template the NCHW templates are
@@ -177,7 +178,7 @@ class _Planner:
     """The rewritten graph's tensors for the original graph's, each in its planned layout."""
 
     def __init__(self, convolutions: set[int]):
-        self.convolutions = convolutions                    # convolution nodes (by id) to run channels-last
+        self.convolutions = convolutions                    # convolutions (by id) to run channels-last
         self.new: dict[int, Tensor] = {}                    # original tensor (by id) -> its new value
         self.nhwc_ids: set[int] = set()                     # original tensors whose new value is NHWC
         self.made: dict[tuple, tuple[Tensor, Tensor]] = {}  # (id(value), what) -> (value, result)
