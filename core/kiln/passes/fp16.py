@@ -1,10 +1,10 @@
 """float16 conversion (`use_fp16`): float32 computation runs in float16.
 
 Graph inputs are cast to float16 on entry (by the operator implementing `Role.CAST`), float32
-constants converted now, and outputs cast back, so the graph keeps its signature. An operator whose float16 task would sum or multiply
-up values in float16 (a reduction, softmax or normalization statistic that does not
-accumulate in float32 by itself) keeps running in float32 unless `use_fp16_reduction` is set;
-so does one that rejects float16 inputs.
+constants converted now, and outputs cast back, so the graph keeps its signature. An operator
+whose float16 task would sum or multiply up values in float16 (a reduction, softmax or
+normalization statistic that does not accumulate in float32 by itself) keeps running in
+float32 unless `use_fp16_reduction` is set; so does one that rejects float16 inputs.
 """
 from __future__ import annotations
 
