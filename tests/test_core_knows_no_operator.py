@@ -15,8 +15,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import kiln
 from kiln.ir.opcodes import BinaryOp, ReduceOp, UnaryOp
 from kiln.plugins import registry
@@ -35,33 +33,13 @@ ALLOWED = {
     "frontend/torch/config.py": {"mode": "torch.compile's `mode` option"},
     "frontend/torch/report.py": {"attention": "a column header of the correctness report"},
     "passes/context.py": {"stack": "a thread-local attribute holding the context stack"},
+    "passes/layout.py": dict.fromkeys(("pad", "mode"), "arguments of the operator implementing Role.PAD "
+                                                      "(torch.nn.functional.pad's)"),
     "frontend/torch/aliasing.py": dict.fromkeys(
         ("reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "flatten", "as_strided", "split",
          "chunk"),
         "names of torch.Tensor view methods, not of Kiln operators"),
 }
-
-# module -> the built-in operators it still names ("<import>": it imports kiln_ops_builtin).
-# Moving a pass to kiln-ops-builtin, or reading a trait instead of a name, shrinks this list;
-# when it is empty, drop it and the xfail below.
-REMAINING = {
-    "frontend/torch/autocast.py": {"cast"},
-    "frontend/torch/interpreter.py": {"cast"},
-    "passes/fp16.py": {"cast"},
-    "passes/layout.py": {"adaptive_avg_pool2d", "adaptive_max_pool2d", "amax", "amin", "avg_pool2d", "batch_norm",
-                         "cat", "chunk", "concat", "conv2d", "conv2d_channels_last", "max_pool2d", "mean", "mode",
-                         "pad", "permute", "reshape", "log_softmax", "slice", "softmax", "split", "sum",
-                         "transpose"},
-    "passes/patterns/attention.py": {"add", "attention", "cast", "div", "expand", "logical_not", "matmul", "mul",
-                                     "permute", "softmax", "unsqueeze", "where"},
-    "passes/patterns/fold_batch_norm.py": {"batch_norm", "conv2d", "linear"},
-    "passes/patterns/matmul_bias.py": {"add", "linear", "matmul"},
-    "passes/patterns/shape_chains.py": {"flatten", "permute", "reshape", "squeeze", "transpose", "unsqueeze"},
-    "passes/patterns/softmax_dtype.py": {"cast", "softmax"},
-    "tensor.py": {"abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "div", "eq",
-                  "floor_divide", "ge", "gt", "le", "lt", "matmul", "mul", "ne", "neg", "pow", "remainder", "sub"},
-}
-
 
 def builtin_operator_names() -> set[str]:
     """The names of the operators kiln-ops-builtin contributes, from the plugin registry."""
@@ -110,14 +88,8 @@ def offenders() -> dict[str, set[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34: core modules still name built-in operators (REMAINING)")
 def test_core_names_no_builtin_operator():
     assert offenders() == {}
-
-
-def test_remaining_offenders_are_listed_exactly():
-    """No module names a built-in operator it did not before, and REMAINING shrinks as they go."""
-    assert offenders() == REMAINING
 
 
 def test_allowed_words_are_operator_names():

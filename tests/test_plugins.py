@@ -436,3 +436,33 @@ def test_every_builtin_rule_module_is_returned_by_the_mapping_hook():
     declared = [r for m in modules for r in rules_of(m)]
     assert len(declared) > 400
     assert [r.name for r in declared if id(r) not in returned] == []
+
+
+def test_a_job_goes_to_the_operator_implementing_it():
+    """`Registry.implementing` finds an operator by the job its traits declare, through its
+    name (an override of that operator does the job); no implementer, or two, is a clear error."""
+    import operator as python
+
+    from kiln.graph import Role, Traits, operator
+    from kiln.ir import compute
+    from kiln.plugins import OperatorNotFoundError, PluginError, Registry, hookimpl
+
+    def plugin(*defs):
+        return type("P", (), {"kiln_operators": hookimpl(lambda: list(defs))})
+
+    def definition(input, other):
+        return compute(input.shape, lambda *i: input[i] + other[i])
+
+    plus = operator("plus", traits=Traits(implements=python.add))(definition)
+    faster = operator("plus", override=True)(definition)
+    reg = Registry()
+    reg.add_plugin("a", plugin(plus), "kiln-a")
+    with pytest.raises(OperatorNotFoundError, match="no installed Kiln plugin provides an operator implementing "
+                                                     "Role.CAST"):
+        reg.implementing(Role.CAST)
+    assert reg.implementing(python.add) is plus
+    reg.add_plugin("b", plugin(faster), "kiln-b")
+    assert reg.implementing(python.add) is faster
+    reg.add_plugin("c", plugin(operator("add", traits=Traits(implements=python.add))(definition)), "kiln-c")
+    with pytest.raises(PluginError, match="two operators implement add: 'plus' of kiln-a and 'add' of kiln-c"):
+        reg.implementing(python.add)

@@ -6,6 +6,7 @@ for while it is active (what a compile's result may depend on beyond shapes and 
 """
 from __future__ import annotations
 
+import operator as python
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
@@ -77,42 +78,42 @@ class Tensor:
             return head if self.trace is None else f"{head}\nfrom {self.trace}"
         return head + "\n" + np.array2string(self.numpy(), precision=2, suppress_small=True)
 
-    # Python operators apply the Kiln operator of that name (see `use_operators`)
-    def _op(self, name, *args):
-        if _operator_named is None:
-            raise RuntimeError(f"Tensor operators need kiln.ops: import kiln (to apply '{name}')")
-        return _operator_named(name)(*args)
+    # Python operators apply the Kiln operator implementing them (see `use_operators`)
+    def _op(self, job, *args):
+        if _implementing is None:
+            raise RuntimeError(f"Tensor operators need kiln.ops: import kiln (to apply operator.{job.__name__})")
+        return _implementing(job)(*args)
 
-    def __add__(self, o): return self._op("add", self, o)
-    def __radd__(self, o): return self._op("add", o, self)
-    def __sub__(self, o): return self._op("sub", self, o)
-    def __rsub__(self, o): return self._op("sub", o, self)
-    def __mul__(self, o): return self._op("mul", self, o)
-    def __rmul__(self, o): return self._op("mul", o, self)
-    def __truediv__(self, o): return self._op("div", self, o)
-    def __rtruediv__(self, o): return self._op("div", o, self)
-    def __floordiv__(self, o): return self._op("floor_divide", self, o)
-    def __rfloordiv__(self, o): return self._op("floor_divide", o, self)
-    def __mod__(self, o): return self._op("remainder", self, o)
-    def __rmod__(self, o): return self._op("remainder", o, self)
-    def __pow__(self, o): return self._op("pow", self, o)
-    def __rpow__(self, o): return self._op("pow", o, self)
-    def __matmul__(self, o): return self._op("matmul", self, o)
-    def __neg__(self): return self._op("neg", self)
-    def __abs__(self): return self._op("abs", self)
-    def __invert__(self): return self._op("bitwise_not", self)
-    def __and__(self, o): return self._op("bitwise_and", self, o)
-    def __rand__(self, o): return self._op("bitwise_and", o, self)
-    def __or__(self, o): return self._op("bitwise_or", self, o)
-    def __ror__(self, o): return self._op("bitwise_or", o, self)
-    def __xor__(self, o): return self._op("bitwise_xor", self, o)
-    def __rxor__(self, o): return self._op("bitwise_xor", o, self)
-    def __lt__(self, o): return self._op("lt", self, o)
-    def __le__(self, o): return self._op("le", self, o)
-    def __gt__(self, o): return self._op("gt", self, o)
-    def __ge__(self, o): return self._op("ge", self, o)
-    def __eq__(self, o): return self._op("eq", self, o)
-    def __ne__(self, o): return self._op("ne", self, o)
+    def __add__(self, o): return self._op(python.add, self, o)
+    def __radd__(self, o): return self._op(python.add, o, self)
+    def __sub__(self, o): return self._op(python.sub, self, o)
+    def __rsub__(self, o): return self._op(python.sub, o, self)
+    def __mul__(self, o): return self._op(python.mul, self, o)
+    def __rmul__(self, o): return self._op(python.mul, o, self)
+    def __truediv__(self, o): return self._op(python.truediv, self, o)
+    def __rtruediv__(self, o): return self._op(python.truediv, o, self)
+    def __floordiv__(self, o): return self._op(python.floordiv, self, o)
+    def __rfloordiv__(self, o): return self._op(python.floordiv, o, self)
+    def __mod__(self, o): return self._op(python.mod, self, o)
+    def __rmod__(self, o): return self._op(python.mod, o, self)
+    def __pow__(self, o): return self._op(python.pow, self, o)
+    def __rpow__(self, o): return self._op(python.pow, o, self)
+    def __matmul__(self, o): return self._op(python.matmul, self, o)
+    def __neg__(self): return self._op(python.neg, self)
+    def __abs__(self): return self._op(python.abs, self)
+    def __invert__(self): return self._op(python.invert, self)
+    def __and__(self, o): return self._op(python.and_, self, o)
+    def __rand__(self, o): return self._op(python.and_, o, self)
+    def __or__(self, o): return self._op(python.or_, self, o)
+    def __ror__(self, o): return self._op(python.or_, o, self)
+    def __xor__(self, o): return self._op(python.xor, self, o)
+    def __rxor__(self, o): return self._op(python.xor, o, self)
+    def __lt__(self, o): return self._op(python.lt, self, o)
+    def __le__(self, o): return self._op(python.le, self, o)
+    def __gt__(self, o): return self._op(python.gt, self, o)
+    def __ge__(self, o): return self._op(python.ge, self, o)
+    def __eq__(self, o): return self._op(python.eq, self, o)
+    def __ne__(self, o): return self._op(python.ne, self, o)
     __hash__ = object.__hash__
 
     def __len__(self) -> int:
@@ -140,17 +141,18 @@ def recording_reads() -> Iterator[set[int]]:
             _recorders = tuple(r for r in _recorders if r is not reads)
 
 
-_operator_named: Callable[[str], Callable] | None = None
+_implementing: Callable[[Callable], Callable] | None = None
 
 
-def use_operators(operator_named: Callable[[str], Callable]) -> None:
-    """Make `operator_named(name)` what Tensor's Python operators (`a + b`, `a @ b`, ...) apply.
+def use_operators(implementing: Callable[[Callable], Callable]) -> None:
+    """Make `implementing(f)` what Tensor's Python operators apply, `f` the function of Python's
+    `operator` module they stand for (`a + b` applies `implementing(operator.add)(a, b)`).
 
     Operators come from plugins, a layer above tensors; `kiln.ops` installs its lookup here when
     it is imported, which `import kiln` always does.
     """
-    global _operator_named
-    _operator_named = operator_named
+    global _implementing
+    _implementing = implementing
 
 
 def from_torch(t: torch.Tensor) -> Tensor:

@@ -6,7 +6,7 @@ over the input channels of its group and the kernel window; zero padding is a se
 bounds, so out-of-range elements are never read. 16-bit floats accumulate in float32.
 """
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Traits, operator
 from kiln.ir import cast, compute, eq, reduce, select
 
 from kiln_ops_builtin.common import (
@@ -141,7 +141,7 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups)
 
 
-@operator("conv2d")
+@operator("conv2d", traits=Traits(channels_last="conv2d_channels_last"))
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d; padding is an int, a pair, 'valid' or 'same'."""
     return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups)

@@ -3,34 +3,38 @@
 Most operators here are one scalar function applied by `elementwise_compute`: their operands
 may be tensors or Python scalars, they broadcast together, and 16-bit floats compute in float32.
 """
+import operator as python
+
 from kiln import dtypes, ir
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Role, Traits, operator
 from kiln.ir import TensorNode, cast, compute, select
 
 from kiln_ops_builtin.common import (ANY, INTEGER, INTEGRAL, NUMERIC, accumulator_type, broadcast_shape,
                                      check_dtype, elementwise_compute, logistic, operand_value, result_type)
 
 
-def _unary(name: str, fn, doc: str, accepts=NUMERIC, to_float: bool = False, dtype=None):
-    """The operator `name(input)` computing `fn` of each element."""
+def _unary(name: str, fn, doc: str, accepts=NUMERIC, to_float: bool = False, dtype=None, implements=None):
+    """The operator `name(input)` computing `fn` of each element (implementing the Python
+    operator `implements`, if given)."""
     def definition(input):
         return elementwise_compute(name, (input,), fn, accepts, to_float, dtype)
     definition.__doc__ = doc
-    return operator(name)(definition)
+    return operator(name, traits=Traits(implements=implements))(definition)
 
 
-def _binary(name: str, fn, doc: str, accepts=ANY, to_float: bool = False, dtype=None):
-    """The operator `name(input, other)` computing `fn` of each pair of broadcast elements."""
+def _binary(name: str, fn, doc: str, accepts=ANY, to_float: bool = False, dtype=None, implements=None):
+    """The operator `name(input, other)` computing `fn` of each pair of broadcast elements
+    (implementing the Python operator `implements`, if given)."""
     def definition(input, other):
         return elementwise_compute(name, (input, other), fn, accepts, to_float, dtype)
     definition.__doc__ = doc
-    return operator(name)(definition)
+    return operator(name, traits=Traits(implements=implements))(definition)
 
 
 # ---------------------------------------------------------------- unary math
 
-abs_ = _unary("abs", ir.abs_, "|x|, keeping integer types.")
-neg = _unary("neg", lambda v: -v, "-x, keeping integer types (unsigned ones wrap).")
+abs_ = _unary("abs", ir.abs_, "|x|, keeping integer types.", implements=python.abs)
+neg = _unary("neg", lambda v: -v, "-x, keeping integer types (unsigned ones wrap).", implements=python.neg)
 sign = _unary("sign", ir.sign, "-1, 0 or 1 by the sign of x, in x's type.", ANY)
 floor = _unary("floor", ir.floor, "The largest integer <= x (integers unchanged).")
 ceil = _unary("ceil", ir.ceil, "The smallest integer >= x (integers unchanged).")
@@ -53,7 +57,7 @@ isinf = _unary("isinf", ir.isinf, "Whether x is +-infinity.", ANY, dtype=dtypes.
 isfinite = _unary("isfinite", lambda v: ir.logical_not(ir.isnan(v) | ir.isinf(v)),
                   "Whether x is neither NaN nor infinite.", ANY, dtype=dtypes.boolean)
 logical_not = _unary("logical_not", ir.logical_not, "x == 0, as bool.", ANY, dtype=dtypes.boolean)
-bitwise_not = _unary("bitwise_not", lambda v: ~v, "~x; logical not for bool.", INTEGRAL)
+bitwise_not = _unary("bitwise_not", lambda v: ~v, "~x; logical not for bool.", INTEGRAL, implements=python.invert)
 
 
 @operator("sigmoid")
@@ -90,13 +94,13 @@ def _scaled(name: str, combine, input, other, alpha):
     return elementwise_compute(name, (input, other), lambda a, b: combine(a, scale * b))
 
 
-@operator("add")
+@operator("add", traits=Traits(implements=python.add))
 def add(input, other, alpha=1):
     """x + alpha * y (for bool: logical or)."""
     return _scaled("add", lambda a, b: a + b, input, other, alpha)
 
 
-@operator("sub")
+@operator("sub", traits=Traits(implements=python.sub))
 def sub(input, other, alpha=1):
     """x - alpha * y (not for two bools: use logical_xor)."""
     if result_type(input, other, op="sub").is_bool:
@@ -104,7 +108,7 @@ def sub(input, other, alpha=1):
     return _scaled("sub", lambda a, b: a - b, input, other, alpha)
 
 
-mul = _binary("mul", lambda a, b: a * b, "x * y (for bool: logical and).")
+mul = _binary("mul", lambda a, b: a * b, "x * y (for bool: logical and).", implements=python.mul)
 
 
 def _integer_divisor(name: str, fn):
@@ -132,7 +136,7 @@ def _rounded_div(name: str, input, other, rounding_mode: str):
     return elementwise_compute(name, (input, other), trunc_div, NUMERIC)
 
 
-@operator("div")
+@operator("div", traits=Traits(implements=python.truediv))
 def div(input, other, rounding_mode=None):
     """x / y. rounding_mode None: true division (integers give float32); 'trunc': rounded toward
     zero; 'floor': rounded down (both keep the integer type)."""
@@ -143,13 +147,13 @@ def div(input, other, rounding_mode=None):
     return _rounded_div("div", input, other, rounding_mode)
 
 
-@operator("floor_divide")
+@operator("floor_divide", traits=Traits(implements=python.floordiv))
 def floor_divide(input, other):
     """x / y rounded down: div with rounding_mode='floor'."""
     return _rounded_div("floor_divide", input, other, "floor")
 
 
-@operator("pow")
+@operator("pow", traits=Traits(implements=python.pow))
 def pow_(input, other):
     """x ** y (an integer base with a negative Python int exponent is an error, as in PyTorch).
     A Python exponent of 2 is x * x, as PyTorch computes it (exact, where the math library's
@@ -164,7 +168,7 @@ def pow_(input, other):
 
 
 remainder = _binary("remainder", _integer_divisor("remainder", lambda a, b: a % b),
-                    "x modulo y with the sign of y (Python's %).", NUMERIC)
+                    "x modulo y with the sign of y (Python's %).", NUMERIC, implements=python.mod)
 fmod = _binary("fmod", _integer_divisor("fmod", ir.fmod), "x modulo y with the sign of x (C's fmod).", NUMERIC)
 atan2 = _binary("atan2", ir.atan2, "The angle of the point (y=x, x=other).", ANY, to_float=True)
 maximum = _binary("maximum", ir.maximum, "The larger of x and y (NaN if either is NaN).")
@@ -172,21 +176,24 @@ minimum = _binary("minimum", ir.minimum, "The smaller of x and y (NaN if either 
 
 # ---------------------------------------------------------------- comparisons and logic
 
-eq = _binary("eq", ir.eq, "x == y, as bool.", dtype=dtypes.boolean)
-ne = _binary("ne", ir.ne, "x != y, as bool.", dtype=dtypes.boolean)
-lt = _binary("lt", lambda a, b: a < b, "x < y, as bool.", dtype=dtypes.boolean)
-le = _binary("le", lambda a, b: a <= b, "x <= y, as bool.", dtype=dtypes.boolean)
-gt = _binary("gt", lambda a, b: a > b, "x > y, as bool.", dtype=dtypes.boolean)
-ge = _binary("ge", lambda a, b: a >= b, "x >= y, as bool.", dtype=dtypes.boolean)
+eq = _binary("eq", ir.eq, "x == y, as bool.", dtype=dtypes.boolean, implements=python.eq)
+ne = _binary("ne", ir.ne, "x != y, as bool.", dtype=dtypes.boolean, implements=python.ne)
+lt = _binary("lt", lambda a, b: a < b, "x < y, as bool.", dtype=dtypes.boolean, implements=python.lt)
+le = _binary("le", lambda a, b: a <= b, "x <= y, as bool.", dtype=dtypes.boolean, implements=python.le)
+gt = _binary("gt", lambda a, b: a > b, "x > y, as bool.", dtype=dtypes.boolean, implements=python.gt)
+ge = _binary("ge", lambda a, b: a >= b, "x >= y, as bool.", dtype=dtypes.boolean, implements=python.ge)
 logical_and = _binary("logical_and", ir.logical_and, "x and y (nonzero is true), as bool.",
                       dtype=dtypes.boolean)
 logical_or = _binary("logical_or", ir.logical_or, "x or y (nonzero is true), as bool.",
                      dtype=dtypes.boolean)
 logical_xor = _binary("logical_xor", lambda a, b: ir.ne(cast(a, "bool"), cast(b, "bool")),
                       "Exactly one of x and y is nonzero, as bool.", dtype=dtypes.boolean)
-bitwise_and = _binary("bitwise_and", lambda a, b: a & b, "x & y on integers and bool.", INTEGRAL)
-bitwise_or = _binary("bitwise_or", lambda a, b: a | b, "x | y on integers and bool.", INTEGRAL)
-bitwise_xor = _binary("bitwise_xor", lambda a, b: a ^ b, "x ^ y on integers and bool.", INTEGRAL)
+bitwise_and = _binary("bitwise_and", lambda a, b: a & b, "x & y on integers and bool.", INTEGRAL,
+                      implements=python.and_)
+bitwise_or = _binary("bitwise_or", lambda a, b: a | b, "x | y on integers and bool.", INTEGRAL,
+                     implements=python.or_)
+bitwise_xor = _binary("bitwise_xor", lambda a, b: a ^ b, "x ^ y on integers and bool.", INTEGRAL,
+                      implements=python.xor)
 
 
 def _shift_left(a, b):
@@ -240,7 +247,7 @@ def clamp(input, min=None, max=None):
     return elementwise_compute("clamp", (input, *[b for b, _ in bounds]), fn, NUMERIC)
 
 
-@operator("cast")
+@operator("cast", traits=Traits(implements=Role.CAST))
 def cast_op(input, dtype):
     """`input` converted to `dtype` (a torch dtype, a name or a Kiln DataType), as Tensor.to does:
     floats to integers truncate toward zero, anything nonzero to bool is true."""

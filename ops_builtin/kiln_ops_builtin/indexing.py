@@ -14,7 +14,7 @@ import math
 
 from kiln import dtypes
 from kiln.ir.size import size_text
-from kiln.graph import OperatorError, operator
+from kiln.graph import Layout, OperatorError, Role, Traits, operator
 from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select,
                      slice_extent, unravel)
 
@@ -46,7 +46,7 @@ def _bounds_message(op: str, dim: int, size: int) -> str:
     return f"{op}: index {{value}} is out of bounds for dimension {dim} with size {size_text(size)}"
 
 
-@operator("slice")
+@operator("slice", traits=Traits(layout=Layout.ALONG_DIM))
 def slice_(x, dim=0, start=None, end=None, step=1):
     """Elements start, start + step, ... before `end` of `x` along `dim`, with Python's slicing
     rules for negative and out-of-range bounds (`step` must be positive)."""
@@ -65,7 +65,7 @@ def _pad_source(mode: str, j, n: int):
     return select(j > n - 1, 2 * (n - 1) - j, j)
 
 
-@operator("pad")
+@operator("pad", traits=Traits(implements=Role.PAD))
 def pad(x, pad, mode="constant", value=0):
     """`x` padded as torch.nn.functional.pad does: `pad` holds (before, after) pairs for the
     last dim first, then the one before it, ...; negative amounts crop. Modes: 'constant' (with

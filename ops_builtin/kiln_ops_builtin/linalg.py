@@ -5,6 +5,8 @@ float32 and round once to their type. `allow_tf32` lets a GPU template round flo
 to TF32 on tensor cores (as `torch.backends.cuda.matmul.allow_tf32` lets cuBLAS); it does not
 change the definition, which the CPU computes in float32.
 """
+import operator as python
+
 from kiln import dtypes
 from kiln.graph import OperatorError, Traits, operator
 from kiln.ir import cast, compute, reduce
@@ -24,7 +26,7 @@ def _check_operands(op: str, *tensors) -> None:
                             f"{', '.join(str(t.dtype) for t in tensors)}")
 
 
-@operator("matmul", traits=Traits(tf32=True))
+@operator("matmul", traits=Traits(tf32=True, implements=python.matmul))
 def matmul(x, y, allow_tf32=False):
     """torch.matmul: dot product (1-D x 1-D), matrix-vector, vector-matrix, and matrix
     products with the batch dimensions broadcast (`allow_tf32`: see the module doc)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import Layout, OperatorError, Traits, operator
 from kiln.ir import cast, compute, exp, log, rsqrt
 
 from kiln_ops_builtin.common import accumulator_type, normalize_dim
@@ -49,13 +49,13 @@ def _softmax(op: str, x, dim, dtype, finish):
     return compute(x.shape, element, dtype=out)
 
 
-@operator("softmax")
+@operator("softmax", traits=Traits(layout=Layout.ALONG_DIM))
 def softmax(x, dim, dtype=None):
     """exp(x) / sum(exp(x)) along `dim`, after converting to `dtype` if given."""
     return _softmax("softmax", x, dim, dtype, lambda shifted, total: exp(shifted) / total)
 
 
-@operator("log_softmax")
+@operator("log_softmax", traits=Traits(layout=Layout.ALONG_DIM))
 def log_softmax(x, dim, dtype=None):
     """x - log(sum(exp(x))) along `dim`, after converting to `dtype` if given."""
     return _softmax("log_softmax", x, dim, dtype, lambda shifted, total: shifted - log(total))
@@ -140,7 +140,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     return compute(x.shape, element, dtype=x.dtype)
 
 
-@operator("batch_norm")
+@operator("batch_norm", traits=Traits(layout=Layout.OWN_DEFINITION))
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, eps=1e-5):
     """Inference batch normalization of x of shape (N, C, *) (2-D to 5-D) with per-channel
     running statistics, then per-channel `weight` and `bias`, each of shape (C,)."""

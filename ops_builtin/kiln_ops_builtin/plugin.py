@@ -1,5 +1,5 @@
 """The entry point of kiln-ops-builtin: the operators of every module in OPERATOR_MODULES, the
-schedule templates, and the graph passes for particular operators."""
+schedule templates, and the graph passes and rewrite patterns for particular operators."""
 from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
@@ -8,6 +8,7 @@ from kiln_ops_builtin import (
     pool, pool_indices, random, reduce, resize, scatter, shape, sorting, special,
 )
 from kiln_ops_builtin.passes import PASSES
+from kiln_ops_builtin.patterns import PATTERNS
 
 OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, pool_indices, resize, grid_sample, reduce, normalization,
                     shape, indexing, creation, special, sorting, cumulative, scatter, random)
@@ -27,3 +28,8 @@ def kiln_schedules():
 @hookimpl
 def kiln_graph_passes():
     return list(PASSES)
+
+
+@hookimpl
+def kiln_rewrite_patterns():
+    return list(PATTERNS)

@@ -9,7 +9,7 @@ accumulate in float32.
 import math
 
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import Layout, OperatorError, Traits, operator
 from kiln.ir import cast, compute, maximum, minimum, reduce, select
 
 from kiln_ops_builtin.common import (
@@ -141,7 +141,7 @@ def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     return _max_pool("max_pool1d", 1, x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-@operator("max_pool2d")
+@operator("max_pool2d", traits=Traits(layout=Layout.OWN_DEFINITION))
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """torch.nn.functional.max_pool2d (without return_indices); pads with -inf."""
     return _max_pool("max_pool2d", 2, x, kernel_size, stride, padding, dilation, ceil_mode)
@@ -153,7 +153,7 @@ def avg_pool1d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     return _avg_pool("avg_pool1d", 1, x, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
 
 
-@operator("avg_pool2d")
+@operator("avg_pool2d", traits=Traits(layout=Layout.OWN_DEFINITION))
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     """torch.nn.functional.avg_pool2d."""
@@ -167,7 +167,7 @@ def adaptive_avg_pool1d(x, output_size):
     return _adaptive("adaptive_avg_pool1d", 1, x, output_size, "avg")
 
 
-@operator("adaptive_avg_pool2d")
+@operator("adaptive_avg_pool2d", traits=Traits(layout=Layout.OWN_DEFINITION))
 def adaptive_avg_pool2d(x, output_size):
     """torch.nn.functional.adaptive_avg_pool2d; None in output_size keeps that input size."""
     return _adaptive("adaptive_avg_pool2d", 2, x, output_size, "avg")
@@ -179,7 +179,7 @@ def adaptive_max_pool1d(x, output_size):
     return _adaptive("adaptive_max_pool1d", 1, x, output_size, "max")
 
 
-@operator("adaptive_max_pool2d")
+@operator("adaptive_max_pool2d", traits=Traits(layout=Layout.OWN_DEFINITION))
 def adaptive_max_pool2d(x, output_size):
     """torch.nn.functional.adaptive_max_pool2d (without return_indices); None in output_size
     keeps that input size."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import Layout, OperatorError, Traits, operator
 from kiln.ir import cast, compute, ne, reduce, sqrt
 
 from kiln_ops_builtin.common import accumulator_type, normalize_dim
@@ -97,7 +97,7 @@ def _accumulate(op: str, how: str, x, dim, keepdim, dtype):
     return Reduction(op, x, dim, keepdim).compute(lambda i: cast(x[i], acc), how, acc, dtype=out)
 
 
-@operator("sum")
+@operator("sum", traits=Traits(layout=Layout.REDUCE_DIMS))
 def sum_(x, dim=None, keepdim=False, dtype=None):
     """Sum over `dim` (int, ints, or None for all); integers and bools sum to int64."""
     return _accumulate("sum", "sum", x, dim, keepdim, dtype)
@@ -109,7 +109,7 @@ def prod(x, dim=None, keepdim=False, dtype=None):
     return _accumulate("prod", "prod", x, dim, keepdim, dtype)
 
 
-@operator("mean")
+@operator("mean", traits=Traits(layout=Layout.REDUCE_DIMS))
 def mean(x, dim=None, keepdim=False, dtype=None):
     """Mean over `dim` (int, ints, or None for all) of a floating-point tensor."""
     out = dtypes.data_type(dtype) if dtype is not None else x.dtype
@@ -123,13 +123,13 @@ def _extreme(op: str, how: str, x, dim=None, keepdim=False):
     return Reduction(op, x, dim, keepdim).compute(lambda i: x[i], how, x.dtype)
 
 
-@operator("amax")
+@operator("amax", traits=Traits(layout=Layout.REDUCE_DIMS))
 def amax(x, dim=None, keepdim=False):
     """Largest element over `dim` (int, ints, or None for all); NaN propagates."""
     return _extreme("amax", "max", x, dim, keepdim)
 
 
-@operator("amin")
+@operator("amin", traits=Traits(layout=Layout.REDUCE_DIMS))
 def amin(x, dim=None, keepdim=False):
     """Smallest element over `dim` (int, ints, or None for all); NaN propagates."""
     return _extreme("amin", "min", x, dim, keepdim)

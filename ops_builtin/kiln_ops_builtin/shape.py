@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import Layout, OperatorError, Role, Traits, operator
 from kiln.ir import TensorNode, as_expr, as_index, cast, compute, eq, select, unravel
 
 from kiln_ops_builtin.common import clamp_index, normalize_dim, ravel, result_type
@@ -55,7 +55,7 @@ def infer_shape(op: str, shape, numel: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@operator("reshape")
+@operator("reshape", traits=Traits(implements=Role.RESHAPE))
 def reshape(x, shape):
     """`x` in `shape` (one size may be -1: inferred)."""
     return reshaped(x, infer_shape("reshape", shape, math.prod(x.shape)))
@@ -94,7 +94,21 @@ def _permuted(x: TensorNode, order: list[int]) -> TensorNode:
     return compute([x.shape[d] for d in order], lambda *i: x[[i[k] for k in inverse]])
 
 
-@operator("permute")
+def _permute_order(node) -> list[int]:
+    """The order a permute node applies (its `permutation` trait)."""
+    return [d % node.inputs[0].ndim for d in node.attrs["dims"]]
+
+
+def _transpose_order(node) -> list[int]:
+    """The order a transpose node applies (its `permutation` trait)."""
+    n = node.inputs[0].ndim
+    order = list(range(n))
+    a, b = node.attrs["dim0"] % n, node.attrs["dim1"] % n
+    order[a], order[b] = b, a
+    return order
+
+
+@operator("permute", traits=Traits(implements=Role.PERMUTE, permutation=_permute_order))
 def permute(x, dims):
     """`x` with its dims reordered: output dim k is input dim `dims[k]`."""
     order = _dims("permute", dims, x.ndim)
@@ -103,7 +117,7 @@ def permute(x, dims):
     return _permuted(x, order)
 
 
-@operator("transpose")
+@operator("transpose", traits=Traits(permutation=_transpose_order))
 def transpose(x, dim0, dim1):
     """`x` with dims `dim0` and `dim1` swapped."""
     a, b = normalize_dim("transpose", dim0, x.ndim), normalize_dim("transpose", dim1, x.ndim)
@@ -241,13 +255,13 @@ def _concat(op: str, tensors: list[TensorNode], dim: int) -> TensorNode:
     return _joined(op, kept, normalize_dim(op, dim, kept[0].ndim), result_type(*tensors))
 
 
-@operator("concat")
+@operator("concat", traits=Traits(layout=Layout.ALONG_DIM))
 def concat(tensors, dim=0):
     """`tensors` joined along the existing dim `dim`, with type promotion."""
     return _concat("concat", tensors, dim)
 
 
-@operator("cat")
+@operator("cat", traits=Traits(layout=Layout.ALONG_DIM))
 def cat(tensors, dim=0):
     """The same as `concat`."""
     return _concat("cat", tensors, dim)
@@ -283,7 +297,7 @@ def _cut(n: int, size: int) -> list[int]:
     return [min(size, n - s) for s in range(0, n, size)]
 
 
-@operator("split")
+@operator("split", traits=Traits(layout=Layout.ALONG_DIM))
 def split(x, split_size_or_sections, dim=0):
     """`x` cut along `dim` into pieces of `split_size_or_sections` elements (the last may be
     smaller) or of the listed sizes; a tuple of tensors."""
@@ -302,7 +316,7 @@ def split(x, split_size_or_sections, dim=0):
     return _pieces(x, d, sizes)
 
 
-@operator("chunk")
+@operator("chunk", traits=Traits(layout=Layout.ALONG_DIM))
 def chunk(x, chunks, dim=0):
     """`x` cut along `dim` into `chunks` pieces of ceil(size / chunks) elements (fewer pieces
     when that runs out first, as in PyTorch); a tuple of tensors."""

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import kiln
+from kiln.graph import Layout, Traits
+from kiln.ir import compute, maximum
 from kiln.passes import FusedOperator, PassContext, PlanLayout
 from kiln.passes.layout import conv_padding, is_elementwise, runs_channels_last
 from kiln.runtime.backend import BACKENDS
@@ -198,6 +200,25 @@ def test_uneven_same_padding_keeps_the_nchw_convolution():
     graph = kiln.trace_from(ops.conv2d(x, const(4, 4, 4, 4), None, padding="same"))
     assert conv_padding(graph.nodes[0]) is None
     assert apply(PlanLayout(), graph, config={"channels_last": "always"}) is graph
+
+
+@kiln.operator("corner_pool", traits=Traits(layout=Layout.OWN_DEFINITION))
+def corner_pool(x):
+    """A plugin's operator: the larger of each 2x2 block's first and last elements."""
+    n, c, h, w = x.shape
+    return compute((n, c, h // 2, w // 2),
+                   lambda a, b, i, j: maximum(x[a, b, 2 * i, 2 * j], x[a, b, 2 * i + 1, 2 * j + 1]))
+
+
+def test_a_plugin_operator_takes_part_in_layout_planning_by_its_traits():
+    """An operator declaring Layout.OWN_DEFINITION runs inside a channels-last region, as the
+    built-in pooling does: no conversions around it."""
+    x = kiln.symbol([2, 8, 6, 6])
+    y = corner_pool(ops.relu(ops.conv2d(x, const(8, 8, 3, 3), const(8), padding=1)))
+    graph = kiln.trace_from(ops.conv2d(y, const(8, 8, 1, 1), None), [x])
+    opt = apply(PlanLayout(), graph, config={"channels_last": "always"})
+    assert count(opt, "corner_pool_channels_last") == 1 and count(opt, *PERMUTES) == 2
+    run_both(graph, opt, torch.randn(2, 8, 6, 6), atol=1e-4, rtol=1e-4)
 
 
 def _cuda_conv(dtype="float16", groups=1):

@@ -8,8 +8,8 @@ import kiln
 from kiln.ir import compute, exp, reduce
 from kiln.passes import PassContext, default_pipeline, graph_pass, op, rewrite_pattern, wildcard
 from kiln.passes.pipeline import PassError
-from kiln.passes.patterns import attention as attention_patterns
 from kiln.plugins import hookimpl, registry, reload
+from kiln_ops_builtin.patterns import attention as attention_patterns
 from tests.passes.passes_support import names, run_both
 
 ops = kiln.ops

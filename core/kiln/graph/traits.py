@@ -1,18 +1,55 @@
-"""Operator traits: what an operator declares about itself for the graph passes.
+"""Operator traits: what an operator declares about itself for the core.
 
 A pass never asks an operator's name; it reads the traits its definition carries, declared
 next to the definition:
 
-    @operator("matmul", traits=Traits(tf32=True))
+    @operator("matmul", traits=Traits(tf32=True, implements=python.matmul))
     def matmul(x, y, allow_tf32=False):
         ...
 
 so that a plugin's operator takes part in a pass exactly as a built-in one does. An operator
-declaring no traits gets `Traits()`, every trait off.
+declaring no traits gets `Traits()`, every trait off. Where the core itself builds a node (a
+dtype conversion, a layout conversion, `a + b` on kiln Tensors), it asks for the operator
+implementing the job (`kiln.plugins.registry().implementing(job)`), never for a name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Callable
+
+
+class Role(Enum):
+    """A job the core hands to whichever operator declares it (`Traits(implements=Role.CAST)`).
+    Each role fixes the arguments its operator takes."""
+
+    CAST = auto()
+    """`(input, dtype)`: `input` converted to `dtype` (a name, a torch dtype or a DataType), as
+    Tensor.to converts. Float16 conversion, autocast and in-place results cast with it."""
+    PERMUTE = auto()
+    """`(x, dims)`: `x` with its dims permuted (output dim k is input dim dims[k]). Layout
+    planning converts between NCHW and NHWC with it."""
+    RESHAPE = auto()
+    """`(x, shape)`: `x`'s elements, in row-major order, in `shape`."""
+    PAD = auto()
+    """`(x, pad, mode="constant", value=0)`, as torch.nn.functional.pad. Layout planning pads
+    channels with it, and carries channels-last data through its nodes."""
+
+
+class Layout(Enum):
+    """How layout planning (`kiln.passes.layout`) carries channels-last data through an
+    operator's nodes (`Traits(layout=...)`). Without one, a node is planned as element-wise
+    where its task is, and reads NCHW data otherwise."""
+
+    OWN_DEFINITION = auto()
+    """Its definition runs on channels-last data read through a view of its first argument
+    (`kiln.passes.channels_last.in_channels_last`): pooling, batch norm."""
+    ALONG_DIM = auto()
+    """It works along the dim of its int argument `dim` (concatenation, split, slice, softmax):
+    on channels-last operands, along the permuted dim."""
+    REDUCE_DIMS = auto()
+    """It reduces its argument `x` over the dims of `dim` (None, an int or ints), keeping them
+    where `keepdim` is set: on channels-last data, over the permuted dims."""
 
 
 @dataclass(frozen=True)
@@ -23,3 +60,18 @@ class Traits:
     """A matrix product whose float32 operands a GPU may round to TF32 when torch allows it:
     the definition takes an `allow_tf32` attribute, which the `allow_tf32` pass sets and a
     template may read (the definition's values do not change)."""
+    implements: Role | Callable | None = None
+    """The job it does for the core: a `Role`, or a function of Python's `operator` module
+    (`operator.add`: kiln Tensors' `a + b` and `b + a` apply this operator to `(a, b)` and
+    `(b, a)`). At most one operator name implements each job."""
+    layout: Layout | None = None
+    """How layout planning carries channels-last data through its nodes."""
+    channels_last: str | None = None
+    """For a 2-D convolution `(x, weight, bias, stride, padding, dilation, groups)` of NCHW
+    data: the name of the operator computing it on channels-last data (x (N, H, W, C), weight
+    (O, kH, kW, C / groups), padding a pair of ints). Layout planning starts channels-last
+    regions at such convolutions."""
+    permutation: Callable | None = None
+    """For an operator that only moves its input's dims: `permutation(node)`, the order a node
+    of it applies (output dim k is input dim order[k]). Layout planning composes such nodes
+    with its conversions."""

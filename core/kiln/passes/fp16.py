@@ -1,27 +1,21 @@
 """float16 conversion (`use_fp16`): float32 computation runs in float16.
 
-Graph inputs are cast to float16 on entry, float32 constants converted now, and outputs cast
-back, so the graph keeps its signature. An operator whose float16 task would sum or multiply
-up values in float16 (a reduction, softmax or normalization statistic that does not
-accumulate in float32 by itself) keeps running in float32 unless `use_fp16_reduction` is set;
-so does one that rejects float16 inputs.
+Graph inputs are cast to float16 on entry (by the operator implementing `Role.CAST`), float32
+constants converted now, and outputs cast back, so the graph keeps its signature. An operator
+whose float16 task would sum or multiply up values in float16 (a reduction, softmax or
+normalization statistic that does not accumulate in float32 by itself) keeps running in
+float32 unless `use_fp16_reduction` is set; so does one that rejects float16 inputs.
 """
 from __future__ import annotations
 
 from kiln import dtypes
-from kiln.graph import OperatorDef, OperatorError, trace_from
-from kiln.ir import Compute, Reduce, ReduceOp, cast, compute
+from kiln.graph import OperatorError, Role, trace_from
+from kiln.ir import Compute, Reduce, ReduceOp
 from kiln.ir.expr import walk
 from kiln.passes.edit import reapply
 from kiln.passes.graph_pass import GraphPass
+from kiln.plugins import registry
 from kiln.tensor import Tensor, from_torch
-
-
-def _cast_definition(x, dtype):
-    return compute(x.shape, lambda *i: cast(x[i], dtype))
-
-
-CAST = OperatorDef("cast", _cast_definition, display_name="Cast")
 
 
 def _reduces_in_16bit(tensors) -> bool:
@@ -47,13 +41,14 @@ class ConvertToFloat16(GraphPass):
         if not ctx.config["use_fp16"]:
             return graph
         keep_reductions = not ctx.config["use_fp16_reduction"]
+        cast = registry().implementing(Role.CAST)
         converted: dict[int, Tensor] = {}
 
         def to(t: Tensor, dtype) -> Tensor:
             if t.dtype == dtype:
                 return t
             if t.is_symbolic:
-                return CAST(t, dtype.name)
+                return cast(t, dtype.name)
             return from_torch(t.torch().to(dtype.torch_dtype))
 
         def half(t: Tensor) -> Tensor:

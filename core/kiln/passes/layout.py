@@ -1,7 +1,9 @@
 """Layout planning: convolution-heavy regions run channels-last (NHWC).
 
-A conv2d that `runs_channels_last` becomes `conv2d_channels_last` on (N, H, W, C) data with
-(O, kH, kW, C / groups) weights and a symmetric int padding ('same' and 'valid' resolved).
+What the pass knows of an operator it reads from the operator's traits (`kiln.graph.Traits`).
+A convolution (an operator declaring its channels-last form, trait `channels_last`) that
+`runs_channels_last` becomes that form on (N, H, W, C) data with (O, kH, kW, C / groups)
+weights and a symmetric int padding ('same' and 'valid' resolved).
 Where an ungrouped convolution's channels are not a multiple of 8 (a first layer's 3), its
 input and weight are padded with zero channels up to one, so that a template reads 16-byte
 vectors. The layout then travels forward with the data:
@@ -9,41 +11,41 @@ vectors. The layout then travels forward with the data:
 - element-wise and broadcasting operators (bias, activations, residual adds: see
   `is_elementwise`) take their 4-D operands channels-last; a broadcast operand, such as a
   (1, C, 1, 1) or (C, 1, 1) constant, is permuted too;
-- pooling and batch norm run through `in_channels_last` (their own definitions reading and
-  writing channels-last memory); sums, means and extremes reduce over the permuted dims;
-- `pad` pads the permuted dims; concatenations, splits, slices and softmaxes work along the
-  permuted dim (channels: the last);
-- a permute of channels-last data composes with the conversion (a model's own permute to
-  NHWC costs nothing), and a model's permute back to NCHW (ConvNeXt's, after its layer norm and
-  MLP over the channels) gives channels-last data again: the data it permutes.
+- pooling and batch norm (`Layout.OWN_DEFINITION`) run through `in_channels_last` (their own
+  definitions reading and writing channels-last memory); sums, means and extremes
+  (`Layout.REDUCE_DIMS`) reduce over the permuted dims;
+- a pad (`Role.PAD`) pads the permuted dims; concatenations, splits, slices and softmaxes
+  (`Layout.ALONG_DIM`) work along the permuted dim (channels: the last);
+- a permute (an operator declaring its `permutation`) of channels-last data composes with the
+  conversion (a model's own permute to NHWC costs nothing), and a model's permute back to NCHW
+  (ConvNeXt's, after its layer norm and MLP over the channels) gives channels-last data again:
+  the data it permutes.
 
 Every other operator, and every graph output, reads NCHW: where one needs a channels-last
 tensor, one conversion is made for all its readers, and converting a converted tensor back
 gives the original. So conversions sit at the borders of regions only, constants (weights,
 broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
-layout. The PassContext config key "channels_last" chooses which convolutions start a region
-(see `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only
-where every conv2d in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
+layout; the operators implementing `Role.PERMUTE` and `Role.RESHAPE` make the conversions.
+The PassContext config key "channels_last" chooses which convolutions start a region (see
+`runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only where
+every convolution in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
 ones no channels-last template takes, say) would convert back and forth around each of them.
 """
 from __future__ import annotations
 
 import torch
 
-from kiln.graph import Operator, trace_from
+from kiln.graph import Layout, Operator, OperatorDef, Role, trace_from
 from kiln.ir import Const, Load, Var, inline_task
 from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
 from kiln.passes.edit import arguments_of, reapply
 from kiln.passes.graph_pass import GraphPass
-from kiln.passes.patterns.provided import provided
-from kiln.passes.patterns.shape_chains import permutation
+from kiln.passes.provided import implementer, provided
 from kiln.tensor import Tensor, from_torch, symbol
 
 MODES = ("auto", "always", "never")
 CHANNEL_MULTIPLE = 8      # channels of a channels-last convolution's input, padded with zeros to a multiple
-RUN_CHANNELS_LAST = ("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "batch_norm")
-ALONG_A_DIM = ("cat", "concat", "split", "chunk", "slice", "softmax", "log_softmax")
-OPERATORS_USED = ("conv2d_channels_last", "permute", "reshape", "pad")
+ROLES_USED = (Role.PERMUTE, Role.RESHAPE, Role.PAD)
 
 
 def int_pair(value) -> tuple[int, int]:
@@ -55,7 +57,7 @@ def int_pair(value) -> tuple[int, int]:
 
 
 def conv_padding(node: Operator) -> tuple[int, int] | None:
-    """conv2d `node`'s padding as (rows, columns) added on each side, or None where it pads
+    """Convolution `node`'s padding as (rows, columns) added on each side, or None where it pads
     one side more than the other ('same' with an odd kernel span)."""
     padding = node.attrs["padding"]
     if padding == "valid":
@@ -73,9 +75,9 @@ def padded_channels(channels: int, groups: int = 1) -> int:
 
 
 def appended_zero_channels(node: Operator) -> int:
-    """How many zero channels `node` appends to 4-D data, where it is a pad doing only that (as
-    this pass pads a convolution's input); else 0."""
-    if node.definition.name != "pad" or node.inputs[0].ndim != 4:
+    """How many zero channels `node` appends to 4-D data, where it is a pad (`Role.PAD`) doing
+    only that (as this pass pads a convolution's input); else 0."""
+    if node.definition.traits.implements is not Role.PAD or node.inputs[0].ndim != 4:
         return 0
     args = arguments_of(node)
     pad = list(args["pad"])
@@ -84,19 +86,30 @@ def appended_zero_channels(node: Operator) -> int:
     return max(pad[1], 0)
 
 
+def permutation(node: Operator) -> list[int] | None:
+    """The permutation (output dim k is input dim order[k]) `node` applies, where its operator
+    declares one (trait `permutation`: permutes, transposes); else None."""
+    order = node.definition.traits.permutation
+    return None if order is None else order(node)
+
+
 def runs_channels_last(node: Operator, mode: str) -> bool:
-    """Whether conv2d `node` runs channels-last under `mode` (PassContext config "channels_last"):
+    """Whether convolution `node` runs channels-last under `mode` (PassContext config
+    "channels_last"):
 
     - "auto": convolutions on CUDA in float16 or bfloat16 that a schedule template on the
       device takes in their channels-last form (without such a template the NCHW templates are
       faster): the implicit GEMMs take ungrouped ones, conv_depthwise_nhwc depthwise and
       small-group ones; float32 convolutions keep NCHW for now;
-    - "always": every convolution `conv2d_channels_last` can compute, on any device and in any
+    - "always": every convolution its channels-last form can compute, on any device and in any
       type (what the CPU tests run);
     - "never": none.
 
-    In every mode the input must be 4-D and the padding the same on both sides."""
-    if (mode == "never" or node.definition.name != "conv2d" or node.inputs[0].ndim != 4
+    In every mode the operator must declare its channels-last form (trait `channels_last`), a
+    plugin must provide that form, the input must be 4-D and the padding the same on both
+    sides."""
+    form = node.definition.traits.channels_last
+    if (mode == "never" or form is None or provided(form) is None or node.inputs[0].ndim != 4
             or conv_padding(node) is None):
         return False
     if mode == "always":
@@ -105,7 +118,7 @@ def runs_channels_last(node: Operator, mode: str) -> bool:
 
 
 def _template_takes(node: Operator) -> bool:
-    """Whether a schedule template for `node`'s device takes its conv2d_channels_last task (one
+    """Whether a schedule template for `node`'s device takes its channels-last form's task (one
     for any architecture where no GPU is here: graphs are planned for NVRTC checks too)."""
     from kiln.schedule import device_arch, schedules_for
     args = arguments_of(node)
@@ -116,7 +129,7 @@ def _template_takes(node: Operator) -> bool:
     def placeholder(shape):
         return symbol(shape, x.dtype, node.device)
 
-    task, _, _ = provided("conv2d_channels_last").task({
+    task, _, _ = provided(node.definition.traits.channels_last).task({
         "x": placeholder((n, h, wd, channels)),
         "weight": placeholder((w.shape[0], *w.shape[2:], channels // args["groups"])),
         "bias": None if bias is None else placeholder(bias.shape),
@@ -165,7 +178,7 @@ class _Planner:
     """The rewritten graph's tensors for the original graph's, each in its planned layout."""
 
     def __init__(self, convolutions: set[int]):
-        self.convolutions = convolutions                    # conv2d nodes (by id) to run channels-last
+        self.convolutions = convolutions                    # convolutions (by id) to run channels-last
         self.new: dict[int, Tensor] = {}                    # original tensor (by id) -> its new value
         self.nhwc_ids: set[int] = set()                     # original tensors whose new value is NHWC
         self.made: dict[tuple, tuple[Tensor, Tensor]] = {}  # (id(value), what) -> (value, result)
@@ -212,14 +225,14 @@ class _Planner:
 
         def pad(v: Tensor) -> Tensor:
             if v.is_symbolic:
-                return provided("pad")(v, [0, extra])
+                return implementer(Role.PAD)(v, [0, extra])
             return from_torch(torch.nn.functional.pad(v.torch(), (0, extra)))
 
         return self._once(value, "pad", pad)
 
     def plan(self, node: Operator) -> None:
         """Add `node` to the new graph, channels-last where it can be."""
-        planned = PLANS.get(node.definition.name, plan_elementwise)(self, node)
+        planned = plan_of(node.definition)(self, node)
         outs, in_nhwc = planned or (reapply(node, [self.nchw(t) for t in node.inputs]), False)
         for old, new in zip(node.outputs, outs):
             self.new[id(old)] = new
@@ -234,29 +247,30 @@ def permuted(t: Tensor, order) -> Tensor:
     if not t.is_symbolic:
         return from_torch(t.torch().permute(*order).contiguous())
     producer = t.trace[0] if t.trace is not None else None
-    if producer is not None and producer.definition.name in ("permute", "transpose"):
-        inner = permutation(producer)
+    inner = None if producer is None else permutation(producer)
+    if inner is not None:
         order = tuple(inner[k] for k in order)
         source = producer.inputs[0]
         return source if order == tuple(range(len(order))) else permuted(source, order)
     moved = [k for k in order if t.shape[k] != 1]
     if moved == sorted(moved):
         return reshaped(t, permuted_shape(t.shape, order))
-    return provided("permute")(t, list(order))
+    return implementer(Role.PERMUTE)(t, list(order))
 
 
 def reshaped(t: Tensor, shape) -> Tensor:
     """`t` in `shape`: computed now for a constant, a reshape node otherwise."""
     if not t.is_symbolic:
         return from_torch(t.torch().reshape(shape).contiguous())
-    return provided("reshape")(t, list(shape))
+    return implementer(Role.RESHAPE)(t, list(shape))
 
 
 # Each plan gives (a node's outputs, whether they are channels-last), or None where the node
 # keeps NCHW.
 
 def plan_convolution(p: _Planner, node: Operator):
-    """conv2d as conv2d_channels_last, its input's channels padded (see the module docs)."""
+    """A convolution as its channels-last form, its input's channels padded (see the module
+    docs)."""
     if id(node) not in p.convolutions:
         return None
     args = arguments_of(node)
@@ -267,12 +281,13 @@ def plan_convolution(p: _Planner, node: Operator):
     if groups == 1:             # a grouped weight holds C / groups channels: nothing to pad
         channels = padded_channels(x.shape[-1], groups)
         x, weight = p.channels_padded(x, channels), p.channels_padded(weight, channels)
-    return [provided("conv2d_channels_last")(x, weight, bias, args["stride"], conv_padding(node),
-                                             args["dilation"], groups)], True
+    form = provided(node.definition.traits.channels_last)
+    return [form(x, weight, bias, args["stride"], conv_padding(node), args["dilation"], groups)], True
 
 
 def plan_through_view(p: _Planner, node: Operator):
-    """An operator of RUN_CHANNELS_LAST on channels-last data, through `in_channels_last`."""
+    """An operator of `Layout.OWN_DEFINITION` on channels-last data, through
+    `in_channels_last`."""
     args = arguments_of(node)
     first = next(iter(node.definition.signature.parameters))
     data = args[first]
@@ -294,7 +309,7 @@ def plan_through_view(p: _Planner, node: Operator):
 
 
 def plan_pad(p: _Planner, node: Operator):
-    """pad of channels-last data: the same amounts, on the permuted dims."""
+    """A pad (`Role.PAD`) of channels-last data: the same amounts, on the permuted dims."""
     args = arguments_of(node)
     if not p.is_nhwc(args["x"]):
         return None
@@ -307,7 +322,7 @@ def plan_pad(p: _Planner, node: Operator):
 
 
 def plan_along_dim(p: _Planner, node: Operator):
-    """An operator of ALONG_A_DIM on 4-D data with a channels-last operand: along the permuted
+    """An operator of `Layout.ALONG_DIM` on 4-D data with a channels-last operand: along the permuted
     dim (channels: the last), on channels-last operands, its 4-D results channels-last."""
     args = arguments_of(node)
     if (not isinstance(args["dim"], int) or any(t.ndim != 4 for t in node.inputs + node.outputs)
@@ -339,7 +354,7 @@ def plan_permute(p: _Planner, node: Operator):
 
 
 def plan_reduction(p: _Planner, node: Operator):
-    """A sum, mean, amax or amin of channels-last data: over the same dims, permuted. With
+    """A reduction (`Layout.REDUCE_DIMS`) of channels-last data: over the same dims, permuted. With
     keepdim its result is channels-last too; without, it is plain data where the dims kept
     keep their order (a mean over H and W gives (N, C) either way), else the node keeps NCHW."""
     args = arguments_of(node)
@@ -366,15 +381,20 @@ def plan_elementwise(p: _Planner, node: Operator):
     return (outs, True) if outs[0].shape == want else None
 
 
-PLANS = {
-    "conv2d": plan_convolution,
-    "pad": plan_pad,
-    "permute": plan_permute,
-    "transpose": plan_permute,
-    **{name: plan_through_view for name in RUN_CHANNELS_LAST},
-    **{name: plan_reduction for name in ("sum", "mean", "amax", "amin")},
-    **{name: plan_along_dim for name in ALONG_A_DIM},
-}
+PLANS = {Layout.OWN_DEFINITION: plan_through_view, Layout.ALONG_DIM: plan_along_dim,
+         Layout.REDUCE_DIMS: plan_reduction}
+
+
+def plan_of(definition: OperatorDef):
+    """The plan for nodes of the operator `definition`, by its traits."""
+    traits = definition.traits
+    if traits.channels_last is not None:
+        return plan_convolution
+    if traits.permutation is not None:
+        return plan_permute
+    if traits.implements is Role.PAD:
+        return plan_pad
+    return PLANS.get(traits.layout, plan_elementwise)
 
 
 class PlanLayout(GraphPass):
@@ -388,9 +408,9 @@ class PlanLayout(GraphPass):
         if mode not in MODES:
             raise ValueError(f"PassContext config 'channels_last' must be one of {', '.join(MODES)}, "
                              f"got {mode!r}")
-        if any(provided(name) is None for name in OPERATORS_USED):
+        if any(implementer(role) is None for role in ROLES_USED):
             return graph
-        convolutions = [n for n in graph.nodes if n.definition.name == "conv2d"]
+        convolutions = [n for n in graph.nodes if n.definition.traits.channels_last is not None]
         taken = {id(n) for n in convolutions if runs_channels_last(n, mode)}
         if not taken or (mode == "auto" and len(taken) < len(convolutions)):
             return graph

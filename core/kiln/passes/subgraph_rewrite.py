@@ -6,7 +6,6 @@ from typing import Sequence
 from kiln.passes.edit import rebuild, users
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.pattern import RewritePattern
-from kiln.passes.patterns import SHIPPED
 from kiln.plugins import registry
 from kiln.tensor import Tensor
 
@@ -14,13 +13,13 @@ MAX_ROUNDS = 100
 
 
 def available_patterns() -> list[RewritePattern]:
-    """The shipped patterns, then those of the installed plugins."""
-    return list(SHIPPED) + registry().items("rewrite_patterns")
+    """The installed plugins' patterns, in the order the plugins contribute them."""
+    return registry().items("rewrite_patterns")
 
 
 class RewriteSubgraphs(GraphPass):
-    """Replace every match of the enabled patterns (the shipped ones and the plugins', or
-    `patterns` when given) by its rewrite, round after round until nothing matches."""
+    """Replace every match of the enabled patterns (the plugins', or `patterns` when given) by
+    its rewrite, round after round until nothing matches."""
 
     name = "rewrite_subgraphs"
     opt_level = 1

@@ -61,6 +61,7 @@ class Registry:
         self.contributions: dict[str, list[Contribution]] = {k: [] for k in HOOKS}
         self.operators: dict[str, Contribution] = {}
         self.conflicts: dict[str, str] = {}
+        self._jobs: dict | None = None      # job -> {operator name: distribution}, made on first use
         self.manager = pluggy.PluginManager(GROUP)
         self.manager.add_hookspecs(hookspecs)
 
@@ -74,16 +75,40 @@ class Registry:
             raise PluginError(self.conflicts[name])
         found = self.operators.get(name)
         if found is None:
-            providers = [p.distribution for p in self.plugins if "operators" in p.contributions]
-            hint = (f"installed operator plugins: {', '.join(providers)}" if providers else
-                    "no installed plugin provides operators")
-            if all(p.distribution != "kiln-ops-builtin" for p in self.plugins):
-                hint += "; the built-in operators come with kiln-ops-builtin, which is not installed"
-            disabled = [p.distribution for p in self.plugins if p.disabled]
-            if disabled:
-                hint += f"; disabled by KILN_DISABLE_PLUGINS: {', '.join(disabled)}"
-            raise OperatorNotFoundError(f"no installed Kiln plugin provides operator '{name}' ({hint})")
+            raise OperatorNotFoundError(f"no installed Kiln plugin provides operator '{name}' ({self._providers()})")
         return found.item
+
+    def implementing(self, job):
+        """The definition of the operator whose traits declare `implements=job` (a
+        `kiln.graph.Role`, or a function of Python's `operator` module), found by its name, so
+        that an override of that operator does the job; a clear error if none or two names do."""
+        jobs = self._jobs
+        if jobs is None:
+            jobs = {}
+            for c in self.contributions["operators"]:
+                jobs.setdefault(c.item.traits.implements, {})[c.item.name] = c.plugin.distribution
+            self._jobs = jobs
+        names = jobs.get(job, {})
+        shown = getattr(job, "__name__", job)
+        if len(names) > 1:
+            raise PluginError(f"two operators implement {shown}: "
+                              + " and ".join(f"'{n}' of {d}" for n, d in names.items()))
+        if not names:
+            raise OperatorNotFoundError(f"no installed Kiln plugin provides an operator implementing {shown} "
+                                        f"({self._providers()})")
+        return self.operator(next(iter(names)))
+
+    def _providers(self) -> str:
+        """Which plugins provide operators, and which are missing or disabled (for errors)."""
+        providers = [p.distribution for p in self.plugins if "operators" in p.contributions]
+        hint = (f"installed operator plugins: {', '.join(providers)}" if providers else
+                "no installed plugin provides operators")
+        if all(p.distribution != "kiln-ops-builtin" for p in self.plugins):
+            hint += "; the built-in operators come with kiln-ops-builtin, which is not installed"
+        disabled = [p.distribution for p in self.plugins if p.disabled]
+        if disabled:
+            hint += f"; disabled by KILN_DISABLE_PLUGINS: {', '.join(disabled)}"
+        return hint
 
     def items(self, kind: str) -> list:
         """The contributed objects of one kind ('schedules', 'torch_mappings', ...)."""
@@ -123,6 +148,7 @@ class Registry:
         self.contributions[kind].append(c)
         if kind != "operators":
             return
+        self._jobs = None
         name = c.item.name
         prev = self.operators.get(name)
         if prev is not None:

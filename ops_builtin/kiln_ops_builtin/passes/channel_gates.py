@@ -16,7 +16,7 @@ from __future__ import annotations
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.layout import int_pair
 from kiln.passes.pattern import constant, op, rewrite_pattern, wildcard
-from kiln.passes.patterns.provided import provided
+from kiln.passes.provided import provided
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 
 _x, _w = wildcard(), constant()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kiln.passes.edit import rebuild
 from kiln.passes.graph_pass import GraphPass
-from kiln.passes.patterns.provided import provided
+from kiln.passes.provided import provided
 
 
 def _key(node):

@@ -30,7 +30,7 @@ import torch
 from kiln.passes.edit import arguments_of, rebuild
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.layout import appended_zero_channels, int_pair, padded_channels
-from kiln.passes.patterns.provided import provided
+from kiln.passes.provided import provided
 from kiln.tensor import from_torch
 
 MAX_K_RATIO = 0.8

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch.fx.node import map_aggregate
 
+from kiln.graph import Role
 from kiln.plugins import registry
 from kiln.tensor import Tensor
 
@@ -51,7 +52,7 @@ class Regions:
         if len(found) != 1 or found == {torch.float64}:
             return args, kwargs
         target = found.pop()
-        cast = registry().operator("cast")
+        cast = registry().implementing(Role.CAST)
 
         def convert(v):
             if (isinstance(v, Tensor) and v.dtype.is_float and v.dtype.torch_dtype not in (target, torch.float64)):

@@ -43,7 +43,7 @@ from torch.fx.node import map_aggregate, map_arg
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
-from kiln.graph import tracing
+from kiln.graph import Role, tracing
 from kiln.plugins import registry as plugin_registry
 from kiln.tensor import Tensor, from_torch
 
@@ -349,7 +349,7 @@ class Interpreter:
                 and value.dtype != args[0].dtype:
             # the rule computes the call out of place; in place, the result takes the dtype of
             # the tensor it is written to (`x.add_(y)` keeps x's float16 where y is float32)
-            value = plugin_registry().operator("cast")(value, args[0].dtype.torch_dtype)
+            value = plugin_registry().implementing(Role.CAST)(value, args[0].dtype.torch_dtype)
         self._check_result(node, rule, value)
         return value
 

@@ -7,7 +7,7 @@ plain form is what the attention patterns match.
 """
 from kiln import dtypes
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
-from kiln.passes.patterns.provided import provided
+from kiln.passes.provided import provided
 
 _x = wildcard()
 _softmax = op("softmax", _x, where=lambda n: n.attrs.get("dtype") is not None)

@@ -4,22 +4,12 @@ A reshape-like operator (reshape, flatten, squeeze, unsqueeze) applied to the ou
 another is one reshape of the first input; one that keeps the shape is dropped. Transposes
 and permutes compose into one permute; an identity permutation is dropped.
 """
+from kiln.passes.layout import permutation
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
-from kiln.passes.patterns.provided import provided
+from kiln.passes.provided import provided
 
 RESHAPES = ("reshape", "flatten", "squeeze", "unsqueeze")
 PERMUTES = ("permute", "transpose")
-
-
-def permutation(node) -> list[int]:
-    """The permutation (output dim k is input dim order[k]) a permute or transpose node applies."""
-    n = node.inputs[0].ndim
-    if node.definition.name == "permute":
-        return [d % n for d in node.attrs["dims"]]
-    order = list(range(n))
-    a, b = node.attrs["dim0"] % n, node.attrs["dim1"] % n
-    order[a], order[b] = b, a
-    return order
 
 
 _x = wildcard()

@@ -2,8 +2,9 @@
 `linear(x, W, b)` where a plugin provides `linear` (a single template-scheduled operator
 with its bias)."""
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
-from kiln.passes.patterns.provided import provided
-from kiln.passes.patterns.shape_chains import PERMUTES, permutation
+from kiln.passes.provided import provided
+
+from kiln_ops_builtin.patterns.shape_chains import PERMUTES, permutation
 
 _x, _w, _b = wildcard(), wildcard(), wildcard()
 _wt = op(PERMUTES, _w, where=lambda n: n.inputs[0].ndim == 2 and permutation(n) == [1, 0])

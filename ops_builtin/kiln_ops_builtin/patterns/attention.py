@@ -23,9 +23,10 @@ import inspect
 from kiln.graph import OperatorError, known_value
 from kiln.passes.edit import arguments_of
 from kiln.passes.pattern import op, rewrite_pattern, wildcard
-from kiln.passes.patterns.provided import provided
-from kiln.passes.patterns.shape_chains import PERMUTES, RESHAPES, permutation
+from kiln.passes.provided import provided
 from kiln.tensor import Tensor
+
+from kiln_ops_builtin.patterns.shape_chains import PERMUTES, RESHAPES, permutation
 
 
 def _key(m):

@@ -8,3 +8,12 @@ def provided(name: str):
         return registry().operator(name)
     except (OperatorNotFoundError, PluginError):
         return None
+
+
+def implementer(job):
+    """The definition of the operator implementing `job` (`kiln.graph.Traits.implements`), or
+    None where no plugin provides one."""
+    try:
+        return registry().implementing(job)
+    except (OperatorNotFoundError, PluginError):
+        return None
