@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass
 from kiln import dtypes
 from kiln.codegen import ptx
 from kiln.codegen.c import C_PRELUDE, CDialect
-from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
+from kiln.codegen.cuda import CudaDialect, template_source
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource, render_epilogue
 from kiln.codegen.hooks import (Contraction, HookedGemm, Operand, gemm_factors, match_contraction,
@@ -70,7 +70,7 @@ from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
 from kiln.ir import (Binary, Cast, Check, Compute, Const, Expr, Load, Reduce, Select, SizeVar, SymSize, Task,
                      TensorInput, Unary, Var, as_expr, cast, inline_task, rewrite, simplify, substitute, unravel)
-from kiln.ir.expr import walk
+from kiln.ir.expr import top_reduces, walk
 from kiln.ir.simplify import linear_terms
 from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
