@@ -6,8 +6,9 @@
    NC whole panels), B_BY_K (1: B is packed from runs along k, kiln_b_col; 0: along n,
    kiln_b_row), B_GROUPS (the different Bs of the batches: batch b reads the (b % B_GROUPS)-th),
    A_DIRECT (micro.h). The problem: BATCH, M, N and K, written in the kernel's size parameters
-   where they are symbolic. PARAMS is the kernel's parameter list, ending with the sizes (ARGS
-   passes it on); it holds `bpre`, B's panels laid out once, or NULL to pack them here.
+   where they are symbolic. PARAMS is the parameter list of the hooks and of these functions
+   (ARGS passes it on): the task's buffers, `bpre` (B's panels laid out once, or NULL to pack
+   them here), what the template adds, and the sizes.
 
    Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
    hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
@@ -16,27 +17,27 @@
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
 #if B_BY_K
-        /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
-           the k that no run covers one by one */
-        int64_t k = 0;
-        for (int64_t ch = 64; ch >= VW; ch /= 4)
-            for (; k + ch <= kc; k += ch)
-                for (int64_t g = 0; g < NV; ++g) {
-                    float run[VW * 64] __attribute__((aligned(64)));
-                    for (int64_t j = 0; j < VW; ++j) {
-                        if (g * VW + j < cols) kiln_b_col(ARGS, b, n0 + g * VW + j, k0 + k, ch, run + j * ch, 1);
-                        else for (int64_t e = 0; e < ch; ++e) run[j * ch + e] = 0.f;
-                    }
-                    for (int64_t s = 0; s < ch; s += VW) {
-                        kiln_vf r[VW];
-                        for (int64_t j = 0; j < VW; ++j) r[j] = *(const kiln_vf*)(run + j * ch + s);
-                        kiln_vtranspose(r);
-                        for (int64_t i = 0; i < VW; ++i) *(kiln_vf*)(dst + (k + s + i) * NR + g * VW) = r[i];
-                    }
+    /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
+       the k that no run covers one by one */
+    int64_t k = 0;
+    for (int64_t ch = 64; ch >= VW; ch /= 4)
+        for (; k + ch <= kc; k += ch)
+            for (int64_t g = 0; g < NV; ++g) {
+                float run[VW * 64] __attribute__((aligned(64)));
+                for (int64_t j = 0; j < VW; ++j) {
+                    if (g * VW + j < cols) kiln_b_col(ARGS, b, n0 + g * VW + j, k0 + k, ch, run + j * ch, 1);
+                    else for (int64_t e = 0; e < ch; ++e) run[j * ch + e] = 0.f;
                 }
-        for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
-        for (int64_t e = k; e < kc; ++e)
-            for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
+                for (int64_t s = 0; s < ch; s += VW) {
+                    kiln_vf r[VW];
+                    for (int64_t j = 0; j < VW; ++j) r[j] = *(const kiln_vf*)(run + j * ch + s);
+                    kiln_vtranspose(r);
+                    for (int64_t i = 0; i < VW; ++i) *(kiln_vf*)(dst + (k + s + i) * NR + g * VW) = r[i];
+                }
+            }
+    for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
+    for (int64_t e = k; e < kc; ++e)
+        for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
 #else
     for (int64_t k = 0; k < kc; ++k) {
         kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
