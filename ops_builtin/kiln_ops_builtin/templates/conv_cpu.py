@@ -49,6 +49,7 @@ from kiln_ops_builtin.templates.own_task import same_reduction
 KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h") + gemm_cpu.BLOCK
           + ("cpu/planes.h", "cpu/conv_main.h"))
 
+
 @dataclass
 class ConvCpu:
     """A conv2d (or sliding-window pool) task's sizes and its operands among the task's inputs."""

@@ -2,7 +2,7 @@
 along the output's rows.
 
 Threads take (batch, channel) pairs. Each copies its channel into zero-padded phase planes
-(`conv_cpu.FILL`: for stride s, plane (ph, pw) holds the padded input's rows ph, ph + s, ...
+(`cpu/planes.h`: for stride s, plane (ph, pw) holds the padded input's rows ph, ph + s, ...
 and columns pw, pw + s, ...), so that for every kernel tap the inputs of consecutive output
 columns are consecutive floats of one plane, for any stride, padding and dilation. An output
 row is then computed in blocks of DW_VECS vectors: per tap, one broadcast weight times
