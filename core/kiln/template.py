@@ -34,10 +34,10 @@ Fusion hooks (rendered by the core from the IR)
 Writing kernel source
     `KernelArgs` (kernel parameter and argument names), `Emitter` (an expression as C/CUDA
     statements), `row_major_strides`, `SizeArgs` (symbolic sizes as kernel arguments),
-    `CudaDialect` and `CDialect` (types and math of each language), `C_PRELUDE` (what every
-    CPU kernel starts with), `template_source` (a CUDA program in its fixed order: prelude,
-    PTX wrappers, defines, kernels), `ptx` (the module of PTX wrappers: `cp.async`,
-    `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA).
+    `CudaDialect` and `CDialect` (types and math of each language), `template_source` (a CUDA
+    program in its fixed order: prelude, PTX wrappers, defines, kernels), `c_template_source`
+    (a CPU program in its fixed order: the C prelude, defines, hooks, device code), `ptx` (the
+    module of PTX wrappers: `cp.async`, `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA).
 
 Programs and launches
     What `render` returns: `CudaProgram` (source, `Launch`es, temporaries, architecture,
@@ -45,10 +45,11 @@ Programs and launches
     `Preparation` (a constant operand laid out once).
 
 Device code and knobs (defined here)
-    `device_code(package, path)`: a `.cuh` file shipped with the template's package, as text
-    to place in the program (`template_source`'s kernels), compiler messages pointing into
-    the file. `Knobs`: the base of a template's knobs, declared once as a frozen dataclass
-    (fields, level-0 defaults, validity, tuning space per level).
+    `device_code(package, *paths)`: `.cuh` or `.h` files shipped with the template's package,
+    as text to place in the program (`template_source`'s kernels, `c_template_source`'s code),
+    compiler messages pointing into the files. `Knobs`: the base of a template's knobs,
+    declared once as a frozen dataclass (fields, level-0 defaults, validity, tuning space per
+    level).
 """
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ from dataclasses import asdict, dataclass
 
 from kiln import dtypes
 from kiln.codegen import ptx
-from kiln.codegen.c import C_PRELUDE, CDialect
-from kiln.codegen.cuda import CudaDialect, template_source, top_reduces
+from kiln.codegen.c import CDialect, c_template_source
+from kiln.codegen.cuda import CudaDialect, template_source
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource, render_epilogue
 from kiln.codegen.hooks import (Contraction, HookedGemm, Operand, gemm_factors, match_contraction,
@@ -70,7 +71,7 @@ from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
 from kiln.ir import (Binary, Cast, Check, Compute, Const, Expr, Load, Reduce, Select, SizeVar, SymSize, Task,
                      TensorInput, Unary, Var, as_expr, cast, inline_task, rewrite, simplify, substitute, unravel)
-from kiln.ir.expr import walk
+from kiln.ir.expr import top_reduces, walk
 from kiln.ir.simplify import linear_terms
 from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
@@ -91,8 +92,8 @@ __all__ = [
     # fusion hooks
     "render_epilogue", "EpilogueSource", "EpilogueOutput", "render_vector_epilogue", "vector_stores",
     # writing kernel source
-    "KernelArgs", "Emitter", "row_major_strides", "SizeArgs", "CudaDialect", "CDialect", "C_PRELUDE",
-    "template_source", "ptx",
+    "KernelArgs", "Emitter", "row_major_strides", "SizeArgs", "CudaDialect", "CDialect",
+    "template_source", "c_template_source", "ptx",
     # programs and launches
     "CudaProgram", "Launch", "TensorMapArg", "CpuProgram", "Preparation",
     # device code and knobs
@@ -101,16 +102,17 @@ __all__ = [
 
 
 @functools.lru_cache(maxsize=None)
-def device_code(package: str, path: str) -> str:
-    """The text of the file `path` ('cuda/gemv.cuh') of the Python package `package`
-    ('kiln_ops_builtin.templates', a template's `__package__`), shipped as package data, ready
-    to be one of `template_source`'s kernels: a `#line` directive makes compiler messages and
+def device_code(package: str, *paths: str) -> str:
+    """The text of the files `paths` ('cuda/gemv.cuh'; 'cpu/simd.h', 'cpu/micro.h') of the
+    Python package `package` ('kiln_ops_builtin.templates', a template's `__package__`), shipped
+    as package data, one after the other, ready to be one of `template_source`'s kernels or
+    `c_template_source`'s code: a `#line` directive ahead of each makes compiler messages and
     line info name the file as `kiln_ops_builtin/templates/cuda/gemv.cuh` and its own line
-    numbers, and a second one after it names what follows `<rendered after ...>`, counting
-    from 1. Read once a process."""
-    text = importlib.resources.files(package).joinpath(path).read_text()
-    name = f"{package.replace('.', '/')}/{path}"
-    return f'#line 1 "{name}"\n{text.rstrip()}\n#line 1 "<rendered after {name}>"\n'
+    numbers, and one after the last names what follows `<rendered after ...>`, counting from
+    1. The text is in the program, so the kernel cache's key covers it. Read once a process."""
+    folder, files = package.replace(".", "/"), importlib.resources.files(package)
+    texts = [f'#line 1 "{folder}/{path}"\n{files.joinpath(path).read_text().rstrip()}\n' for path in paths]
+    return "".join(texts) + f'#line 1 "<rendered after {folder}/{paths[-1]}>"\n'
 
 
 @dataclass(frozen=True)

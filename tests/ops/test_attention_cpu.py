@@ -248,7 +248,7 @@ def test_every_vector_width_is_right_and_clean_under_address_sanitizer(tmp_path,
     for name, t in zip("qkvm", (q, k, v, mask)):
         (tmp_path / name).write_bytes(t.contiguous().numpy().tobytes())
         files.append(tmp_path / name)
-    run_sanitized(tmp_path, attention_cpu.render(task, **attention_cpu.space(0)[0]).source, _MAIN,
+    run_sanitized(tmp_path, attention_cpu.render(task).source, _MAIN,
                   [*files, tmp_path / "out", 70 * 4 * 9 * 4], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out").read_bytes()), dtype=torch.float32).reshape(1, 4, 70, 9)
     torch.testing.assert_close(out.double(), reference(q, k, v, mask=mask, is_causal=True), **TOL)

@@ -82,7 +82,7 @@ def test_conv2d(xs, ws, kw):
     assert gemm_cpu.CONV.applies(task)
     want = F.conv2d(x, w, b, **kw)
     out = torch.empty_like(want)
-    CpuKernel(gemm_cpu.render(task, **gemm_cpu.DEFAULT))([x, w, b], [out])
+    CpuKernel(gemm_cpu.render(task))([x, w, b], [out])
     assert_close(out, want, atol=1e-4, rtol=1e-4)
     assert_close(kiln.ops.conv2d(x, w, b, **kw), want, atol=1e-4, rtol=1e-4)
 
@@ -92,8 +92,8 @@ def test_conv1d():
     assert_close(kiln.ops.conv1d(x, w, None, 2, 1), F.conv1d(x, w, None, 2, 1), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("knobs", [dict(MC=224, KC=128, NC=4096, MR=12), dict(MC=100, KC=96, NC=64, MR=14),
-                                   dict(MC=336, KC=256, NC=4096, WHOLE_K=0), dict(gemm_cpu.DEFAULT)])
+@pytest.mark.parametrize("knobs", [dict(MC=224, KC=128, NC=4096, WHOLE_K=0, MR=12),
+                                   dict(MC=100, KC=96, NC=64, WHOLE_K=0, MR=14), dict(WHOLE_K=0), {}])
 def test_blockings_of_m_n_and_k(knobs):
     """A's blocks that MR does not divide (whole panels each, no row computed twice), N and K
     split in several blocks, K in one block (WHOLE_K)."""
@@ -192,7 +192,7 @@ def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)
     b = (torch.arange(n) % 5).float()
     task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
-    program = gemm_cpu.render(task, **gemm_cpu.space(0)[0])
+    program = gemm_cpu.render(task)
     assert program.preparation is not None and program.preparation.input == 1
     run_sanitized(tmp_path, program.source, _ASAN_MAIN, [m, k, n, tmp_path / "out.bin"], isa)
     out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(2, m, n)

@@ -1,5 +1,8 @@
-"""The C dialect: the prelude of helpers every CPU kernel starts with."""
+"""The C dialect: the prelude of helpers every CPU kernel starts with, and the order of a CPU
+template's program."""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from kiln.codegen.emitter import Dialect
 
@@ -102,6 +105,15 @@ static inline int64_t kiln_pow_i64(int64_t a, int64_t b) {
 static inline int64_t kiln_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t kiln_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 """
+
+
+def c_template_source(code: Sequence[str], knobs: dict, hooks: str = "") -> str:
+    """The C source of a CPU template's program, in the one order every CPU template uses: the
+    prelude, its knobs and sizes as `#define NAME value` lines, the fusion hooks the core
+    rendered for the task, then its device code (files of `kiln.template.device_code`, then the
+    exported functions), which reads the knobs as macros and calls the hooks."""
+    head = "".join(f"#define {name} {value}\n" for name, value in knobs.items())
+    return C_PRELUDE + head + hooks + "".join(code)
 
 
 class CDialect(Dialect):

@@ -13,7 +13,6 @@ from typing import Sequence
 from kiln.codegen.c import C_PRELUDE
 from kiln.codegen.emitter import Dialect, reduce_combine
 from kiln.dtypes import DataType
-from kiln.ir.expr import Expr, Reduce
 
 _SHARED_HELPERS = C_PRELUDE[C_PRELUDE.index("#define KILN_FLOAT_HELPERS"):].replace(
     "static inline", "static __device__ __forceinline__")
@@ -105,18 +104,3 @@ def template_source(kernels: Sequence[str], knobs: dict, hooks: str = "", ptx: S
     knobs as macros."""
     head = "".join(f"#define {name} {value}\n" for name, value in knobs.items())
     return CUDA_PRELUDE + "".join(ptx) + hooks + head + "".join(kernels)
-
-
-def top_reduces(e: Expr) -> list[Reduce]:
-    """The reductions of `e` that are not inside another reduction (each spread over lanes)."""
-    found, seen, stack = [], set(), [e]
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, Reduce):
-            found.append(x)
-            continue
-        stack.extend(x.children())
-    return found

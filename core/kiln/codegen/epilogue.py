@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
-from kiln.ir.expr import Check, Const, Expr, Load, Reduce, Select, Var, walk
+from kiln.ir.expr import Check, Const, Expr, Load, Reduce, Select, Var, top_reduces, walk
 from kiln.ir.inline import substitute
 from kiln.ir.simplify import linear_terms, simplify
 from kiln.ir.size import SymSize, scaled_variable

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.epilogue import EpilogueOutput, EpilogueSource, contraction_epilogue, offset_coefficients
 from kiln.codegen.sizes import SizeArgs
 from kiln.dtypes import DataType
 from kiln.ir.compute import Task
 from kiln import dtypes
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, cast, select, walk
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Select, Var, cast, select, top_reduces, walk
 from kiln.ir.index import unravel
 from kiln.ir.inline import inline_task, substitute
 from kiln.ir.simplify import simplify

@@ -15,10 +15,10 @@ takes `int at, const T* src0, ..` after `acc`, and reads their packs from the st
 """
 from __future__ import annotations
 
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
 from kiln.codegen.epilogue import EpilogueSource, staged_source, unconditional_loads
-from kiln.ir.expr import Expr, Var, walk
+from kiln.ir.expr import Expr, Var, top_reduces, walk
 from kiln.ir.inline import substitute
 from kiln.ir.simplify import linear_terms, simplify
 

@@ -374,3 +374,19 @@ def walk(expr: Expr):
         seen.add(id(e))
         yield e
         stack.extend(e.children())
+
+
+def top_reduces(e: Expr) -> list[Reduce]:
+    """The reductions of `e` that are not inside another reduction (what a schedule spreads over
+    threads or lanes)."""
+    found, seen, stack = [], set(), [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, Reduce):
+            found.append(x)
+            continue
+        stack.extend(x.children())
+    return found

@@ -15,10 +15,10 @@ would take such a statistic as rows whose elements lie a row apart.
 """
 from __future__ import annotations
 
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import numel, reduce_init
 from kiln.ir.compute import Compute
-from kiln.ir.expr import Expr, Load, Reduce, walk
+from kiln.ir.expr import Expr, Load, Reduce, top_reduces, walk
 from kiln.ir.inline import Lowered
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch

@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln import dtypes
-from kiln.codegen.cuda import CudaDialect, top_reduces
+from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, numel, reduce_init, row_major_strides
 from kiln.codegen.sizes import SizeArgs
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Expr, Reduce, SizeVar, Var, as_expr, walk
+from kiln.ir.expr import Expr, Reduce, SizeVar, Var, as_expr, top_reduces, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.ir.size import SymSize

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kiln.codegen.cuda import top_reduces
 from kiln.ir.compute import Compute
-from kiln.ir.expr import Expr, Load, Reduce, Var
+from kiln.ir.expr import Expr, Load, Reduce, Var, top_reduces
 from kiln.ir.inline import Lowered, own_children, rebuild_expr
 from kiln.runtime.cuda import CudaProgram
 from kiln.codegen.emitter import numel

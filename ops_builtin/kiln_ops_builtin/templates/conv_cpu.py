@@ -34,127 +34,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln.template import (CDialect, C_PRELUDE, CpuProgram, Emitter, KernelArgs, Load, Task, Template, TensorInput,
-                           Var, cast, dtypes, inline_task, row_major_strides, simplify, top_reduces, unravel_index,
-                           walk)
+from kiln.template import (CDialect, CpuProgram, Emitter, KernelArgs, Load, Task, Template, TensorInput, Var, cast,
+                           c_template_source, device_code, dtypes, inline_task, row_major_strides, simplify,
+                           top_reduces, unravel_index, walk)
 
 from kiln_ops_builtin.common import int_tuple
 from kiln_ops_builtin.conv import conv2d
 from kiln_ops_builtin.templates import gemm_cpu
 from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
-from kiln_ops_builtin.templates.cpu_simd import VECTORS
 from kiln_ops_builtin.templates.own_task import same_reduction
 
-PACK = r"""
-/* planes offset of tap k = (c, i, j) */
-static inline int64_t kiln_koff(int64_t k) {
-    const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
-    return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
-}
-
-/* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
-static inline const float* kiln_group_planes(const float* planes, int64_t b) {
-    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * SH * SW * HQ * WQ;
-}
-
-/* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
-   where ALIGNED, its panel within one output row; else a virtual one) */
-static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
-    return kiln_group_planes(planes, b) + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
-}
-static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
-
-/* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
-   repeat pixel 0: computed, never stored) */
-static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
-                        float* __restrict__ dst) {
-    const float* src = kiln_group_planes(planes, b);
-    const int64_t* __restrict__ off = koffs + k0;
-    int64_t at[MR];
-    for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
-    for (int64_t k = 0; k < kc; ++k)
-#pragma GCC unroll 16
-        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
-}
-
-/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1 of
-   GEMM batch b (of its group's output channels):
-   transposed VW x VW in registers (vector stores, which the epilogue's vector loads can take
-   forwarded: element-wise stores could not), then each channel's run of real pixels within an
-   output row through the epilogue hook */
-#define MRP (KILN_PANELS(MR, VW) * VW)
-static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
-                                   const float* __restrict__ tile) {
-    float by_channel[NR * MRP] __attribute__((aligned(64)));
-#pragma GCC unroll 2
-    for (int64_t i0 = 0; i0 < MR; i0 += VW)
-#pragma GCC unroll 4
-        for (int g = 0; g < NV; ++g) {
-            kiln_vf r[VW];
-#pragma GCC unroll 16
-            for (int i = 0; i < VW; ++i) r[i] = i0 + i < MR ? *(const kiln_vf*)(tile + (i0 + i) * NR + g * VW) : (kiln_vf){0};
-            kiln_vtranspose(r);
-#pragma GCC unroll 16
-            for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (g * VW + j) * MRP + i0) = r[j];
-        }
-    for (int64_t v = m0, end = m0 + rows; v < end;) {
-        const int64_t oh = v / ROW, ow = v % ROW;
-        const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
-        const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
-        for (int64_t j = 0; valid && j < cols; ++j)
-            kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
-        v += run;
-    }
-}
-"""
-
-FILL = r"""
-#ifndef PAD
-#define PAD 0.f
-#endif
-/* channel c of batch b into its SH x SW phase planes at dst, PAD (zero) where the input is padding */
-static void kiln_fill(TASK_PARAMS, int64_t b, int64_t c, float* __restrict__ dst) {
-    for (int64_t ph = 0; ph < SH; ++ph)
-        for (int64_t pw = 0; pw < SW; ++pw) {
-            float* plane = dst + (ph * SW + pw) * (HQ * WQ);
-            /* columns qw whose input column qw * SW + pw - PW lies in [0, W) */
-            const int64_t lo = PW > pw ? (PW - pw + SW - 1) / SW : 0;
-            const int64_t hi0 = (W + PW - pw + SW - 1) / SW, hi = hi0 < WQ ? hi0 : WQ;
-            for (int64_t qh = 0; qh < HQ; ++qh) {
-                float* __restrict__ row = plane + qh * WQ;
-                const int64_t ih = qh * SH + ph - PH;
-                if (ih < 0 || ih >= H || lo >= hi) {
-                    for (int64_t qw = 0; qw < WQ; ++qw) row[qw] = PAD;
-                    continue;
-                }
-                for (int64_t qw = 0; qw < lo; ++qw) row[qw] = PAD;
-                for (int64_t qw = lo; qw < hi; ++qw) row[qw] = kiln_x(TASK_ARGS, b, c, ih, qw * SW + pw - PW);
-                for (int64_t qw = hi; qw < WQ; ++qw) row[qw] = PAD;
-            }
-        }
-}
-"""
-
-ENTRY = r"""
-static int64_t kiln_conv_prepare(TASK_PARAMS, const float* __restrict__ bpre, float* dst) {
-    return kiln_pack_panels(TASK_ARGS, bpre, NULL, NULL, dst);
-}
-
-static void kiln_conv(TASK_PARAMS, const float* __restrict__ bpre) {
-    float* planes = kiln_alloc(IMAGES * PLANE);
-    int64_t* koffs = (int64_t*)malloc(K * sizeof(int64_t));
-    for (int64_t k = 0; k < K; ++k) koffs[k] = kiln_koff(k);
-    const int threads = (double)IMAGES * PLANE > 65536.0 ? omp_get_max_threads() : 1;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < IMAGES; ++b)
-        for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * SH * SW * HQ * WQ);
-    for (int64_t b = 0; b < IMAGES; ++b)
-        for (int64_t e = CIN * SH * SW * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
-    kiln_gemm(TASK_ARGS, bpre, planes, koffs);
-    free(koffs);
-    free(planes);
-}
-"""
+# The device code (`cpu/*.h`): which pixels the rows are, `gemm_cpu`'s micro-kernel, A's panels
+# and tiles from the planes, `gemm_cpu`'s blocking, the planes, the kernel.
+KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h") + gemm_cpu.BLOCK
+          + ("cpu/planes.h", "cpu/conv_main.h"))
 
 
 @dataclass
@@ -194,8 +87,9 @@ class ConvCpu:
         return self.planes[1] >= 1.25 * self.out_shape[3]
 
     def defines(self) -> dict:
-        """The C macros of the sizes, the parameters and the planes (`FILL` uses them); GROUPS
-        (1 here) is what a kernel runs as GEMM batches, GROUP_COUT a group's output channels."""
+        """The C macros of the sizes, the parameters and the planes (`cpu/planes.h` uses them,
+        padding them with PAD); GROUPS (1 here) is what a kernel runs as GEMM batches,
+        GROUP_COUT a group's output channels."""
         d = CDialect()
         lowered = self.lowered
         (n, cin, h, w), (kh, kw) = self.x.shape, self.kernel
@@ -205,7 +99,7 @@ class ConvCpu:
                 "GROUP_COUT": self.out_shape[1], "CIN": cin, "H": h, "W": w,
                 "KH": kh, "KW": kw, "SH": self.stride[0], "SW": self.stride[1], "DH": self.dilation[0],
                 "DW": self.dilation[1], "PH": self.before[0], "PW": self.before[1], "OH": self.out_shape[2],
-                "OW": self.out_shape[3], "HQ": hq, "WQ": wq}
+                "OW": self.out_shape[3], "HQ": hq, "WQ": wq, "PAD": "0.f"}
 
 
 def _padding_before(padding, kernel, dilation) -> tuple[int, int] | None:
@@ -327,23 +221,22 @@ def _weight_hook(c: ConvCpu, names: dict, strides: dict) -> str:
             + f"\n        dst[(k - k0) * stride] = {v};\n    }}\n}}\n")
 
 
-def source(c: ConvCpu, defines: dict, kernel: str) -> str:
-    """C source of a convolution program: the headers, `c.defines()` and `defines` as macros,
-    the hooks, then `kernel`."""
-    head = "".join(f"#define {name} {value}\n" for name, value in {**c.defines(), **defines}.items())
-    return C_PRELUDE + VECTORS + head + _hooks(c) + gemm_cpu.HELPERS + kernel
+def source(c: ConvCpu, defines: dict, paths: tuple[str, ...], entries: str = "") -> str:
+    """C source of a convolution program: `c.defines()` and `defines` as macros, the hooks, the
+    device code `paths` (files of this package), then `entries`."""
+    return c_template_source([device_code(__package__, *paths), entries], {**c.defines(), **defines}, _hooks(c))
 
 
-def prepared_program(c: ConvCpu, defines: dict, kernel: str, main: str, prepare: str) -> CpuProgram:
+def prepared_program(c: ConvCpu, defines: dict, paths: tuple[str, ...], main: str, prepare: str) -> CpuProgram:
     """The program of a convolution template on `gemm_cpu`'s pieces (`source(c, defines,
-    kernel)`) whose C functions `main(<task's buffers>, bpre)` and `prepare(<task's buffers>,
+    paths)`) whose C functions `main(<task's buffers>, bpre)` and `prepare(<task's buffers>,
     bpre, dst)` compute the convolution and lay its constant weight out once
     (`gemm_cpu.entry_points`, `gemm_cpu.preparation`)."""
     inputs = c.lowered.inputs
     args = KernelArgs.args(len(inputs))
     entries = gemm_cpu.entry_points(KernelArgs.params(CDialect(), inputs, c.lowered.outputs), args, [], [], main,
                                     prepare)
-    return CpuProgram(source(c, defines, kernel + entries), "kiln_kernel", tuple(args),
+    return CpuProgram(source(c, defines, paths, entries), "kiln_kernel", tuple(args),
                       preparation=gemm_cpu.preparation(c.weight_input, len(inputs)))
 
 
@@ -367,13 +260,14 @@ def row_height(c: ConvCpu) -> int:
 SHORT_K = 512
 
 
-def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> CpuProgram:
-    """The program `kiln_kernel(inputs..., output)` for `task` (knobs as `gemm_cpu.render`'s).
-    The rows are real pixels where MR divides the output's width (ALIGNED), else as `gather`
-    says."""
+def render(task, **knobs) -> CpuProgram:
+    """The program `kiln_kernel(inputs..., output)` for `task` at the setting `knobs`
+    (`gemm_cpu.GemmKnobs`' fields). The rows are real pixels where MR divides the output's width
+    (`cpu/conv_rows.h`'s ALIGNED), else as `gather` says."""
     c = match_conv(task)
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
+    knob = gemm_cpu.GemmKnobs(**knobs)
     hq, wq = c.planes
     cin, (cout, group_cin, kh, kw) = c.x.shape[1], c.weight.shape
     k = group_cin * kh * kw
@@ -382,13 +276,10 @@ def render(task, MC: int, KC: int, NC: int, WHOLE_K: int = 0, MR: int = 0) -> Cp
                          "const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
                "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
-               "ALIGNED": "(OW % MR == 0)", "A_DIRECT": f"(ALIGNED || {int(not c.gather)})",
-               "ROW": f"(ALIGNED ? OW : {c.out_shape[3] if c.gather else wq})", "M": "(OH * ROW)", "N": cout // c.groups,
-               "K": k, "B_BY_K": 1, "MC": MC, "KC": k if k <= WHOLE_K else KC, "NC": NC, "MR_WIDE": row_height(c),
-               **({"MR": MR} if MR else {})}
-    return prepared_program(c, defines, gemm_cpu.MICRO + PACK + gemm_cpu.BLOCK + FILL + ENTRY, "kiln_conv",
-                            "kiln_conv_prepare")
+               "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
+               **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
+    return prepared_program(c, defines, KERNEL, "kiln_conv", "kiln_conv_prepare")
 
 
-TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies, space=gemm_cpu.space,
-                    fixed_sizes_only=True)
+TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies,
+                    space=gemm_cpu.GemmKnobs.settings, fixed_sizes_only=True)

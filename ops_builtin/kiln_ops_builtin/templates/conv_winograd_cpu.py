@@ -10,7 +10,7 @@ G^T) . (B^T d B)] A, where the products of the 16 positions (.) summed over inpu
 - U = G g G^T is the weight's transform, laid out as `gemm_cpu`'s B panels per position; a
   constant weight is transformed once (`gemm_cpu.preparation`), another one at each call;
 - V = B^T d B is made per block of MR tiles of one tile row, vectorized across the tiles, from
-  the input copied into two zero-padded phase planes per channel (`conv_cpu.FILL` with strides
+  the input copied into two zero-padded phase planes per channel (`cpu/planes.h` with strides
   (1, 2): even and odd columns apart, so that each of a tile's four patch columns is one
   unaligned vector load over consecutive tiles); the block's A panels (per position, input
   channels x MR tiles) stay in the L1/L2 caches;
@@ -31,181 +31,9 @@ from __future__ import annotations
 from kiln.template import CpuProgram, Template
 
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, FILL, match_conv, prepared_program
+from kiln_ops_builtin.templates.conv_cpu import ALIGNED_ROWS, match_conv, prepared_program
 
-KERNEL = r"""
-#define TILES_H ((OH + 1) / 2)
-#define TILES_W ((OW + 1) / 2)
-#define TWQ (KILN_PANELS(TILES_W, MR) * MR)     /* tiles per row, those that a whole block adds included */
-#define MRP (KILN_PANELS(MR, VW) * VW)
-#define COUT_PANELS KILN_PANELS(COUT, NR)
-#define VSTRIDE (CIN * MR + VW)                  /* a position's A panel, and room for a vector's overrun */
-
-/* U = G g G^T of every (input channel, output channel) as B panels per position p: panel q of
-   output channels at (p * COUT_PANELS + q) * CIN * NR, k-major; vectorized over a panel's output
-   channels. Returns their floats; writes them to dst unless NULL. */
-static int64_t kiln_wino_weights(PARAMS, float* dst) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t q = 0; q < (dst ? COUT_PANELS : 0); ++q)
-        for (int64_t c = 0; c < CIN; ++c) {
-            float g[9 * NR] __attribute__((aligned(64)));      /* tap t of output channel q * NR + j at g[t * NR + j] */
-            for (int64_t j = 0; j < NR; ++j) {
-                if (q * NR + j < COUT) kiln_b_col(ARGS, 0, q * NR + j, c * 9, 9, g + j, NR);
-                else for (int t = 0; t < 9; ++t) g[t * NR + j] = 0.f;
-            }
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) {
-                kiln_vf t[4][3], u[4][4];
-#pragma GCC unroll 3
-                for (int s = 0; s < 3; ++s) {
-                    const kiln_vf g0 = *(const kiln_vf*)(g + s * NR + v * VW), g1 = *(const kiln_vf*)(g + (3 + s) * NR + v * VW);
-                    const kiln_vf g2 = *(const kiln_vf*)(g + (6 + s) * NR + v * VW);
-                    t[0][s] = g0;
-                    t[1][s] = (g0 + g1 + g2) * 0.5f;
-                    t[2][s] = (g0 - g1 + g2) * 0.5f;
-                    t[3][s] = g2;
-                }
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i) {
-                    u[i][0] = t[i][0];
-                    u[i][1] = (t[i][0] + t[i][1] + t[i][2]) * 0.5f;
-                    u[i][2] = (t[i][0] - t[i][1] + t[i][2]) * 0.5f;
-                    u[i][3] = t[i][2];
-                }
-#pragma GCC unroll 16
-                for (int p = 0; p < 16; ++p)
-                    *(kiln_vf*)(dst + ((p * COUT_PANELS + q) * CIN + c) * NR + v * VW) = u[p / 4][p % 4];
-            }
-        }
-    return 16 * COUT_PANELS * CIN * NR;
-}
-
-/* V = B^T d B of tiles tw0 .. tw0 + MR - 1 of tile row th, every input channel, vectorized over
-   the tiles: A panels per position at v + p * VSTRIDE, [c][MR] */
-static void kiln_wino_input(const float* __restrict__ planes, int64_t th, int64_t tw0, float* __restrict__ v) {
-    for (int64_t c = 0; c < CIN; ++c)
-        for (int64_t i0 = 0; i0 < MR; i0 += VW) {
-            const float* even = planes + c * 2 * HQ * WQ + 2 * th * WQ + tw0 + i0;
-            const float* odd = even + HQ * WQ;
-            kiln_vf t[4][4];
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                const float* col = (j & 1 ? odd : even) + j / 2;
-                const kiln_vf d0 = *(const kiln_vfu*)col, d1 = *(const kiln_vfu*)(col + WQ);
-                const kiln_vf d2 = *(const kiln_vfu*)(col + 2 * WQ), d3 = *(const kiln_vfu*)(col + 3 * WQ);
-                t[0][j] = d0 - d2;
-                t[1][j] = d1 + d2;
-                t[2][j] = d2 - d1;
-                t[3][j] = d1 - d3;
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i) {
-                float* at = v + 4 * i * VSTRIDE + c * MR + i0;
-                *(kiln_vfu*)at = t[i][0] - t[i][2];
-                *(kiln_vfu*)(at + VSTRIDE) = t[i][1] + t[i][2];
-                *(kiln_vfu*)(at + 2 * VSTRIDE) = t[i][2] - t[i][1];
-                *(kiln_vfu*)(at + 3 * VSTRIDE) = t[i][1] - t[i][3];
-            }
-        }
-}
-
-/* Y = A^T M A for MR tiles x NR output channels of panel q from the 16 products m[p][MR][NR],
-   then each output channel's runs of pixels through the epilogue hook */
-static void kiln_wino_output(PARAMS, int64_t b, int64_t th, int64_t tw0, int64_t q, const float* __restrict__ m,
-                             float* __restrict__ y, float* __restrict__ by_channel) {
-    for (int64_t i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int g = 0; g < NV; ++g) {
-            kiln_vf u[2][4];
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                const float* at = m + j * MR * NR + i * NR + g * VW;
-                const kiln_vf m0 = *(const kiln_vf*)at, m1 = *(const kiln_vf*)(at + 4 * MR * NR);
-                const kiln_vf m2 = *(const kiln_vf*)(at + 8 * MR * NR), m3 = *(const kiln_vf*)(at + 12 * MR * NR);
-                u[0][j] = m0 + m1 + m2;
-                u[1][j] = m1 - m2 - m3;
-            }
-#pragma GCC unroll 2
-            for (int dy = 0; dy < 2; ++dy) {
-                *(kiln_vf*)(y + ((dy * 2) * MRP + i) * NR + g * VW) = u[dy][0] + u[dy][1] + u[dy][2];
-                *(kiln_vf*)(y + ((dy * 2 + 1) * MRP + i) * NR + g * VW) = u[dy][1] - u[dy][2] - u[dy][3];
-            }
-        }
-    /* each output (dy, dx) of the tiles, from (tile, channel) to (channel, tile) */
-    for (int o = 0; o < 4; ++o)
-        for (int64_t i0 = 0; i0 < MR; i0 += VW)
-#pragma GCC unroll 4
-            for (int g = 0; g < NV; ++g) {
-                kiln_vf r[VW];
-#pragma GCC unroll 16
-                for (int i = 0; i < VW; ++i) r[i] = *(const kiln_vf*)(y + (o * MRP + i0 + i) * NR + g * VW);
-                kiln_vtranspose(r);
-#pragma GCC unroll 16
-                for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (o * NR + g * VW + j) * MRP + i0) = r[j];
-            }
-    const kiln_vi lo = KILN_ZIP_LO, hi = KILN_ZIP_HI;
-    const int64_t n0 = q * NR, cols = KILN_MIN(NR, COUT - n0), ow0 = 2 * tw0, valid = KILN_MIN(2 * MR, OW - ow0);
-    for (int dy = 0; dy < 2 && 2 * th + dy < OH; ++dy)
-        for (int64_t j = 0; j < cols; ++j) {
-            float row[2 * MRP] __attribute__((aligned(64)));
-            const float* left = by_channel + ((dy * 2) * NR + j) * MRP;
-            const float* right = left + NR * MRP;
-            for (int64_t i0 = 0; i0 < MR; i0 += VW) {
-                const kiln_vf a = *(const kiln_vf*)(left + i0), c = *(const kiln_vf*)(right + i0);
-                *(kiln_vf*)(row + 2 * i0) = __builtin_shuffle(a, c, lo);
-                *(kiln_vf*)(row + 2 * i0 + VW) = __builtin_shuffle(a, c, hi);
-            }
-            kiln_epilogue_row(ARGS, b, n0 + j, (2 * th + dy) * OW + ow0, valid, row);
-        }
-}
-
-static void kiln_wino(PARAMS, const float* __restrict__ bpre) {
-    float* planes = kiln_alloc(BATCH * PLANE);
-    const float* u = bpre;
-    float* own = NULL;
-    if (!u) {
-        own = kiln_alloc(kiln_wino_weights(ARGS, NULL));
-        kiln_wino_weights(ARGS, own);
-        u = own;
-    }
-    const int threads = (double)BATCH * CIN * COUT * OH * OW > 65536.0 ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t b = 0; b < BATCH; ++b)
-            for (int64_t c = 0; c < CIN; ++c) kiln_fill(TASK_ARGS, b, c, planes + b * PLANE + c * 2 * HQ * WQ);
-#pragma omp single
-        for (int64_t b = 0; b < BATCH; ++b)
-            for (int64_t e = CIN * 2 * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
-        float* v = kiln_alloc(16 * VSTRIDE);
-        float* m = kiln_alloc(16 * MR * NR);
-        float* y = kiln_alloc(4 * MRP * NR);
-        float* by_channel = kiln_alloc(4 * NR * MRP);
-        for (int64_t e = 0; e < 4 * MRP * NR; ++e) y[e] = 0.f;    /* rows past MR: transposed, never stored */
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < BATCH * TILES_H * (TWQ / MR); ++blk) {
-            const int64_t b = blk / (TILES_H * (TWQ / MR)), th = blk / (TWQ / MR) % TILES_H, tw0 = blk % (TWQ / MR) * MR;
-            kiln_wino_input(planes + b * PLANE, th, tw0, v);
-            for (int64_t q = 0; q < COUT_PANELS; ++q) {
-                for (int p = 0; p < 16; ++p)
-                    kiln_micro(CIN, v + p * VSTRIDE, NULL, u + (p * COUT_PANELS + q) * CIN * NR, NULL, 0, m + p * MR * NR, NR);
-                kiln_wino_output(ARGS, b, th, tw0, q, m, y, by_channel);
-            }
-        }
-        free(by_channel);
-        free(y);
-        free(m);
-        free(v);
-    }
-    free(own);
-    free(planes);
-}
-
-static int64_t kiln_wino_prepare(PARAMS, const float* __restrict__ bpre, float* dst) {
-    (void)bpre;
-    return kiln_wino_weights(ARGS, dst);
-}
-"""
+KERNEL = gemm_cpu.MICRO + ("cpu/planes.h", "cpu/winograd.h")     # the device code (`cpu/*.h`)
 
 # Per output channel and input channel, the transform saves about 20 * tiles / 16 vector
 # multiplications and writes 16 floats of U (per call where the weight is not a constant; 16/9
@@ -232,8 +60,9 @@ def render(task) -> CpuProgram:
     mr = next((r for r in ALIGNED_ROWS if tiles_w % r == 0), gemm_cpu.row_tile(tiles_w))
     hq, wq = 2 * -(-c.out_shape[2] // 2) + 2, -(-tiles_w // mr) * mr + 2
     defines = {"PARAMS": "TASK_PARAMS", "ARGS": "TASK_ARGS", "SH": 1, "SW": 2, "HQ": hq, "WQ": wq,
-               "PLANE": c.x.shape[1] * 2 * hq * wq + 32, "COUT": c.out_shape[1], "MR_WIDE": mr, "MC": mr}
-    return prepared_program(c, defines, gemm_cpu.MICRO + FILL + KERNEL, "kiln_wino", "kiln_wino_prepare")
+               "PLANE": c.x.shape[1] * 2 * hq * wq + 32, "COUT": c.out_shape[1], "MR_WIDE": mr, "MR_KNOB": 0, "MC": mr,
+               "A_DIRECT": 0}
+    return prepared_program(c, defines, KERNEL, "kiln_wino", "kiln_wino_prepare")
 
 
 TEMPLATE = Template("conv_winograd_cpu", ("conv2d",), "cpu", render, priority=25, applies=applies,

@@ -1,7 +1,7 @@
 """max_pool2d on the CPU: the windows of `conv_depthwise_cpu`'s kernel with a max in place of the
 weighted sum, vectorized along the output's rows.
 
-Each (batch, channel) is copied into phase planes padded with -inf (`conv_cpu.FILL`), so that for
+Each (batch, channel) is copied into phase planes padded with -inf (`cpu/planes.h`), so that for
 every tap of the window the inputs of consecutive output columns are consecutive floats of one
 plane, for any stride, padding, dilation and ceil_mode; a block of an output row is then the
 max over the taps of unaligned vector loads, NaN propagated as the C prelude's max does. The
@@ -19,8 +19,6 @@ from kiln_ops_builtin.templates import conv_depthwise_cpu
 from kiln_ops_builtin.templates.conv_cpu import ConvCpu, windowed
 from kiln_ops_builtin.templates.own_task import same_reduction
 
-MAX = {"PAD": "(-INFINITY)", "DW_INIT": "((kiln_vf){0} - INFINITY)", "DW_TAP(acc, w, x)": "kiln_vmax(acc, x)",
-       "DW_WEIGHTS(b, c, w)": "for (int64_t e = 0; e < KH * KW; ++e) w[e] = 0.f"}
 ATTRIBUTES = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 
 
@@ -48,14 +46,14 @@ def applies(task) -> bool:
     return match_max_pool(task) is not None
 
 
-def render(task, DW_VECS: int = conv_depthwise_cpu.MAX_VECS) -> CpuProgram:
-    """The program `kiln_kernel(input, output)` for `task`: blocks of up to DW_VECS vectors of an
-    output row."""
+def render(task, **knobs) -> CpuProgram:
+    """The program `kiln_kernel(input, output)` for `task` at the setting `knobs`
+    (`conv_depthwise_cpu.DepthwiseKnobs`' fields)."""
     c = match_max_pool(task)
     if c is None:
         raise ValueError(f"pool_cpu does not apply to task '{task.name}'")
-    return conv_depthwise_cpu.program(c, DW_VECS, MAX)
+    return conv_depthwise_cpu.program(c, conv_depthwise_cpu.DepthwiseKnobs(**knobs), True)
 
 
 TEMPLATE = Template("pool_cpu", ("max_pool2d",), "cpu", render, priority=20, applies=applies,
-                    space=conv_depthwise_cpu.space, fixed_sizes_only=True)
+                    space=conv_depthwise_cpu.DepthwiseKnobs.settings, fixed_sizes_only=True)

@@ -1,17 +1,13 @@
-"""The C vector types of the CPU templates, on the host's widest vectors, and vector math on them.
+/* The C vector types of the CPU templates, on the host's widest vectors, and vector math on them.
 
-`VECTORS` defines VW (float lanes: 16 with AVX-512, 8 with AVX, else 4), `kiln_vf` (VW floats,
-aligned), `kiln_vfu` (the same, unaligned), `kiln_vi` (VW int32: what a comparison of two
-`kiln_vf` gives, all bits set where true), `kiln_vsel(mask, a, b)` (a where mask, else b: C has
-no vector `?:`), `kiln_vmax` (lane by lane; NaN propagated as the C prelude's max does: a NaN
-a, else a NaN b) and `kiln_vhmax`/`kiln_vhsum` (across the lanes), `kiln_vexp`
-(float32 exp lane by lane within 2 ulp, Cephes' polynomial after a reduction by ln 2: 0 below
--87.3 (exp(-inf) is 0), inf above 88.37, NaN stays NaN) and `kiln_vtranspose` (VW vectors as
-the rows of a VW x VW block, transposed in registers: log2(VW) rounds of interleaving the
-first half of the rows with the second).
-"""
+   VW: float lanes (16 with AVX-512, 8 with AVX, else 4); kiln_vf: VW floats, aligned; kiln_vfu:
+   the same, unaligned; kiln_vi: VW int32, what a comparison of two kiln_vf gives (all bits set
+   where true). The lane count picks the vector type, so it is the one knob the preprocessor
+   chooses (from the compiler's target), with KILN_ZIP_LO / KILN_ZIP_HI: the shuffle masks
+   interleaving the first halves and the second halves of two vectors.
 
-VECTORS = r"""
+   Needs the C prelude (fixed-width integers, INFINITY) ahead of it. */
+
 #if defined(__AVX512F__)
 #define VW 16
 #elif defined(__AVX__)
@@ -23,10 +19,13 @@ typedef float kiln_vf __attribute__((vector_size(VW * 4)));
 typedef float kiln_vfu __attribute__((vector_size(VW * 4), aligned(4)));
 typedef int32_t kiln_vi __attribute__((vector_size(VW * 4)));
 
+/* a where mask, else b (C has no vector ?:) */
 static inline kiln_vf kiln_vsel(kiln_vi mask, kiln_vf a, kiln_vf b) {
     return (kiln_vf)((mask & (kiln_vi)a) | (~mask & (kiln_vi)b));
 }
+/* lane by lane; NaN propagated as the C prelude's max does: a NaN a, else a NaN b */
 static inline kiln_vf kiln_vmax(kiln_vf a, kiln_vf b) { return kiln_vsel((a > b) | (a != a), a, b); }
+/* across the lanes */
 static inline float kiln_vhmax(kiln_vf v) {
     float top = v[0];
     for (int e = 1; e < VW; ++e) top = v[e] > top ? v[e] : top;
@@ -47,6 +46,8 @@ static inline float kiln_vhsum(kiln_vf v) {
 #define KILN_ZIP_LO {0, 4, 1, 5}
 #define KILN_ZIP_HI {2, 6, 3, 7}
 #endif
+/* VW vectors as the rows of a VW x VW block, transposed in registers: log2(VW) rounds of
+   interleaving the first half of the rows with the second */
 static inline void kiln_vtranspose(kiln_vf* r) {
     const kiln_vi lo = KILN_ZIP_LO, hi = KILN_ZIP_HI;
 #pragma GCC unroll 4
@@ -61,6 +62,8 @@ static inline void kiln_vtranspose(kiln_vf* r) {
         for (int i = 0; i < VW; ++i) r[i] = t[i];
     }
 }
+/* float32 exp lane by lane within 2 ulp, Cephes' polynomial after a reduction by ln 2: 0 below
+   -87.3 (exp(-inf) is 0), inf above 88.37, NaN stays NaN */
 static inline kiln_vf kiln_vexp(kiln_vf x) {
     const kiln_vf hi = (kiln_vf){0} + 88.3762626647949f, lo = (kiln_vf){0} - 87.3365447504f;
     const kiln_vf c = kiln_vsel(x > hi, hi, kiln_vsel(x < lo, lo, x));
@@ -77,4 +80,3 @@ static inline kiln_vf kiln_vexp(kiln_vf x) {
     const kiln_vf inf = (kiln_vf){0} + INFINITY;
     return kiln_vsel(x < lo, (kiln_vf){0}, kiln_vsel(x > hi, inf, y * scale));
 }
-"""

@@ -1,0 +1,74 @@
+/* conv2d as an implicit GEMM on gemm.h (kiln_ops_builtin.templates.conv_cpu tells the algorithm):
+   A's rows are output pixels, read from the phase planes (planes.h) at a tap's offset, in place
+   or gathered; B is the weight; finished tiles go to the epilogue hook a channel at a time.
+
+   The problem, macros of the rendered program: the input's CIN, H, W, the window's KH, KW,
+   strides SH, SW, dilation DH, DW and padding PH, PW, the output's OH, OW, the planes' HQ, WQ
+   and PLANE (an image's floats), GROUPS (a GEMM batch per image and group) and IMAGES; with
+   conv_rows.h's rows. PARAMS (gemm.h's) ends with `planes` and `koffs`, the planes and each
+   tap's offset in them (kiln_koff). TASK_PARAMS are the task's buffers (TASK_ARGS passes them).
+
+   Defines gemm.h's kiln_pack_a and kiln_store_tile, so it comes ahead of gemm.h; needs
+   conv_rows.h, micro.h and the hooks ahead of it. */
+
+/* planes offset of tap k = (c, i, j) */
+static inline int64_t kiln_koff(int64_t k) {
+    const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
+    return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
+}
+
+/* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
+static inline const float* kiln_group_planes(const float* planes, int64_t b) {
+    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * SH * SW * HQ * WQ;
+}
+
+/* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
+   where ALIGNED, its panel within one output row; else a virtual one) */
+static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
+    return kiln_group_planes(planes, b) + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+}
+static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
+
+/* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
+   repeat pixel 0: computed, never stored) */
+static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+    const float* src = kiln_group_planes(planes, b);
+    const int64_t* __restrict__ off = koffs + k0;
+    int64_t at[MR];
+    for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
+    for (int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
+}
+
+/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1 of
+   GEMM batch b (of its group's output channels):
+   transposed VW x VW in registers (vector stores, which the epilogue's vector loads can take
+   forwarded: element-wise stores could not), then each channel's run of real pixels within an
+   output row through the epilogue hook */
+enum { MRP = (MR + VW - 1) / VW * VW };    /* MR rounded up to whole vectors */
+
+static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
+                                   const float* __restrict__ tile) {
+    float by_channel[NR * MRP] __attribute__((aligned(64)));
+#pragma GCC unroll 2
+    for (int64_t i0 = 0; i0 < MR; i0 += VW)
+#pragma GCC unroll 4
+        for (int g = 0; g < NV; ++g) {
+            kiln_vf r[VW];
+#pragma GCC unroll 16
+            for (int i = 0; i < VW; ++i) r[i] = i0 + i < MR ? *(const kiln_vf*)(tile + (i0 + i) * NR + g * VW) : (kiln_vf){0};
+            kiln_vtranspose(r);
+#pragma GCC unroll 16
+            for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (g * VW + j) * MRP + i0) = r[j];
+        }
+    for (int64_t v = m0, end = m0 + rows; v < end;) {
+        const int64_t oh = v / ROW, ow = v % ROW;
+        const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
+        const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
+        for (int64_t j = 0; valid && j < cols; ++j)
+            kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
+        v += run;
+    }
+}

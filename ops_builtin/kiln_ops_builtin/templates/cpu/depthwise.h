@@ -1,0 +1,56 @@
+/* Depthwise conv2d, or a max-pool, vectorized along the output's rows
+   (kiln_ops_builtin.templates.conv_depthwise_cpu tells the algorithm): each (batch, channel)'s
+   phase planes (planes.h), then blocks of up to DW_VECS vectors of an output row, a broadcast
+   weight times unaligned loads per tap, through the epilogue hook.
+
+   Compile-time knobs, macros of the rendered program: DW_VECS (the block's vectors, fewer where
+   the row is shorter), DW_MAX (0: the window's weighted sum, its weights from kiln_b_col; 1:
+   its max, pool_cpu's). The problem is conv.h's; PARAMS is the task's buffers. Needs simd.h,
+   common.h, planes.h and the hooks ahead of it. */
+
+enum {
+    DW_BLOCK = DW_VECS < (OW + VW - 1) / VW ? DW_VECS : (OW + VW - 1) / VW,   /* vectors of a block */
+    DW_COLS = DW_BLOCK * VW,
+};
+
+/* the window's reduction starts from this */
+static inline kiln_vf kiln_dw_init(void) { return DW_MAX ? (kiln_vf){0} - INFINITY : (kiln_vf){0}; }
+
+void kiln_kernel(TASK_PARAMS) {
+    const int threads = (double)BATCH * CIN * OH * OW * KH * KW > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        float* planes = kiln_alloc(PLANE);
+        for (int64_t e = SH * SW * HQ * WQ; e < PLANE; ++e) planes[e] = 0.f;
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < BATCH * CIN; ++u) {
+            const int64_t b = u / CIN, c = u % CIN;
+            float w[KH * KW];
+#if DW_MAX
+            for (int64_t e = 0; e < KH * KW; ++e) w[e] = 0.f;
+#else
+            kiln_b_col(ARGS, b, c, 0, KH * KW, w, 1);
+#endif
+            kiln_fill(TASK_ARGS, b, c, planes);
+            for (int64_t oh = 0; oh < OH; ++oh)
+                for (int64_t ow0 = 0; ow0 < OW; ow0 += DW_COLS) {
+                    kiln_vf acc[DW_BLOCK];
+                    for (int v = 0; v < DW_BLOCK; ++v) acc[v] = kiln_dw_init();
+                    for (int64_t i = 0; i < KH; ++i)
+                        for (int64_t j = 0; j < KW; ++j) {
+                            const float* src = planes + (i * DH % SH * SW + j * DW % SW) * (HQ * WQ)
+                                               + (oh + i * DH / SH) * WQ + j * DW / SW + ow0;
+                            const float wv = w[i * KW + j];
+#pragma GCC unroll 8
+                            for (int v = 0; v < DW_BLOCK; ++v)
+                                acc[v] = DW_MAX ? kiln_vmax(acc[v], *(const kiln_vfu*)(src + v * VW))
+                                                : acc[v] + wv * *(const kiln_vfu*)(src + v * VW);
+                        }
+                    float row[DW_COLS] __attribute__((aligned(64)));
+                    for (int v = 0; v < DW_BLOCK; ++v) *(kiln_vf*)(row + v * VW) = acc[v];
+                    kiln_epilogue_row(ARGS, b, c, oh * OW + ow0, KILN_MIN(DW_COLS, OW - ow0), row);
+                }
+        }
+        free(planes);
+    }
+}

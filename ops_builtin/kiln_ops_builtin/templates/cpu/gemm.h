@@ -1,0 +1,132 @@
+/* The blocking and threads of the CPU GEMM templates (kiln_ops_builtin.templates.gemm_cpu tells
+   the algorithm): B's packing, the blocks of one thread, the threads' split (kiln_gemm), and B's
+   panels laid out once where B is a constant (kiln_pack_panels).
+
+   Compile-time knobs, macros of the rendered program: KC and NC (the blocks' depth and width;
+   NC whole panels), B_BY_K (1: B is packed from runs along k, kiln_b_col; 0: along n,
+   kiln_b_row), B_GROUPS (the different Bs of the batches: batch b reads the (b % B_GROUPS)-th),
+   A_DIRECT (micro.h). The problem: BATCH, M, N and K, written in the kernel's size parameters
+   where they are symbolic. PARAMS is the parameter list of the hooks and of these functions
+   (ARGS passes it on): the task's buffers, `bpre` (B's panels laid out once, or NULL to pack
+   them here), what the template adds, and the sizes.
+
+   Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
+   hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
+
+/* B's columns n0 .. n0 + cols - 1 (zeros past them) for k0 .. k0 + kc - 1, as one k-major NR-wide panel */
+static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
+                        float* __restrict__ dst) {
+#if B_BY_K
+    /* runs of `ch` k of VW columns copied contiguous, then transposed VW x VW in registers;
+       the k that no run covers one by one */
+    int64_t k = 0;
+    for (int64_t ch = 64; ch >= VW; ch /= 4)
+        for (; k + ch <= kc; k += ch)
+            for (int64_t g = 0; g < NV; ++g) {
+                float run[VW * 64] __attribute__((aligned(64)));
+                for (int64_t j = 0; j < VW; ++j) {
+                    if (g * VW + j < cols) kiln_b_col(ARGS, b, n0 + g * VW + j, k0 + k, ch, run + j * ch, 1);
+                    else for (int64_t e = 0; e < ch; ++e) run[j * ch + e] = 0.f;
+                }
+                for (int64_t s = 0; s < ch; s += VW) {
+                    kiln_vf r[VW];
+                    for (int64_t j = 0; j < VW; ++j) r[j] = *(const kiln_vf*)(run + j * ch + s);
+                    kiln_vtranspose(r);
+                    for (int64_t i = 0; i < VW; ++i) *(kiln_vf*)(dst + (k + s + i) * NR + g * VW) = r[i];
+                }
+            }
+    for (int64_t j = 0; j < cols; ++j) kiln_b_col(ARGS, b, n0 + j, k0 + k, kc - k, dst + k * NR + j, NR);
+    for (int64_t e = k; e < kc; ++e)
+        for (int64_t j = cols; j < NR; ++j) dst[e * NR + j] = 0.f;
+#else
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_b_row(ARGS, b, k0 + k, n0, cols, dst + k * NR);
+        for (int64_t j = cols; j < NR; ++j) dst[k * NR + j] = 0.f;
+    }
+#endif
+}
+
+/* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
+   packing buffers */
+static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
+                       float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws) {
+    for (int64_t jc = n_lo; jc < n_hi; jc += NC)
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
+        const int64_t npanels = KILN_PANELS(nc, NR);
+        const int first = pc == 0, last = pc + kc >= K;
+        for (int64_t p = 0; p < npanels && !bpre; ++p)
+            kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
+        /* B's panels: packed here (panel p at p * NR * kc) or laid out once (jc is whole panels) */
+        const float* const bpanels = bpre ? bpre + b % B_GROUPS * KILN_PANELS(N, NR) * NR * K + jc * K + pc * NR : bpack;
+        const int64_t bstride = bpre ? NR * K : NR * kc;
+        for (int64_t ic = m_lo; ic < m_hi; ic += MCB) {
+            const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
+            for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
+                kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
+            for (int64_t jp = 0; jp < npanels; ++jp)
+                for (int64_t ip = 0; ip < mpanels; ++ip) {
+                    float tile[MR * NR] __attribute__((aligned(64)));
+                    const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
+                    const int64_t rows = KILN_MIN(MR, M - m0), cols = KILN_MIN(NR, N - n0);
+                    const int full = rows == MR && cols == NR;
+                    float* w = ws + (full ? m0 * N + n0 : 0);
+                    if (!first && !full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
+                    const float* cin = first ? NULL : full ? w : tile;
+                    const int to_ws = full && !last;
+#if A_DIRECT
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpanels + jp * bstride, cin, full ? N : NR,
+#else
+                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpanels + jp * bstride, cin, full ? N : NR,
+#endif
+                               to_ws ? w : tile, to_ws ? N : NR);
+                    if (last)
+                        kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
+                    else if (!full)
+                        for (int64_t i = 0; i < rows; ++i)
+                            for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
+                }
+        }
+    }
+}
+
+/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
+   other: each packs its own operand blocks (B's only where bpre, B laid out once, is NULL). */
+static void kiln_gemm(PARAMS) {
+    const int64_t kcap = KILN_MIN(KC, K);
+    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        float* bpack = bpre ? NULL : kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
+        float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
+        if (lo < hi)
+            for (int64_t b = 0; b < BATCH; ++b) {
+                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            }
+        free(apack);
+        free(bpack);
+    }
+    free(ws);
+}
+
+/* B's panels for every n and k, laid out once where B is a constant (the kernels' bpre): as
+   kiln_pack_b packs them, K deep, panel p at p * NR * K, for each of the B_GROUPS different Bs
+   (batch b reads the (b % B_GROUPS)-th: a grouped convolution's groups). Returns their floats;
+   writes them to dst unless it is NULL. */
+static int64_t kiln_pack_panels(PARAMS, float* dst) {
+    const int64_t panels = KILN_PANELS(N, NR);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < (dst ? B_GROUPS : 0); ++b)
+        for (int64_t p = 0; p < panels; ++p)
+            kiln_pack_b(ARGS, b, p * NR, KILN_MIN(NR, N - p * NR), 0, K, dst + (b * panels + p) * NR * K);
+    return B_GROUPS * panels * NR * K;
+}

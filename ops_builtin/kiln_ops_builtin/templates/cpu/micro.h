@@ -1,0 +1,54 @@
+/* The register-blocked micro-kernel of the CPU GEMM templates (kiln_ops_builtin.templates.gemm_cpu
+   tells the algorithm): an MR x NR tile of C in NV vectors per row, kept in registers over k.
+
+   Compile-time knobs, macros of the rendered program: MR_KNOB (the tile's rows; 0 takes the
+   ISA's: MR_WIDE with 16-float vectors, 6 with 8, 8 with 4), MC (A's block rows, cut down to
+   whole panels: MCB), A_DIRECT (1: A is read in place, row k of a panel at a + aoff[k]; 0: A is
+   packed k-major).
+
+   Needs simd.h ahead of it. */
+
+/* the tile's rows: chosen by the preprocessor, as the vector width is, since variants test it
+   in #if (conv.h's ALIGNED) */
+#if MR_KNOB
+#define MR MR_KNOB
+#elif VW == 16
+#define MR MR_WIDE
+#elif VW == 8
+#define MR 6
+#else
+#define MR 8
+#endif
+enum {
+    NV = 2,              /* vectors of a tile row */
+    NR = NV * VW,        /* the tile's columns */
+    MCB = MC / MR * MR,  /* A's blocks in whole panels */
+};
+
+/* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
+   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place) times b-panel (kc x NR,
+   k-major) */
+static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
+                              const float* __restrict__ b,
+                              const float* cin, int64_t ldin, float* cout, int64_t ldout) {
+    kiln_vf acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] = cin ? *(const kiln_vfu*)(cin + i * ldin + j * VW) : (kiln_vf){0};
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_vf bv[NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(b + k * NR + j * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const float av = A_DIRECT ? a[aoff[k] + i] : a[k * MR + i];
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) *(kiln_vfu*)(cout + i * ldout + j * VW) = acc[i][j];
+}
