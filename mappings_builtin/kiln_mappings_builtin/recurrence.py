@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
+
 @dataclass(frozen=True)
 class Primitives:
     """The operations the recurrence is written in, with torch's signatures (tensors combine
@@ -33,7 +34,8 @@ class Primitives:
 
     @classmethod
     def of(cls, namespace, **given) -> Primitives:
-        """The primitives of `namespace` (a module), by name, except those `given`."""
+        """The primitives of `namespace` (a module), by name, except those `given` (and
+        dropout, which is None unless given)."""
         names = [f.name for f in fields(cls) if f.name not in given and f.name != "dropout"]
         return cls(**{name: getattr(namespace, name) for name in names}, **given)
 

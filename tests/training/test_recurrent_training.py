@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch._C import DispatchKey
+from torch._decomp.decompositions import lstm_impl
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -36,12 +38,14 @@ def _compare(layer, x, states, input_grad: bool, tol):
 
 
 def test_lstm_projected_batch_first_input_without_grad():
-    """The input needs no gradient (a batch of data): torch's own decomposition would call
-    mkldnn_rnn_layer here, which Kiln does not map."""
+    """The input needs no gradient (a batch of data): torch's own decomposition, a Python
+    kernel above autograd, would call mkldnn_rnn_layer here, which Kiln does not map; Kiln's
+    takes its place while Kiln traces, and torch's is back after."""
     torch.manual_seed(0)
     layer = nn.LSTM(5, 6, num_layers=2, batch_first=True, proj_size=3)
-    x = torch.randn(4, 3, 5).transpose(0, 1)                    # (3, 4, 5), non-contiguous
+    x = torch.randn(2, 3, 5).transpose(0, 1)      # (batch 3, seq 2, 5), non-contiguous
     _compare(layer, x, (), input_grad=False, tol=dict(atol=5e-5, rtol=1e-4))
+    assert torch.ops.aten.lstm.input.py_kernels[DispatchKey.Autograd] is lstm_impl
 
 
 def test_gru_bidirectional_without_bias_float64_with_states():

@@ -33,12 +33,12 @@ import copy
 from typing import Callable
 
 import torch
+from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
-from torch._C import DispatchKey
 from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
