@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.frontend.torch import register_decomposition
-from kiln_mappings_builtin.recurrence import Primitives, unroll
+from kiln_mappings_builtin.recurrence import Primitives, states, unroll
 
 from kiln_mappings_aten.common import aten
 
@@ -22,9 +22,8 @@ TORCH = Primitives.of(torch, linear=F.linear, dropout=lambda x, p: torch.dropout
 def _decomposition(cell: str):
     def decomposition(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
                       batch_first):
-        states = tuple(hx) if cell == "lstm" else (hx,)
-        output, finals = unroll(cell, TORCH, input, states, params, has_biases, num_layers, dropout,
-                                train, bidirectional, batch_first)
+        output, finals = unroll(cell, TORCH, input, states(cell, hx), params, has_biases,
+                                num_layers, dropout, train, bidirectional, batch_first)
         return (output, *finals)
     decomposition.__name__ = decomposition.__qualname__ = cell
     return decomposition

@@ -67,6 +67,12 @@ CELLS = {"lstm": _lstm_cell, "gru": _gru_cell, "rnn_tanh": _elman_cell("tanh"),
          "rnn_relu": _elman_cell("relu")}
 
 
+def states(cell: str, hx) -> tuple:
+    """The initial states as torch's ops take them (an LSTM's pair (h0, c0), another layer's
+    h0) as a tuple."""
+    return tuple(hx) if cell == "lstm" else (hx,)
+
+
 def layout(cell: str, params: Sequence, has_biases: bool, num_layers: int, bidirectional: bool):
     """The tensors of `params` per layer and direction, or None where their count does not fit
     (each holds w_ih, w_hh, the biases where `has_biases`, and an LSTM's w_hr if it has one)."""

@@ -17,7 +17,7 @@ from kiln.frontend.torch import KilnModule, register_function, register_module
 from kiln.tensor import Tensor
 
 from kiln_mappings_builtin import shape
-from kiln_mappings_builtin.recurrence import CELLS, Primitives, layout, unroll
+from kiln_mappings_builtin.recurrence import CELLS, Primitives, layout, states, unroll
 
 SUPPORTED = ("supported: padded input of shape (seq, batch, features) ((batch, seq, features) with "
              "batch_first) of a floating-point dtype, any number of layers, one or two directions, "
@@ -56,8 +56,7 @@ def _function_rule(cell: str):
     def rule(input, hx, params, has_biases, *rest):
         if isinstance(has_biases, (list, tuple)):     # (data, batch_sizes, hx, params, ...)
             raise _packed(f"torch.{cell}")
-        states = tuple(hx) if cell == "lstm" else (hx,)
-        output, finals = _recurrent(cell, input, states, params, has_biases, *rest)
+        output, finals = _recurrent(cell, input, states(cell, hx), params, has_biases, *rest)
         return (output, *finals)
     rule.__name__ = rule.__qualname__ = cell
     return register_function(getattr(torch, cell))(rule)
@@ -80,20 +79,20 @@ class Recurrent(KilnModule):
         batch_dim = 0 if m.batch_first else 1
         if not batched:
             input = ops.unsqueeze(input, batch_dim)
-        states = self._states(cell, input, hx, batched)
+        initial = self._initial(cell, input, hx, batched)
         params = [self.param(name) for name in m._flat_weights_names]
-        output, finals = _recurrent(cell, input, states, params, m.bias, m.num_layers, m.dropout,
+        output, finals = _recurrent(cell, input, initial, params, m.bias, m.num_layers, m.dropout,
                                     m.training, m.bidirectional, m.batch_first)
         if not batched:
             output, finals = ops.squeeze(output, batch_dim), tuple(ops.squeeze(s, 1) for s in finals)
         return (output, finals) if cell == "lstm" else (output, finals[0])
 
-    def _states(self, cell: str, input, hx, batched: bool) -> tuple:
+    def _initial(self, cell: str, input, hx, batched: bool) -> tuple:
         """The initial states (h, and c for an LSTM), each (layers * directions, batch, size):
         `hx` given, else zeros."""
         m = self.torch_module
         if hx is not None:
-            given = tuple(hx) if cell == "lstm" else (hx,)
+            given = states(cell, hx)
             return given if batched else tuple(ops.unsqueeze(s, 1) for s in given)
         rows = m.num_layers * (2 if m.bidirectional else 1)
         batch = input.shape[0 if m.batch_first else 1]
