@@ -1,5 +1,5 @@
 """ATen neural-network operators: convolution and its backward (onto Kiln's convolutions and
-transposed convolutions), layer norm with its statistics, softmax, pooling.
+transposed convolutions), layer norm and group norm with their statistics, softmax, pooling.
 
 The gradients of a convolution are convolutions themselves. The input gradient is the
 transposed convolution of the output gradient (with the output padding that restores the input
@@ -122,15 +122,29 @@ def _statistics_type(x):
     return dtypes.float32 if x.dtype.is_16bit_float else x.dtype
 
 
-@register_function(aten.native_layer_norm.default)
-def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape)."""
-    dims = list(range(x.ndim - len(normalized_shape), x.ndim))
+def _mean_rstd(x, dims: list[int], eps: float):
+    """The mean and 1 / sqrt(biased variance + eps) of x over `dims` (kept), in float32 for
+    16-bit x."""
     wide = ops.cast(x, _statistics_type(x))
     mean = ops.mean(wide, dims, True)
     centered = ops.sub(wide, mean)
-    rstd = ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
+    return mean, ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
+
+
+@register_function(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape)."""
+    mean, rstd = _mean_rstd(x, list(range(x.ndim - len(normalized_shape), x.ndim)), eps)
     return ops.layer_norm(x, tuple(normalized_shape), weight, bias, eps), mean, rstd
+
+
+@register_function(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
+    """(group norm, mean, 1 / std), the statistics of shape (N, groups) in x's dtype, as
+    eager gives them."""
+    mean, rstd = _mean_rstd(ops.reshape(x, (n, groups, channels // groups * hw)), [2], eps)
+    statistic = lambda s: ops.cast(ops.reshape(s, (n, groups)), x.dtype)
+    return ops.group_norm(x, groups, weight, bias, eps), statistic(mean), statistic(rstd)
 
 
 def _softmax_rule(op: str):

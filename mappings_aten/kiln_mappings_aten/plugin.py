@@ -4,9 +4,10 @@ from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
 from kiln_mappings_aten import (common, creation, decompositions, elementwise, indexing, linalg, nn,
-                                reduce, shape)
+                                reduce, rnn, shape)
 
-RULE_MODULES = (common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, shape)
+RULE_MODULES = (common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, rnn,
+                shape)
 
 
 @hookimpl

@@ -66,7 +66,8 @@ def select(x, dim, index):
 
 @register_function(aten.split.Tensor, aten.split_with_sizes.default)
 def split(x, split_size, dim=0):
-    return list(ops.split(x, split_size, dim))
+    pieces = ops.split(x, split_size, dim)
+    return list(pieces) if isinstance(pieces, tuple) else [pieces]   # one piece: one tensor
 
 
 @register_function(aten.constant_pad_nd.default)

@@ -4,13 +4,13 @@ from kiln.plugins import hookimpl
 
 from kiln_mappings_builtin import (
     activations, arrange, attention, bicubic, common, convert, creation, cumulative, elementwise, empty,
-    indexing, losses, masked, modules, nn, normalization, products, reduce, scatter, shape, sorting,
-    special, statistics, views,
+    indexing, losses, masked, modules, nn, normalization, products, reduce, rnn, scatter, shape,
+    sorting, special, statistics, views,
 )
 
 RULE_MODULES = (common, convert, creation, elementwise, indexing, modules, nn, reduce, shape,
                 special, losses, products, arrange, activations, normalization, sorting,
-                cumulative, scatter, attention, views, statistics, masked, empty, bicubic)
+                cumulative, scatter, attention, views, statistics, masked, empty, bicubic, rnn)
 
 
 @hookimpl

@@ -1,15 +1,14 @@
 """Small random configurations of the model families that used to stop at an unmapped operator,
 through torch.compile(backend="kiln") on the CPU against eager: nn.MultiheadAttention, einsum
 attention and einsum equations (repeated letters: diagonals), a 3-D conv net, BLOOM-style alibi attention (baddbmm), a weight-normed conv
-(wav2vec2's positional conv), losses, and an LSTM, which runs through the documented fallback."""
+(wav2vec2's positional conv), losses, and an LSTM."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln import UnmappedOperatorError
-from kiln.frontend.torch import dynamo_config, kiln_backend
-from kiln.frontend.torch.interpreter import MappingError
+from kiln.frontend.torch import kiln_backend
+from kiln.frontend.torch.interpreter import Interpreter, MappingError
 
 from frontend_support import compile_and_compare
 
@@ -196,11 +195,11 @@ def test_classifier_losses():
     compile_and_compare(losses, logits, labels, weight)
 
 
-def test_lstm_is_left_to_pytorch():
-    """LSTM and GRU are left to PyTorch (see README). dynamo does not trace RNN modules: it
-    breaks the graph there (Kiln compiles what dynamo hands it, if anything) and the LSTM runs
-    eagerly. In a symbolic_trace graph the LSTM module is unmapped: the backend names it, and
-    with the fallback it runs in PyTorch while Kiln compiles the rest."""
+def test_lstm_compiles_in_both_graph_forms():
+    """An LSTM compiles in Kiln (see README). By default dynamo does not trace RNN modules: it
+    breaks the graph there and the LSTM runs eagerly, Kiln compiling the rest; with
+    `torch._dynamo.config.allow_rnn` the LSTM reaches Kiln as one torch.lstm node, which Kiln
+    unrolls. In a symbolic_trace graph the LSTM module is mapped too."""
     lstm = _eval(nn.LSTM(6, 8, num_layers=2, batch_first=True))
     head = _eval(nn.Linear(8, 3))
 
@@ -222,16 +221,14 @@ def test_lstm_is_left_to_pytorch():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(function, backend="kiln")(x), function(x),
                                    atol=1e-5, rtol=1e-5)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        capture, _ = compile_and_compare(function, x, atol=1e-5, rtol=1e-5)
+    assert torch.lstm in {n.target for n in capture.graphs[0].graph.nodes}
 
     gm = torch.fx.symbolic_trace(model)
-    with torch.no_grad(), pytest.raises(UnmappedOperatorError, match="torch.nn.LSTM"):
-        kiln_backend(gm, [x])   # torch-level names: the inference path
-    dynamo_config.fallback_to_eager(True)
-    try:
-        with torch.no_grad():
-            torch.testing.assert_close(kiln_backend(gm, [x])(x), model(x), atol=1e-5, rtol=1e-5)
-    finally:
-        dynamo_config.reset()
+    assert not Interpreter(gm).unmapped()
+    with torch.no_grad():     # fallback_to_eager is off: every node runs in Kiln
+        torch.testing.assert_close(kiln_backend(gm, [x])(x), model(x), atol=1e-5, rtol=1e-5)
 
 
 def test_transpose_attributes():

@@ -55,6 +55,25 @@ def test_layer_norm_softmax_gelu_log_softmax():
     check(lambda x: F.log_softmax(F.silu(x), 1) * x.mean((0, 2), keepdim=True), x)
 
 
+@pytest.mark.parametrize("shape,groups,affine,dtype", [
+    ((3, 6, 5, 7), 3, True, torch.float32),
+    ((1, 4, 9), 2, False, torch.float32),      # batch 1, one spatial dim, no weight or bias
+    ((2, 5, 3, 1), 5, True, torch.float64),    # a group a channel, odd sizes
+    ((2, 6), 1, True, torch.float64),          # no spatial dims: one group over the channels
+])
+def test_group_norm(shape, groups, affine, dtype):
+    """aten.native_group_norm forward (Kiln's rule) and backward (torch's decomposition), on
+    non-contiguous inputs; float32 within its rounding over a few dozen terms a statistic."""
+    torch.manual_seed(0)
+    x = transposed(*shape).to(dtype)
+    channels = (torch.rand(shape[1], dtype=dtype) + 0.5, torch.randn(shape[1], dtype=dtype))
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    if affine:
+        check(lambda x, w, b: F.group_norm(x, groups, w, b, 1e-3).sin(), x, *channels, **tol)
+    else:
+        check(lambda x: F.group_norm(x, groups).sin(), x, **tol)
+
+
 def test_pools():
     torch.manual_seed(0)
     x = transposed(2, 3, 9, 11)

@@ -20,13 +20,20 @@ values into the caller's inputs after each call.
 
 Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
 backward is matmuls and a softmax rather than a fused kernel's backward op.
+
+Some ATen ops torch decomposes in Python above autograd (its kernels for the `Autograd` and
+`CompositeImplicitAutograd` keys: lstm, gru), so that they never reach the decomposition table;
+while Kiln traces, the plugins' decompositions of such ops take the place of those kernels
+(`plugins_decompose_first`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable
 
 import torch
+from torch._C import DispatchKey
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
@@ -55,6 +62,29 @@ def decompositions() -> dict:
              **registry.decompositions()}
     whole = registry.undecomposed()
     return {op: fn for op, fn in table.items() if op not in whole}
+
+
+_ABOVE_AUTOGRAD = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
+
+
+@contextlib.contextmanager
+def plugins_decompose_first():
+    """Within the block, each plugin decomposition (`register_decomposition`) of an op that
+    torch implements in Python above autograd replaces those Python kernels, which would
+    otherwise decompose the op before the decomposition table is asked; restored after."""
+    replaced = []
+    for op, fn in mapping_registry().decompositions().items():
+        for key in _ABOVE_AUTOGRAD:
+            if key in getattr(op, "py_kernels", {}):
+                replaced.append((op, key, op.py_kernels[key]))
+                op.py_kernels[key] = fn
+                op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in replaced:
+            op.py_kernels[key] = kernel
+            op._dispatch_cache.clear()
 
 
 def needs_autograd(gm: GraphModule, example_inputs) -> bool:
@@ -101,7 +131,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     single = _returns_one_value(gm)
     if single:
         gm = _returning_tuple(gm)
-    with sdpa_kernel([SDPBackend.MATH]):
+    with sdpa_kernel([SDPBackend.MATH]), plugins_decompose_first():
         compiled = backend(gm, example_inputs)
     return (lambda *args: compiled(*args)[0]) if single else compiled
 
