@@ -10,7 +10,8 @@ from torch import nn
 from torch._C import DispatchKey
 from torch._decomp.decompositions import lstm_impl
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+# slow: an unrolled recurrence is many small kernels, each built (and NVRTC-checked) cold in CI
+pytestmark = [pytest.mark.usefixtures("fresh_dynamo"), pytest.mark.slow]
 
 
 def _compare(layer, x, states, input_grad: bool, tol):
@@ -42,7 +43,7 @@ def test_lstm_projected_batch_first_input_without_grad():
     kernel above autograd, would call mkldnn_rnn_layer here, which Kiln does not map; Kiln's
     takes its place while Kiln traces, and torch's is back after."""
     torch.manual_seed(0)
-    layer = nn.LSTM(5, 6, num_layers=2, batch_first=True, proj_size=3)
+    layer = nn.LSTM(5, 6, batch_first=True, proj_size=3)
     x = torch.randn(2, 3, 5).transpose(0, 1)      # (batch 3, seq 2, 5), non-contiguous
     _compare(layer, x, (), input_grad=False, tol=dict(atol=5e-5, rtol=1e-4))
     assert torch.ops.aten.lstm.input.py_kernels[DispatchKey.Autograd] is lstm_impl
@@ -63,3 +64,18 @@ def test_lstm_dropout_between_layers_in_training():
     layer = nn.LSTM(4, 5, num_layers=2, dropout=1.0).train()
     x, h0, c0 = torch.randn(1, 1, 4), torch.randn(2, 1, 5), torch.randn(2, 1, 5)
     _compare(layer, x, (h0, c0), input_grad=True, tol=dict(atol=5e-5, rtol=1e-4))
+
+
+def test_overlapping_traces_restore_torchs_kernels_when_the_last_ends():
+    """Two traces open at once (threads): the first to end leaves Kiln's decomposition in place
+    for the other; torch's kernel is back when both ended."""
+    from kiln.frontend.torch.training import plugins_decompose_first
+    kernels = torch.ops.aten.lstm.input.py_kernels
+    first, second = plugins_decompose_first(), plugins_decompose_first()
+    first.__enter__()
+    second.__enter__()
+    assert kernels[DispatchKey.Autograd] is not lstm_impl
+    first.__exit__(None, None, None)
+    assert kernels[DispatchKey.Autograd] is not lstm_impl
+    second.__exit__(None, None, None)
+    assert kernels[DispatchKey.Autograd] is lstm_impl

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from typing import Callable
 
 import torch
@@ -67,24 +68,38 @@ def decompositions() -> dict:
 _ABOVE_AUTOGRAD = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
 
 
+_swap_lock = threading.Lock()
+_swap_users = 0                     # traces inside plugins_decompose_first now
+_swapped: list = []                 # (op, key, torch's kernel) while _swap_users > 0
+
+
 @contextlib.contextmanager
 def plugins_decompose_first():
     """Within the block, each plugin decomposition (`register_decomposition`) of an op that
     torch implements in Python above autograd replaces those Python kernels, which would
-    otherwise decompose the op before the decomposition table is asked; restored after."""
-    replaced = []
-    for op, fn in mapping_registry().decompositions().items():
-        for key in _ABOVE_AUTOGRAD:
-            if key in getattr(op, "py_kernels", {}):
-                replaced.append((op, key, op.py_kernels[key]))
-                op.py_kernels[key] = fn
-                op._dispatch_cache.clear()
+    otherwise decompose the op before the decomposition table is asked; torch's are restored
+    when the last block open in the process closes (blocks may overlap across threads; eager
+    calls of those ops in other threads meanwhile run the plugin's decomposition)."""
+    global _swap_users
+    with _swap_lock:
+        if _swap_users == 0:
+            for op, fn in mapping_registry().decompositions().items():
+                for key in _ABOVE_AUTOGRAD:
+                    if key in getattr(op, "py_kernels", {}):
+                        _swapped.append((op, key, op.py_kernels[key]))
+                        op.py_kernels[key] = fn
+                        op._dispatch_cache.clear()
+        _swap_users += 1
     try:
         yield
     finally:
-        for op, key, kernel in replaced:
-            op.py_kernels[key] = kernel
-            op._dispatch_cache.clear()
+        with _swap_lock:
+            _swap_users -= 1
+            if _swap_users == 0:
+                for op, key, kernel in _swapped:
+                    op.py_kernels[key] = kernel
+                    op._dispatch_cache.clear()
+                _swapped.clear()
 
 
 def needs_autograd(gm: GraphModule, example_inputs) -> bool:
