@@ -180,7 +180,7 @@ def _knob_params():
     picks = [c for c in GEMM_CONVS if c[0] in ("late_3x3_512_7x7", "odd_channels", "tiny_m", "conv_transpose2d")]
     for name, op, xs, ws, kw in picks:
         for dtype in HALF:
-            for knobs in conv_tc.space(2 if name == "odd_channels" else 1):
+            for knobs in conv_tc.TEMPLATE.space(2 if name == "odd_channels" else 1):
                 yield pytest.param(op, xs, ws, kw, dtype, knobs,
                                    id=f"{name}-{str(dtype)[6:]}-{'-'.join(map(str, knobs.values()))}")
 

@@ -142,7 +142,7 @@ def test_conv_tc_runs_what_conv_sm90_declines(dtype):
     kwargs = {"stride": 2, "padding": 1}
     task = _task((x, w, b), kwargs)
     assert not conv_sm90.applies(task) and conv_tc.applies(task)
-    runner = backend_for(kiln.device("cuda")).load(conv_tc.render(task, **conv_tc.space(0)[0]), kiln.device("cuda"))
+    runner = backend_for(kiln.device("cuda")).load(conv_tc.render(task, **conv_tc.TEMPLATE.space(0)[0]), kiln.device("cuda"))
     out = torch.full(task.outputs[0].shape, float("nan"), dtype=dtype, device="cuda")
     runner([x, w, b], [out])
     torch.cuda.synchronize()

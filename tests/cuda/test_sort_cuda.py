@@ -70,7 +70,7 @@ def test_the_template_sorts_on_the_gpu():
     assert schedules_for(task, "cuda", arch_number(device_info(0)["arch"]))[0].name == "sort_bitonic"
 
 
-@pytest.mark.parametrize("knobs", sort_bitonic.space(1), ids=str)
+@pytest.mark.parametrize("knobs", sort_bitonic.TEMPLATE.space(1), ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_every_knob_setting(dtype, knobs):
     """Each tuning candidate: the default tile, 256 and 1024 threads, 2048-item chunks merged."""
