@@ -151,12 +151,7 @@ class CompiledGraph:
         """A set of workspaces for the caller to own, like `workspace_set`, taken from the pool's
         free sets of the current streams where it has one: a graph captured after a plain run
         (the compile's first) keeps the workspace that run used, not a second one."""
-        key = self._pool_key()
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                return free.pop()
-        return self.workspace_set()
+        return self._checkout()[1]
 
     def _pool_key(self) -> tuple:
         """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""
