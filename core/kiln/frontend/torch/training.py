@@ -18,13 +18,14 @@ The backend sends graphs that change tensors in place through views here too, wi
 grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
 values into the caller's inputs after each call.
 
-Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
-backward is matmuls and a softmax rather than a fused kernel's backward op.
+Attention (`scaled_dot_product_attention`) that no plugin decomposes is traced through its
+math form, so that its backward is matmuls and a softmax rather than a PyTorch kernel's
+backward op.
 
-Some ATen ops torch decomposes in Python above autograd (its kernels for the `Autograd` and
-`CompositeImplicitAutograd` keys: lstm, gru), so that they never reach the decomposition table;
-while Kiln traces, the plugins' decompositions of such ops take the place of those kernels
-(`plugins_decompose_first`).
+Some ATen ops torch decomposes above autograd (its Python kernels for the `Autograd` and
+`CompositeImplicitAutograd` keys: lstm, gru; C++ composites such as scaled_dot_product_attention),
+so that they never reach the decomposition table; while Kiln traces, the plugins'
+decompositions of such ops take the place of those kernels (`plugins_decompose_first`).
 """
 from __future__ import annotations
 
@@ -76,19 +77,19 @@ _swapped: list = []                 # (op, key, torch's kernel) while _swap_user
 @contextlib.contextmanager
 def plugins_decompose_first():
     """Within the block, each plugin decomposition (`register_decomposition`) of an op that
-    torch implements in Python above autograd replaces those Python kernels, which would
-    otherwise decompose the op before the decomposition table is asked; torch's are restored
+    torch implements above autograd (in Python, or in C++ as a composite) replaces those
+    kernels, which would otherwise decompose the op before the decomposition table is asked;
+    torch's are restored
     when the last block open in the process closes (blocks may overlap across threads; eager
     calls of those ops in other threads meanwhile run the plugin's decomposition)."""
     global _swap_users
     with _swap_lock:
         if _swap_users == 0:
             for op, fn in mapping_registry().decompositions().items():
-                for key in _ABOVE_AUTOGRAD:
-                    if key in getattr(op, "py_kernels", {}):
-                        _swapped.append((op, key, op.py_kernels[key]))
-                        op.py_kernels[key] = fn
-                        op._dispatch_cache.clear()
+                for key in _above_autograd(op):
+                    _swapped.append((op, key, op.py_kernels.get(key)))
+                    op.py_kernels[key] = fn
+                    op._dispatch_cache.clear()
         _swap_users += 1
     try:
         yield
@@ -97,9 +98,23 @@ def plugins_decompose_first():
             _swap_users -= 1
             if _swap_users == 0:
                 for op, key, kernel in _swapped:
-                    op.py_kernels[key] = kernel
+                    if kernel is None:
+                        del op.py_kernels[key]
+                    else:
+                        op.py_kernels[key] = kernel
                     op._dispatch_cache.clear()
                 _swapped.clear()
+
+
+def _above_autograd(op) -> list:
+    """The keys above autograd at which `op` has a kernel: its Python kernels there, else its
+    C++ CompositeImplicitAutograd kernel (such as scaled_dot_product_attention's, which picks a
+    backend's op), which a Python kernel at that key takes the place of."""
+    keys = [key for key in _ABOVE_AUTOGRAD if key in getattr(op, "py_kernels", {})]
+    if keys or not isinstance(op, torch._ops.OpOverload):
+        return keys
+    composite = DispatchKey.CompositeImplicitAutograd
+    return [composite] if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), composite) else []
 
 
 def needs_autograd(gm: GraphModule, example_inputs) -> bool:
