@@ -40,9 +40,9 @@ def _attention_ops(monkeypatch) -> list:
     compile_for_training = training.compile_for_training
 
     def spying(gm, examples, compile_aten):
-        def compile_half(graph, inputs, lent_from):
+        def compile_half(graph, inputs, *how):
             seen.extend(str(n.target) for n in graph.graph.nodes if "attention" in str(n.target))
-            return compile_aten(graph, inputs, lent_from)
+            return compile_aten(graph, inputs, *how)
         return compile_for_training(gm, examples, compile_half)
 
     import kiln.frontend.torch.backend as backend

@@ -128,11 +128,13 @@ def needs_autograd(gm: GraphModule, example_inputs) -> bool:
 
 def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable[..., Callable]):
     """`gm` as a differentiable function whose forward and backward ATen graphs are compiled by
-    `compile_aten(graph, examples, lent_from)` (the backward when autograd first needs it).
-    The outputs from position `lent_from` on are lent by CUDA graphs rather than copied: the
-    forward's values saved for the backward (from AOTAutograd's partition; None where it did
-    not partition) and all of the backward's gradients, which autograd accumulates or hands on
-    and the optimizer reads before they are dropped."""
+    `compile_aten(graph, examples, lent_from, static_inputs)` (the backward when autograd first
+    needs it). The outputs from position `lent_from` on are lent by CUDA graphs rather than
+    copied: the forward's values saved for the backward (from AOTAutograd's partition; None
+    where it did not partition) and all of the backward's gradients, which autograd accumulates
+    or hands on and the optimizer reads before they are dropped. The inputs at `static_inputs`
+    keep their memory from step to step and are read in place: the forward's parameters and
+    buffers, the backward's inputs other than the output gradients (saved values, parameters)."""
     saved_from: list[int] = []
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
@@ -141,20 +143,21 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
             return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
                                                        num_fwd_outputs=num_fwd_outputs, **options)
 
-    def compile_half(graph: GraphModule, examples, lent_from: int | None):
+    def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
         rows, device = seed_random_ops(graph)
         if rows:
-            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from),
-                              rows, device)
+            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from,
+                                           static_inputs), rows, device)
         else:
-            compiled = compile_aten(graph, list(examples), lent_from)
+            compiled = compile_aten(graph, list(examples), lent_from, static_inputs)
         return make_boxed_func(compiled)
 
     def compile_forward(graph: GraphModule, examples):
-        return compile_half(graph, examples, saved_from.pop() if saved_from else None)
+        return compile_half(graph, examples, saved_from.pop() if saved_from else None, _parameter_positions())
 
     def compile_backward(graph: GraphModule, examples):
-        return compile_half(graph, examples, 0)
+        inputs = graph.graph.find_nodes(op="placeholder")
+        return compile_half(graph, examples, 0, [k for k, n in enumerate(inputs) if not n.name.startswith("tangents")])
 
     backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward, partition_fn=partition,
                            decompositions=decompositions())
@@ -164,6 +167,15 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     with sdpa_kernel([SDPBackend.MATH]), plugins_decompose_first():
         compiled = backend(gm, example_inputs)
     return (lambda *args: compiled(*args)[0]) if single else compiled
+
+
+def _parameter_positions() -> list[int]:
+    """The positions of the forward graph's inputs that AOTAutograd found to be parameters or
+    buffers (memory that stays put from step to step; Inductor's CUDA graphs read them in
+    place too)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    return list(getattr(meta, "static_input_indices", None) or [])
 
 
 def _returns_one_value(gm: GraphModule) -> bool:
