@@ -1,14 +1,16 @@
 """Attention for training: a forward that also returns each query row's log-sum-exp, and the
 backward that recomputes the probabilities from it (FlashAttention's split of the work).
 
-`attention_forward(q, k, v, scale, is_causal)` gives (out, lse) for q [..., Lq, D], k [..., Lk, D]
-and v [..., Lk, Dv] with equal leading dims (grouped-query attention is expanded by the caller):
+`attention_forward(q, k, v, scale, is_causal, mask)` gives (out, lse) for q [..., Lq, D],
+k [..., Lk, D] and v [..., Lk, Dv] with equal leading dims (grouped-query attention is expanded
+by the caller):
 out = softmax(q k^T * scale) v in q's dtype, lse = log(sum_j exp(s_ij)) over the row's kept scores
-in float32. `attention_backward(dout, q, k, v, out, lse, scale, is_causal)` gives (dq, dk, dv)
+in float32. `attention_backward(dout, q, k, v, out, lse, scale, is_causal, mask)` gives (dq, dk, dv)
 from P = exp(S - lse), dS = P * (dout v^T - rowsum(dout * out)): dq = scale dS k,
 dk = scale dS^T q, dv = P^T dout. Sums run in float32 for 16-bit inputs and each gradient rounds
 once to the input's dtype. `is_causal` keeps key j for query i where j <= i (top-left aligned, as
-PyTorch). A row whose keys are all masked has lse -inf, output zeros and zero gradients.
+PyTorch); a bool `mask` broadcasting to the scores [..., Lq, Lk] keeps the keys where it is
+True. A row whose keys are all masked has lse -inf, output zeros and zero gradients.
 
 Saving lse (4 bytes a row) instead of the probabilities (4 Lk bytes a row) is what lets a fused
 kernel train attention in memory linear in the sequence length.
@@ -21,12 +23,12 @@ from kiln import dtypes
 from kiln.graph import OperatorError, operator
 from kiln.ir import cast, compute, eq, exp, log, reduce, select
 
-from kiln_ops_builtin.common import accumulator_type, check_dtype
+from kiln_ops_builtin.common import accumulator_type, broadcast_load, broadcast_shape, check_dtype
 
 NEG_INF = float("-inf")
 
 
-def _check(op: str, q, k, v, scale) -> float:
+def _check(op: str, q, k, v, scale, mask) -> float:
     for t in (q, k, v):
         check_dtype(op, t, dtypes.FLOATS, "a floating-point type")
     if len({q.dtype, k.dtype, v.dtype}) > 1:
@@ -37,29 +39,37 @@ def _check(op: str, q, k, v, scale) -> float:
                             "q [..., Lq, D], k [..., Lk, D], v [..., Lk, Dv] with equal leading dims")
     if 0 in q.shape or 0 in k.shape or 0 in v.shape:
         raise OperatorError(f"{op}: empty shapes q {q.shape}, k {k.shape}, v {v.shape} are not supported")
+    scores = q.shape[:-1] + k.shape[-2:-1]
+    if mask is not None and (not mask.dtype.is_bool or broadcast_shape(op, mask.shape, scores) != scores):
+        raise OperatorError(f"{op}: mask {mask.dtype}{list(mask.shape)} must be bool and broadcast to the "
+                            f"scores' shape {scores}")
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
-def _scores(q, k, scale: float, is_causal: bool):
-    """The float32 scores q k^T * scale, -inf where the causal mask drops a key."""
+def _scores(q, k, scale: float, is_causal: bool, mask):
+    """The float32 scores q k^T * scale, -inf where the causal mask or `mask` drops a key."""
     acc = accumulator_type(q.dtype)
     d = q.shape[-1]
 
     def score(*idx):
         b, i, j = idx[:-2], idx[-2], idx[-1]
         s = reduce([d], lambda r: cast(q[b + (i, r)], acc) * cast(k[b + (j, r)], acc), dtype=acc) * scale
+        if mask is not None:
+            s = select(broadcast_load(mask, idx, shape), s, NEG_INF)
         return select(j <= i, s, NEG_INF) if is_causal else s
 
-    return compute(q.shape[:-1] + k.shape[-2:-1], score, dtype=acc)
+    shape = q.shape[:-1] + k.shape[-2:-1]
+    return compute(shape, score, dtype=acc)
 
 
 @operator("attention_forward")
-def attention_forward(q, k, v, scale=None, is_causal=False):
+def attention_forward(q, k, v, scale=None, is_causal=False, mask=None):
     """(out, lse): softmax(q k^T * scale) v in q's dtype and the float32 log-sum-exp of each
-    query's scores, for q [..., Lq, D], k [..., Lk, D], v [..., Lk, Dv]."""
-    scale = _check("attention_forward", q, k, v, scale)
+    query's scores, for q [..., Lq, D], k [..., Lk, D], v [..., Lk, Dv]; a bool `mask` keeps
+    the keys where True."""
+    scale = _check("attention_forward", q, k, v, scale, mask)
     acc = accumulator_type(q.dtype)
-    scores = _scores(q, k, scale, is_causal)
+    scores = _scores(q, k, scale, is_causal, mask)
     rows, lk = scores.shape[:-1], k.shape[-2]
     high = compute(rows, lambda *o: reduce([lk], lambda j: scores[o + (j,)], "max", acc), dtype=acc)
     # A fully masked row has maximum -inf; shifting it by 0 makes every exp 0 and its sum 0.
@@ -78,15 +88,15 @@ def attention_forward(q, k, v, scale=None, is_causal=False):
 
 
 @operator("attention_backward")
-def attention_backward(dout, q, k, v, out, lse, scale=None, is_causal=False):
+def attention_backward(dout, q, k, v, out, lse, scale=None, is_causal=False, mask=None):
     """(dq, dk, dv) of `attention_forward`'s output, given its gradient `dout`, its inputs, its
     output `out` and log-sum-exp `lse`."""
-    scale = _check("attention_backward", q, k, v, scale)
+    scale = _check("attention_backward", q, k, v, scale, mask)
     if dout.shape != out.shape or out.shape != q.shape[:-1] + v.shape[-1:] or lse.shape != q.shape[:-1]:
         raise OperatorError(f"attention_backward: dout {dout.shape}, out {out.shape} and lse {lse.shape} do "
                             f"not fit q {q.shape}, v {v.shape} (out [..., Lq, Dv], lse [..., Lq])")
     acc = accumulator_type(q.dtype)
-    scores = _scores(q, k, scale, is_causal)
+    scores = _scores(q, k, scale, is_causal, mask)
     lq, lk, dv_ = q.shape[-2], k.shape[-2], v.shape[-1]
     up = lambda t, i: cast(t[i], acc)
     delta = compute(q.shape[:-1], lambda *o: reduce([dv_], lambda e: up(dout, o + (e,)) * up(out, o + (e,)),

@@ -79,17 +79,22 @@ def test_fused_attention_trains_like_eager(monkeypatch, heads, kv_heads, n):
         assert g <= 2 * e + 1e-2, (g, e)
 
 
-def test_masked_attention_keeps_the_math_form(monkeypatch):
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masked_attention(monkeypatch, kind):
+    """A bool mask trains through the fused pair; a float mask (added to the scores) keeps the
+    math form."""
     monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
     seen = _attention_ops(monkeypatch)
     torch.manual_seed(0)
     block = Block().to(torch.bfloat16)
     x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
-    mask = torch.rand(5, 5) > 0.3
-    mask.fill_diagonal_(True)
+    keep = torch.rand(2, 1, 5, 5) > 0.3
+    keep[0, 0, 3] = False                   # a row with no key: zeros, as PyTorch's math form gives
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(keep.logical_not(), -1e4)
     got = _train(torch.compile(copy.deepcopy(block), backend="kiln"), x, mask=mask)
     want = _train(block, x, mask=mask)
-    assert not any("kiln.attention" in op for op in seen)
+    fused = ["kiln.attention_forward.default", "kiln.attention_backward.default"]
+    assert seen == (fused if kind == "bool" else [])
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
 
@@ -104,7 +109,7 @@ def test_torch_operators_match_autograd():
     """The torch operators' own math (what runs where a partition is handed to PyTorch)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 8, requires_grad=True) for n in (5, 7, 7))
-    out, lse = torch.ops.kiln.attention_forward(q, k, v, 0.3, True)
+    out, lse = torch.ops.kiln.attention_forward(q, k, v, 0.3, True, None)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
     torch.testing.assert_close(out, want)
     scores = (q @ k.transpose(-1, -2) * 0.3).masked_fill(torch.ones(5, 7, dtype=torch.bool).triu(1), -math.inf)
