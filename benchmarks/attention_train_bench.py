@@ -5,8 +5,9 @@ forward + backward, on one GPU in the same run.
 Shapes: GPT-2 small's (batch 8, 12 heads, 512 tokens, dim 64, causal) and a Llama's (1, 32,
 512, 64 and 128, causal), bf16 (`--dtype float16` for fp16). Kiln's side calls the built
 programs directly (the kernels' time, no operator dispatch); torch's calls sdpa under
-`sdpa_kernel(FLASH_ATTENTION)` and autograd's backward. Each time is the median of 9 CUDA-event
-measurements of REPS calls. `--knobs` also times every tuning candidate of level 1.
+`sdpa_kernel(FLASH_ATTENTION)` and autograd's backward. Each time is the median of 9 replays of a
+CUDA graph of REPS calls, timed with CUDA events (kernel time: no launch gaps, no host overhead).
+`--knobs` also times every tuning candidate of level 1.
 Usage: python3 benchmarks/attention_train_bench.py [--json out.json] [--knobs] [--dtype float16]
 """
 from __future__ import annotations
@@ -31,20 +32,30 @@ SHAPES = [  # name, batch, heads, L, dim, causal
     ("llama-d128", 1, 32, 512, 128, True),
     ("gpt2-1k", 8, 12, 1024, 64, True),
     ("noncausal-d128", 4, 16, 1024, 128, False),
+    ("llama-2k-d128", 1, 32, 2048, 128, True),
 ]
 
 
 def _time(fn) -> float:
-    """Median milliseconds of one fn() call."""
-    for _ in range(3):
-        fn()
+    """Median milliseconds of one fn() call: 9 replays of a CUDA graph of REPS calls (launch gaps
+    and the host's overhead out of the numbers), CUDA events around each."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(9):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(REPS):
-            fn()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / REPS)
@@ -58,7 +69,8 @@ def _programs(q, k, v, causal, fknobs=None, bknobs=None):
     tf = fwd.task(fwd.bind([kiln.from_torch(t) for t in (q, k, v)] + [None, causal], {}))[0]
     tb = bwd.task(bwd.bind([kiln.from_torch(t) for t in (q, q, k, v, q, lse)] + [None, causal], {}))[0]
     load = backend_for(device).load
-    return (load(attention_train.render_forward(tf, **(fknobs or {})), device),
+    fknobs = fknobs or attention_train.FORWARD.suggest(tf, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    return (load(attention_train.render_forward(tf, **fknobs), device),
             load(attention_train.render_backward(tb, **(bknobs or {})), device))
 
 

@@ -174,6 +174,52 @@ static __device__ __forceinline__ void store_rows(uint16_t* dst, const float (&a
         }
 }
 
+// The online softmax over one key tile of a warp's rows (from row0; keys from n0): S (the
+// accumulators `s`) scaled to the log2 domain, with MASK the keys past Lk or (causal) after
+// the row dropped; each row's maximum `mx` and sum `sum` updated, its outputs `o` rescaled to
+// the new maximum, and `s` made the tile's probabilities relative to it.
+template <int MT, int BN, int D, bool MASK, bool CAUSAL>
+static __device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 2], float (&o)[MT][D / 2], float (&mx)[MT][2],
+                                                    float (&sum)[MT][2], int row0, int n0, int lk, float scale2,
+                                                    int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mt * 16 + (lane >> 2) + h * 8;
+            const int limit = CAUSAL ? min(lk, row + 1) : lk;      // keys n0 + col < limit count
+            float top = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int e = 4 * j + 2 * h + c;
+                    const float x = !MASK || n0 + frag_col(e, lane) < limit ? s[mt][e] * scale2 : -INFINITY;
+                    s[mt][e] = x;
+                    top = fmaxf(top, x);
+                }
+            const float high = fmaxf(mx[mt][h], quad_max(top));
+            const float shift = high == -INFINITY ? 0.f : high;       // no key yet: every exp2 is 0
+            const float alpha = kiln_ex2(mx[mt][h] - shift);
+            mx[mt][h] = high;
+            float part = 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int e = 4 * j + 2 * h + c;
+                    s[mt][e] = kiln_ex2(s[mt][e] - shift);
+                    part += s[mt][e];
+                }
+            sum[mt][h] = sum[mt][h] * alpha + part;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[mt][4 * j + 2 * h] *= alpha;
+                o[mt][4 * j + 2 * h + 1] *= alpha;
+            }
+        }
+}
+
 // ---------------------------------------------------------------------------------------- forward
 // A CTA owns BM = NW * MT * 16 queries of one batch-head (blockIdx.x: query block, then
 // batch-head; causal blocks in reverse, the longest first), each warp MT * 16 of them. Keys
@@ -225,42 +271,11 @@ static __device__ __forceinline__ void forward(const uint16_t* q, const uint16_t
             float s[MT][BN / 2];
             zero(s);
             gemm_abt<E, MT, BN, D, LDS>(s, Qs + warp * MT * 16 * LDS, ks, lane);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = row0 + mt * 16 + (lane >> 2) + h * 8;
-                    const int limit = CAUSAL ? min(lk, row + 1) : lk;      // keys n0 + col < limit count
-                    float top = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int e = 4 * j + 2 * h + c;
-                            const float x = n0 + frag_col(e, lane) < limit ? s[mt][e] * scale2 : -INFINITY;
-                            s[mt][e] = x;
-                            top = fmaxf(top, x);
-                        }
-                    const float high = fmaxf(mx[mt][h], quad_max(top));
-                    const float shift = high == -INFINITY ? 0.f : high;       // no key yet: every exp2 is 0
-                    const float alpha = kiln_ex2(mx[mt][h] - shift);
-                    mx[mt][h] = high;
-                    float part = 0.f;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int e = 4 * j + 2 * h + c;
-                            s[mt][e] = kiln_ex2(s[mt][e] - shift);
-                            part += s[mt][e];
-                        }
-                    sum[mt][h] = sum[mt][h] * alpha + part;
-#pragma unroll
-                    for (int j = 0; j < D / 8; ++j) {
-                        o[mt][4 * j + 2 * h] *= alpha;
-                        o[mt][4 * j + 2 * h + 1] *= alpha;
-                    }
-                }
+            // only tiles with a key past Lk or (causal) after a row of the warp need the mask
+            if (n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
+                softmax_tile<MT, BN, D, true, CAUSAL>(s, o, mx, sum, row0, n0, lk, scale2, lane);
+            else
+                softmax_tile<MT, BN, D, false, CAUSAL>(s, o, mx, sum, row0, n0, lk, scale2, lane);
             gemm_pb<E, MT, BN, D, LDS>(o, s, vs, lane);
         }
         __syncthreads();
@@ -307,6 +322,38 @@ static __device__ __forceinline__ void delta(const uint16_t* dout, const uint16_
         for (int s = CH / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, s);
         if (r < rows && c == 0) dl[r] = acc;
     }
+}
+
+// P^T of the dK/dV kernel: S^T (`s`, rows the keys from key0, columns the queries from m0)
+// to exp2(S^T scale log2 e - lse2 of the query), with MASK 0 where the causal mask drops the
+// key (j > i) or the query is past Lq.
+template <int MT, int BQ, bool MASK>
+static __device__ __forceinline__ void key_probabilities(float (&s)[MT][BQ / 2], const float* ls, int key0, int m0,
+                                                         int lq, float scale2, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < BQ / 2; ++e) {
+            const int j = key0 + mt * 16 + frag_row(e, lane), i = frag_col(e, lane);
+            const bool keep = !MASK || (m0 + i < lq && j <= m0 + i);
+            s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - ls[i]) : 0.f;
+        }
+}
+
+// P of the dQ kernel: S (`s`, rows a warp's queries, columns the keys from n0) to exp2(S scale
+// log2 e - lse2 of the row), with MASK 0 for the keys from the row's `limit` on (past Lk, or
+// after the row where causal).
+template <int MT, int BN, bool MASK>
+static __device__ __forceinline__ void query_probabilities(float (&s)[MT][BN / 2], const float (&l2)[MT][2],
+                                                           const int (&limit)[MT][2], int n0, float scale2, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) {
+            const int h = (e >> 1) & 1;
+            const bool keep = !MASK || n0 + frag_col(e, lane) < limit[mt][h];
+            s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - l2[mt][h]) : 0.f;
+        }
 }
 
 // ---------------------------------------------------------------------------------------- dK, dV
@@ -387,14 +434,12 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
             float s[MT][BQ / 2];
             zero(s);
             gemm_abt<E, MT, BQ, D, LDS>(s, kw, qs, lane);              // S^T = K Q^T
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < BQ / 2; ++e) {
-                    const int j = key0 + mt * 16 + frag_row(e, lane), i = frag_col(e, lane);
-                    const bool keep = m0 + i < lq && (!CAUSAL || j <= m0 + i);
-                    s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - ls[i]) : 0.f;
-                }
+            // queries past Lq have lse2 +inf (probability 0); only the causal mask needs a test,
+            // on tiles where some query precedes some key of the warp
+            if (CAUSAL && m0 < key0 + MT * 16 - 1)
+                key_probabilities<MT, BQ, true>(s, ls, key0, m0, lq, scale2, lane);
+            else
+                key_probabilities<MT, BQ, false>(s, ls, key0, m0, lq, scale2, lane);
             gemm_pb<E, MT, BQ, D, LDS>(dva, s, dos, lane);              // dV += P^T dO
             float dp[MT][BQ / 2];
             zero(dp);
@@ -479,13 +524,12 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
             float s[MT][BN / 2];
             zero(s);
             gemm_abt<E, MT, BN, D, LDS>(s, qw, ks, lane);               // S = Q K^T
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int e = 0; e < BN / 2; ++e) {
-                    const int h = (e >> 1) & 1;
-                    s[mt][e] = n0 + frag_col(e, lane) < limit[mt][h] ? kiln_ex2(s[mt][e] * scale2 - l2[mt][h]) : 0.f;
-                }
+            // rows past Lq have lse2 +inf (probability 0); keys past Lk and the causal mask need a
+            // test only on the tiles that hold such keys for some row of the warp
+            if (n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
+                query_probabilities<MT, BN, true>(s, l2, limit, n0, scale2, lane);
+            else
+                query_probabilities<MT, BN, false>(s, l2, limit, n0, scale2, lane);
             float dp[MT][BN / 2];
             zero(dp);
             gemm_abt<E, MT, BN, D, LDS>(dp, dow, vs, lane);             // dP = dO V^T
