@@ -134,7 +134,7 @@ def test_one_source_serves_every_length():
         assert [launch.grid for launch in first.launches] != [launch.grid for launch in second.launches]
     assert programs[1][0].sizes == (512, 300, 5)
     assert [launch.kernel for launch in programs[0][1].launches] == [
-        "kiln_attention_train_delta", "kiln_attention_train_dkdv", "kiln_attention_train_dq"]
+        "kiln_attention_train_delta", "kiln_attention_train_backward"]
 
 
 @needs_nvrtc

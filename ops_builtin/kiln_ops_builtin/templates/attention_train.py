@@ -8,14 +8,18 @@ each of its NW warps MT * 16 of them; keys stream BN at a time through two share
 online softmax in registers. It stores O in the inputs' dtype and each row's log-sum-exp
 (natural log, float32; -inf for a row with no key).
 
-Backward, three kernels, deterministic (no atomics), every gradient rounded once at its store:
+Backward, deterministic (no atomics), every gradient rounded once at its store:
 - `kiln_attention_train_delta`: delta = rowsum(dout * out) in float32 into a temporary;
-- `kiln_attention_train_dkdv`: a CTA owns NW * MT * 16 keys (K and V in shared memory), its
-  warps' rows are keys, and it walks the query tiles of BN rows (Q, dO, lse, delta, two stages):
-  S^T = K Q^T, P^T = exp(S^T scale - lse) (0 where the causal mask drops the key), dV += P^T dO,
-  dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q; dK * scale and dV at the end;
-- `kiln_attention_train_dq`: a CTA owns NW * MT * 16 queries (Q and dO in shared memory) and
-  walks the key tiles of BN rows: S, P, dP = dO V^T, dS as above, dQ += dS K; dQ * scale.
+- `kiln_attention_train_backward`, whose first CTAs compute dK and dV and the others dQ (the dQ
+  blocks fill the last wave of the dK/dV blocks; knob ONE, else two kernels, `..._dkdv` and
+  `..._dq`):
+  - dK and dV (`backward_kv`): a CTA owns NW * MT * 16 keys (K and V in shared memory), its
+    warps' rows are keys, and it walks the query tiles of BN rows (Q, dO, lse, delta; two
+    stages): S^T = K Q^T, P^T = exp(S^T scale - lse) (0 where the causal mask drops the key),
+    dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q; dK * scale and dV at
+    the end;
+  - dQ (`backward_q`): a CTA owns NW * MT * 16 queries (Q and dO in shared memory) and walks the
+    key tiles of BN rows: S, P, dP = dO V^T, dS as above, dQ += dS K; dQ * scale at the end.
 Taking keys as the rows of the dK/dV kernel makes P^T and dS^T accumulators of their own, so
 every product reads its first operand from registers or row-major shared memory (`ldmatrix`)
 and its second with `ldmatrix` or `ldmatrix.trans`: nothing is staged transposed. Causal
@@ -89,11 +93,14 @@ class ForwardKnobs(Knobs):
 @dataclass(frozen=True)
 class BackwardKnobs(Knobs):
     """NW warps a CTA of NW * MT * 16 keys (dK, dV) or queries (dQ), MT 16-row MMA tiles a
-    warp; the loop walks the other side BN rows at a time (at most one a thread)."""
+    warp; the loop walks the other side BN rows at a time (at most one a thread). ONE: the dK/dV
+    and dQ blocks in one launch (the dQ blocks fill the last wave; the kernel takes the larger
+    register count of the two), else in two."""
 
     NW: int = 4
     MT: int = 1
     BN: int = 64
+    ONE: bool = True
 
     def smem(self, d: int) -> int:
         """The larger of the dK/dV kernel's and the dQ kernel's (the same tiles, and lse and delta)."""
@@ -110,8 +117,9 @@ class BackwardKnobs(Knobs):
         if level == 0:
             return [cls()]
         if level == 1:
-            return [cls(), cls(BN=32), cls(NW=8), cls(NW=8, BN=128), cls(MT=2, BN=32), cls(NW=2, MT=2)]
-        return [k for k in cls.grid(NW=(2, 4, 8), MT=(1, 2), BN=(32, 64, 128)) if k.valid()]
+            return [cls(), cls(ONE=False), cls(BN=32), cls(NW=8), cls(NW=8, BN=128), cls(MT=2, BN=32),
+                    cls(NW=2, MT=2)]
+        return [k for k in cls.grid(NW=(2, 4, 8), MT=(1, 2), BN=(32, 64, 128), ONE=(True, False)) if k.valid()]
 
 
 @dataclass(frozen=True)
@@ -209,20 +217,26 @@ def render_backward(task, **knobs) -> CudaProgram:
     kernels = [
         _kernel("kiln_attention_train_delta", DELTA_THREADS, params, p,
                 f"delta<{e}, {p.d}, {DELTA_THREADS}>(in0, in4, {dl}, {KernelArgs.size(0)} * {KernelArgs.size(2)})"),
-        _kernel("kiln_attention_train_dkdv", threads, params, p,
-                f"backward_kv<{tiles}>(in0, in1, in2, in3, in5, {dl}, out1, out2, problem, kiln_smem)"),
-        _kernel("kiln_attention_train_dq", threads, params, p,
-                f"backward_q<{tiles}>(in0, in1, in2, in3, in5, {dl}, out0, problem, kiln_smem)"),
     ]
-    smem_kv = (2 * rows + 4 * k.BN) * _rows(p.d) * 2 + 4 * k.BN * 4
-    smem_q = (2 * rows + 4 * k.BN) * _rows(p.d) * 2
+    smem = (2 * rows + 4 * k.BN) * _rows(p.d) * 2 + 4 * k.BN * 4        # backward_kv's, the larger
     row_count = p.lq * p.bh
-    launches = [
-        Launch("kiln_attention_train_delta", args, (DELTA_THREADS, 1, 1), items=row_count,
-               per_block=DELTA_THREADS * 8 // p.d, waves=8),
-        Launch("kiln_attention_train_dkdv", args, (threads, 1, 1), grid=(-(-p.lk // rows) * p.bh, 1, 1), smem=smem_kv),
-        Launch("kiln_attention_train_dq", args, (threads, 1, 1), grid=(-(-p.lq // rows) * p.bh, 1, 1), smem=smem_q),
-    ]
+    kv_ctas, q_ctas = -(-p.lk // rows) * p.bh, -(-p.lq // rows) * p.bh
+    launches = [Launch("kiln_attention_train_delta", args, (DELTA_THREADS, 1, 1), items=row_count,
+                       per_block=DELTA_THREADS * 8 // p.d, waves=8)]
+    operands = f"in0, in1, in2, in3, in5, {dl}"
+    if k.ONE:
+        kernels.append(_kernel("kiln_attention_train_backward", threads, params, p,
+                               f"backward<{tiles}>({operands}, out0, out1, out2, problem, kiln_smem)"))
+        launches.append(Launch("kiln_attention_train_backward", args, (threads, 1, 1), grid=(kv_ctas + q_ctas, 1, 1),
+                               smem=smem))
+    else:
+        kernels += [_kernel("kiln_attention_train_dkdv", threads, params, p,
+                            f"backward_kv<{tiles}>({operands}, out1, out2, problem, kiln_smem, blockIdx.x)"),
+                    _kernel("kiln_attention_train_dq", threads, params, p,
+                            f"backward_q<{tiles}>({operands}, out0, problem, kiln_smem, blockIdx.x)")]
+        launches += [Launch("kiln_attention_train_dkdv", args, (threads, 1, 1), grid=(kv_ctas, 1, 1), smem=smem),
+                     Launch("kiln_attention_train_dq", args, (threads, 1, 1), grid=(q_ctas, 1, 1),
+                            smem=(2 * rows + 4 * k.BN) * _rows(p.d) * 2)]
     return CudaProgram(_source(kernels), launches, [((row_count,), dtypes.float32)], alignment=16,
                        sizes=(p.lq, p.lk, p.bh))
 

@@ -357,7 +357,7 @@ static __device__ __forceinline__ void query_probabilities(float (&s)[MT][BN / 2
 }
 
 // ---------------------------------------------------------------------------------------- dK, dV
-// A CTA owns BKV = NW * MT * 16 keys of one batch-head (blockIdx.x: key block, then batch-head),
+// A CTA owns BKV = NW * MT * 16 keys of one batch-head (`cta`: key block, then batch-head),
 // each warp MT * 16 of them as its rows, K and V in shared memory for the whole loop. Queries
 // stream BQ at a time (Q, dO, lse in the log2 domain, delta; two stages), from the first block
 // that a causal mask leaves a key of the CTA. Per query tile, for a warp's keys j and the
@@ -367,7 +367,8 @@ static __device__ __forceinline__ void query_probabilities(float (&s)[MT][BN / 2
 template <class E, int D, int NW, int MT, int BQ, bool CAUSAL>
 static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                                    const uint16_t* v, const float* lse, const float* dl, uint16_t* dk,
-                                                   uint16_t* dv, const Problem& p, unsigned char* smem) {
+                                                   uint16_t* dv, const Problem& p, unsigned char* smem,
+                                                   int64_t cta) {
     constexpr int NT = NW * 32, BKV = NW * MT * 16, LDS = D + 8;
     static_assert(D % 16 == 0 && BQ % 16 == 0, "head dim and query tile: multiples of 16");
     uint16_t* Ks = (uint16_t*)smem;
@@ -378,8 +379,8 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
     float* Ds = Ls + 2 * BQ;                 // two stages of BQ delta
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int lq = (int)p.lq, lk = (int)p.lk;
-    const int64_t n_blocks = (p.lk + BKV - 1) / BKV, bh = blockIdx.x / n_blocks;
-    const int n0 = (int)(blockIdx.x % n_blocks) * BKV, key0 = n0 + warp * MT * 16;
+    const int64_t n_blocks = (p.lk + BKV - 1) / BKV, bh = cta / n_blocks;
+    const int n0 = (int)(cta % n_blocks) * BKV, key0 = n0 + warp * MT * 16;
     dout += bh * p.lq * D;
     q += bh * p.lq * D;
     k += bh * p.lk * D;
@@ -459,8 +460,8 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
 }
 
 // ---------------------------------------------------------------------------------------- dQ
-// A CTA owns BM = NW * MT * 16 queries of one batch-head (blockIdx.x: query block, then
-// batch-head; causal blocks in reverse), each warp MT * 16 of them, Q and dO in shared memory
+// A CTA owns BM = NW * MT * 16 queries of one batch-head (`cta`: query block, then batch-head;
+// causal blocks in reverse), each warp MT * 16 of them, Q and dO in shared memory
 // for the whole loop, each row's lse2 and delta in registers. Keys stream BN at a time (K and
 // V, two stages), up to the last a causal mask keeps. Per key tile: S = Q K^T;
 // P = exp2(S scale log2 e - lse2), 0 where the key is past Lk or (causal) after the row;
@@ -468,7 +469,7 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
 template <class E, int D, int NW, int MT, int BN, bool CAUSAL>
 static __device__ __forceinline__ void backward_q(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                                   const uint16_t* v, const float* lse, const float* dl, uint16_t* dq,
-                                                  const Problem& p, unsigned char* smem) {
+                                                  const Problem& p, unsigned char* smem, int64_t cta) {
     constexpr int NT = NW * 32, BM = NW * MT * 16, LDS = D + 8;
     static_assert(D % 16 == 0 && BN % 16 == 0, "head dim and key tile: multiples of 16");
     uint16_t* Qs = (uint16_t*)smem;
@@ -477,8 +478,8 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
     uint16_t* Vs = Ks + 2 * BN * LDS;        // two stages of BN rows
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int lq = (int)p.lq, lk = (int)p.lk;
-    const int64_t m_blocks = (p.lq + BM - 1) / BM, bh = blockIdx.x / m_blocks;
-    const int block = (int)(blockIdx.x % m_blocks), mb = CAUSAL ? (int)m_blocks - 1 - block : block;
+    const int64_t m_blocks = (p.lq + BM - 1) / BM, bh = cta / m_blocks;
+    const int block = (int)(cta % m_blocks), mb = CAUSAL ? (int)m_blocks - 1 - block : block;
     const int m0 = mb * BM, row0 = m0 + warp * MT * 16;
     dout += bh * p.lq * D;
     q += bh * p.lq * D;
@@ -543,6 +544,22 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
     }
     kiln_cp_async_wait<0>();
     store_rows<E, MT, D>(dq, dqa, row0, lq, p.scale, lane);
+}
+
+// ---------------------------------------------------------------------------------------- backward
+// Both backward kernels as one launch (after `delta`'s): the first ceil(Lk / BKV) * bh CTAs
+// compute dK and dV (backward_kv), the others dQ (backward_q), so that the dQ blocks fill the
+// tail of the dK/dV blocks' last wave. Shared memory: backward_kv's (the larger).
+template <class E, int D, int NW, int MT, int BN, bool CAUSAL>
+static __device__ __forceinline__ void backward(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                                                const uint16_t* v, const float* lse, const float* dl, uint16_t* dq,
+                                                uint16_t* dk, uint16_t* dv, const Problem& p, unsigned char* smem) {
+    constexpr int ROWS = NW * MT * 16;
+    const int64_t kv_ctas = (p.lk + ROWS - 1) / ROWS * p.bh;
+    if ((int64_t)blockIdx.x < kv_ctas)
+        backward_kv<E, D, NW, MT, BN, CAUSAL>(dout, q, k, v, lse, dl, dk, dv, p, smem, blockIdx.x);
+    else
+        backward_q<E, D, NW, MT, BN, CAUSAL>(dout, q, k, v, lse, dl, dq, p, smem, blockIdx.x - kv_ctas);
 }
 
 }  // namespace kiln::attn_train
