@@ -108,8 +108,12 @@ def _tasks(lead, lq, lk, d, dtype, causal, dv=None):
 
 
 def test_which_tasks_the_templates_take():
+    from kiln.schedule import schedules_for
     for task in _tasks((2, 3), 100, 77, 64, torch.bfloat16, True) + _tasks((4,), 9, 9, 128, torch.float16, False):
         assert attention_train.applies(task)
+        # what the NVRTC check (and a GPU build) renders first for the task
+        assert schedules_for(task, "cuda")[0].name == {"attention_forward": "attention_train_forward",
+                                                       "attention_backward": "attention_train_backward"}[task.name]
     for task in (*_tasks((2,), 9, 9, 64, torch.float32, False),     # float32: the auto-scheduler
                  *_tasks((2,), 9, 9, 48, torch.bfloat16, False),    # head dim
                  *_tasks((2,), 9, 9, 64, torch.bfloat16, False, dv=32)):   # Dv != D
