@@ -1,8 +1,9 @@
 // Attention for training on tensor cores (sm_80+), for kiln_ops_builtin.templates.attention_train
 // (its docstring tells the design): FlashAttention-2's forward, which also stores each query
-// row's natural-log log-sum-exp, and its backward in three kernels: delta = rowsum(dout * out),
-// dK and dV per key block (looping over the query blocks), dQ per query block (looping over the
-// key blocks). Deterministic: no atomics, every gradient element summed by one thread.
+// row's natural-log log-sum-exp, and its backward: delta = rowsum(dout * out) (`delta`), then
+// dK and dV per key block, looping over the query blocks (`backward_kv`), and dQ per query
+// block, looping over the key blocks (`backward_q`), in one launch (`backward`) or two.
+// Deterministic: no atomics, every gradient element summed by one thread.
 //
 // Compile-time: the element type (F16, BF16), the head dim D (K's and V's), causality and the
 // knobs (NW warps a CTA, MT 16-row MMA tiles a warp, the tile walked by the loop). Run-time
