@@ -125,6 +125,10 @@ def test_which_tasks_the_templates_take():
     q, k, v, dout = _inputs((2,), 9, 9, 64, torch.bfloat16)
     assert not attention_train.applies(_task("attention_backward", dout, q, k, v, dout,
                                              torch.zeros(2, 9, dtype=torch.bfloat16), None, False))  # lse not float32
+    mask = torch.rand(2, 9, 9) > 0.5                                    # the kernels read no mask
+    assert not attention_train.applies(_task("attention_forward", q, k, v, None, False, mask))
+    assert not attention_train.applies(_task("attention_backward", dout, q, k, v, dout, torch.zeros(2, 9), None,
+                                             False, mask))
 
 
 def test_one_source_serves_every_length():

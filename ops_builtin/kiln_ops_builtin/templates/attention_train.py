@@ -30,8 +30,8 @@ the element type, head dim, knobs (`ForwardKnobs`, `BackwardKnobs`) and causalit
 Lk, the flattened batch-heads) are run-time kernel arguments (`CudaProgram.sizes`), so one
 source serves every length; the scale is a literal of the source (it follows the head dim
 unless given). Takes the operators' own tasks only (`own_task`: nothing fused), contiguous
-inputs (the core's, as this template reads no views), lse in float32; declines float32 (the
-compute definitions then run through the auto-scheduler) and other head dims.
+inputs (the core's, as this template reads no views), lse in float32; declines float32, other
+head dims and a mask (the compute definitions then run through the auto-scheduler).
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def problem_of(task) -> Problem | None:
     if call is None:
         return None
     q, k, v = call["q"], call["k"], call["v"]
-    if q.dtype not in ELEMENTS or not q.dtype == k.dtype == v.dtype:
+    if call.get("mask") is not None or q.dtype not in ELEMENTS or not q.dtype == k.dtype == v.dtype:
         return None
     d, lq, lk = q.shape[-1], q.shape[-2], k.shape[-2]
     if d not in HEAD_DIMS or v.shape[-1] != d or max(lq, lk) >= 1 << 30:
