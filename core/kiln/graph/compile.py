@@ -13,6 +13,7 @@ import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 from kiln.graph.operator import Operator, compiled_task
+from kiln.ir import Compute, Const, Load
 from kiln.runtime.backend import DeviceKernel
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, ViewKernel
 from kiln.runtime.plan import Plan
@@ -20,12 +21,29 @@ from kiln.tensor import Tensor
 
 
 def is_view(node, graph) -> bool:
-    """Whether `node` runs as a view of its input's memory: a node of an operator declaring
-    `Traits.view` on its own (not a fused node, a subclass whose task holds more), keeping the
-    dtype, whose output is not one the graph returns (those get memory of their own)."""
+    """Whether `node` runs as a view of its input's memory: a node of one input and one output,
+    not one the graph returns (those get memory of their own), that keeps the dtype and either
+    is of an operator declaring `Traits.view`, on its own (not a fused node, a subclass whose
+    task holds more), or copies its input element for element (an expand to the same shape, a
+    clone: `copies_input`)."""
+    if len(node.inputs) != 1 or len(node.outputs) != 1:
+        return False
     out = node.outputs[0]
-    return (type(node) is Operator and node.definition.traits.view and len(node.inputs) == len(node.outputs) == 1
-            and out.dtype == node.inputs[0].dtype and not any(out is t for t in graph.outputs))
+    return (out.dtype == node.inputs[0].dtype and not any(out is t for t in graph.outputs)
+            and ((type(node) is Operator and node.definition.traits.view) or copies_input(node.task)))
+
+
+def copies_input(task) -> bool:
+    """Whether `task`'s one output is its one input, element for element: the output's value is
+    a load of the input at the output's own index (0 along extent-1 dims)."""
+    if len(task.inputs) != 1 or len(task.outputs) != 1 or not isinstance(task.outputs[0], Compute):
+        return False
+    out, x = task.outputs[0], task.inputs[0]
+    value = out.value
+    return (isinstance(value, Load) and value.tensor is x and tuple(x.shape) == tuple(out.shape)
+            and value.dtype == x.dtype
+            and all(i is axis or (axis.extent == 1 and isinstance(i, Const) and i.value == 0)
+                    for i, axis in zip(value.indices, out.axes)))
 
 
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
