@@ -164,7 +164,8 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
     def replay_body(inputs):
         outs = compiled.run(inputs, workspace)
         for out, position in write_back:
-            inputs[position].copy_(outs[out])
+            if outs[out] is not inputs[position]:   # an input the graph updated in place is the value
+                inputs[position].copy_(outs[out])
         return [t for k, t in enumerate(outs) if k not in written]
 
     returned = [k for k in range(len(compiled.outputs)) if k not in written]

@@ -50,7 +50,7 @@ from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
-from kiln.passes import PassContext, optimize
+from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
@@ -314,7 +314,10 @@ class KilnFunction:
                 writeback = list(interpreter.mutated_inputs)
                 traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
             with stage("optimize", f"{len(traced.nodes)} operators"):
-                graph = _optimize(traced, self.settings, folder)
+                # the outputs written back, by the position of their input among the graph's
+                first = len(traced.outputs) - len(writeback)
+                written = {first + k: positions.index(p) for k, p in enumerate(writeback)}
+                graph = _optimize(traced, self.settings, folder, written)
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
             compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
@@ -421,7 +424,8 @@ class CompiledRun:
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
                 for position, value in zip(self.writeback, changed):
-                    args[position].copy_(value)
+                    if value is not args[position]:     # an input updated in place is the value
+                        args[position].copy_(value)
         if self.flat_tensors:
             return type(self.structure)(outs)
         outs = iter(outs)
@@ -482,9 +486,11 @@ def _describe_arg(arg) -> str:
     return repr(arg)
 
 
-def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
+def _optimize(graph: FlowGraph, settings: Settings, folder=None, written: dict[int, int] | None = None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
+    instruments), with dynamo_config's float16 settings; each stage written to `folder`. The
+    outputs `written` (output position -> input position) are written back into inputs:
+    those that update their input's elements are computed in place (`kiln.passes.in_place`)."""
     outer = PassContext.current()
     config = {**outer.config, "use_fp16": settings.use_fp16,
               "use_fp16_reduction": settings.use_fp16_reduction, "allow_tf32": settings.allow_tf32}
@@ -493,4 +499,5 @@ def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
         instruments.append(DumpGraph(str(folder / "passes")))
     with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
                      instruments):
-        return optimize(graph)
+        graph = optimize(graph)
+        return UpdateInPlace(written)(graph) if written else graph
