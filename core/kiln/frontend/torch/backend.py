@@ -423,6 +423,10 @@ class CompiledRun:
             outs = self.compiled.run(inputs)
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
+                # an output that is an input written back (`old = x.clone()` before `x.add_(1)`,
+                # which Kiln computes as x itself) keeps the value from before the write-back
+                written = [args[p] for p in self.writeback]
+                outs = [o.clone() if any(o is w for w in written) else o for o in outs]
                 for position, value in zip(self.writeback, changed):
                     if value is not args[position]:     # an input updated in place is the value
                         args[position].copy_(value)
