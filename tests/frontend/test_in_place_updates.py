@@ -231,3 +231,69 @@ def test_the_graph_cache_keeps_the_in_place_plan(tmp_path, monkeypatch):
         torch._dynamo.reset()
         run, _ = _decode_cache_steps(DEVICE, steps=2)
         assert in_place_outputs(run)
+
+
+def _update_graph(reads_old_after: bool):
+    """x updated at `position` (output 1, written back into input 0), and a value read from the
+    update and from x's old value: read by the node that also reads the new value (after the
+    store, where the pass must decline), or by a node of its own ordered before the store."""
+    from kiln.graph import trace_from
+    from kiln.tensor import symbol
+    x, position, new = symbol((2, 8, 4)), symbol((1,), "int64"), symbol((2, 1, 4))
+    updated = kiln.ops.index_copy(x, 1, position, new)
+    if reads_old_after:
+        y = kiln.ops.add(updated, x)
+    else:
+        y = kiln.ops.add(updated, kiln.ops.mul(x, 2.0))
+    return trace_from([y, updated], [x, position, new])
+
+
+@pytest.mark.parametrize("reads_old_after", [True, False])
+def test_the_pass_orders_the_store_after_every_read_of_the_old_value(reads_old_after):
+    from kiln.passes import UpdateInPlace
+    graph = _update_graph(reads_old_after)
+    update = UpdateInPlace({1: 0})
+    out = update(graph)
+    assert update.in_place == ([] if reads_old_after else [1])
+    assert any(is_store(n) for n in out.nodes) is not reads_old_after
+    x, position, new = torch.randn(2, 8, 4), torch.tensor([5]), torch.randn(2, 1, 4)
+    want_x = x.clone().index_copy_(1, position, new)
+    want_y = want_x + (x if reads_old_after else x * 2)
+    y, value = (t.torch() for t in out.run([x, position, new]))
+    torch.testing.assert_close(y, want_y)
+    torch.testing.assert_close(value, want_x)
+
+
+def check_copies_into_the_cache(device, monkeypatch, in_place: bool):
+    """Compiling (and on a GPU capturing) a step and running it copy nothing into the
+    caller's cache where it is updated in place, and at least once where it is not; the
+    cache holds eager's values after each call."""
+    torch.manual_seed(5)
+    cache = torch.randn(2, 64, 32, device=device)
+    want = cache.clone()
+    w = torch.randn(32, device=device)
+    copied = []
+    original = torch.Tensor.copy_
+
+    def copy_(self, src, *args, **kwargs):
+        if self.data_ptr() == cache.data_ptr():
+            copied.append(tuple(self.shape))
+        return original(self, src, *args, **kwargs)
+
+    f = torch.compile(cache_step, backend="kiln")
+    with PassContext(disabled_passes=() if in_place else ("update_in_place",)):
+        new, position = torch.randn(2, 1, 32, device=device), torch.tensor([3], device=device)
+        monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+        got = f(cache, new, position, w)
+        monkeypatch.undo()
+        torch.testing.assert_close(got, cache_step(want, new, position, w))
+        for k in range(3):
+            new, position = torch.randn(2, 1, 32, device=device), torch.tensor([10 + k], device=device)
+            torch.testing.assert_close(f(cache, new, position, w), cache_step(want, new, position, w))
+    torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    assert (copied == []) is in_place, copied
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_nothing_is_copied_into_the_cache(monkeypatch, in_place):
+    check_copies_into_the_cache(DEVICE, monkeypatch, in_place)
