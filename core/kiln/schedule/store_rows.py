@@ -32,16 +32,16 @@ _C_TYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
 _CUDA_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
 _C_SOURCE = """#include <stdint.h>
-void kiln_store_rows(const {t}* {rows}, const int64_t* {where}, {t}* {out}) {{
-    for (int64_t i = 0; i < {n}; ++i) {out}[{where}[i]] = {rows}[i];
+void kiln_store_rows(const {t}* {rows}, const int64_t* {offsets}, {t}* {out}) {{
+    for (int64_t i = 0; i < {n}; ++i) {out}[{offsets}[i]] = {rows}[i];
 }}
 """
 
 _CUDA_SOURCE = """extern "C" __global__ void __launch_bounds__({threads}) kiln_store_rows(
-        const {t}* __restrict__ {rows}, const long long* __restrict__ {where}, {t}* {out}) {{
+        const {t}* __restrict__ {rows}, const long long* __restrict__ {offsets}, {t}* {out}) {{
     for (long long i = (long long)blockIdx.x * {threads} + threadIdx.x; i < {n}LL;
          i += (long long)gridDim.x * {threads})
-        {out}[{where}[i]] = {rows}[i];
+        {out}[{offsets}[i]] = {rows}[i];
 }}
 """
 
@@ -56,7 +56,7 @@ def store_program(task: Task, kind: str) -> CpuProgram | CudaProgram:
     x, rows, where = task.inputs
     n = math.prod(rows.shape)
     size = x.dtype.nbytes
-    names = {"rows": KernelArgs.input(1), "where": KernelArgs.input(2), "out": KernelArgs.output(0), "n": n}
+    names = {"rows": KernelArgs.input(1), "offsets": KernelArgs.input(2), "out": KernelArgs.output(0), "n": n}
     args = (KernelArgs.input(1), KernelArgs.input(2), KernelArgs.output(0))
     if kind == "cpu":
         return CpuProgram(_C_SOURCE.format(t=_C_TYPES[size], **names), "kiln_store_rows", args)
