@@ -114,3 +114,7 @@ def test_new_cache_memory_captures_again():
             new, position = torch.randn(2, 1, 32, device=DEVICE), torch.tensor([k], device=DEVICE)
             torch.testing.assert_close(f(cache, new, position, w), cpu.cache_step(want, new, position, w))
             torch.testing.assert_close(cache, want, rtol=0, atol=0)
+
+
+def test_generate_with_a_static_cache():
+    cpu.check_generate_with_a_static_cache(DEVICE)

@@ -6,6 +6,8 @@ the write, the update stays out of place. Every case ends with eager's outputs a
 cache contents. The same cases run on a GPU in tests/cuda/test_in_place_updates_cuda.py."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -297,3 +299,24 @@ def check_copies_into_the_cache(device, monkeypatch, in_place: bool):
 @pytest.mark.parametrize("in_place", [True, False])
 def test_nothing_is_copied_into_the_cache(monkeypatch, in_place):
     check_copies_into_the_cache(DEVICE, monkeypatch, in_place)
+
+
+def check_generate_with_a_static_cache(device, dtype=torch.float32):
+    """transformers' documented recipe (`model.forward` compiled, `generate(...,
+    cache_implementation="static")`) gives eager's tokens, its decoding graph storing each
+    layer's keys and values in place."""
+    config, model = tiny_llama(layers=2, dtype=dtype, device=device)
+    prompt = torch.randint(0, config.vocab_size, (1, 6), device=device)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model.generate(prompt, max_new_tokens=10, do_sample=False, cache_implementation="static")
+        before = {id(r) for r in runs()}
+        model.forward = torch.compile(model.forward, backend="kiln")
+        got = model.generate(prompt, max_new_tokens=10, do_sample=False, cache_implementation="static")
+    assert got.tolist() == want.tolist()
+    assert [len(stores(r)) for r in new_runs(before) if stores(r)] == [2 * config.num_hidden_layers]
+
+
+@pytest.mark.slow
+def test_generate_with_a_static_cache():
+    check_generate_with_a_static_cache(DEVICE)
