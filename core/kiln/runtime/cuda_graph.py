@@ -164,7 +164,8 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
     def replay_body(inputs):
         outs = compiled.run(inputs, workspace)
         # an output that is an input written back keeps the value from before the write-back
-        targets = [inputs[position] for _, position in write_back]
+        # (one the graph updated in place is its final value: nothing is copied back into it)
+        targets = [inputs[position] for out, position in write_back if outs[out] is not inputs[position]]
         outs = [t.clone() if k not in written and any(t is w for w in targets) else t for k, t in enumerate(outs)]
         for out, position in write_back:
             if outs[out] is not inputs[position]:   # an input the graph updated in place is the value

@@ -346,9 +346,12 @@ class CompiledRun:
     its outputs back into the graph's output structure, and the inputs its last outputs are
     written back to (inputs the graph changes in place).
 
-    On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
-    caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
-    of those inputs in or out. The outputs at positions `lent` (a training forward's values
+    An input whose new value only replaces some of its elements (a KV cache written at the
+    decoding position) is updated in place by the graph itself (`kiln.passes.in_place`): its
+    written-back output is the input's own tensor, and nothing is copied back. On CUDA, a graph
+    that changes contiguous inputs in place is captured on the caller's tensors, with the
+    write-back (where one remains) inside the graph: a call is one replay, with no copy of those
+    inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
     saved for the backward) are lent, not copied, and a graph called with lent tensors (the
     backward) is captured reading them in place (`kiln.runtime.cuda_graph`). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
@@ -425,8 +428,9 @@ class CompiledRun:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
                 # an output that is an input written back (`old = x.clone()` before `x.add_(1)`,
                 # which Kiln computes as x itself) keeps the value from before the write-back
-                written = [args[p] for p in self.writeback]
-                outs = [o.clone() if any(o is w for w in written) else o for o in outs]
+                # (one updated in place, `kiln.passes.in_place`, is its final value: no copy back)
+                copied = [args[p] for p, value in zip(self.writeback, changed) if value is not args[p]]
+                outs = [o.clone() if any(o is w for w in copied) else o for o in outs]
                 for position, value in zip(self.writeback, changed):
                     if value is not args[position]:     # an input updated in place is the value
                         args[position].copy_(value)
