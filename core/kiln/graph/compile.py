@@ -14,22 +14,34 @@ import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 from kiln.graph.in_place import is_store
-from kiln.graph.operator import compiled_task
-from kiln.runtime.compiled_graph import Buffer, CompiledGraph
+from kiln.graph.operator import Operator, compiled_task
+from kiln.runtime.backend import DeviceKernel
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph, ViewKernel
 from kiln.runtime.plan import Plan
 from kiln.tensor import Tensor
+
+
+def is_view(node, graph) -> bool:
+    """Whether `node` runs as a view of its input's memory: a node of an operator declaring
+    `Traits.view` on its own (not a fused node, a subclass whose task holds more), keeping the
+    dtype, whose output is not one the graph returns (those get memory of their own)."""
+    out = node.outputs[0]
+    return (type(node) is Operator and node.definition.traits.view and len(node.inputs) == len(node.outputs) == 1
+            and out.dtype == node.inputs[0].dtype and not any(out is t for t in graph.outputs))
 
 
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
     threads (ThreadPoolExecutor's default number when None) with `settings`
-    (`kiln.schedule.BuildSettings`)."""
-    tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
+    (`kiln.schedule.BuildSettings`); a view's (`is_view`) runs nothing."""
+    views = {id(node) for node in graph.nodes if is_view(node, graph)}
+    tasks = {(id(node.task), node.device): node.task for node in graph.nodes if id(node) not in views}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # each build in a copy of the caller's context, which holds the compile's record (kiln.log)
         built = {key: pool.submit(contextvars.copy_context().run, compiled_task, task, key[1], settings)
                  for key, task in tasks.items()}
-    return [built[(id(node.task), node.device)].result() for node in graph.nodes]
+    return [DeviceKernel(node.device, ViewKernel()) if id(node) in views
+            else built[(id(node.task), node.device)].result() for node in graph.nodes]
 
 
 def compile_graph(graph, settings=None) -> CompiledGraph:

@@ -71,6 +71,10 @@ class Traits:
     data: the name of the operator computing it on channels-last data (x (N, H, W, C), weight
     (O, kH, kW, C / groups), padding a pair of ints). Layout planning starts channels-last
     regions at such convolutions."""
+    view: bool = False
+    """Its output is its first input's elements in the same row-major order, in another shape
+    (reshape, flatten, squeeze): a node of it is compiled as a view of that input's memory
+    (`kiln.runtime.compiled_graph.View`), with no kernel, unless it is a graph output."""
     permutation: Callable | None = None
     """For an operator that only moves its input's dims: `permutation(node)`, the order a node
     of it applies (output dim k is input dim order[k]). Layout planning composes such nodes

@@ -20,8 +20,9 @@ CUDA graph captures none).
 
 Correctness rules:
 - StoreRows is placed right before the first node that reads the new value; a node after it
-  that reads the input (its old value), or a graph output that is the input itself, keeps the
-  update out of place (the graph is left as it was for that input);
+  that reads the input (its old value) or a view of it (an operator declaring `Traits.view`,
+  which the compiled graph runs on the input's memory), or a graph output that is the input
+  itself, keeps the update out of place (the graph is left as it was for that input);
 - only the input itself is updated so: an update of a value computed from it (a second update
   of the same input in one graph, an update through a view) stays out of place;
 - sizes must be fixed (a graph traced with symbolic sizes keeps the out-of-place update).
@@ -114,6 +115,7 @@ def _in_place(graph: FlowGraph, out: int, target: Tensor) -> FlowGraph | None:
     mapping[id(value)] = store
     nodes: list[Operator] = []
     placed = False
+    old = {id(target)}      # the input's old value, and views of it (which share its memory)
     for n in graph.nodes:
         if n is node:
             nodes.append(replacement)
@@ -122,8 +124,11 @@ def _in_place(graph: FlowGraph, out: int, target: Tensor) -> FlowGraph | None:
         if not placed and any(t is store for t in inputs):
             nodes.append(store.trace[0])
             placed = True
-        if placed and any(t is target for t in inputs):
-            return None         # reads the input's old value after the store
+        if any(id(t) in old for t in inputs):
+            if placed:
+                return None         # reads the input's old value after the store
+            if n.definition.traits.view:
+                old.update(id(t) for t in n.outputs)
         if all(a is b for a, b in zip(inputs, n.inputs)):
             nodes.append(n)
             continue

@@ -31,6 +31,7 @@ import kiln.schedule.tuner as tuner
 from kiln.schedule.cpu_auto import schedule as cpu_loop_nests
 from kiln.schedule.cpu_rows import schedule as cpu_rows
 from kiln.schedule.cuda_columns import schedule as cuda_columns
+from kiln.schedule.cuda_transpose import schedule as cuda_transpose
 from kiln.schedule.cuda_general import schedule as cuda_general
 from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
@@ -106,7 +107,7 @@ class BuildSettings:
 
 AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cpu": (cpu_rows, cpu_loop_nests),
-    "cuda": (cuda_columns, cuda_rows, cuda_split, cuda_general),
+    "cuda": (cuda_columns, cuda_transpose, cuda_rows, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
 its program or None; the last of each takes any task. Every rule takes symbolic sizes as

@@ -72,7 +72,8 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs,
-            lambda graph, examples, lent_from=None: compile_graph(graph, examples, settings, lent_from=lent_from))
+            lambda graph, examples, lent_from=None, static_inputs=(): compile_graph(
+                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
 
 
@@ -87,9 +88,10 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
-    def compile_aten(graph: GraphModule, examples, lent_from=None):
+    def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
-        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from)
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
+                             static_inputs)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -118,22 +120,24 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
-                  constants: set[str] = frozenset(), lent_from: int | None = None):
+                  constants: set[str] = frozenset(), lent_from: int | None = None, static_inputs=()):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
     holding parameters and buffers; the outputs from position `lent_from` on (a training
     forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
-    instead of copied."""
+    instead of copied; the inputs at positions `static_inputs` (parameters, saved values) keep
+    their memory from call to call, and CUDA graphs read them in place."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
             raise UnmappedOperatorError(unmapped)
-        return KilnFunction(gm, settings, constants, lent_from=lent_from)   # a declined node raises at first run
+        # a declined node raises at first run
+        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
-        return KilnFunction(gm, settings, constants, lent_from=lent_from)
+        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     left = left_to_pytorch(gm, for_pytorch)
@@ -178,7 +182,9 @@ class KilnFunction:
     graph split for fallback_to_eager that run in PyTorch. The outputs from position
     `lent_from` on (a training forward's saved values, a backward's gradients) are lent by its
     CUDA graphs rather than copied: a replay reuses their memory only once the caller dropped
-    them (`kiln.runtime.cuda_graph`).
+    them (`kiln.runtime.cuda_graph`). The inputs at positions `static_inputs` (a training
+    graph's parameters and saved values) are read in place by its CUDA graphs, which are
+    captured again where one of them comes at new memory.
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -187,11 +193,12 @@ class KilnFunction:
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
-                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None):
+                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None, static_inputs=()):
         self.gm = gm
         self.settings = settings
         self.left_to_pytorch = left_to_pytorch or []
         self.lent_from = lent_from
+        self.static_inputs = frozenset(static_inputs)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
@@ -338,7 +345,7 @@ class KilnFunction:
                     for j, p in enumerate(record.positions)]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
         return CompiledRun(compiled, record, examples if self.settings.use_cuda_graph and on_cuda else None,
-                           graph)
+                           graph, self.static_inputs)
 
 
 class CompiledRun:
@@ -353,7 +360,8 @@ class CompiledRun:
     write-back (where one remains) inside the graph: a call is one replay, with no copy of those
     inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
     saved for the backward) are lent, not copied, and a graph called with lent tensors (the
-    backward) is captured reading them in place (`kiln.runtime.cuda_graph`). New memory for
+    backward) is captured reading them in place (`kiln.runtime.cuda_graph`), as it reads the
+    contiguous arguments at positions `static_inputs` (parameters, saved values). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
     so, calls run without a CUDA graph). The inputs at positions `moves` (CPU scalars of a graph
@@ -362,7 +370,7 @@ class CompiledRun:
     CAPTURES_KEPT = 4
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
-                 graph: FlowGraph | None = None):
+                 graph: FlowGraph | None = None, static_inputs=frozenset()):
         self.compiled = compiled
         self.graph = graph
         self.record = record
@@ -371,6 +379,7 @@ class CompiledRun:
         self.writeback = record.writeback
         self.moves = {j: torch.device(d) for j, d in record.moves.items()}
         self.lent = list(record.lent)
+        self.static = {j for j, p in enumerate(self.positions) if p in static_inputs}
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
                              all(isinstance(v, Output) for v in self.structure))
@@ -391,7 +400,8 @@ class CompiledRun:
         if not all(inputs[j].is_contiguous() for _, j in self.write_back):
             return None
         written = {j for _, j in self.write_back}
-        bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous() and is_lent(t)]
+        bound = [j for j, t in enumerate(inputs)
+                 if j not in written and t.is_contiguous() and (j in self.static or is_lent(t))]
         captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound)
         with self._captures_lock:
             self.captures[id(captured)] = captured
