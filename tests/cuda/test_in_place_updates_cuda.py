@@ -76,7 +76,7 @@ def test_the_pass_disabled_gives_the_same_values_out_of_place():
 
 @pytest.mark.parametrize("fn", [cpu._hazard_old_value_read_after, cpu._hazard_old_value_returned,
                                 cpu._source_reads_the_cache, cpu._updated_twice, cpu._index_put, cpu._setitem,
-                                cpu._returns_the_cache])
+                                cpu._returns_the_cache, cpu._old_value_viewed])
 def test_eager_values_whatever_reads_the_cache(fn):
     torch.manual_seed(2)
     f = torch.compile(fn, backend="kiln")

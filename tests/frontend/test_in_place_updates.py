@@ -140,6 +140,12 @@ def _index_put(cache, new, position):
     return cache.sum(1)
 
 
+def _old_value_viewed(cache, new, position):
+    old = cache.clone().reshape(-1)
+    cache.index_copy_(1, position, new)
+    return cache.sum(1).reshape(-1) * old[:15].sum(), old.reshape(3, 60)
+
+
 def _returns_the_cache(cache, new, position):
     return cache.index_copy_(1, position, new), cache.sum(1)
 
@@ -150,7 +156,8 @@ def _setitem(cache, new, position):
 
 
 @pytest.mark.parametrize("fn", [_hazard_old_value_read_after, _hazard_old_value_returned, _source_reads_the_cache,
-                                _updated_twice, _index_put, _setitem, _returns_the_cache])
+                                _updated_twice, _index_put, _setitem, _returns_the_cache,
+                                _old_value_viewed])
 def test_eager_values_whatever_reads_the_cache(fn):
     """Reads of the old value after the write (which keep the update out of place, or order
     the store after them), a source computed from the cache itself, two updates of one cache,
