@@ -5,9 +5,10 @@ query row's log-sum-exp and one backward op, onto Kiln's `attention_forward` and
 Two torch operators carry the split through AOTAutograd: `kiln::attention_forward` (returning
 the output and the float32 log-sum-exp) and `kiln::attention_backward`, its gradient. Kiln's
 decomposition of `aten.scaled_dot_product_attention` uses them where they compute what was
-asked (`fused_applies`: no dropout, no mask or a bool one, q/k/v of rank 4 in a 16-bit type on
-CUDA, where Kiln has fused kernels for them); grouped-query heads are repeated first, so that
-autograd sums their gradients. Elsewhere it is PyTorch's math form, as before. Outside Kiln's traces (a
+asked (`fused_applies`: no dropout, no mask, q/k/v of rank 4 in a 16-bit type with a head
+dim of FUSED_HEAD_DIMS on CUDA: where Kiln has fused kernels for them); grouped-query heads are
+repeated first, so that autograd sums their gradients. The operators take a bool mask too, but
+the kernels do not yet (FUSED_MASKS), so a masked attention keeps the math form. Elsewhere it is PyTorch's math form, as before. Outside Kiln's traces (a
 partition handed to PyTorch) both operators run their math in float32 with torch.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from kiln_mappings_aten.common import aten, same_signature
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16)
 FUSED_DEVICES = ("cuda",)
-FUSED_MASKS = True
+FUSED_HEAD_DIMS = (32, 64, 128)
+FUSED_MASKS = False
 
 
 def _scores(q, k, scale: float, is_causal: bool, mask):
@@ -80,13 +82,14 @@ attention_forward.register_autograd(_backward, setup_context=_save)
 
 
 def fused_applies(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False) -> bool:
-    """Whether the fused pair computes this attention: no dropout, no mask or a bool one (not
-    with is_causal), rank-4 q/k/v of one 16-bit dtype on a device where Kiln has fused kernels
-    for the pair."""
+    """Whether the fused pair computes this attention: no dropout, no mask (or, with
+    FUSED_MASKS, a bool one without is_causal), rank-4 q/k/v of one 16-bit dtype and head dim on
+    a device where Kiln has fused kernels for the pair."""
     mask_ok = attn_mask is None or (FUSED_MASKS and attn_mask.dtype == torch.bool and not is_causal)
     return (mask_ok and dropout_p == 0.0 and query.dim() == key.dim() == value.dim() == 4
             and query.dtype in FUSED_DTYPES and query.dtype == key.dtype == value.dtype
-            and query.device.type in FUSED_DEVICES and query.shape[-1] == key.shape[-1]
+            and query.device.type in FUSED_DEVICES and query.shape[-1] == key.shape[-1] == value.shape[-1]
+            and query.shape[-1] in FUSED_HEAD_DIMS
             and query.shape[1] % key.shape[1] == 0 and key.shape[1] == value.shape[1])
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Block(torch.nn.Module):
-    def __init__(self, heads=4, kv_heads=4, dim=16):
+    def __init__(self, heads=4, kv_heads=4, dim=32):
         super().__init__()
         self.heads, self.kv_heads, self.dim = heads, kv_heads, dim
         self.q = torch.nn.Linear(heads * dim, heads * dim)
@@ -69,7 +69,7 @@ def test_fused_attention_trains_like_eager(monkeypatch, heads, kv_heads, n):
     seen = _attention_ops(monkeypatch)
     torch.manual_seed(0)
     reference = Block(heads, kv_heads).double()
-    x = torch.randn(2, n, heads * 16, dtype=torch.float64)
+    x = torch.randn(2, n, heads * 32, dtype=torch.float64)
     want = _train(reference, x)
     block = copy.deepcopy(reference).to(torch.bfloat16)
     eager = _train(copy.deepcopy(block), x.to(torch.bfloat16))
@@ -81,13 +81,14 @@ def test_fused_attention_trains_like_eager(monkeypatch, heads, kv_heads, n):
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_masked_attention(monkeypatch, kind):
-    """A bool mask trains through the fused pair; a float mask (added to the scores) keeps the
-    math form."""
+    """With FUSED_MASKS a bool mask trains through the fused pair; a float mask (added to the
+    scores) keeps the math form."""
     monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(attention, "FUSED_MASKS", True)
     seen = _attention_ops(monkeypatch)
     torch.manual_seed(0)
     block = Block().to(torch.bfloat16)
-    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, 5, 128, dtype=torch.bfloat16)
     keep = torch.rand(2, 1, 5, 5) > 0.3
     keep[0, 0, 3] = False                   # a row with no key: zeros, as PyTorch's math form gives
     mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(keep.logical_not(), -1e4)
@@ -98,10 +99,19 @@ def test_masked_attention(monkeypatch, kind):
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
 
+def test_masks_keep_the_math_form_by_default(monkeypatch):
+    monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
+    seen = _attention_ops(monkeypatch)
+    block = Block().to(torch.bfloat16)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool).tril()
+    _train(torch.compile(block, backend="kiln"), torch.randn(1, 4, 128, dtype=torch.bfloat16), mask=mask)
+    assert not any("kiln.attention" in op for op in seen)
+
+
 def test_cpu_keeps_the_math_form_by_default(monkeypatch):
     seen = _attention_ops(monkeypatch)
     block = Block().to(torch.bfloat16)
-    _train(torch.compile(block, backend="kiln"), torch.randn(1, 4, 64, dtype=torch.bfloat16))
+    _train(torch.compile(block, backend="kiln"), torch.randn(1, 4, 128, dtype=torch.bfloat16))
     assert not any("kiln.attention" in op for op in seen)
 
 

@@ -125,8 +125,8 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
     holding parameters and buffers; the outputs from position `lent_from` on (a training
     forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
-    instead of copied; the inputs at positions `static_inputs` (parameters, saved values) keep
-    their memory from call to call, and CUDA graphs read them in place."""
+    instead of copied; the inputs at positions `static_inputs` (parameters) keep their memory
+    from call to call, and CUDA graphs read them in place."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
@@ -183,8 +183,8 @@ class KilnFunction:
     `lent_from` on (a training forward's saved values, a backward's gradients) are lent by its
     CUDA graphs rather than copied: a replay reuses their memory only once the caller dropped
     them (`kiln.runtime.cuda_graph`). The inputs at positions `static_inputs` (a training
-    graph's parameters and saved values) are read in place by its CUDA graphs, which are
-    captured again where one of them comes at new memory.
+    forward's parameters) are read in place by its CUDA graphs, which are captured again where
+    one of them comes at new memory.
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -361,7 +361,7 @@ class CompiledRun:
     inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
     saved for the backward) are lent, not copied, and a graph called with lent tensors (the
     backward) is captured reading them in place (`kiln.runtime.cuda_graph`), as it reads the
-    contiguous arguments at positions `static_inputs` (parameters, saved values). New memory for
+    contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
     so, calls run without a CUDA graph). The inputs at positions `moves` (CPU scalars of a graph

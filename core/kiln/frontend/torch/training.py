@@ -134,7 +134,8 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     where it did not partition) and all of the backward's gradients, which autograd accumulates
     or hands on and the optimizer reads before they are dropped. The inputs at `static_inputs`
     keep their memory from step to step and are read in place: the forward's parameters and
-    buffers, the backward's inputs other than the output gradients (saved values, parameters)."""
+    buffers (the backward reads the forward's lent values in place; the other values it saves,
+    a batch among them, come at new memory each step and are copied)."""
     saved_from: list[int] = []
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
@@ -156,8 +157,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
         return compile_half(graph, examples, saved_from.pop() if saved_from else None, _parameter_positions())
 
     def compile_backward(graph: GraphModule, examples):
-        inputs = graph.graph.find_nodes(op="placeholder")
-        return compile_half(graph, examples, 0, [k for k, n in enumerate(inputs) if not n.name.startswith("tangents")])
+        return compile_half(graph, examples, 0, [])
 
     backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward, partition_fn=partition,
                            decompositions=decompositions())
