@@ -4,7 +4,8 @@ Every tensor of the graph gets a numbered buffer slot; every node becomes a step
 operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the CompiledGraph (where a
 kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
-reads). The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
+reads). A StoreRows node (an in-place update, `kiln.graph.in_place`) writes into its input's
+buffer: its output takes the input's slot. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
+from kiln.graph.in_place import is_store
 from kiln.graph.operator import Operator, compiled_task
 from kiln.ir import Compute, Const, Load
 from kiln.runtime.backend import DeviceKernel
@@ -83,8 +85,17 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
         return slots[id(t)]
 
     inputs = [new_slot(t) for t in graph.inputs]
-    steps = [(tuple(existing(t) for t in node.inputs), tuple(new_slot(t) for t in node.outputs))
-             for node in graph.nodes]
+    steps = []
+    for node in graph.nodes:
+        ins = tuple(existing(t) for t in node.inputs)
+        if is_store(node):
+            # an in-place update (kiln.passes.in_place): its output is its input's buffer
+            if ins[0] not in inputs:
+                raise ValueError("an in-place update stores into a tensor that is not an input of the graph")
+            slots[id(node.outputs[0])] = ins[0]
+            steps.append((ins, (ins[0],)))
+        else:
+            steps.append((ins, tuple(new_slot(t) for t in node.outputs)))
     outputs = [existing(t) for t in graph.outputs]
     kernels = build_kernels(graph, settings=settings)
     plan = Plan([(k.program, k.device) for k in kernels], steps, buffers, inputs, outputs, constants)

@@ -35,6 +35,7 @@ from kiln.schedule.cuda_transpose import schedule as cuda_transpose
 from kiln.schedule.cuda_general import schedule as cuda_general
 from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
+from kiln.schedule.store_rows import store_program, stores_rows
 
 DEFAULT_SM_COUNT = 132       # what the knobs of a GPU-less build are fitted to (an H100/H200)
 MIN_GEMM_SIDE = 16           # a contraction this wide both ways, left to the auto-scheduler, is logged
@@ -171,6 +172,12 @@ def build_task(task: Task, device: Device, settings: BuildSettings | None = None
     settings = settings or BuildSettings.from_environment()
     backend = backend_for(device)
     backend.check_available(f"cannot run '{task.name}' on {device}")
+    if stores_rows(task):       # an in-place update's store (kiln.schedule.store_rows)
+        if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
+            program = store_program(task, "cuda")
+            rt.compile_many([(rt.launch_source(program, arch.strip()), task.name, program.arch_for(arch.strip()))
+                             for arch in os.environ["KILN_NVRTC_CHECK"].split(",")])
+        return CompiledTask(task, device, backend.load(store_program(task, device.kind), device))
     if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
         check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
     program = choose(task, device.kind, backend.arch(device),

@@ -50,7 +50,7 @@ from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
-from kiln.passes import PassContext, optimize
+from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
@@ -321,7 +321,10 @@ class KilnFunction:
                 writeback = list(interpreter.mutated_inputs)
                 traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
             with stage("optimize", f"{len(traced.nodes)} operators"):
-                graph = _optimize(traced, self.settings, folder)
+                # the outputs written back, by the position of their input among the graph's
+                first = len(traced.outputs) - len(writeback)
+                written = {first + k: positions.index(p) for k, p in enumerate(writeback)}
+                graph = _optimize(traced, self.settings, folder, written)
         level = self.settings.search_space
         with stage("build", f"{len(graph.nodes)} kernels"):
             compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
@@ -350,9 +353,12 @@ class CompiledRun:
     its outputs back into the graph's output structure, and the inputs its last outputs are
     written back to (inputs the graph changes in place).
 
-    On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
-    caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
-    of those inputs in or out. The outputs at positions `lent` (a training forward's values
+    An input whose new value only replaces some of its elements (a KV cache written at the
+    decoding position) is updated in place by the graph itself (`kiln.passes.in_place`): its
+    written-back output is the input's own tensor, and nothing is copied back. On CUDA, a graph
+    that changes contiguous inputs in place is captured on the caller's tensors, with the
+    write-back (where one remains) inside the graph: a call is one replay, with no copy of those
+    inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
     saved for the backward) are lent, not copied, and a graph called with lent tensors (the
     backward) is captured reading them in place (`kiln.runtime.cuda_graph`), as it reads the
     contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
@@ -430,8 +436,14 @@ class CompiledRun:
             outs = self.compiled.run(inputs)
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
+                # an output that is an input written back (`old = x.clone()` before `x.add_(1)`,
+                # which Kiln computes as x itself) keeps the value from before the write-back
+                # (one updated in place, `kiln.passes.in_place`, is its final value: no copy back)
+                copied = [args[p] for p, value in zip(self.writeback, changed) if value is not args[p]]
+                outs = [o.clone() if any(o is w for w in copied) else o for o in outs]
                 for position, value in zip(self.writeback, changed):
-                    args[position].copy_(value)
+                    if value is not args[position]:     # an input updated in place is the value
+                        args[position].copy_(value)
         if self.flat_tensors:
             return type(self.structure)(outs)
         outs = iter(outs)
@@ -492,9 +504,11 @@ def _describe_arg(arg) -> str:
     return repr(arg)
 
 
-def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
+def _optimize(graph: FlowGraph, settings: Settings, folder=None, written: dict[int, int] | None = None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
+    instruments), with dynamo_config's float16 settings; each stage written to `folder`. The
+    outputs `written` (output position -> input position) are written back into inputs:
+    those that update their input's elements are computed in place (`kiln.passes.in_place`)."""
     outer = PassContext.current()
     config = {**outer.config, "use_fp16": settings.use_fp16,
               "use_fp16_reduction": settings.use_fp16_reduction, "allow_tf32": settings.allow_tf32}
@@ -503,4 +517,5 @@ def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
         instruments.append(DumpGraph(str(folder / "passes")))
     with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
                      instruments):
-        return optimize(graph)
+        graph = optimize(graph)
+        return UpdateInPlace(written)(graph) if written else graph
