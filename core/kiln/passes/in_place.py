@@ -20,8 +20,8 @@ CUDA graph captures none).
 
 Correctness rules:
 - StoreRows is placed right before the first node that reads the new value; a node after it
-  that reads the input (its old value) or a view of it (an operator declaring `Traits.view`,
-  which the compiled graph runs on the input's memory), or a graph output that is the input
+  that reads the input (its old value) or a view of it (a node the compiled graph runs on the
+  input's memory: `kiln.graph.compile.is_view`), or a graph output that is the input
   itself, keeps the update out of place (the graph is left as it was for that input);
 - only the input itself is updated so: an update of a value computed from it (a second update
   of the same input in one graph, an update through a view) stays out of place;
@@ -34,6 +34,7 @@ before. Disable the pass as any other: `PassContext(disabled_passes={"update_in_
 from __future__ import annotations
 
 from kiln.graph import FlowGraph, Operator
+from kiln.graph.compile import is_view
 from kiln.graph.in_place import store_rows, update_rows
 from kiln.passes.edit import reapply
 from kiln.passes.fused import FusedOperator
@@ -127,7 +128,7 @@ def _in_place(graph: FlowGraph, out: int, target: Tensor) -> FlowGraph | None:
         if any(id(t) in old for t in inputs):
             if placed:
                 return None         # reads the input's old value after the store
-            if n.definition.traits.view:
+            if is_view(n, graph):
                 old.update(id(t) for t in n.outputs)
         if all(a is b for a, b in zip(inputs, n.inputs)):
             nodes.append(n)
