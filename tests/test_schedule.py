@@ -60,12 +60,14 @@ def test_a_program_is_loaded_once_per_process():
 
 def test_auto_rules_are_tried_in_order():
     rules = [r.__module__ for r in AUTO_RULES["cuda"]]
-    assert rules == ["kiln.schedule.cuda_columns", "kiln.schedule.cuda_rows", "kiln.schedule.cuda_split",
-                     "kiln.schedule.cuda_general"]
+    assert rules == ["kiln.schedule.cuda_columns", "kiln.schedule.cuda_transpose", "kiln.schedule.cuda_rows",
+                     "kiln.schedule.cuda_split", "kiln.schedule.cuda_general"]
     columns = auto_program(_task("sum", torch.randn(5000, 40), 0), "cuda")
     assert [launch.kernel for launch in columns.launches] == ["kiln_k0_columns", "kiln_k0"]
     softmax = auto_program(_task("softmax", torch.randn(256, 100), -1), "cuda")
     assert [launch.kernel for launch in softmax.launches] == ["kiln_row"]
+    transpose = auto_program(_task("permute", torch.randn(64, 96), [1, 0]), "cuda")
+    assert [launch.kernel for launch in transpose.launches] == ["kiln_transpose"]
     total = auto_program(_task("sum", torch.randn(1 << 17)), "cuda")
     assert [launch.kernel for launch in total.launches] == ["kiln_k0_split", "kiln_k0"]
     plain = auto_program(_task("relu", torch.randn(33, 7)), "cuda")
