@@ -21,7 +21,7 @@ from kiln.tensor import Tensor
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
     threads (ThreadPoolExecutor's default number when None) with `settings`
-    (`kiln.schedule.BuildSettings`)."""
+    (`kiln.settings.Settings`: those in effect when None)."""
     tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # each build in a copy of the caller's context, which holds the compile's record (kiln.log)

@@ -38,9 +38,9 @@ class ConvertToFloat16(GraphPass):
     opt_level = 0
 
     def transform(self, graph, ctx):
-        if not ctx.config["use_fp16"]:
+        if not ctx.session.settings.use_fp16:
             return graph
-        keep_reductions = not ctx.config["use_fp16_reduction"]
+        keep_reductions = not ctx.session.settings.use_fp16_reduction
         cast = registry().implementing(Role.CAST)
         converted: dict[int, Tensor] = {}
 

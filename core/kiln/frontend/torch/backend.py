@@ -36,7 +36,7 @@ from torch.fx.node import map_aggregate
 
 from kiln.frontend.torch import graph_cache
 from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
-from kiln.frontend.torch.config import Settings, dynamo_config
+from kiln.frontend.torch.config import dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter, mutates
@@ -54,7 +54,7 @@ from kiln.passes import PassContext, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
-from kiln.schedule import BuildSettings
+from kiln.settings import Settings, applied
 from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
 _warned: set[str] = set()
@@ -261,6 +261,12 @@ class KilnFunction:
         return self.gm.forward(*args)
 
     def _compile(self, args) -> CompiledRun:
+        """A new CompiledRun for the call `args`, compiled under the graph's settings (or served
+        by the whole-graph cache)."""
+        with applied(self.settings):
+            return self._compile_now(args)
+
+    def _compile_now(self, args) -> CompiledRun:
         described = [_describe_arg(a) for a in args]
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
@@ -314,10 +320,9 @@ class KilnFunction:
                 writeback = list(interpreter.mutated_inputs)
                 traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
             with stage("optimize", f"{len(traced.nodes)} operators"):
-                graph = _optimize(traced, self.settings, folder)
-        level = self.settings.search_space
+                graph = _optimize(traced, folder)
         with stage("build", f"{len(graph.nodes)} kernels"):
-            compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
+            compiled = graph.compile(self.settings)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
                            _leaves_from(result, self.lent_from))
@@ -482,15 +487,10 @@ def _describe_arg(arg) -> str:
     return repr(arg)
 
 
-def _optimize(graph: FlowGraph, settings: Settings, folder=None) -> FlowGraph:
+def _optimize(graph: FlowGraph, folder=None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings; each stage written to `folder`."""
-    outer = PassContext.current()
-    config = {**outer.config, "use_fp16": settings.use_fp16,
-              "use_fp16_reduction": settings.use_fp16_reduction, "allow_tf32": settings.allow_tf32}
-    instruments = list(outer.instruments)
-    if folder is not None:
-        instruments.append(DumpGraph(str(folder / "passes")))
-    with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
-                     instruments):
+    instruments) and the settings in effect (the compile's); each stage written to `folder`."""
+    if folder is None:
+        return optimize(graph)
+    with PassContext(instruments=[*PassContext.current().instruments, DumpGraph(str(folder / "passes"))]):
         return optimize(graph)
