@@ -38,7 +38,7 @@ import torch
 from kiln.graph import Layout, Operator, OperatorDef, Role, trace_from
 from kiln.ir import Const, Load, Var, inline_task
 from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
-from kiln.passes.edit import arguments_of, reapply
+from kiln.passes.edit import arguments_of, producer, reapply
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.provided import implementer, provided
 from kiln.schedule.session import CompileSession
@@ -245,11 +245,11 @@ def permuted(t: Tensor, order) -> Tensor:
     reshape where only size-1 dims move; a permute node otherwise."""
     if not t.is_symbolic:
         return from_torch(t.torch().permute(*order).contiguous())
-    producer = t.trace[0] if t.trace is not None else None
-    inner = None if producer is None else permutation(producer)
+    node = producer(t)
+    inner = None if node is None else permutation(node)
     if inner is not None:
         order = tuple(inner[k] for k in order)
-        source = producer.inputs[0]
+        source = node.inputs[0]
         return source if order == tuple(range(len(order))) else permuted(source, order)
     moved = [k for k in order if t.shape[k] != 1]
     if moved == sorted(moved):
