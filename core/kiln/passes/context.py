@@ -6,7 +6,8 @@ config, instruments), and the compile session they ask (`PassContext.session`).
         graph = kiln.graph.optimize(graph)
 
 Contexts nest: a setting not given is taken from the enclosing context (config keys one by
-one), so a library can set config while the user's opt level and instruments still apply.
+one: an entered context's config changes the settings of what runs inside it), so a library can
+set config while the user's opt level and instruments still apply.
 `PassContext.current()` is the innermost one of this thread (a default one outside any `with`).
 `config` changes settings (`kiln.settings.Settings`, by field name) while the context is
 entered: passes read them from their session's `settings`.
