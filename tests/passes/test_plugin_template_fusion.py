@@ -72,6 +72,14 @@ def test_a_plugin_operator_with_a_template_fuses_with_its_elementwise_neighbours
     assert rendered == [], "the fused kernel is the auto-scheduler's"
 
 
+def test_a_chain_that_starts_at_the_templated_operator_is_one_kernel(i0_plugin):
+    x = kiln.symbol([4, 8])
+    opt = kiln.graph.optimize(kiln.trace_from(ops.i0(x) * 2 + 1, [x]))
+    assert len(opt.nodes) == 1, opt
+    value = torch.randn(4, 8)
+    torch.testing.assert_close(opt.run([value])[0].torch(), torch.special.i0(value) * 2 + 1)
+
+
 def test_the_template_computes_an_i0_that_stays_alone(i0_plugin):
     x = kiln.symbol([4, 8])
     alone = kiln.graph.optimize(kiln.trace_from(ops.i0(x), [x]))

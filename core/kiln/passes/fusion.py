@@ -212,9 +212,9 @@ class _Groups:
         inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
         used = [t for n in members for t in n.outputs
                 if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
-        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
-        fused = FusedOperator(members, inputs, used, anchor)
-        return fused if keeps_templates(members[anchor], fused, self.session) else None
+        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), None)
+        fused = FusedOperator(members, inputs, used, anchor or 0)
+        return fused if anchor is None or keeps_templates(members[anchor], fused, self.session) else None
 
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""
