@@ -20,6 +20,7 @@ plan (logging, dumps, checks, the caches), which the whole-graph cache's keys le
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -114,16 +115,9 @@ class Settings:
 
     @staticmethod
     def from_environment() -> Settings:
-        """The defaults, each field's environment variable overriding its own where set."""
-        given = {}
-        for f in fields(Settings):
-            text = os.environ.get(f.metadata["env"] or "", "")
-            if text:
-                try:
-                    given[f.name] = f.metadata["parse"](text)
-                except ValueError as error:
-                    raise ValueError(f"{f.metadata['env']} {error}") from None
-        return Settings(**given)
+        """The defaults, each field's environment variable overriding its own where set (read
+        at each call; parsed once for each set of values)."""
+        return _parsed(tuple(os.environ.get(name, "") for name in READ))
 
     def keyed(self) -> dict:
         """The settings that may change a compiled plan, by name."""
@@ -135,6 +129,25 @@ OPTIONS = tuple(f.name for f in fields(Settings) if f.metadata["option"])
 
 ENVIRONMENT = {f.metadata["env"]: f.name for f in fields(Settings) if f.metadata["env"]}
 """The environment variables giving defaults, with the setting each gives."""
+
+READ = (*ENVIRONMENT, "XDG_CACHE_HOME", "HOME")
+"""Every environment variable the defaults depend on (the last two: `cache_dir`'s default)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(values: tuple[str, ...]) -> Settings:
+    """The settings of the environment whose variables `READ` have `values` (empty: unset)."""
+    given = {}
+    for (name, setting), text in zip(ENVIRONMENT.items(), values):
+        if text:
+            try:
+                given[setting] = PARSERS[setting](text)
+            except ValueError as error:
+                raise ValueError(f"{name} {error}") from None
+    return Settings(**given)
+
+
+PARSERS = {f.name: f.metadata["parse"] for f in fields(Settings)}
 
 _in_effect: contextvars.ContextVar[Settings | None] = contextvars.ContextVar("kiln_settings", default=None)
 

@@ -33,7 +33,7 @@ from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir.size import size_key
 from kiln.log import current_record
 from kiln.schedule import build_task
-from kiln.settings import Settings, current
+from kiln.settings import Settings
 from kiln.tensor import Tensor, from_torch
 
 
@@ -253,16 +253,15 @@ class Operator:
         return f"<{self.name} operator>"
 
 
-# (id(task), device, tuning level) -> (task, its kernel): the task is held so that its id stays its own
+# (id(task), device, settings) -> (task, its kernel): the task is held so that its id stays its own
 _compiled = _Recent(lambda: KERNELS_KEPT)
 
 
 def compiled_task(task: Task, device: Device, settings: Settings | None = None):
-    """The built kernel of `task` on `device` with `settings` (those in effect when None): the
-    one built before at the same tuning level while it is among the KERNELS_KEPT most recently
-    used, else built now."""
-    settings = settings or current()
-    key = (id(task), device, settings.search_space)
+    """The built kernel of `task` on `device` with `settings` (those in effect when None, read
+    only to build): the one built before with the same settings while it is among the
+    KERNELS_KEPT most recently used, else built now."""
+    key = (id(task), device, settings)
     found = _compiled.get(key)
     if found is None:
         found = (task, build_task(task, device, settings))
