@@ -253,15 +253,16 @@ class Operator:
         return f"<{self.name} operator>"
 
 
-# (id(task), device, settings) -> (task, its kernel): the task is held so that its id stays its own
+# (id(task), device, tuning level or None) -> (task, its kernel): the task is held so that its id stays its own
 _compiled = _Recent(lambda: KERNELS_KEPT)
 
 
 def compiled_task(task: Task, device: Device, settings: Settings | None = None):
     """The built kernel of `task` on `device` with `settings` (those in effect when None, read
-    only to build): the one built before with the same settings while it is among the
-    KERNELS_KEPT most recently used, else built now."""
-    key = (id(task), device, settings)
+    only to build): the one built before at the same tuning level (`search_space`; or, for
+    None, also without settings given) while it is among the KERNELS_KEPT most recently used,
+    else built now."""
+    key = (id(task), device, None if settings is None else settings.search_space)
     found = _compiled.get(key)
     if found is None:
         found = (task, build_task(task, device, settings))
