@@ -133,21 +133,20 @@ ENVIRONMENT = {f.metadata["env"]: f.name for f in fields(Settings) if f.metadata
 READ = (*ENVIRONMENT, "XDG_CACHE_HOME", "HOME")
 """Every environment variable the defaults depend on (the last two: `cache_dir`'s default)."""
 
+PARSERS = {f.name: f.metadata["parse"] for f in fields(Settings)}
+
 
 @functools.lru_cache(maxsize=16)
 def _parsed(values: tuple[str, ...]) -> Settings:
     """The settings of the environment whose variables `READ` have `values` (empty: unset)."""
     given = {}
-    for (name, setting), text in zip(ENVIRONMENT.items(), values):
+    for (variable, name), text in zip(ENVIRONMENT.items(), values):
         if text:
             try:
-                given[setting] = PARSERS[setting](text)
+                given[name] = PARSERS[name](text)
             except ValueError as error:
-                raise ValueError(f"{name} {error}") from None
+                raise ValueError(f"{variable} {error}") from None
     return Settings(**given)
-
-
-PARSERS = {f.name: f.metadata["parse"] for f in fields(Settings)}
 
 _in_effect: contextvars.ContextVar[Settings | None] = contextvars.ContextVar("kiln_settings", default=None)
 
