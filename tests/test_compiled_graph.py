@@ -5,6 +5,7 @@ import torch
 
 import kiln
 from kiln.graph import optimize, run_task
+from kiln.graph.compile import copies_input
 from kiln.runtime.compiled_graph import ALIGNMENT, plan_memory
 from tests.support import assert_close
 
@@ -47,7 +48,19 @@ def fused():
     return optimize(kiln.trace_from([s, kiln.ops.softmax(h, -1)], [x]))
 
 
-GRAPHS = {"chain": chain, "multi_output": multi_output, "fused": fused}
+def views():
+    """Reshapes run as views: of an intermediate whose memory later buffers could take if the
+    view did not keep it live, of an input, of a view; and one the graph returns, which gets
+    memory of its own."""
+    x = kiln.symbol((8, 16), "float32", "cpu")
+    v = kiln.ops.reshape(kiln.ops.tanh(x), (16, 8))
+    c = kiln.ops.expand(kiln.ops.mul(kiln.ops.exp(x), 2.0), (8, 16))      # an expand to the same shape
+    w = kiln.ops.flatten(kiln.ops.unsqueeze(kiln.ops.reshape(x, (4, 32)), 0), 0, 1)
+    out = kiln.ops.add(kiln.ops.reshape(kiln.ops.sigmoid(c), (16, 8)), v)
+    return kiln.trace_from([out, kiln.ops.reshape(out, (128,)), kiln.ops.relu(w)], [x])
+
+
+GRAPHS = {"chain": chain, "multi_output": multi_output, "fused": fused, "views": views}
 
 
 def inputs_for(graph):
@@ -97,6 +110,26 @@ def test_outputs_inputs_and_constants_are_not_in_the_workspace():
     x = torch.randn(6, 12)
     outs = graph.run([x])
     assert outs[3].torch() is x and outs[0].torch() is outs[4].torch()
+
+
+def test_reshapes_run_as_views_of_their_inputs_memory():
+    graph = views()
+    compiled = graph.compile()
+    viewed = [s for s, step in zip(compiled.steps, graph.nodes) if step.definition.name in ("reshape", "flatten",
+                                                                                          "unsqueeze", "expand")]
+    assert len(compiled.views) == len(viewed) - 1, "every reshape but the returned one is a view"
+    placed = {s for plan in compiled.plans.values() for s in plan.offsets}
+    assert not placed & set(compiled.views)
+    x = torch.randn(8, 16)
+    out, flat, _ = graph.run([x])
+    assert flat.torch().untyped_storage().data_ptr() != out.torch().untyped_storage().data_ptr()
+
+
+def test_only_element_for_element_copies_are_views():
+    x = kiln.symbol((8, 1, 16), "float32", "cpu")
+    same, wider = kiln.ops.expand(x, (8, 1, 16)), kiln.ops.expand(x, (8, 3, 16))
+    graph = kiln.trace_from([kiln.ops.relu(same), kiln.ops.relu(wider)], [x])
+    assert [copies_input(n.task) for n in graph.nodes if n.definition.name == "expand"] == [True, False]
 
 
 def test_workspace_is_smaller_than_the_intermediates_on_a_chain():

@@ -3,10 +3,10 @@ RULE_MODULES."""
 from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
-from kiln_mappings_aten import (common, creation, decompositions, elementwise, indexing, linalg, nn,
+from kiln_mappings_aten import (attention, common, creation, decompositions, elementwise, indexing, linalg, nn,
                                 reduce, rnn, shape)
 
-RULE_MODULES = (common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, rnn,
+RULE_MODULES = (attention, common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, rnn,
                 shape)
 
 

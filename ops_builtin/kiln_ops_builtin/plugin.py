@@ -4,13 +4,13 @@ from kiln.graph import OperatorDef
 from kiln.plugins import hookimpl
 
 from kiln_ops_builtin import (
-    activations, attention, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
+    activations, attention, attention_training, conv, creation, cumulative, elementwise, grid_sample, indexing, linalg, normalization,
     pool, pool_indices, random, reduce, resize, scatter, shape, sorting, special,
 )
 from kiln_ops_builtin.passes import PASSES
 from kiln_ops_builtin.patterns import PATTERNS
 
-OPERATOR_MODULES = (elementwise, activations, linalg, attention, conv, pool, pool_indices, resize, grid_sample, reduce, normalization,
+OPERATOR_MODULES = (elementwise, activations, linalg, attention, attention_training, conv, pool, pool_indices, resize, grid_sample, reduce, normalization,
                     shape, indexing, creation, special, sorting, cumulative, scatter, random)
 
 

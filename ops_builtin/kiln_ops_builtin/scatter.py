@@ -23,7 +23,7 @@ import torch
 
 from kiln import dtypes, ir
 from kiln.ir.size import size_text
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Traits, Update, operator
 from kiln.ir import TensorNode, cast, compute, reduce, select, unravel
 
 from kiln_ops_builtin.common import (accumulator_type, broadcast_load, broadcast_shape, clamp_index,
@@ -157,7 +157,16 @@ def _along_dim(op: str, x: TensorNode, dim, index: TensorNode, src) -> Scattered
     return Scattered(tuple(index.shape), target, value, [m], source_of, (d,), inside)
 
 
-@operator("scatter")
+def _update(x, scattered: Scattered) -> Update:
+    """The elements `scattered` replaces in x, seen from its sources (the trait `updates`)."""
+    return Update(x, tuple(scattered.sources), scattered.target, scattered.value)
+
+
+def _scatter_update(x, dim, index, src):
+    return _update(x, _along_dim("scatter", x, dim, index, src))
+
+
+@operator("scatter", traits=Traits(updates=_scatter_update))
 def scatter(x, dim, index, src):
     """x with src[j] (a tensor, or one Python scalar) written at x[j with dim replaced by index[j]]."""
     return _gathered(x, _along_dim("scatter", x, dim, index, src), "last")
@@ -226,7 +235,11 @@ def index_add(x, dim, index, source, alpha=1):
     return _gathered(x, *_index_add(x, dim, index, source, alpha))
 
 
-@operator("index_copy")
+def _index_copy_update(x, dim, index, source):
+    return _update(x, _index_along("index_copy", x, dim, index, source))
+
+
+@operator("index_copy", traits=Traits(updates=_index_copy_update))
 def index_copy(x, dim, index, source):
     """x with source[.., j, ..] written at x[.., index[j], ..] along `dim`."""
     return _gathered(x, _index_along("index_copy", x, dim, index, source), "last")
@@ -274,7 +287,12 @@ def _index_put(x, indices, values, accumulate=False):
     return scattered, "sum" if accumulate else "last", True
 
 
-@operator("index_put")
+def _index_put_update(x, indices, values, accumulate=False):
+    scattered, how, _ = _index_put(x, indices, values, accumulate)
+    return _update(x, scattered) if how == "last" else None
+
+
+@operator("index_put", traits=Traits(updates=_index_put_update))
 def index_put(x, indices, values, accumulate=False):
     """x with `values` written (or added, with `accumulate`) at the positions the integer index
     tensors `indices` give for x's leading dims; indices broadcast together, values broadcast

@@ -55,13 +55,13 @@ def infer_shape(op: str, shape, numel: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@operator("reshape", traits=Traits(implements=Role.RESHAPE))
+@operator("reshape", traits=Traits(implements=Role.RESHAPE, view=True))
 def reshape(x, shape):
     """`x` in `shape` (one size may be -1: inferred)."""
     return reshaped(x, infer_shape("reshape", shape, math.prod(x.shape)))
 
 
-@operator("squeeze")
+@operator("squeeze", traits=Traits(view=True))
 def squeeze(x, dim=None):
     """`x` without the size-1 dims among `dim` (an int, a tuple, or None: all dims)."""
     dims = range(x.ndim) if dim is None else _dims("squeeze", dim, x.ndim)
@@ -69,14 +69,14 @@ def squeeze(x, dim=None):
     return reshaped(x, [s for k, s in enumerate(x.shape) if k not in drop])
 
 
-@operator("unsqueeze")
+@operator("unsqueeze", traits=Traits(view=True))
 def unsqueeze(x, dim):
     """`x` with a new dim of size 1 at position `dim`."""
     d = normalize_dim("unsqueeze", dim, x.ndim + 1)
     return reshaped(x, x.shape[:d] + (1,) + x.shape[d:])
 
 
-@operator("flatten")
+@operator("flatten", traits=Traits(view=True))
 def flatten(x, start_dim=0, end_dim=-1):
     """`x` with dims `start_dim` to `end_dim` merged into one."""
     start = normalize_dim("flatten", start_dim, x.ndim)

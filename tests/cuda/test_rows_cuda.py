@@ -66,6 +66,35 @@ def test_few_warp_rows_spread_over_every_multiprocessor(rows, block, grid):
     assert launch.shape_for(132) == ((grid, 1, 1), (block, 1, 1))
 
 
+def _log_sum_exp(x):
+    """A row statistic written once a row: log-sum-exp over the last dim, kept as a size-1 dim
+    (cross-entropy's over a vocabulary)."""
+    xf = ops.cast(x, torch.float32)
+    high = ops.amax(xf, [1], True)
+    return ops.add(ops.log(ops.sum(ops.exp(ops.sub(xf, high)), [1], True)), high)
+
+
+@pytest.mark.parametrize("n, lanes", [(50257, 1024), (4096, 256), (1000, 32)])
+def test_long_statistics_of_one_value_a_row_take_a_block(n, lanes):
+    """A row whose one output value reduces a long row (a log-sum-exp over 50257 logits) takes a
+    block of threads, not a warp; short ones keep a warp."""
+    x = kiln.symbol((256, n), torch.bfloat16, "cuda")
+    graph = kiln.graph.optimize(kiln.trace_from(_log_sum_exp(x), [x]))
+    (task,) = [n.task for n in graph.nodes if not n.task.is_injective]
+    program = auto_program(task, "cuda")
+    assert program.kernel_names == ["kiln_row"]
+    assert program.launches[0].block[0] == (256 if lanes == 32 else lanes)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", (1000, 4096, 50257))
+@pytest.mark.parametrize("dtype", FLOAT, ids=lambda d: str(d).replace("torch.", ""))
+def test_long_statistics_of_one_value_a_row_match_torch(n, dtype):
+    x = rand((70, n), dtype).cuda() * 4
+    got = _log_sum_exp(kiln.from_torch(x)).torch()
+    assert_close(got, torch.logsumexp(x.double(), 1, keepdim=True).float(), atol=1e-4, rtol=1e-5)
+
+
 def _element_wise_task(shape, dtype):
     (node,) = kiln.trace_from(ops.add(kiln.symbol(shape, dtype, "cuda"), 1.5)).nodes
     return node.task

@@ -21,19 +21,17 @@ def _model():
                                torch.nn.Linear(96, 32)).cuda()
 
 
-def _captures():
-    """{id(CompiledRun): its captures} of every live compiled graph replayed as a CUDA graph."""
+def _captures(backward: bool) -> list[list]:
+    """The captures of each live compiled forward (or backward: lending from output 0) graph
+    replayed as a CUDA graph."""
     gc.collect()
-    return {id(run): list(run.captures.values()) for f in KilnFunction.live() for run in f.graphs.values()
-            if run.captures}
+    return [list(run.captures.values()) for f in KilnFunction.live() for run in f.graphs.values()
+            if run.captures and (f.lent_from == 0) == backward]
 
 
 def _forward_and_backward() -> tuple[list, list]:
-    """The captures of the one forward graph and of the one backward graph (the captures that
-    read lent values in place)."""
-    runs = list(_captures().values())
-    forward = [c for c in runs if not c[0].bound]
-    backward = [c for c in runs if c[0].bound]
+    """The captures of the one forward graph and of the one backward graph."""
+    forward, backward = _captures(False), _captures(True)
     assert len(forward) == len(backward) == 1, "a forward and a backward graph, each captured"
     return forward[0], backward[0]
 
@@ -65,6 +63,29 @@ def test_steps_lend_saved_values_and_read_them_in_place():
     assert all(backward[0].static_inputs[k] is None for k in backward[0].bound)
 
 
+def test_parameters_are_read_in_place():
+    """The forward's and the backward's captures read the parameters at their own memory (no
+    copy into the graph's buffers each step); a parameter moved to new memory (`p.data = ...`)
+    takes a new capture that reads it there."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    for step in range(3):
+        x = torch.randn(48, 64, device="cuda")
+        for m in (compiled, reference):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+        if step == 1:
+            for m in (model, reference):
+                m[0].weight.data = m[0].weight.data * 0.5
+    forward, _ = _forward_and_backward()
+    assert len(forward) == 2, "new memory for a parameter takes a second capture"
+    copied = [t for c in forward for t in c.static_inputs if t is not None]
+    assert len(copied) == 1 and copied[0].shape == (48, 64), "only the batch is copied in"
+
+
 def test_two_forwards_before_one_backward():
     """The first forward's lent values are alive when the second runs: it takes a second capture."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -89,7 +110,7 @@ def test_forwards_whose_saved_values_stay_alive():
     compiled = torch.compile(model, backend="kiln")
     xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
     losses = [compiled(x).square().mean() for x in xs]
-    forward = next(c for c in _captures().values() if not c[0].bound)
+    [forward] = _captures(False)
     assert len(forward) == 4
     for x, loss in reversed(list(zip(xs, losses))):
         model.zero_grad()

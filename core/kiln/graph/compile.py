@@ -4,7 +4,8 @@ Every tensor of the graph gets a numbered buffer slot; every node becomes a step
 operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the CompiledGraph (where a
 kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
-reads). The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
+reads). A StoreRows node (an in-place update, `kiln.graph.in_place`) writes into its input's
+buffer: its output takes the input's slot. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.
 """
 from __future__ import annotations
@@ -12,22 +13,53 @@ from __future__ import annotations
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
-from kiln.graph.operator import compiled_task
-from kiln.runtime.compiled_graph import Buffer, CompiledGraph
+from kiln.graph.in_place import is_store
+from kiln.graph.operator import Operator, compiled_task
+from kiln.ir import Compute, Const, Load
+from kiln.runtime.backend import DeviceKernel
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph, ViewKernel
 from kiln.runtime.plan import Plan
 from kiln.tensor import Tensor
+
+
+def is_view(node, graph) -> bool:
+    """Whether `node` runs as a view of its input's memory: a node of one input and one output,
+    not one the graph returns (those get memory of their own), that keeps the dtype and either
+    is of an operator declaring `Traits.view`, on its own (not a fused node, a subclass whose
+    task holds more), or copies its input element for element (an expand to the same shape, a
+    clone: `copies_input`)."""
+    if len(node.inputs) != 1 or len(node.outputs) != 1:
+        return False
+    out = node.outputs[0]
+    return (out.dtype == node.inputs[0].dtype and not any(out is t for t in graph.outputs)
+            and ((type(node) is Operator and node.definition.traits.view) or copies_input(node.task)))
+
+
+def copies_input(task) -> bool:
+    """Whether `task`'s one output is its one input, element for element: the output's value is
+    a load of the input at the output's own index (0 along extent-1 dims)."""
+    if len(task.inputs) != 1 or len(task.outputs) != 1 or not isinstance(task.outputs[0], Compute):
+        return False
+    out, x = task.outputs[0], task.inputs[0]
+    value = out.value
+    return (isinstance(value, Load) and value.tensor is x and tuple(x.shape) == tuple(out.shape)
+            and value.dtype == x.dtype
+            and all(i is axis or (axis.extent == 1 and isinstance(i, Const) and i.value == 0)
+                    for i, axis in zip(value.indices, out.axes)))
 
 
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
     threads (ThreadPoolExecutor's default number when None) with `settings`
-    (`kiln.settings.Settings`: those in effect when None)."""
-    tasks = {(id(node.task), node.device): node.task for node in graph.nodes}
+    (`kiln.settings.Settings`: those in effect when None); a view's (`is_view`) runs nothing."""
+    views = {id(node) for node in graph.nodes if is_view(node, graph)}
+    tasks = {(id(node.task), node.device): node.task for node in graph.nodes if id(node) not in views}
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # each build in a copy of the caller's context, which holds the compile's record (kiln.log)
         built = {key: pool.submit(contextvars.copy_context().run, compiled_task, task, key[1], settings)
                  for key, task in tasks.items()}
-    return [built[(id(node.task), node.device)].result() for node in graph.nodes]
+    return [DeviceKernel(node.device, ViewKernel()) if id(node) in views
+            else built[(id(node.task), node.device)].result() for node in graph.nodes]
 
 
 def compile_graph(graph, settings=None) -> CompiledGraph:
@@ -53,8 +85,17 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
         return slots[id(t)]
 
     inputs = [new_slot(t) for t in graph.inputs]
-    steps = [(tuple(existing(t) for t in node.inputs), tuple(new_slot(t) for t in node.outputs))
-             for node in graph.nodes]
+    steps = []
+    for node in graph.nodes:
+        ins = tuple(existing(t) for t in node.inputs)
+        if is_store(node):
+            # an in-place update (kiln.passes.in_place): its output is its input's buffer
+            if ins[0] not in inputs:
+                raise ValueError("an in-place update stores into a tensor that is not an input of the graph")
+            slots[id(node.outputs[0])] = ins[0]
+            steps.append((ins, (ins[0],)))
+        else:
+            steps.append((ins, tuple(new_slot(t) for t in node.outputs)))
     outputs = [existing(t) for t in graph.outputs]
     kernels = build_kernels(graph, settings=settings)
     plan = Plan([(k.program, k.device) for k in kernels], steps, buffers, inputs, outputs, constants)

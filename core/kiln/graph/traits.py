@@ -71,7 +71,34 @@ class Traits:
     data: the name of the operator computing it on channels-last data (x (N, H, W, C), weight
     (O, kH, kW, C / groups), padding a pair of ints). Layout planning starts channels-last
     regions at such convolutions."""
+    view: bool = False
+    """Its output is its first input's elements in the same row-major order, in another shape
+    (reshape, flatten, squeeze): a node of it is compiled as a view of that input's memory
+    (`kiln.runtime.compiled_graph.View`), with no kernel, unless it is a graph output."""
     permutation: Callable | None = None
     """For an operator that only moves its input's dims: `permutation(node)`, the order a node
     of it applies (output dim k is input dim order[k]). Layout planning composes such nodes
     with its conversions."""
+    updates: Callable | None = None
+    """For an operator whose result is one of its tensor arguments with some elements replaced
+    (an index copy, a scatter whose last source wins): `updates(**arguments)`, called with the
+    definition's own arguments (tensors as its `TensorInput`s), returns an `Update` saying which
+    elements it replaces and by what, or None for a call that does not only replace elements
+    (one that accumulates). Where such a result is written back into a graph input that nothing
+    reads afterwards, the graph updates that input in place, writing only those elements
+    (`kiln.passes.in_place`)."""
+
+
+@dataclass(frozen=True)
+class Update:
+    """The elements an operator's call replaces in its argument `target` (a `TensorInput` of
+    the call): for each source element s (a multi-index over the extents `sources`), the
+    element of `target` at `position(s)` (one index expression per dim of target, user
+    indices wrapped and checked) becomes `value(s)` (an expression, cast to target's dtype
+    where it differs). Two sources landing on one element leave the later one's value on the
+    CPU; on a GPU which one wins is not fixed (as PyTorch's in-place index_copy_ says)."""
+
+    target: object
+    sources: tuple
+    position: Callable
+    value: Callable

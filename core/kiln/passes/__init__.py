@@ -11,6 +11,7 @@ from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fused import FusedOperator
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.graph_pass import FunctionPass, GraphPass, Sequential, graph_pass
+from kiln.passes.in_place import UpdateInPlace
 from kiln.passes.instruments import DumpGraph, PassInstrument, PassTiming, PrintGraph
 from kiln.passes.layout import PlanLayout
 from kiln.passes.pattern import (
@@ -24,6 +25,6 @@ __all__ = [
     "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
     "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
-    "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "Wildcard", "constant",
+    "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "UpdateInPlace", "Wildcard", "constant",
     "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
 ]

@@ -9,6 +9,8 @@ Intermediates live in a workspace per device: a uint8 buffer carved into views a
 256-byte-aligned offsets by a memory plan, so that buffers whose lifetimes do not overlap share
 memory and a run allocates nothing but its outputs. The plan is greedy first-fit: buffers in
 order of first use, each at the lowest offset where it overlaps no buffer live at the same time.
+A step whose program is a `View` runs nothing: its output slot is its input slot's tensor in
+another shape (a reshape), and that memory stays live as long as either is used.
 
 Steps run in order (on a GPU, on the current stream). Runs that overlap in time never share a
 workspace: each run checks a set of workspaces out of a pool and returns it when it ends. The
@@ -47,6 +49,25 @@ class Step:
     kernel: Callable
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class View:
+    """The program of a step whose output is its input's memory in the output's shape: a
+    reshape of a contiguous tensor, which needs no kernel."""
+
+
+class ViewKernel:
+    """The kernel of a `View` step: the output slot already views the input's memory."""
+
+    program = View()
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        pass
+
+
+def _is_view(step: Step) -> bool:
+    return isinstance(getattr(step.kernel, "program", None), View)
 
 
 @dataclass(frozen=True)
@@ -114,8 +135,14 @@ class CompiledGraph:
         self.buffers = list(buffers)
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        # each view slot and the slot whose memory it views, in step order
+        self.views = {step.outputs[0]: step.inputs[0] for step in self.steps if _is_view(step)}
         self.lifetimes = lifetimes(self.steps)
-        external = set(self.inputs) | set(self.outputs) | set(constants)
+        for view in reversed(list(self.views)):     # a view of a view: the later first
+            first, last = self.lifetimes[view]
+            base = self.views[view]
+            self.lifetimes[base] = (min(first, self.lifetimes[base][0]), max(last, self.lifetimes[base][1]))
+        external = set(self.inputs) | set(self.outputs) | set(constants) | set(self.views)
         intermediates = [s for s in range(len(self.buffers)) if s not in external]
         self.plans: dict[torch.device, MemoryPlan] = {}
         for device in dict.fromkeys(self.buffers[s].device for s in intermediates):
@@ -126,6 +153,13 @@ class CompiledGraph:
         self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
         # the output slots each run allocates (every output but the inputs and constants returned)
         self.allocated_outputs = [s for s in dict.fromkeys(self.outputs) if s not in self.inputs and s not in constants]
+        # views of memory that each run binds (inputs, outputs, contiguous copies of constants)
+        per_run = set(self.inputs) | set(self.allocated_outputs) | set(self._strided)
+        self._run_views = []
+        for view, base in self.views.items():
+            if base in per_run:
+                self._run_views.append(view)
+                per_run.add(view)
         self._lock = threading.Lock()
         self._free: dict[tuple, list[WorkspaceSet]] = {}
         first = self.workspace_set()
@@ -145,6 +179,9 @@ class CompiledGraph:
                 slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
         for slot, tensor in self.constants.items():
             slots[slot] = tensor
+        for view, base in self.views.items():
+            if slots[base] is not None:
+                slots[view] = slots[base].view(self.buffers[view].shape)
         return WorkspaceSet(workspaces, slots)
 
     def take_workspace_set(self) -> "WorkspaceSet":
@@ -203,6 +240,8 @@ class CompiledGraph:
         for slot in self.allocated_outputs:
             b = self.buffers[slot]
             slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+        for view in self._run_views:
+            slots[view] = slots[self.views[view]].view(self.buffers[view].shape)
         for step in self.steps:
             step.kernel([slots[s] for s in step.inputs], [slots[s] for s in step.outputs])
         return [slots[s] for s in self.outputs]

@@ -163,8 +163,13 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
 
     def replay_body(inputs):
         outs = compiled.run(inputs, workspace)
+        # an output that is an input written back keeps the value from before the write-back
+        # (one the graph updated in place is its final value: nothing is copied back into it)
+        targets = [inputs[position] for out, position in write_back if outs[out] is not inputs[position]]
+        outs = [t.clone() if k not in written and any(t is w for w in targets) else t for k, t in enumerate(outs)]
         for out, position in write_back:
-            inputs[position].copy_(outs[out])
+            if outs[out] is not inputs[position]:   # an input the graph updated in place is the value
+                inputs[position].copy_(outs[out])
         return [t for k, t in enumerate(outs) if k not in written]
 
     returned = [k for k in range(len(compiled.outputs)) if k not in written]

@@ -24,7 +24,7 @@ import torch
 from kiln.device import Device
 from kiln.dtypes import DataType
 from kiln.runtime.backend import DeviceKernel, backend_for
-from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step
+from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step, View, ViewKernel
 from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.runtime.kernel_errors import KernelCheck
@@ -44,8 +44,9 @@ class Plan:
     constants: dict[int, torch.Tensor]
 
     def load_kernels(self) -> list[DeviceKernel]:
-        """Each step's kernel, loaded by its device's backend (through the kernel cache)."""
-        return [DeviceKernel(device, backend_for(device).load(program, device))
+        """Each step's kernel, loaded by its device's backend (through the kernel cache); a
+        `View` step's runs nothing."""
+        return [DeviceKernel(device, ViewKernel() if isinstance(program, View) else backend_for(device).load(program, device))
                 for program, device in self.kernels]
 
     def assemble(self, kernels: Sequence[DeviceKernel] | None = None) -> CompiledGraph:
@@ -66,7 +67,7 @@ class Plan:
 
 
 SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelCheck,
-                CudaProgram, Launch, TensorMapArg)
+                CudaProgram, Launch, TensorMapArg, View)
 """The classes a serialized plan may hold besides tensors and plain Python values."""
 
 

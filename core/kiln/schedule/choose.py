@@ -31,9 +31,11 @@ import kiln.schedule.tuner as tuner
 from kiln.schedule.cpu_auto import schedule as cpu_loop_nests
 from kiln.schedule.cpu_rows import schedule as cpu_rows
 from kiln.schedule.cuda_columns import schedule as cuda_columns
+from kiln.schedule.cuda_transpose import schedule as cuda_transpose
 from kiln.schedule.cuda_general import schedule as cuda_general
 from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
+from kiln.schedule.store_rows import store_program, stores_rows
 from kiln.settings import Settings, current
 
 DEFAULT_SM_COUNT = 132       # what the knobs of a GPU-less build are fitted to (an H100/H200)
@@ -87,7 +89,7 @@ class Template:
 
 AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cpu": (cpu_rows, cpu_loop_nests),
-    "cuda": (cuda_columns, cuda_rows, cuda_split, cuda_general),
+    "cuda": (cuda_columns, cuda_transpose, cuda_rows, cuda_split, cuda_general),
 }
 """The auto-scheduler of each target: rules tried in order on the lowered task, each returning
 its program or None; the last of each takes any task. Every rule takes symbolic sizes as
@@ -155,6 +157,12 @@ def build_task(task: Task, device: Device, settings: Settings | None = None) -> 
     settings = settings or current()
     backend = backend_for(device)
     backend.check_available(f"cannot run '{task.name}' on {device}")
+    if stores_rows(task):       # an in-place update's store (kiln.schedule.store_rows)
+        if device.kind == "cpu" and settings.nvrtc_check:
+            program = store_program(task, "cuda")
+            rt.compile_many([(rt.launch_source(program, arch), task.name, program.arch_for(arch))
+                             for arch in settings.nvrtc_check])
+        return CompiledTask(task, device, backend.load(store_program(task, device.kind), device))
     if device.kind == "cpu" and settings.nvrtc_check:
         check_nvrtc(task, settings.nvrtc_check)
     program = choose(task, device.kind, backend.arch(device),

@@ -37,13 +37,14 @@ from dataclasses import dataclass
 from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import reduce_init
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, walk
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, top_reduces, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, linear_terms, simplify
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
-from kiln.schedule.cuda_kernels import BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel
+from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
+                                       reduce_extent, symbolic_extent)
 from kiln.schedule.rows import elementwise_prefix, reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
@@ -93,10 +94,12 @@ class RowPlan:
         return isinstance(self.row_len, SymSize) or self.row_len % (self.lanes * self.vector) != 0
 
 
-def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32) -> RowPlan:
+def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, reduced: int = 0) -> RowPlan:
     """The plan for rows of `row_len` elements in packs of `vector`; `cached_bytes` is what one
     pack of every stream the statistics read takes in registers; a row gets `min_lanes` threads
-    at least where it has that many packs. A symbolic length's plan depends on its value only
+    at least where it has that many packs, and a block where its statistics reduce more than
+    a warp's share of elements (`reduced`: the longest reduction; a log-sum-exp over a
+    vocabulary writes one value a row). A symbolic length's plan depends on its value only
     through the choice of a warp or a block (see the module doc)."""
     if isinstance(row_len, SymSize):
         lanes = 32 if row_len <= 32 * ROW_WARP_PACKS else BLOCK
@@ -108,6 +111,8 @@ def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32) 
         lanes = min(1024, -(-packs // (32 * ROW_BLOCK_PACKS)) * 32)
     if lanes < min_lanes:
         lanes = min(1024, -(-min(min_lanes, packs) // 32) * 32)
+    if reduced > 32 * ROW_WARP_PACKS * MAX_VECTOR:
+        lanes = max(lanes, min(1024, -(-reduced // (32 * ROW_BLOCK_PACKS * MAX_VECTOR)) * 32))
     chunks = -(-packs // lanes)
     threads = BLOCK if lanes == 32 else lanes
     budget = min(ROW_CACHE_BYTES, 2 * 65536 // threads)     # half the registers a thread may have
@@ -336,7 +341,9 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
             if isinstance(x, Load) and x.key() in streams and streams[x.key()] not in read_by_stats:
                 read_by_stats.append(streams[x.key()])
     pack_bytes = sum(max(4, s.tensor.dtype.nbytes) * vector for s in read_by_stats)
-    plan = plan_row(row_len, vector, pack_bytes, 32 if stats else ELEMENTWISE_THREADS // rows)
+    reduced = max((reduce_extent(r) for value in stats for r in top_reduces(value) if not symbolic_extent(r)),
+                  default=0)
+    plan = plan_row(row_len, vector, pack_bytes, 32 if stats else ELEMENTWISE_THREADS // rows, reduced)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
     em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
     em.load_cache()

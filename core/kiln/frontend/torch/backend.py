@@ -50,7 +50,7 @@ from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, trace_from
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
-from kiln.passes import PassContext, optimize
+from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
@@ -72,7 +72,8 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs,
-            lambda graph, examples, lent_from=None: compile_graph(graph, examples, settings, lent_from=lent_from))
+            lambda graph, examples, lent_from=None, static_inputs=(): compile_graph(
+                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs))
     return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
 
 
@@ -87,9 +88,10 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
-    def compile_aten(graph: GraphModule, examples, lent_from=None):
+    def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
-        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from)
+        return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
+                             static_inputs)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -118,22 +120,24 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
-                  constants: set[str] = frozenset(), lent_from: int | None = None):
+                  constants: set[str] = frozenset(), lent_from: int | None = None, static_inputs=()):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
     holding parameters and buffers; the outputs from position `lent_from` on (a training
     forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
-    instead of copied."""
+    instead of copied; the inputs at positions `static_inputs` (parameters) keep their memory
+    from call to call, and CUDA graphs read them in place."""
     if not settings.fallback_to_eager:
         unmapped = Interpreter(gm).unmapped()
         if unmapped:
             raise UnmappedOperatorError(unmapped)
-        return KilnFunction(gm, settings, constants, lent_from=lent_from)   # a declined node raises at first run
+        # a declined node raises at first run
+        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
-        return KilnFunction(gm, settings, constants, lent_from=lent_from)
+        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     left = left_to_pytorch(gm, for_pytorch)
@@ -178,7 +182,9 @@ class KilnFunction:
     graph split for fallback_to_eager that run in PyTorch. The outputs from position
     `lent_from` on (a training forward's saved values, a backward's gradients) are lent by its
     CUDA graphs rather than copied: a replay reuses their memory only once the caller dropped
-    them (`kiln.runtime.cuda_graph`).
+    them (`kiln.runtime.cuda_graph`). The inputs at positions `static_inputs` (a training
+    forward's parameters) are read in place by its CUDA graphs, which are captured again where
+    one of them comes at new memory.
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
@@ -187,11 +193,12 @@ class KilnFunction:
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
-                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None):
+                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None, static_inputs=()):
         self.gm = gm
         self.settings = settings
         self.left_to_pytorch = left_to_pytorch or []
         self.lent_from = lent_from
+        self.static_inputs = frozenset(static_inputs)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         # a parameter or buffer the graph changes in place (a running count, a cache) is an
         # input: as a constant, what is computed from it would be folded at compile time
@@ -320,7 +327,10 @@ class KilnFunction:
                 writeback = list(interpreter.mutated_inputs)
                 traced = trace_from(leaves + list(interpreter.mutated_inputs.values()), inputs)
             with stage("optimize", f"{len(traced.nodes)} operators"):
-                graph = _optimize(traced, folder)
+                # the outputs written back, by the position of their input among the graph's
+                first = len(traced.outputs) - len(writeback)
+                written = {first + k: positions.index(p) for k, p in enumerate(writeback)}
+                graph = _optimize(traced, folder, written)
         with stage("build", f"{len(graph.nodes)} kernels"):
             compiled = graph.compile(self.settings)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
@@ -340,7 +350,7 @@ class KilnFunction:
                     for j, p in enumerate(record.positions)]
         on_cuda = bool(examples) and all(t.is_cuda for t in examples)
         return CompiledRun(compiled, record, examples if self.settings.use_cuda_graph and on_cuda else None,
-                           graph)
+                           graph, self.static_inputs)
 
 
 class CompiledRun:
@@ -348,11 +358,15 @@ class CompiledRun:
     its outputs back into the graph's output structure, and the inputs its last outputs are
     written back to (inputs the graph changes in place).
 
-    On CUDA, a graph that changes contiguous inputs in place (a KV cache) is captured on the
-    caller's tensors, with the write-back inside the graph: a call is one replay, with no copy
-    of those inputs in or out. The outputs at positions `lent` (a training forward's values
+    An input whose new value only replaces some of its elements (a KV cache written at the
+    decoding position) is updated in place by the graph itself (`kiln.passes.in_place`): its
+    written-back output is the input's own tensor, and nothing is copied back. On CUDA, a graph
+    that changes contiguous inputs in place is captured on the caller's tensors, with the
+    write-back (where one remains) inside the graph: a call is one replay, with no copy of those
+    inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
     saved for the backward) are lent, not copied, and a graph called with lent tensors (the
-    backward) is captured reading them in place (`kiln.runtime.cuda_graph`). New memory for
+    backward) is captured reading them in place (`kiln.runtime.cuda_graph`), as it reads the
+    contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
     so, calls run without a CUDA graph). The inputs at positions `moves` (CPU scalars of a graph
@@ -361,7 +375,7 @@ class CompiledRun:
     CAPTURES_KEPT = 4
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
-                 graph: FlowGraph | None = None):
+                 graph: FlowGraph | None = None, static_inputs=frozenset()):
         self.compiled = compiled
         self.graph = graph
         self.record = record
@@ -370,6 +384,7 @@ class CompiledRun:
         self.writeback = record.writeback
         self.moves = {j: torch.device(d) for j, d in record.moves.items()}
         self.lent = list(record.lent)
+        self.static = {j for j, p in enumerate(self.positions) if p in static_inputs}
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
                              all(isinstance(v, Output) for v in self.structure))
@@ -390,7 +405,8 @@ class CompiledRun:
         if not all(inputs[j].is_contiguous() for _, j in self.write_back):
             return None
         written = {j for _, j in self.write_back}
-        bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous() and is_lent(t)]
+        bound = [j for j, t in enumerate(inputs)
+                 if j not in written and t.is_contiguous() and (j in self.static or is_lent(t))]
         captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound)
         with self._captures_lock:
             self.captures[id(captured)] = captured
@@ -425,8 +441,14 @@ class CompiledRun:
             outs = self.compiled.run(inputs)
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
+                # an output that is an input written back (`old = x.clone()` before `x.add_(1)`,
+                # which Kiln computes as x itself) keeps the value from before the write-back
+                # (one updated in place, `kiln.passes.in_place`, is its final value: no copy back)
+                copied = [args[p] for p, value in zip(self.writeback, changed) if value is not args[p]]
+                outs = [o.clone() if any(o is w for w in copied) else o for o in outs]
                 for position, value in zip(self.writeback, changed):
-                    args[position].copy_(value)
+                    if value is not args[position]:     # an input updated in place is the value
+                        args[position].copy_(value)
         if self.flat_tensors:
             return type(self.structure)(outs)
         outs = iter(outs)
@@ -487,10 +509,12 @@ def _describe_arg(arg) -> str:
     return repr(arg)
 
 
-def _optimize(graph: FlowGraph, folder=None) -> FlowGraph:
+def _optimize(graph: FlowGraph, folder=None, written: dict[int, int] | None = None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments) and the settings in effect (the compile's); each stage written to `folder`."""
-    if folder is None:
-        return optimize(graph)
-    with PassContext(instruments=[*PassContext.current().instruments, DumpGraph(str(folder / "passes"))]):
-        return optimize(graph)
+    instruments) and the settings in effect (the compile's); each stage written to `folder`. The
+    outputs `written` (output position -> input position) are written back into inputs:
+    those that update their input's elements are computed in place (`kiln.passes.in_place`)."""
+    instruments = [*PassContext.current().instruments, *([DumpGraph(str(folder / "passes"))] if folder else [])]
+    with PassContext(instruments=instruments):
+        graph = optimize(graph)
+        return UpdateInPlace(written)(graph) if written else graph

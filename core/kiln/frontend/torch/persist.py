@@ -16,7 +16,7 @@ The file is a zip archive of parts, one of which describes the others:
 - `model.pt`: the runs and the forward's parameter names, in torch's serialization, read with
   its weights-only unpickler (tensors, plain values and Kiln's own data classes: nothing in it
   runs code);
-- `kernels/SHA.so`: each kernel's shared object, named by its hash.
+- `kernels/SHA.so`: each kernel's shared object, named by its hash (a view step has none).
 
 `load` checks the manifest before it reads anything else: the format and its version, the
 architectures against this machine's, and every part against its hash, with no part unlisted;
@@ -51,6 +51,7 @@ from kiln.device import Device
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction
 from kiln.frontend.torch.run_record import dumps, loads
 from kiln.runtime.backend import DeviceKernel, backend_for
+from kiln.runtime.compiled_graph import View, ViewKernel
 from kiln.runtime.cpu import CpuKernel, architecture
 from kiln.runtime.plan import owned
 from kiln.version import VERSION
@@ -135,7 +136,8 @@ def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str:
 
 def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
     plan = run.record.plan
-    kernels = [_kernel_part(program, device, parts) for program, device in plan.kernels]
+    kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
+               for program, device in plan.kernels]
     stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
     return {"run": replace(run.record, plan=stored), "kernels": kernels, "sources": sources}
 
@@ -239,7 +241,8 @@ class _LoadedGraph:
     def __init__(self, record: dict, parts: dict[str, bytes], folder: str):
         run = record["run"]
         plan = run.plan
-        kernels = [_loaded_kernel(program, device, parts[name], folder)
+        kernels = [DeviceKernel(device, ViewKernel()) if name is None else
+                   _loaded_kernel(program, device, parts[name], folder)
                    for (program, device), name in zip(plan.kernels, record["kernels"])]
         self.run = CompiledRun(plan.assemble(kernels), run)
         self.sources = record["sources"]
@@ -250,7 +253,7 @@ class LoadedModel:
     """A model restored by `kiln.load`: call it with the arguments of the model's forward."""
 
     def __init__(self, saved: dict, parts: dict[str, bytes]):
-        kernels = {name for g in saved["graphs"] for name in g["kernels"]}
+        kernels = {name for g in saved["graphs"] for name in g["kernels"] if name is not None}
         if not kernels <= set(parts):
             raise LoadError(f"the file's runs name kernels its manifest does not list: "
                             f"{', '.join(sorted(kernels - set(parts)))}")

@@ -18,13 +18,14 @@ The backend sends graphs that change tensors in place through views here too, wi
 grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
 values into the caller's inputs after each call.
 
-Attention (`scaled_dot_product_attention`) is traced through its math form, so that its
-backward is matmuls and a softmax rather than a fused kernel's backward op.
+Attention (`scaled_dot_product_attention`) that no plugin decomposes is traced through its
+math form, so that its backward is matmuls and a softmax rather than a PyTorch kernel's
+backward op.
 
-Some ATen ops torch decomposes in Python above autograd (its kernels for the `Autograd` and
-`CompositeImplicitAutograd` keys: lstm, gru), so that they never reach the decomposition table;
-while Kiln traces, the plugins' decompositions of such ops take the place of those kernels
-(`plugins_decompose_first`).
+Some ATen ops torch decomposes above autograd (its Python kernels for the `Autograd` and
+`CompositeImplicitAutograd` keys: lstm, gru; C++ composites such as scaled_dot_product_attention),
+so that they never reach the decomposition table; while Kiln traces, the plugins'
+decompositions of such ops take the place of those kernels (`plugins_decompose_first`).
 """
 from __future__ import annotations
 
@@ -76,19 +77,19 @@ _swapped: list = []                 # (op, key, torch's kernel) while _swap_user
 @contextlib.contextmanager
 def plugins_decompose_first():
     """Within the block, each plugin decomposition (`register_decomposition`) of an op that
-    torch implements in Python above autograd replaces those Python kernels, which would
-    otherwise decompose the op before the decomposition table is asked; torch's are restored
+    torch implements above autograd (in Python, or in C++ as a composite) replaces those
+    kernels, which would otherwise decompose the op before the decomposition table is asked;
+    torch's are restored
     when the last block open in the process closes (blocks may overlap across threads; eager
     calls of those ops in other threads meanwhile run the plugin's decomposition)."""
     global _swap_users
     with _swap_lock:
         if _swap_users == 0:
             for op, fn in mapping_registry().decompositions().items():
-                for key in _ABOVE_AUTOGRAD:
-                    if key in getattr(op, "py_kernels", {}):
-                        _swapped.append((op, key, op.py_kernels[key]))
-                        op.py_kernels[key] = fn
-                        op._dispatch_cache.clear()
+                for key in _above_autograd(op):
+                    _swapped.append((op, key, op.py_kernels.get(key)))
+                    op.py_kernels[key] = fn
+                    op._dispatch_cache.clear()
         _swap_users += 1
     try:
         yield
@@ -97,9 +98,23 @@ def plugins_decompose_first():
             _swap_users -= 1
             if _swap_users == 0:
                 for op, key, kernel in _swapped:
-                    op.py_kernels[key] = kernel
+                    if kernel is None:
+                        del op.py_kernels[key]
+                    else:
+                        op.py_kernels[key] = kernel
                     op._dispatch_cache.clear()
                 _swapped.clear()
+
+
+def _above_autograd(op) -> list:
+    """The keys above autograd at which `op` has a kernel: its Python kernels there, else its
+    C++ CompositeImplicitAutograd kernel (such as scaled_dot_product_attention's, which picks a
+    backend's op), which a Python kernel at that key takes the place of."""
+    keys = [key for key in _ABOVE_AUTOGRAD if key in getattr(op, "py_kernels", {})]
+    if keys or not isinstance(op, torch._ops.OpOverload):
+        return keys
+    composite = DispatchKey.CompositeImplicitAutograd
+    return [composite] if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), composite) else []
 
 
 def needs_autograd(gm: GraphModule, example_inputs) -> bool:
@@ -113,11 +128,14 @@ def needs_autograd(gm: GraphModule, example_inputs) -> bool:
 
 def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable[..., Callable]):
     """`gm` as a differentiable function whose forward and backward ATen graphs are compiled by
-    `compile_aten(graph, examples, lent_from)` (the backward when autograd first needs it).
-    The outputs from position `lent_from` on are lent by CUDA graphs rather than copied: the
-    forward's values saved for the backward (from AOTAutograd's partition; None where it did
-    not partition) and all of the backward's gradients, which autograd accumulates or hands on
-    and the optimizer reads before they are dropped."""
+    `compile_aten(graph, examples, lent_from, static_inputs)` (the backward when autograd first
+    needs it). The outputs from position `lent_from` on are lent by CUDA graphs rather than
+    copied: the forward's values saved for the backward (from AOTAutograd's partition; None
+    where it did not partition) and all of the backward's gradients, which autograd accumulates
+    or hands on and the optimizer reads before they are dropped. The inputs at `static_inputs`
+    keep their memory from step to step and are read in place: the forward's parameters and
+    buffers (the backward reads the forward's lent values in place; the other values it saves,
+    a batch among them, come at new memory each step and are copied)."""
     saved_from: list[int] = []
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
@@ -126,20 +144,20 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
             return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
                                                        num_fwd_outputs=num_fwd_outputs, **options)
 
-    def compile_half(graph: GraphModule, examples, lent_from: int | None):
+    def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
         rows, device = seed_random_ops(graph)
         if rows:
-            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from),
-                              rows, device)
+            compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from,
+                                           static_inputs), rows, device)
         else:
-            compiled = compile_aten(graph, list(examples), lent_from)
+            compiled = compile_aten(graph, list(examples), lent_from, static_inputs)
         return make_boxed_func(compiled)
 
     def compile_forward(graph: GraphModule, examples):
-        return compile_half(graph, examples, saved_from.pop() if saved_from else None)
+        return compile_half(graph, examples, saved_from.pop() if saved_from else None, _parameter_positions())
 
     def compile_backward(graph: GraphModule, examples):
-        return compile_half(graph, examples, 0)
+        return compile_half(graph, examples, 0, [])
 
     backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward, partition_fn=partition,
                            decompositions=decompositions())
@@ -149,6 +167,15 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     with sdpa_kernel([SDPBackend.MATH]), plugins_decompose_first():
         compiled = backend(gm, example_inputs)
     return (lambda *args: compiled(*args)[0]) if single else compiled
+
+
+def _parameter_positions() -> list[int]:
+    """The positions of the forward graph's inputs that AOTAutograd found to be parameters or
+    buffers (memory that stays put from step to step; Inductor's CUDA graphs read them in
+    place too)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    return list(getattr(meta, "static_input_indices", None) or [])
 
 
 def _returns_one_value(gm: GraphModule) -> bool:

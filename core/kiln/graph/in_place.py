@@ -1,0 +1,107 @@
+"""The two operators of an in-place update: the new elements, and their store into the input.
+
+An operator declaring the trait `updates` (`kiln.graph.Traits`) returns one of its arguments
+with some elements replaced. Where a graph updates one of its inputs so (the value is written
+back into the caller's tensor) and nothing reads the input's old value afterwards,
+`kiln.passes.in_place` replaces the node by
+
+- `UpdateRows(<the node's arguments>)`: the replaced elements, from the sources' side, and
+  their flat offsets in the input (two outputs of the sources' shape: the values in the input's
+  dtype, the offsets int64, checked in range as the operator checks its indices): an ordinary
+  task, fused with whatever computes its sources;
+- `StoreRows(x, rows, where)`: x with those elements stored. Its task is marked STORES_ROWS
+  (`kiln.schedule.store_rows`): the compiled graph gives its output the input's own buffer,
+  and its kernel writes only the new elements there.
+
+Both are definitions of the core, not operators of a plugin (no registry knows them).
+"""
+from __future__ import annotations
+
+import math
+
+from kiln import dtypes
+from kiln.graph.operator import Operator, OperatorDef, operator
+from kiln.ir import ReduceOp, TensorInput, cast, compute, eq, maximum, reduce, select, unravel
+from kiln.ir.compute import Task
+from kiln.schedule.store_rows import STORES_ROWS
+
+
+def _no_definition(**arguments):
+    raise TypeError("UpdateRows nodes are made by kiln.passes.in_place, from an operator's `updates` trait")
+
+
+ROWS = OperatorDef("update_rows", _no_definition, display_name="UpdateRows")
+"""The definition UpdateRows nodes carry (their tasks are made from another operator's trait)."""
+
+
+def _row_major(shape) -> list[int]:
+    strides, inner = [], 1
+    for size in reversed(shape):
+        strides.append(inner)
+        inner *= size
+    return strides[::-1]
+
+
+@operator("store_rows", display_name="StoreRows")
+def store_rows(x, rows, where, stores_rows=True):
+    """x with rows[i] at the flat offset where[i] (the later i where two are equal)."""
+    n = math.prod(rows.shape)
+    strides = _row_major(x.shape)
+
+    def element(*p):
+        flat = sum((i * s for i, s in zip(p, strides)), 0)
+        last = reduce([n], lambda j: select(eq(where[unravel(j, where.shape)], flat), j, -1), ReduceOp.MAX, dtypes.int64)
+        return select(last >= 0, rows[unravel(maximum(last, 0), rows.shape)], x[p])
+
+    return compute(x.shape, element)
+
+
+def arguments(task: Task, definition: OperatorDef) -> dict | None:
+    """The definition's arguments of `task`, by parameter name (tensors as the task's
+    `TensorInput`s, a list of them where `OperatorDef.task` numbered them), or None where the
+    task's inputs and attributes are not those of one call."""
+    inputs = {t.name: t for t in task.inputs}
+    found = {}
+    for name in definition.signature.parameters:
+        if name in task.attrs:
+            found[name] = task.attrs[name]
+        elif name in inputs:
+            found[name] = inputs.pop(name)
+        elif f"{name}0" in inputs:
+            found[name] = [inputs.pop(f"{name}{k}") for k in range(len(task.inputs)) if f"{name}{k}" in inputs]
+    return None if inputs else found
+
+
+def update_rows(node: Operator) -> tuple[Operator, int] | None:
+    """The UpdateRows node replacing `node` (an operator declaring `updates`, whose call only
+    replaces elements) and the position among its inputs of the tensor it updates; None where
+    the node is not such a call, or the updated tensor or the sources have sizes that are not
+    fixed, or no dims."""
+    update_of = node.definition.traits.updates
+    if update_of is None or len(node.outputs) != 1:
+        return None
+    found = arguments(node.task, node.definition)
+    update = update_of(**found) if found is not None else None
+    if update is None or not isinstance(update.target, TensorInput):
+        return None
+    x = update.target
+    position = next((k for k, t in enumerate(node.task.inputs) if t is x), None)
+    sources = tuple(update.sources)
+    if (position is None or not x.shape or not all(type(d) is int for d in (*x.shape, *sources))
+            or tuple(node.outputs[0].shape) != tuple(x.shape) or node.outputs[0].dtype != x.dtype):
+        return None
+    strides = _row_major(x.shape)
+
+    def offset(*s):
+        place = update.position(list(s))
+        return cast(sum((i * stride for i, stride in zip(place, strides)), 0), dtypes.int64)
+
+    rows = compute(sources, lambda *s: cast(update.value(list(s)), x.dtype), name="new_rows")
+    where = compute(sources, offset, name="row_offsets")
+    task = Task(ROWS.name, list(node.task.inputs), [rows, where], dict(node.task.attrs))
+    return Operator(ROWS, node.inputs, node.attrs, task, node.device), position
+
+
+def is_store(node: Operator) -> bool:
+    """Whether `node` is a StoreRows node (its output is its first input's buffer)."""
+    return node.definition is store_rows and node.attrs.get(STORES_ROWS) is True
