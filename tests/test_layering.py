@@ -18,7 +18,7 @@ import kiln
 # The layers from the bottom up (written once; README.md's "Layers" section says it in words).
 # A module may import modules of its own layer and of the layers below it.
 LAYERS = [
-    ("kiln.dtypes", "kiln.device", "kiln.log", "kiln.progress", "kiln.table", "kiln.version"),
+    ("kiln.dtypes", "kiln.device", "kiln.log", "kiln.progress", "kiln.settings", "kiln.table", "kiln.version"),
     ("kiln.ir",),
     ("kiln.codegen",),
     ("kiln.runtime",),

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from kiln.cli.plugins import plugin_table
 from kiln.plugins import registry
@@ -233,6 +234,18 @@ def test_plugin_table_shows_disabled_plugins_and_hides_names_on_request():
     assert lines[1].split() == ["off", "kiln-off", "2.0", "disabled", "(KILN_DISABLE_PLUGINS)"]
     assert lines[2].split() == ["inline", "kiln-inline", "0.3", "nothing"]
     assert len(lines) == 3
+
+
+def test_plugin_table_names_method_rules_by_their_names():
+    """A plugin's rule for a Tensor method given as the method itself is listed as
+    `torch.Tensor.i0`, not as "<method 'i0' of ...>" (issue 34)."""
+    from kiln.frontend.torch.registry import METHOD, Rule
+    from kiln.plugins import Registry, hookimpl
+
+    rules = [Rule(METHOD, torch.Tensor.i0, lambda x: x), Rule(METHOD, "erfinv", lambda x: x)]
+    reg = Registry()
+    reg.add_plugin("methods", type("P", (), {"kiln_torch_mappings": hookimpl(lambda: rules)}), "kiln-methods")
+    assert "torch_mappings: torch.Tensor.erfinv, torch.Tensor.i0" in plugin_table(reg)
 
 
 def test_contribution_counts_read_naturally():

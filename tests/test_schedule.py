@@ -10,7 +10,7 @@ from kiln.plugins.registry import registry
 from kiln.runtime.backend import BACKENDS, backend_for
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.cuda import CudaProgram, arch_number
-from kiln.schedule import AUTO_RULES, BuildSettings, Template, schedules_for, templates_for
+from kiln.schedule import AUTO_RULES, Template, schedules_for, templates_for
 from kiln.schedule.choose import auto_program
 
 
@@ -72,18 +72,6 @@ def test_auto_rules_are_tried_in_order():
     assert [launch.kernel for launch in total.launches] == ["kiln_k0_split", "kiln_k0"]
     plain = auto_program(_task("relu", torch.randn(33, 7)), "cuda")
     assert [launch.kernel for launch in plain.launches] == ["kiln_k0"]
-
-
-def test_build_settings_are_validated_and_default_to_the_environment(monkeypatch):
-    with pytest.raises(ValueError, match="0, 1 or 2"):
-        BuildSettings(3)
-    monkeypatch.setenv("KILN_TUNE_LEVEL", "2")
-    assert BuildSettings.from_environment() == BuildSettings(2)
-    monkeypatch.setenv("KILN_TUNE_LEVEL", "high")
-    with pytest.raises(ValueError, match="KILN_TUNE_LEVEL"):
-        BuildSettings.from_environment()
-    monkeypatch.delenv("KILN_TUNE_LEVEL")
-    assert BuildSettings.from_environment() == BuildSettings(0)
 
 
 def _doubling_relu(task, SCALE=2):

@@ -2,10 +2,11 @@
 
 `import kiln` loads no plugin; the first use of `kiln.ops`, of the torch mapping registry or of
 the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
-`kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`.
+`kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`;
+`kiln.settings` holds every setting (environment variables as defaults, `kiln.settings.patch`).
 """
 
-from kiln import dtypes, ops
+from kiln import dtypes, ops, settings
 from kiln.device import Device, device
 from kiln.dtypes import DataType, data_type
 from kiln.frontend.torch.errors import UnmappedOperatorError
@@ -30,7 +31,7 @@ from kiln.frontend.torch.persist import load, save  # noqa: E402
 from kiln.version import VERSION as __version__  # noqa: E402
 
 __all__ = [
-    "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes",
+    "DataType", "Device", "FlowGraph", "PassContext", "Tensor", "asarray", "data_type", "device", "dtypes", "settings",
     "empty", "from_torch", "full", "ones", "operator", "ops", "randn", "symbol", "symbol_like",
     "trace_from", "zeros", "torch", "UnmappedOperatorError", "save", "load",
 ]

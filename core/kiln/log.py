@@ -20,12 +20,13 @@ import contextlib
 import contextvars
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
 import warnings
 from pathlib import Path
+
+from kiln.settings import current
 
 logger = logging.getLogger("kiln")
 
@@ -37,10 +38,10 @@ _dump_lock = threading.Lock()
 
 
 def configure(value: str | None = None) -> None:
-    """Send the `kiln` logger to stderr at level `value` ('info' or 'debug'; $KILN_LOG when
-    None); an empty value leaves logging as the application set it."""
+    """Send the `kiln` logger to stderr at level `value` ('info' or 'debug'; the setting `log`,
+    $KILN_LOG, when None); an empty value leaves logging as the application set it."""
     global _handler
-    value = (os.environ.get("KILN_LOG", "") if value is None else value).strip().lower()
+    value = (current().log if value is None else value).strip().lower()
     if not value:
         return
     if value not in LEVELS:
@@ -129,8 +130,8 @@ def stage(name: str, detail: str = ""):
 
 
 def dump_root() -> Path | None:
-    """$KILN_DUMP_DIR (None when unset)."""
-    root = os.environ.get("KILN_DUMP_DIR")
+    """The setting `dump_dir` ($KILN_DUMP_DIR; None when unset)."""
+    root = current().dump_dir
     return Path(root) if root else None
 
 

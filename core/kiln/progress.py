@@ -9,18 +9,17 @@ This module imports nothing else of Kiln, so every layer may use it.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from tqdm import tqdm
 
-OFF = ("0", "off", "false", "no")
+from kiln.settings import current
 
 
 def shown() -> bool:
-    """Whether progress is written at all: stderr exists and $KILN_PROGRESS is not 0/off."""
-    return sys.stderr is not None and os.environ.get("KILN_PROGRESS", "").strip().lower() not in OFF
+    """Whether progress is written at all: stderr exists and the setting `progress` (KILN_PROGRESS=0 turns it off) is on."""
+    return sys.stderr is not None and current().progress
 
 
 class Progress:

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kiln.schedule import BuildSettings
+from kiln.settings import Settings
 
 from tests.cuda.symbolic_cases import CASES
 
@@ -127,7 +127,7 @@ def test_a_tuning_winner_serves_the_sizes_of_its_bucket(builds, caplog):
 
     def run(n):
         graph = case.graph(n)
-        graph.compile(BuildSettings(tune_level=1))
+        graph.compile(Settings(search_space=1))
         inputs = case.inputs(n)
         for got, want in zip(graph.run(list(inputs)), case.reference(*inputs)):
             torch.testing.assert_close(got.torch().float(), want, **TOLERANCE)

@@ -29,7 +29,7 @@ def test_max_autotune_builds_kernels_at_tuning_level_2(how, monkeypatch):
 
     def spy(self, settings=None):
         if self._compiled is None:          # the build, not a later run
-            levels.append(settings.tune_level if settings else 0)
+            levels.append(settings.search_space)
         return compile_(self, settings)
 
     monkeypatch.setattr(FlowGraph, "compile", spy)
@@ -45,7 +45,7 @@ def test_default_mode_builds_at_level_0(monkeypatch):
     levels, compile_ = [], FlowGraph.compile
     monkeypatch.setattr(FlowGraph, "compile",
                         lambda self, settings=None: (self._compiled is None and levels.append(
-                            settings.tune_level if settings else 0)) or compile_(self, settings))
+                            settings.search_space)) or compile_(self, settings))
     with torch.no_grad():
         torch.compile(_mlp(), backend="kiln")(torch.randn(3, 5))
     assert levels and set(levels) == {0}

@@ -104,18 +104,18 @@ def test_settings_are_validated_and_read_at_first_run(config):
 
 
 def test_search_space_is_the_tuning_level_of_the_first_run(config, monkeypatch):
+    import importlib
     import os
 
-    import kiln.schedule
+    operator = importlib.import_module("kiln.graph.operator")
+    levels, build = [], operator.build_task
 
-    levels, build = [], kiln.schedule.build_task
-
-    def spy(task, device, settings=None):
-        levels.append(settings.tune_level if settings else None)
+    def spy(task, device, settings):
+        levels.append(settings.search_space)
         return build(task, device, settings)
 
     monkeypatch.delenv("KILN_TUNE_LEVEL", raising=False)
-    monkeypatch.setattr(kiln.schedule, "build_task", spy)
+    monkeypatch.setattr(operator, "build_task", spy)
     config.search_space(2)
     model, x = _model(), torch.randn(2, 4)
     torch._dynamo.reset()

@@ -17,7 +17,7 @@ from kiln.ir import compute, maximum
 from kiln.passes import FusedOperator, PassContext, PlanLayout
 from kiln.passes.layout import conv_padding, is_elementwise, runs_channels_last
 from kiln.runtime.backend import BACKENDS
-from kiln.schedule import Template
+from kiln.schedule import CompileSession, Template
 from tests.frontend.frontend_support import Capture
 from tests.passes.layout_models import (
     BasicBlock, Bottleneck, Broadcasts, Classifier, ConvNeXtStage, DenseAndInception, Pools,
@@ -29,6 +29,11 @@ from tests.passes.passes_support import apply, const, run_both
 ops = kiln.ops
 PERMUTES = ("permute", "transpose")
 
+
+
+def runs(conv, mode: str) -> bool:
+    """`runs_channels_last` in a session of its own (the tests change the GPU between calls)."""
+    return runs_channels_last(conv, mode, CompileSession(conv.device))
 
 def members(graph):
     """The operators of `graph`, those fused into a FusedOperator included."""
@@ -243,27 +248,28 @@ def _channels_last_templates(monkeypatch, fake: bool):
                         applies=lambda task: task.inputs[0].shape[-1] % 8 == 0
                         and task.inputs[1].shape[-1] == task.inputs[0].shape[-1])
 
-    def replaced(op, target, arch=None):
+    def replaced(op, target, arch=None, plugins=None):
         if (op, target) == ("conv2d_channels_last", "cuda"):
             return [template] if fake and (arch is None or template.min_arch <= arch) else []
-        return contributed(op, target, arch)
+        return contributed(op, target, arch, plugins)
 
     monkeypatch.setattr(choose, "templates_for", replaced)
+    monkeypatch.setattr(importlib.import_module("kiln.schedule.session"), "templates_for", replaced)
 
 
 def test_auto_takes_16bit_cuda_convolutions_that_a_template_takes(hopper):
     conv = _cuda_conv()
     _channels_last_templates(hopper, fake=False)
-    assert not runs_channels_last(conv, "auto")            # no channels-last template contributed
+    assert not runs(conv, "auto")            # no channels-last template contributed
     _channels_last_templates(hopper, fake=True)
     hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 80))
-    assert not runs_channels_last(conv, "auto")            # an sm_80 device: the template is sm_90's
+    assert not runs(conv, "auto")            # an sm_80 device: the template is sm_90's
     hopper.setitem(BACKENDS, "cuda", dataclasses.replace(BACKENDS["cuda"], arch=lambda device: 90))
-    assert runs_channels_last(conv, "auto") and runs_channels_last(conv, "always")
-    assert not runs_channels_last(conv, "never")
-    assert not runs_channels_last(_cuda_conv("float32"), "auto")
-    assert not runs_channels_last(_cuda_conv(groups=2), "auto")       # the fake template declines it
-    assert runs_channels_last(_cuda_conv("bfloat16"), "auto")
+    assert runs(conv, "auto") and runs(conv, "always")
+    assert not runs(conv, "never")
+    assert not runs(_cuda_conv("float32"), "auto")
+    assert not runs(_cuda_conv(groups=2), "auto")       # the fake template declines it
+    assert runs(_cuda_conv("bfloat16"), "auto")
 
     def cuda(*shape):
         return kiln.symbol(shape, "float16", "cuda")
@@ -286,9 +292,9 @@ def test_auto_plans_cuda_graphs_without_a_gpu(monkeypatch):
     monkeypatch.setitem(BACKENDS, "cuda", dataclasses.replace(
         BACKENDS["cuda"], unavailable=lambda: "no GPU in this test", arch=no_arch))
     _channels_last_templates(monkeypatch, fake=False)
-    assert not runs_channels_last(_cuda_conv(), "auto")
+    assert not runs(_cuda_conv(), "auto")
     _channels_last_templates(monkeypatch, fake=True)
-    assert runs_channels_last(_cuda_conv(), "auto")        # a template for some architecture
+    assert runs(_cuda_conv(), "auto")        # a template for some architecture
 
 
 def test_auto_leaves_cpu_graphs_alone_and_the_config_turns_the_pass_off():
@@ -329,11 +335,11 @@ def test_kernels_of_a_basic_block_under_a_channels_last_template(monkeypatch, st
 
     fake = Template("fake_conv_template", ("conv2d_channels_last",), "cpu", render=None, applies=applies)
 
-    def with_fake(op, target, arch=None):
-        return [fake] if (op, target) == ("conv2d_channels_last", "cpu") else contributed(op, target, arch)
+    def with_fake(op, target, arch=None, plugins=None):
+        return [fake] if (op, target) == ("conv2d_channels_last", "cpu") else contributed(op, target, arch, plugins)
 
     monkeypatch.setattr(choose, "templates_for", with_fake)
-    monkeypatch.setattr(importlib.import_module("kiln.schedule"), "templates_for", with_fake)
+    monkeypatch.setattr(importlib.import_module("kiln.schedule.session"), "templates_for", with_fake)
     x = kiln.symbol([2, 8, 5, 6])
     h = ops.relu(ops.conv2d(x, const(8, 8, 3, 3), const(8), padding=1))
     graph = kiln.trace_from(ops.relu(ops.add(ops.conv2d(h, const(8, 8, 3, 3), const(8), padding=1), x)))
@@ -379,13 +385,13 @@ def test_auto_takes_the_convolutions_conv_depthwise_nhwc_takes(hopper):
         x, w = kiln.symbol([1, c, 9, 7], dtype, "cuda"), kiln.symbol([o, c // g, k, k], dtype, "cuda")
         return ops.conv2d(x, w, None, padding=k // 2, groups=g).trace[0]
 
-    assert runs_channels_last(conv(24, 24, 24), "auto") and runs_channels_last(conv(40, 40, 40, 5, "bfloat16"), "auto")
-    assert runs_channels_last(conv(96, 96, 96, 7), "auto") and runs_channels_last(conv(32, 32, 8), "auto")
-    assert runs_channels_last(conv(20, 20, 20), "auto")                # 4-channel packs
-    assert not runs_channels_last(conv(24, 24, 24, dtype="float32"), "auto")
-    assert not runs_channels_last(conv(32, 32, 2), "auto")             # 16 channels a group
-    assert not runs_channels_last(conv(16, 32, 16), "auto")            # a channel multiplier
-    assert not runs_channels_last(conv(16, 16, 16, 9), "auto")         # a 9x9 filter
+    assert runs(conv(24, 24, 24), "auto") and runs(conv(40, 40, 40, 5, "bfloat16"), "auto")
+    assert runs(conv(96, 96, 96, 7), "auto") and runs(conv(32, 32, 8), "auto")
+    assert runs(conv(20, 20, 20), "auto")                # 4-channel packs
+    assert not runs(conv(24, 24, 24, dtype="float32"), "auto")
+    assert not runs(conv(32, 32, 2), "auto")             # 16 channels a group
+    assert not runs(conv(16, 32, 16), "auto")            # a channel multiplier
+    assert not runs(conv(16, 16, 16, 9), "auto")         # a 9x9 filter
 
     def cuda(*shape):
         return kiln.symbol(shape, "float16", "cuda")

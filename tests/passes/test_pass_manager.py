@@ -51,7 +51,9 @@ def test_contexts_nest_inherit_and_reject_unknown_config():
             with PassContext(opt_level=3, config={"use_fp16_reduction": True}) as innermost:
                 assert innermost.opt_level == 3
                 assert innermost.config["use_fp16"] and innermost.config["use_fp16_reduction"]
-        assert PassContext.current() is outer and not outer.config["use_fp16"]
+                assert kiln.settings.current().use_fp16 and kiln.settings.current().use_fp16_reduction
+        assert PassContext.current() is outer and "use_fp16" not in outer.config
+        assert not kiln.settings.current().use_fp16, "the config changes settings while entered"
     assert PassContext.current().opt_level == 2
     with pytest.raises(KeyError, match="use_fp32"):
         PassContext(config={"use_fp32": True})

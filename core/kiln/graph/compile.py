@@ -51,7 +51,7 @@ def copies_input(task) -> bool:
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
     threads (ThreadPoolExecutor's default number when None) with `settings`
-    (`kiln.schedule.BuildSettings`); a view's (`is_view`) runs nothing."""
+    (`kiln.settings.Settings`: those in effect when None); a view's (`is_view`) runs nothing."""
     views = {id(node) for node in graph.nodes if is_view(node, graph)}
     tasks = {(id(node.task), node.device): node.task for node in graph.nodes if id(node) not in views}
     with ThreadPoolExecutor(max_workers=workers) as pool:

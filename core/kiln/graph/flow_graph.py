@@ -44,7 +44,7 @@ class FlowGraph:
 
     def compile(self, settings=None) -> CompiledGraph:
         """This graph's CompiledGraph: every kernel built (in parallel, with `settings`, a
-        `kiln.schedule.BuildSettings`) and a memory plan placing the intermediates in one
+        `kiln.settings.Settings`: those in effect when None) and a memory plan placing the intermediates in one
         workspace per device. Built once, then cached."""
         if self._compiled is None:
             self._compiled = compile_graph(self, settings)

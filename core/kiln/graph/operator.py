@@ -32,6 +32,8 @@ from kiln.graph.traits import Traits
 from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir.size import size_key
 from kiln.log import current_record
+from kiln.schedule import build_task
+from kiln.settings import Settings
 from kiln.tensor import Tensor, from_torch
 
 
@@ -251,16 +253,16 @@ class Operator:
         return f"<{self.name} operator>"
 
 
-# (id(task), device, settings) -> (task, its kernel): the task is held so that its id stays its own
+# (id(task), device, tuning level or None) -> (task, its kernel): the task is held so that its id stays its own
 _compiled = _Recent(lambda: KERNELS_KEPT)
 
 
-def compiled_task(task: Task, device: Device, settings=None):
-    """The built kernel of `task` on `device` with `settings` (a `kiln.schedule.BuildSettings`;
-    the user's default when None): the one built before while it is among the KERNELS_KEPT
-    most recently used, else built now."""
-    from kiln.schedule import build_task
-    key = (id(task), device, settings)
+def compiled_task(task: Task, device: Device, settings: Settings | None = None):
+    """The built kernel of `task` on `device` with `settings` (those in effect when None, read
+    only to build): the one built before at the same tuning level (`search_space`; or, for
+    None, also without settings given) while it is among the KERNELS_KEPT most recently used,
+    else built now."""
+    key = (id(task), device, None if settings is None else settings.search_space)
     found = _compiled.get(key)
     if found is None:
         found = (task, build_task(task, device, settings))

@@ -3,7 +3,7 @@
 `optimize(graph)` (also `kiln.graph.optimize`) runs `default_pipeline()` under the current
 `PassContext`.
 """
-from kiln.passes.context import DEFAULT_CONFIG, PassContext
+from kiln.passes.context import PassContext
 from kiln.passes.cse import EliminateCommonSubexpressions
 from kiln.passes.dce import EliminateDeadCode
 from kiln.passes.fold_constants import FoldConstants
@@ -22,7 +22,7 @@ from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
 
 __all__ = [
-    "DEFAULT_CONFIG", "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
+    "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
     "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
     "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "UpdateInPlace", "Wildcard", "constant",

@@ -1,30 +1,26 @@
-"""`PassContext`: the settings graph passes run under (opt level, required and disabled passes,
-config, instruments).
+"""`PassContext`: what graph passes run under (opt level, required and disabled passes,
+config, instruments), and the compile session they ask (`PassContext.session`).
 
     with kiln.PassContext(opt_level=1, disabled_passes=["fuse_operators"],
                           instruments=[PassTiming()]):
         graph = kiln.graph.optimize(graph)
 
 Contexts nest: a setting not given is taken from the enclosing context (config keys one by
-one), so a library can set config while the user's opt level and instruments still apply.
+one: an entered context's config changes the settings of what runs inside it), so a library can
+set config while the user's opt level and instruments still apply.
 `PassContext.current()` is the innermost one of this thread (a default one outside any `with`).
+`config` changes settings (`kiln.settings.Settings`, by field name) while the context is
+entered: passes read them from their session's `settings`.
 """
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
+from dataclasses import fields
 from typing import Iterable
 
-DEFAULT_CONFIG = {
-    # convert float32 computation to float16 (inputs and outputs keep their types)
-    "use_fp16": False,
-    # let operators that sum in float16 keep doing so under use_fp16 (otherwise they run in float32)
-    "use_fp16_reduction": False,
-    # which convolutions start channels-last regions (kiln.passes.layout.runs_channels_last):
-    # "auto" (16-bit ones on CUDA that a channels-last template takes), "always" or "never"
-    "channels_last": "auto",
-    # float32 matrix products on CUDA may run on TF32 tensor cores (kiln.passes.tf32)
-    "allow_tf32": False,
-}
+from kiln.schedule.session import CompileSession
+from kiln.settings import Settings, patch
 
 _local = threading.local()
 
@@ -33,18 +29,21 @@ class PassContext:
     """The settings of one optimization run.
 
     A pass runs when its name is in `required_passes`, or when it is not in `disabled_passes`
-    and its opt level is at most `opt_level` (2 unless an enclosing context says otherwise). `config` overrides `DEFAULT_CONFIG`; passes read
-    it with `ctx.config[key]`. `instruments` watch every pass that runs (see
+    and its opt level is at most `opt_level` (2 unless an enclosing context says otherwise).
+    `config` changes settings by name (`kiln.settings.Settings`: `{"use_fp16": True}`) while
+    the context is entered; `self.config` holds those of the enclosing contexts too. Passes
+    read settings from `ctx.session.settings`. `instruments` watch every pass that runs (see
     `kiln.passes.instruments`).
     """
 
     def __init__(self, opt_level: int | None = None, required_passes: Iterable[str] | None = None,
                  disabled_passes: Iterable[str] | None = None, config: dict | None = None,
                  instruments: Iterable | None = None):
-        unknown = set(config or {}) - set(DEFAULT_CONFIG)
+        known = [f.name for f in fields(Settings)]
+        unknown = set(config or {}) - set(known)
         if unknown:
             raise KeyError(f"unknown PassContext config key(s): {', '.join(sorted(unknown))}; "
-                           f"known: {', '.join(DEFAULT_CONFIG)}")
+                           f"known: {', '.join(known)}")
         stack = getattr(_local, "stack", None)
         outer = stack[-1] if stack else None
         self.opt_level = opt_level if opt_level is not None else (outer.opt_level if outer else 2)
@@ -52,7 +51,8 @@ class PassContext:
                                          (outer.required_passes if outer else ()))
         self.disabled_passes = frozenset(disabled_passes if disabled_passes is not None else
                                          (outer.disabled_passes if outer else ()))
-        self.config = {**(outer.config if outer else DEFAULT_CONFIG), **(config or {})}
+        self.own_config = dict(config or {})
+        self.config = {**(outer.config if outer else {}), **self.own_config}
         self.instruments = list(instruments if instruments is not None else
                                 (outer.instruments if outer else ()))
 
@@ -64,6 +64,12 @@ class PassContext:
             return False
         return graph_pass.opt_level <= self.opt_level
 
+    @property
+    def session(self) -> CompileSession | None:
+        """The compile session open here (`CompileSession.current()`): a pass running asks it
+        for its settings and for the templates that would schedule a task."""
+        return CompileSession.current()
+
     @staticmethod
     def current() -> "PassContext":
         """The innermost active context of this thread, or a default one."""
@@ -71,6 +77,8 @@ class PassContext:
         return stack[-1] if stack else PassContext()
 
     def __enter__(self) -> "PassContext":
+        self._patched = patch(**self.own_config) if self.own_config else nullcontext()
+        self._patched.__enter__()
         _local.__dict__.setdefault("stack", []).append(self)
         for inst in self.instruments:
             inst.enter_pass_ctx(self)
@@ -80,6 +88,7 @@ class PassContext:
         for inst in self.instruments:
             inst.exit_pass_ctx(self)
         _local.stack.pop()
+        self._patched.__exit__(*exc)
 
     def __repr__(self) -> str:
         return (f"PassContext(opt_level={self.opt_level}, required={sorted(self.required_passes)}, "

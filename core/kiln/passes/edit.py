@@ -1,11 +1,16 @@
-"""Editing helpers shared by the passes: users of tensors, re-applying an operator to new
-inputs, and rebuilding a graph node by node."""
+"""Editing helpers shared by the passes: the producer and the users of tensors, re-applying an
+operator to new inputs, and rebuilding a graph node by node."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from kiln.graph import FlowGraph, Operator, trace_from
 from kiln.tensor import Tensor
+
+
+def producer(t: Tensor) -> Operator | None:
+    """The node that computes `t` in its traced graph, or None for a graph input or a constant."""
+    return t.trace[0] if t.trace is not None else None
 
 
 def users(graph: FlowGraph) -> dict[int, list[Operator]]:

@@ -12,7 +12,7 @@ from kiln import dtypes
 from kiln.graph import OperatorError, Role, trace_from
 from kiln.ir import Compute, Reduce, ReduceOp
 from kiln.ir.expr import walk
-from kiln.passes.edit import reapply
+from kiln.passes.edit import producer, reapply
 from kiln.passes.graph_pass import GraphPass
 from kiln.plugins import registry
 from kiln.tensor import Tensor, from_torch
@@ -20,10 +20,8 @@ from kiln.tensor import Tensor, from_torch
 
 def _reduces_in_16bit(tensors) -> bool:
     """Whether a node producing `tensors` sums or multiplies in a 16-bit float type."""
-    for t in tensors:
-        if t.trace is None:
-            continue
-        for tn in t.trace[0].task.nodes():
+    for node in filter(None, map(producer, tensors)):
+        for tn in node.task.nodes():
             if isinstance(tn, Compute) and any(
                     isinstance(e, Reduce) and e.op in (ReduceOp.SUM, ReduceOp.PROD) and e.dtype.is_16bit_float
                     for e in walk(tn.value)):
@@ -38,9 +36,9 @@ class ConvertToFloat16(GraphPass):
     opt_level = 0
 
     def transform(self, graph, ctx):
-        if not ctx.config["use_fp16"]:
+        if not ctx.session.settings.use_fp16:
             return graph
-        keep_reductions = not ctx.config["use_fp16_reduction"]
+        keep_reductions = not ctx.session.settings.use_fp16_reduction
         cast = registry().implementing(Role.CAST)
         converted: dict[int, Tensor] = {}
 

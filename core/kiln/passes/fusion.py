@@ -1,7 +1,11 @@
 """Operator fusion: injective operators join their neighbours, so each group is one kernel.
 
-An *anchor* is an operator whose task reduces or that a schedule template handles (matmul,
-conv2d, softmax, ...); every other operator is injective. Groups grow from single nodes:
+An *anchor* is an operator whose task reduces (matmul, conv2d, softmax, ...); every other
+operator is injective, whether or not a schedule template takes it alone: an element-wise
+operator that a plugin gives a template of its own fuses with its element-wise neighbours as
+any other does, into one auto-scheduled kernel (the template runs it where it stays alone).
+Which templates would schedule a task the pass asks its compile session
+(`kiln.schedule.CompileSession`: `ctx.session`), once per task. Groups grow from single nodes:
 
 - epilogue: an injective node joins the group producing one of its inputs, where that input
   has no other user and is not a graph output; then, likewise, an anchor-free group joins the
@@ -28,44 +32,31 @@ from __future__ import annotations
 from collections import deque
 
 from kiln.graph import Operator, trace_from
+from kiln.ir.expr import Load
+from kiln.ir.inline import inline_task
 from kiln.passes.edit import reapply, users
 from kiln.passes.fused import FusedOperator
 from kiln.passes.graph_pass import GraphPass
-
-
-def templates_for(node: Operator) -> list:
-    """The schedule templates for `node`'s operator on its device's target."""
-    from kiln.schedule import templates_for as contributed
-    return contributed(node.definition.name, node.device.kind)
+from kiln.schedule.rows import row_prefix
+from kiln.schedule.session import CompileSession
 
 
 def is_anchor(node: Operator) -> bool:
-    """Whether `node` is a reduction or template-scheduled operator (or an existing group)."""
-    return isinstance(node, FusedOperator) or not node.task.is_injective or bool(templates_for(node))
+    """Whether `node` is a reduction (or an existing group): what a group is built around."""
+    return isinstance(node, FusedOperator) or not node.task.is_injective
 
 
-def best_template(node: Operator):
-    """The template that would schedule `node` alone on its device (for any architecture where no
-    GPU is here), or None."""
-    from kiln.schedule import device_arch, schedules_for
-    found = schedules_for(node.task, node.device.kind, device_arch(node.device))
-    return found[0] if found else None
-
-
-def keeps_templates(anchor: Operator, fused: FusedOperator, best=...) -> bool:
-    """False where a template would schedule the anchor alone (`best`, when known) but does not
-    take the fused task: fusion never trades a kernel for a slower template's (a float16 GEMM's
-    tensor-core engine for the SIMT one, say)."""
-    from kiln.schedule import device_arch, schedules_for
-    best = best_template(anchor) if best is ... else best
-    return best is None or best in schedules_for(fused.task, anchor.device.kind, device_arch(anchor.device))
+def keeps_templates(anchor: Operator, fused: FusedOperator, session: CompileSession) -> bool:
+    """False where a template would schedule the anchor alone but does not take the fused task:
+    fusion never trades a kernel for a slower template's (a float16 GEMM's tensor-core engine
+    for the SIMT one, say)."""
+    best = session.template(anchor.task, anchor.device)
+    return best is None or best in session.templates(fused.task, anchor.device)
 
 
 def moves_data(node: Operator) -> bool:
     """Whether `node` only moves data: each element of each output is an input element (a view,
     or the parts of a split)."""
-    from kiln.ir.expr import Load
-    from kiln.ir.inline import inline_task
     lowered = inline_task(node.task)
     return not lowered.temporaries and all(isinstance(b.value, Load) for b in lowered.buffers)
 
@@ -73,7 +64,8 @@ def moves_data(node: Operator) -> bool:
 class _Groups:
     """Union of node groups over a graph, with the checks that keep a merge legal."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, session: CompileSession):
+        self.session = session
         self.nodes = graph.nodes
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
         self.users = users(graph)
@@ -82,22 +74,18 @@ class _Groups:
         self.group = {id(n): k for k, n in enumerate(self.nodes)}
         self.members = {k: [n] for k, n in enumerate(self.nodes)}
         self.anchor_nodes = {id(n) for n in self.nodes if is_anchor(n)}
-        self.templated = {self.group[id(n)] for n in self.nodes if templates_for(n)}
+        # anchors whose operator has templates on its target: they read their inputs plain
+        self.templated = {self.group[id(n)] for n in self.nodes if id(n) in self.anchor_nodes
+                          and session.contributed(n.definition.name, n.device.kind)}
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
-        self.best: dict[int, object] = {}      # anchor (by id) -> the template taking it alone
-
-    def best_template(self, anchor: Operator):
-        """`best_template(anchor)`, found once per anchor."""
-        if id(anchor) not in self.best:
-            self.best[id(anchor)] = best_template(anchor)
-        return self.best[id(anchor)]
 
     def reads_views(self, g: int) -> bool:
         """Whether the best template of group g's anchor reads views fused before it."""
         anchor = next((n for n in self.members[g] if id(n) in self.anchor_nodes), None)
-        best = None if anchor is None or isinstance(anchor, FusedOperator) else self.best_template(anchor)
+        best = (None if anchor is None or isinstance(anchor, FusedOperator)
+                else self.session.template(anchor.task, anchor.device))
         return bool(getattr(best, "reads_views", False))
 
     def successors(self, g: int) -> set[int]:
@@ -212,8 +200,6 @@ class _Groups:
 
     def is_row_task(self, members: list[Operator]) -> bool:
         """Whether `members` fused are one row task (one output, each reduction a row statistic)."""
-        from kiln.ir.inline import inline_task
-        from kiln.schedule.rows import row_prefix
         fused = self.fused(members)
         return fused is not None and len(fused.outputs) == 1 and row_prefix(inline_task(fused.task)) is not None
 
@@ -226,9 +212,9 @@ class _Groups:
         inputs = list({id(t): t for n in members for t in n.inputs if id(t) not in inside}.values())
         used = [t for n in members for t in n.outputs
                 if id(t) in self.outputs or any(id(u) not in member_ids for u in self.users.get(id(t), ()))]
-        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), 0)
-        fused = FusedOperator(members, inputs, used, anchor)
-        return fused if keeps_templates(members[anchor], fused, self.best_template(members[anchor])) else None
+        anchor = next((k for k, n in enumerate(members) if id(n) in self.anchor_nodes), None)
+        fused = FusedOperator(members, inputs, used, anchor or 0)
+        return fused if anchor is None or keeps_templates(members[anchor], fused, self.session) else None
 
     def ordered(self) -> list[list[Operator]]:
         """The groups (members in graph order), producers before consumers."""
@@ -257,7 +243,7 @@ class FuseOperators(GraphPass):
     opt_level = 1
 
     def transform(self, graph, ctx):
-        groups = _Groups(graph)
+        groups = _Groups(graph, ctx.session)
         groups.fuse_epilogues()
         groups.fuse_group_epilogues()
         groups.fuse_prologues()

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from kiln.device import Device, device
 from kiln.graph import FlowGraph, tracing
 from kiln.passes.context import PassContext
+from kiln.schedule.session import CompileSession
 
 STAGES = ("simplify", "precision", "layout")
 """The stages of the default pipeline at whose end the plugins' passes run, in order (within a
@@ -35,10 +37,18 @@ stage, in the order the plugins contribute them):
 """
 
 
+def target_of(graph: FlowGraph) -> Device:
+    """The device `graph` runs on: its first input's or output's (the CPU for a graph of
+    neither)."""
+    return next((t.device for t in (*graph.inputs, *graph.outputs)), device("cpu"))
+
+
 class GraphPass:
     """A transformation of a FlowGraph; calling it runs it under the current PassContext
     (skipped where the context disables it, watched by the context's instruments), in
-    `kiln.graph.tracing()`: large generated values stay nodes of the graphs it builds."""
+    `kiln.graph.tracing()`: large generated values stay nodes of the graphs it builds. It runs
+    in the compile session open (`PassContext.session`), or in one of its own for `graph`'s
+    device: a pipeline's passes share the pipeline's."""
 
     name: str = ""
     opt_level: int = 0
@@ -55,7 +65,8 @@ class GraphPass:
             return graph
         for inst in ctx.instruments:
             inst.run_before_pass(graph, self)
-        with tracing():
+        session = ctx.session or CompileSession(target_of(graph))
+        with tracing(), session.opened():
             graph = self.transform(graph, ctx)
         for inst in ctx.instruments:
             inst.run_after_pass(graph, self)

@@ -26,7 +26,7 @@ tensor, one conversion is made for all its readers, and converting a converted t
 gives the original. So conversions sit at the borders of regions only, constants (weights,
 broadcast operands) are converted here, once, and the graph's inputs and outputs keep their
 layout; the operators implementing `Role.PERMUTE` and `Role.RESHAPE` make the conversions.
-The PassContext config key "channels_last" chooses which convolutions start a region (see
+The setting "channels_last" (`kiln.settings.Settings`) chooses which convolutions start a region (see
 `runs_channels_last`; "never" turns the pass off). Under "auto" a graph is planned only where
 every convolution in it runs channels-last: a graph that mixes in NCHW convolutions (grouped
 ones no channels-last template takes, say) would convert back and forth around each of them.
@@ -38,12 +38,12 @@ import torch
 from kiln.graph import Layout, Operator, OperatorDef, Role, trace_from
 from kiln.ir import Const, Load, Var, inline_task
 from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
-from kiln.passes.edit import arguments_of, reapply
+from kiln.passes.edit import arguments_of, producer, reapply
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.provided import implementer, provided
+from kiln.schedule.session import CompileSession
 from kiln.tensor import Tensor, from_torch, symbol
 
-MODES = ("auto", "always", "never")
 CHANNEL_MULTIPLE = 8      # channels of a channels-last convolution's input, padded with zeros to a multiple
 ROLES_USED = (Role.PERMUTE, Role.RESHAPE, Role.PAD)
 
@@ -93,9 +93,9 @@ def permutation(node: Operator) -> list[int] | None:
     return None if order is None else order(node)
 
 
-def runs_channels_last(node: Operator, mode: str) -> bool:
-    """Whether convolution `node` runs channels-last under `mode` (PassContext config
-    "channels_last"):
+def runs_channels_last(node: Operator, mode: str, session: CompileSession) -> bool:
+    """Whether convolution `node` runs channels-last under `mode` (the setting
+    "channels_last"), asking `session` which templates take its channels-last form:
 
     - "auto": convolutions on CUDA in float16 or bfloat16 that a schedule template on the
       device takes in their channels-last form (without such a template the NCHW templates are
@@ -114,13 +114,12 @@ def runs_channels_last(node: Operator, mode: str) -> bool:
         return False
     if mode == "always":
         return True
-    return node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float and _template_takes(node)
+    return (node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float
+            and _template_takes(node, session))
 
 
-def _template_takes(node: Operator) -> bool:
-    """Whether a schedule template for `node`'s device takes its channels-last form's task (one
-    for any architecture where no GPU is here: graphs are planned for NVRTC checks too)."""
-    from kiln.schedule import device_arch, schedules_for
+def _template_takes(node: Operator, session: CompileSession) -> bool:
+    """Whether a schedule template for `node`'s device takes its channels-last form's task."""
     args = arguments_of(node)
     x, w, bias = args["x"], args["weight"], args["bias"]
     n, c, h, wd = x.shape
@@ -135,7 +134,7 @@ def _template_takes(node: Operator) -> bool:
         "bias": None if bias is None else placeholder(bias.shape),
         "stride": args["stride"], "padding": conv_padding(node), "dilation": args["dilation"],
         "groups": args["groups"]})
-    return bool(schedules_for(task, node.device.kind, device_arch(node.device)))
+    return bool(session.templates(task, node.device))
 
 
 def is_elementwise(node: Operator) -> bool:
@@ -246,11 +245,11 @@ def permuted(t: Tensor, order) -> Tensor:
     reshape where only size-1 dims move; a permute node otherwise."""
     if not t.is_symbolic:
         return from_torch(t.torch().permute(*order).contiguous())
-    producer = t.trace[0] if t.trace is not None else None
-    inner = None if producer is None else permutation(producer)
+    node = producer(t)
+    inner = None if node is None else permutation(node)
     if inner is not None:
         order = tuple(inner[k] for k in order)
-        source = producer.inputs[0]
+        source = node.inputs[0]
         return source if order == tuple(range(len(order))) else permuted(source, order)
     moved = [k for k in order if t.shape[k] != 1]
     if moved == sorted(moved):
@@ -404,14 +403,11 @@ class PlanLayout(GraphPass):
     opt_level = 1
 
     def transform(self, graph, ctx):
-        mode = ctx.config["channels_last"]
-        if mode not in MODES:
-            raise ValueError(f"PassContext config 'channels_last' must be one of {', '.join(MODES)}, "
-                             f"got {mode!r}")
+        mode = ctx.session.settings.channels_last
         if any(implementer(role) is None for role in ROLES_USED):
             return graph
         convolutions = [n for n in graph.nodes if n.definition.traits.channels_last is not None]
-        taken = {id(n) for n in convolutions if runs_channels_last(n, mode)}
+        taken = {id(n) for n in convolutions if runs_channels_last(n, mode, ctx.session)}
         if not taken or (mode == "auto" and len(taken) < len(convolutions)):
             return graph
         planner = _Planner(taken)

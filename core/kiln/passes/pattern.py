@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from kiln.graph import Operator
-from kiln.passes.edit import arguments_of
+from kiln.passes.edit import arguments_of, producer
 from kiln.tensor import Tensor
 
 
@@ -95,15 +95,15 @@ class Match:
 def _match(p: Pattern, t: Tensor, bound: dict) -> dict | None:
     if p in bound:
         hit = bound[p]
-        same = hit is t if isinstance(p, Wildcard) else t.trace is not None and t.trace[0] is hit
+        same = hit is t if isinstance(p, Wildcard) else producer(t) is hit
         return bound if same else None
     if isinstance(p, Wildcard):
         if p.constant and t.is_symbolic or p.where is not None and not p.where(t):
             return None
         return {**bound, p: t}
-    if t.trace is None:
+    node = producer(t)
+    if node is None:
         return None
-    node = t.trace[0]
     if (getattr(node, "fused_graph", None) is not None or node.definition.name not in p.names
             or len(node.inputs) < len(p.inputs) or (p.where is not None and not p.where(node))):
         return None

@@ -37,6 +37,7 @@ from kiln.graph import Operator, trace_from
 from kiln.passes.edit import reapply, users
 from kiln.passes.fusion import is_anchor, moves_data
 from kiln.passes.graph_pass import GraphPass
+from kiln.schedule import AUTO_RULES, CompileSession
 
 MAX_COPIES = 4
 
@@ -48,11 +49,10 @@ def _bytes_per_element(node: Operator) -> tuple[int, int]:
     return reads, out.dtype.nbytes
 
 
-def _has_templates(node: Operator) -> bool:
+def _has_templates(node: Operator, session: CompileSession) -> bool:
     """Whether a template schedules `node`'s operator on any target: where one does not here,
     the auto-scheduled kernel still reads each input element many times (a convolution)."""
-    from kiln.schedule import templates_for
-    return any(templates_for(node.definition.name, target) for target in ("cpu", "cuda"))
+    return any(session.contributed(node.definition.name, target) for target in AUTO_RULES)
 
 
 def _row_reduction(node: Operator) -> bool:
@@ -81,12 +81,13 @@ class RecomputeCheapProducers(GraphPass):
         readers = users(graph)
         outputs = {id(t) for t in graph.outputs}
         producer = {id(t): n for n in graph.nodes for t in n.outputs}
-        templated = {id(n) for n in graph.nodes if _has_templates(n)}
+        templated = {id(n) for n in graph.nodes if _has_templates(n, ctx.session)}
         copies: dict[int, int] = {}        # recomputed node (by id) -> how many copies
 
         def eligible(node: Operator) -> bool:
             return (len(node.outputs) == 1 and id(node.outputs[0]) not in outputs
-                    and not is_anchor(node) and not node.definition.name.startswith("random")
+                    and not is_anchor(node) and id(node) not in templated
+                    and not node.definition.name.startswith("random")
                     and bool(readers.get(id(node.outputs[0])))
                     and not extends_epilogue(node)
                     and not any(id(u) in templated for u in readers[id(node.outputs[0])]))

@@ -31,4 +31,4 @@ class AllowTF32(GraphPass):
     opt_level = 0
 
     def transform(self, graph, ctx):
-        return rebuild(graph, _allowed) if ctx.config["allow_tf32"] else graph
+        return rebuild(graph, _allowed) if ctx.session.settings.allow_tf32 else graph

@@ -10,7 +10,6 @@ plugin's load error, and such a plugin contributes nothing; the others load.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import pluggy
 from kiln.plugins import hookspecs
 from kiln.plugins.boundary import guarded
 from kiln.plugins.contributions import HOOKS, checked
+from kiln.settings import current
 
 GROUP = "kiln"
 
@@ -173,7 +173,7 @@ def normalized(name: str) -> str:
 
 def disabled_names() -> set[str]:
     """The names in KILN_DISABLE_PLUGINS, normalized."""
-    return {normalized(n.strip()) for n in os.environ.get("KILN_DISABLE_PLUGINS", "").split(",") if n.strip()}
+    return {normalized(n) for n in current().disabled_plugins}
 
 
 def entry_points() -> list[metadata.EntryPoint]:

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Callable
 
 from kiln.log import current_record, logger
+from kiln.settings import current
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -78,9 +79,7 @@ class UnsafeCacheError(PermissionError):
 
 
 def _root_path() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kiln")
-    return Path(root)
+    return Path(current().cache_dir)
 
 
 def _unusable(path: Path, exc: OSError, doing: str) -> CacheError:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import platform
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from kiln.codegen.emitter import KernelArgs
 from kiln.runtime.cache import content_key, lookup_or_build
 from kiln.runtime.kernel_errors import KernelCheck, raise_failed
+from kiln.settings import current
 from kiln.table import numbered_source
 
 # -fno-tree-loop-if-convert: GCC 12.2 at -O3 with AVX2 or AVX-512 vectorizes a loop whose
@@ -34,7 +34,7 @@ class BuildError(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def compiler() -> tuple[str, str, str]:
     """(path, version, target architecture) of the C compiler; $CC overrides."""
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    cc = current().c_compiler or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise BuildError("Kiln's CPU backend needs a C compiler: install gcc (or set $CC)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]

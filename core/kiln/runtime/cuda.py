@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from kiln.codegen.emitter import KernelArgs
 from kiln import dtypes
 from kiln.dtypes import DataType
@@ -157,7 +159,6 @@ def unavailable_reason() -> str | None:
         nvrtc_version()
     except CudaError as exc:
         return str(exc)
-    import torch
     if not torch.cuda.is_available():
         return ("no CUDA GPU is visible to PyTorch (torch.cuda.is_available() is False; "
                 f"torch {torch.__version__}, built for CUDA {torch.version.cuda})")
@@ -251,7 +252,6 @@ def _context(index: int):
     reason = unavailable_reason()
     if reason:
         raise CudaError(f"CUDA is unavailable: {reason}")
-    import torch
     driver, _ = _bindings()
     torch.cuda.init()
     with torch.cuda.device(index):
@@ -273,7 +273,6 @@ def _make_current(index: int) -> None:
 @functools.lru_cache(maxsize=None)
 def device_info(index: int) -> dict:
     """Name, architecture, multiprocessor count and shared-memory limit of a GPU."""
-    import torch
     props = torch.cuda.get_device_properties(index)
     driver, _ = _bindings()
     _make_current(index)
@@ -322,7 +321,6 @@ class CudaKernel:
                smem: int = 0, stream: int | None = None) -> None:
         """Launch on `stream` (PyTorch's current stream by default) with pointer arguments (ints)
         and by-value ones (bytes, such as a tensor map's 128)."""
-        import torch
         driver, _ = _bindings()
         if stream is None:
             stream = torch.cuda.current_stream(self.device_index).cuda_stream
@@ -388,7 +386,6 @@ class CudaRunner:
             launch.block, launch.smem) if launch.cluster > 1 else None) for launch in self.launches]
 
     def __call__(self, inputs: list, outputs: list) -> None:
-        import torch
         if not self.launches:
             return
         align = self.program.alignment

@@ -21,8 +21,9 @@ batch 8 0.99-1.00x; float32 ResNet-18 batch 1 1.03x, ResNet-50 batch 1 1.01x.
 """
 from __future__ import annotations
 
-import os
 import re
+
+from kiln.settings import current
 
 MIN_ARCH = 90
 
@@ -41,7 +42,7 @@ _BODY_OR_END = re.compile(r"[{;]")
 def enabled(arch: int) -> bool:
     """Whether kernels for a GPU of compute capability `arch` (90 for sm_90) launch as
     programmatic dependents (sm_90 and later, unless `KILN_DEPENDENT_LAUNCH=0`)."""
-    return arch >= MIN_ARCH and os.environ.get("KILN_DEPENDENT_LAUNCH", "1") != "0"
+    return arch >= MIN_ARCH and current().dependent_launch
 
 
 def with_prior_grid_wait(source: str) -> str:

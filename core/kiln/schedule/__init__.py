@@ -4,8 +4,9 @@ Templates contributed by plugins are tried by priority (highest first) where the
 task's operator and the device's kind; the auto-scheduler's rules handle everything else (see
 `kiln.schedule.choose`).
 """
-from kiln.schedule.choose import (AUTO_RULES, BuildSettings, Template, build_task, choose, device_arch,
+from kiln.schedule.choose import (AUTO_RULES, Template, build_task, choose, device_arch,
                                   schedules_for, templates_for)
+from kiln.schedule.session import CompileSession
 
-__all__ = ["AUTO_RULES", "BuildSettings", "Template", "build_task", "choose", "device_arch", "schedules_for",
+__all__ = ["AUTO_RULES", "CompileSession", "Template", "build_task", "choose", "device_arch", "schedules_for",
            "templates_for"]

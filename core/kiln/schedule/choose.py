@@ -13,7 +13,6 @@ build serves every size; every other template gets it specialized to the trace's
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +23,7 @@ from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
 from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.log import logger
+from kiln.plugins.registry import Registry, registry
 from kiln.runtime import cuda as rt
 from kiln.runtime.cache import content_key
 from kiln.runtime.backend import CompiledTask, backend_for
@@ -36,6 +36,7 @@ from kiln.schedule.cuda_general import schedule as cuda_general
 from kiln.schedule.cuda_rows import schedule as cuda_rows
 from kiln.schedule.cuda_split import schedule as cuda_split
 from kiln.schedule.store_rows import store_program, stores_rows
+from kiln.settings import Settings, current
 
 DEFAULT_SM_COUNT = 132       # what the knobs of a GPU-less build are fitted to (an H100/H200)
 MIN_GEMM_SIDE = 16           # a contraction this wide both ways, left to the auto-scheduler, is logged
@@ -86,25 +87,6 @@ class Template:
         return task if self.symbolic else specialize(task)
 
 
-@dataclass(frozen=True)
-class BuildSettings:
-    """How kernels are built: `tune_level` 0, 1 or 2 (see `Template.space`)."""
-
-    tune_level: int = 0
-
-    def __post_init__(self):
-        if self.tune_level not in (0, 1, 2):
-            raise ValueError(f"the tuning level must be 0, 1 or 2, got {self.tune_level!r}")
-
-    @staticmethod
-    def from_environment() -> "BuildSettings":
-        """The user's default: $KILN_TUNE_LEVEL (0 when unset)."""
-        level = os.environ.get("KILN_TUNE_LEVEL", "0")
-        if level not in ("0", "1", "2"):
-            raise ValueError(f"KILN_TUNE_LEVEL must be 0, 1 or 2, got {level!r}")
-        return BuildSettings(int(level))
-
-
 AUTO_RULES: dict[str, tuple[Callable, ...]] = {
     "cpu": (cpu_rows, cpu_loop_nests),
     "cuda": (cuda_columns, cuda_transpose, cuda_rows, cuda_split, cuda_general),
@@ -114,11 +96,12 @@ its program or None; the last of each takes any task. Every rule takes symbolic 
 kernel arguments (`kiln.codegen.sizes`)."""
 
 
-def templates_for(operator: str, target: str, arch: int | None = None) -> list[Template]:
-    """The templates contributed for `operator` on `target` (that run on a GPU of architecture
-    `arch`, e.g. 90, when given), highest priority first."""
-    from kiln.plugins.registry import registry
-    found = [t for t in registry().items("schedules")
+def templates_for(operator: str, target: str, arch: int | None = None,
+                  plugins: Registry | None = None) -> list[Template]:
+    """The templates contributed (by `plugins`, the installed ones when not given) for
+    `operator` on `target` (that run on a GPU of architecture `arch`, e.g. 90, when given),
+    highest priority first."""
+    found = [t for t in (plugins or registry()).items("schedules")
              if isinstance(t, Template) and t.target == target and operator in t.operators
              and (arch is None or t.min_arch <= arch)]
     return sorted(found, key=lambda t: -t.priority)
@@ -131,10 +114,11 @@ def device_arch(device: Device) -> int | None:
     return None if backend.unavailable() else backend.arch(device)
 
 
-def schedules_for(task: Task, target: str, arch: int | None = None) -> list[Template]:
+def schedules_for(task: Task, target: str, arch: int | None = None,
+                  plugins: Registry | None = None) -> list[Template]:
     """The templates that take `task` on `target` (see `templates_for`), highest priority first."""
     symbolic = has_symbolic_sizes(task)
-    return [t for t in templates_for(task.name, target, arch)
+    return [t for t in templates_for(task.name, target, arch, plugins)
             if not (symbolic and t.fixed_sizes_only) and t.applies(t.task_for(task))]
 
 
@@ -166,22 +150,23 @@ def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | N
     return template.render(subject, **chosen)
 
 
-def build_task(task: Task, device: Device, settings: BuildSettings | None = None) -> CompiledTask:
-    """The kernel computing `task` on `device`, tuned at `settings.tune_level` (the user's
-    default, `BuildSettings.from_environment()`, when not given)."""
-    settings = settings or BuildSettings.from_environment()
+def build_task(task: Task, device: Device, settings: Settings | None = None) -> CompiledTask:
+    """The kernel computing `task` on `device`, tuned at `settings.search_space` (the settings
+    in effect, `kiln.settings.current()`, when not given); with `settings.nvrtc_check`, a CPU
+    build also checks the task's CUDA programs (`check_nvrtc`)."""
+    settings = settings or current()
     backend = backend_for(device)
     backend.check_available(f"cannot run '{task.name}' on {device}")
     if stores_rows(task):       # an in-place update's store (kiln.schedule.store_rows)
-        if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
+        if device.kind == "cpu" and settings.nvrtc_check:
             program = store_program(task, "cuda")
-            rt.compile_many([(rt.launch_source(program, arch.strip()), task.name, program.arch_for(arch.strip()))
-                             for arch in os.environ["KILN_NVRTC_CHECK"].split(",")])
+            rt.compile_many([(rt.launch_source(program, arch), task.name, program.arch_for(arch))
+                             for arch in settings.nvrtc_check])
         return CompiledTask(task, device, backend.load(store_program(task, device.kind), device))
-    if device.kind == "cpu" and os.environ.get("KILN_NVRTC_CHECK"):
-        check_nvrtc(task, os.environ["KILN_NVRTC_CHECK"].split(","))
+    if device.kind == "cpu" and settings.nvrtc_check:
+        check_nvrtc(task, settings.nvrtc_check)
     program = choose(task, device.kind, backend.arch(device),
-                     lambda template: tuner.tune(template.task_for(task), template, device, settings.tune_level))
+                     lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space))
     return CompiledTask(task, device, backend.load(program, device))
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.passes.edit import arguments_of, rebuild
+from kiln.passes.edit import arguments_of, producer, rebuild
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.layout import appended_zero_channels, int_pair, padded_channels
 from kiln.passes.provided import provided
@@ -66,8 +66,8 @@ def stacked(node, inputs):
     if (args["groups"] != 1 or int_pair(args["dilation"]) != (1, 1) or (sh, sw) == (1, 1) or weight.is_symbolic
             or not all(type(d) is int for d in x.shape[1:])):
         return None
-    producer = x.trace[0] if x.trace is not None else None
-    data = producer.inputs[0] if producer is not None and appended_zero_channels(producer) else x
+    padding = producer(x)
+    data = padding.inputs[0] if padding is not None and appended_zero_channels(padding) else x
     _, h, w, c = data.shape
     _, kh, kw, _ = weight.shape
     rows, cols, cell_channels = -(-kh // sh), -(-kw // sw), sh * sw * c

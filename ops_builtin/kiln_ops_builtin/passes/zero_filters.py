@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.passes.edit import arguments_of, rebuild, reapply, users
+from kiln.passes.edit import arguments_of, producer, rebuild, reapply, users
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.layout import appended_zero_channels
 from kiln.tensor import Tensor, from_torch
@@ -72,8 +72,7 @@ def _chain(end: Tensor, readers: dict) -> list | None:
     """The nodes from a convolution to `end` (the convolution first) whose zero channels the
     convolution can compute, or None."""
     chain, t, channels = [], end, end.shape[-1]
-    while t.trace is not None and len(readers.get(id(t), ())) == 1:
-        node = t.trace[0]
+    while (node := producer(t)) is not None and len(readers.get(id(t), ())) == 1:
         chain.append(node)
         if node.definition.name == "conv2d_channels_last":
             args = arguments_of(node)

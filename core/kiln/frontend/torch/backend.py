@@ -36,7 +36,7 @@ from torch.fx.node import map_aggregate
 
 from kiln.frontend.torch import graph_cache
 from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
-from kiln.frontend.torch.config import Settings, dynamo_config
+from kiln.frontend.torch.config import dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.interpreter import Interpreter, mutates
@@ -54,7 +54,7 @@ from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
-from kiln.schedule import BuildSettings
+from kiln.settings import Settings, applied
 from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
 _warned: set[str] = set()
@@ -268,6 +268,12 @@ class KilnFunction:
         return self.gm.forward(*args)
 
     def _compile(self, args) -> CompiledRun:
+        """A new CompiledRun for the call `args`, compiled under the graph's settings (or served
+        by the whole-graph cache)."""
+        with applied(self.settings):
+            return self._compile_now(args)
+
+    def _compile_now(self, args) -> CompiledRun:
         described = [_describe_arg(a) for a in args]
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
@@ -324,10 +330,9 @@ class KilnFunction:
                 # the outputs written back, by the position of their input among the graph's
                 first = len(traced.outputs) - len(writeback)
                 written = {first + k: positions.index(p) for k, p in enumerate(writeback)}
-                graph = _optimize(traced, self.settings, folder, written)
-        level = self.settings.search_space
+                graph = _optimize(traced, folder, written)
         with stage("build", f"{len(graph.nodes)} kernels"):
-            compiled = graph.compile(BuildSettings(tune_level=level) if level else None)
+            compiled = graph.compile(self.settings)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
                            _leaves_from(result, self.lent_from))
@@ -504,18 +509,12 @@ def _describe_arg(arg) -> str:
     return repr(arg)
 
 
-def _optimize(graph: FlowGraph, settings: Settings, folder=None, written: dict[int, int] | None = None) -> FlowGraph:
+def _optimize(graph: FlowGraph, folder=None, written: dict[int, int] | None = None) -> FlowGraph:
     """The graph after Kiln's graph passes under the caller's PassContext (opt level, passes,
-    instruments), with dynamo_config's float16 settings; each stage written to `folder`. The
+    instruments) and the settings in effect (the compile's); each stage written to `folder`. The
     outputs `written` (output position -> input position) are written back into inputs:
     those that update their input's elements are computed in place (`kiln.passes.in_place`)."""
-    outer = PassContext.current()
-    config = {**outer.config, "use_fp16": settings.use_fp16,
-              "use_fp16_reduction": settings.use_fp16_reduction, "allow_tf32": settings.allow_tf32}
-    instruments = list(outer.instruments)
-    if folder is not None:
-        instruments.append(DumpGraph(str(folder / "passes")))
-    with PassContext(outer.opt_level, outer.required_passes, outer.disabled_passes, config,
-                     instruments):
+    instruments = [*PassContext.current().instruments, *([DumpGraph(str(folder / "passes"))] if folder else [])]
+    with PassContext(instruments=instruments):
         graph = optimize(graph)
         return UpdateInPlace(written)(graph) if written else graph

@@ -28,27 +28,25 @@ keyed (`graph_key.Uncacheable`, logged).
 """
 from __future__ import annotations
 
-import os
 import pickle
 import warnings
 from dataclasses import replace
 
-from kiln.frontend.torch.config import Settings
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
 from kiln.frontend.torch.run_record import RunRecord, dumps, loads
 from kiln.log import logger
 from kiln.runtime import cache
 from kiln.runtime.plan import owned
+from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
-DEFAULT_LIMIT_MB = 1024
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
     """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
     off or cannot serve it (the reason logged)."""
-    if not settings.graph_cache or settings.correctness_report or os.environ.get("KILN_DUMP_DIR"):
+    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
         return None
     try:
         return graph_key(gm, args, sizes, constant, reads, settings)
@@ -97,8 +95,9 @@ def store(key: str, run: RunRecord, args, constant_positions: list[int], read: l
 
 
 def limit() -> int:
-    """The most bytes the entries may take: KILN_GRAPH_CACHE_MB megabytes (DEFAULT_LIMIT_MB)."""
-    return int(os.environ.get("KILN_GRAPH_CACHE_MB", DEFAULT_LIMIT_MB)) << 20
+    """The most bytes the entries may take: the setting `graph_cache_mb` (KILN_GRAPH_CACHE_MB)
+    in megabytes."""
+    return current().graph_cache_mb << 20
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:

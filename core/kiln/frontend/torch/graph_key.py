@@ -8,9 +8,9 @@
   attributes (symbolic_trace graphs) by their contents, values included;
 - the call: each argument's shape (its symbolic sizes as such), strides, dtype and device,
   whether it is a constant of the graph, and the values the graph reads as numbers (`reads`);
-- the settings: dynamo_config's (`settings`), the current PassContext's, torch's default dtype
-  and grad mode, the `KILN_*` environment variables (but those of logging, dumps and caches)
-  and `CC`;
+- the settings: the compile's (`settings`: dynamo_config's, torch.compile's, the environment's
+  and a PassContext's config, but those that change no plan: `Settings.keyed`), the current
+  PassContext's opt level and passes, torch's default dtype and grad mode;
 - the code: the versions of Kiln, torch and Python, a hash of Kiln's own files, every plugin's
   distribution, version and a hash of its package's files (a changed source is a new key,
   whatever the installed version says), the C compiler and the CPU, the GPUs.
@@ -31,23 +31,18 @@ import platform
 import sys
 import threading
 import weakref
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch.fx import GraphModule, Node
 
 import kiln.version
-from kiln.frontend.torch.config import Settings
 from kiln.frontend.torch.registry import mapping_registry
 from kiln.ir.size import size_key
 from kiln.passes import PassContext
 from kiln.plugins import Registry, registry
 from kiln.runtime.cpu import BuildError, compiler
-
-UNKEYED_ENVIRONMENT = frozenset({"KILN_CACHE_DIR", "KILN_LOG", "KILN_DUMP_DIR", "KILN_NVRTC_CHECK",
-                                 "KILN_GRAPH_CACHE", "KILN_GRAPH_CACHE_MB"})
-"""KILN_* variables that change no compiled plan (logging, dumps, checks, the caches)."""
+from kiln.settings import Settings
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), torch.dtype,
           torch.device, torch.layout, torch.memory_format)
@@ -223,12 +218,8 @@ def _settings_text(settings: Settings) -> str:
     context = PassContext.current()
     if context.instruments:
         raise Uncacheable("the PassContext has instruments, which watch the passes a hit would skip")
-    options = {k: v for k, v in asdict(settings).items() if k != "graph_cache"}
-    environment = {k: v for k, v in os.environ.items()
-                   if (k.startswith("KILN_") and k not in UNKEYED_ENVIRONMENT) or k == "CC"}
-    return repr((sorted(options.items()), context.opt_level, sorted(context.required_passes),
-                 sorted(context.disabled_passes), sorted(context.config.items()),
-                 str(torch.get_default_dtype()), torch.is_grad_enabled(), sorted(environment.items())))
+    return repr((sorted(settings.keyed().items()), context.opt_level, sorted(context.required_passes),
+                 sorted(context.disabled_passes), str(torch.get_default_dtype()), torch.is_grad_enabled()))
 
 
 _code_digests: tuple[Registry, int, str] | None = None
