@@ -20,8 +20,8 @@ needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings
 
 
 def _copies(program) -> list:
-    """The kinds of A and B the kernel instantiates kiln::matmul_simt::run with: (KC, W, Async)
-    of Plain, or "Hooked"."""
+    """The kinds of A and B in the program's kiln_matmul_simt_program: (KC, W, Async) of Plain,
+    or "Hooked"."""
     kinds = re.findall(r"kiln::matmul_simt::(?:Plain<(\d), (\d), (\d)>|(Hooked))", program.source)
     return [k[3] or k[:3] for k in kinds]
 
@@ -42,8 +42,8 @@ def test_every_setting_is_a_valid_layout():
     assert matmul_simt.TEMPLATE.space(0) == [matmul_simt.SimtKnobs().as_dict()]        # level 0: the defaults
 
 
-@pytest.mark.parametrize("name,a,b", [
-    ("square_tiles", ("1", "4", "0"), ("0", "4", "1")),          # (KC, W, Async): A float4s along k; B along n, by cp.async
+@pytest.mark.parametrize("name,a,b", [                           # Plain's (KC, W, Async)
+    ("square_tiles", ("1", "4", "0"), ("0", "4", "1")),          # A float4s along k; B along n, by cp.async
     ("odd_k_scalar_a", ("1", "1", "0"), ("0", "4", "1")),        # K = 33: A a scalar at a time
     ("odd_everything", ("1", "1", "0"), ("0", "1", "0")),
     ("linear_bias", ("1", "4", "0"), ("1", "4", "0")),           # both k-contiguous

@@ -27,10 +27,11 @@ A convolution's operands are read through the core's load hooks
 (`kiln.codegen.hooks.match_hooked_gemm`: im2col computed on the fly, padding included), a
 scalar at a time. Outputs go through the core's epilogue hook.
 
-The device code is `cuda/matmul_simt.cuh`: `kiln::matmul_simt::run`, a C++ template over the
-tile (`Tile`, from `SimtKnobs`) and each operand's kind (`Plain<KC, W, Async>` or `Hooked`),
-taking M, N, K and the split as run-time values; the kernel rendered here declares the shared
-stages and calls it with the operands (pointers and strides, or the core's load hooks) and
+The device code is `cuda/matmul_simt.cuh` (the knobs as `kiln::matmul_simt::Tile`, the operands'
+kinds `Plain<KC, W, Async>` and `Hooked`, their copies) and `cuda/matmul_simt_kernel.cuh` (the
+kernel, on them); between the two this module renders `kiln_matmul_simt_program`: the knobs,
+the operands' kinds and how each operand is read (a pointer and strides, or the core's load
+hook). M, N, K and the split are split_k's, run-time values where symbolic; results go to
 split_k's stores. Knobs: `SimtKnobs`, whose fields' defaults are the level-0 setting.
 
 Symbolic sizes (`Template.symbolic`): M, N, K, strides and batch dims are kernel arguments
@@ -48,26 +49,22 @@ from kiln_ops_builtin.templates import split_k
 NT = 256
 MAX_SMEM = 48 * 1024
 
-# The kernel: cuda/matmul_simt.cuh's kiln::matmul_simt::run on this task's operands (a and b:
-# Plain's bz -> Operand, Hooked's load hook), each result stored through KILN_STORE, KILN_STORE2
-# (`split_k`'s, the core's epilogue where K is not split). The shared stages are the kernel's own,
-# so that their symbols name it.
-KERNEL = """
-extern "C" __global__ void __launch_bounds__(256, {min_blocks}) kiln_matmul_simt(PARAMS) {{
-    __shared__ __align__(16) float As[{stages}][{bk}][{bm} + 4];
-    __shared__ __align__(16) float Bs[{stages}][{bk}][{bn} + 4];
-    kiln::matmul_simt::run<kiln::matmul_simt::Tile<{bm}, {bn}, {bk}, {wm}, {wn}, {stages}, {frag}>,
-                           kiln::matmul_simt::{a_kind}, kiln::matmul_simt::{b_kind}>(
-        As, Bs, [&] {{ return kiln::matmul_simt::Problem{{M, N, K, KT_SPLIT}}; }},
-        {a},
-        {b},
-        [&](int64_t b, int64_t m, int64_t n, float v) {{ KILN_STORE(b, m, n, v); }},
-        [&](int64_t b, int64_t m, int64_t n, float v0, float v1) {{ KILN_STORE2(b, m, n, v0, v1); }});
-}}
+# What cuda/matmul_simt_kernel.cuh's kernel reads of a program: the knobs (kiln::matmul_simt::Tile),
+# the operands' kinds, and a(ARGS, ...), b(ARGS, ...): each operand as its kind takes it (a
+# pointer and strides of batch bz, or the core's load hook).
+PROGRAM = """
+struct kiln_matmul_simt_program {{
+    using Tile = kiln::matmul_simt::Tile<{bm}, {bn}, {bk}, {wm}, {wn}, {min_blocks}, {stages}, {frag}>;
+    using A = kiln::matmul_simt::{a_kind};
+    using B = kiln::matmul_simt::{b_kind};
+    static __device__ __forceinline__ {a}
+    static __device__ __forceinline__ {b}
+}};
 """
-PLAIN = "[&](int64_t bz) {{ return kiln::matmul_simt::Operand{{{param} + ({batch}), {xs}, {ks}}}; }}"
-HOOKED = ("[&](int64_t x, int64_t k) { return kiln_load_a(ARGS, (x), (k)); }",
-          "[&](int64_t x, int64_t k) { return kiln_load_b(ARGS, (k), (x)); }")
+PLAIN = ("kiln::matmul_simt::Operand {name}({params}, const int64_t& bz) {{ return {{{param} + ({batch}), {xs}, {ks}}}; "
+         "}}")
+HOOKED = ("float a({params}, int64_t x, int64_t k) {{ return kiln_load_a(ARGS, (x), (k)); }}",
+          "float b({params}, int64_t x, int64_t k) {{ return kiln_load_b(ARGS, (k), (x)); }}")
 
 
 def smem_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
@@ -253,19 +250,22 @@ def render(task, **knobs) -> CudaProgram:
     if isinstance(g, Contraction):
         batch, hooks = g.batch_count, g.epilogue
         kinds = [f"Plain<{kc}, {w}, {a}>" for kc, w, a in copies(g, k.ASYNC)]
-        operands = [PLAIN.format(param=op.param, batch=g.batch_offset(op, "bz"), xs=f"(int64_t){g.text(op.x_stride)}",
-                                 ks=f"(int64_t){g.text(op.k_stride)}") for op in (g.a, g.b)]
+        operands = [PLAIN.format(name=name, params=g.params, param=op.param, batch=g.batch_offset(op, "bz"),
+                                 xs=f"(int64_t){g.text(op.x_stride)}", ks=f"(int64_t){g.text(op.k_stride)}")
+                    for name, op in (("a", g.a), ("b", g.b))]
     else:
-        batch, hooks, kinds, operands = 1, g.hooks, ["Hooked", "Hooked"], list(HOOKED)
+        batch, hooks, kinds = 1, g.hooks, ["Hooked", "Hooked"]
+        operands = [h.format(params=g.params) for h in HOOKED]
     names, temporaries = tuple(g.args.split(", ")), []
     sk = split_k.plan(k.SPLIT, g.M, g.N, g.K, k.BK, batch, g.params, names, temporaries, text=g.text)
-    # what split_k's code reads
+    # split_k's (its code and the kernel read them): sizes, PARAMS, ARGS, KILN_STORE ...
     defines = {"M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines}
-    kernel = KERNEL.format(min_blocks=k.MIN_BLOCKS, stages=k.STAGES, bm=k.BM, bn=k.BN, bk=k.BK, wm=k.WM, wn=k.WN,
-                           frag=k.FRAG, a_kind=kinds[0], b_kind=kinds[1], a=operands[0], b=operands[1])
+    program = PROGRAM.format(bm=k.BM, bn=k.BN, bk=k.BK, wm=k.WM, wn=k.WN, min_blocks=k.MIN_BLOCKS, stages=k.STAGES,
+                             frag=k.FRAG, a_kind=kinds[0], b_kind=kinds[1], a=operands[0], b=operands[1])
     tiles = int(-(-g.M // k.BM) * -(-g.N // k.BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, k.SPLIT, int(batch)))
-    source = template_source([device_code(__package__, "cuda/matmul_simt.cuh"), kernel, sk.source], defines, hooks,
+    source = template_source([device_code(__package__, "cuda/matmul_simt.cuh"), program,
+                              device_code(__package__, "cuda/matmul_simt_kernel.cuh"), sk.source], defines, hooks,
                              (ptx.CP_ASYNC,))
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=g.sizes.values)
 

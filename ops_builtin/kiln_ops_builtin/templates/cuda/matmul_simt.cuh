@@ -1,13 +1,12 @@
 // The float32 SIMT GEMM of kiln_ops_builtin.templates.matmul_simt (its docstring tells the
 // algorithm): a block's Bm x Bn tile of out[b][m][n] = sum over k of a(m, k) * b(n, k), on the
-// CUDA cores, each result handed to the store functions.
+// CUDA cores: the pieces of the kernel in matmul_simt_kernel.cuh.
 //
-// Compile-time knobs: kiln::matmul_simt::Tile<Bm, Bn, Bk, Wm, Wn, Stages, Frag> (matmul_simt.py's
-// SimtKnobs: BM is Bm, ...; the lanes' grid and a thread's sub-tile follow from them), and each
-// operand's kind: Plain<KC, W, Async> (read from memory: k-contiguous or not, copies of W = 1
-// or 4 floats, by cp.async or through registers) or Hooked (read through a load hook, a scalar
-// at a time). Run-time problem (kiln::matmul_simt::Problem): M, N, K and the k-tiles each
-// blockIdx.y takes (split-K over blocks); blockIdx.z is the batch.
+// Compile-time knobs: kiln::matmul_simt::Tile<Bm, Bn, Bk, Wm, Wn, MinBlocks, Stages, Frag>
+// (matmul_simt.py's SimtKnobs: BM is Bm, ...; the lanes' grid and a thread's sub-tile follow from
+// them), and each operand's kind: Plain<KC, W, Async> (read from memory: k-contiguous or not,
+// copies of W = 1 or 4 floats, by cp.async or through registers) or Hooked (read through a load
+// hook, a scalar at a time).
 //
 // Needs, ahead of it, the CUDA prelude and kiln.template's ptx.CP_ASYNC (kiln_cp_async16,
 // kiln_cp_async_commit, kiln_cp_async_wait). Compile-time values are enumerators, not static
@@ -18,17 +17,12 @@ namespace kiln::matmul_simt {
 // The knobs' tile: 256 threads (8 warps of Wm x Wn), the lanes an LM x LN grid over a warp's
 // tile (8 x 4 where Wm > Wn, else 4 x 8), each thread a TM x TN sub-tile of 4 x 4 pieces lying
 // 4 * LM rows and 4 * LN columns apart; Stages k-tiles of Bk in flight, Frag: a thread's
-// fragments double buffered.
-template <int Bm, int Bn, int Bk, int Wm, int Wn, int Stages, int Frag>
+// fragments double buffered; MinBlocks blocks an SM (__launch_bounds__).
+template <int Bm, int Bn, int Bk, int Wm, int Wn, int MinBlocks, int Stages, int Frag>
 struct Tile {
-    enum : int { BM = Bm, BN = Bn, BK = Bk, WM = Wm, WN = Wn, STAGES = Stages, FRAG = Frag };
+    enum : int { BM = Bm, BN = Bn, BK = Bk, WM = Wm, WN = Wn, MIN_BLOCKS = MinBlocks, STAGES = Stages, FRAG = Frag };
     enum : int { LM = Wm > Wn ? 8 : 4, LN = Wm > Wn ? 4 : 8, TM = Wm / LM, TN = Wn / LN };
     enum : int { GROUP_M = 8 };             // tiles go out in groups of GROUP_M rows of tiles (L2 reuse)
-};
-
-struct Problem {
-    int64_t m, n, k;     // the GEMM's rows, columns and reduction
-    int k_tiles;         // Bk-deep k-tiles per blockIdx.y
 };
 
 // An operand in memory, as the rendered kernel gives it for batch bz: element (x, k) at
@@ -152,135 +146,36 @@ struct HookedCopy : TileCopy<Bk, BX, KC, 1> {
             this->v[i] = gx < X && gk < ke ? load(gx, gk) : 0.f;
         }
     }
+    // never called (Hooked is not ASYNC); the kernel, no template, names it in a discarded branch
+    __device__ __forceinline__ void async(float (*)[BX + 4], int64_t) {}
 };
 
 // An operand read from memory: k-contiguous (KC) or contiguous along its x (m or n), copied W
 // floats at a time (4: aligned float4s along the contiguous dimension), by cp.async where Async
-// (W = 4, not KC), else through registers. `operand(bz)` gives the Operand of batch bz.
+// (W = 4, not KC), else through registers. `operand(bz)` (Copy's Of) gives the Operand of batch bz.
 template <int KC, int W, int Async>
 struct Plain {
     enum : int { ASYNC = Async };
     template <int Bk, int BX, int XKC, typename Of> using Copy = PlainCopy<Bk, BX, KC, W>;
 };
 
-// An operand read through a load hook, `load(x, k)` a float: its copies walk x (XKC = 0: A,
+// An operand read through a load hook, `load(x, k)` a float (Copy's F): its copies walk x (XKC = 0: A,
 // neighbouring output pixels) or k (XKC = 1: B, a filter's contiguous taps)
 struct Hooked {
     enum : int { ASYNC = 0 };
     template <int Bk, int BX, int XKC, typename F> using Copy = HookedCopy<Bk, BX, XKC, F>;
 };
 
-// The block's tile of out: blockIdx.x picks it (in groups of GROUP_M rows of tiles), blockIdx.y
-// the split of K, blockIdx.z the batch. As and Bs are the kernel's shared-memory stages (k-major,
-// rows padded by 4 floats); problem() gives the Problem, evaluated where a size is read, as a
-// macro would be; of_a and of_b are the operands as their kinds A and B take them (Plain: bz ->
-// Operand; Hooked: the load hook); store(b, m, n, v) and store2(b, m, n, v0, v1) (n even,
-// n + 1 < N) take the results.
-template <class T, class A, class B, typename ProblemOf, typename OfA, typename OfB, typename Store, typename Store2>
-static __device__ __forceinline__ void run(float (&As)[T::STAGES][T::BK][T::BM + 4],
-                                           float (&Bs)[T::STAGES][T::BK][T::BN + 4], ProblemOf problem, OfA of_a,
-                                           OfB of_b, Store store, Store2 store2) {
-    constexpr int BM = T::BM, BN = T::BN, BK = T::BK, WM = T::WM, WN = T::WN, STAGES = T::STAGES, FRAG = T::FRAG;
-    constexpr int LM = T::LM, LN = T::LN, TM = T::TM, TN = T::TN, GROUP_M = T::GROUP_M;
-    constexpr bool ASYNC = A::ASYNC || B::ASYNC;
-    const int tid = threadIdx.x;
-    const int tiles_m = (int)((problem().m + BM - 1) / BM), tiles_n = (int)((problem().n + BN - 1) / BN);
-    const int group = blockIdx.x / (GROUP_M * tiles_n), first = group * GROUP_M;
-    const int rows = min(tiles_m - first, GROUP_M), r = blockIdx.x % (GROUP_M * tiles_n);
-    const int64_t m0 = (int64_t)(first + r % rows) * BM, n0 = (int64_t)(r / rows) * BN;
-    const int64_t bz = blockIdx.z;
-    const int KT0 = blockIdx.y * problem().k_tiles,
-              KT = min((int)((problem().k + BK - 1) / BK) - KT0, problem().k_tiles);
-    const int64_t k_first = (int64_t)KT0 * BK;
-    typename A::template Copy<BK, BM, 0, OfA> ca(of_a, bz, m0, problem().m, problem().k, k_first);
-    typename B::template Copy<BK, BN, 1, OfB> cb(of_b, bz, n0, problem().n, problem().k, k_first);
-    // the k-tile whose first k is k0 into stage s: cp.async copies land there (one group a
-    // k-tile), the others wait in registers for stash
-    auto fetch = [&](int s, int64_t k0) {
-        if constexpr (A::ASYNC) ca.async(As[s], k0);
-        else ca.fetch(k0);
-        if constexpr (B::ASYNC) cb.async(Bs[s], k0);
-        else cb.fetch(k0);
-    };
-    auto stash = [&](int s) {
-        if constexpr (!A::ASYNC) ca.stash(As[s]);
-        if constexpr (!B::ASYNC) cb.stash(Bs[s]);
-    };
-    auto commit = [] {
-        if constexpr (ASYNC) kiln_cp_async_commit();
-    };
-    auto landed = [] {
-        if constexpr (ASYNC) kiln_cp_async_wait<STAGES - 2>();
-    };
-    // lanes form an LM x LN grid over the warp's WM x WN tile; a thread's pieces lie 4 * LM
-    // rows and 4 * LN columns apart
-    const int warp = tid / 32, lane = tid % 32;
-    const int wm = warp / (BN / WN) * WM + lane / LN * 4, wn = warp % (BN / WN) * WN + lane % LN * 4;
-    float acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-    // k-tiles 0 to STAGES - 2 into their stages; k-tile kt is in stage kt % STAGES
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) {
-            fetch(s, (int64_t)(KT0 + s) * BK);
-            stash(s);
-        }
-        commit();
-    }
-    landed();
-    __syncthreads();
-    // a thread's fragments of k-step k of stage s into register set f (two sets where FRAG: the
-    // next k-step's are read while the current one's FMAs run, across k-tiles too)
-    float a[FRAG + 1][TM], b[FRAG + 1][TN];
-    auto fragment = [&](int f, int s, int k) {
-#pragma unroll
-        for (int p = 0; p < TM / 4; ++p) *(float4*)&a[f][p * 4] = *(const float4*)&As[s][k][wm + p * 4 * LM];
-#pragma unroll
-        for (int p = 0; p < TN / 4; ++p) *(float4*)&b[f][p * 4] = *(const float4*)&Bs[s][k][wn + p * 4 * LN];
-    };
-    // the end of k-tile kt's reads of shared memory: k-tile kt + STAGES - 1 stashed into the
-    // stage kt - 1 left (every thread passed its reads at the last barrier), kt + 1 landed
-    auto tile_end = [&](bool ahead, int last) {
-        if (ahead) stash(last);
-        landed();
-        __syncthreads();
-    };
-    if constexpr (FRAG) fragment(0, 0, 0);
-    for (int kt = 0; kt < KT; ++kt) {
-        const int cur = kt % STAGES, last = (kt + STAGES - 1) % STAGES;
-        const bool ahead = kt + STAGES - 1 < KT;
-        if (ahead) fetch(last, (int64_t)(KT0 + (kt + STAGES - 1)) * BK);
-        commit();
-#pragma unroll
-        for (int k = 0; k < BK; ++k) {
-            if constexpr (!FRAG) {
-                fragment(0, cur, k);
-            } else if (k + 1 < BK) {
-                fragment((k + 1) % 2, cur, k + 1);
-            } else {
-                tile_end(ahead, last);
-                fragment(0, (kt + 1) % STAGES, 0);
-            }
-            const int f = FRAG ? k % 2 : 0;
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[f][i], b[f][j], acc[i][j]);
-        }
-        if constexpr (!FRAG) tile_end(ahead, last);
-    }
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; j += 2) {
-            const int64_t m = m0 + wm + (i / 4) * 4 * LM + (i % 4);
-            const int64_t n = n0 + wn + (j / 4) * 4 * LN + (j % 4);
-            if (m < problem().m && n + 1 < problem().n) store2(bz, m, n, acc[i][j], acc[i][j + 1]);
-            else if (m < problem().m && n < problem().n) store(bz, m, n, acc[i][j]);
-        }
+// cp.async's group of a k-tile's copies, and the wait for all but the last Stages - 2 groups
+// (nothing where no operand comes by cp.async)
+template <bool Async>
+static __device__ __forceinline__ void commit() {
+    if constexpr (Async) kiln_cp_async_commit();
+}
+
+template <bool Async, int Stages>
+static __device__ __forceinline__ void landed() {
+    if constexpr (Async) kiln_cp_async_wait<Stages - 2>();
 }
 
 }  // namespace kiln::matmul_simt
