@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -23,9 +24,8 @@ from kiln.runtime.backend import backend_for  # noqa: E402
 from kiln_ops_builtin.templates import matmul_simt as ms  # noqa: E402
 
 F32 = torch.float32
-EXTRA = [ms.knobs(128, 128, 8, 32, 64, 1, SPLIT=s) for s in (2, 3, 4)] + \
-        [ms.knobs(64, 64, 16, 16, 32, 2, SPLIT=s) for s in (3, 4, 6)] + \
-        [ms.knobs(64, 128, 8, 32, 32, 2, SPLIT=s) for s in (2, 4)]
+EXTRA = [replace(tile, SPLIT=s).as_dict() for tile, splits in ((ms.WIDE, (2, 3, 4)), (ms.TILE_64x64, (3, 4, 6)),
+                                                               (ms.TILE_64x128, (2, 4))) for s in splits]
 
 
 def cases():
@@ -42,7 +42,7 @@ def cases():
 def settings_for(task, sm_count: int) -> list[dict]:
     """The level-0 choice first, then the rest of the suggestions, level 2 and EXTRA, once each."""
     out = []
-    for k in ms.suggest(task, sm_count)[:3] + ms.space(2) + EXTRA:
+    for k in ms.suggest(task, sm_count)[:3] + ms.TEMPLATE.space(2) + EXTRA:
         if k not in out:
             out.append(k)
     return out

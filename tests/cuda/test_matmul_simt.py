@@ -3,6 +3,8 @@ knob setting of level 1 on the cases of `simt_cases` (tile edges, every operand 
 batches with broadcasting, linear with bias, a convolution through the load hooks, fused
 views), split-K over uneven k-tiles, and operands and outputs at addresses that are not 16-byte
 aligned."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ def _knob_id(knobs):
     return "-".join(f"{k}{v}" for k, v in knobs.items())
 
 
-@pytest.mark.parametrize("knobs", matmul_simt.space(1), ids=_knob_id)
+@pytest.mark.parametrize("knobs", matmul_simt.TEMPLATE.space(1), ids=_knob_id)
 @pytest.mark.parametrize("name", list(CALLS))
 def test_calls_match_torch(name, knobs):
     args = call_inputs(name, "cuda")
@@ -38,7 +40,7 @@ def test_calls_match_torch(name, knobs):
     assert_close(_run(task, knobs, [a for a in args if isinstance(a, torch.Tensor)]), want, **TOL)
 
 
-@pytest.mark.parametrize("knobs", matmul_simt.space(1), ids=_knob_id)
+@pytest.mark.parametrize("knobs", matmul_simt.TEMPLATE.space(1), ids=_knob_id)
 @pytest.mark.parametrize("name", list(VIEWS))
 def test_fused_views_match_torch(name, knobs):
     shapes, _, reference = VIEWS[name]
@@ -59,9 +61,8 @@ def test_split_k_matches_torch(shape, split):
     task = call_task("linear_bias", args)
     want = torch.nn.functional.linear(*[a.double() for a in args])
     eager_error = (torch.nn.functional.linear(*args).double() - want).abs().max().item()
-    for knobs in (matmul_simt.knobs(128, 128, 8, 32, 64, 1), matmul_simt.knobs(64, 64, 16, 16, 32, 2),
-                  matmul_simt.knobs(128, 128, 8, 32, 64, 2, 1, 4, 1)):
-        error = (_run(task, dict(knobs, SPLIT=split), args).double() - want).abs().max().item()
+    for knobs in (matmul_simt.WIDE, matmul_simt.TILE_64x64, replace(matmul_simt.WIDE, MIN_BLOCKS=2, STAGES=4, FRAG=1)):
+        error = (_run(task, replace(knobs, SPLIT=split).as_dict(), args).double() - want).abs().max().item()
         assert error <= 4 * eager_error + 1e-5, (knobs, error, eager_error)   # sums of 1000 products
 
 
@@ -73,7 +74,7 @@ def test_misaligned_operands_and_output():
     a.copy_(rand((96, 64))), b.copy_(rand((64, 120)))
     out = out_store[1:].view(96, 120)
     task = call_task("square_tiles", [a, b])
-    for knobs in matmul_simt.space(1):
+    for knobs in matmul_simt.TEMPLATE.space(1):
         out.fill_(float("nan"))
         _run(task, knobs, [a, b], out)
         assert_close(out, (a.double() @ b.double()).float(), **TOL)
