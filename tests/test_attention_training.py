@@ -125,10 +125,27 @@ def test_which_tasks_the_templates_take():
     q, k, v, dout = _inputs((2,), 9, 9, 64, torch.bfloat16)
     assert not attention_train.applies(_task("attention_backward", dout, q, k, v, dout,
                                              torch.zeros(2, 9, dtype=torch.bfloat16), None, False))  # lse not float32
-    mask = torch.rand(2, 9, 9) > 0.5                                    # the kernels read no mask
-    assert not attention_train.applies(_task("attention_forward", q, k, v, None, False, mask))
-    assert not attention_train.applies(_task("attention_backward", dout, q, k, v, dout, torch.zeros(2, 9), None,
-                                             False, mask))
+    mask = torch.rand(2, 9, 9) > 0.5
+    assert attention_train.applies(_task("attention_forward", q, k, v, None, False, mask))
+    assert attention_train.applies(_task("attention_backward", dout, q, k, v, dout, torch.zeros(2, 9), None,
+                                         False, mask))
+    q4, k4, v4, _ = _inputs((2, 1, 3), 9, 9, 64, torch.bfloat16)      # three leading dims and a mask
+    assert not attention_train.applies(_task("attention_forward", q4, k4, v4, None, False,
+                                             torch.rand(2, 1, 3, 9, 9) > 0.5))
+
+
+@pytest.mark.parametrize("mask_shape, sizes", [
+    ((9, 9), (3, 0, 0, 9, 1)),                  # every batch-head: strides 0
+    ((2, 1, 9, 9), (3, 81, 0, 9, 1)),           # transformers' [batch, 1, Lq, Lk]
+    ((2, 3, 1, 9), (3, 27, 9, 0, 1)),           # a padding mask: one row for every query
+])
+def test_how_the_kernels_read_a_mask(mask_shape, sizes):
+    q, k, v, dout = _inputs((2, 3), 9, 9, 64, torch.bfloat16)
+    mask = torch.rand(mask_shape) > 0.5
+    forward = _task("attention_forward", q, k, v, None, True, mask)
+    backward = _task("attention_backward", dout, q, k, v, dout, torch.zeros(2, 3, 9), None, True, mask)
+    assert attention_train.render_forward(forward).sizes == (9, 9, 6, *sizes)
+    assert attention_train.render_backward(backward).sizes == (9, 9, 6, *sizes)
 
 
 def test_one_source_serves_every_length():
@@ -154,4 +171,10 @@ def test_the_templates_compile():
         forward, backward = _tasks((2, 3), 17, 33, d, dtype, causal)
         for program in (attention_train.render_forward(forward), attention_train.render_backward(backward)):
             jobs += [(rt.launch_source(program, arch), f"attention_train{len(jobs)}", arch) for arch in ("sm_80", "sm_90")]
+    q, k, v, dout = _inputs((2, 3), 17, 33, 64, torch.bfloat16)
+    mask = torch.rand(2, 1, 17, 33) > 0.5
+    for program in (attention_train.render_forward(_task("attention_forward", q, k, v, None, False, mask)),
+                    attention_train.render_backward(_task("attention_backward", dout, q, k, v, dout,
+                                                          torch.zeros(2, 3, 17), None, False, mask))):
+        jobs += [(rt.launch_source(program, arch), f"attention_train{len(jobs)}", arch) for arch in ("sm_80", "sm_90")]
     rt.compile_many(jobs)

@@ -5,10 +5,9 @@ query row's log-sum-exp and one backward op, onto Kiln's `attention_forward` and
 Two torch operators carry the split through AOTAutograd: `kiln::attention_forward` (returning
 the output and the float32 log-sum-exp) and `kiln::attention_backward`, its gradient. Kiln's
 decomposition of `aten.scaled_dot_product_attention` uses them where they compute what was
-asked (`fused_applies`: no dropout, no mask, q/k/v of rank 4 in a 16-bit type with a head
-dim of FUSED_HEAD_DIMS on CUDA: where Kiln has fused kernels for them); grouped-query heads are
-repeated first, so that autograd sums their gradients. The operators take a bool mask too, but
-the kernels do not yet (FUSED_MASKS), so a masked attention keeps the math form. Elsewhere it is PyTorch's math form, as before. Outside Kiln's traces (a
+asked (`fused_applies`: no dropout, no mask or a bool one, q/k/v of rank 4 in a 16-bit type
+with a head dim of FUSED_HEAD_DIMS on CUDA: where Kiln has fused kernels for them);
+grouped-query heads are repeated first, so that autograd sums their gradients. Elsewhere it is PyTorch's math form, as before. Outside Kiln's traces (a
 partition handed to PyTorch) both operators run their math in float32 with torch.
 """
 from __future__ import annotations
@@ -24,7 +23,7 @@ from kiln_mappings_aten.common import aten, same_signature
 FUSED_DTYPES = (torch.float16, torch.bfloat16)
 FUSED_DEVICES = ("cuda",)
 FUSED_HEAD_DIMS = (32, 64, 128)
-FUSED_MASKS = False
+FUSED_MASKS = True
 
 
 def _scores(q, k, scale: float, is_causal: bool, mask):

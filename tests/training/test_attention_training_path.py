@@ -87,10 +87,9 @@ def test_fused_attention_trains_like_eager(monkeypatch, heads, kv_heads, n):
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_masked_attention(monkeypatch, kind):
-    """With FUSED_MASKS a bool mask trains through the fused pair; a float mask (added to the
-    scores) keeps the math form."""
+    """A bool mask trains through the fused pair; a float mask (added to the scores) keeps the
+    math form."""
     monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(attention, "FUSED_MASKS", True)
     seen = _attention_ops(monkeypatch)
     torch.manual_seed(0)
     block = Block().to(torch.bfloat16)
@@ -103,15 +102,6 @@ def test_masked_attention(monkeypatch, kind):
     fused = ["kiln.attention_forward.default", "kiln.attention_backward.default"]
     assert seen == (fused if kind == "bool" else [])
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
-
-
-def test_masks_keep_the_math_form_by_default(monkeypatch):
-    monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
-    seen = _attention_ops(monkeypatch)
-    block = Block().to(torch.bfloat16)
-    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool).tril()
-    _train(torch.compile(block, backend="kiln"), torch.randn(1, 4, 128, dtype=torch.bfloat16), mask=mask)
-    assert not any("kiln.attention" in op for op in seen)
 
 
 def test_cpu_keeps_the_math_form_by_default(monkeypatch):

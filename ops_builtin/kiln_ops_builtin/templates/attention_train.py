@@ -30,8 +30,10 @@ the element type, head dim, knobs (`ForwardKnobs`, `BackwardKnobs`) and causalit
 Lk, the flattened batch-heads) are run-time kernel arguments (`CudaProgram.sizes`), so one
 source serves every length; the scale is a literal of the source (it follows the head dim
 unless given). Takes the operators' own tasks only (`own_task`: nothing fused), contiguous
-inputs (the core's, as this template reads no views), lse in float32; declines float32, other
-head dims and a mask (the compute definitions then run through the auto-scheduler).
+inputs (the core's, as this template reads no views), lse in float32, a bool mask over at most
+two leading dims (read through run-time strides, 0 where it broadcasts; every tile is then
+masked elementwise); declines float32 and other head dims (the compute definitions then run
+through the auto-scheduler).
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ NS = "kiln::attn_train"
 KERNEL = r"""
 extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{
     extern __shared__ __align__(128) unsigned char kiln_smem[];
-    const {ns}::Problem problem = {{{sizes}, {scale}}};
+    const {ns}::Problem problem = {{{sizes}, {scale}, {{{mask}}}}};
     {ns}::{call};
 }}
 """
@@ -126,7 +128,9 @@ class BackwardKnobs(Knobs):
 @dataclass(frozen=True)
 class Problem:
     """What the template reads of an operator's own task: element type, head dim, causality,
-    scale, and the run-time sizes (Lq, Lk, flattened batch-heads)."""
+    scale, the run-time sizes (Lq, Lk, flattened batch-heads) and, with a mask, its kernel
+    argument and how it is read (heads of the second leading dim, then the strides of the
+    leading dims, the queries and the keys; 0 where it broadcasts), run-time sizes too."""
 
     dtype: dtypes.DataType
     d: int
@@ -135,6 +139,29 @@ class Problem:
     lq: int
     lk: int
     bh: int
+    mask: str | None = None
+    mask_sizes: tuple[int, ...] = ()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return (self.lq, self.lk, self.bh, *self.mask_sizes)
+
+
+def _mask_sizes(mask, scores: tuple[int, ...]) -> tuple[int, ...] | None:
+    """(heads, stride of the first leading dim, of the second, of the queries, of the keys) of a
+    contiguous `mask` read as broadcast to `scores` [lead..., Lq, Lk]; None beyond two leading
+    dims."""
+    lead = len(scores) - 2
+    if lead > 2:
+        return None
+    shape = (1,) * (len(scores) - len(mask.shape)) + tuple(mask.shape)
+    strides, inner = [0] * len(shape), 1
+    for d in reversed(range(len(shape))):
+        strides[d] = 0 if shape[d] == 1 else inner
+        inner *= shape[d]
+    strides = [0] * (2 - lead) + strides
+    heads = scores[1] if lead == 2 else 1
+    return (heads, *strides)
 
 
 def problem_of(task) -> Problem | None:
@@ -144,8 +171,8 @@ def problem_of(task) -> Problem | None:
     call = own_call(task, definition) if definition is not None else None
     if call is None:
         return None
-    q, k, v = call["q"], call["k"], call["v"]
-    if call.get("mask") is not None or q.dtype not in ELEMENTS or not q.dtype == k.dtype == v.dtype:
+    q, k, v, mask = call["q"], call["k"], call["v"], call.get("mask")
+    if q.dtype not in ELEMENTS or not q.dtype == k.dtype == v.dtype:
         return None
     d, lq, lk = q.shape[-1], q.shape[-2], k.shape[-2]
     if d not in HEAD_DIMS or v.shape[-1] != d or max(lq, lk) >= 1 << 30:
@@ -159,7 +186,13 @@ def problem_of(task) -> Problem | None:
     bh = 1
     for size in q.shape[:-2]:
         bh *= size
-    return Problem(q.dtype, d, bool(call["is_causal"]), scale, lq, lk, bh)
+    if mask is None:
+        return Problem(q.dtype, d, bool(call["is_causal"]), scale, lq, lk, bh)
+    sizes = _mask_sizes(mask, tuple(q.shape[:-1]) + (lk,)) if mask.dtype.is_bool else None
+    if sizes is None:
+        return None
+    return Problem(q.dtype, d, bool(call["is_causal"]), scale, lq, lk, bh,
+                   KernelArgs.input(task.inputs.index(mask)), sizes)
 
 
 def applies(task) -> bool:
@@ -168,8 +201,16 @@ def applies(task) -> bool:
 
 def _kernel(name: str, threads: int, params: list[str], p: Problem, call: str) -> str:
     sizes = ", ".join(KernelArgs.size(k) for k in range(3))
+    if p.mask is None:
+        mask = "nullptr, 1, 0, 0, 0, 0"
+    else:
+        mask = ", ".join([f"(const uint8_t*){p.mask}"] + [KernelArgs.size(k) for k in range(3, len(p.sizes))])
     return KERNEL.format(threads=threads, name=name, params=", ".join(params), ns=NS, sizes=sizes,
-                         scale=f"{p.scale!r}f", call=call)
+                         scale=f"{p.scale!r}f", mask=mask, call=call)
+
+
+def _masked(p: Problem) -> str:
+    return "false" if p.mask is None else "true"
 
 
 def _source(kernels: list[str]) -> str:
@@ -177,13 +218,13 @@ def _source(kernels: list[str]) -> str:
                            (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
 
 
-def _params(task, temporaries: int = 0) -> tuple[list[str], tuple[str, ...]]:
+def _params(task, p: Problem, temporaries: int = 0) -> tuple[list[str], tuple[str, ...]]:
     """The kernels' parameters and arguments: inputs, outputs, float temporaries, sizes."""
     params = KernelArgs.params(CudaDialect(), task.inputs, task.outputs)
     params += [f"float* __restrict__ {KernelArgs.temporary(k)}" for k in range(temporaries)]
-    params += [f"int64_t {KernelArgs.size(k)}" for k in range(3)]
+    params += [f"int64_t {KernelArgs.size(k)}" for k in range(len(p.sizes))]
     args = (*KernelArgs.args(len(task.inputs), len(task.outputs)),
-            *(KernelArgs.temporary(k) for k in range(temporaries)), *(KernelArgs.size(k) for k in range(3)))
+            *(KernelArgs.temporary(k) for k in range(temporaries)), *(KernelArgs.size(k) for k in range(len(p.sizes))))
     return params, args
 
 
@@ -193,15 +234,15 @@ def render_forward(task, **knobs) -> CudaProgram:
     if p is None or task.name != "attention_forward":
         raise ValueError(f"attention_train_forward: does not take {task!r}")
     k = ForwardKnobs(**knobs)
-    params, args = _params(task)
+    params, args = _params(task, p)
     threads, bm = 32 * k.NW, 16 * k.NW * k.MT
     e = f"{NS}::{ELEMENTS[p.dtype]}"
-    call = (f"forward<{e}, {p.d}, {k.NW}, {k.MT}, {k.BN}, {str(p.causal).lower()}>"
+    call = (f"forward<{e}, {p.d}, {k.NW}, {k.MT}, {k.BN}, {str(p.causal).lower()}, {_masked(p)}>"
             f"(in0, in1, in2, out0, out1, problem, kiln_smem)")
     source = _source([_kernel("kiln_attention_train_forward", threads, params, p, call)])
     launch = Launch("kiln_attention_train_forward", args, (threads, 1, 1), grid=(-(-p.lq // bm) * p.bh, 1, 1),
                     smem=k.smem(p.d))
-    return CudaProgram(source, [launch], alignment=16, sizes=(p.lq, p.lk, p.bh))
+    return CudaProgram(source, [launch], alignment=16, sizes=p.sizes)
 
 
 def render_backward(task, **knobs) -> CudaProgram:
@@ -211,10 +252,10 @@ def render_backward(task, **knobs) -> CudaProgram:
     if p is None or task.name != "attention_backward":
         raise ValueError(f"attention_train_backward: does not take {task!r}")
     k = BackwardKnobs(**knobs)
-    params, args = _params(task, temporaries=1)
+    params, args = _params(task, p, temporaries=1)
     threads, rows = 32 * k.NW, 16 * k.NW * k.MT
     e, causal, dl = f"{NS}::{ELEMENTS[p.dtype]}", str(p.causal).lower(), KernelArgs.temporary(0)
-    tiles = f"{e}, {p.d}, {k.NW}, {k.MT}, {k.BN}, {causal}"
+    tiles = f"{e}, {p.d}, {k.NW}, {k.MT}, {k.BN}, {causal}, {_masked(p)}"
     kernels = [
         _kernel("kiln_attention_train_delta", DELTA_THREADS, params, p,
                 f"delta<{e}, {p.d}, {DELTA_THREADS}>(in0, in4, {dl}, {KernelArgs.size(0)} * {KernelArgs.size(2)})"),
@@ -239,7 +280,7 @@ def render_backward(task, **knobs) -> CudaProgram:
                      Launch("kiln_attention_train_dq", args, (threads, 1, 1), grid=(q_ctas, 1, 1),
                             smem=(2 * rows + 4 * k.BN) * _rows(p.d) * 2)]
     return CudaProgram(_source(kernels), launches, [((row_count,), dtypes.float32)], alignment=16,
-                       sizes=(p.lq, p.lk, p.bh))
+                       sizes=p.sizes)
 
 
 def suggest_forward(task, sm_count: int) -> list[dict]:

@@ -47,10 +47,24 @@ struct BF16 {
     static __device__ __forceinline__ float value(uint16_t x) { return kiln_bf2f(x); }
 };
 
-// The run-time problem: lengths, flattened batch-heads, softmax scale (natural: S = q k^T scale)
+// A bool mask over the scores, read through strides (0 along the dims it broadcasts over): key j
+// of query i of batch-head bh is kept where at(bh)[i * si + j * sj] is nonzero, bh being
+// (bh / heads, bh % heads) over the two leading dims. Kernels built with MASKED read it; the
+// others ignore it (null).
+struct Mask {
+    const uint8_t* mask;
+    int64_t heads, sb, sh, si, sj;
+    __device__ __forceinline__ const uint8_t* at(int64_t bh) const {
+        return mask + (bh / heads) * sb + (bh % heads) * sh;
+    }
+};
+
+// The run-time problem: lengths, flattened batch-heads, softmax scale (natural: S = q k^T scale),
+// the mask
 struct Problem {
     int64_t lq, lk, bh;
     float scale;
+    Mask m;
 };
 
 static __device__ __forceinline__ float log2e() { return 1.4426950408889634f; }
@@ -176,26 +190,28 @@ static __device__ __forceinline__ void store_rows(uint16_t* dst, const float (&a
 }
 
 // The online softmax over one key tile of a warp's rows (from row0; keys from n0): S (the
-// accumulators `s`) scaled to the log2 domain, with MASK the keys past Lk or (causal) after
-// the row dropped; each row's maximum `mx` and sum `sum` updated, its outputs `o` rescaled to
-// the new maximum, and `s` made the tile's probabilities relative to it.
-template <int MT, int BN, int D, bool MASK, bool CAUSAL>
+// accumulators `s`) scaled to the log2 domain, with MASK the keys past Lk, (causal) after the
+// row or (MASKED) dropped by the mask `m` (this batch-head's) dropped; each row's maximum `mx`
+// and sum `sum` updated, its outputs `o` rescaled to the new maximum, and `s` made the tile's
+// probabilities relative to it.
+template <int MT, int BN, int D, bool MASK, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 2], float (&o)[MT][D / 2], float (&mx)[MT][2],
-                                                    float (&sum)[MT][2], int row0, int n0, int lk, float scale2,
-                                                    int lane) {
+                                                    float (&sum)[MT][2], int row0, int n0, int lq, int lk,
+                                                    const uint8_t* m, const Mask& mask, float scale2, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + mt * 16 + (lane >> 2) + h * 8;
-            const int limit = CAUSAL ? min(lk, row + 1) : lk;      // keys n0 + col < limit count
+            const int limit = row >= lq && MASKED ? 0 : CAUSAL ? min(lk, row + 1) : lk;  // keys n0 + col < limit count
             float top = -INFINITY;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const int e = 4 * j + 2 * h + c;
-                    const float x = !MASK || n0 + frag_col(e, lane) < limit ? s[mt][e] * scale2 : -INFINITY;
+                    const int e = 4 * j + 2 * h + c, key = n0 + frag_col(e, lane);
+                    const bool keep = !MASK || (key < limit && (!MASKED || m[row * mask.si + key * mask.sj]));
+                    const float x = keep ? s[mt][e] * scale2 : -INFINITY;
                     s[mt][e] = x;
                     top = fmaxf(top, x);
                 }
@@ -229,7 +245,7 @@ static __device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 2], floa
 // (keys past Lk; causal: keys after the row), the online softmax (row maximum and sum), O += P V.
 // At the end O / sum goes to `out`, (max + log2(sum)) ln 2 to `lse` (-inf and zeros for a row
 // with no key).
-template <class E, int D, int NW, int MT, int BN, bool CAUSAL>
+template <class E, int D, int NW, int MT, int BN, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
                                                float* lse, const Problem& p, unsigned char* smem) {
     constexpr int NT = NW * 32, BM = NW * MT * 16, LDS = D + 8;
@@ -247,6 +263,7 @@ static __device__ __forceinline__ void forward(const uint16_t* q, const uint16_t
     v += bh * p.lk * D;
     out += bh * p.lq * D;
     lse += bh * p.lq;
+    const uint8_t* m = MASKED ? p.m.at(bh) : nullptr;
     const int keys = CAUSAL ? min(lk, m0 + BM) : lk, tiles = (keys + BN - 1) / BN;
     load_rows<BM, D, NT>(Qs, q + (int64_t)m0 * D, lq - m0, tid);
     auto load_keys = [&](int stage, int n0) {
@@ -272,11 +289,12 @@ static __device__ __forceinline__ void forward(const uint16_t* q, const uint16_t
             float s[MT][BN / 2];
             zero(s);
             gemm_abt<E, MT, BN, D, LDS>(s, Qs + warp * MT * 16 * LDS, ks, lane);
-            // only tiles with a key past Lk or (causal) after a row of the warp need the mask
-            if (n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
-                softmax_tile<MT, BN, D, true, CAUSAL>(s, o, mx, sum, row0, n0, lk, scale2, lane);
+            // only tiles with a key past Lk or (causal) after a row of the warp need the edge
+            // test (every tile, with a mask)
+            if (MASKED || n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
+                softmax_tile<MT, BN, D, true, CAUSAL, MASKED>(s, o, mx, sum, row0, n0, lq, lk, m, p.m, scale2, lane);
             else
-                softmax_tile<MT, BN, D, false, CAUSAL>(s, o, mx, sum, row0, n0, lk, scale2, lane);
+                softmax_tile<MT, BN, D, false, CAUSAL, MASKED>(s, o, mx, sum, row0, n0, lq, lk, m, p.m, scale2, lane);
             gemm_pb<E, MT, BN, D, LDS>(o, s, vs, lane);
         }
         __syncthreads();
@@ -327,32 +345,37 @@ static __device__ __forceinline__ void delta(const uint16_t* dout, const uint16_
 
 // P^T of the dK/dV kernel: S^T (`s`, rows the keys from key0, columns the queries from m0)
 // to exp2(S^T scale log2 e - lse2 of the query), with MASK 0 where the causal mask drops the
-// key (j > i) or the query is past Lq.
-template <int MT, int BQ, bool MASK>
+// key (j > i), the query is past Lq or (MASKED) the mask `m` drops the key (keys past Lk too).
+template <int MT, int BQ, bool MASK, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void key_probabilities(float (&s)[MT][BQ / 2], const float* ls, int key0, int m0,
-                                                         int lq, float scale2, int lane) {
+                                                         int lq, int lk, const uint8_t* m, const Mask& mask,
+                                                         float scale2, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e = 0; e < BQ / 2; ++e) {
-            const int j = key0 + mt * 16 + frag_row(e, lane), i = frag_col(e, lane);
-            const bool keep = !MASK || (m0 + i < lq && j <= m0 + i);
-            s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - ls[i]) : 0.f;
+            const int j = key0 + mt * 16 + frag_row(e, lane), c = frag_col(e, lane), i = m0 + c;
+            const bool keep = !MASK || (i < lq && (!CAUSAL || j <= i)
+                                        && (!MASKED || (j < lk && m[i * mask.si + j * mask.sj])));
+            s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - ls[c]) : 0.f;
         }
 }
 
-// P of the dQ kernel: S (`s`, rows a warp's queries, columns the keys from n0) to exp2(S scale
-// log2 e - lse2 of the row), with MASK 0 for the keys from the row's `limit` on (past Lk, or
-// after the row where causal).
-template <int MT, int BN, bool MASK>
+// P of the dQ kernel: S (`s`, rows a warp's queries from row0, columns the keys from n0) to
+// exp2(S scale log2 e - lse2 of the row), with MASK 0 for the keys from the row's `limit` on
+// (past Lk, or after the row where causal; 0 for rows past Lq) or (MASKED) dropped by `m`.
+template <int MT, int BN, bool MASK, bool MASKED>
 static __device__ __forceinline__ void query_probabilities(float (&s)[MT][BN / 2], const float (&l2)[MT][2],
-                                                           const int (&limit)[MT][2], int n0, float scale2, int lane) {
+                                                           const int (&limit)[MT][2], int row0, int n0,
+                                                           const uint8_t* m, const Mask& mask, float scale2,
+                                                           int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e = 0; e < BN / 2; ++e) {
-            const int h = (e >> 1) & 1;
-            const bool keep = !MASK || n0 + frag_col(e, lane) < limit[mt][h];
+            const int h = (e >> 1) & 1, key = n0 + frag_col(e, lane);
+            const int row = row0 + mt * 16 + frag_row(e, lane);
+            const bool keep = !MASK || (key < limit[mt][h] && (!MASKED || m[row * mask.si + key * mask.sj]));
             s[mt][e] = keep ? kiln_ex2(s[mt][e] * scale2 - l2[mt][h]) : 0.f;
         }
 }
@@ -365,7 +388,7 @@ static __device__ __forceinline__ void query_probabilities(float (&s)[MT][BN / 2
 // tile's queries i: S^T = K Q^T; P^T = exp2(S^T scale log2 e - lse2_i), 0 where the key is
 // dropped (causal j > i) or i >= Lq; dV += P^T dO; dP^T = V dO^T; dS^T = P^T (dP^T - delta_i);
 // dK += dS^T Q. At the end dK * scale and dV go out, rounded once.
-template <class E, int D, int NW, int MT, int BQ, bool CAUSAL>
+template <class E, int D, int NW, int MT, int BQ, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                                    const uint16_t* v, const float* lse, const float* dl, uint16_t* dk,
                                                    uint16_t* dv, const Problem& p, unsigned char* smem,
@@ -390,6 +413,7 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
     dv += bh * p.lk * D;
     lse += bh * p.lq;
     dl += bh * p.lq;
+    const uint8_t* m = MASKED ? p.m.at(bh) : nullptr;
     load_rows<BKV, D, NT>(Ks, k + (int64_t)n0 * D, lk - n0, tid);
     load_rows<BKV, D, NT>(Vs, v + (int64_t)n0 * D, lk - n0, tid);
     const int first = CAUSAL ? n0 / BQ : 0, tiles = (lq + BQ - 1) / BQ;
@@ -437,11 +461,11 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
             zero(s);
             gemm_abt<E, MT, BQ, D, LDS>(s, kw, qs, lane);              // S^T = K Q^T
             // queries past Lq have lse2 +inf (probability 0); only the causal mask needs a test,
-            // on tiles where some query precedes some key of the warp
-            if (CAUSAL && m0 < key0 + MT * 16 - 1)
-                key_probabilities<MT, BQ, true>(s, ls, key0, m0, lq, scale2, lane);
+            // on tiles where some query precedes some key of the warp (every tile, with a mask)
+            if (MASKED || (CAUSAL && m0 < key0 + MT * 16 - 1))
+                key_probabilities<MT, BQ, true, CAUSAL, MASKED>(s, ls, key0, m0, lq, lk, m, p.m, scale2, lane);
             else
-                key_probabilities<MT, BQ, false>(s, ls, key0, m0, lq, scale2, lane);
+                key_probabilities<MT, BQ, false, CAUSAL, MASKED>(s, ls, key0, m0, lq, lk, m, p.m, scale2, lane);
             gemm_pb<E, MT, BQ, D, LDS>(dva, s, dos, lane);              // dV += P^T dO
             float dp[MT][BQ / 2];
             zero(dp);
@@ -467,7 +491,7 @@ static __device__ __forceinline__ void backward_kv(const uint16_t* dout, const u
 // V, two stages), up to the last a causal mask keeps. Per key tile: S = Q K^T;
 // P = exp2(S scale log2 e - lse2), 0 where the key is past Lk or (causal) after the row;
 // dP = dO V^T; dS = P (dP - delta); dQ += dS K. At the end dQ * scale goes out.
-template <class E, int D, int NW, int MT, int BN, bool CAUSAL>
+template <class E, int D, int NW, int MT, int BN, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void backward_q(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                                   const uint16_t* v, const float* lse, const float* dl, uint16_t* dq,
                                                   const Problem& p, unsigned char* smem, int64_t cta) {
@@ -489,6 +513,7 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
     dq += bh * p.lq * D;
     lse += bh * p.lq;
     dl += bh * p.lq;
+    const uint8_t* m = MASKED ? p.m.at(bh) : nullptr;
     load_rows<BM, D, NT>(Qs, q + (int64_t)m0 * D, lq - m0, tid);
     load_rows<BM, D, NT>(dOs, dout + (int64_t)m0 * D, lq - m0, tid);
     const int keys = CAUSAL ? min(lk, m0 + BM) : lk, tiles = (keys + BN - 1) / BN;
@@ -527,11 +552,12 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
             zero(s);
             gemm_abt<E, MT, BN, D, LDS>(s, qw, ks, lane);               // S = Q K^T
             // rows past Lq have lse2 +inf (probability 0); keys past Lk and the causal mask need a
-            // test only on the tiles that hold such keys for some row of the warp
-            if (n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
-                query_probabilities<MT, BN, true>(s, l2, limit, n0, scale2, lane);
+            // test only on the tiles that hold such keys for some row of the warp (every tile,
+            // with a mask)
+            if (MASKED || n0 + BN > lk || (CAUSAL && n0 + BN - 1 > row0))
+                query_probabilities<MT, BN, true, MASKED>(s, l2, limit, row0, n0, m, p.m, scale2, lane);
             else
-                query_probabilities<MT, BN, false>(s, l2, limit, n0, scale2, lane);
+                query_probabilities<MT, BN, false, MASKED>(s, l2, limit, row0, n0, m, p.m, scale2, lane);
             float dp[MT][BN / 2];
             zero(dp);
             gemm_abt<E, MT, BN, D, LDS>(dp, dow, vs, lane);             // dP = dO V^T
@@ -551,16 +577,16 @@ static __device__ __forceinline__ void backward_q(const uint16_t* dout, const ui
 // Both backward kernels as one launch (after `delta`'s): the first ceil(Lk / BKV) * bh CTAs
 // compute dK and dV (backward_kv), the others dQ (backward_q), so that the dQ blocks fill the
 // tail of the dK/dV blocks' last wave. Shared memory: backward_kv's (the larger).
-template <class E, int D, int NW, int MT, int BN, bool CAUSAL>
+template <class E, int D, int NW, int MT, int BN, bool CAUSAL, bool MASKED>
 static __device__ __forceinline__ void backward(const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                                                 const uint16_t* v, const float* lse, const float* dl, uint16_t* dq,
                                                 uint16_t* dk, uint16_t* dv, const Problem& p, unsigned char* smem) {
     constexpr int ROWS = NW * MT * 16;
     const int64_t kv_ctas = (p.lk + ROWS - 1) / ROWS * p.bh;
     if ((int64_t)blockIdx.x < kv_ctas)
-        backward_kv<E, D, NW, MT, BN, CAUSAL>(dout, q, k, v, lse, dl, dk, dv, p, smem, blockIdx.x);
+        backward_kv<E, D, NW, MT, BN, CAUSAL, MASKED>(dout, q, k, v, lse, dl, dk, dv, p, smem, blockIdx.x);
     else
-        backward_q<E, D, NW, MT, BN, CAUSAL>(dout, q, k, v, lse, dl, dq, p, smem, blockIdx.x - kv_ctas);
+        backward_q<E, D, NW, MT, BN, CAUSAL, MASKED>(dout, q, k, v, lse, dl, dq, p, smem, blockIdx.x - kv_ctas);
 }
 
 }  // namespace kiln::attn_train
