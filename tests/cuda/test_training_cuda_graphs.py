@@ -82,8 +82,8 @@ def test_parameters_are_read_in_place():
                 m[0].weight.data = m[0].weight.data * 0.5
     forward, _ = _forward_and_backward()
     assert len(forward) == 2, "new memory for a parameter takes a second capture"
-    copied = [t for c in forward for t in c.static_inputs if t is not None]
-    assert len(copied) == 1 and copied[0].shape == (48, 64), "only the batch is copied in"
+    copied = [[tuple(t.shape) for t in c.static_inputs if t is not None] for c in forward]
+    assert copied == [[(48, 64)]] * 2, "each capture copies in the batch alone"
 
 
 def test_two_forwards_before_one_backward():
