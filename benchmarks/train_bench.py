@@ -93,11 +93,12 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
     optimizer = make_optimizer(model.parameters())
 
     def step():
+        torch.compiler.cudagraph_mark_step_begin()   # Inductor's CUDA graphs: a new step may reuse outputs
         loss = loss_of(compiled)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach().clone()
 
     torch.cuda.reset_peak_memory_stats()
     losses = [step() for _ in range(loss_steps)]
