@@ -133,8 +133,11 @@ def _mean_rstd(x, dims: list[int], eps: float):
 
 @register_function(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape)."""
+    """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape),
+    float32 for 16-bit x on CUDA and x's dtype on the CPU, as eager gives them."""
     mean, rstd = _mean_rstd(x, list(range(x.ndim - len(normalized_shape), x.ndim)), eps)
+    if x.device.kind == "cpu":      # eager's CPU kernel rounds the statistics to x's dtype
+        mean, rstd = ops.cast(mean, x.dtype), ops.cast(rstd, x.dtype)
     return ops.layer_norm(x, tuple(normalized_shape), weight, bias, eps), mean, rstd
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from kiln import dtypes
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Traits, operator
 from kiln.ir import cast, compute, cos, log, shift_right, sqrt
 
 from kiln_ops_builtin.common import ravel
@@ -44,7 +44,7 @@ def random_bits(counter, key_low, key_high):
     return shift_right(x, 32 - _MANTISSA_BITS)
 
 
-@operator("random_uniform")
+@operator("random_uniform", traits=Traits(expensive=True))
 def random_uniform(seeds, row, size, dtype=None):
     """A tensor of shape `size` uniform on [0, 1), keyed by `seeds[row]` (int64 words in
     [0, 2**32)); float32 unless `dtype` (a floating-point type) says otherwise."""
@@ -59,7 +59,7 @@ def random_uniform(seeds, row, size, dtype=None):
     return compute(shape, element)
 
 
-@operator("random_normal")
+@operator("random_normal", traits=Traits(expensive=True))
 def random_normal(seeds, row, size, dtype=None):
     """A tensor of shape `size` of standard normal numbers, keyed by `seeds[row]` (as
     `random_uniform`); float32 unless `dtype` says otherwise. Element i is the Box-Muller

@@ -5,6 +5,7 @@ a template produces or reads, and values too costly to recompute stay single."""
 import torch
 
 import kiln
+from kiln.ir import compute
 from kiln.passes import PassContext
 from kiln.passes.pipeline import optimize
 from kiln.passes.recompute import RecomputeCheapProducers
@@ -52,6 +53,22 @@ def test_views_random_values_and_costly_values_stay_single():
             ops.amax(ops.add(noise, y), [0]), ops.sum(costly, [1]), ops.amax(costly, [1]), ops.sum(costly, [0])]
     graph = kiln.trace_from(outs, [x, y, c])
     assert names(apply(RecomputeCheapProducers(), graph)) == names(graph)
+
+
+@kiln.operator("test_expensive_square", traits=kiln.graph.Traits(expensive=True), override=True)
+def expensive_square(x):
+    return compute(x.shape, lambda *i: x[i] * x[i])
+
+
+def test_an_operator_declaring_itself_expensive_stays_single():
+    """Whoever defines it: the trait, not the name, keeps a node from being copied."""
+    x, y = kiln.symbol([4, 6]), kiln.symbol([4, 6])
+    square = expensive_square(x)
+    graph = kiln.trace_from([ops.sum(ops.add(square, x), [0]), ops.amax(ops.add(square, y), [0])], [x, y])
+    assert names(apply(RecomputeCheapProducers(), graph)) == names(graph)
+    cheap = ops.mul(x, x)
+    graph = kiln.trace_from([ops.sum(ops.add(cheap, x), [0]), ops.amax(ops.add(cheap, y), [0])], [x, y])
+    assert names(apply(RecomputeCheapProducers(), graph)) != names(graph)
 
 
 def test_a_template_epilogue_chain_stays_in_the_epilogue():

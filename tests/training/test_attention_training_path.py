@@ -128,3 +128,55 @@ def test_torch_operators_match_autograd():
 @pytest.mark.parametrize("heads, kv_heads, n", [(12, 12, 128), (8, 2, 77)])
 def test_fused_attention_trains_like_eager_on_cuda(monkeypatch, heads, kv_heads, n):
     _assert_trains_fused_like_eager(monkeypatch, heads, kv_heads, n, 64, "cuda")
+
+
+class PositionMasked(Block):
+    """Attention under a mask built in the graph from positions alone, as transformers'
+    `create_causal_mask` builds it (a causal comparison and a same-document check through
+    `cumsum`, which AOTAutograd's partitioner saves for the backward rather than recompute),
+    optionally also dropping the first `hidden` keys."""
+
+    def __init__(self, shift=0, hidden=0):
+        super().__init__()
+        self.shift, self.hidden = shift, hidden
+
+    def forward(self, x):
+        n = x.shape[1]
+        pos = torch.arange(n, device=x.device)
+        document = torch.cumsum((pos.diff(prepend=pos[:1]) != 1).int(), 0)
+        keep = (pos[None, :] <= pos[:, None] + self.shift) & (document[None, :] == document[:, None])
+        keep = keep & (pos[None, :] >= self.hidden)
+        return super().forward(x, mask=keep.expand(x.shape[0], 1, n, n))
+
+
+def _attention_nodes(block, x):
+    """The attention nodes of the optimized forward and backward graphs Kiln runs for `block`
+    in bfloat16, and the relative errors of Kiln's and eager's bfloat16 outputs and gradients
+    against float64."""
+    from kiln.frontend.torch.backend import KilnFunction
+    want = _train(copy.deepcopy(block).double(), x.double())
+    block, x = block.to(torch.bfloat16), x.to(torch.bfloat16)
+    eager = _train(copy.deepcopy(block), x)
+    before = set(KilnFunction.live())
+    got = _train(torch.compile(block, backend="kiln"), x)
+    graphs = [run.graph for f in KilnFunction.live() if f not in before for run in f.graphs.values()]
+    nodes = [n for g in graphs for n in g.nodes if n.definition.name.startswith("attention_")]
+    return nodes, _relative_errors(got, want), _relative_errors(eager, want)
+
+
+@pytest.mark.parametrize("shift, hidden, causal", [(0, 0, True), (1000, 0, False), (1, 0, None), (0, 2, None)])
+def test_a_constant_causal_mask_becomes_the_causal_flag(monkeypatch, shift, hidden, causal):
+    """The mask folds to a constant in both graphs (the backward recomputes it instead of taking
+    it saved); one equal to the causal pattern becomes `is_causal` and one keeping every key goes
+    (shift 1000), while any other (a shifted diagonal, hidden keys) stays a mask. Errors against
+    float64 at most twice eager's bfloat16 errors (plus 1e-2) either way."""
+    monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
+    torch.manual_seed(0)
+    nodes, errors, eager = _attention_nodes(PositionMasked(shift, hidden), torch.randn(2, 7, 128))
+    assert sorted(n.definition.name for n in nodes) == ["attention_backward", "attention_forward"]
+    for n in nodes:
+        n = n.attrs["fused_graph"].nodes[n.attrs["anchor"]] if "fused_graph" in n.attrs else n
+        masks = [t for t in n.inputs if t.dtype.is_bool]
+        assert n.attrs["is_causal"] is bool(causal) and len(masks) == (causal is None)
+    for g, e in zip(errors, eager):
+        assert g <= 2 * e + 1e-2, (g, e)

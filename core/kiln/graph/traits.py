@@ -79,6 +79,10 @@ class Traits:
     """For an operator that only moves its input's dims: `permutation(node)`, the order a node
     of it applies (output dim k is input dim order[k]). Layout planning composes such nodes
     with its conversions."""
+    expensive: bool = False
+    """Each element costs many instructions (a counter-based random draw): passes that trade
+    memory traffic for computation (`kiln.passes.recompute`) never copy a node of it into its
+    readers."""
     updates: Callable | None = None
     """For an operator whose result is one of its tensor arguments with some elements replaced
     (an index copy, a scatter whose last source wins): `updates(**arguments)`, called with the

@@ -7,7 +7,7 @@ gradients of a training step, say), each reader can compute it from those inputs
 the write and its reads disappear. A node is recomputed by each of its k readers when:
 
 - it is injective, not a reduction and no template schedules it, with one output that is not a
-  graph output, and is not random;
+  graph output, and is not `expensive` (a random draw);
 - no reader is an operator that a template schedules on some target (templates read plain
   inputs; where the auto-scheduler takes it instead, as for a convolution on the CPU, it reads
   each input element many times), and the node is not the only reader of a template's output,
@@ -87,7 +87,7 @@ class RecomputeCheapProducers(GraphPass):
         def eligible(node: Operator) -> bool:
             return (len(node.outputs) == 1 and id(node.outputs[0]) not in outputs
                     and not is_anchor(node) and id(node) not in templated
-                    and not node.definition.name.startswith("random")
+                    and not node.definition.traits.expensive
                     and bool(readers.get(id(node.outputs[0])))
                     and not extends_epilogue(node)
                     and not any(id(u) in templated for u in readers[id(node.outputs[0])]))

@@ -1,0 +1,73 @@
+"""Values that depend on no input are recomputed by the backward instead of saved by the forward.
+
+A value a training graph computes from nothing but constants (a causal mask built from `arange`
+and comparisons, position ids) is a constant to Kiln: it folds at compile time. AOTAutograd's
+partitioner saves such a value for the backward when it cannot recompute every op on its path
+(`index`, `cumsum`), so the backward would get it as an input, a tensor held from the forward
+to the backward, unknown to the backward's compile. `recompute_input_free` moves the value's
+computation into the backward graph: there it folds as well (and a pass may read it: a mask
+equal to the causal one becomes the causal flag), and the forward saves one value less.
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+
+
+def _deterministic(node: Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded not in target.tags
+
+
+def _input_free(graph: torch.fx.Graph) -> set[Node]:
+    """The call nodes whose value depends on no placeholder: each reads only such nodes and
+    draws no random numbers."""
+    free: set[Node] = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and _deterministic(node) and all(a in free for a in node.all_input_nodes):
+            free.add(node)
+    return free
+
+
+def recompute_input_free(forward: GraphModule, backward: GraphModule, num_fwd_outputs: int
+                         ) -> tuple[GraphModule, GraphModule]:
+    """`forward` and `backward` (as AOTAutograd's partitioner returns them: the forward's outputs
+    from `num_fwd_outputs` on are the saved values, which the backward's leading placeholders
+    take in order) with each saved tensor that depends on no input of the forward computed in
+    the backward instead. Both graphs are changed in place and returned."""
+    output = next(iter(forward.graph.find_nodes(op="output")))
+    outputs = list(output.args[0])
+    saved = outputs[num_fwd_outputs:]
+    placeholders = list(backward.graph.find_nodes(op="placeholder"))[:len(saved)]
+    free = _input_free(forward.graph)
+    moved = [(value, ph) for value, ph in zip(saved, placeholders)
+             if value in free and isinstance(value.meta.get("val"), torch.Tensor) and value.name == ph.name]
+    if not moved:
+        return forward, backward
+    needed = set().union(*({value} | _ancestors(value) for value, _ in moved))
+    copies: dict[Node, Node] = {}
+    first = next(n for n in backward.graph.nodes if n.op != "placeholder")
+    with backward.graph.inserting_before(first):
+        for node in forward.graph.nodes:
+            if node in needed:
+                copies[node] = backward.graph.node_copy(node, lambda n: copies[n])
+    for value, ph in moved:
+        ph.replace_all_uses_with(copies[value])
+        backward.graph.erase_node(ph)
+    gone = {v for v, _ in moved}
+    output.args = (tuple(outputs[:num_fwd_outputs]) + tuple(v for v in saved if v not in gone),)
+    forward.graph.eliminate_dead_code()
+    forward.recompile()
+    backward.recompile()
+    return forward, backward
+
+
+def _ancestors(node: Node) -> set[Node]:
+    seen: set[Node] = set()
+    stack = list(node.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
