@@ -55,6 +55,31 @@ def test_layer_norm_softmax_gelu_log_softmax():
     check(lambda x: F.log_softmax(F.silu(x), 1) * x.mean((0, 2), keepdim=True), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_norm_in_16_bits_on_the_cpu(dtype):
+    """Eager's CPU layer norm gives its statistics (saved for the backward) in the input's 16-bit
+    type, where CUDA gives float32: Kiln's rule gives what eager gives (it gave float32 and the
+    trace stopped: a bfloat16 GPT-2 did not train on the CPU). Output and gradients against
+    float64, each error at most twice eager's 16-bit error plus a quarter of the type's epsilon."""
+    torch.manual_seed(0)
+    inputs = (transposed(3, 5, 24), torch.randn(24), torch.randn(24))
+    weights = torch.randn(3, 5, 24, dtype=torch.float64)
+    fn = lambda x, w, b: F.layer_norm(x, (24,), w, b)
+
+    def run(f, cast):
+        leaves = [cast(t).detach().requires_grad_() for t in inputs]
+        out = f(*leaves)
+        (out.double() * weights).sum().backward()
+        return [out] + [t.grad for t in leaves]
+
+    want = run(fn, torch.Tensor.double)
+    eager = run(fn, lambda t: t.to(dtype))
+    got = run(torch.compile(fn, backend="kiln"), lambda t: t.to(dtype))
+    error = lambda a, ref: ((a.double() - ref).abs().max() / ref.abs().max()).item()
+    for g, e, w in zip(got, eager, want):
+        assert g.dtype == dtype and error(g, w) <= 2 * error(e, w) + torch.finfo(dtype).eps / 4
+
+
 @pytest.mark.parametrize("shape,groups,affine,dtype", [
     ((3, 6, 5, 7), 3, True, torch.float32),
     ((1, 4, 9), 2, False, torch.float32),      # batch 1, one spatial dim, no weight or bias
