@@ -101,6 +101,12 @@ def case_list(suite: str, quick: bool, tune_level: int | None = None):
                 cases.append((f"layer_norm {rows}x{cols}", "layer_norm",
                               lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [(c,)]),
                               lambda x, s: F.layer_norm(x, s), None, nbytes, dt, 0))
+        for dt in (torch.float32, torch.bfloat16):
+            for rows, cols in ((4096, 768), (4096, 2304), (4096, 3072)):     # bias gradients of GPT-2's layers
+                nbytes = (rows + 1) * cols * torch.tensor([], dtype=dt).element_size()
+                cases.append((f"column sum {rows}x{cols}", "sum",
+                              lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [[0]]),
+                              lambda x, d: torch.sum(x, d), None, nbytes, dt, 0))
     if suite in ("conv", "all"):
         convs = [(64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1),
                  (512, 7, 512, 3, 1), (3, 224, 64, 7, 2)]
