@@ -57,7 +57,7 @@ def test_matches_sdpa(case, d):
     _check(_run(q, k, v, m, causal, scale), q, k, v, m, causal, scale)
 
 
-@pytest.mark.parametrize("knobs", attention_simt.space(2), ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("knobs", attention_simt.TEMPLATE.space(2), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "float_mask_scale"])
 def test_every_knob(knobs, case):
     torch.manual_seed(1)
@@ -78,7 +78,7 @@ def test_fully_masked_rows_give_zeros(causal):
 def test_blhd_views_read_in_place():
     task = blhd_task(2, 133, 8, 2, 96, kiln.dtypes.float32, True)
     q, k, v = (torch.randn(2, 133, h, 96, device="cuda") for h in (8, 2, 2))
-    for knobs in attention_simt.space(1):
+    for knobs in attention_simt.TEMPLATE.space(1):
         out = load_template(attention_simt, task, knobs)([q, k, v])
         _check(out, *(t.transpose(1, 2) for t in (q, k, v)), None, True, None)
 

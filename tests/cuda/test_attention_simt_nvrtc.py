@@ -39,7 +39,7 @@ def test_takes_float32_and_leaves_16_bit_to_the_tensor_core_templates():
 
 
 def test_invalid_knobs_raise():
-    with pytest.raises(ValueError, match="invalid knobs"):
+    with pytest.raises(ValueError, match="AttentionSimtKnobs: unsupported setting"):
         attention_simt.render(_task(), NW=3, R=4)
 
 
@@ -50,12 +50,12 @@ CASES = [dict(), dict(causal=True), dict(mask=((70, 75), dtypes.boolean)), dict(
 @needs_nvrtc
 def test_every_knob_compiles():
     jobs = []
-    for knobs in attention_simt.space(2):
+    for knobs in attention_simt.TEMPLATE.space(2):
         for d in (32, 64, 80, 128):
             for case in CASES:
                 program = attention_simt.render(_task((2, 4, 70, d), (2, 2, 75, d), **case), **knobs)
                 jobs += [(program.source, f"simt{len(jobs)}_{arch}", arch) for arch in ("sm_80", "sm_90")]
-    blhd = attention_simt.render(blhd_task(2, 150, 8, 2, 96, f32, True), **attention_simt.space(0)[0])
+    blhd = attention_simt.render(blhd_task(2, 150, 8, 2, 96, f32, True), **attention_simt.TEMPLATE.space(0)[0])
     jobs.append((blhd.source, "simt_blhd", "sm_90"))
     rt.compile_many(jobs)
 

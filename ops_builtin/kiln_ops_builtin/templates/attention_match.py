@@ -40,6 +40,22 @@ from kiln.template import (Binary, CDialect, Cast, Compute, Const, CudaDialect, 
 from kiln_ops_builtin.templates.cpu_hooks import render_epilogue_row, reports_failures
 
 CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column's a multiple of it
+MASKS = {None: "NoMask", "bool": "BoolMask", "float": "FloatMask"}      # cuda/attention.cuh's kinds
+
+# The members of a program struct through which cuda/attention*.cuh kernels read an attention task
+# (`Attention.device_operands`). The flat batch index comes by reference: by value, NVRTC computes
+# an operand's batch offset at another place in the kernel.
+OPERANDS = """\
+    enum : int {{ CAUSAL = {causal} }};
+    using Mask = kiln::attention::{mask};
+    static __device__ __forceinline__ float scale_log2() {{ return {scale_log2}; }}
+{operands}"""
+OPERAND = """\
+    static __device__ __forceinline__ const {storage}* {name}(PARAMS, const int64_t& bh) {{
+        return (const {storage}*){param} + ({base});
+    }}
+    static __device__ __forceinline__ int64_t {name}_rs(PARAMS) {{ return (int64_t){row_stride}; }}
+"""
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,23 @@ class Attention:
     def batch_dims(self, operand: Strided, flat: str) -> list:
         """`operand`'s `Strided.batch_dims` for the flat batch index `flat`."""
         return operand.batch_dims(self.batch, self.group, flat, self.text)
+
+    def device_defines(self) -> dict:
+        """The #defines a cuda/attention*.cuh kernel reads besides its program: the kernel's
+        parameters and arguments (PARAMS, ARGS), the query and key lengths (LQ, LK: ints)."""
+        return {"PARAMS": self.params, "ARGS": self.args, "LQ": self.int_text(self.Lq), "LK": self.int_text(self.Lk)}
+
+    def device_operands(self, storage: str) -> str:
+        """The members of a program struct through which a cuda/attention*.cuh kernel reads
+        this task, its operands' elements being `storage`: CAUSAL, Mask (the mask's kind, a
+        type of cuda/attention.cuh), scale_log2() (the scale in the log2 domain), and for q, k
+        and v a pointer to row 0 of flat batch bh (`q(PARAMS, bh)`) and the row stride
+        (`q_rs(PARAMS)`), PARAMS being `device_defines`' macro."""
+        operands = "".join(OPERAND.format(storage=storage, name=name, param=op.param,
+                                          base=self.base(op, "bh"), row_stride=self.text(op.row_stride))
+                           for name, op in (("q", self.q), ("k", self.k), ("v", self.v)))
+        return OPERANDS.format(causal=int(self.causal), mask=MASKS[self.mask],
+                               scale_log2=f"{self.scale * math.log2(math.e)!r}f", operands=operands)
 
 
 def _affine(e: Expr, roles: dict[int, str], group: int, head: int | None) -> dict | None:
