@@ -216,7 +216,8 @@ def test_depthwise_matches_torch(name, xs, k, kw, dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("knobs", [pytest.param(k, id="-".join(map(str, k.values()))) for k in conv_depthwise.space(2)])
+@pytest.mark.parametrize("knobs", [pytest.param(k, id="-".join(map(str, k.values())))
+                                   for k in conv_depthwise.TEMPLATE.space(2)])
 def test_depthwise_every_knob_setting(knobs):
     for _, xs, k, kw in DEPTHWISE[1:4]:
         x, w, b = _depthwise_args(xs, k, torch.float32, "cuda")

@@ -13,47 +13,59 @@ may be a permutation of the convolution's (a fused permute, as in channels-last 
 output axis is the image, the channel, the row and the column is read from the loads' index
 expressions, never from the output's shape, and the template declines any other index form (a
 fused slice, a broadcast, a squeezed dimension).
+
+The device code is `cuda/conv_depthwise.cuh` (the knobs as `kiln::conv_depthwise::Tile`, the
+convolution as `Shape`) and `cuda/conv_depthwise_kernel.cuh` (the kernel, on them); between the
+two this module renders `kiln_conv_depthwise_program`: the knobs, the shape, the accumulator
+type and how the input and the filter are read. Knobs: `DepthwiseKnobs`.
 """
 from __future__ import annotations
 
-from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Launch, Load, Select, Template, Var,
-                           inline_task, linear_terms, render_epilogue, strip_cast, template_source, top_reduces,
-                           unravel_index)
+from dataclasses import dataclass
+
+from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Knobs, Launch, Load, Select, Template, Var,
+                           device_code, inline_task, linear_terms, render_epilogue, strip_cast, template_source,
+                           top_reduces, unravel_index)
 
 NT = 128
 MAX_KERNEL = 7
-DEFAULT = {"TW": 0, "RPT": 0}
 
-KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise(PARAMS) {
-    __shared__ ACC xs[IH_T * IW_T];
-    __shared__ ACC ws[KH * KW];
-    const int64_t plane = blockIdx.x;
-    const int c = (int)(plane % C);
-    const int oh0 = blockIdx.y * TH, ow0 = blockIdx.z * TW;
-    const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
-    const auto* xp = X + plane * (int64_t)(H * W);
-    for (int i = threadIdx.x; i < IH_T * IW_T; i += NT) {
-        const int ih = ih0 + i / IW_T, iw = iw0 + i % IW_T;
-        xs[i] = ih >= 0 && ih < H && iw >= 0 && iw < W ? (ACC)LOAD(xp[ih * W + iw]) : (ACC)0;
-    }
-    for (int i = threadIdx.x; i < KH * KW; i += NT) ws[i] = (ACC)LOAD(WT[(int64_t)c * (KH * KW) + i]);
-    __syncthreads();
-    const int tx = threadIdx.x % TW, ty = threadIdx.x / TW, ow = ow0 + tx;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        const int oy = ty + r * (NT / TW), oh = oh0 + oy;
-        if (oh < OH && ow < OW) {
-            ACC acc = 0;
-#pragma unroll
-            for (int kh = 0; kh < KH; ++kh)
-#pragma unroll
-                for (int kw = 0; kw < KW; ++kw) acc += xs[(oy * SH + kh) * IW_T + tx * SW + kw] * ws[kh * KW + kw];
-            kiln_epilogue(ARGS, 0, plane, (int64_t)oh * OW + ow, acc);
-        }
-    }
-}
+# What cuda/conv_depthwise_kernel.cuh's kernel reads of a program: the knobs
+# (kiln::conv_depthwise::Tile), the convolution (Shape), the accumulator type, the input and
+# filter parameters and how an element of them is read.
+PROGRAM = """
+struct kiln_conv_depthwise_program {{
+    using Tile = kiln::conv_depthwise::Tile<{nt}, {tw}, {rpt}>;
+    using Shape = kiln::conv_depthwise::Shape<{c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}>;
+    using Acc = {acc};
+    static __device__ __forceinline__ auto x({params}) {{ return {x}; }}
+    static __device__ __forceinline__ auto w({params}) {{ return {wt}; }}
+    template <typename V>
+    static __device__ __forceinline__ auto load(V v) {{ return {load}; }}
+}};
 """
+
+
+@dataclass(frozen=True)
+class DepthwiseKnobs(Knobs):
+    """Tiles TW columns wide, each thread computing RPT outputs of one column (both 0: `auto_tile`'s
+    for the plane)."""
+
+    TW: int = 0
+    RPT: int = 0
+
+    def valid(self) -> bool:
+        return (self.TW, self.RPT) == (0, 0) or (self.TW > 0 and NT % self.TW == 0 and self.RPT >= 1)
+
+    @classmethod
+    def space(cls, level: int) -> list[DepthwiseKnobs]:
+        """Level 0: tile from the plane's size; levels 1 and 2 add fixed tiles."""
+        out = [cls()]
+        if level >= 1:
+            out += [cls(TW=32, RPT=4), cls(TW=16, RPT=2)]
+        if level >= 2:
+            out += cls.grid(TW=(8, 16, 32), RPT=(1, 2, 4))
+        return out
 
 
 def _pair(value, what: str) -> tuple[int, int]:
@@ -193,25 +205,14 @@ def auto_tile(oh: int, ow: int) -> tuple[int, int]:
     return tw, min(4, max(1, -(-oh // (NT // tw))))
 
 
-def space(level: int) -> list[dict]:
-    """Level 0: tile from the plane's size; levels 1 and 2 add fixed tiles."""
-    out = [dict(DEFAULT)]
-    if level >= 1:
-        out += [{"TW": 32, "RPT": 4}, {"TW": 16, "RPT": 2}]
-    if level >= 2:
-        out += [{"TW": tw, "RPT": r} for tw in (8, 16, 32) for r in (1, 2, 4)]
-    return out
-
-
-def render(task, TW=0, RPT=0) -> CudaProgram:
+def render(task, **knobs) -> CudaProgram:
+    """The program of `task` at the setting `knobs` (`DepthwiseKnobs`' fields)."""
+    k = DepthwiseKnobs(**knobs)
     n, c, h, w, kh, kw, sh, sw, ph, pw, roles = _geometry(task)
     lowered, x, wt = _direct_loads(task)
     out = lowered.outputs[0]
     oh, ow = _extent(roles[2]), _extent(roles[3])
-    if TW == 0:
-        TW, RPT = auto_tile(oh, ow)
-    if NT % TW or RPT < 1:
-        raise ValueError(f"invalid conv_depthwise knobs TW={TW}, RPT={RPT}")
+    TW, RPT = (k.TW, k.RPT) if k.TW else auto_tile(oh, ow)
     th = NT // TW * RPT
     d = CudaDialect()
     acc = top_reduces(out.value)[0].dtype
@@ -226,14 +227,17 @@ def render(task, TW=0, RPT=0) -> CudaProgram:
                 **unravel_index(nvar, [r for r, _ in pixels], [e for _, e in pixels])}
 
     epilogue = render_epilogue(lowered, out, decl, index_of, False)
-    defines = {"NT": NT, "TW": TW, "TH": th, "RPT": RPT, "C": c, "H": h, "W": w, "OH": oh, "OW": ow,
-               "KH": kh, "KW": kw, "SH": sh, "SW": sw, "PH": ph, "PW": pw,
-               "IH_T": (th - 1) * sh + kh, "IW_T": (TW - 1) * sw + kw, "ACC": d.value_type(acc),
-               "X": names[id(x.tensor)], "WT": names[id(wt.tensor)], "LOAD(v)": d.load(x.tensor.dtype, "(v)"),
-               "PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
+    program = PROGRAM.format(nt=NT, tw=TW, rpt=RPT, c=c, h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph,
+                             pw=pw, acc=d.value_type(acc), params=", ".join(decl), x=names[id(x.tensor)],
+                             wt=names[id(wt.tensor)], load=d.load(x.tensor.dtype, "(v)"))
+    # the epilogue hook's (the kernel reads them too)
+    defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
     grid = (n * c, -(-oh // th), -(-ow // TW))
     launch = Launch("kiln_conv_depthwise", tuple(args), (NT, 1, 1), grid=grid)
-    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch])
+    kernels = [device_code(__package__, "cuda/conv_depthwise.cuh"), program,
+               device_code(__package__, "cuda/conv_depthwise_kernel.cuh")]
+    return CudaProgram(template_source(kernels, defines, epilogue), [launch])
 
 
-TEMPLATE = Template("conv_depthwise", ("conv2d",), "cuda", render, priority=20, applies=applies, space=space)
+TEMPLATE = Template("conv_depthwise", ("conv2d",), "cuda", render, priority=20, applies=applies,
+                    space=DepthwiseKnobs.settings)

@@ -15,8 +15,8 @@ adds them and applies the epilogue). Knobs (`ConvTcKnobs`) at 0 are chosen from 
 
 The device code is `cuda/conv_tc.cuh`: `kiln::conv_tc::run`, a C++ template over the element
 type and the tile, taking M, N, K and the split as run-time values; the kernel rendered here calls
-it with the core's load hooks and split_k's stores. The warp's MMA step is still matmul_tc's
-MMA_STEP, which reads the tile as #defines.
+it with the core's load hooks and split_k's stores. The warp's MMA step is
+`cuda/mma_sync.cuh`'s, shared with matmul_tc.
 
 Symbolic sizes (`Template.symbolic`): a symbolic batch (so M) is a kernel argument
 (`HookedGemm.sizes`); the knobs chosen from M and N take their bucket (`split_k.bucket`), so
@@ -30,14 +30,13 @@ from kiln.template import (CudaProgram, Knobs, Launch, Template, device_code, dt
                            template_source)
 
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.matmul_tc import MMA_STEP
 
 BK = 32
 BLOCKS_WANTED = 128          # about one wave of blocks on current data-centre GPUs
 TILES = [(128, 128, 64, 64), (128, 64, 64, 32), (64, 128, 32, 64), (64, 64, 32, 32)]   # (BM, BN, WM, WN), largest first
 SMALL_M_TILE = (32, 64, 16, 32)
 
-ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}       # kiln::conv_tc's element types
+ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}       # kiln::mma_sync's element types
 
 # The kernel: cuda/conv_tc.cuh's kiln::conv_tc::run on this task's hooks (the core's load hooks;
 # KILN_STORE, KILN_STORE2: `split_k`'s, the core's epilogue where K is not split). The shared
@@ -46,7 +45,7 @@ KERNEL = """
 extern "C" __global__ void __launch_bounds__({threads}) kiln_conv_tc(PARAMS) {{
     __shared__ __align__(128) uint16_t As[2][{bm} * {bk}];
     __shared__ __align__(128) uint16_t Bs[2][{bn} * {bk}];
-    kiln::conv_tc::run<kiln::conv_tc::{elem}, {bm}, {bn}, {bk}, {wm}, {wn}>(
+    kiln::conv_tc::run<kiln::mma_sync::{elem}, {bm}, {bn}, {bk}, {wm}, {wn}>(
         As, Bs, [&] {{ return kiln::conv_tc::Problem{{M, N, K, KT_SPLIT}}; }},
         [&](int64_t m, int64_t k) {{ return kiln_load_a(ARGS, m, k); }},
         [&](int64_t k, int64_t n) {{ return kiln_load_b(ARGS, k, n); }},
@@ -142,12 +141,11 @@ def render(task, **knobs) -> CudaProgram:
     temporaries = []
     sk = split_k.plan(split, g.M, g.N, g.K, BK, 1, g.params, tuple(g.args.split(", ")), temporaries, text=g.text)
     dtype = _operand_dtype(task)
-    # what MMA_STEP (the tile) and split_k's code (sizes, hooks) read
-    defines = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K),
-               "ARGS": g.args, "B_K_CONTIGUOUS": 1, **sk.defines}
+    # what split_k's code reads: sizes, PARAMS, ARGS, KILN_STORE ...
+    defines = {"M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines}
     kernel = KERNEL.format(threads=nt, bm=BM, bn=BN, bk=BK, wm=WM, wn=WN, elem=ELEMENTS[dtype])
-    source = template_source([MMA_STEP, device_code(__package__, "cuda/conv_tc.cuh"), kernel, sk.source],
-                             {**defines, "MMA": ptx.mma_m16n8k16(dtype)}, g.hooks, (ptx.LDMATRIX, ptx.MMA))
+    source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/conv_tc.cuh"), kernel, sk.source],
+                             defines, g.hooks, (ptx.LDMATRIX, ptx.MMA))
     launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1),
                     grid=(int(_tiles(g.M, g.N, (BM, BN))), split, 1))
     return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16, sizes=g.sizes.values)

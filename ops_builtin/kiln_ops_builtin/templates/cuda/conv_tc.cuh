@@ -4,23 +4,14 @@
 // the fly) and each result handed to the store hooks.
 //
 // Compile-time knobs, the template parameters of kiln::conv_tc::run (conv_tc.py's knobs: BM is
-// Bm, ...): the 16-bit element type (F16, BF16), the block tile Bm x Bn, the warp tile Wm x Wn,
-// the k-step Bk. Run-time problem (kiln::conv_tc::Problem): M, N, K and the k-steps each
+// Bm, ...): the 16-bit element type (kiln::mma_sync::F16, BF16), the block tile Bm x Bn, the
+// warp tile Wm x Wn, the k-step Bk. Run-time problem (kiln::conv_tc::Problem): M, N, K and the k-steps each
 // blockIdx.y takes (split-K over blocks).
 //
-// Needs, ahead of it, the CUDA prelude (kiln_f2h, kiln_f2bf, kiln_swz) and kiln_mma_step (one
-// Bk-deep step of a warp's tile: matmul_tc's MMA_STEP, over the same tile as #defines).
+// Needs, ahead of it, the CUDA prelude, the PTX wrappers LDMATRIX and MMA, and mma_sync.cuh (the
+// element types; kiln::mma_sync::step, one Bk-deep step of a warp's tile, shared with matmul_tc).
 
 namespace kiln::conv_tc {
-
-// How a float is stored as the element type (its 16 bits)
-struct F16 {
-    static __device__ __forceinline__ uint32_t bits(float x) { return (uint32_t)kiln_f2h(x); }
-};
-
-struct BF16 {
-    static __device__ __forceinline__ uint32_t bits(float x) { return (uint32_t)kiln_f2bf(x); }
-};
 
 struct Problem {
     int64_t m, n, k;     // the GEMM's rows (output pixels), columns (output channels), reduction
@@ -104,7 +95,7 @@ static __device__ __forceinline__ void run(uint16_t (&as_)[2][Bm * Bk], uint16_t
         if (kt + 1 < kt1) fetch(kt + 1);
         const uint16_t* as = as_[cur];
         const uint16_t* bs = bs_[cur];
-        kiln_mma_step(acc, as, bs, wm, wn, lane);
+        kiln::mma_sync::step<Elem, Bk, Bn, Wm, Wn, true>(acc, as, bs, wm, wn, lane);
         if (kt + 1 < kt1) stash(cur ^ 1);
         __syncthreads();
     }
