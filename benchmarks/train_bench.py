@@ -88,7 +88,8 @@ BACKENDS = {    # label: torch.compile's keywords (None: the model run eagerly)
 
 def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int, profile: int = 0) -> dict:
     """Losses of the first `loss_steps` steps, the median milliseconds of `steps` more and the
-    peak memory over them; with `profile`, print the kernels that take the most GPU time in two
+    peak memory over them (also above what was allocated at the start: the model, and whatever
+    earlier backends left in the process, such as Inductor's CUDA-graph pool); with `profile`, print the kernels that take the most GPU time in two
     more steps."""
     optimizer = make_optimizer(model.parameters())
 
@@ -101,6 +102,7 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
         return loss.detach().clone()
 
     torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
     losses = [step() for _ in range(loss_steps)]
     times = []
     for _ in range(steps):
@@ -111,6 +113,7 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     result = {"ms": statistics.median(times), "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+              "peak_above_start_gb": (torch.cuda.max_memory_allocated() - start) / 1e9,
               "losses": [x.item() for x in losses]}
     if profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -189,7 +192,8 @@ def main() -> None:
                 continue
             for key, value in r.items():
                 row[f"{label}_{key}"] = value
-            print(f"{name:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB  "
+            print(f"{name:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB "
+                  f"({r['peak_above_start_gb']:5.2f} above the start)  "
                   f"losses {r['losses'][0]:.5f} .. {r['losses'][-1]:.5f}", flush=True)
         if "eager_losses" in row:
             for label in args.backends[1:]:
