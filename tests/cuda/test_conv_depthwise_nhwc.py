@@ -60,7 +60,7 @@ def _settings():
                 yield name, dtype, dw.suggest(task, 132)[0]
     for name in SWEPT:
         task = _task(_tensors(name, torch.float16, "cpu")[:3], SHAPES[name][2])
-        for knobs in dw.space(2 if name == SWEPT[0] else 1) + dw.suggest(task, 132)[:3]:
+        for knobs in dw.TEMPLATE.space(2 if name == SWEPT[0] else 1) + dw.suggest(task, 132)[:3]:
             yield name, torch.float16, knobs
 
 

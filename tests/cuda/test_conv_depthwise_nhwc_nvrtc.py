@@ -135,7 +135,7 @@ def test_window_pixels_are_padded_against_bank_conflicts(xs, k, knobs, dtype, pi
 
 def test_knobs_are_fitted_to_the_convolution():
     conv = match_conv_nhwc(_task((1, 3, 5, 24), (24, 7, 7, 1), padding=3, groups=24))
-    for knobs in dw.space(2):
+    for knobs in dw.TEMPLATE.space(2):
         k = dw._fit(conv, **knobs)
         assert k["CB"] <= 24 and k["TH"] <= 3 and k["PX"] <= 5 and (k["TX"] - 1) * k["PX"] < 5, (knobs, k)
         assert k["NT"] <= dw.MAX_THREADS and k["smem"] <= dw.SMEM_LIMIT
@@ -156,22 +156,22 @@ def _fused(extra, dtype="float16", channels=40):
 
 def test_vector_epilogue_loads_packs_and_stores_one():
     residual = _fused(lambda y: (r := _symbols([y.shape])[0], ops.add(ops.hardswish(y), r)))
-    source = dw.render(residual, **dw.DEFAULT).source
+    source = dw.render(residual, **dw.DepthwiseNHWCKnobs().as_dict()).source
     start = source.index("kiln_epilogue_v(")
     epilogue = source[start:source.index("#define", start)]
     assert epilogue.count("kiln_pack<uint16_t, 8> s") == 2                  # the bias and the residual
     assert "__stwb((uint4*)&out0[" in epilogue and "in3[" not in epilogue.replace("&in3[", "")
     scale = _fused(lambda y: (s := _symbols([(2, 1, 1, 40)])[0], ops.mul(y, s)))
-    epilogue = dw.render(scale, **dw.DEFAULT).source
+    epilogue = dw.render(scale, **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert epilogue.count("kiln_pack<uint16_t, 8> s") == 2                  # per image and channel: a pack too
     by_pixel = _fused(lambda y: (s := _symbols([(2, 9, 7, 1)])[0], ops.mul(y, s)))
-    source = dw.render(by_pixel, **dw.DEFAULT).source
+    source = dw.render(by_pixel, **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert source.count("kiln_pack<uint16_t, 8> s") == 1 and "in3[" in source     # one scalar per pixel
     float32 = dw.render(_fused(lambda y: (r := _symbols([y.shape], "float32")[0], ops.add(y, r)), "float32"),
-                        **dw.DEFAULT).source
+                        **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert "__stwb((uint4*)&out0[" in float32 and "__float_as_uint(" in float32
     narrow = dw.render(_fused(lambda y: (r := _symbols([y.shape])[0], ops.add(y, r)), channels=6),
-                       **dw.DEFAULT).source
+                       **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert "__stwb((unsigned*)&out0[" in narrow
 
 
@@ -189,7 +189,7 @@ def test_vector_epilogue_refuses_an_output_it_cannot_store_as_packs():
 def test_every_knob_setting_of_level2_compiles():
     xs, ws, kwargs = SHAPES["3x3_s2_c24"]
     task = _task(xs, ws, **kwargs)
-    programs = {p.source: p for p in (dw.render(task, **k) for k in dw.space(2) + dw.suggest(task, SMS)[:1])}
+    programs = {p.source: p for p in (dw.render(task, **k) for k in dw.TEMPLATE.space(2) + dw.suggest(task, SMS)[:1])}
     rt.compile_many([(source, "kiln_conv_depthwise_nhwc", "sm_90") for source in programs])
 
 

@@ -36,11 +36,20 @@ Symbolic sizes (`Template.symbolic`): the kernel never reads the batch (the grid
 a symbolic batch keeps one source, any size the epilogue reads being a kernel argument
 (`kiln.codegen.sizes.SizeArgs.of(task)`); the geometry is written as numbers, so a symbolic
 height or width gives each size its own source.
+
+The device code is `cuda/conv_depthwise_nhwc_kernel.cuh` (the kernel), on `cuda/conv_depthwise.cuh`'s
+`kiln::conv_depthwise::PackTile` (the knobs, fitted) and `Shape` (the convolution, conv_depthwise's
+too); between the two this module renders `kiln_conv_depthwise_nhwc_program`: the knobs, the
+shape, the input's and the window's types and how the input and the filter are read. Knobs:
+`DepthwiseNHWCKnobs`.
 """
 from __future__ import annotations
 
-from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Launch, SizeArgs, Template, dtypes, inline_task,
-                           render_vector_epilogue, template_source, top_reduces, unravel_index, vector_stores)
+from dataclasses import dataclass
+
+from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Knobs, Launch, SizeArgs, Template, device_code,
+                           dtypes, inline_task, render_vector_epilogue, template_source, top_reduces, unravel_index,
+                           vector_stores)
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
 from kiln_ops_builtin.templates.split_k import bucket
 
@@ -48,104 +57,63 @@ PACK_BYTES = 16
 MAX_KERNEL = 7
 MAX_THREADS = 512
 SMEM_LIMIT = 96 * 1024        # bytes of shared memory a block may take (two blocks fit an SM)
-DEFAULT = {"CB": 32, "PX": 2, "TX": 4, "TH": 8}
-SMALL = {"CB": 16, "PX": 1, "TX": 4, "TH": 4}      # small grids
-STRIDED = {"CB": 128, "PX": 4, "TX": 2, "TH": 8}   # large 3x3 stride-2 convolutions (CB: all channels)
 SMALL_GRID_WARPS = 4
 LARGE_GRID_WARPS = 24
 FILL = 4                      # input packs a thread loads at once while filling shared memory
 
-KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(NT) kiln_conv_depthwise_nhwc(PARAMS) {
-    typedef kiln_pack<T, V> in_pack;
-    typedef kiln_pack<S, QW> quad;
-    typedef kiln_pack<ACC, WQW> weight_quad;
-    extern __shared__ float4 kiln_dw_smem[];
-    // the input window, in S: quad h of channel pack cv of pixel p at p * PIX + (h * CBV + cv) * QW
-    S* xs = (S*)kiln_dw_smem;
-    // the filters: quad h of the V * G weights of channel pack cv for tap t at ((t * WQ + h) * CBV + cv) * WQW
-    ACC* ws = (ACC*)(xs + IH_T * IW_T * PIX);
-    // the channel blocks of a tile are neighbours in the grid: they read the same input lines
-    const int tile = blockIdx.x / CBLOCKS, c0 = blockIdx.x % CBLOCKS * CB;
-    const int b = tile / (TILES_Y * TILES_X), oh0 = tile / TILES_X % TILES_Y * TH, ow0 = tile % TILES_X * TW;
-    const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
-    // FILL packs a thread in flight at once: their loads are issued before any is stored
-    for (int i0 = threadIdx.x; i0 < IH_T * IW_T * CBV; i0 += NT * FILL) {
-        in_pack raw[FILL];
-#pragma unroll
-        for (int u = 0; u < FILL; ++u) {
-            const int i = i0 + u * NT, p = i / CBV, cv = i - p * CBV, iy = ih0 + p / IW_T, ix = iw0 + p % IW_T;
-            const int c = c0 + cv * V;
-            if (i < IH_T * IW_T * CBV && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W && c < C)
-                raw[u] = *(const in_pack*)&X[((int64_t)(b * H + iy) * W + ix) * C + c];
-            else
-#pragma unroll
-                for (int e = 0; e < V; ++e) raw[u].v[e] = (T)0;
-        }
-#pragma unroll
-        for (int u = 0; u < FILL; ++u) {
-            const int i = i0 + u * NT, p = i / CBV, cv = i - p * CBV;
-            if (i >= IH_T * IW_T * CBV) break;
-#pragma unroll
-            for (int h = 0; h < V / QW; ++h) {
-                quad q;
-#pragma unroll
-                for (int j = 0; j < QW; ++j) q.v[j] = STORE_S(raw[u].v[h * QW + j]);
-                *(quad*)&xs[p * PIX + (h * CBV + cv) * QW] = q;
-            }
-        }
-    }
-    for (int i = threadIdx.x; i < KH * KW * CB * G; i += NT) {
-        const int r = i / (WQW * CBV) % WQ * WQW + i % WQW, cv = i / WQW % CBV, tap = i / (WQW * CBV * WQ);
-        const int c = c0 + cv * V + r / G;        // weight r = e * G + g of the pack: channel e, group input g
-        ws[i] = c < C ? (ACC)LOAD(WT[((int64_t)c * (KH * KW) + tap) * G + r % G]) : (ACC)0;
-    }
-    __syncthreads();
-    const int cv = threadIdx.x % CBV, strip = threadIdx.x / CBV % TX, row = threadIdx.x / (CBV * TX);
-    const int c = c0 + cv * V, oh = oh0 + row, ow = ow0 + strip * PX;
-    if (c >= C || oh >= OH || ow >= OW) return;
-    ACC acc[PX][V];
-#pragma unroll
-    for (int p = 0; p < PX; ++p)
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[p][e] = (ACC)0;
-#pragma unroll
-    for (int ky = 0; ky < KH; ++ky) {
-        // the row's NWIN pixels under the thread's PX outputs, read from shared memory once and
-        // reused by every tap over them
-        const S* xrow = xs + ((row * SH + ky * DH) * IW_T + strip * PX * SW) * PIX + cv * QW;
-        ACC win[NWIN][V];
-#pragma unroll
-        for (int x = 0; x < NWIN; ++x)
-#pragma unroll
-            for (int h = 0; h < V / QW; ++h) {
-                const quad q = *(const quad*)&xrow[x * PIX + h * CBV * QW];
-#pragma unroll
-                for (int j = 0; j < QW; ++j) win[x][h * QW + j] = LOAD_S(q.v[j]);
-            }
-#pragma unroll
-        for (int kx = 0; kx < KW; ++kx) {
-            ACC w[V * G];
-#pragma unroll
-            for (int h = 0; h < WQ; ++h) {
-                const weight_quad q = *(const weight_quad*)&ws[(((ky * KW + kx) * WQ + h) * CBV + cv) * WQW];
-#pragma unroll
-                for (int j = 0; j < WQW; ++j) w[h * WQW + j] = q.v[j];
-            }
-#pragma unroll
-            for (int p = 0; p < PX; ++p)
-#pragma unroll
-                for (int e = 0; e < V; ++e)
-#pragma unroll
-                    for (int g = 0; g < G; ++g) acc[p][e] += win[p * SW + kx * DW][e / G * G + g] * w[e * G + g];
-        }
-    }
-    const int64_t m = ((int64_t)b * OH + oh) * OW + ow;
-#pragma unroll
-    for (int p = 0; p < PX; ++p)
-        if (ow + p < OW) kiln_epilogue_v(ARGS, 0, m + p, c, acc[p]);
-}
+# What cuda/conv_depthwise_nhwc_kernel.cuh's kernel reads of a program: the fitted knobs
+# (kiln::conv_depthwise::PackTile), the convolution (Shape), the input's and the window's types,
+# the input parameter, an element of the filter and how an element of them is read.
+PROGRAM = """
+struct kiln_conv_depthwise_nhwc_program {{
+    using Tile = kiln::conv_depthwise::PackTile<{cb}, {v}, {g}, {px}, {tx}, {th}, {pix}, {fill}>;
+    using Shape = kiln::conv_depthwise::Shape<{c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh},
+                                              {dw}>;
+    using T = {t};
+    using S = {s};
+    static __device__ __forceinline__ auto x({params}) {{ return {x}; }}
+    static __device__ __forceinline__ auto w({params}, int64_t i) {{ return {wt}[i]; }}
+    template <typename V>
+    static __device__ __forceinline__ auto load(V v) {{ return {load}; }}
+    template <typename V>
+    static __device__ __forceinline__ auto store_s(V v) {{ return {store_s}; }}
+    template <typename V>
+    static __device__ __forceinline__ auto load_s(V v) {{ return {load_s}; }}
+}};
 """
+
+
+@dataclass(frozen=True)
+class DepthwiseNHWCKnobs(Knobs):
+    """Tiles of CB channels x TH rows x TX strips of PX pixels (`_fit` clamps them to the
+    convolution and shrinks them to fit a block)."""
+
+    CB: int = 32
+    PX: int = 2
+    TX: int = 4
+    TH: int = 8
+
+    def valid(self) -> bool:
+        return min(self.CB, self.PX, self.TX, self.TH) >= 1
+
+    @classmethod
+    def space(cls, level: int) -> list[DepthwiseNHWCKnobs]:
+        """Level 0: 32 channels x 8 rows x 8 columns (2 pixels a thread; `suggest` fits a first
+        choice to the convolution instead); level 1 adds `suggest`'s other guesses, narrower and
+        wider rows, fewer and more pixels a thread, more and fewer channels; level 2 a grid of them."""
+        out = [cls()]
+        if level >= 1:
+            out += [SMALL, STRIDED, cls(64, 4, 4, 4), cls(64, 2, 8, 2), cls(32, 4, 2, 8), cls(64, 8, 2, 4),
+                    cls(32, 1, 8, 8), cls(32, 2, 8, 4), cls(16, 2, 4, 8)]
+        if level >= 2:
+            grid = [cls(cb, px, tx, th) for cb in (16, 32, 64) for px in (1, 2, 4, 8)
+                    for tx, th in ((2, 2), (4, 4), (8, 2), (2, 8))]
+            out += [k for k in grid if k not in out]
+        return out
+
+
+SMALL = DepthwiseNHWCKnobs(CB=16, PX=1, TX=4, TH=4)      # small grids
+STRIDED = DepthwiseNHWCKnobs(CB=128, PX=4, TX=2, TH=8)   # large 3x3 stride-2 convolutions (CB: all channels)
 
 
 def vector_width(conv: ConvNHWC) -> int | None:
@@ -176,7 +144,8 @@ def applies(task) -> bool:
             or conv.batch * conv.height * conv.width * conv.channels >= 2 ** 31):
         return False
     out = inline_task(task).outputs[0]
-    return vector_stores(out, _epilogue_index(out), vector_width(conv), _extents(conv)) and _fit(conv, **DEFAULT) is not None
+    return (vector_stores(out, _epilogue_index(out), vector_width(conv), _extents(conv))
+            and _fit(conv, **DepthwiseNHWCKnobs().as_dict()) is not None)
 
 
 def stored_bytes(conv: ConvNHWC) -> int:
@@ -250,30 +219,13 @@ def _fit(conv: ConvNHWC, CB, PX, TX, TH) -> dict | None:
             return None
 
 
-def space(level: int) -> list[dict]:
-    """Level 0: 32 channels x 8 rows x 8 columns (2 pixels a thread; `suggest` fits a first
-    choice to the convolution instead); level 1 adds `suggest`'s other guesses, narrower and
-    wider rows, fewer and more pixels a thread, more and fewer channels; level 2 a grid of them."""
-    out = [dict(DEFAULT)]
-    if level >= 1:
-        out += [dict(SMALL), dict(STRIDED), {"CB": 64, "PX": 4, "TX": 4, "TH": 4},
-                {"CB": 64, "PX": 2, "TX": 8, "TH": 2}, {"CB": 32, "PX": 4, "TX": 2, "TH": 8},
-                {"CB": 64, "PX": 8, "TX": 2, "TH": 4},
-                {"CB": 32, "PX": 1, "TX": 8, "TH": 8}, {"CB": 32, "PX": 2, "TX": 8, "TH": 4},
-                {"CB": 16, "PX": 2, "TX": 4, "TH": 8}]
-    if level >= 2:
-        out += [{"CB": cb, "PX": px, "TX": tx, "TH": th} for cb in (16, 32, 64) for px in (1, 2, 4, 8)
-                for tx, th in ((2, 2), (4, 4), (8, 2), (2, 8)) if {"CB": cb, "PX": px, "TX": tx, "TH": th} not in out]
-    return out
-
-
 def suggest(task, sm_count: int) -> list[dict]:
     """Knob settings for this convolution, best guess first, then level 1's. The guess goes by
     the grid's size in warps an SM (a thread per output pixel's channel pack): under
     SMALL_GRID_WARPS, `SMALL` tiles of a pixel a thread (latency wants threads more than
     reuse); from LARGE_GRID_WARPS, a 3x3 stride-2 convolution of at most 128 channels takes
     `STRIDED` tiles of every channel (its input, four times its output, dominates the
-    traffic); anything else `DEFAULT`. Fitted on an H100 to 140 settings timed on each shape of
+    traffic); anything else the defaults. Fitted on an H100 to 140 settings timed on each shape of
     `conv_bench.py --suite depthwise` at batch 1 and 8 (`benchmarks/depthwise_grid.py`,
     2026-11-26): the guess reached 0.955 of each shape's best in geomean (the rule before it
     0.860), no shape under 0.9 of cuDNN (0.75 before). A symbolic batch counts as its bucket
@@ -282,20 +234,21 @@ def suggest(task, sm_count: int) -> list[dict]:
     packs = bucket(conv.batch) * conv.out_h * conv.out_w * -(-conv.channels // vector_width(conv))
     warps = packs / (32 * sm_count)
     if warps < SMALL_GRID_WARPS:
-        first = SMALL
+        first = SMALL.as_dict()
     elif (warps >= LARGE_GRID_WARPS and conv.stride == (2, 2) and (conv.kh, conv.kw) == (3, 3)
           and conv.channels <= 128):
-        first = dict(STRIDED, CB=conv.channels)
+        first = dict(STRIDED.as_dict(), CB=conv.channels)
     else:
-        first = DEFAULT
+        first = DepthwiseNHWCKnobs().as_dict()
     fitted = _fit(conv, **first)
-    first = {k: fitted[k] for k in DEFAULT}
-    return [first] + [k for k in space(1) if k != first]
+    first = {k: fitted[k] for k in first}
+    return [first] + [k for k in DepthwiseNHWCKnobs.settings(1) if k != first]
 
 
-def render(task, CB, PX, TX, TH) -> CudaProgram:
+def render(task, **knobs) -> CudaProgram:
+    """The program of `task` at the setting `knobs` (`DepthwiseNHWCKnobs`' fields), fitted (`_fit`)."""
     conv = match_conv_nhwc(task)
-    k = _fit(conv, CB, PX, TX, TH)
+    k = _fit(conv, **DepthwiseNHWCKnobs(**knobs).as_dict())
     v, d = vector_width(conv), CudaDialect()
     lowered = inline_task(task)
     out = lowered.outputs[0]
@@ -304,27 +257,24 @@ def render(task, CB, PX, TX, TH) -> CudaProgram:
     args = KernelArgs.args(len(lowered.inputs)) + sizes.names
     epilogue = render_vector_epilogue(lowered, out, decl, _epilogue_index(out), v, _extents(conv), sizes)
     tiles_y, tiles_x = -(-conv.out_h // k["TH"]), -(-conv.out_w // k["TW"])
-    group = conv.channels // conv.groups
     raw = stored_bytes(conv) == conv.dtype.nbytes      # the window keeps the input's own type
-    defines = {"T": d.storage_type(conv.dtype), "ACC": "float", "V": v, "G": group,
-               "S": d.storage_type(conv.dtype) if raw else "float",
-               "STORE_S(v)": "(v)" if raw else d.load(conv.dtype, "(v)"),
-               "LOAD_S(v)": d.load(conv.dtype, "(v)") if raw else "(v)",
-               "QW": quad_width(conv), "WQW": min(v * group, 4), "WQ": max(1, v * group // 4), "PIX": k["PIX"],
-               "NT": k["NT"], "CB": k["CB"], "CBV": k["CBV"], "PX": k["PX"], "TX": k["TX"], "TH": k["TH"],
-               "TW": k["TW"], "IH_T": k["IH_T"], "IW_T": k["IW_T"], "TILES_Y": tiles_y, "TILES_X": tiles_x,
-               "C": conv.channels, "H": conv.height, "W": conv.width, "OH": conv.out_h, "OW": conv.out_w,
-               "FILL": FILL, "CBLOCKS": -(-conv.channels // k["CB"]),
-               "NWIN": (k["PX"] - 1) * conv.stride[1] + (conv.kw - 1) * conv.dilation[1] + 1,
-               "KH": conv.kh, "KW": conv.kw, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
-               "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "X": conv.x,
-               "WT": conv.weight, "LOAD(v)": d.load(conv.dtype, "(v)"), "PARAMS": ", ".join(decl),
-               "ARGS": ", ".join(args)}
+    load = d.load(conv.dtype, "(v)")
+    program = PROGRAM.format(cb=k["CB"], v=v, g=conv.channels // conv.groups, px=k["PX"], tx=k["TX"], th=k["TH"],
+                             pix=k["PIX"], fill=FILL, c=conv.channels, h=conv.height, w=conv.width, oh=conv.out_h,
+                             ow=conv.out_w, kh=conv.kh, kw=conv.kw, sh=conv.stride[0], sw=conv.stride[1],
+                             ph=conv.padding[0], pw=conv.padding[1], dh=conv.dilation[0], dw=conv.dilation[1],
+                             t=d.storage_type(conv.dtype), s=d.storage_type(conv.dtype) if raw else "float",
+                             params=", ".join(decl), x=conv.x, wt=conv.weight, load=load,
+                             store_s="(v)" if raw else load, load_s=load if raw else "(v)")
+    # the epilogue hook's (the kernel reads them too)
+    defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
     grid = (int(conv.batch * tiles_y * tiles_x) * -(-conv.channels // k["CB"]), 1, 1)
     launch = Launch("kiln_conv_depthwise_nhwc", tuple(args), (k["NT"], 1, 1), grid=grid, smem=k["smem"])
-    return CudaProgram(template_source([KERNEL], defines, epilogue), [launch], alignment=PACK_BYTES,
+    kernels = [device_code(__package__, "cuda/conv_depthwise.cuh"), program,
+               device_code(__package__, "cuda/conv_depthwise_nhwc_kernel.cuh")]
+    return CudaProgram(template_source(kernels, defines, epilogue), [launch], alignment=PACK_BYTES,
                        sizes=sizes.values)
 
 
 TEMPLATE = Template("conv_depthwise_nhwc", ("conv2d_channels_last",), "cuda", render, priority=20, applies=applies,
-                    space=space, suggest=suggest, symbolic=True)
+                    space=DepthwiseNHWCKnobs.settings, suggest=suggest, symbolic=True)
