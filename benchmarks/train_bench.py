@@ -89,8 +89,8 @@ BACKENDS = {    # label: torch.compile's keywords (None: the model run eagerly)
 def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int, profile: int = 0) -> dict:
     """Losses of the first `loss_steps` steps, the median milliseconds of `steps` more and the
     peak memory over them (also above what was allocated at the start: the model, and whatever
-    earlier backends left in the process, such as Inductor's CUDA-graph pool); with `profile`, print the kernels that take the most GPU time in two
-    more steps."""
+    earlier backends left in the process, such as Inductor's CUDA-graph pool); with `profile`,
+    print the kernels that take the most GPU time in two more steps."""
     optimizer = make_optimizer(model.parameters())
 
     def step():
@@ -102,7 +102,7 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
         return loss.detach().clone()
 
     torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
+    allocated_at_start = torch.cuda.memory_allocated()
     losses = [step() for _ in range(loss_steps)]
     times = []
     for _ in range(steps):
@@ -113,7 +113,7 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     result = {"ms": statistics.median(times), "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-              "peak_above_start_gb": (torch.cuda.max_memory_allocated() - start) / 1e9,
+              "peak_above_start_gb": (torch.cuda.max_memory_allocated() - allocated_at_start) / 1e9,
               "losses": [x.item() for x in losses]}
     if profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
