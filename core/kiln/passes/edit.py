@@ -48,6 +48,13 @@ def reapply(node: Operator, inputs: Sequence[Tensor]) -> list[Tensor]:
     same = all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(inputs, node.inputs))
     if same:
         return Operator(node.definition, inputs, node.attrs, node.task, node.device).outputs
+    return remake(node, inputs)
+
+
+def remake(node: Operator, inputs: Sequence[Tensor], **changes) -> list[Tensor]:
+    """The outputs of `node`'s definition applied again to its arguments, its tensors replaced
+    by `inputs` (position for position) and the arguments named in `changes` set to theirs:
+    a new node, checked and tasked by the definition."""
     args = arguments_of(node)
     swap = {id(old): new for old, new in zip(node.inputs, inputs)}
     for k, v in args.items():
@@ -55,7 +62,7 @@ def reapply(node: Operator, inputs: Sequence[Tensor]) -> list[Tensor]:
             args[k] = swap.get(id(v), v)
         elif isinstance(v, list) and v and all(isinstance(x, Tensor) for x in v):
             args[k] = [swap.get(id(x), x) for x in v]
-    outs = node.definition(**args)
+    outs = node.definition(**{**args, **changes})
     return list(outs) if isinstance(outs, tuple) else [outs]
 
 

@@ -9,7 +9,7 @@ the definition; only how a GPU rounds the operands may change, as PyTorch's own 
 do under the same flag.
 """
 from kiln import dtypes
-from kiln.passes.edit import arguments_of, rebuild
+from kiln.passes.edit import rebuild, remake
 from kiln.passes.graph_pass import GraphPass
 
 
@@ -17,10 +17,7 @@ def _allowed(node, inputs):
     if (not node.definition.traits.tf32 or node.device.kind != "cuda" or node.attrs.get("allow_tf32")
             or any(t.dtype != dtypes.float32 for t in node.inputs)):
         return None
-    swap = {id(old): new for old, new in zip(node.inputs, inputs)}
-    args = {k: swap.get(id(v), v) for k, v in arguments_of(node).items()}
-    out = node.definition(**{**args, "allow_tf32": True})
-    return list(out) if isinstance(out, tuple) else [out]
+    return remake(node, inputs, allow_tf32=True)
 
 
 class AllowTF32(GraphPass):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.passes.edit import arguments_of, rebuild
+from kiln.passes.edit import arguments_of, rebuild, remake
 from kiln.passes.graph_pass import GraphPass
 from kiln.tensor import Tensor
 
@@ -22,7 +22,7 @@ def implied_causality(mask: Tensor, queries: int, keys: int) -> bool | None:
     """True where constant `mask`, broadcast to [..., queries, keys], keeps exactly the causal
     keys; False where it keeps every key; None otherwise (the mask says more)."""
     m = mask.torch()
-    m = m.expand(*m.shape[:-2], queries, keys) if m.ndim >= 2 else m.expand(queries, keys)
+    m = m.expand(*m.shape[:-2], queries, keys)
     if bool(m.all()):
         return False
     causal = torch.ones(queries, keys, dtype=torch.bool, device=m.device).tril()
@@ -40,11 +40,7 @@ def _rewrite(node, inputs):
     causal = implied_causality(mask, q.shape[-2], k.shape[-2])
     if causal is None:
         return None
-    swap = {id(old): new for old, new in zip(node.inputs, inputs)}
-    args = {name: swap.get(id(v), v) if isinstance(v, Tensor) else v for name, v in args.items()}
-    args["mask"], args["is_causal"] = None, args["is_causal"] or causal
-    outs = node.definition(**args)
-    return list(outs) if isinstance(outs, tuple) else [outs]
+    return remake(node, inputs, mask=None, is_causal=args["is_causal"] or causal)
 
 
 class CausalMasks(GraphPass):
