@@ -7,8 +7,9 @@ the output and the float32 log-sum-exp) and `kiln::attention_backward`, its grad
 decomposition of `aten.scaled_dot_product_attention` uses them where they compute what was
 asked (`fused_applies`: no dropout, no mask or a bool one, q/k/v of rank 4 in a 16-bit type
 with a head dim of FUSED_HEAD_DIMS on CUDA: where Kiln has fused kernels for them);
-grouped-query heads are repeated first, so that autograd sums their gradients. Elsewhere it is PyTorch's math form, as before. Outside Kiln's traces (a
-partition handed to PyTorch) both operators run their math in float32 with torch.
+grouped-query heads are repeated first, so that autograd sums their gradients. Elsewhere it is
+PyTorch's math form, as before. Outside Kiln's traces (a partition handed to PyTorch) both
+operators run their math in float32 with torch.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from kiln_mappings_aten.common import aten, same_signature
 FUSED_DTYPES = (torch.float16, torch.bfloat16)
 FUSED_DEVICES = ("cuda",)
 FUSED_HEAD_DIMS = (32, 64, 128)
-FUSED_MASKS = True
 
 
 def _scores(q, k, scale: float, is_causal: bool, mask):
@@ -81,10 +81,10 @@ attention_forward.register_autograd(_backward, setup_context=_save)
 
 
 def fused_applies(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False) -> bool:
-    """Whether the fused pair computes this attention: no dropout, no mask (or, with
-    FUSED_MASKS, a bool one without is_causal), rank-4 q/k/v of one 16-bit dtype and head dim on
-    a device where Kiln has fused kernels for the pair."""
-    mask_ok = attn_mask is None or (FUSED_MASKS and attn_mask.dtype == torch.bool and not is_causal)
+    """Whether the fused pair computes this attention: no dropout, no mask or a bool one without
+    is_causal, rank-4 q/k/v of one 16-bit dtype and head dim on a device where Kiln has fused
+    kernels for the pair."""
+    mask_ok = attn_mask is None or (attn_mask.dtype == torch.bool and not is_causal)
     return (mask_ok and dropout_p == 0.0 and query.dim() == key.dim() == value.dim() == 4
             and query.dtype in FUSED_DTYPES and query.dtype == key.dtype == value.dtype
             and query.device.type in FUSED_DEVICES and query.shape[-1] == key.shape[-1] == value.shape[-1]
