@@ -15,9 +15,9 @@ SAMPLES_PER_OP = 6
 UNDEFINED_VALUES = ("empty", "empty_like", "new_empty", "empty_strided", "empty_permuted")
 
 
-def float32_ops() -> list:
-    """The OpInfos that support float32 on the CPU, in op_db's order."""
-    return [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
+def float32_ops(*devices: str) -> list:
+    """The OpInfos that support float32 on each of `devices` (the CPU when none), in op_db's order."""
+    return [op for op in op_db if all(torch.float32 in op.supported_dtypes(d) for d in devices or ("cpu",))]
 
 
 def mapped_callable(op):
@@ -70,9 +70,10 @@ class Tally:
     mapped: int = 0                   # of them, ops with a rule
     clean: int = 0                    # mapped ops whose every sample in scope matches
     passed: int = 0                   # samples that match
-    failed: int = 0
+    failed: int = 0                   # samples that raise or differ
     skipped: Counter = field(default_factory=Counter)
     failures: list = field(default_factory=list)
+    wrong: list = field(default_factory=list)     # of the failures, the samples whose values differ
 
     @property
     def rate(self) -> float:
@@ -80,12 +81,14 @@ class Tally:
 
     def summary(self) -> str:
         return (f"OpInfo: {self.clean} of {self.ops} float32 ops pass every sample ({self.mapped} mapped); "
-                f"{self.passed}/{self.passed + self.failed} samples of mapped ops match ({self.rate:.1%}); "
-                f"skipped: {dict(self.skipped) or 'none'}")
+                f"{self.passed}/{self.passed + self.failed} samples of mapped ops match ({self.rate:.1%}), "
+                f"{len(self.wrong)} with other values; skipped: {dict(self.skipped) or 'none'}")
 
 
-def run_ops(ops) -> Tally:
-    """Run the first SAMPLES_PER_OP samples of every op in `ops` that a rule maps."""
+def run_ops(ops, device: str = "cpu", samples: int = SAMPLES_PER_OP) -> Tally:
+    """Run the first `samples` samples on `device` of every op in `ops` that a rule maps. A
+    sample whose compiled values differ from eager's (rather than raising) is also listed in
+    `Tally.wrong`."""
     tally = Tally()
     for op in ops:
         tally.ops += 1
@@ -94,8 +97,8 @@ def run_ops(ops) -> Tally:
             continue
         tally.mapped += 1
         clean = True
-        for k, sample in enumerate(op.sample_inputs("cpu", torch.float32)):
-            if k == SAMPLES_PER_OP:
+        for k, sample in enumerate(op.sample_inputs(device, torch.float32)):
+            if k == samples:
                 break
             reason = out_of_scope(op, sample)
             if reason:
@@ -107,15 +110,20 @@ def run_ops(ops) -> Tally:
             except Exception as exc:  # each failing sample is counted, and listed
                 clean = False
                 tally.failed += 1
-                tally.failures.append(f"{op.name}{op.variant_test_name and '.' + op.variant_test_name}: "
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                line = (f"{op.name}{op.variant_test_name and '.' + op.variant_test_name}: "
+                        f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}")
+                tally.failures.append(line)
+                if isinstance(exc, AssertionError):     # assert_close: the values differ
+                    tally.wrong.append(f"{line} (sample {k})")
         tally.clean += clean
     return tally
 
 
-if __name__ == "__main__":  # python opinfo_samples.py [SHARD SHARDS]
+if __name__ == "__main__":  # python opinfo_samples.py [SHARD SHARDS [DEVICE [SAMPLES]]]
     import sys
     shard, shards = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (0, 1)
-    result = run_ops(float32_ops()[shard::shards])
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    samples = int(sys.argv[4]) if len(sys.argv) > 4 else SAMPLES_PER_OP
+    result = run_ops(float32_ops("cpu", device)[shard::shards], device, samples)
     print("\n".join(result.failures))
     print(result.summary())
