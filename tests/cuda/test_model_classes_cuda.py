@@ -1,0 +1,110 @@
+"""The model classes of issue 30 on a GPU: small configurations of the transformers, timm and
+torchvision models that crashed, ran wrong or fell back to PyTorch on CUDA, and PyTorch's own
+recurrent and transformer modules, each compiled whole (graph breaks allowed) and compared with
+eager in float32 with TF32 off. Each has a CPU regression test of the construct that broke it;
+this file checks the models as a user meets them."""
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
+
+RELATIVE = 1e-4
+
+
+def _tokens(vocab: int, length: int = 24, batch: int = 2):
+    return {"input_ids": torch.randint(0, vocab, (batch, length), device="cuda")}
+
+
+def _transformers(config_name: str, model_name: str, **config):
+    def build():
+        transformers = pytest.importorskip("transformers")
+        model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+        return model, _tokens(config.get("vocab_size", 1000))
+    return build
+
+
+def _timm(name: str, size: int, **kwargs):
+    def build():
+        timm = pytest.importorskip("timm")
+        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+        return model, {"x": torch.randn(2, 3, size, size, device="cuda")}
+    return build
+
+
+def _image_config(config_name: str, model_name: str, size: int, **config):
+    def build():
+        transformers = pytest.importorskip("transformers")
+        model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+        return model, {"pixel_values": torch.randn(2, 3, size, size, device="cuda")}
+    return build
+
+
+def _recurrent(make, *shape):
+    return lambda: (make(), {"input": torch.randn(*shape, device="cuda")})
+
+
+SMALL_TEXT = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128)
+
+MODELS = {
+    "mistral": _transformers("MistralConfig", "MistralModel", num_key_value_heads=2, sliding_window=8,
+                             **SMALL_TEXT),
+    "gemma2": _transformers("Gemma2Config", "Gemma2Model", num_key_value_heads=2, head_dim=16,
+                            sliding_window=8, **SMALL_TEXT),
+    "deberta_v2": _transformers("DebertaV2Config", "DebertaV2Model", **SMALL_TEXT),
+    "xlnet": _transformers("XLNetConfig", "XLNetModel", vocab_size=1000, d_model=64, n_layer=2, n_head=4,
+                           d_inner=128),
+    "mpnet": _transformers("MPNetConfig", "MPNetModel", **SMALL_TEXT),
+    "funnel": _transformers("FunnelConfig", "FunnelModel", vocab_size=1000, block_sizes=[1, 1], d_model=64,
+                            n_head=4, d_head=16, d_inner=128),
+    # a stage whose channel count equals its spatial size (the silent wrong answer of issue 30)
+    "convnext_v2": _image_config("ConvNextV2Config", "ConvNextV2Model", 64, hidden_sizes=[16, 32, 64, 96],
+                                 depths=[1, 1, 2, 1]),
+    "segformer": _image_config("SegformerConfig", "SegformerModel", 64, hidden_sizes=[16, 32, 64, 96],
+                               depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4]),
+    "coat_lite_tiny": _timm("coat_lite_tiny", 224),
+    "xcit_nano": _timm("xcit_nano_12_p16_224", 224),
+    "twins_svt_small": _timm("twins_svt_small", 224),
+    "edgenext_xx_small": _timm("edgenext_xx_small", 256),
+    "ghostnetv2": _timm("ghostnetv2_100", 224),
+    "nn_transformer": lambda: (torch.nn.Transformer(64, 4, 2, 2, 128, batch_first=True),
+                               {"src": torch.randn(2, 11, 64, device="cuda"),
+                                "tgt": torch.randn(2, 7, 64, device="cuda"),
+                                "tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(7, device="cuda")}),
+    "lstm": _recurrent(lambda: torch.nn.LSTM(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
+    "gru": _recurrent(lambda: torch.nn.GRU(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
+}
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_class_matches_eager(name, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model = model.cuda().eval()
+    with torch.no_grad():
+        want = _tensors(model(**inputs))
+        got = _tensors(torch.compile(model, backend="kiln")(**inputs))
+    assert len(got) == len(want) and want
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if w.is_floating_point():
+            scale = w.abs().max().clamp_min(1e-6)
+            error = ((g - w).abs().max() / scale).item()
+            print(f"{name}: {list(w.shape)} relative error {error:.2e}")
+            assert error <= RELATIVE, f"{name}: output {list(w.shape)} is {error:.2e} from eager's (relative)"
+        else:
+            assert torch.equal(g, w)
