@@ -80,10 +80,15 @@ def test_parameters_are_read_in_place():
         if step == 1:
             for m in (model, reference):
                 m[0].weight.data = m[0].weight.data * 0.5
-    forward, _ = _forward_and_backward()
+    forward, backward = _forward_and_backward()
     assert len(forward) == 2, "new memory for a parameter takes a second capture"
     copied = [[tuple(t.shape) for t in c.static_inputs if t is not None] for c in forward]
     assert copied == [[(48, 64)]] * 2, "each capture copies in the batch alone"
+    # before, the parameters the forward saves (the weights its backward multiplies by) were
+    # copied into the backward's own buffers: a second copy of them, and a copy each step
+    parameters = {tuple(p.shape) for p in model.parameters()}
+    for c in backward:
+        assert not {tuple(t.shape) for t in c.static_inputs if t is not None} & parameters
 
 
 def test_two_forwards_before_one_backward():

@@ -9,16 +9,19 @@ by the next replay, unless `run(inputs, copy=True)` returns copies of them.
 Inputs named `bound` are not copied: the graph is captured on the example tensors themselves
 (an in-place update of a caller's tensor, such as a KV cache written at every decoding step,
 then costs no copy in or out). A bound graph replays only for inputs at the memory it was
-captured on (`run` returns None otherwise), and the warm-up call that loads the kernels runs on
-copies, so the capture writes nothing the caller can see.
+captured on (`run` returns None otherwise). The warm-up call that loads the kernels runs on
+copies of the bound inputs named `written` (those `fn` writes into), so the capture writes
+nothing the caller can see, and on the other inputs themselves (the static buffers of those
+copied in): warming up a training step's backward then costs no second copy of its saved values.
 
 Outputs named `lent` (a training forward's values saved for the backward, which no caller but
 autograd sees) are handed out without a copy: the caller gets aliases of the static buffers.
 While any alias of one is alive (the storage's use count above what the graph holds itself),
 the graph is `busy` and `run` returns None instead of overwriting it; the owner runs another
-capture or no CUDA graph. A graph captured with a lent tensor as a bound input (the backward,
-on the forward's saved values: `is_lent`) reads it in place, so a training step copies neither
-its saved values out of the forward nor into the backward.
+capture or no CUDA graph. A graph captured with a tensor that `stays_put` as a bound input (the
+backward, on the forward's saved values: lent outputs, and the parameters the forward reads in
+place) reads it in place, so a training step copies neither its saved values out of the forward
+nor into the backward, and keeps no second copy of the parameters.
 
 `capture(compiled, example_inputs)` captures a CompiledGraph this way, over a workspace of its
 own (what `FlowGraph.cuda_graph` and the torch backend's runs use).
@@ -42,13 +45,14 @@ _capturing = threading.Lock()
 _addresses_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
-_lenders: weakref.WeakSet = weakref.WeakSet()       # the live graphs with lent outputs
+_holders: weakref.WeakSet = weakref.WeakSet()       # the live graphs with lent outputs or bound inputs
 
 
-def is_lent(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` starts at a lent output of a live captured graph."""
+def stays_put(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` starts at a lent output or a bound input of a live captured graph:
+    memory that graph keeps using from replay to replay."""
     address = tensor.data_ptr()
-    return any(address in graph.lent_addresses for graph in list(_lenders))
+    return any(address in graph.lent_addresses or address in graph.bound_addresses for graph in list(_holders))
 
 
 def _use_count(storage) -> int:
@@ -67,11 +71,13 @@ class CapturedGraph:
     the buffers it closes over (a workspace) are what the captured kernels read and write.
     `bound` lists the positions of the inputs captured at the example tensors' own memory
     (contiguous tensors), which `run` then takes in place instead of copying (the graph keeps
-    their addresses, not the tensors); `lent` the positions of the outputs `run` hands out
-    without a copy (see the module doc)."""
+    their addresses, not the tensors), and `written` those of them `fn` writes into (all bound
+    inputs unless given); `lent` the positions of the outputs `run` hands out without a copy
+    (see the module doc)."""
 
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
-                 wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = ()):
+                 wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = (),
+                 written: Sequence[int] | None = None):
         self.wrap = wrap
         self.fn = fn
         self.bound = sorted(set(bound))
@@ -83,11 +89,12 @@ class CapturedGraph:
         static_inputs = [t if k in self.bound else t.detach().clone() for k, t in enumerate(example_inputs)]
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
+        self.bound_addresses = set(self._bound_addresses)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            # builds and loads every kernel before capture, on copies of every input
-            fn([t.detach().clone() for t in example_inputs])
+            # builds and loads every kernel before capture
+            fn(warm_up_inputs(static_inputs, self.bound if written is None else written))
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: CUDA calls of other threads (eager work, another model's run) stay
             # legal during the capture; one capture at a time in the process
@@ -100,8 +107,8 @@ class CapturedGraph:
         # what the graph's own tensors count, before any alias is handed out
         self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
         self.lent_addresses = {self.static_outputs[k].data_ptr() for k in self.lent}
-        if self.lent:
-            _lenders.add(self)
+        if self.lent or self.bound:
+            _holders.add(self)
         self._last_stream = stream          # the stream of the last work on the static buffers
         self._lock = threading.Lock()
 
@@ -147,6 +154,14 @@ class CapturedGraph:
         return [self.wrap(t) for t in outputs]
 
 
+def warm_up_inputs(static_inputs: Sequence[torch.Tensor], written: Sequence[int]) -> list[torch.Tensor]:
+    """The inputs of a capture's warm-up call: copies of those at positions `written` (the
+    caller's tensors the call writes into), the others as they are (read only, or the graph's
+    own static buffers, copied into before each replay)."""
+    written = set(written)
+    return [t.detach().clone() if k in written else t for k, t in enumerate(static_inputs)]
+
+
 def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
             wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = ()) -> CapturedGraph:
     """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
@@ -176,4 +191,5 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
     allocated = set(compiled.allocated_outputs)
     return CapturedGraph(replay_body, example_inputs, wrap=wrap,
                          bound=[position for _, position in write_back] + list(bound),
+                         written=[position for _, position in write_back],
                          lent=[j for j in lent if compiled.outputs[returned[j]] in allocated])
