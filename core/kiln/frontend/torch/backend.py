@@ -408,7 +408,8 @@ class CompiledRun:
         written = {j for _, j in self.write_back}
         bound = [j for j, t in enumerate(inputs)
                  if j not in written and t.is_contiguous() and (j in self.static or stays_put(t))]
-        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound)
+        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
+                           copied_out=True)
         with self._captures_lock:
             self.captures[id(captured)] = captured
             while len(self.captures) > self.CAPTURES_KEPT:
