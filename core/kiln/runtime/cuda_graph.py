@@ -25,9 +25,12 @@ nor into the backward, and keeps no second copy of the parameters.
 
 `capture(compiled, example_inputs)` captures a CompiledGraph this way (what `FlowGraph.cuda_graph`
 and the torch backend's runs use), over a `SharedWorkspace`: the captures of a device keep their
-intermediates in one buffer, as large as the largest workspace among them (a new capture that
-needs more starts a larger buffer, which later captures share), since their replays never
-overlap. The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are
+intermediates in one buffer, as large as the largest workspace among them, since their replays
+never overlap. A new capture that needs more starts a larger buffer, which later captures share;
+the captures on the smaller one are then `stale`, and their owner captures them again (a
+training step's forward, captured before its backward needed more, moves to the backward's
+workspace at the next step; the backward's capture reading the old forward's lent values is then
+`orphaned`: no live graph lends them any more). The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are
 planned in that workspace too, by lifetime (`kiln.runtime.compiled_graph`): a training step's
 forward, backward and the graphs between them hold one workspace, not one each beside a static
 buffer for every value passed from one graph to the next.
@@ -78,6 +81,7 @@ class SharedWorkspace(Ordering):
     def __init__(self, nbytes: int, device: torch.device):
         super().__init__(torch.cuda.current_stream(device))
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.superseded = False         # a larger one serves the device's new captures
 
 
 _workspaces: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # device -> SharedWorkspace
@@ -90,6 +94,8 @@ def shared_workspace(device: torch.device, nbytes: int) -> SharedWorkspace:
     with _workspaces_lock:
         current = _workspaces.get(device)
         if current is None or current.buffer.numel() < nbytes:
+            if current is not None:
+                current.superseded = True
             current = _workspaces[device] = SharedWorkspace(nbytes, device)
         return current
 
@@ -132,6 +138,8 @@ class CapturedGraph:
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
         self.bound_addresses = set(self._bound_addresses)
+        # the bound inputs that are other graphs' lent outputs
+        self._borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
         stream = torch.cuda.Stream()
         self._order = ordering or Ordering(stream)
         with self._order.lock:
@@ -162,6 +170,16 @@ class CapturedGraph:
     def busy(self) -> bool:
         """Whether an alias of a lent output of an earlier replay is still alive."""
         return any(_use_count(storage) > own for storage, own in self._lent_storages)
+
+    def stale(self) -> bool:
+        """Whether the shared workspace it was captured on serves no new captures any more."""
+        return getattr(self._order, "superseded", False)
+
+    def orphaned(self) -> bool:
+        """Whether a bound input it read from another graph's lent output is lent by no live
+        graph any more (that graph's capture is gone: this one never binds again)."""
+        lent = set().union(*(g.lent_addresses for g in list(_holders) if g is not self))
+        return not self._borrowed <= lent
 
     def binds(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the bound positions of `inputs` (torch tensors) are the captured tensors'

@@ -419,7 +419,10 @@ class CompiledRun:
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
         captured now if none binds them or all are busy; None where they cannot be captured
-        or CAPTURES_KEPT captures are busy."""
+        or CAPTURES_KEPT captures are busy. Captures on a superseded shared workspace, and,
+        before capturing anew, captures bound to lent values that no graph lends any more, are
+        dropped where not busy (`kiln.runtime.cuda_graph`)."""
+        self._drop(lambda c: c.stale())
         captures = list(self.captures.items())
         for key, captured in sorted(reversed(captures), key=lambda kc: not kc[1].bound):
             outs = captured.run(inputs, copy=True)
@@ -429,10 +432,19 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
+        self._drop(lambda c: c.orphaned())
+        captures = list(self.captures.items())
         if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
             return None
         captured = self._capture(inputs)
         return None if captured is None else captured.run(inputs, copy=True)
+
+    def _drop(self, useless) -> None:
+        """Forget the captures that are `useless` and not busy."""
+        with self._captures_lock:
+            for key, captured in list(self.captures.items()):
+                if useless(captured) and not captured.busy():
+                    del self.captures[key]
 
     def __call__(self, args):
         inputs = [args[p] for p in self.positions]
