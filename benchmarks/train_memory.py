@@ -9,7 +9,8 @@ forward saves for the backward, and the largest constants and saved values with 
 that makes them. Last, what CUDA graph captures of these graphs hold besides the values
 saved and the gradients (`kiln.runtime.cuda_graph`): each graph's workspace with a static buffer
 for each input copied in and each output copied out (as before captures shared a workspace),
-and the workspaces shared by the captures of the device, which hold those buffers too.
+and the workspaces shared by the captures of the device, which hold those buffers too (one at
+the second step on: the largest).
 
     python benchmarks/train_memory.py [--layers 2] [--batch 2] [--seq 256] [--vocab 50257]
         [--autocast] [--device cpu] [--top 8] [--json out.json]
@@ -75,8 +76,9 @@ def backward_bound(backward, forward, lent_gradients: bool) -> set[int]:
 
 
 def shared_workspaces(sizes: list[int]) -> list[int]:
-    """The shared workspaces captures of these workspace sizes make, captured in this order:
-    a capture that needs more than the current one starts a larger one."""
+    """The shared workspaces that captures of these workspace sizes make at the first step,
+    captured in this order: a capture that needs more than the current one starts a larger one
+    (from the next step on, the others are captured again on the largest)."""
     made = []
     for size in sizes:
         if not made or size > made[-1]:
@@ -102,8 +104,9 @@ def report(rows: list[dict], top: int) -> None:
               f"all in one workspace {r['captured_workspace'] / MB:.1f} MB")
     own = sum(r["workspace"] + r["copied_in"] + r["copied_out"] for r in rows)
     shared = shared_workspaces([r["captured_workspace"] for r in rows])
-    print(f"CUDA graphs hold: {own / MB:.1f} MB with a workspace each and static buffers; "
-          f"{sum(shared) / MB:.1f} MB in shared workspaces ({', '.join(f'{b / MB:.1f}' for b in shared)} MB)")
+    print(f"CUDA graphs hold: {own / MB:.1f} MB with a workspace each and static buffers; in shared "
+          f"workspaces {sum(shared) / MB:.1f} MB at the first step ({', '.join(f'{b / MB:.1f}' for b in shared)} MB), "
+          f"{max(shared, default=0) / MB:.1f} MB from the second")
 
 
 def main() -> None:
