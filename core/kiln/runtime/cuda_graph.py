@@ -118,7 +118,8 @@ class CapturedGraph:
     (contiguous tensors), which `run` then takes in place instead of copying (the graph keeps
     their addresses, not the tensors), and `written` those of them `fn` writes into (all bound
     inputs unless given); `lent` the positions of the outputs `run` hands out without a copy
-    (see the module doc). `buffers` gives the static buffers of some copied inputs by position
+    (see the module doc); an output that is a bound input `fn` does not write is handed out as
+    the caller's tensor. `buffers` gives the static buffers of some copied inputs by position
     (slots of a workspace, which `fn` reads them from) instead of copies of the examples; an
     `ordering` shared with other graphs serializes its replays with theirs (they share memory)."""
 
@@ -159,6 +160,10 @@ class CapturedGraph:
             self._order.last_stream = stream        # the stream of the last work on the static buffers
         torch.cuda.current_stream().wait_stream(stream)
         self.static_inputs = [None if k in self.bound else t for k, t in enumerate(static_inputs)]
+        # an output that is a bound input the graph does not write (a parameter a training
+        # forward saves for its backward) is that input, handed out as the caller's tensor
+        unwritten = set(self.bound) - set(self.bound if written is None else written)
+        self._passed = {k: j for k, t in enumerate(self.static_outputs) for j in unwritten if t is static_inputs[j]}
         self.lent = sorted(set(lent))
         storages = [self.static_outputs[k].untyped_storage() for k in self.lent]
         # what the graph's own tensors count, before any alias is handed out
@@ -215,8 +220,8 @@ class CapturedGraph:
                 self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
             lent = set(self.lent)
-            outputs = [t.detach() if k in lent else t.clone() if copy else t
-                       for k, t in enumerate(self.static_outputs)]
+            outputs = [sources[self._passed[k]] if k in self._passed else t.detach() if k in lent
+                       else t.clone() if copy else t for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]
 
 
