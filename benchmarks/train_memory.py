@@ -6,7 +6,11 @@ the CPU by default, so that it runs where no GPU is. For each graph Kiln compile
 the backward) it prints the constants it holds, its workspace of intermediates (held as long
 as the graph lives), the inputs a run reads and the outputs it allocates, the values the
 forward saves for the backward, and the largest constants and saved values with the operator
-that makes them.
+that makes them. Last, what CUDA graph captures of these graphs hold besides the values
+saved and the gradients (`kiln.runtime.cuda_graph`): each graph's workspace with a static buffer
+for each input copied in and each output copied out (as before captures shared a workspace),
+and the workspaces shared by the captures of the device, which hold those buffers too (one at
+the second step on: the largest).
 
     python benchmarks/train_memory.py [--layers 2] [--batch 2] [--seq 256] [--vocab 50257]
         [--autocast] [--device cpu] [--top 8] [--json out.json]
@@ -43,12 +47,43 @@ def step_memory(model, ids, autocast: bool) -> list[dict]:
     with region:
         loss = compiled(input_ids=ids, labels=ids).loss
     loss.backward()
+    new = [f for f in KilnFunction.live() if f not in before]
+    forwards = {str(f.compile_id): f for f in new if f.lent_from != 0}
+    last = max(forwards, default=None)
     rows = []
-    for function in KilnFunction.live():
-        if function not in before:
-            kind = "backward" if function.lent_from == 0 else "forward"
-            rows += [dict(dataclasses.asdict(m), graph=kind) for m in graph_memory(function)]
-    return sorted(rows, key=lambda r: r["graph"] != "forward")
+    for function in new:
+        kind = "backward" if function.lent_from == 0 else "forward"
+        compile_id = str(function.compile_id)
+        bound = None if kind == "forward" else backward_bound(function, forwards.get(compile_id), compile_id != last)
+        rows += [dict(dataclasses.asdict(m), graph=kind, compile_id=str(function.compile_id))
+                 for m in graph_memory(function, bound)]
+    # the order of the first captures: forwards as called, then backwards in reverse
+    forward_rows = sorted((r for r in rows if r["graph"] == "forward"), key=lambda r: r["compile_id"])
+    backward_rows = sorted((r for r in rows if r["graph"] == "backward"), key=lambda r: r["compile_id"], reverse=True)
+    return forward_rows + backward_rows
+
+
+def backward_bound(backward, forward, lent_gradients: bool) -> set[int]:
+    """The positions of a backward's arguments that its captures read in place: the values its
+    forward saved (lent by the forward's captures), the forward's parameters (which the forward's
+    captures read in place) and, with `lent_gradients`, the incoming gradients (`tangents_*`,
+    lent by the backward of the graph that follows), not the other inputs of the forward it
+    saved (a batch, logits from another graph)."""
+    static = {f"primals_{k + 1}" for k in (forward.static_inputs if forward is not None else ())}
+    names = [n.name for n in backward.gm.graph.nodes if n.op == "placeholder"]
+    return {k for k, name in enumerate(names)
+            if (lent_gradients if name.startswith("tangents") else not name.startswith("primals") or name in static)}
+
+
+def shared_workspaces(sizes: list[int]) -> list[int]:
+    """The shared workspaces that captures of these workspace sizes make at the first step,
+    captured in this order: a capture that needs more than the current one starts a larger one
+    (from the next step on, the others are captured again on the largest)."""
+    made = []
+    for size in sizes:
+        if not made or size > made[-1]:
+            made.append(size)
+    return made
 
 
 def report(rows: list[dict], top: int) -> None:
@@ -63,6 +98,15 @@ def report(rows: list[dict], top: int) -> None:
     total = sum(r["constants"] + r["workspace"] for r in rows)
     saved = sum(r["saved"] for r in rows)
     print(f"held by the graphs: {total / MB:.1f} MB; saved between forward and backward: {saved / MB:.1f} MB")
+    for r in rows:
+        print(f"CUDA graph of the {r['graph']} {r['compile_id']}: workspace {r['workspace'] / MB:.1f} MB, "
+              f"copied in {r['copied_in'] / MB:.1f} MB, copied out {r['copied_out'] / MB:.1f} MB; "
+              f"all in one workspace {r['captured_workspace'] / MB:.1f} MB")
+    own = sum(r["workspace"] + r["copied_in"] + r["copied_out"] for r in rows)
+    shared = shared_workspaces([r["captured_workspace"] for r in rows])
+    print(f"CUDA graphs hold: {own / MB:.1f} MB with a workspace each and static buffers; in shared "
+          f"workspaces {sum(shared) / MB:.1f} MB at the first step ({', '.join(f'{b / MB:.1f}' for b in shared)} MB), "
+          f"{max(shared, default=0) / MB:.1f} MB from the second")
 
 
 def main() -> None:

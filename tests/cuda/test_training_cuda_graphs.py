@@ -56,7 +56,10 @@ def test_steps_lend_saved_values_and_read_them_in_place():
         for opt in optimizers:
             opt.step()
     forward, backward = _forward_and_backward()
-    assert len(forward) == 1 and len(backward) == 1, "each step replays the first capture"
+    assert len(forward) == 1 and len(backward) == 1, "each step replays one capture"
+    # a forward captured before its backward needed a larger workspace moves to the backward's
+    # at the next step, and the backward's capture reading the old forward's values is dropped
+    assert forward[0]._order is backward[0]._order, "the forward and the backward share one workspace"
     assert forward[0].lent and backward[0].lent
     assert backward[0].bound, "the backward reads the lent values in place"
     assert set(backward[0].bound) <= set(range(len(backward[0].static_inputs)))
@@ -80,10 +83,15 @@ def test_parameters_are_read_in_place():
         if step == 1:
             for m in (model, reference):
                 m[0].weight.data = m[0].weight.data * 0.5
-    forward, _ = _forward_and_backward()
+    forward, backward = _forward_and_backward()
     assert len(forward) == 2, "new memory for a parameter takes a second capture"
     copied = [[tuple(t.shape) for t in c.static_inputs if t is not None] for c in forward]
     assert copied == [[(48, 64)]] * 2, "each capture copies in the batch alone"
+    # before, the parameters the forward saves (the weights its backward multiplies by) were
+    # copied into the backward's own buffers: a second copy of them, and a copy each step
+    parameters = {tuple(p.shape) for p in model.parameters()}
+    for c in backward:
+        assert not {tuple(t.shape) for t in c.static_inputs if t is not None} & parameters
 
 
 def test_two_forwards_before_one_backward():

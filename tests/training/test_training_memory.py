@@ -149,3 +149,19 @@ def test_gpt2_saves_less_than_eager_for_the_backward():
     kiln = sum(m.saved for m in compiled_memory(lambda: step(compiled, got)))
     assert kiln <= 0.75 * eager, (kiln, eager)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+
+
+def test_a_capture_holds_what_it_copies_in_and_out_in_its_workspace():
+    """What a CUDA graph capture of a graph holds besides its outputs kept: before, its workspace
+    and a static buffer for the input it copies in and for the output it copies out; now one
+    workspace holding all three by lifetime (the input's memory is reused once it is read, the
+    output takes that of intermediates no longer live)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 64))
+    x = torch.randn(256, 64)
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        [m] = compiled_memory(lambda: compiled(x))
+    assert m.copied_in == x.nbytes and m.copied_out == 256 * 64 * 4
+    assert m.captured_workspace < m.workspace + m.copied_in + m.copied_out, m
+    assert m.captured_workspace == m.workspace, m

@@ -12,6 +12,13 @@ order of first use, each at the lowest offset where it overlaps no buffer live a
 A step whose program is a `View` runs nothing: its output slot is its input slot's tensor in
 another shape (a reshape), and that memory stays live as long as either is used.
 
+A captured CUDA graph copies some inputs into buffers of its own before each replay and some
+outputs out of its buffers after it: those slots ("transient": they hold a value only during a
+run) are planned in the workspace with the intermediates (an input from the run's start to its
+last read, an output from its first write to the run's end), so that they share memory with
+intermediates that are not live at the same time (`workspace_set(transient=...)`), and the
+workspace may be memory the caller provides (shared by captures that never run at once).
+
 Steps run in order (on a GPU, on the current stream). Runs that overlap in time never share a
 workspace: each run checks a set of workspaces out of a pool and returns it when it ends. The
 pool is keyed by the current stream of each CUDA device the graph uses, so that a workspace
@@ -116,9 +123,11 @@ def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
 
 @dataclass(frozen=True)
 class WorkspaceSet:
-    """Workspaces by device, and each slot's tensor (views into them, and the constants)."""
+    """Workspaces by device, and each slot's tensor (views into them, and the constants);
+    `transient` the input and output slots placed in the workspaces too."""
     workspaces: dict
     slots: list
+    transient: frozenset = frozenset()
 
 
 class CompiledGraph:
@@ -143,11 +152,9 @@ class CompiledGraph:
             base = self.views[view]
             self.lifetimes[base] = (min(first, self.lifetimes[base][0]), max(last, self.lifetimes[base][1]))
         external = set(self.inputs) | set(self.outputs) | set(constants) | set(self.views)
-        intermediates = [s for s in range(len(self.buffers)) if s not in external]
-        self.plans: dict[torch.device, MemoryPlan] = {}
-        for device in dict.fromkeys(self.buffers[s].device for s in intermediates):
-            mine = [s for s in intermediates if self.buffers[s].device == device]
-            self.plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, self.lifetimes)
+        self._intermediates = [s for s in range(len(self.buffers)) if s not in external]
+        self._plans: dict[frozenset, dict[torch.device, MemoryPlan]] = {}
+        self.plans = self.plans_with(frozenset())
         self.constants = dict(constants)
         # non-contiguous constants are made contiguous at each run, so they follow their source
         self._strided = {s: t for s, t in constants.items() if not t.is_contiguous()}
@@ -162,18 +169,59 @@ class CompiledGraph:
                 per_run.add(view)
         self._lock = threading.Lock()
         self._free: dict[tuple, list[WorkspaceSet]] = {}
-        first = self.workspace_set()
-        self.workspaces = first.workspaces
-        self._free[self._pool_key()] = [first]
+        self._first: WorkspaceSet | None = None
 
-    def workspace_set(self) -> "WorkspaceSet":
+    @property
+    def workspaces(self) -> dict:
+        """The workspaces (by device) of the pool's first set, made by the first run that
+        needs one."""
+        if self._first is None:
+            self._checkin(*self._checkout())
+        return self._first.workspaces
+
+    def plans_with(self, transient: frozenset) -> dict[torch.device, MemoryPlan]:
+        """The memory plan of each device's workspace holding the intermediates and the
+        `transient` input and output slots (see the module doc)."""
+        if transient not in self._plans:
+            end = len(self.steps) - 1
+            live = dict(self.lifetimes)
+            for slot in transient:
+                first, last = live.get(slot, (0, end))
+                live[slot] = (0, last) if slot in self.inputs else (first, end)
+                if slot in self.inputs and slot in self.outputs:
+                    live[slot] = (0, end)
+            placed = self._intermediates + sorted(transient)
+            plans = {}
+            for device in dict.fromkeys(self.buffers[s].device for s in placed):
+                mine = [s for s in placed if self.buffers[s].device == device]
+                plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, live)
+            self._plans[transient] = plans
+        return self._plans[transient]
+
+    def transient_slots(self, inputs: Sequence[int] = (), outputs: Sequence[int] = ()) -> frozenset:
+        """The slots of the inputs at positions `inputs` and of the outputs at positions `outputs`
+        that a workspace may hold (inputs copied in, outputs copied out: neither a constant nor
+        a view, and an output that is an input is left to the input)."""
+        fixed = set(self.constants) | set(self.views)
+        slots = {self.inputs[k] for k in inputs} | {self.outputs[k] for k in outputs
+                                                     if self.outputs[k] not in self.inputs}
+        return frozenset(s for s in slots if s not in fixed)
+
+    def workspace_set(self, transient: frozenset = frozenset(), buffers: dict | None = None) -> "WorkspaceSet":
         """A new set of workspaces (one per device) and the slot tensors viewing into them,
         owned by whoever asked: `run(inputs, workspace=...)` uses it instead of the pool (a
-        captured CUDA graph keeps one for its replays)."""
-        workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
-                      for device, plan in self.plans.items()}
+        captured CUDA graph keeps one for its replays). The workspaces hold the `transient`
+        slots too (`transient_slots`: the caller copies into those inputs and out of those
+        outputs itself), and are `buffers` (uint8 tensors by device, of at least
+        `plans_with(transient)`'s sizes) where given."""
+        plans = self.plans_with(frozenset(transient))
+        if buffers is None:
+            workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
+                          for device, plan in plans.items()}
+        else:
+            workspaces = {device: buffers[device][:plan.size] for device, plan in plans.items()}
         slots: list = [None] * len(self.buffers)
-        for device, plan in self.plans.items():
+        for device, plan in plans.items():
             for slot, offset in plan.offsets.items():
                 b = self.buffers[slot]
                 slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
@@ -182,13 +230,7 @@ class CompiledGraph:
         for view, base in self.views.items():
             if slots[base] is not None:
                 slots[view] = slots[base].view(self.buffers[view].shape)
-        return WorkspaceSet(workspaces, slots)
-
-    def take_workspace_set(self) -> "WorkspaceSet":
-        """A set of workspaces for the caller to own, like `workspace_set`, taken from the pool's
-        free sets of the current streams where it has one: a graph captured after a plain run
-        (the compile's first) keeps the workspace that run used, not a second one."""
-        return self._checkout()[1]
+        return WorkspaceSet(workspaces, slots, frozenset(transient))
 
     def _pool_key(self) -> tuple:
         """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""
@@ -201,7 +243,11 @@ class CompiledGraph:
             free = self._free.setdefault(key, [])
             if free:
                 return key, free.pop()
-        return key, self.workspace_set()
+        made = self.workspace_set()
+        with self._lock:
+            if self._first is None:
+                self._first = made
+        return key, made
 
     def _checkin(self, key: tuple, workspace: WorkspaceSet) -> None:
         with self._lock:
@@ -225,21 +271,26 @@ class CompiledGraph:
         if len(inputs) != len(self.inputs):
             raise ValueError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(inputs)}")
         if workspace is not None:
-            return self._run(inputs, list(workspace.slots))
+            return self._run(inputs, list(workspace.slots), workspace.transient)
         key, taken = self._checkout()
         try:
-            return self._run(inputs, list(taken.slots))
+            return self._run(inputs, list(taken.slots), taken.transient)
         finally:
             self._checkin(key, taken)
 
-    def _run(self, inputs: Sequence[torch.Tensor], slots: list) -> list[torch.Tensor]:
+    def _run(self, inputs: Sequence[torch.Tensor], slots: list, transient: frozenset) -> list[torch.Tensor]:
         for slot, tensor in zip(self.inputs, inputs):
-            slots[slot] = tensor.contiguous()
+            if slot in transient:
+                if slots[slot] is not tensor:
+                    slots[slot].copy_(tensor)
+            else:
+                slots[slot] = tensor.contiguous()
         for slot, tensor in self._strided.items():
             slots[slot] = tensor.contiguous()
         for slot in self.allocated_outputs:
-            b = self.buffers[slot]
-            slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+            if slot not in transient:
+                b = self.buffers[slot]
+                slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
         for view in self._run_views:
             slots[view] = slots[self.views[view]].view(self.buffers[view].shape)
         for step in self.steps:

@@ -9,23 +9,36 @@ by the next replay, unless `run(inputs, copy=True)` returns copies of them.
 Inputs named `bound` are not copied: the graph is captured on the example tensors themselves
 (an in-place update of a caller's tensor, such as a KV cache written at every decoding step,
 then costs no copy in or out). A bound graph replays only for inputs at the memory it was
-captured on (`run` returns None otherwise), and the warm-up call that loads the kernels runs on
-copies, so the capture writes nothing the caller can see.
+captured on (`run` returns None otherwise). The warm-up call that loads the kernels runs on
+copies of the bound inputs named `written` (those `fn` writes into), so the capture writes
+nothing the caller can see, and on the other inputs themselves (the static buffers of those
+copied in): warming up a training step's backward then costs no second copy of its saved values.
 
 Outputs named `lent` (a training forward's values saved for the backward, which no caller but
 autograd sees) are handed out without a copy: the caller gets aliases of the static buffers.
 While any alias of one is alive (the storage's use count above what the graph holds itself),
 the graph is `busy` and `run` returns None instead of overwriting it; the owner runs another
-capture or no CUDA graph. A graph captured with a lent tensor as a bound input (the backward,
-on the forward's saved values: `is_lent`) reads it in place, so a training step copies neither
-its saved values out of the forward nor into the backward.
+capture or no CUDA graph. A graph captured with a tensor that `stays_put` as a bound input (the
+backward, on the forward's saved values: lent outputs, and the parameters the forward reads in
+place) reads it in place, so a training step copies neither its saved values out of the forward
+nor into the backward, and keeps no second copy of the parameters.
 
-`capture(compiled, example_inputs)` captures a CompiledGraph this way, over a workspace of its
-own (what `FlowGraph.cuda_graph` and the torch backend's runs use).
+`capture(compiled, example_inputs)` captures a CompiledGraph this way (what `FlowGraph.cuda_graph`
+and the torch backend's runs use), over a `SharedWorkspace`: the captures of a device keep their
+intermediates in one buffer, as large as the largest workspace among them, since their replays
+never overlap. A new capture that needs more starts a larger buffer, which later captures share;
+the captures on the smaller one are then `stale`, and their owner captures them again (a
+training step's forward, captured before its backward needed more, moves to the backward's
+workspace at the next step; the backward's capture reading the old forward's lent values is then
+`orphaned`: no live graph lends them any more). The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are
+planned in that workspace too, by lifetime (`kiln.runtime.compiled_graph`): a training step's
+forward, backward and the graphs between them hold one workspace, not one each beside a static
+buffer for every value passed from one graph to the next.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.
+Captures sharing a workspace are serialized together, in the same way (`Ordering`).
 """
 from __future__ import annotations
 
@@ -42,13 +55,49 @@ _capturing = threading.Lock()
 _addresses_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
-_lenders: weakref.WeakSet = weakref.WeakSet()       # the live graphs with lent outputs
+_holders: weakref.WeakSet = weakref.WeakSet()       # the live graphs with lent outputs or bound inputs
 
 
-def is_lent(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` starts at a lent output of a live captured graph."""
+def stays_put(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` starts at a lent output or a bound input of a live captured graph:
+    memory that graph keeps using from replay to replay."""
     address = tensor.data_ptr()
-    return any(address in graph.lent_addresses for graph in list(_lenders))
+    return any(address in graph.lent_addresses or address in graph.bound_addresses for graph in list(_holders))
+
+
+class Ordering:
+    """What serializes the replays of graphs sharing memory: a lock held while one copies in,
+    replays and copies out, and the stream of the last work on that memory."""
+
+    def __init__(self, stream):
+        self.lock = threading.Lock()
+        self.last_stream = stream
+
+
+class SharedWorkspace(Ordering):
+    """A workspace buffer (uint8, of `nbytes` on a CUDA `device`) that captured graphs share,
+    their replays serialized by this `Ordering`."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        super().__init__(torch.cuda.current_stream(device))
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.superseded = False         # a larger one serves the device's new captures
+
+
+_workspaces: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # device -> SharedWorkspace
+_workspaces_lock = threading.Lock()
+
+
+def shared_workspace(device: torch.device, nbytes: int) -> SharedWorkspace:
+    """The device's shared workspace, or a new one (which later captures share) where it is
+    smaller than `nbytes` or none is alive; captures on the older one keep it."""
+    with _workspaces_lock:
+        current = _workspaces.get(device)
+        if current is None or current.buffer.numel() < nbytes:
+            if current is not None:
+                current.superseded = True
+            current = _workspaces[device] = SharedWorkspace(nbytes, device)
+        return current
 
 
 def _use_count(storage) -> int:
@@ -67,11 +116,17 @@ class CapturedGraph:
     the buffers it closes over (a workspace) are what the captured kernels read and write.
     `bound` lists the positions of the inputs captured at the example tensors' own memory
     (contiguous tensors), which `run` then takes in place instead of copying (the graph keeps
-    their addresses, not the tensors); `lent` the positions of the outputs `run` hands out
-    without a copy (see the module doc)."""
+    their addresses, not the tensors), and `written` those of them `fn` writes into (all bound
+    inputs unless given); `lent` the positions of the outputs `run` hands out without a copy
+    (see the module doc); an output that is a bound input `fn` does not write is handed out as
+    the caller's tensor. `buffers` gives the static buffers of some copied inputs by position
+    (slots of a workspace, which `fn` reads them from) instead of copies of the examples; an
+    `ordering` shared with other graphs serializes its replays with theirs (they share memory)."""
 
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
-                 wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = ()):
+                 wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = (),
+                 written: Sequence[int] | None = None, buffers: dict[int, torch.Tensor] | None = None,
+                 ordering: Ordering | None = None):
         self.wrap = wrap
         self.fn = fn
         self.bound = sorted(set(bound))
@@ -80,34 +135,56 @@ class CapturedGraph:
                 raise ValueError(f"a bound input must be contiguous: input {k} has strides "
                                  f"{example_inputs[k].stride()} for shape {list(example_inputs[k].shape)}")
         self._input_types = [(t.shape, t.dtype) for t in example_inputs]
-        static_inputs = [t if k in self.bound else t.detach().clone() for k, t in enumerate(example_inputs)]
+        buffers = buffers or {}
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
+        self.bound_addresses = set(self._bound_addresses)
+        # the bound inputs that are other graphs' lent outputs
+        self._borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            # builds and loads every kernel before capture, on copies of every input
-            fn([t.detach().clone() for t in example_inputs])
-            self.graph = torch.cuda.CUDAGraph()
-            # thread_local: CUDA calls of other threads (eager work, another model's run) stay
-            # legal during the capture; one capture at a time in the process
-            with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-                self.static_outputs = list(fn(static_inputs))
+        self._order = ordering or Ordering(stream)
+        with self._order.lock:
+            current = torch.cuda.current_stream()
+            current.wait_stream(self._order.last_stream)
+            static_inputs = [t if k in self.bound else buffers[k].copy_(t) if k in buffers
+                             else t.detach().clone() for k, t in enumerate(example_inputs)]
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                # builds and loads every kernel before capture
+                fn(warm_up_inputs(static_inputs, self.bound if written is None else written))
+                self.graph = torch.cuda.CUDAGraph()
+                # thread_local: CUDA calls of other threads (eager work, another model's run) stay
+                # legal during the capture; one capture at a time in the process
+                with _capturing, torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
+                    self.static_outputs = list(fn(static_inputs))
+            self._order.last_stream = stream        # the stream of the last work on the static buffers
         torch.cuda.current_stream().wait_stream(stream)
         self.static_inputs = [None if k in self.bound else t for k, t in enumerate(static_inputs)]
+        # an output that is a bound input the graph does not write (a parameter a training
+        # forward saves for its backward) is that input, handed out as the caller's tensor
+        unwritten = set(self.bound) - set(self.bound if written is None else written)
+        self._passed = {k: j for k, t in enumerate(self.static_outputs) for j in unwritten if t is static_inputs[j]}
         self.lent = sorted(set(lent))
         storages = [self.static_outputs[k].untyped_storage() for k in self.lent]
         # what the graph's own tensors count, before any alias is handed out
         self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
         self.lent_addresses = {self.static_outputs[k].data_ptr() for k in self.lent}
-        if self.lent:
-            _lenders.add(self)
-        self._last_stream = stream          # the stream of the last work on the static buffers
-        self._lock = threading.Lock()
+        if self.lent or self.bound:
+            _holders.add(self)
 
     def busy(self) -> bool:
         """Whether an alias of a lent output of an earlier replay is still alive."""
         return any(_use_count(storage) > own for storage, own in self._lent_storages)
+
+    def stale(self) -> bool:
+        """Whether the shared workspace it was captured on serves no new captures any more."""
+        return getattr(self._order, "superseded", False)
+
+    def orphaned(self) -> bool:
+        """Whether a bound input it read from another graph's lent output is lent by no live
+        graph any more (that graph's capture is gone: this one never binds again)."""
+        lent = set().union(*(g.lent_addresses for g in list(_holders) if g is not self))
+        return not self._borrowed <= lent
 
     def binds(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the bound positions of `inputs` (torch tensors) are the captured tensors'
@@ -131,35 +208,68 @@ class CapturedGraph:
                                  f"{src.dtype}{list(src.shape)}")
         if self.bound and not self.binds(sources):
             return None
-        with self._lock:
+        order = self._order
+        with order.lock:
             if self.busy():
                 return None
-            stream = torch.cuda.current_stream(self._last_stream.device)
-            if stream != self._last_stream:
-                stream.wait_stream(self._last_stream)
-                self._last_stream = stream
+            stream = torch.cuda.current_stream(order.last_stream.device)
+            if stream != order.last_stream:
+                stream.wait_stream(order.last_stream)
+                order.last_stream = stream
             for k in self._copied:
                 self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
             lent = set(self.lent)
-            outputs = [t.detach() if k in lent else t.clone() if copy else t
-                       for k, t in enumerate(self.static_outputs)]
+            outputs = [sources[self._passed[k]] if k in self._passed else t.detach() if k in lent
+                       else t.clone() if copy else t for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]
 
 
+def warm_up_inputs(static_inputs: Sequence[torch.Tensor], written: Sequence[int]) -> list[torch.Tensor]:
+    """The inputs of a capture's warm-up call: copies of those at positions `written` (the
+    caller's tensors the call writes into), the others as they are (read only, or the graph's
+    own static buffers, copied into before each replay)."""
+    written = set(written)
+    return [t.detach().clone() if k in written else t for k, t in enumerate(static_inputs)]
+
+
 def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
-            wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = ()) -> CapturedGraph:
+            wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = (),
+            copied_out: bool = False) -> CapturedGraph:
     """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
-    graph over a workspace of its own (replays never share it; a free one of the graph's pool
-    where there is one), on `example_inputs` (torch
+    graph over the device's shared workspace (see the module doc; a workspace of its own where
+    the graph's intermediates are on several devices), on `example_inputs` (torch
     tensors, used only for the capture). Each pair (output, input) of `write_back` makes the
     replay copy that output into that input, which the graph then takes in place (bound at the
     example's memory): replays update the caller's tensor and return the other outputs only,
     each passed through `wrap`. Of those, the positions `lent` that the graph allocates itself
     (not inputs or constants) are lent rather than copied; the inputs at positions `bound` are
-    read in place."""
-    workspace = compiled.take_workspace_set()
+    read in place, the others copied into the workspace. With `copied_out` (the caller always
+    runs with `copy=True`), the outputs neither lent nor written back are in the workspace too."""
     written = {out for out, _ in write_back}
+    returned = [k for k in range(len(compiled.outputs)) if k not in written]
+    allocated = set(compiled.allocated_outputs)
+    lent = [j for j in lent if compiled.outputs[returned[j]] in allocated]
+    bound = [position for _, position in write_back] + list(bound)
+    copied = [k for k in range(len(example_inputs)) if k not in bound]
+    transient_outputs = list(written) + ([k for j, k in enumerate(returned) if j not in lent] if copied_out else [])
+    # a lent output lives on after the replay (and the memory it views); without copied_out,
+    # so does an input returned
+    kept = {compiled.outputs[returned[j]] for j in lent} | (set() if copied_out else set(compiled.outputs))
+    for slot in list(kept):
+        while slot in compiled.views:
+            slot = compiled.views[slot]
+            kept.add(slot)
+    transient = frozenset(compiled.transient_slots(inputs=copied, outputs=transient_outputs) - kept)
+    plans = compiled.plans_with(transient)
+    ordering = None
+    if len(plans) == 1 and next(iter(plans)).type == "cuda":
+        [(device, plan)] = plans.items()
+        ordering = shared_workspace(device, plan.size)
+        workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer})
+    else:
+        workspace = compiled.workspace_set(transient)
+    buffers = {k: workspace.slots[compiled.inputs[k]] for k in copied if compiled.inputs[k] in transient}
 
     def replay_body(inputs):
         outs = compiled.run(inputs, workspace)
@@ -172,8 +282,5 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
                 inputs[position].copy_(outs[out])
         return [t for k, t in enumerate(outs) if k not in written]
 
-    returned = [k for k in range(len(compiled.outputs)) if k not in written]
-    allocated = set(compiled.allocated_outputs)
-    return CapturedGraph(replay_body, example_inputs, wrap=wrap,
-                         bound=[position for _, position in write_back] + list(bound),
-                         lent=[j for j in lent if compiled.outputs[returned[j]] in allocated])
+    return CapturedGraph(replay_body, example_inputs, wrap=wrap, bound=bound, lent=lent,
+                         written=[position for _, position in write_back], buffers=buffers, ordering=ordering)

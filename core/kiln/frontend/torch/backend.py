@@ -53,7 +53,7 @@ from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.runtime.cuda_graph import capture, is_lent, same_addresses
+from kiln.runtime.cuda_graph import capture, same_addresses, stays_put
 from kiln.settings import Settings, applied
 from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
@@ -364,8 +364,9 @@ class CompiledRun:
     that changes contiguous inputs in place is captured on the caller's tensors, with the
     write-back (where one remains) inside the graph: a call is one replay, with no copy of those
     inputs in; an output that is an input written back is copied before the write-back. The outputs at positions `lent` (a training forward's values
-    saved for the backward) are lent, not copied, and a graph called with lent tensors (the
-    backward) is captured reading them in place (`kiln.runtime.cuda_graph`), as it reads the
+    saved for the backward) are lent, not copied, and a graph called with lent tensors or with
+    tensors another capture reads in place (the backward, on saved values and parameters) is
+    captured reading them in place (`kiln.runtime.cuda_graph.stays_put`), as it reads the
     contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
@@ -406,8 +407,9 @@ class CompiledRun:
             return None
         written = {j for _, j in self.write_back}
         bound = [j for j, t in enumerate(inputs)
-                 if j not in written and t.is_contiguous() and (j in self.static or is_lent(t))]
-        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound)
+                 if j not in written and t.is_contiguous() and (j in self.static or stays_put(t))]
+        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
+                           copied_out=True)
         with self._captures_lock:
             self.captures[id(captured)] = captured
             while len(self.captures) > self.CAPTURES_KEPT:
@@ -417,7 +419,10 @@ class CompiledRun:
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
         captured now if none binds them or all are busy; None where they cannot be captured
-        or CAPTURES_KEPT captures are busy."""
+        or CAPTURES_KEPT captures are busy. Captures on a superseded shared workspace, and,
+        before capturing anew, captures bound to lent values that no graph lends any more, are
+        dropped where not busy (`kiln.runtime.cuda_graph`)."""
+        self._drop(lambda c: c.stale())
         captures = list(self.captures.items())
         for key, captured in sorted(reversed(captures), key=lambda kc: not kc[1].bound):
             outs = captured.run(inputs, copy=True)
@@ -427,10 +432,19 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
+        self._drop(lambda c: c.orphaned())
+        captures = list(self.captures.items())
         if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
             return None
         captured = self._capture(inputs)
         return None if captured is None else captured.run(inputs, copy=True)
+
+    def _drop(self, useless) -> None:
+        """Forget the captures that are `useless` and not busy."""
+        with self._captures_lock:
+            for key, captured in list(self.captures.items()):
+                if useless(captured) and not captured.busy():
+                    del self.captures[key]
 
     def __call__(self, args):
         inputs = [args[p] for p in self.positions]

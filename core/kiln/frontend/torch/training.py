@@ -135,8 +135,9 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     where it did not partition) and all of the backward's gradients, which autograd accumulates
     or hands on and the optimizer reads before they are dropped. The inputs at `static_inputs`
     keep their memory from step to step and are read in place: the forward's parameters and
-    buffers (the backward reads the forward's lent values in place; the other values it saves,
-    a batch among them, come at new memory each step and are copied)."""
+    buffers (the backward reads in place the forward's lent values and the parameters it saves,
+    memory that the forward's captures read in place too; the other values it saves, a batch
+    among them, come at new memory each step and are copied)."""
     saved_from: list[int] = []
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
