@@ -6,4 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-deps --no-build-isolation -e core -e ops_builtin -e mappings_builtin -e mappings_aten -e . \
     $(for p in plugins/*/; do printf -- '-e %s ' "$p"; done)
+# pure-Python test packages the machine lacks (expecttest, for PyTorch's OpInfo database), as
+# wheels downloaded here into the ignored .whl/ (see the device README) and carried with the call
+if compgen -G ".whl/*.whl" >/dev/null; then python3 -m pip install -q --no-index --no-deps .whl/*.whl; fi
 python3 -c "import torch, kiln; print('torch', torch.__version__, '|', torch.cuda.device_count(), 'x', torch.cuda.get_device_name())"
