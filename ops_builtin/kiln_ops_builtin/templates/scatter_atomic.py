@@ -22,13 +22,17 @@ PyTorch's CUDA scatters do.
 
 Takes the operators' own tasks (`own_task`) of x of float32, float64, float16, bfloat16, int32
 and int64; 8- and 16-bit integers, bool and 0-d x keep the gathering definitions.
+
+The kernels are in `cuda/scatter_atomic_counts.cuh` (only where the program counts) and
+`cuda/scatter_atomic.cuh`, over the program's `kiln_scatter_program` (its sizes, the flags
+as enumerators, the accumulator type and the buffers' accessors) and the hooks above.
 """
 from __future__ import annotations
 
 import math
 
-from kiln.template import (CudaDialect, CudaProgram, Emitter, KernelArgs, Launch, Template, Var, cast, dtypes,
-                           row_major_strides, simplify, template_source, unravel)
+from kiln.template import (CudaDialect, CudaProgram, Emitter, KernelArgs, Launch, Template, Var, cast, device_code,
+                           dtypes, row_major_strides, simplify, template_source, unravel)
 
 from kiln_ops_builtin import scatter
 from kiln_ops_builtin.templates.own_task import own_call
@@ -44,43 +48,19 @@ BITS = {dtypes.float32: ("unsigned int", "__float_as_uint({})", "__uint_as_float
         dtypes.int64: ("unsigned long long", "(unsigned long long)({})", "(int64_t)({})")}
 THREADS = 256
 
-KERNEL = r"""
-#if COUNTING
-extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_zero(PARAMS) {
-    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS)
-        COUNTS[p] = 0;
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_count(PARAMS) {
-    for (int64_t s = (int64_t)blockIdx.x * THREADS + threadIdx.x; s < SOURCES; s += (int64_t)gridDim.x * THREADS)
-        atomicAdd(&COUNTS[kiln_target(ARGS, s)], 1);
-}
-#endif
-
-extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_init(PARAMS) {
-    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS) {
-        ACC_T v = (ACC_T)LOAD_X(in0[p]);
-#if !INCLUDE_SELF
-        if (COUNTS[p] > 0) v = IDENTITY;
-#endif
-        ACC[p] = v;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_apply(PARAMS) {
-    for (int64_t s = (int64_t)blockIdx.x * THREADS + threadIdx.x; s < SOURCES; s += (int64_t)gridDim.x * THREADS)
-        kiln_combine(&ACC[kiln_target(ARGS, s)], kiln_value(ARGS, s));
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS) kiln_scatter_finish(PARAMS) {
-    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < NUMEL; p += (int64_t)gridDim.x * THREADS) {
-        ACC_T v = ACC[p];
-#if MEAN
-        if (COUNTS[p] > 0) v = DIVIDE(v, (ACC_T)(COUNTS[p] + INCLUDE_SELF));
-#endif
-        out0[p] = STORE(v);
-    }
-}
+PROGRAM = """struct kiln_scatter_program {{
+    enum {{ THREADS = {threads}, INCLUDE_SELF = {include_self}, MEAN = {mean} }};
+    enum : int64_t {{ NUMEL = {numel}, SOURCES = {sources} }};
+    using Acc = {acc};
+    static __device__ __forceinline__ auto x({params}) {{ return {x}; }}
+    static __device__ __forceinline__ auto out({params}) {{ return {out}; }}
+    static __device__ __forceinline__ Acc* acc({params}) {{ return {acc_name}; }}
+    static __device__ __forceinline__ int* counts({params}) {{ return {counts}; }}
+    template <class V> static __device__ __forceinline__ auto load_x(V v) {{ return {load}; }}
+    static __device__ __forceinline__ auto store(Acc v) {{ return {store}; }}
+    static __device__ __forceinline__ Acc identity() {{ return {identity}; }}
+    static __device__ __forceinline__ Acc divide(Acc a, Acc b) {{ return {divide}; }}
+}};
 """
 
 
@@ -179,13 +159,13 @@ def render(task) -> CudaProgram:
         temporaries.append((x.shape, dtypes.int32))
     args = KernelArgs.args(len(task.inputs)) + [KernelArgs.temporary(k) for k in range(len(temporaries))]
     numel, sources = math.prod(x.shape), math.prod(scattered.sources)
-    defines = {
-        "THREADS": THREADS, "NUMEL": f"((int64_t){numel})", "SOURCES": f"((int64_t){sources})",
-        "ACC_T": d.value_type(acc), "ACC": acc_name, "COUNTS": counts, "LOAD_X(v)": d.load(x.dtype, "(v)"),
-        "STORE(v)": d.store(x.dtype, "(v)"), "IDENTITY": _identity(how, acc, d), "INCLUDE_SELF": int(include_self),
-        "MEAN": int(how == "mean"), "COUNTING": int(counting),
-        "DIVIDE(a, b)": "((a) / (b))" if acc.is_float else "((ACC_T)kiln_floordiv_i64((a), (b)))", "PARAMS": ", ".join(decl), "ARGS": ", ".join(args),
-    }
+    program = PROGRAM.format(
+        threads=THREADS, numel=numel, sources=sources, include_self=int(include_self), mean=int(how == "mean"),
+        acc=d.value_type(acc), params=", ".join(decl),
+        x=KernelArgs.input(0), out=KernelArgs.output(0), acc_name=acc_name, counts=counts or "(int*)nullptr",
+        load=d.load(x.dtype, "(v)"), store=d.store(x.dtype, "(v)"), identity=_identity(how, acc, d),
+        divide="((a) / (b))" if acc.is_float else "((Acc)kiln_floordiv_i64((a), (b)))")
+    defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
     hooks = _combine(how, acc, d) + _hooks(task, scattered, how, acc, decl, d)
     block = (THREADS, 1, 1)
     names = tuple(args)
@@ -194,7 +174,9 @@ def render(task) -> CudaProgram:
     launches += [over("kiln_scatter_init", numel), over("kiln_scatter_apply", sources)]
     if acc != x.dtype or how == "mean":
         launches.append(over("kiln_scatter_finish", numel))
-    return CudaProgram(template_source([KERNEL], defines, hooks), launches, temporaries)
+    files = ("cuda/scatter_atomic_counts.cuh",) * counting + ("cuda/scatter_atomic.cuh",)
+    kernels = [program, device_code(__package__, *files)]
+    return CudaProgram(template_source(kernels, defines, hooks), launches, temporaries)
 
 
 TEMPLATE = Template("scatter_atomic", tuple(DEFINITIONS), "cuda", render, priority=10, applies=applies, space=space)
