@@ -129,3 +129,16 @@ def test_torch_trace_captures_the_summary(tmp_path):
     assert metadata["artifact"]["encoding"] == "json" and metadata["frame_id"] == 0
     summary = json.loads(lines[found[0] + 1].removeprefix("\t"))
     assert summary["compile_id"] == "0/0" and summary["kernels"] >= 1 and "build" in summary["stages_ms"]
+
+
+def test_kiln_dump_dir_skips_view_steps(tmp_path, monkeypatch):
+    """A graph with a reshape that runs as a view (no kernel) is dumped too: its kernels' sources,
+    none for the view (the dump raised on a view step)."""
+    monkeypatch.setenv("KILN_DUMP_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    x = torch.randn(4, 6)
+    f = torch.compile(lambda x: (x.exp().reshape(2, 12) * 2).sum(-1), backend="kiln")
+    torch.testing.assert_close(f(x), (x.exp().reshape(2, 12) * 2).sum(-1))
+    (folder,) = sorted(tmp_path.glob("graph-*"))
+    assert (folder / "memory_plan.txt").exists()
+    assert sorted((folder / "kernels").glob("*.c"))

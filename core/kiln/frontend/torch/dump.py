@@ -15,14 +15,16 @@ from pathlib import Path
 from torch.fx import GraphModule
 
 from kiln.graph import FlowGraph
+from kiln.runtime.compiled_graph import View
 from kiln.runtime.cpu import CpuProgram
 from kiln.table import format_table
 
 
 def kernel_source(kernel) -> tuple[str, str] | None:
-    """(source, file suffix) of a built kernel (a CompiledTask), None where it has none."""
+    """(source, file suffix) of a built kernel (a CompiledTask), None where it has none (a view
+    step's, which runs nothing)."""
     program = getattr(getattr(kernel, "kernel", kernel), "program", None)
-    if program is None:
+    if program is None or isinstance(program, View):
         return None
     return program.source, ".c" if isinstance(program, CpuProgram) else ".cu"
 
