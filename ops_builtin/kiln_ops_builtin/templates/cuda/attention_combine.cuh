@@ -15,8 +15,8 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int64_t idx = (int64_t)blockIdx.x * 256 + threadIdx.x; idx < items; idx += (int64_t)gridDim.x * 256) {
         const int64_t row = idx / (D / 2), n = idx % (D / 2) * 2;
         float top, l;
-        const float2 o = kiln::attention::merge_shares(P::SPLIT, stats + row * 2, rows * 2, part + row * D + n, rows * D,
-                                                       top, l);
+        const float2 o = kiln::attention::merge_shares(P::SPLIT, stats + row * 2, rows * 2, part + row * D + n,
+                                                       rows * D, top, l);
         const float inv = l == 0.f ? 0.f : 1.f / l;
         kiln_epilogue2(ARGS, row / LQ, row % LQ, n, o.x * inv, o.y * inv);
     }
