@@ -140,7 +140,7 @@ def test_output_reshaped_to_heads_times_dim():
     _check(got, _reference(tq, tk, tv, causal=True).transpose(1, 2).reshape(2, 100, 256), torch.float16)
 
 
-@pytest.mark.parametrize("knobs", attention_flash.space(1), ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("knobs", attention_flash.TEMPLATE.space(1), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "float_mask"])
 def test_every_level1_knob(knobs, case):
     dtype = torch.bfloat16 if case == "float_mask" else torch.float16

@@ -69,12 +69,13 @@ def test_views_are_read_in_place_or_declined():
 
 
 def test_level0_choice():
-    assert attention_flash.suggest(_task((8, 12, 128, 64), (8, 12, 128, 64)), 132)[0] == {"BM": 64, "BN": 64, "NW": 4}
+    assert attention_flash.suggest(_task((8, 12, 128, 64), (8, 12, 128, 64)), 132)[0] == \
+        {"BM": 64, "BN": 64, "NW": 4, "SPLIT": 1}
     assert attention_flash.suggest(_task((4, 32, 4096, 128), (4, 8, 4096, 128), causal=True), 132)[0]["BM"] == 128
     # decoding: 256 (batch, head) pairs split 5 ways for eight CTAs a multiprocessor
     assert attention_flash.suggest(_task((8, 32, 1, 128), (8, 8, 4096, 128)), 132)[0] == \
         {"BM": 64, "BN": 64, "NW": 4, "SPLIT": 5}
-    assert "SPLIT" not in attention_flash.suggest(_task((8, 32, 1, 128), (8, 8, 512, 128)), 132)[0]
+    assert attention_flash.suggest(_task((8, 32, 1, 128), (8, 8, 512, 128)), 132)[0]["SPLIT"] == 1
 
 
 def test_split_kv_program_combines_partials():
@@ -86,11 +87,12 @@ def test_split_kv_program_combines_partials():
 
 def test_space_is_valid():
     for level in (0, 1, 2):
-        for knobs in attention_flash.space(level):
-            assert attention_flash.valid(knobs), knobs
-            assert attention_flash.smem_bytes(knobs, 128) <= attention_flash.MAX_SMEM
-    assert not attention_flash.valid({"BM": 128, "BN": 64, "NW": 2})       # 64 rows a warp
-    with pytest.raises(ValueError, match="invalid knobs"):
+        for knobs in attention_flash.TEMPLATE.space(level):
+            assert attention_flash.FlashKnobs(**knobs).valid(), knobs
+            assert attention_flash.smem_bytes(knobs["BM"], knobs["BN"], 128) <= attention_flash.MAX_SMEM
+    assert attention_flash.TEMPLATE.space(0) == [attention_flash.FlashKnobs().as_dict()]
+    assert not attention_flash.valid_tile(128, 64, 2)       # 64 rows a warp
+    with pytest.raises(ValueError, match="FlashKnobs: unsupported setting"):
         attention_flash.render(_task(), BM=128, BN=64, NW=2)
 
 
@@ -106,7 +108,7 @@ TASKS = {
 @pytest.mark.parametrize("name", list(TASKS))
 def test_every_knob_compiles(name):
     task = _task(**TASKS[name])
-    programs = [attention_flash.render(task, **k) for k in attention_flash.space(2)]
+    programs = [attention_flash.render(task, **k) for k in attention_flash.TEMPLATE.space(2)]
     rt.compile_many([(p.source, f"attention_{name}", arch) for p in programs for arch in ("sm_80", "sm_90")])
 
 
@@ -119,7 +121,7 @@ def test_output_reshaped_to_heads_times_dim_compiles():
     out = compute((2, 70, 256), lambda b, i, c: att[b, c // 64, i, c % 64])
     task = Task("attention", [q, k, v], [fold_anchor(out, att)], {})
     assert attention_flash.applies(task) and "uint32_t*)&out0" in match_attention(task).hooks
-    programs = [attention_flash.render(task, **k) for k in attention_flash.space(1)]
+    programs = [attention_flash.render(task, **k) for k in attention_flash.TEMPLATE.space(1)]
     rt.compile_many([(p.source, "attention_reshaped", arch) for p in programs for arch in ("sm_80", "sm_90")])
 
 

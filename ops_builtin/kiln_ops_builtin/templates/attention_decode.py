@@ -18,12 +18,13 @@ The CTA's NW warps form WR row warps (MT * 16 rows each, ROW_BLOCK = WR * MT * 1
 WK = NW / WR key warps. It walks its share of the keys KT = WK * BN at a time through two
 shared-memory stages of K and V (`cp.async` 16-byte copies, the next tile in flight while the
 current one is used); key warp w takes keys w * BN .. of each tile for its rows with
-`attention_flash`'s tile step (`kiln_attend`: S = Q K^T with `mma.sync`, float32, mask, causal
-and key-length edges, online softmax in the log2 domain, O += P V). At the end the key warps
-merge their rows' maxima, sums and values through shared memory (`kiln_merge_shares`, the
-merge `attention_flash`'s split-KV combine uses) and store the rows through the epilogue
-hooks, or, with SPLIT > 1, write the share's partial results to `attention_flash`'s
-temporaries for its `kiln_attention_combine`.
+`attention_flash`'s tile step (`cuda/attention_flash.cuh`'s `attend`: S = Q K^T with
+`mma.sync`, float32, mask, causal and key-length edges, online softmax in the log2 domain,
+O += P V; it reads `kiln_attention_decode_program`, `attention_flash.program`'s struct, whose
+`query_*` members map tile rows to queries). At the end the key warps merge their rows' maxima,
+sums and values through shared memory (`merge_shares`, the merge `attention_flash`'s split-KV
+combine uses) and store the rows through the epilogue hooks, or, with SPLIT > 1, write the
+share's partial results to `attention_flash`'s temporaries for its `kiln_attention_combine`.
 
 The task is read as `attention_flash` reads it (`attention_match.match_attention`): q, k and v
 through their strides, the mask through the core-rendered `kiln_mask`, the output through the
@@ -34,8 +35,8 @@ keeps one source within a power-of-two bucket of its length (`suggest`).
 from __future__ import annotations
 
 from kiln.template import CudaProgram, Launch, Template, dtypes, ptx, template_source
-from kiln_ops_builtin.templates.attention_flash import (DEVICE, HEAD_DIMS, MAX_SMEM, PAD, operand_defines,
-                                                        split_kv)
+from kiln_ops_builtin.templates.attention_flash import (CODE, HEAD_DIMS, MAX_SMEM, PAD, UNSPLIT, program,
+                                                        split_kv, strides)
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.split_k import bucket
 
@@ -48,7 +49,11 @@ benchmarks/HISTORY.md, session of 2026-11-26: 8 x 32/8 heads x 4096 keys x 128 a
 64 at 8 shares 28.5 us against 36.0 at 37), at about 2.5 TB/s of DRAM reads."""
 
 KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(kiln_attention_decode_program::NT)
+    kiln_attention_decode(KERNEL_PARAMS) {
+    using P = kiln_attention_decode_program;
+    constexpr int NT = P::NT, BN = P::BN, D = P::D, LDS = P::LDS, MT = P::MT, SPLIT = P::SPLIT;
+    constexpr bool CAUSAL = P::CAUSAL;
     extern __shared__ __align__(128) unsigned char kiln_smem[];
     uint16_t* Qs = (uint16_t*)kiln_smem;
     uint16_t* Ks = Qs + ROW_BLOCK * LDS;
@@ -60,8 +65,8 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
     const int64_t rest = blockIdx.x / SPLIT, bkv = rest / ROW_BLOCKS;
     const int r0 = (int)(rest % ROW_BLOCKS) * ROW_BLOCK;
     const int64_t kbh = bkv * GROUP;                            // the first query head of key/value head bkv
-    const uint16_t* K = (const uint16_t*)K_PARAM + (K_BASE);
-    const uint16_t* V = (const uint16_t*)V_PARAM + (V_BASE);
+    const uint16_t* K = P::k(ARGS, kbh);
+    const uint16_t* V = P::v(ARGS, kbh);
     const int keys = CAUSAL ? min(LK, LQ) : LK;
     const int tiles = (keys + KT - 1) / KT;
     const int t0 = min(tiles, sp * TILES_PER_SPLIT), t1 = min(tiles, t0 + TILES_PER_SPLIT);
@@ -73,12 +78,12 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
         kiln_cp_async16(Qs + row * LDS + c * 8, src, ok ? 16 : 0);
     }
     auto load_keys = [&](int stage, int n0) {
-        kiln_load_keys<KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid, ARGS);
+        kiln::attention::load_keys<P, KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid, ARGS);
     };
     if (t0 < t1) load_keys(0, t0 * KT);
     kiln_cp_async_commit();
     float o[MT][D / 2], mx[MT][2], sum[MT][2];
-    kiln_start_rows(o, mx, sum);
+    kiln::attention::start_rows<P>(o, mx, sum);
     const int row0 = r0 + wr * MT * 16;
     const uint16_t* qs = Qs + wr * MT * 16 * LDS;
     for (int t = t0; t < t1; ++t) {
@@ -91,9 +96,9 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
         const uint16_t* vs = Vs + (((t - t0) & 1) * KT + wk * BN) * LDS;
         if (row0 < QUERY_ROWS && n0 < keys) {
             if (CAUSAL || n0 + BN > LK)
-                kiln_attend<true>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
+                kiln::attention::attend<P, true>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
             else
-                kiln_attend<false>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
+                kiln::attention::attend<P, false>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
         }
         __syncthreads();
     }
@@ -102,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float total = kiln_quad_sum(sum[mt][h]);
+            const float total = kiln::attention::quad_sum(sum[mt][h]);
             const int row = wk * ROW_BLOCK + wr * MT * 16 + mt * 16 + (lane >> 2) + h * 8;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
@@ -115,18 +120,18 @@ extern "C" __global__ void __launch_bounds__(NT) kiln_attention_decode(KERNEL_PA
         const int row = idx / (D / 2), n = idx % (D / 2) * 2, r = r0 + row;
         if (r >= QUERY_ROWS) break;
         float top, total;
-        const float2 v = kiln_merge_shares(WK, share_stats + row * 2, ROW_BLOCK * 2, shares + row * D + n,
-                                           ROW_BLOCK * D, top, total);
+        const float2 v = kiln::attention::merge_shares(WK, share_stats + row * 2, ROW_BLOCK * 2, shares + row * D + n,
+                                                      ROW_BLOCK * D, top, total);
         const int64_t qbh = kbh + r / LQ, i = r % LQ;
-#if SPLIT > 1
-        // the share's partial result: unnormalized, relative to the row maximum, with maximum and sum
-        const int64_t out = ((int64_t)sp * BATCH + qbh) * LQ + i;
-        *(float2*)&PART[out * D + n] = v;
-        if (n == 0) *(float2*)&STATS[out * 2] = make_float2(top, total);
-#else
-        const float inv = total == 0.f ? 0.f : 1.f / total;
-        kiln_epilogue2(ARGS, qbh, i, n, v.x * inv, v.y * inv);
-#endif
+        if constexpr (SPLIT > 1) {
+            // the share's partial result: unnormalized, relative to the row maximum, with maximum and sum
+            const int64_t out = ((int64_t)sp * BATCH + qbh) * LQ + i;
+            *(float2*)&PART[out * D + n] = v;
+            if (n == 0) *(float2*)&STATS[out * 2] = make_float2(top, total);
+        } else {
+            const float inv = total == 0.f ? 0.f : 1.f / total;
+            kiln_epilogue2(ARGS, qbh, i, n, v.x * inv, v.y * inv);
+        }
     }
 }
 """
@@ -182,8 +187,8 @@ def _keys(a: Attention) -> int:
 def suggest(task, sm_count: int) -> list[dict]:
     """Rows packed into one row block where they fit (up to 128 rows on four row warps), keys
     64 a tile over the remaining warps; the keys split so that the grid has up to
-    CTAS_PER_SM CTAs a multiprocessor, each share at least two tiles and none empty (`COMBINE`
-    merges the shares); then `space(1)`. Symbolic sizes count as their bucket
+    CTAS_PER_SM CTAs a multiprocessor, each share at least two tiles and none empty
+    (`kiln_attention_combine` merges the shares); then `space(1)`. Symbolic sizes count as their bucket
     (`split_k.bucket`), so that the lengths of a bucket share one source."""
     a = match_attention(task)
     Lq, batch = bucket(a.Lq), bucket(a.batch_count)
@@ -211,15 +216,15 @@ def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
                          f"shared memory; SPLIT >= 1)")
     rows, row_block, wk = a.group * a.Lq, WR * MT * 16, NW // WR
     row_blocks, kt = (rows + row_block - 1) // row_block, wk * BN
-    args, kernels, temporaries, params, launches = tuple(a.args.split(", ")), [DEVICE, KERNEL], [], a.params, []
+    args, temporaries, params, launches = tuple(a.args.split(", ")), [], a.params, []
     defines = {
-        **operand_defines(a, "qbh", "kbh"), "BN": BN, "NW": NW, "NT": NW * 32, "MT": MT, "WR": WR, "WK": wk,
-        "KT": kt, "ROW_BLOCK": row_block, "ROW_BLOCKS": a.int_text(row_blocks), "QUERY_ROWS": a.int_text(rows),
-        "GROUP": a.group, "SPLIT": SPLIT,
-        "TILES_PER_SPLIT": a.int_text(((_keys(a) + kt - 1) // kt + SPLIT - 1) // SPLIT),
-        "QUERY_BH(bh, r)": "((bh) * GROUP + (r) / LQ)", "QUERY_I(r)": "((r) % LQ)",
-        "QUERY_OK(r)": "((r) < QUERY_ROWS)",
+        **a.device_defines(), **strides(a), "BATCH": a.text(a.batch_count), "Q_PARAM": a.q.param,
+        "Q_BASE": a.base(a.q, "qbh"), "WR": WR, "WK": wk, "KT": kt, "ROW_BLOCK": row_block,
+        "ROW_BLOCKS": a.int_text(row_blocks), "QUERY_ROWS": a.int_text(rows), "GROUP": a.group,
+        "TILES_PER_SPLIT": a.int_text(((_keys(a) + kt - 1) // kt + SPLIT - 1) // SPLIT), **UNSPLIT,
     }
+    kernels = [CODE, program("kiln_attention_decode_program", a, {"BN": BN, "NT": NW * 32, "MT": MT, "SPLIT": SPLIT},
+                             i="r % LQ", bh="bh * GROUP + r / LQ", ok="r < QUERY_ROWS"), KERNEL]
     if SPLIT > 1:
         sk = split_kv(a, SPLIT, params, args)
         params, args, temporaries = sk.params, sk.args, sk.temporaries

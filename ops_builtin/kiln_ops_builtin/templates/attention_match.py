@@ -43,15 +43,16 @@ CHUNK = 8       # 16-bit elements per 16-byte copy: every stride but the column'
 MASKS = {None: "NoMask", "bool": "BoolMask", "float": "FloatMask"}      # cuda/attention.cuh's kinds
 
 # The members of a program struct through which cuda/attention*.cuh kernels read an attention task
-# (`Attention.device_operands`). The flat batch index comes by reference: by value, NVRTC computes
-# an operand's batch offset at another place in the kernel.
+# (`Attention.device_operands`). The flat batch index comes by reference to an operand with a batch
+# offset, by value, unnamed, to one without (as matmul_tc's): otherwise NVRTC computes the offset,
+# or the address of a copy that reads nothing, at another place in the kernel.
 OPERANDS = """\
     enum : int {{ CAUSAL = {causal} }};
     using Mask = kiln::attention::{mask};
     static __device__ __forceinline__ float scale_log2() {{ return {scale_log2}; }}
 {operands}"""
 OPERAND = """\
-    static __device__ __forceinline__ const {storage}* {name}(PARAMS, const int64_t& bh) {{
+    static __device__ __forceinline__ const {storage}* {name}(PARAMS, {bh}) {{
         return (const {storage}*){param} + ({base});
     }}
     static __device__ __forceinline__ int64_t {name}_rs(PARAMS) {{ return (int64_t){row_stride}; }}
@@ -146,9 +147,11 @@ class Attention:
         type of cuda/attention.cuh), scale_log2() (the scale in the log2 domain), and for q, k
         and v a pointer to row 0 of flat batch bh (`q(PARAMS, bh)`) and the row stride
         (`q_rs(PARAMS)`), PARAMS being `device_defines`' macro."""
-        operands = "".join(OPERAND.format(storage=storage, name=name, param=op.param,
-                                          base=self.base(op, "bh"), row_stride=self.text(op.row_stride))
-                           for name, op in (("q", self.q), ("k", self.k), ("v", self.v)))
+        operands = "".join(OPERAND.format(storage=storage, name=name, param=op.param, base=base,
+                                          bh="int64_t" if base == "0" else "const int64_t& bh",
+                                          row_stride=self.text(op.row_stride))
+                           for name, op in (("q", self.q), ("k", self.k), ("v", self.v))
+                           for base in [self.base(op, "bh")])
         return OPERANDS.format(causal=int(self.causal), mask=MASKS[self.mask],
                                scale_log2=f"{self.scale * math.log2(math.e)!r}f", operands=operands)
 

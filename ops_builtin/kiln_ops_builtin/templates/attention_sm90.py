@@ -42,9 +42,8 @@ flash backend on 2k-4k tokens, where `attention_flash` is 0.85-0.98x.
 from __future__ import annotations
 
 from kiln.template import CudaProgram, Launch, Template, TensorMapArg, dtypes, ptx, template_source
-from kiln_ops_builtin.templates.attention_flash import operand_defines
+from kiln_ops_builtin.templates import attention_softmax
 from kiln_ops_builtin.templates.attention_match import Attention, Strided, match_attention
-from kiln_ops_builtin.templates.attention_softmax import ONLINE_SOFTMAX
 from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, SWIZZLE_ATOM, consumer_registers
 from kiln_ops_builtin.templates.split_k import bucket
 
@@ -55,14 +54,22 @@ BOX = 64                  # 16-bit columns of a TMA box: 128 bytes, the swizzle'
 PRODUCER_REGS = 24       # the producer's registers (one thread issuing copies) ...
 CONSUMER_REGS = 240      # ... and at most the consumers' (their S, P and O fragments)
 
+# What the kernel, and cuda/attention_softmax.cuh's online softmax, read of a program
+PROGRAM = """
+struct kiln_attention_sm90_program {{
+{members}}};
+"""
+
 KERNEL = r"""
 // the key tiles that rows first .. first + count - 1 (those before LQ) see
 static __device__ __forceinline__ int kiln_key_tiles(int first, int count, PARAMS) {
-    const int keys = CAUSAL ? min(LK, min(LQ, first + count)) : LK;
+    const int keys = kiln_attention_sm90_program::CAUSAL ? min(LK, min(LQ, first + count)) : LK;
     return (keys + BN - 1) / BN;
 }
 
 extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) kiln_attention_sm90(KERNEL_PARAMS, TENSOR_MAPS) {
+    using P = kiln_attention_sm90_program;
+    constexpr bool CAUSAL = P::CAUSAL;
     extern __shared__ unsigned char kiln_smem_raw[];
     uint16_t* Qs = (uint16_t*)(((uint64_t)kiln_smem_raw + 1023) & ~(uint64_t)1023);   // [DP / 64][BM][64]
     uint16_t* Ks = Qs + BM * DP;                      // STAGES x [DP / 64][BN][64], likewise V
@@ -137,9 +144,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) kiln_attention_s
     auto softmax = [&](int t) {
         const int n0 = t * BN;
         if (n0 + BN > LK || (CAUSAL && n0 + BN - 1 > row))
-            kiln_softmax_step<true, BN / 8>(s, mx, sum, alpha, row, n0, bh, lane, ARGS);
+            kiln::attention::softmax_step<P, true, BN / 8>(s, mx, sum, alpha, row, n0, bh, lane, ARGS);
         else
-            kiln_softmax_step<false, BN / 8>(s, mx, sum, alpha, row, n0, bh, lane, ARGS);
+            kiln::attention::softmax_step<P, false, BN / 8>(s, mx, sum, alpha, row, n0, bh, lane, ARGS);
     };
     auto pack = [&]() {
 #pragma unroll
@@ -168,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) kiln_attention_s
             kiln_wgmma_keep<DP / 2>(o);
             kiln_wgmma_keep<BN / 4>(p);
             release(1, t - 1);
-            kiln_rescale_rows<DP / 8>(o, alpha);
+            kiln::attention::rescale_rows<DP / 8>(o, alpha);
             pack();
         }
         await(1, mine - 1);
@@ -183,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) kiln_attention_s
         await(1, t);
         release(1, t);
     }
-    if (mine > 0) kiln_store_rows<D / 8>(o, sum, row, bh, lane, ARGS);
+    if (mine > 0) kiln::attention::store_rows<D / 8>(o, sum, row, bh, lane, ARGS);
 }
 """
 
@@ -287,16 +294,16 @@ def render(task, BN, CW, STAGES) -> CudaProgram:
         raise ValueError(f"attention_sm90: TMA cannot read the operands of {task!r}; `applies` declines it")
     m_blocks = (a.Lq + bm - 1) // bm
     defines = {
-        **operand_defines(a, "bh", "bh"), "DP": dp, "BM": bm, "BN": BN, "CW": CW, "STAGES": STAGES,
-        "M_BLOCKS": a.int_text(m_blocks), "SWIZZLE_ATOM": SWIZZLE_ATOM, "KERNEL_PARAMS": a.params,
+        **a.device_defines(), "D": a.D, "PACK": ptx.pack_16x2(a.dtype), "DP": dp, "BM": bm, "BN": BN, "CW": CW,
+        "STAGES": STAGES, "M_BLOCKS": a.int_text(m_blocks), "SWIZZLE_ATOM": SWIZZLE_ATOM, "KERNEL_PARAMS": a.params,
         "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name, _, _ in maps),
         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": _consumer_registers(CW),
-        "QUERY_BH(bh, r)": "(bh)", "QUERY_I(r)": "(r)", "QUERY_OK(r)": "((r) < LQ)",
         **{f"LOAD_{name}(DST, BAR, COL, ROW)": f"kiln_tma_{len(arg.dims)}d(DST, &tm{name}, BAR, COL, ROW{coords})"
            for name, arg, coords in maps},
     }
     kernels = [ptx.wgmma_m64k16(BN, a.dtype, 0, 0, "WGMMA_QK", scale_d=True),
-               ptx.wgmma_m64k16_rs(dp, a.dtype, 1, "WGMMA_PV"), ONLINE_SOFTMAX, KERNEL]
+               ptx.wgmma_m64k16_rs(dp, a.dtype, 1, "WGMMA_PV"), attention_softmax.CODE,
+               PROGRAM.format(members=attention_softmax.members(a)), KERNEL]
     source = template_source(kernels, defines, a.hooks, (ptx.MBARRIER, ptx.TMA, ptx.WGMMA, ptx.CVT_EX2))
     launch = Launch("kiln_attention_sm90", tuple(a.args.split(", ")) + tuple(arg for _, arg, _ in maps),
                     (128 * (CW + 1), 1, 1), grid=(int(m_blocks * a.batch_count), 1, 1), smem=smem_bytes(knobs, dp))

@@ -2,110 +2,32 @@
 registers: the device code `attention_flash` (on `mma.sync`), `attention_decode` (through
 `attention_flash`'s tile step) and `attention_sm90` (on `wgmma`) share.
 
-A warp holds 16 rows of a tile as NC chunks of 8 columns, chunk nt at [nt * 4 + 2 * h + c]:
-row lane / 4 + 8 * h, column nt * 8 + (lane & 3) * 2 + c. That is the float32 accumulator of
-`mma.sync.m16n8k16` and a warp's 16 rows of `wgmma.m64nNk16`'s alike, so the same code runs the
-softmax on the scores S = Q K^T of both, and normalizes and stores the outputs O of both.
-
-The source reads the macros `attention_flash.operand_defines` writes (LQ, LK, CAUSAL, the mask,
-SCALE_LOG2 and RAW_MAX, PARAMS and ARGS) and the tile rows' queries (QUERY_I, QUERY_BH,
-QUERY_OK), and needs `kiln.codegen.ptx.CVT_EX2` before it and the hooks `kiln_mask` and
-`kiln_epilogue2`.
+The device code is `cuda/attention_softmax.cuh` (its header tells the fragment layout), after
+`cuda/attention.cuh` (the mask kinds): `CODE`. It reads a kernel's program struct, whose members
+for it `members` renders: what `Attention.device_operands` gives (causality, the mask's kind,
+the scale, the operands), RAW_MAX, and where the tile rows' queries are.
 """
+from __future__ import annotations
 
-ONLINE_SOFTMAX = r"""
-// One key tile's scores s (NC chunks, keys n0 ..) of the 16 tile rows from `row` (tile row r:
-// query QUERY_I(r) of flat batch QUERY_BH(bh, r), a real query where QUERY_OK(r)): scaled into
-// the log2 domain, masked (the mask hook; with EDGE, keys past LK and, causal, after the query),
-// exponentiated in place relative to the rows' new maxima mx, their sums updated. alpha[h]: the
-// factor by which row h's earlier outputs must be rescaled. A row masked so far keeps maximum
-// -inf and sum 0.
-template <bool EDGE, int NC>
-static __device__ __forceinline__ void kiln_softmax_step(float* s, float (&mx)[2], float (&sum)[2], float (&alpha)[2],
-                                                         int row, int n0, int64_t bh, int lane, PARAMS) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row + (lane >> 2) + h * 8, i = QUERY_I(r);
-        float top = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NC; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-#if RAW_MAX
-                float x = s[nt * 4 + 2 * h + c];                  // scaled after the maximum (scale > 0)
-#else
-                float x = s[nt * 4 + 2 * h + c] * SCALE_LOG2;
-#endif
-#if HAS_MASK
-                if (QUERY_OK(r) && j < LK) {
-#if MASK_BOOL
-                    if (!kiln_mask(ARGS, QUERY_BH(bh, r), i, j)) x = -INFINITY;
-#else
-                    x += kiln_mask(ARGS, QUERY_BH(bh, r), i, j) * 1.4426950408889634f;
-#endif
-                }
-#endif
-                if (EDGE && (j >= LK || (CAUSAL && j > i))) x = -INFINITY;
-                s[nt * 4 + 2 * h + c] = x;
-                top = fmaxf(top, x);
-            }
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-#if RAW_MAX
-        top *= SCALE_LOG2;
-#endif
-        const float now = fmaxf(mx[h], top);
-        const float shift = now == -INFINITY ? 0.f : now;     // a row masked so far stays at sum 0
-        alpha[h] = kiln_ex2(mx[h] - shift);
-        mx[h] = now;
-        float part = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NC; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-#if RAW_MAX
-                const float p = kiln_ex2(fmaf(s[nt * 4 + 2 * h + c], SCALE_LOG2, -shift));
-#else
-                const float p = kiln_ex2(s[nt * 4 + 2 * h + c] - shift);
-#endif
-                s[nt * 4 + 2 * h + c] = p;
-                part += p;
-            }
-        sum[h] = sum[h] * alpha[h] + part;
-    }
-}
+from kiln.template import device_code
+from kiln_ops_builtin.templates.attention_match import Attention
 
-// The outputs o (NC chunks) of the tile's two rows of a lane times alpha[0] and alpha[1].
-template <int NC>
-static __device__ __forceinline__ void kiln_rescale_rows(float* o, const float (&alpha)[2]) {
-#pragma unroll
-    for (int nt = 0; nt < NC; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt * 4 + e] *= alpha[e / 2];
-}
+CODE = device_code(__package__, "cuda/attention.cuh", "cuda/attention_softmax.cuh")
 
-// A row's total over the four lanes of its quad.
-static __device__ __forceinline__ float kiln_quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
+MEMBERS = """\
+    enum : bool {{ RAW_MAX = {raw_max} }};
+    static __device__ __forceinline__ int query_i(int r, PARAMS) {{ return {i}; }}
+    static __device__ __forceinline__ int64_t query_bh(int64_t bh, int r, PARAMS) {{ return {bh}; }}
+    static __device__ __forceinline__ bool query_ok(int r, PARAMS) {{ return {ok}; }}
+{operands}"""
 
-// The outputs o (the first NC chunks) of the 16 tile rows from `row` of flat batch bh, divided
-// by their rows' sums, through the epilogue hook; rows from LQ on are skipped, and a row whose
-// sum is 0 (every key masked) gets zeros.
-template <int NC>
-static __device__ __forceinline__ void kiln_store_rows(const float* o, const float (&sum)[2], int row, int64_t bh,
-                                                       int lane, PARAMS) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float total = kiln_quad_sum(sum[h]);
-        const int64_t i = row + (lane >> 2) + h * 8;
-        if (i >= LQ) continue;
-        const float inv = total == 0.f ? 0.f : 1.f / total;
-#pragma unroll
-        for (int nt = 0; nt < NC; ++nt)
-            kiln_epilogue2(ARGS, bh, i, nt * 8 + (lane & 3) * 2, o[nt * 4 + 2 * h] * inv, o[nt * 4 + 2 * h + 1] * inv);
-    }
-}
-"""
+
+def members(a: Attention, i: str = "r", bh: str = "bh", ok: str = "r < LQ") -> str:
+    """The members of a program struct that `cuda/attention_softmax.cuh` reads for `a`, its
+    operands 16-bit: `a.device_operands`', RAW_MAX (the row maximum is taken before scaling, as
+    a positive scale without a float mask allows), and for tile row r of flat batch bh its query
+    `query_i(r, ARGS)`, the query's flat batch `query_bh(bh, r, ARGS)` and whether it is a real
+    query `query_ok(r, ARGS)`, as the C expressions `i`, `bh` and `ok` of r, bh and the sizes (by
+    default tile row r is query r of flat batch bh)."""
+    return MEMBERS.format(raw_max=int(a.scale > 0 and a.mask != "float"), i=i, bh=bh, ok=ok,
+                          operands=a.device_operands("uint16_t"))
