@@ -454,7 +454,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
-        "STAGES": knobs["STAGES"], **_source_defines(sources, knobs),
+        "STAGES": knobs["STAGES"], **_source_defines(sources, knobs, SPLIT),
         "GROUP": GROUP, "M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args,
         "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
@@ -522,13 +522,16 @@ def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, b
             for k, s in enumerate(sources)}
 
 
-def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict) -> dict:
+def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict, split: int) -> dict:
     """NSRC, SRC_BYTES (one buffer), LOAD_SOURCES (thread 0's copies into buffer sb),
     SOURCE_TILES (the tiles of buffer sb, as the hooks take them) and KILN_FETCH_AT(b, m, n, f,
-    at): the epilogue's per-row loads, from tile element `at` of buffer sb where staged."""
+    at): the epilogue's per-row loads, from tile element `at` of buffer sb where staged (none
+    where K is `split`)."""
     if not sources:
-        return {"NSRC": 0, "SRC_BYTES": 0,
-                "KILN_FETCH_AT(b, m, n, f, at)": "kiln_store_fetch2(KERNEL_ARGS, b, m, n, f)"}
+        # a split K's stores fetch nothing (the epilogue runs in the sum kernel): no call at all,
+        # which would make the fetching lambda capture the kernel's arguments
+        fetch = "((void)0)" if split > 1 else "kiln_store_fetch2(KERNEL_ARGS, b, m, n, f)"
+        return {"NSRC": 0, "SRC_BYTES": 0, "KILN_FETCH_AT(b, m, n, f, at)": fetch}
     offsets = [source_bytes(knobs, sources[:k]) for k in range(len(sources))]
     tile = lambda k, s: f"(const {CudaDialect().storage_type(s.dtype)}*)(srcs + sb * SRC_BYTES + {offsets[k]})"
     return {"NSRC": len(sources), "SRC_BYTES": source_bytes(knobs, sources),
