@@ -15,10 +15,13 @@ def _tokens(vocab: int, length: int = 24, batch: int = 2):
     return {"input_ids": torch.randint(0, vocab, (batch, length), device="cuda")}
 
 
-def _transformers(config_name: str, model_name: str, **config):
+def _transformers(config_name: str, model_name: str, image: int | None = None, **config):
+    """A transformers model of `config` and its inputs: token ids, or `image` x `image` pixels."""
     def build():
         transformers = pytest.importorskip("transformers")
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+        if image is not None:
+            return model, {"pixel_values": torch.randn(2, 3, image, image, device="cuda")}
         return model, _tokens(config.get("vocab_size", 1000))
     return build
 
@@ -28,14 +31,6 @@ def _timm(name: str, size: int, **kwargs):
         timm = pytest.importorskip("timm")
         model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
         return model, {"x": torch.randn(2, 3, size, size, device="cuda")}
-    return build
-
-
-def _image_config(config_name: str, model_name: str, size: int, **config):
-    def build():
-        transformers = pytest.importorskip("transformers")
-        model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
-        return model, {"pixel_values": torch.randn(2, 3, size, size, device="cuda")}
     return build
 
 
@@ -58,9 +53,9 @@ MODELS = {
     "funnel": _transformers("FunnelConfig", "FunnelModel", vocab_size=1000, block_sizes=[1, 1], d_model=64,
                             n_head=4, d_head=16, d_inner=128),
     # a stage whose channel count equals its spatial size (the silent wrong answer of issue 30)
-    "convnext_v2": _image_config("ConvNextV2Config", "ConvNextV2Model", 64, hidden_sizes=[16, 32, 64, 96],
+    "convnext_v2": _transformers("ConvNextV2Config", "ConvNextV2Model", image=64, hidden_sizes=[16, 32, 64, 96],
                                  depths=[1, 1, 2, 1]),
-    "segformer": _image_config("SegformerConfig", "SegformerModel", 64, hidden_sizes=[16, 32, 64, 96],
+    "segformer": _transformers("SegformerConfig", "SegformerModel", image=64, hidden_sizes=[16, 32, 64, 96],
                                depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4]),
     "coat_lite_tiny": _timm("coat_lite_tiny", 224),
     "xcit_nano": _timm("xcit_nano_12_p16_224", 224),
