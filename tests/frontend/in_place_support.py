@@ -23,7 +23,13 @@ def new_runs(before: set[int]) -> list[CompiledRun]:
 
 
 def stores(run: CompiledRun) -> list:
-    """The StoreRows nodes of the run's FlowGraph."""
+    """The tensors the StoreRows nodes of the run's FlowGraph store into (one per in-place
+    update; a node stores several where updates follow each other)."""
+    return [t for n in store_nodes(run) for t in n.outputs]
+
+
+def store_nodes(run: CompiledRun) -> list:
+    """The StoreRows nodes of the run's FlowGraph (one launch each)."""
     return [n for n in run.graph.nodes if is_store(n)]
 
 

@@ -16,7 +16,8 @@ takes the updating member's place, so what computes the sources stays fused with
 StoreRows (the input with those elements stored), which the compiled graph runs on the input's
 own buffer (`kiln.graph.compile`): readers of the new value read the input's memory, and the
 output written back is the input itself, so no copy is made (`CompiledRun` skips it; a
-CUDA graph captures none).
+CUDA graph captures none). StoreRows nodes that follow each other (a layer's keys and values)
+are then made one: one launch stores them all.
 
 Correctness rules:
 - StoreRows is placed right before the first node that reads the new value; a node after it
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 from kiln.graph import FlowGraph, Operator
 from kiln.graph.compile import is_view
-from kiln.graph.in_place import store_rows, update_rows
+from kiln.graph.in_place import is_store, store_rows, update_rows
 from kiln.passes.edit import reapply
 from kiln.passes.fused import FusedOperator
 from kiln.passes.graph_pass import GraphPass
@@ -61,7 +62,40 @@ class UpdateInPlace(GraphPass):
             if updated is not None:
                 graph = updated
                 self.in_place.append(out)
+        return _stores_merged(graph)
+
+
+def _stores_merged(graph: FlowGraph) -> FlowGraph:
+    """`graph` with each run of consecutive StoreRows nodes made one (one launch stores a
+    step's updates: a layer's K and V caches)."""
+    nodes: list[Operator] = []
+    mapping: dict[int, Tensor] = {}
+
+    def current(t: Tensor) -> Tensor:
+        while id(t) in mapping:
+            t = mapping[id(t)]
+        return t
+    for n in graph.nodes:
+        inputs = [current(t) for t in n.inputs]
+        if any(a is not b for a, b in zip(inputs, n.inputs)):
+            outs = reapply(n, inputs)
+            mapping.update(zip(map(id, n.outputs), outs))
+            n = outs[0].trace[0]
+        if is_store(n) and nodes and is_store(nodes[-1]):
+            previous = nodes.pop()
+            merged = store_rows(*(_parts(previous, k) + _parts(n, k) for k in range(3)))
+            mapping.update(zip(map(id, previous.outputs + n.outputs), merged))
+            n = merged[0].trace[0]
+        nodes.append(n)
+    if not mapping:
         return graph
+    return FlowGraph([current(t) for t in graph.outputs], graph.inputs, nodes)
+
+
+def _parts(store: Operator, k: int) -> list[Tensor]:
+    """The stored buffers (k=0), the rows (1) or the offsets (2) of a StoreRows node."""
+    count = len(store.outputs)
+    return store.inputs[k * count:(k + 1) * count]
 
 
 def _updating_member(node: Operator, value: Tensor, target: Tensor):
@@ -112,7 +146,7 @@ def _in_place(graph: FlowGraph, out: int, target: Tensor) -> FlowGraph | None:
         replacement = fused.with_inputs(node.inputs)
         *others, rows, where = replacement.outputs
         mapping = {id(old): new for old, new in zip((t for t in node.outputs if t is not value), others)}
-    store = store_rows(target, rows, where)
+    store = store_rows([target], [rows], [where])
     mapping[id(value)] = store
     nodes: list[Operator] = []
     placed = False
