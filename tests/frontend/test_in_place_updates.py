@@ -14,8 +14,8 @@ import torch
 import kiln
 from kiln.graph.in_place import is_store
 from kiln.passes import PassContext
-from tests.frontend.in_place_support import (bytes_written, cache_step, decode, in_place_outputs, new_runs, runs,
-                                             store_nodes, stores, tiny_llama, two_cache_step)
+from tests.frontend.in_place_support import (bytes_written, cache_step, decode, in_place_outputs, new_runs, row_nodes,
+                                             runs, store_nodes, stores, tiny_llama, two_cache_step)
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -86,6 +86,7 @@ def test_keys_and_values_written_at_a_position_then_attended_to():
     (run,) = new_runs(before)
     assert len(stores(run)) == 2 and len(in_place_outputs(run)) == 2
     assert len(store_nodes(run)) == 1, "the two updates store in one launch"
+    assert len(row_nodes(run)) == 1, "the two updates' rows and offsets come from one kernel"
 
 
 @pytest.mark.slow
@@ -108,6 +109,7 @@ def test_greedy_decoding_over_a_static_cache_updates_every_layer_in_place():
     (run,) = decoding
     assert len(stores(run)) == 2 * config.num_hidden_layers
     assert len(store_nodes(run)) == config.num_hidden_layers, "a layer's keys and values store in one launch"
+    assert len(row_nodes(run)) == config.num_hidden_layers, "a layer's rows and offsets come from one kernel"
     cache_bytes = got_cache.layers[0].keys.nbytes
     assert len(in_place_outputs(run)) == 2 * config.num_hidden_layers
     assert not any(run.compiled.buffers[s].nbytes >= cache_bytes for step in run.compiled.steps
