@@ -181,14 +181,14 @@ nanquantile = register_function(torch.nanquantile, check=no_out)(
     register_method("nanquantile")(_quantile_rule(True)))
 
 
-def _histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
+def histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
     """Float input, a range eager accepts (finite, min <= max; min == max takes the data's)."""
     return (out is None and input.dtype.is_float and math.prod(input.shape) > 0 and isinstance(bins, int)
             and bins > 0 and math.isfinite(min) and math.isfinite(max) and min <= max)
 
 
-@register_function(torch.histc, check=_histc_supported)
-@register_method("histc", check=_histc_supported)
+@register_function(torch.histc, check=histc_supported)
+@register_method("histc", check=histc_supported)
 def histc(input, bins=100, min=0, max=0, *, out=None):
     """As eager's CPU kernel: edges min and max in the input's dtype (the data's extremes where
     min == max, widened by 1 where those are equal too), element e in bin

@@ -38,6 +38,45 @@ def _recurrent(make, *shape):
     return lambda: (make(), {"input": torch.randn(*shape, device="cuda")})
 
 
+def _wav2vec2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4, feat_extract_norm="group")
+    return transformers.Wav2Vec2Model(config), {"input_values": torch.randn(2, 4000, device="cuda")}
+
+
+def _raft():
+    optical_flow = pytest.importorskip("torchvision.models.optical_flow")
+    images = {f"image{k}": torch.randn(1, 3, 128, 160, device="cuda") for k in (1, 2)}
+    return optical_flow.raft_small(weights=None), {**images, "num_flow_updates": 4}
+
+
+class _Heads(torch.nn.Module):
+    """A detection model's backbone and head on a batch of images (what follows, the boxes'
+    selection, compares badly between two runs of random weights: near-equal scores)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images):
+        features = list(self.model.backbone(images).values())
+        return self.model.head(features)
+
+
+def _ssdlite():
+    detection = pytest.importorskip("torchvision.models.detection")
+    model = detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=10)
+    return _Heads(model), {"images": torch.randn(2, 3, 320, 320, device="cuda")}
+
+
+def _mvit_v2():
+    video = pytest.importorskip("torchvision.models.video")
+    return video.mvit_v2_s(weights=None, num_classes=10), {"x": torch.randn(1, 3, 16, 224, 224, device="cuda")}
+
+
 SMALL_TEXT = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=128)
 
@@ -66,6 +105,17 @@ MODELS = {
                                {"src": torch.randn(2, 11, 64, device="cuda"),
                                 "tgt": torch.randn(2, 7, 64, device="cuda"),
                                 "tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(7, device="cuda")}),
+    # mixture of experts: transformers' grouped matmul and torch.histc
+    "deepseek_v3": _transformers("DeepseekV3Config", "DeepseekV3Model", vocab_size=1000, hidden_size=64,
+                                 intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                                 num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                 kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                 v_head_dim=16, n_group=1, topk_group=1),
+    "wav2vec2": _wav2vec2,                  # group norm of the feature extractor
+    "raft_small": _raft,
+    "ssdlite": _ssdlite,
+    "mvit_v2_s": _mvit_v2,
     "lstm": _recurrent(lambda: torch.nn.LSTM(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
     "gru": _recurrent(lambda: torch.nn.GRU(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
 }
