@@ -318,8 +318,11 @@ transformers' own library, named: Kiln does not import transformers), as dynamo'
 AOTAutograd's call it."""
 
 
-@register_function(torch._grouped_mm, *GROUPED_MM_FALLBACK, *[F.grouped_mm][:hasattr(F, "grouped_mm")],
-                   check=row_groups)
+GROUPED_MM = (torch._grouped_mm, *GROUPED_MM_FALLBACK) + ((F.grouped_mm,) if hasattr(F, "grouped_mm") else ())
+"""The grouped matmuls of torch (F.grouped_mm where this torch has it) and of transformers."""
+
+
+@register_function(*GROUPED_MM, check=row_groups)
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Row s of `mat_a` times the matrix of its group: the number of group ends in `offs` at or
     below s (rows past the last end get zeros, as transformers' fallback leaves them)."""
