@@ -13,6 +13,7 @@ from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
 from kiln_mappings_builtin.arrange import diagonal_of
+from kiln_mappings_builtin.common import counted
 
 
 def _scaled(t, factor):
@@ -327,5 +328,4 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Row s of `mat_a` times the matrix of its group: the number of group ends in `offs` at or
     below s (rows past the last end get zeros, as transformers' fallback leaves them)."""
     rows = ops.arange(mat_a.shape[0], dtype=offs.dtype, device=mat_a.device)
-    group = ops.sum(ops.le(offs, ops.unsqueeze(rows, -1)), -1, dtype=torch.int64)
-    return ops.grouped_matmul(mat_a, mat_b, group)
+    return ops.grouped_matmul(mat_a, mat_b, counted(offs, rows, True, torch.int64))

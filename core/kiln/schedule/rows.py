@@ -169,13 +169,12 @@ class RowForm:
     of the row; `stats[k]` the value of the k-th statistic (`statistics[k]`) of row `o`, which
     later values read as a load of `scalars[k]` (a scalar tensor, no indices), and which, where
     `written[k]`, is an output of the task, written at its element `o`; `result` the element
-    `e` of row `o` of the row output `out`."""
+    `e` of row `o` of the row output."""
 
     rows: int
     row_len: int
     o: Var
     e: Var
-    out: Compute
     statistics: list[Compute]
     scalars: list[TensorInput]
     stats: list[Expr]
@@ -211,7 +210,7 @@ def row_form(lowered: Lowered, out: Compute, p: int) -> RowForm:
         return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
 
     outputs = {id(t) for t in lowered.outputs}
-    return RowForm(rows, row_len, o, e, out, stats, [scalars[id(t)] for t in stats],
+    return RowForm(rows, row_len, o, e, stats, [scalars[id(t)] for t in stats],
                    [value_of(t) for t in stats], [id(t) in outputs for t in stats], value_of(out))
 
 
