@@ -94,6 +94,8 @@ def grouped_matmul(x, weight, group):
     (rows, k), (groups, k_weight, n) = x.shape, weight.shape
     if k != k_weight:
         raise OperatorError(f"grouped_matmul: cannot multiply rows of {k} by matrices {weight.shape}")
+    if groups == 0:     # no matrix to read: every row is in no group
+        return compute((rows, n), lambda s, j: cast(0, x.dtype), dtype=x.dtype)
     acc = accumulator_type(x.dtype)
 
     def element(s, j):

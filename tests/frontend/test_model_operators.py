@@ -295,10 +295,11 @@ def _grouped_reference(x, weight, ends):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("rows, ends", [(9, [2, 2, 7]), (13, [0, 5, 5, 13]), (1, [1]), (6, [0, 0])], ids=str)
+@pytest.mark.parametrize("rows, ends", [(9, [2, 2, 7]), (13, [0, 5, 5, 13]), (1, [1]), (6, [0, 0]), (5, [])], ids=str)
 def test_grouped_matmul_operator(rows, ends, dtype):
     """kiln.ops.grouped_matmul: each row by its group's matrix (empty groups, a group of every row,
-    rows in no group), x not contiguous, against float64 next to eager's own error."""
+    rows in no group, no groups at all), x not contiguous, against float64 next to eager's own
+    error."""
     groups, k, n = len(ends), 11, 6
     x = rand((k, rows), dtype).t()
     weight = rand((groups, k, n), dtype)
