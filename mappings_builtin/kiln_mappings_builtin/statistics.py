@@ -169,28 +169,35 @@ nanquantile = register_function(torch.nanquantile, check=no_out)(
 
 
 def histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
-    """Float input, a range eager accepts (finite, min <= max; min == max takes the data's)."""
-    return (out is None and input.dtype.is_float and math.prod(input.shape) > 0 and isinstance(bins, int)
+    """Float input, or integer input on CUDA (eager's CPU kernel takes floats only); a range eager
+    accepts (finite, min <= max; min == max takes the data's)."""
+    takes = input.dtype.is_float or (input.dtype.is_integer and input.device.torch().type == "cuda")
+    return (out is None and takes and math.prod(input.shape) > 0 and isinstance(bins, int)
             and bins > 0 and math.isfinite(min) and math.isfinite(max) and min <= max)
 
 
 @register_function(torch.histc, check=histc_supported)
 @register_method("histc", check=histc_supported)
 def histc(input, bins=100, min=0, max=0, *, out=None):
-    """As eager's CPU kernel: edges min and max in the input's dtype (the data's extremes where
-    min == max, widened by 1 where those are equal too), element e in bin
-    trunc((e - min) * bins / (max - min)), max in the last bin, NaN and values outside ignored;
-    each bin counts its elements (a comparison per element and bin, no atomics)."""
+    """As eager: edges min and max in the input's dtype (the data's extremes where min == max,
+    widened by 1 where those are equal too), element e in bin trunc((e - min) * bins / (max - min)),
+    max in the last bin, NaN and values outside ignored; each bin counts its elements (a comparison
+    per element and bin, no atomics). Integers (CUDA) compute the bin in int64 arithmetic, as
+    eager's CUDA kernel does, and count in the input's dtype."""
     x = ops.reshape(input, (-1,))
+    if not input.dtype.is_float:
+        x = ops.cast(x, "int64")
+        min, max = int(min), int(max)
     if min == max:
         low, high = ops.amin(x), ops.amax(x)
         same = ops.eq(low, high)
         low, high = ops.where(same, ops.sub(low, 1), low), ops.where(same, ops.add(high, 1), high)
     else:
-        low, high = (ops.full((), v, dtype=input.dtype, device=input.device) for v in (min, max))
-    position = ops.div(ops.mul(ops.sub(x, low), bins), ops.sub(high, low))
+        low, high = (ops.full((), v, dtype=x.dtype, device=input.device) for v in (min, max))
+    rounding = None if input.dtype.is_float else "trunc"
+    position = ops.div(ops.mul(ops.sub(x, low), bins), ops.sub(high, low), rounding)
     position = ops.minimum(ops.cast(position, "int64"), bins - 1)
     inside = ops.logical_and(ops.ge(x, low), ops.le(x, high))
     bin_index = ops.reshape(ops.arange(bins, device=input.device), (bins, 1))
     counted = ops.logical_and(ops.eq(position, bin_index), inside)
-    return ops.sum(ops.cast(counted, input.dtype), 1)
+    return ops.sum(ops.cast(counted, input.dtype), 1, False, input.dtype)

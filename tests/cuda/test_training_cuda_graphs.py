@@ -6,6 +6,7 @@ accumulation) is left for another capture instead of being overwritten. Losses a
 against the same model run eagerly."""
 import copy
 import gc
+import weakref
 
 import pytest
 import torch
@@ -21,12 +22,24 @@ def _model():
                                torch.nn.Linear(96, 32)).cuda()
 
 
-def _captures(backward: bool) -> list[list]:
-    """The captures of each live compiled forward (or backward: lending from output 0) graph
-    replayed as a CUDA graph."""
+_EARLIER = weakref.WeakSet()
+
+
+@pytest.fixture(autouse=True)
+def _earlier_functions():
+    """Compiled functions that other tests of this process left alive (a failed test's traceback
+    holds its model) are not this test's: remember them, so `_captures` leaves them out."""
     gc.collect()
-    return [list(run.captures.values()) for f in KilnFunction.live() for run in f.graphs.values()
-            if run.captures and (f.lent_from == 0) == backward]
+    _EARLIER.clear()
+    _EARLIER.update(KilnFunction.live())
+
+
+def _captures(backward: bool) -> list[list]:
+    """The captures of each compiled forward (or backward: lending from output 0) graph of this
+    test that is still alive and replayed as a CUDA graph."""
+    gc.collect()
+    return [list(run.captures.values()) for f in KilnFunction.live() if f not in _EARLIER
+            for run in f.graphs.values() if run.captures and (f.lent_from == 0) == backward]
 
 
 def _forward_and_backward() -> tuple[list, list]:

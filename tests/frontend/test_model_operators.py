@@ -273,6 +273,30 @@ def test_histc_edges_nan_constant_and_non_contiguous():
     compile_and_compare(lambda x: torch.histc(x, 6, -2, 2), torch.randn(9, 4).t(), atol=0, rtol=0)
 
 
+def test_histc_of_integers_is_declined_on_the_cpu():
+    """Eager's CPU histc takes floats only; Kiln's rule declines integers there."""
+    from kiln.frontend.torch import kiln_backend
+
+    class Histogram(nn.Module):
+        def forward(self, x):
+            return torch.histc(x, 4, 0, 3)
+
+    with pytest.raises(Exception, match="histc.*declined"), torch.no_grad():
+        x = torch.arange(6)
+        kiln_backend(torch.fx.symbolic_trace(Histogram()), [x])(x)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("bins, low, high", [(8, 0, 7), (5, 0, 0), (4, 2, 9), (3, -1.5, 3.7), (6, 4, 4)], ids=str)
+def test_histc_of_integers_on_cuda(bins, low, high, dtype):
+    """Integer histc, as mixture-of-experts layers count each expert's tokens on CUDA: bins computed
+    in integer arithmetic, edges truncated to integers, counts in the input's dtype."""
+    x = torch.randint(-3, 12, (97,), device="cuda", dtype=dtype)
+    compile_and_compare(lambda x: torch.histc(x, bins, low, high), x, atol=0, rtol=0)
+    compile_and_compare(lambda x: torch.histc(x, bins, low, high), x.view(-1, 1)[::2, 0] + 1, atol=0, rtol=0)
+
+
 def test_histc_in_a_functionalized_graph():
     """A graph that writes through a view goes through AOTAutograd's functionalization, where
     histc reaches Kiln as aten.histc (DeepSeek-V3's expert counts)."""
