@@ -13,7 +13,7 @@ eager's (relative error), and how many tokens equal eager's. Inductor is timed w
 mode="reduce-overhead" (CUDA graphs).
 
     python benchmarks/decode_bench.py [--models llama_1b qwen2_0_5b] [--batch 1 8] [--tokens 128]
-        [--prompt 32] [--dtype bfloat16] [--json out.json]
+        [--prompt 32] [--dtype bfloat16] [--backends inductor_cg kiln] [--json out.json]
 """
 from __future__ import annotations
 
@@ -91,6 +91,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--backends", nargs="+", default=["inductor_cg", "kiln"], choices=["inductor_cg", "kiln"],
+                        help="compiled backends to time (eager always runs: it is the reference)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     from transformers import StaticCache
@@ -110,8 +112,8 @@ def main() -> None:
                                 dtype=dtype, device="cuda")
             with torch.no_grad():
                 reference, reference_logits = None, None
-                for label, backend, mode in (("eager", None, None), ("inductor_cg", "inductor", "reduce-overhead"),
-                                             ("kiln", "kiln", None)):
+                backends = [("eager", None, None), ("inductor_cg", "inductor", "reduce-overhead"), ("kiln", "kiln", None)]
+                for label, backend, mode in [b for b in backends if b[0] == "eager" or b[0] in args.backends]:
                     torch._dynamo.reset()
                     step = model if backend is None else torch.compile(model, backend=backend, mode=mode)
                     row = {"model": name, "batch": batch, "backend": label}

@@ -12,7 +12,7 @@ import kiln
 from kiln.ir.inline import inline_task
 from kiln.runtime import cuda as rt
 from kiln.schedule.choose import auto_program
-from kiln.schedule.rows import permuted_rows, row_prefix
+from kiln.schedule.rows import permuted_rows, row_task
 from tests.support import assert_close, rand
 
 ops = kiln.ops
@@ -40,8 +40,8 @@ def test_permuted_rows_are_one_row_task_matching_torch(name):
     graph = _graph(name, "float32", "cpu")
     (node,) = graph.nodes
     lowered = inline_task(node.task)
-    p = row_prefix(lowered)
-    assert p is not None and permuted_rows(lowered, p) is not None
+    found = row_task(lowered)
+    assert found is not None and permuted_rows(lowered, *found) is not None
     shape, _, reference = CASES[name]
     x, w = rand(shape), rand((shape[-1],))
     (out,) = graph.run([x, w])
@@ -54,8 +54,8 @@ def test_moving_the_row_axis_is_not_a_row_permutation():
     graph = kiln.graph.optimize(kiln.trace_from(ops.transpose(ops.layer_norm(x, (24,), w, w), 1, 2), [x, w]))
     for node in graph.nodes:
         lowered = inline_task(node.task)
-        p = row_prefix(lowered)
-        assert p is None or permuted_rows(lowered, p) is None
+        found = row_task(lowered)
+        assert found is None or permuted_rows(lowered, *found) is None
     tx, tw = rand((4, 9, 24)), rand((24,))
     (out,) = graph.run([tx, tw])
     assert_close(out, F.layer_norm(tx, (24,), tw, tw).transpose(1, 2), atol=1e-5, rtol=1e-5)

@@ -1,8 +1,15 @@
-"""ATen matrix products: mm, bmm, addmm and the batched forms, onto Kiln's matmul."""
+"""ATen matrix products: mm, bmm, addmm and the batched forms, onto Kiln's matmul; the grouped
+matmul of mixture-of-experts layers (`aten._grouped_mm`, the torch-level rule's)."""
 from kiln import ops
 from kiln.frontend.torch import register_function
+from kiln_mappings_builtin import products
 
 from kiln_mappings_aten.common import aten
+
+
+@register_function(aten._grouped_mm.default, check=products.row_groups)
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    return products.grouped_mm(mat_a, mat_b, offs)
 
 
 @register_function(aten.mm.default, aten.bmm.default, aten.matmul.default)

@@ -122,30 +122,37 @@ def _statistics_type(x):
     return dtypes.float32 if x.dtype.is_16bit_float else x.dtype
 
 
-def _mean_rstd(x, dims: list[int], eps: float):
-    """The mean and 1 / sqrt(biased variance + eps) of x over `dims` (kept), in float32 for
-    16-bit x."""
+def _moments(x, dims: list[int], eps: float):
+    """(x - mean, mean, 1 / sqrt(biased variance + eps)) of x over `dims` (kept), in float32
+    for 16-bit x."""
     wide = ops.cast(x, _statistics_type(x))
     mean = ops.mean(wide, dims, True)
     centered = ops.sub(wide, mean)
-    return mean, ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
+    return centered, mean, ops.rsqrt(ops.add(ops.mean(ops.mul(centered, centered), dims, True), eps))
 
 
 @register_function(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     """(layer norm, mean, 1 / std), the statistics of shape x.shape[:axis] + (1,) * len(normalized_shape),
-    float32 for 16-bit x on CUDA and x's dtype on the CPU, as eager gives them."""
-    mean, rstd = _mean_rstd(x, list(range(x.ndim - len(normalized_shape), x.ndim)), eps)
+    float32 for 16-bit x on CUDA and x's dtype on the CPU, as eager gives them. The layer norm
+    is computed from the statistics it returns (not by the layer_norm operator, which would
+    compute them again), so that fusion makes the three one row kernel."""
+    centered, mean, rstd = _moments(x, list(range(x.ndim - len(normalized_shape), x.ndim)), eps)
+    out = ops.mul(centered, rstd)
+    if weight is not None:
+        out = ops.mul(out, weight)
+    if bias is not None:
+        out = ops.add(out, bias)
     if x.device.kind == "cpu":      # eager's CPU kernel rounds the statistics to x's dtype
         mean, rstd = ops.cast(mean, x.dtype), ops.cast(rstd, x.dtype)
-    return ops.layer_norm(x, tuple(normalized_shape), weight, bias, eps), mean, rstd
+    return ops.cast(out, x.dtype), mean, rstd
 
 
 @register_function(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     """(group norm, mean, 1 / std), the statistics of shape (N, groups) in x's dtype, as
     eager gives them."""
-    mean, rstd = _mean_rstd(ops.reshape(x, (n, groups, channels // groups * hw)), [2], eps)
+    _, mean, rstd = _moments(ops.reshape(x, (n, groups, channels // groups * hw)), [2], eps)
     statistic = lambda s: ops.cast(ops.reshape(s, (n, groups)), x.dtype)
     return ops.group_norm(x, groups, weight, bias, eps), statistic(mean), statistic(rstd)
 

@@ -1,7 +1,8 @@
 """ATen reductions: sums, means, extremes, logical reductions and variance, over dim lists
-(an empty list meaning every dim, as in ATen); sort and topk."""
+(an empty list meaning every dim, as in ATen); sort and topk; histc (the torch-level rule's)."""
 from kiln import ops
 from kiln.frontend.torch import register_function
+from kiln_mappings_builtin import statistics
 
 from kiln_mappings_aten.common import aten, all_dims
 
@@ -128,3 +129,8 @@ def sort_stable(x, stable=None, dim=-1, descending=False):
 def topk(x, k, dim=-1, largest=True, sorted=True):
     """The k largest (smallest) in order, which `sorted=False` allows too."""
     return ops.topk(x, k, dim, largest)
+
+
+@register_function(aten.histc.default, check=statistics.histc_supported)
+def histc(x, bins=100, min=0, max=0):
+    return statistics.histc(x, bins, min, max)

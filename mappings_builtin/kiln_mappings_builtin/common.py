@@ -37,3 +37,16 @@ def is_tensor(value) -> bool:
 def dims_arg(dims) -> tuple:
     """`permute(0, 2, 1)` and `permute((0, 2, 1))` alike: the varargs as one tuple."""
     return tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else tuple(dims)
+
+
+def counted(boundaries, values, right: bool, dtype):
+    """For each value, how many boundaries lie below it (at or below, with `right`), along the
+    last dim of `boundaries` (1-D boundaries serve every value)."""
+    below = ops.le if right else ops.lt
+    if boundaries.shape[-1] == 0:
+        return ops.full(values.shape, 0, dtype=dtype, device=values.device)
+    if boundaries.ndim == 1:
+        hits = below(boundaries, ops.unsqueeze(values, -1))
+    else:
+        hits = below(ops.unsqueeze(boundaries, -2), ops.unsqueeze(values, -1))
+    return ops.sum(hits, -1, dtype=dtype)

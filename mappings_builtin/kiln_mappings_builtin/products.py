@@ -1,6 +1,7 @@
 """Products and distances composed from matmul: outer, dot, mv, addmv, addr, addbmm, bilinear,
-einsum (lowered to diagonals, permute, reshape and batched matmul), cdist, cosine_similarity and
-pairwise_distance."""
+einsum (lowered to diagonals, permute, reshape and batched matmul), cdist, cosine_similarity,
+pairwise_distance, and the grouped matmul of mixture-of-experts layers (`torch._grouped_mm`,
+`F.grouped_mm`, and transformers' fallback operator for dtypes those do not take)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
 from kiln_mappings_builtin.arrange import diagonal_of
+from kiln_mappings_builtin.common import counted
 
 
 def _scaled(t, factor):
@@ -302,3 +304,28 @@ def cdist(x1, x2, p=2.0, compute_mode=None):
     """The p-distance of every row of x1 (.., P, M) to every row of x2 (.., R, M): (.., P, R)."""
     diff = ops.sub(ops.unsqueeze(x1, -2), ops.unsqueeze(x2, -3))
     return _p_norm(diff, p, -1)
+
+
+def row_groups(mat_a, mat_b, offs=None, bias=None, out_dtype=None) -> bool:
+    """The mixture-of-experts form: rows (S, K) by groups of matrices (G, K, N), `offs` the
+    groups' cumulative row ends; no bias, and the result in the operands' dtype."""
+    return (offs is not None and bias is None and (out_dtype is None or out_dtype == mat_a.dtype)
+            and mat_a.ndim == 2 and mat_b.ndim == 3 and offs.ndim == 1 and offs.shape[0] == mat_b.shape[0])
+
+
+GROUPED_MM_FALLBACK = ("transformers.grouped_mm_fallback", "transformers.grouped_mm_fallback.default")
+"""transformers' grouped matmul for dtypes `torch._grouped_mm` does not take (an operator of
+transformers' own library, named: Kiln does not import transformers), as dynamo's graphs and
+AOTAutograd's call it."""
+
+
+GROUPED_MM = (torch._grouped_mm, *GROUPED_MM_FALLBACK) + ((F.grouped_mm,) if hasattr(F, "grouped_mm") else ())
+"""The grouped matmuls of torch (F.grouped_mm where this torch has it) and of transformers."""
+
+
+@register_function(*GROUPED_MM, check=row_groups)
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Row s of `mat_a` times the matrix of its group: the number of group ends in `offs` at or
+    below s (rows past the last end get zeros, as transformers' fallback leaves them)."""
+    rows = ops.arange(mat_a.shape[0], dtype=offs.dtype, device=mat_a.device)
+    return ops.grouped_matmul(mat_a, mat_b, counted(offs, rows, True, torch.int64))

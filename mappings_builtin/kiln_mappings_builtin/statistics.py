@@ -9,7 +9,7 @@ import torch
 from kiln import ops
 from kiln.frontend.torch import register_function, register_method
 
-from kiln_mappings_builtin.common import is_tensor, no_out
+from kiln_mappings_builtin.common import counted, is_tensor, no_out
 from kiln_mappings_builtin.products import _p_norm
 
 
@@ -97,22 +97,9 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     return ops.logical_not(found) if invert else found
 
 
-def _counted(boundaries, values, right: bool, dtype):
-    """For each value, how many boundaries lie below it (at or below, with `right`), along the
-    last dim of `boundaries` (1-D boundaries serve every value)."""
-    below = ops.le if right else ops.lt
-    if boundaries.shape[-1] == 0:
-        return ops.full(values.shape, 0, dtype=dtype, device=values.device)
-    if boundaries.ndim == 1:
-        hits = below(boundaries, ops.unsqueeze(values, -1))
-    else:
-        hits = below(ops.unsqueeze(boundaries, -2), ops.unsqueeze(values, -1))
-    return ops.sum(hits, -1, dtype=dtype)
-
-
 @register_function(torch.bucketize, check=lambda input, boundaries, **k: is_tensor(input))
 def bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
-    return _counted(boundaries, input, right, torch.int32 if out_int32 else torch.int64)
+    return counted(boundaries, input, right, torch.int32 if out_int32 else torch.int64)
 
 
 def _sorted_plain(sorted_sequence, input, *args, **kwargs) -> bool:
@@ -124,7 +111,7 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
     right = right or side == "right"
     if sorter is not None and sorter.numel():
         sorted_sequence = ops.take_along_dim(sorted_sequence, sorter, -1)
-    return _counted(sorted_sequence, input, right, torch.int32 if out_int32 else torch.int64)
+    return counted(sorted_sequence, input, right, torch.int32 if out_int32 else torch.int64)
 
 
 def _at_rank(moved, rank, n: int):
@@ -181,14 +168,14 @@ nanquantile = register_function(torch.nanquantile, check=no_out)(
     register_method("nanquantile")(_quantile_rule(True)))
 
 
-def _histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
+def histc_supported(input, bins=100, min=0, max=0, *, out=None) -> bool:
     """Float input, a range eager accepts (finite, min <= max; min == max takes the data's)."""
     return (out is None and input.dtype.is_float and math.prod(input.shape) > 0 and isinstance(bins, int)
             and bins > 0 and math.isfinite(min) and math.isfinite(max) and min <= max)
 
 
-@register_function(torch.histc, check=_histc_supported)
-@register_method("histc", check=_histc_supported)
+@register_function(torch.histc, check=histc_supported)
+@register_method("histc", check=histc_supported)
 def histc(input, bins=100, min=0, max=0, *, out=None):
     """As eager's CPU kernel: edges min and max in the input's dtype (the data's extremes where
     min == max, widened by 1 where those are equal too), element e in bin

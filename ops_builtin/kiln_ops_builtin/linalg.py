@@ -1,4 +1,5 @@
-"""Matrix products: matmul (with torch.matmul's 1-D and batched broadcasting rules) and linear.
+"""Matrix products: matmul (with torch.matmul's 1-D and batched broadcasting rules), linear, and
+the grouped product of mixture-of-experts layers (each row by the matrix of its group).
 
 Float32/float64 and integers accumulate in their own type; float16/bfloat16 accumulate in
 float32 and round once to their type. `allow_tf32` lets a GPU template round float32 operands
@@ -9,9 +10,10 @@ import operator as python
 
 from kiln import dtypes
 from kiln.graph import OperatorError, Traits, operator
-from kiln.ir import cast, compute, reduce
+from kiln.ir import cast, compute, minimum, reduce, select
 
 from kiln_ops_builtin.common import accumulator_type, broadcast_load, broadcast_shape, check_dtype
+from kiln_ops_builtin.indexing import INDEX_TYPES
 
 DTYPES = dtypes.FLOATS + dtypes.INTEGERS
 
@@ -77,3 +79,29 @@ def linear(x, weight, bias=None, allow_tf32=False):
         return total if bias is None else total + cast(bias[o], acc)
 
     return compute(x.shape[:-1] + (out_features,), element, dtype=x.dtype)
+
+
+@operator("grouped_matmul")
+def grouped_matmul(x, weight, group):
+    """Each row of `x` (S, K) times the (K, N) matrix of its group in `weight` (G, K, N):
+    out[s] = x[s] @ weight[group[s]] for `group` (S,) in [0, G), and zeros where group[s] is G
+    or more (a row in no group). The grouped GEMM of mixture-of-experts layers, read in place:
+    no (S, K, N) gather of the weights."""
+    _check_operands("grouped_matmul", x, weight)
+    if x.ndim != 2 or weight.ndim != 3 or group.shape != (x.shape[0],) or group.dtype not in INDEX_TYPES:
+        raise OperatorError(f"grouped_matmul: expected x (S, K), weight (G, K, N) and int group (S,), got "
+                            f"{x.shape}, {weight.shape} and {group.dtype} {group.shape}")
+    (rows, k), (groups, k_weight, n) = x.shape, weight.shape
+    if k != k_weight:
+        raise OperatorError(f"grouped_matmul: cannot multiply rows of {k} by matrices {weight.shape}")
+    if groups == 0:     # no matrix to read: every row is in no group
+        return compute((rows, n), lambda s, j: cast(0, x.dtype), dtype=x.dtype)
+    acc = accumulator_type(x.dtype)
+
+    def element(s, j):
+        g = cast(group[s], dtypes.int64)
+        at = minimum(g, groups - 1)
+        total = reduce([k], lambda r: cast(x[s, r], acc) * cast(weight[at, r, j], acc), dtype=acc)
+        return select(g < groups, total, cast(0, acc))
+
+    return compute((rows, n), element, dtype=x.dtype)

@@ -105,7 +105,7 @@ def test_blhd_query_read_in_place(shape, dtype):
 
 
 
-@pytest.mark.parametrize("knobs", attention_decode.space(1), ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("knobs", attention_decode.TEMPLATE.space(1), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("shape,variant,dtype", [("decode_gqa4", "bool_padding", torch.float16),
                                                  ("gqa8_16_queries", "float_mask", torch.bfloat16),
                                                  ("mha_3_queries", "causal", torch.float16)])

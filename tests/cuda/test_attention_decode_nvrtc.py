@@ -86,9 +86,9 @@ def test_level0_choice():
         {"BN": 64, "NW": 4, "MT": 2, "WR": 4, "SPLIT": 11}
     assert attention_decode.suggest(_task((2, 8, 3, 64), (2, 8, 1000, 64)), 132)[0]["MT"] == 1
     # causal: the queries see their first keys only, one tile, no split
-    assert "SPLIT" not in attention_decode.suggest(_task((1, 16, 16, 96), (1, 2, 2049, 96), causal=True), 132)[0]
+    assert attention_decode.suggest(_task((1, 16, 16, 96), (1, 2, 2049, 96), causal=True), 132)[0]["SPLIT"] == 1
     for task in (_task(), _task((3, 12, 1, 80), (3, 4, 777, 80))):
-        assert attention_decode.valid(attention_decode.suggest(task, 132)[0])
+        assert attention_decode.DecodeKnobs(**attention_decode.suggest(task, 132)[0]).valid()
 
 
 def test_split_kv_program_combines_partials_as_flash_does():
@@ -97,18 +97,20 @@ def test_split_kv_program_combines_partials_as_flash_does():
     assert program.launches[0].grid == (4 * 2 * 2, 1, 1)          # splits x batch x key/value heads
     assert program.temporaries == [((4, 16, 3, 64), dtypes.float32), ((4, 16, 3, 2), dtypes.float32)]
     assert "kiln_attention_combine(" in program.source
-    single = attention_decode.render(_task((2, 8, 3, 64), (2, 2, 1000, 64)), BN=16, NW=4, MT=1, WR=1)
+    single = attention_decode.render(_task((2, 8, 3, 64), (2, 2, 1000, 64)), BN=16, NW=4, MT=1, WR=1, SPLIT=1)
     assert [launch.kernel for launch in single.launches] == ["kiln_attention_decode"] and not single.temporaries
 
 
 def test_space_is_valid():
     for level in (0, 1, 2):
-        for knobs in attention_decode.space(level):
-            assert attention_decode.valid(knobs), knobs
-            assert attention_decode.smem_bytes(knobs, 128) <= attention_decode.MAX_SMEM
-    assert not attention_decode.valid({"BN": 16, "NW": 4, "MT": 1, "WR": 3})     # 4 warps in 3 rows
-    assert not attention_decode.valid({"BN": 128, "NW": 8, "MT": 1, "WR": 1})    # 1024 keys a tile
-    with pytest.raises(ValueError, match="invalid knobs"):
+        for knobs in attention_decode.TEMPLATE.space(level):
+            assert attention_decode.DecodeKnobs(**knobs).smem_bytes(128) <= attention_decode.MAX_SMEM, knobs
+    assert attention_decode.TEMPLATE.space(0) == [attention_decode.DecodeKnobs().as_dict()]
+    with pytest.raises(ValueError, match="DecodeKnobs: unsupported setting"):
+        attention_decode.DecodeKnobs(WR=3)                                      # 4 warps in 3 rows
+    with pytest.raises(ValueError, match="DecodeKnobs: unsupported setting"):
+        attention_decode.DecodeKnobs(BN=128, NW=8)                              # 1024 keys a tile
+    with pytest.raises(ValueError, match="DecodeKnobs: unsupported setting"):
         attention_decode.render(_task(), BN=24, NW=4, MT=1, WR=1)
 
 
@@ -126,7 +128,7 @@ TASKS = {
 @pytest.mark.parametrize("name", list(TASKS))
 def test_every_knob_compiles(name):
     task = _task(**TASKS[name])
-    knobs = attention_decode.space(2) + attention_decode.suggest(task, 132)[:1]
+    knobs = attention_decode.TEMPLATE.space(2) + attention_decode.suggest(task, 132)[:1]
     programs = [attention_decode.render(task, **k) for k in knobs]
     rt.compile_many([(p.source, f"attention_decode_{name}", arch) for p in programs for arch in ("sm_80", "sm_90")])
 
@@ -137,5 +139,5 @@ def test_other_layouts_compile():
     tasks = [_blhd_task(1, 16, 16, 2, 2049, 96), _task((8, 2, 128), (2, 300, 128), dtype=bf16),
              _task((4, 64), (1000, 64))]
     programs = [attention_decode.render(task, **k) for task in tasks
-                for k in attention_decode.space(0) + attention_decode.suggest(task, 132)[:1]]
+                for k in attention_decode.TEMPLATE.space(0) + attention_decode.suggest(task, 132)[:1]]
     rt.compile_many([(p.source, "attention_decode_layouts", arch) for p in programs for arch in ("sm_80", "sm_90")])

@@ -67,7 +67,7 @@ def test_matches_sdpa(case, d, dtype):
     check_near_eager(_run(q, k, v, m, causal, scale), q, k, v, m, causal, scale)
 
 
-@pytest.mark.parametrize("knobs", attention_sm90.space(2), ids=lambda k: "-".join(map(str, k.values())))
+@pytest.mark.parametrize("knobs", attention_sm90.TEMPLATE.space(2), ids=lambda k: "-".join(map(str, k.values())))
 @pytest.mark.parametrize("case,d,dtype", [("causal_gqa", 128, torch.float16), ("bool_mask", 64, torch.bfloat16),
                                           ("float_mask_scale", 96, torch.float16),
                                           ("causal_lq_gt_lk", 64, torch.float16)],
@@ -93,7 +93,7 @@ def test_fully_masked_rows_give_zeros(causal):
 def test_blhd_views_read_in_place(dtype):
     task = blhd_task(2, 333, 8, 2, 128, kiln.dtypes.data_type(dtype), True)
     q, k, v = _randn(2, 333, 8, 128, dtype=dtype), _randn(2, 333, 2, 128, dtype=dtype), _randn(2, 333, 2, 128, dtype=dtype)
-    for knobs in attention_sm90.space(1):
+    for knobs in attention_sm90.TEMPLATE.space(1):
         out = load_template(attention_sm90, task, knobs)([q, k, v])
         check_near_eager(out, *(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
 
@@ -108,7 +108,7 @@ def test_queries_of_a_packed_projection():
     task = Task("attention", [src, k_in, v_in],
                 [attention_op.attention.definition(q_view, k_in, v_in, None, None, True)], {"is_causal": True})
     qkv, k, v = _randn(2, 200, 768, dtype=torch.float16), *(_randn(2, 4, 200, 64, dtype=torch.float16) for _ in "kv")
-    out = load_template(attention_sm90, task, attention_sm90.space(0)[0])([qkv, k, v])
+    out = load_template(attention_sm90, task, attention_sm90.TEMPLATE.space(0)[0])([qkv, k, v])
     check_near_eager(out, qkv[:, :, 256:512].reshape(2, 200, 4, 64).transpose(1, 2), k, v, is_causal=True)
 
 
@@ -116,7 +116,7 @@ def test_fused_epilogue_renders_into_the_hooks():
     task = bias_epilogue_task((2, 4, 200, 64))
     assert attention_sm90.applies(task)
     tq, tk, tv, tb = (_randn(*s, dtype=torch.float16) for s in ((2, 4, 200, 64),) * 3 + ((64,),))
-    out = load_template(attention_sm90, task, attention_sm90.space(0)[0])([tq, tk, tv, tb])
+    out = load_template(attention_sm90, task, attention_sm90.TEMPLATE.space(0)[0])([tq, tk, tv, tb])
     expected = reference(tq, tk, tv, is_causal=True) * 2 + tb.double()
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
 

@@ -30,7 +30,7 @@ def _task(q=(2, 4, 70, 64), k=(2, 2, 175, 64), *args, **kwargs):
 
 
 def _maps(task, knobs=None):
-    launch = attention_sm90.render(task, **(knobs or attention_sm90.space(0)[0])).launches[0]
+    launch = attention_sm90.render(task, **(knobs or attention_sm90.TEMPLATE.space(0)[0])).launches[0]
     return [a for a in launch.args if isinstance(a, TensorMapArg)]
 
 
@@ -56,8 +56,8 @@ def test_tensor_maps_read_operands_in_place():
     q, k, _ = _maps(blhd_task(2, 150, 8, 2, 96, f16, True))                          # [B, L, H, D] views
     assert (q.dims, q.strides) == ((96, 150, 8, 2), (1, 8 * 96, 96, 150 * 8 * 96))
     assert (k.dims, k.strides) == ((96, 150, 2, 2), (1, 2 * 96, 96, 150 * 2 * 96))
-    source = attention_sm90.render(blhd_task(2, 150, 8, 2, 96, f16, True), **attention_sm90.space(0)[0]).source
-    assert "kiln_tma_4d(DST, &tmK, BAR, COL, ROW, (int)(((bh) / 1 % 8) / 4), (int)((bh) / 8 % 2))" in source
+    source = attention_sm90.render(blhd_task(2, 150, 8, 2, 96, f16, True), **attention_sm90.TEMPLATE.space(0)[0]).source
+    assert "kiln_tma_4d(dst, map, bar, col, row, (int)(((bh) / 1 % 8) / 4), (int)((bh) / 8 % 2))" in source
     # the queries of a packed [B, L, 3 * H * D] projection: the map starts at the queries' offset
     src, k_in, v_in = TensorInput("qkv", (2, 70, 768), f16), *(TensorInput(n, (2, 4, 70, 64), f16) for n in "kv")
     q_view = compute((2, 4, 70, 64), lambda b, h, i, e: src[b, i, 256 + h * 64 + e])
@@ -74,19 +74,21 @@ def test_ranked_before_attention_flash_and_on_sm90_only():
     names = [t.name for t in schedules_for(task, "cuda", 90)]
     assert names.index("attention_sm90") < names.index("attention_flash")
     assert "attention_sm90" not in [t.name for t in schedules_for(task, "cuda", 80)]
-    program = attention_sm90.render(task, **attention_sm90.space(0)[0])
+    program = attention_sm90.render(task, **attention_sm90.TEMPLATE.space(0)[0])
     assert (program.min_arch, program.arch_for("sm_90")) == (90, "sm_90a")
 
 
 def test_space_fits_and_invalid_knobs_raise():
+    Knobs = attention_sm90.AttentionSm90Knobs
     for level in (0, 1, 2):
-        for knobs in attention_sm90.space(level):
-            assert attention_sm90.fits(knobs), knobs
-            assert attention_sm90.smem_bytes(knobs, 128) <= attention_sm90.MAX_SMEM
-    assert not attention_sm90.fits({"BN": 176, "CW": 2, "STAGES": 3})            # shared memory at head dim 128
-    assert attention_sm90.fits({"BN": 176, "CW": 2, "STAGES": 3}, 64)
-    assert not attention_sm90.fits({"BN": 72, "CW": 2, "STAGES": 2})             # no whole k16 step of keys
-    with pytest.raises(ValueError, match="invalid knobs"):
+        for knobs in Knobs.space(level):
+            assert knobs.fits(), knobs
+            assert knobs.smem_bytes(128) <= attention_sm90.MAX_SMEM
+    assert not Knobs(BN=176, CW=2, STAGES=3).fits()                            # shared memory at head dim 128
+    assert Knobs(BN=176, CW=2, STAGES=3).fits(64)
+    with pytest.raises(ValueError, match="unsupported setting"):
+        Knobs(BN=72, CW=2, STAGES=2)                                          # no whole k16 step of keys
+    with pytest.raises(ValueError, match="does not fit head dim 128"):
         attention_sm90.render(_task((2, 4, 70, 128), (2, 4, 70, 128)), BN=176, CW=2, STAGES=3)
 
 
@@ -112,7 +114,7 @@ TASKS = {
 @pytest.mark.parametrize("name", list(TASKS) + ["blhd_views"])
 def test_every_knob_compiles(name):
     task = blhd_task(2, 150, 8, 2, 128, f16, True) if name == "blhd_views" else _task(**TASKS[name])
-    programs = [attention_sm90.render(task, **k) for k in attention_sm90.space(2)]
+    programs = [attention_sm90.render(task, **k) for k in attention_sm90.TEMPLATE.space(2)]
     assert all("wgmma.mma_async.sync.aligned.m64n" in p.source and "setmaxnreg" in p.source for p in programs)
     rt.compile_many([(p.source, f"attention_sm90_{name}", p.arch_for("sm_90")) for p in programs], workers=2)
 

@@ -15,10 +15,13 @@ def _tokens(vocab: int, length: int = 24, batch: int = 2):
     return {"input_ids": torch.randint(0, vocab, (batch, length), device="cuda")}
 
 
-def _transformers(config_name: str, model_name: str, **config):
+def _transformers(config_name: str, model_name: str, image: int | None = None, **config):
+    """A transformers model of `config` and its inputs: token ids, or `image` x `image` pixels."""
     def build():
         transformers = pytest.importorskip("transformers")
         model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+        if image is not None:
+            return model, {"pixel_values": torch.randn(2, 3, image, image, device="cuda")}
         return model, _tokens(config.get("vocab_size", 1000))
     return build
 
@@ -31,16 +34,47 @@ def _timm(name: str, size: int, **kwargs):
     return build
 
 
-def _image_config(config_name: str, model_name: str, size: int, **config):
-    def build():
-        transformers = pytest.importorskip("transformers")
-        model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
-        return model, {"pixel_values": torch.randn(2, 3, size, size, device="cuda")}
-    return build
-
-
 def _recurrent(make, *shape):
     return lambda: (make(), {"input": torch.randn(*shape, device="cuda")})
+
+
+def _wav2vec2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4, feat_extract_norm="group")
+    return transformers.Wav2Vec2Model(config), {"input_values": torch.randn(2, 4000, device="cuda")}
+
+
+def _raft():
+    optical_flow = pytest.importorskip("torchvision.models.optical_flow")
+    images = {f"image{k}": torch.randn(1, 3, 128, 160, device="cuda") for k in (1, 2)}
+    return optical_flow.raft_small(weights=None), {**images, "num_flow_updates": 4}
+
+
+class _Heads(torch.nn.Module):
+    """A detection model's backbone and head on a batch of images (what follows, the boxes'
+    selection, compares badly between two runs of random weights: near-equal scores)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images):
+        features = list(self.model.backbone(images).values())
+        return self.model.head(features)
+
+
+def _ssdlite():
+    detection = pytest.importorskip("torchvision.models.detection")
+    model = detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=10)
+    return _Heads(model), {"images": torch.randn(2, 3, 320, 320, device="cuda")}
+
+
+def _mvit_v2():
+    video = pytest.importorskip("torchvision.models.video")
+    return video.mvit_v2_s(weights=None, num_classes=10), {"x": torch.randn(1, 3, 16, 224, 224, device="cuda")}
 
 
 SMALL_TEXT = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -58,9 +92,9 @@ MODELS = {
     "funnel": _transformers("FunnelConfig", "FunnelModel", vocab_size=1000, block_sizes=[1, 1], d_model=64,
                             n_head=4, d_head=16, d_inner=128),
     # a stage whose channel count equals its spatial size (the silent wrong answer of issue 30)
-    "convnext_v2": _image_config("ConvNextV2Config", "ConvNextV2Model", 64, hidden_sizes=[16, 32, 64, 96],
+    "convnext_v2": _transformers("ConvNextV2Config", "ConvNextV2Model", image=64, hidden_sizes=[16, 32, 64, 96],
                                  depths=[1, 1, 2, 1]),
-    "segformer": _image_config("SegformerConfig", "SegformerModel", 64, hidden_sizes=[16, 32, 64, 96],
+    "segformer": _transformers("SegformerConfig", "SegformerModel", image=64, hidden_sizes=[16, 32, 64, 96],
                                depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4]),
     "coat_lite_tiny": _timm("coat_lite_tiny", 224),
     "xcit_nano": _timm("xcit_nano_12_p16_224", 224),
@@ -71,6 +105,17 @@ MODELS = {
                                {"src": torch.randn(2, 11, 64, device="cuda"),
                                 "tgt": torch.randn(2, 7, 64, device="cuda"),
                                 "tgt_mask": torch.nn.Transformer.generate_square_subsequent_mask(7, device="cuda")}),
+    # mixture of experts: transformers' grouped matmul and torch.histc
+    "deepseek_v3": _transformers("DeepseekV3Config", "DeepseekV3Model", vocab_size=1000, hidden_size=64,
+                                 intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                                 num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                                 kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                 v_head_dim=16, n_group=1, topk_group=1),
+    "wav2vec2": _wav2vec2,                  # group norm of the feature extractor
+    "raft_small": _raft,
+    "ssdlite": _ssdlite,
+    "mvit_v2_s": _mvit_v2,
     "lstm": _recurrent(lambda: torch.nn.LSTM(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
     "gru": _recurrent(lambda: torch.nn.GRU(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
 }

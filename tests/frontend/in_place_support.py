@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction
-from kiln.graph.in_place import is_store
+from kiln.graph.in_place import ROWS, is_store
 
 
 def runs() -> list[CompiledRun]:
@@ -23,7 +23,18 @@ def new_runs(before: set[int]) -> list[CompiledRun]:
 
 
 def stores(run: CompiledRun) -> list:
-    """The StoreRows nodes of the run's FlowGraph."""
+    """The tensors the StoreRows nodes of the run's FlowGraph store into (one per in-place
+    update; a node stores several where updates follow each other)."""
+    return [t for n in store_nodes(run) for t in n.outputs]
+
+
+def row_nodes(run: CompiledRun) -> list:
+    """The UpdateRows nodes and groups of the run's FlowGraph (one kernel each)."""
+    return [n for n in run.graph.nodes if n.definition is ROWS]
+
+
+def store_nodes(run: CompiledRun) -> list:
+    """The StoreRows nodes of the run's FlowGraph (one launch each)."""
     return [n for n in run.graph.nodes if is_store(n)]
 
 

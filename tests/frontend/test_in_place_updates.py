@@ -14,8 +14,8 @@ import torch
 import kiln
 from kiln.graph.in_place import is_store
 from kiln.passes import PassContext
-from tests.frontend.in_place_support import (bytes_written, cache_step, decode, in_place_outputs, new_runs, runs,
-                                             stores, tiny_llama, two_cache_step)
+from tests.frontend.in_place_support import (bytes_written, cache_step, decode, in_place_outputs, new_runs, row_nodes,
+                                             runs, store_nodes, stores, tiny_llama, two_cache_step)
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -85,6 +85,8 @@ def test_keys_and_values_written_at_a_position_then_attended_to():
         torch.testing.assert_close(v, wv, rtol=0, atol=0)
     (run,) = new_runs(before)
     assert len(stores(run)) == 2 and len(in_place_outputs(run)) == 2
+    assert len(store_nodes(run)) == 1, "the two updates store in one launch"
+    assert len(row_nodes(run)) == 1, "the two updates' rows and offsets come from one kernel"
 
 
 @pytest.mark.slow
@@ -106,6 +108,8 @@ def test_greedy_decoding_over_a_static_cache_updates_every_layer_in_place():
     assert len(decoding) == 1
     (run,) = decoding
     assert len(stores(run)) == 2 * config.num_hidden_layers
+    assert len(store_nodes(run)) == config.num_hidden_layers, "a layer's keys and values store in one launch"
+    assert len(row_nodes(run)) == config.num_hidden_layers, "a layer's rows and offsets come from one kernel"
     cache_bytes = got_cache.layers[0].keys.nbytes
     assert len(in_place_outputs(run)) == 2 * config.num_hidden_layers
     assert not any(run.compiled.buffers[s].nbytes >= cache_bytes for step in run.compiled.steps
@@ -216,8 +220,8 @@ def test_a_position_out_of_range_fails_and_leaves_the_cache_alone():
 
 
 def test_the_store_compiles_with_nvrtc_for_each_element_size():
-    """The CUDA store (kiln.schedule.store_rows) of 1-, 2-, 4- and 8-byte elements builds for
-    sm_80 and sm_90 (no GPU needed)."""
+    """The CUDA store (kiln.schedule.store_rows) of 1-, 2-, 4- and 8-byte elements, and of two
+    updates of other element sizes in one launch, builds for sm_80 and sm_90 (no GPU needed)."""
     from kiln.graph.in_place import store_rows
     from kiln.runtime import cuda as rt
     from kiln.schedule.store_rows import store_program
@@ -227,10 +231,18 @@ def test_the_store_compiles_with_nvrtc_for_each_element_size():
     jobs = []
     for dtype in (torch.bool, torch.bfloat16, torch.float32, torch.int64):
         x = symbol((2, 8, 4), dtype, "cpu")
-        node = store_rows(x, symbol((2, 1, 4), dtype, "cpu"), symbol((2, 1, 4), torch.int64, "cpu")).trace[0]
+        node = store_rows([x], [symbol((2, 1, 4), dtype, "cpu")], [symbol((2, 1, 4), torch.int64, "cpu")]).trace[0]
         assert is_store(node)
         program = store_program(node.task, "cuda")
         jobs += [(rt.launch_source(program, arch), f"store_{dtype}", arch) for arch in ("sm_80", "sm_90")]
+    # one launch storing two updates of other element sizes (a step's K and V caches)
+    xs = [symbol((2, 8, 4), torch.bfloat16, "cpu"), symbol((3, 5), torch.int64, "cpu")]
+    rows = [symbol((2, 1, 4), torch.bfloat16, "cpu"), symbol((3, 2), torch.int64, "cpu")]
+    wheres = [symbol((2, 1, 4), torch.int64, "cpu"), symbol((3, 2), torch.int64, "cpu")]
+    node = store_rows(xs, rows, wheres)[0].trace[0]
+    assert is_store(node) and len(node.outputs) == 2
+    program = store_program(node.task, "cuda")
+    jobs += [(rt.launch_source(program, arch), "store_two", arch) for arch in ("sm_80", "sm_90")]
     rt.compile_many(jobs, workers=2)
 
 

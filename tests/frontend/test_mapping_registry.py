@@ -73,6 +73,29 @@ def test_a_higher_priority_rule_that_declines_falls_back_to_the_builtin_one():
         mapping_registry().remove(torch.tanh, handler=tanh_2d)
 
 
+def test_a_rule_names_a_library_operator_it_does_not_import():
+    """A rule may name a `torch.ops` operator by its name before the library defining it is
+    loaded; it then maps the operator's packet (dynamo's graphs) and its overload (AOTAutograd's)."""
+    @register_function("kilntest.twice_plus", "kilntest.twice_plus.default")
+    def twice_plus(x, y):
+        return kiln.ops.add(kiln.ops.mul(x, 2), y)
+
+    try:
+        library = torch.library.Library("kilntest", "FRAGMENT")
+        library.define("twice_plus(Tensor x, Tensor y) -> Tensor")
+        library.impl("twice_plus", lambda x, y: x * 2 + y, "CompositeExplicitAutograd")
+        library.impl("twice_plus", lambda x, y: torch.empty_like(x), "Meta")
+        op = torch.ops.kilntest.twice_plus
+        registry = mapping_registry()
+        assert registry.has("function", op) and registry.has("function", op.default)
+        assert registry.candidates("function", op)[0].name == "kilntest.twice_plus"
+        capture, _ = compile_and_compare(lambda x, y: op(x, y).relu(), torch.randn(3, 4), torch.randn(3, 4))
+        assert capture.compiled
+    finally:
+        for name in ("kilntest.twice_plus", "kilntest.twice_plus.default"):
+            mapping_registry().remove(name, handler=twice_plus)
+
+
 def test_builtin_rules_come_from_the_plugin_entry_point():
     plugins = {r.plugin for r in mapping_registry().candidates("function", F.relu)}
     assert "kiln-mappings-builtin" in plugins

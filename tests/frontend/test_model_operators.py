@@ -1,13 +1,18 @@
 """Operators real models use that Kiln used to lack or decline (issue 30), through
 torch.compile(backend="kiln") (and symbolic_trace graphs where dynamo rewrites the call) on the
 CPU against eager: Tensor.new_tensor, baddbmm and addmm with a broadcast input and alpha/beta,
-batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors, histc."""
+batch_norm with batch statistics, F.fold (col2im), x[rows, cols] = v with index tensors, histc (also
+as `aten.histc` in a functionalized graph), the grouped matmul of mixture-of-experts layers
+(`torch._grouped_mm` and transformers' fallback operator)."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from frontend_support import compile_and_compare, run_traced
+
+import kiln
+from tests.support import assert_close, rand
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
 
@@ -266,3 +271,73 @@ def test_histc_edges_nan_constant_and_non_contiguous():
     compile_and_compare(lambda x: torch.histc(x, 4, -1, 1), edges, atol=0, rtol=0)   # edges, max, NaN
     compile_and_compare(lambda x: torch.histc(x, 5), torch.full((6,), 2.5), atol=0, rtol=0)  # range 1.5..3.5
     compile_and_compare(lambda x: torch.histc(x, 6, -2, 2), torch.randn(9, 4).t(), atol=0, rtol=0)
+
+
+def test_histc_in_a_functionalized_graph():
+    """A graph that writes through a view goes through AOTAutograd's functionalization, where
+    histc reaches Kiln as aten.histc (DeepSeek-V3's expert counts)."""
+    def counts(x):
+        out = torch.zeros(6)
+        out[1:5] = torch.histc(x, 4, -2, 2)
+        return out
+
+    compile_and_compare(counts, torch.randn(50), atol=0, rtol=0)
+
+
+def _grouped_reference(x, weight, ends):
+    """Row s times weight[g] for the group g whose rows it lies in (ends cumulative); zeros past
+    the last end, in float64."""
+    out, start = torch.zeros(x.shape[0], weight.shape[2], dtype=torch.float64), 0
+    for g, end in enumerate(ends.tolist()):
+        out[start:end] = x[start:end].double() @ weight[g].double()
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rows, ends", [(9, [2, 2, 7]), (13, [0, 5, 5, 13]), (1, [1]), (6, [0, 0]), (5, [])], ids=str)
+def test_grouped_matmul_operator(rows, ends, dtype):
+    """kiln.ops.grouped_matmul: each row by its group's matrix (empty groups, a group of every row,
+    rows in no group, no groups at all), x not contiguous, against float64 next to eager's own
+    error."""
+    groups, k, n = len(ends), 11, 6
+    x = rand((k, rows), dtype).t()
+    weight = rand((groups, k, n), dtype)
+    group = torch.bucketize(torch.arange(rows), torch.tensor(ends), right=True)
+    got = kiln.ops.grouped_matmul(x, weight, group).torch()
+    want = _grouped_reference(x, weight, torch.tensor(ends))
+    eager = torch.stack([x[s] @ weight[g] if g < groups else torch.zeros(n, dtype=dtype)
+                         for s, g in enumerate(group.tolist())])
+    assert got.dtype == dtype
+    assert (got.double() - want).abs().max() <= 2 * (eager.double() - want).abs().max() + 1e-6
+
+
+def test_grouped_matmul_declines_other_shapes():
+    with pytest.raises(kiln.graph.OperatorError, match="grouped_matmul: expected x"):
+        kiln.ops.grouped_matmul(torch.randn(4, 3), torch.randn(2, 3, 5), torch.zeros(4))
+    with pytest.raises(kiln.graph.OperatorError, match="cannot multiply rows of 3"):
+        kiln.ops.grouped_matmul(torch.randn(4, 3), torch.randn(2, 4, 5), torch.zeros(4, dtype=torch.int64))
+
+
+def test_grouped_mm_through_dynamo():
+    """torch._grouped_mm of rows sorted by group (bfloat16: the dtype its meta function takes;
+    16-byte strides, as its CPU kernel needs); eager leaves the rows past the last end unwritten,
+    so those are compared with zeros and the grouped rows with float64 next to eager's error."""
+    x, weight = rand((10, 8), torch.bfloat16), rand((3, 8, 16), torch.bfloat16)
+    ends = torch.tensor([3, 3, 8], dtype=torch.int32)
+    with torch.no_grad():
+        eager = torch._grouped_mm(x, weight, ends)
+        got = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o), backend="kiln", fullgraph=True)(x, weight, ends)
+    want = _grouped_reference(x, weight, ends)
+    assert got.dtype == torch.bfloat16 and torch.equal(got[8:], torch.zeros(2, 16, dtype=torch.bfloat16))
+    assert (got[:8].double() - want[:8]).abs().max() <= 2 * (eager[:8].double() - want[:8]).abs().max() + 1e-6
+
+
+def test_transformers_grouped_mm_fallback():
+    """transformers' own operator for the MoE product in dtypes torch._grouped_mm does not take
+    (float32 under torch.compile), mapped by its name."""
+    pytest.importorskip("transformers.integrations.moe")
+    fallback = torch.ops.transformers.grouped_mm_fallback
+    ends = torch.tensor([4, 4, 9, 11])
+    compile_and_compare(lambda a, b, o: fallback(a, b, o), torch.randn(12, 5), torch.randn(4, 5, 7), ends,
+                        atol=1e-5, rtol=1e-5)

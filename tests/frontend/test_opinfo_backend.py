@@ -38,8 +38,10 @@ def test_opinfo_samples_match_eager_on_cuda(shard, monkeypatch):
     samples on CUDA (TF32 off, so that eager's float32 is float32): the CPU's bars, and no sample
     whose values differ from eager's (a sample may still raise, naming what is not supported)."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    tally = run_ops(float32_ops("cpu", "cuda")[shard::SHARDS], "cuda", CUDA_SAMPLES)
+    cudnn = torch.backends.cudnn     # PyTorch's test modules freeze its flags but for this context
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                     allow_tf32=False):
+        tally = run_ops(float32_ops("cpu", "cuda")[shard::SHARDS], "cuda", CUDA_SAMPLES)
     print(f"\nshard {shard} on cuda: {tally.summary()}")
     print("\n".join(tally.failures))
     assert not tally.wrong, "\n".join(tally.wrong)

@@ -67,27 +67,28 @@ def test_fallback_to_eager_runs_unmapped_nodes_in_torch():
 
 
 def test_unmapped_targets_are_named_by_their_qualified_names():
-    """An overload packet (`torch.ops.aten._grouped_mm`, transformers' MoE grouped matmul) and a
-    private builtin of torch (`torch._grouped_mm`) are named as written, not by pybind11's
-    mangled class ('torch._ops.aten.pybind11_detail_function_record_...') or
-    'torch._VariableFunctionsClass' (issue 30)."""
+    """An overload packet (`torch.ops.aten._weight_int4pack_mm`) and a private builtin of torch
+    (`torch._weight_int4pack_mm`) are named as written, not by pybind11's mangled class
+    ('torch._ops.aten.pybind11_detail_function_record_...') or 'torch._VariableFunctionsClass'
+    (issue 30)."""
     from kiln.frontend.torch import Interpreter, kiln_backend
     from kiln.frontend.torch.errors import target_name
 
     graph = torch.fx.Graph()
-    a, b, offs = graph.placeholder("a"), graph.placeholder("b"), graph.placeholder("offs")
-    packet = graph.call_function(torch.ops.aten._grouped_mm, (a, b), {"offs": offs})
-    builtin = graph.call_function(torch._grouped_mm, (a, b), {"offs": offs})
-    overload = graph.call_function(torch.ops.aten._grouped_mm.default, (a, b), {"offs": offs})
+    a, b, size, scales = (graph.placeholder(n) for n in ("a", "b", "size", "scales"))
+    args = (a, b, size, scales)
+    packet = graph.call_function(torch.ops.aten._weight_int4pack_mm, args)
+    builtin = graph.call_function(torch._weight_int4pack_mm, args)
+    overload = graph.call_function(torch.ops.aten._weight_int4pack_mm.default, args)
     graph.output((packet, builtin, overload))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     names = [o.name for o in Interpreter(gm).unmapped()]
-    assert names == ["aten._grouped_mm", "aten._grouped_mm.default", "torch._grouped_mm"]
-    inputs = [torch.randn(4, 8), torch.randn(2, 8, 3), torch.tensor([2, 4], dtype=torch.int32)]
+    assert names == ["aten._weight_int4pack_mm", "aten._weight_int4pack_mm.default", "torch._weight_int4pack_mm"]
+    inputs = [torch.randn(4, 8), torch.randn(2, 8), torch.tensor(32), torch.randn(2, 2, 2)]
     with pytest.raises(kiln.UnmappedOperatorError) as info:
         kiln_backend(gm, inputs)(*inputs)
     assert "pybind11" not in str(info.value) and "_VariableFunctionsClass" not in str(info.value)
-    assert "aten._grouped_mm  " in str(info.value) and "torch._grouped_mm  " in str(info.value)
+    assert "aten._weight_int4pack_mm  " in str(info.value) and "torch._weight_int4pack_mm  " in str(info.value)
     assert target_name("function", torch.ops.higher_order.cond) == "torch.ops.higher_order.cond"
     assert target_name("function", torch._C._nn.gelu) == "torch.nn.functional.gelu"
 

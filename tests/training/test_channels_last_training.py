@@ -38,3 +38,29 @@ def test_training_steps_match_eager(memory_format, shape, optimizer):
     for name, expected in eager.state.items():
         torch.testing.assert_close(kiln.state[name], expected, rtol=1e-4, atol=1e-6,
                                    msg=lambda m: f"{name} after {STEPS} steps: {m}")
+
+
+def test_saved_activations_leave_the_forward_in_memory_order():
+    """With the convolutions run channels-last, the activations the forward saves for the
+    backward leave it as they lie in memory ((N, H, W, C), `saved_in_memory_order`): the forward
+    runs no transposing kernel for them, and the gradients are eager's."""
+    from kiln.frontend.torch.backend import KilnFunction
+    from kiln.settings import patch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16),
+                                torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                torch.nn.BatchNorm2d(16), torch.nn.ReLU()).to(memory_format=torch.channels_last)
+    reference = __import__("copy").deepcopy(model)
+    x = torch.randn(4, 8, 12, 13).to(memory_format=torch.channels_last)
+    earlier = KilnFunction.live()      # other tests' graphs this worker still holds (kept alive here)
+    with patch(channels_last="always", graph_cache=False):
+        torch.compile(model, backend="kiln")(x).square().mean().backward()
+    reference(x).square().mean().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    forward = [run for f in KilnFunction.live() if not any(f is e for e in earlier) and f.lent_from != 0
+               for run in f.graphs.values()]
+    assert len(forward) == 1
+    names = [getattr(s.kernel, "task", None) for s in forward[0].compiled.steps]
+    assert "conv2d_channels_last" in [t.name for t in names if t is not None]
+    assert not [t.name for t in names if t is not None and "permute" in t.name], "a saved activation was transposed"

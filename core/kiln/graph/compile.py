@@ -4,8 +4,8 @@ Every tensor of the graph gets a numbered buffer slot; every node becomes a step
 operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the CompiledGraph (where a
 kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
-reads). A StoreRows node (an in-place update, `kiln.graph.in_place`) writes into its input's
-buffer: its output takes the input's slot. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
+reads). A StoreRows node (in-place updates, `kiln.graph.in_place`) writes into its inputs'
+buffers: each output takes its input's slot. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.
 """
 from __future__ import annotations
@@ -89,11 +89,12 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
     for node in graph.nodes:
         ins = tuple(existing(t) for t in node.inputs)
         if is_store(node):
-            # an in-place update (kiln.passes.in_place): its output is its input's buffer
-            if ins[0] not in inputs:
+            # in-place updates (kiln.passes.in_place): each output is its input's buffer
+            stored = ins[:len(node.outputs)]
+            if not set(stored) <= set(inputs):
                 raise ValueError("an in-place update stores into a tensor that is not an input of the graph")
-            slots[id(node.outputs[0])] = ins[0]
-            steps.append((ins, (ins[0],)))
+            slots.update(zip(map(id, node.outputs), stored))
+            steps.append((ins, stored))
         else:
             steps.append((ins, tuple(new_slot(t) for t in node.outputs)))
     outputs = [existing(t) for t in graph.outputs]

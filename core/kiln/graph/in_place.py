@@ -9,9 +9,10 @@ back into the caller's tensor) and nothing reads the input's old value afterward
   their flat offsets in the input (two outputs of the sources' shape: the values in the input's
   dtype, the offsets int64, checked in range as the operator checks its indices): an ordinary
   task, fused with whatever computes its sources;
-- `StoreRows(x, rows, where)`: x with those elements stored. Its task is marked STORES_ROWS
-  (`kiln.schedule.store_rows`): the compiled graph gives its output the input's own buffer,
-  and its kernel writes only the new elements there.
+- `StoreRows(xs, rows, wheres)`: each x with its elements stored (lists, one entry per updated
+  input: the updates of one graph step, a K and a V cache, store in one launch). Its task is
+  marked STORES_ROWS (`kiln.schedule.store_rows`): the compiled graph gives each output its
+  input's own buffer, and its kernel writes only the new elements there.
 
 Both are definitions of the core, not operators of a plugin (no registry knows them).
 """
@@ -42,8 +43,7 @@ def _row_major(shape) -> list[int]:
     return strides[::-1]
 
 
-@operator("store_rows", display_name="StoreRows")
-def store_rows(x, rows, where, stores_rows=True):
+def _stored(x, rows, where):
     """x with rows[i] at the flat offset where[i] (the later i where two are equal)."""
     n = math.prod(rows.shape)
     strides = _row_major(x.shape)
@@ -54,6 +54,13 @@ def store_rows(x, rows, where, stores_rows=True):
         return select(last >= 0, rows[unravel(maximum(last, 0), rows.shape)], x[p])
 
     return compute(x.shape, element)
+
+
+@operator("store_rows", display_name="StoreRows")
+def store_rows(xs, rows, wheres, stores_rows=True):
+    """Each xs[k] with rows[k][i] at the flat offset wheres[k][i] (the later i where two are
+    equal)."""
+    return tuple(_stored(x, r, w) for x, r, w in zip(xs, rows, wheres))
 
 
 def arguments(task: Task, definition: OperatorDef) -> dict | None:
@@ -103,5 +110,5 @@ def update_rows(node: Operator) -> tuple[Operator, int] | None:
 
 
 def is_store(node: Operator) -> bool:
-    """Whether `node` is a StoreRows node (its output is its first input's buffer)."""
+    """Whether `node` is a StoreRows node (its k-th output is its k-th input's buffer)."""
     return node.definition is store_rows and node.attrs.get(STORES_ROWS) is True

@@ -17,8 +17,10 @@ Which templates would schedule a task the pass asks its compile session
   and the anchor reads it (a view, such as the slices and head permutes before attention, joins
   where the template reads views: `Template.reads_views`; what only the epilogue reads, such as
   the residual a linear's result is added to, joins the epilogue);
-- rows: a reduction's group joins the reduction group reading it where the two make one row
-  task (a hand-written softmax or layer_norm; see `_Groups.fuse_row_reductions`).
+- rows: a reduction's group joins the group reading it, a reduction group or an anchor-free
+  one, where the two make one row task (a hand-written softmax or layer_norm; a normalization
+  whose statistics are outputs too, as training saves them; see `_Groups.fuse_row_reductions`);
+  then prologues again, for producers whose readers the rows gathered into one group.
 
 A group never gets two anchors (but as one row task) and never a cycle through another group,
 and a node does not join a group whose anchor's best schedule template would take the anchor
@@ -37,7 +39,7 @@ from kiln.ir.inline import inline_task
 from kiln.passes.edit import reapply, users
 from kiln.passes.fused import FusedOperator
 from kiln.passes.graph_pass import GraphPass
-from kiln.schedule.rows import row_prefix
+from kiln.schedule.rows import row_task
 from kiln.schedule.session import CompileSession
 
 
@@ -154,7 +156,8 @@ class _Groups:
         unless that group's anchor is template-scheduled (templates read plain operands), reads
         them and the group computes anything: views (slices, reshapes, permutes) are index
         arithmetic that a template declaring `reads_views` reads through, where it still takes
-        the group; the template's epilogue computes what only it reads."""
+        the group; the template's epilogue computes what only it reads. A row task of several
+        reductions (`fuse_row_reductions`) takes a prologue that leaves it one."""
         for node in reversed(self.nodes):
             g = self.group[id(node)]
             if self.anchors[g] or any(id(t) in self.outputs for t in node.outputs):
@@ -166,7 +169,7 @@ class _Groups:
             c = next(iter(consumers))
             if (c not in self.templated or {id(u) for u in readers} <= self.epilogue(c)
                     or self.reads_views(c) and all(map(moves_data, self.members[g]))):
-                self.merge(c, g)
+                self.merge(c, g, rows=self.anchors[c] > 1)
 
     def epilogue(self, g: int) -> set[int]:
         """The ids of group g's nodes that read its anchor's result (directly or through each
@@ -182,26 +185,33 @@ class _Groups:
         return found
 
     def fuse_row_reductions(self) -> None:
-        """A reduction group joins the reduction group that reads its output where together
-        they are one row task (`kiln.schedule.rows`: every reduction a statistic of the output's
-        rows): a softmax or layer_norm written out by hand (max, exp, sum, divide; mean,
-        deviation, mean of squares, normalize) becomes one kernel computing each statistic
-        once per row, instead of one kernel per reduction with intermediates in memory."""
+        """A reduction group joins the group that reads its output, a reduction group or an
+        anchor-free one, where together they are one row task (`kiln.schedule.rows`: every
+        reduction a statistic of the output's rows, the statistics used outside written too):
+        a softmax or layer_norm written out by hand (max, exp, sum, divide; mean, deviation,
+        mean of squares, normalize) becomes one kernel computing each statistic once per row,
+        instead of one kernel per reduction with intermediates in memory; so does a
+        normalization whose statistics are saved for the backward (the normalized rows, read
+        after a statistic that is an output too, join the statistic's group)."""
         def reduces(g: int) -> bool:
             return self.anchors.get(g, 0) > 0 and g not in self.templated and g not in self.frozen
+
+        def joins(g: int) -> bool:
+            return reduces(g) or (self.anchors.get(g, 0) == 0 and g not in self.frozen)
 
         merged = True
         while merged:
             merged = False
             for g in list(self.members):
                 if g in self.members and reduces(g):
-                    if any(reduces(s) and self.merge(g, s, rows=True) for s in sorted(self.successors(g))):
+                    if any(joins(s) and self.merge(g, s, rows=True) for s in sorted(self.successors(g))):
                         merged = True
 
     def is_row_task(self, members: list[Operator]) -> bool:
-        """Whether `members` fused are one row task (one output, each reduction a row statistic)."""
+        """Whether `members` fused are one row task (one row output, each reduction and each
+        further output a row statistic)."""
         fused = self.fused(members)
-        return fused is not None and len(fused.outputs) == 1 and row_prefix(inline_task(fused.task)) is not None
+        return fused is not None and row_task(inline_task(fused.task)) is not None
 
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the
@@ -248,6 +258,7 @@ class FuseOperators(GraphPass):
         groups.fuse_group_epilogues()
         groups.fuse_prologues()
         groups.fuse_row_reductions()
+        groups.fuse_prologues()     # producers read only by the groups the rows merged
         mapping: dict = {}
 
         def new(t):

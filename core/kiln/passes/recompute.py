@@ -19,10 +19,12 @@ the write and its reads disappear. A node is recomputed by each of its k readers
 
 Nothing is copied whose value reaches, through element-wise operators, a reduction of trailing
 dims (a softmax or norm statistic): there fusion already makes one row kernel of the producers,
-the statistic and its readers. Unless some reader only takes part of the value (a gather of one
-element a row, a slice; or element-wise readers leading only to such), which that row kernel
-does not hold: the logits that a log-softmax's statistic reads and whose log-probabilities
-at the targets a gather reads are computed in both kernels, not written between them.
+the statistic and its readers. Unless some reader is one that row kernel does not hold: one
+that takes part of the value (a gather of one element a row, a slice; or element-wise readers
+leading only to such), or one leading only to other reductions (a column sum): the logits that
+a log-softmax's statistic reads and whose log-probabilities at the targets a gather reads are
+computed in both kernels, not written between them, and so is a norm backward's normalized
+input, which its row kernel and the weight's gradient (a sum over the rows) both read.
 Readers are counted after their own recomputation, so chains (cast, cast, subtract) are copied
 whole, one copy per final reader; fusion then joins each copy to its reader. Views and other
 nodes that only move data are copied only within such chains: on their own they are index
@@ -63,6 +65,12 @@ def _row_reduction(node: Operator) -> bool:
         return False
     kept, shape = node.outputs[0].numel(), node.inputs[0].shape
     return any(math.prod(shape[:j]) == kept for j in range(len(shape)))
+
+
+def _other_reduction(node: Operator) -> bool:
+    """Whether `node` reduces, but not as a row statistic (a sum over the rows, of a weight's
+    gradient): a kernel of its own, which no row kernel holds."""
+    return not node.task.is_injective and not _row_reduction(node)
 
 
 def _takes_part(reader: Operator, node: Operator) -> bool:
@@ -115,17 +123,21 @@ class RecomputeCheapProducers(GraphPass):
 
         to_rows: set[int] = set()      # nodes whose value a reader passes whole to a row reduction
         in_part: set[int] = set()      # nodes whose readers all take part of the value
+        apart: set[int] = set()        # nodes whose value reaches only reductions other than rows
         seen_by: dict[int, list] = {}  # copied node -> the readers its copies are for
         for node in reversed(graph.nodes):
             reading = [u for t in node.outputs for u in readers.get(id(t), ())]
             final = [r for u in reading for r in seen_by.get(id(u), [u])]
             part = [r for r in final if _takes_part(r, node) or id(r) in in_part]
+            outside = [r for r in final if _other_reduction(r) or id(r) in apart]
             if _row_reduction(node) or (node.task.is_injective and any(
                     id(r) in to_rows and not _takes_part(r, node) for r in final)):
                 to_rows.add(id(node))
             if node.task.is_injective and final and len(part) == len(final):
                 in_part.add(id(node))
-            if not eligible(node) or (id(node) in to_rows and not part):
+            if node.task.is_injective and final and len(outside) == len(final):
+                apart.add(id(node))
+            if not eligible(node) or (id(node) in to_rows and not part and not outside):
                 continue
             k = sum(copies.get(id(u), 1) for u in reading)
             chained = any(id(u) in copies for u in reading)

@@ -130,6 +130,7 @@ class CapturedGraph:
         self.wrap = wrap
         self.fn = fn
         self.bound = sorted(set(bound))
+        written = set(self.bound if written is None else written)
         for k in self.bound:
             if not example_inputs[k].is_contiguous():
                 raise ValueError(f"a bound input must be contiguous: input {k} has strides "
@@ -151,7 +152,7 @@ class CapturedGraph:
             stream.wait_stream(current)
             with torch.cuda.stream(stream):
                 # builds and loads every kernel before capture
-                fn(warm_up_inputs(static_inputs, self.bound if written is None else written))
+                fn(warm_up_inputs(static_inputs, written))
                 self.graph = torch.cuda.CUDAGraph()
                 # thread_local: CUDA calls of other threads (eager work, another model's run) stay
                 # legal during the capture; one capture at a time in the process
@@ -162,7 +163,7 @@ class CapturedGraph:
         self.static_inputs = [None if k in self.bound else t for k, t in enumerate(static_inputs)]
         # an output that is a bound input the graph does not write (a parameter a training
         # forward saves for its backward) is that input, handed out as the caller's tensor
-        unwritten = set(self.bound) - set(self.bound if written is None else written)
+        unwritten = set(self.bound) - written
         self._passed = {k: j for k, t in enumerate(self.static_outputs) for j in unwritten if t is static_inputs[j]}
         self.lent = sorted(set(lent))
         storages = [self.static_outputs[k].untyped_storage() for k in self.lent]

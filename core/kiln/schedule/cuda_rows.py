@@ -1,11 +1,13 @@
-"""The auto-scheduler's row-kernel rule: tasks whose temporaries are per-row statistics.
+"""The auto-scheduler's row-kernel rule: tasks whose other buffers are per-row statistics.
 
 Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares: each
-temporary is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
+statistic is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
 kernel computes a row's statistics into registers and then writes the row (tasks of fewer
-than MIN_ROWS rows get the general kernels instead, which spread one row over a block). An
-element-wise task (one injective output) is a row task without statistics: rows of at least
-ELEMENTWISE_ROW elements, written in packs, each row's index arithmetic done once. A warp
+than MIN_ROWS rows get the general kernels instead, which spread one row over a block); a
+statistic that is an output of the task too (a layer norm's mean and rstd, saved for the
+backward) is written by the row's first thread as soon as it is known. An element-wise task
+(one injective output) is a row task without statistics: rows of at least ELEMENTWISE_ROW
+elements, written in packs, each row's index arithmetic done once. A warp
 takes a row of up to 32 * ROW_WARP_PACKS packs (several rows per block), a block a longer one
 (sized for about ROW_BLOCK_PACKS packs a thread), or an element-wise task's row where a warp a
 row would give fewer than ELEMENTWISE_THREADS threads.
@@ -45,7 +47,8 @@ from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
                                        reduce_extent, symbolic_extent)
-from kiln.schedule.rows import elementwise_prefix, reciprocals, row_form, row_prefix, row_uniform_parts, shared_parts
+from kiln.schedule.rows import (elementwise_prefix, reciprocals, row_form, row_task, row_uniform_parts,
+                               shared_parts)
 
 PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
 MAX_VECTOR = 8           # elements in a pack at most
@@ -320,17 +323,18 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The one-kernel program of a row task or an element-wise one (see the module doc); None
     for any other task."""
-    p = row_prefix(lowered, min_rows=MIN_ROWS)
-    if p is None:
+    found = row_task(lowered, min_rows=MIN_ROWS)
+    if found is None:
         p = elementwise_prefix(lowered, MIN_ROWS, ELEMENTWISE_ROW)
-    if p is None:
+        found = None if p is None else (lowered.outputs[0], p)
+    if found is None:
         return None
+    out, p = found
     d = CudaDialect()
-    out = lowered.outputs[0]
     auto = AutoProgram(lowered)
     names, strides = auto.names, auto.strides
-    args = auto.available + [(names[id(out)], out, False)]
-    form = row_form(lowered, p)
+    args = auto.available + [(names[id(t)], t, False) for t in lowered.outputs]
+    form = row_form(lowered, out, p)
     rows, row_len, o, e, stats = form.rows, form.row_len, form.o, form.e, form.stats
     names.update({id(o): "o", id(e): "e"})
     result = reciprocals(form.result, e)
@@ -350,11 +354,13 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     if plan.cached:
         shared = shared_parts(stats, result, e)
         em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
-    for t, scalar, value in zip(form.temporaries, form.scalars, stats):
+    for t, scalar, value, written in zip(form.statistics, form.scalars, stats, form.written):
         v = em.emit(value)
         held = em.fresh("row")
         em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
         em.scopes[-1][Load(scalar, ()).key()] = held
+        if written:
+            em.line(f"if ({plan.lane} == 0) {names[id(t)]}[o] = {d.store(t.dtype, held)};")
     em.store_row(result, out, names[id(out)])
     threads = BLOCK if plan.warp else plan.lanes
     source, used = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows,

@@ -1,13 +1,15 @@
-"""Row tasks: tasks whose temporaries are per-row statistics of their one output.
+"""Row tasks: tasks whose other buffers are per-row statistics of their one row output.
 
 Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares (with the
 injective producers and consumers fused around them): after inlining (`kiln.ir.inline`) each
-reduction is a temporary indexed by the output's leading axes (the *row*), read by the output
+reduction is a buffer indexed by the output's leading axes (the *row*), read by the output
 and by later statistics only at their own row. Such a task runs as one kernel per target that
 computes a row's statistics once, into locals (registers), and then writes the row; the CPU
 rule (`kiln.schedule.cpu_rows`) and the CUDA rule (`kiln.schedule.cuda_rows`) share what is
-here: recognising the task (`row_prefix`) and its row form (`row_form`), in which every value
+here: recognising the task (`row_task`) and its row form (`row_form`), in which every value
 is an expression of the row `o` and the element `e` of the row, and each statistic a scalar.
+A statistic may be an output of the task too (layer_norm's mean and rstd, which training saves
+for the backward): the kernel writes it from the row's reduction results, one value a row.
 An element-wise task (`elementwise_prefix`) is a row task with no statistics: the same kernels
 write it a pack of elements at a time, its index arithmetic once a row.
 """
@@ -62,38 +64,59 @@ def _row_axes(shape: tuple[int, ...], rows: int) -> int | None:
     return found
 
 
-def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
-    """The number p of leading axes of the output that make `lowered` a row task, or None.
+def row_task(lowered: Lowered, min_rows: int = 1) -> tuple[Compute, int] | None:
+    """The row output of `lowered` and the number p of its leading axes that make `lowered` a
+    row task, or None.
 
-    Every temporary must hold one value per row (its shape without trailing 1s, a statistic
-    kept with its reduced dims, has as many elements as the output's first p axes) and be read
-    only at its reader's own row: the flat index of the read's leading indices is the flat
-    index of the reader's row (the output may be a reshape of the rows the statistics were
-    computed over: layer_norm(x).view(-1, d)), or, for the output, a permutation of its row
-    axes (`permuted_rows`: layer_norm(x).transpose(0, 1)). The output must have further axes
-    (the row), hold no reduction itself, and have `min_rows` rows at least, unless their number
-    is symbolic (one kernel then serves every size: the row kernel)."""
-    temps = lowered.temporaries
-    if not temps or len(lowered.outputs) != 1:
+    A row task writes one *row output* and computes *statistics*: every other buffer of the
+    task, its temporaries and its further outputs (a layer norm's mean and rstd, saved for the
+    backward), some of them reductions. Every statistic must hold one value per row (its shape
+    without trailing 1s, a statistic kept with its reduced dims, has as many elements as the
+    row output's first p axes) and be read only at its reader's own row: the flat index of the
+    read's leading indices is the flat index of the reader's row (the output may be a reshape
+    of the rows the statistics were computed over: layer_norm(x).view(-1, d)), or, for the
+    output of a task that writes no statistic, a permutation of its row axes (`permuted_rows`:
+    layer_norm(x).transpose(0, 1)). The row output must have further axes (the row), hold no
+    reduction itself, be read by no statistic (they are computed before it), and have
+    `min_rows` rows at least, unless their number is symbolic (one kernel then serves every
+    size: the row kernel). The row output is the first output, of the most elements first,
+    that makes the task a row task (rows of one element leave the choice open)."""
+    for out in sorted(lowered.outputs, key=lambda t: -numel(t.shape)):
+        p = _row_prefix(lowered, out, min_rows)
+        if p is not None:
+            return out, p
+    return None
+
+
+def statistics(lowered: Lowered, out: Compute) -> list[Compute]:
+    """The statistics of the row task `lowered` of row output `out`: its other buffers, in order."""
+    return [b for b in lowered.buffers if b is not out]
+
+
+def _row_prefix(lowered: Lowered, out: Compute, min_rows: int) -> int | None:
+    """The prefix p that makes `lowered` a row task of row output `out` (see `row_task`), or None."""
+    stats = statistics(lowered, out)
+    if not any(_top_reduces(t.value) for t in stats) or _top_reduces(out.value):
         return None
-    out = lowered.outputs[0]
-    counts = {numel(t.shape[:_statistic_prefix(t.shape)]) for t in temps}
-    if len(counts) != 1 or _top_reduces(out.value):
+    counts = {numel(t.shape[:_statistic_prefix(t.shape)]) for t in stats}
+    if len(counts) != 1:
         return None
     rows = counts.pop()
     p = _row_axes(out.shape, rows)
     if p is None or p == 0 or p >= len(out.shape) or (rows < min_rows and not isinstance(rows, SymSize)):
         return None
-    temp_ids = {id(t): _statistic_prefix(t.shape) for t in temps}
-    permuted = permuted_rows(lowered, p)
+    stat_ids = {id(t): _statistic_prefix(t.shape) for t in stats}
+    permuted = permuted_rows(lowered, out, p)
     for buf in lowered.buffers:
         if buf is out and permuted:
             continue
-        own = p if buf is out else temp_ids[id(buf)]
+        own = p if buf is out else stat_ids[id(buf)]
         row = _flat(buf.axes[:own], buf.shape[:own]).key()
         for e in walk(buf.value):
-            if isinstance(e, Load) and id(e.tensor) in temp_ids:
-                lead = temp_ids[id(e.tensor)]
+            if isinstance(e, Load) and e.tensor is out:
+                return None
+            if isinstance(e, Load) and id(e.tensor) in stat_ids:
+                lead = stat_ids[id(e.tensor)]
                 if _flat(e.indices[:lead], e.tensor.shape[:lead]).key() != row:
                     return None
                 if not all(_unit_index(i) for i in e.indices[lead:]):
@@ -101,16 +124,17 @@ def row_prefix(lowered: Lowered, min_rows: int = 1) -> int | None:
     return p
 
 
-def permuted_rows(lowered: Lowered, p: int) -> list[Expr] | None:
-    """Where every temporary has the same statistic shape, the output (rows of its first `p`
-    axes) reads them all at the same leading indices, each an axis of the output's row (all
-    different) or always 0, and not at the output's own flat row: those indices, a permutation
-    of the rows; else None."""
-    out, temps = lowered.outputs[0], {id(t): _statistic_prefix(t.shape) for t in lowered.temporaries}
-    shapes = {tuple(t.shape[:temps[id(t)]]) for t in lowered.temporaries}
+def permuted_rows(lowered: Lowered, out: Compute, p: int) -> list[Expr] | None:
+    """Where `out` is the task's only output, every statistic has the same shape, and `out`
+    (rows of its first `p` axes) reads them all at the same leading indices, each an axis of
+    the output's row (all different) or always 0, and not at the output's own flat row: those
+    indices, a permutation of the rows; else None."""
+    stats = statistics(lowered, out)
+    temps = {id(t): _statistic_prefix(t.shape) for t in stats}
+    shapes = {tuple(t.shape[:temps[id(t)]]) for t in stats}
     reads = {tuple(i.key() for i in e.indices[:temps[id(e.tensor)]]): e.indices[:temps[id(e.tensor)]]
              for e in walk(out.value) if isinstance(e, Load) and id(e.tensor) in temps}
-    if len(shapes) != 1 or len(reads) != 1:
+    if len(lowered.outputs) != 1 or len(shapes) != 1 or len(reads) != 1:
         return None
     (shape,), (lead,) = shapes, reads.values()
     axes = {id(a) for a in out.axes[:p]}
@@ -142,30 +166,32 @@ def elementwise_prefix(lowered: Lowered, min_rows: int, min_row_len: int) -> int
 @dataclass
 class RowForm:
     """A row task in row form: `rows` rows of `row_len` elements; `o` the row, `e` the element
-    of the row; `stats[k]` the value of the k-th temporary (`temporaries[k]`) of row `o`, which
-    later values read as a load of `scalars[k]` (a scalar tensor, no indices); `result` the
-    output's element `e` of row `o`."""
+    of the row; `stats[k]` the value of the k-th statistic (`statistics[k]`) of row `o`, which
+    later values read as a load of `scalars[k]` (a scalar tensor, no indices), and which, where
+    `written[k]`, is an output of the task, written at its element `o`; `result` the element
+    `e` of row `o` of the row output."""
 
     rows: int
     row_len: int
     o: Var
     e: Var
-    temporaries: list[Compute]
+    statistics: list[Compute]
     scalars: list[TensorInput]
     stats: list[Expr]
+    written: list[bool]
     result: Expr
 
 
-def row_form(lowered: Lowered, p: int) -> RowForm:
-    """The row form of `lowered`, a row task of prefix `p` (see `row_prefix`). Reductions over
-    exactly the row's elements become reductions over `e` (their axes unflattened from it)."""
-    out = lowered.outputs[0]
+def row_form(lowered: Lowered, out: Compute, p: int) -> RowForm:
+    """The row form of `lowered`, a row task of row output `out` and prefix `p` (see
+    `row_task`). Reductions over exactly the row's elements become reductions over `e` (their
+    axes unflattened from it)."""
     rows, row_len = numel(out.shape[:p]), numel(out.shape[p:])
     o, e = Var("o", rows), Var("e", row_len)
-    temps = lowered.temporaries
-    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in temps}
+    stats = statistics(lowered, out)
+    scalars = {id(t): TensorInput(f"{t.name}_row", (), t.dtype) for t in stats}
     out_rows = unravel_index(o, out.axes[:p], out.shape[:p])
-    permuted = permuted_rows(lowered, p)
+    permuted = permuted_rows(lowered, out, p)
 
     def row_index(buf) -> dict:
         own = p if buf is out else _statistic_prefix(buf.shape)
@@ -183,8 +209,9 @@ def row_form(lowered: Lowered, p: int) -> RowForm:
         value = substitute(buf.value, row_index(buf))
         return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
 
-    return RowForm(rows, row_len, o, e, list(temps), [scalars[id(t)] for t in temps],
-                   [value_of(t) for t in temps], value_of(out))
+    outputs = {id(t) for t in lowered.outputs}
+    return RowForm(rows, row_len, o, e, stats, [scalars[id(t)] for t in stats],
+                   [value_of(t) for t in stats], [id(t) in outputs for t in stats], value_of(out))
 
 
 def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:

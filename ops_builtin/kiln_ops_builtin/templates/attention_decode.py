@@ -10,7 +10,7 @@ rows (the queries of the query heads that share its key/value head). `attention_
 CTA per query head, reads every key and value once per query head (`group` times for
 grouped-query attention) into MMA tiles of 16 rows that mostly hold padding. Here a CTA owns
 one key/value head, one row block and one share of the keys (split-KV): the group * Lq query
-rows of that head (QUERY_ROWS) are packed into the tile rows (tile row r is query r % Lq of query
+rows of that head are packed into the tile rows (tile row r is query r % Lq of query
 head r // Lq), so every key and value is read from global memory once per share (per row block:
 more than 128 rows take several).
 
@@ -31,10 +31,18 @@ through their strides, the mask through the core-rendered `kiln_mask`, the outpu
 epilogue hooks. A fully masked row keeps sum 0 and gets zeros, as the operator defines.
 Symbolic sizes are kernel arguments as in `attention_flash`: a KV cache growing by a key a step
 keeps one source within a power-of-two bucket of its length (`suggest`).
+
+The device code is `cuda/attention_decode.cuh` (the kernel), on `cuda/attention_flash.cuh`'s
+tile step and merge (`attention_flash.CODE`) and, split, `cuda/attention_combine.cuh`; this
+module renders `kiln_attention_decode_program` with `attention_flash.program`: the knobs, their
+derived sizes (WK, KT, ROW_BLOCK), GROUP, and the tile rows' queries. Knobs: `DecodeKnobs`,
+whose fields' defaults are the level-0 setting.
 """
 from __future__ import annotations
 
-from kiln.template import CudaProgram, Launch, Template, dtypes, ptx, template_source
+from dataclasses import dataclass
+
+from kiln.template import CudaProgram, Knobs, Launch, Template, device_code, dtypes, ptx, template_source
 from kiln_ops_builtin.templates.attention_flash import (CODE, HEAD_DIMS, MAX_SMEM, PAD, UNSPLIT, program,
                                                         split_kv, strides)
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
@@ -48,126 +56,59 @@ benchmarks/HISTORY.md, session of 2026-11-26: 8 x 32/8 heads x 4096 keys x 128 a
 51.9-53.8 us against 54.8-57.8 at the 6 that filled every CTA slot; 4 x 16/4 heads x 16384 keys x
 64 at 8 shares 28.5 us against 36.0 at 37), at about 2.5 TB/s of DRAM reads."""
 
-KERNEL = r"""
-extern "C" __global__ void __launch_bounds__(kiln_attention_decode_program::NT)
-    kiln_attention_decode(KERNEL_PARAMS) {
-    using P = kiln_attention_decode_program;
-    constexpr int NT = P::NT, BN = P::BN, D = P::D, LDS = P::LDS, MT = P::MT, SPLIT = P::SPLIT;
-    constexpr bool CAUSAL = P::CAUSAL;
-    extern __shared__ __align__(128) unsigned char kiln_smem[];
-    uint16_t* Qs = (uint16_t*)kiln_smem;
-    uint16_t* Ks = Qs + ROW_BLOCK * LDS;
-    uint16_t* Vs = Ks + 2 * KT * LDS;
-    float* shares = (float*)Ks;                                 // once the keys are done: per key warp,
-    float* share_stats = shares + WK * ROW_BLOCK * D;           // [ROW_BLOCK][D] values, [ROW_BLOCK][2] max, sum
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wr = warp % WR, wk = warp / WR;
-    const int sp = (int)(blockIdx.x % SPLIT);                  // the CTA's share of the keys
-    const int64_t rest = blockIdx.x / SPLIT, bkv = rest / ROW_BLOCKS;
-    const int r0 = (int)(rest % ROW_BLOCKS) * ROW_BLOCK;
-    const int64_t kbh = bkv * GROUP;                            // the first query head of key/value head bkv
-    const uint16_t* K = P::k(ARGS, kbh);
-    const uint16_t* V = P::v(ARGS, kbh);
-    const int keys = CAUSAL ? min(LK, LQ) : LK;
-    const int tiles = (keys + KT - 1) / KT;
-    const int t0 = min(tiles, sp * TILES_PER_SPLIT), t1 = min(tiles, t0 + TILES_PER_SPLIT);
-    for (int idx = tid; idx < ROW_BLOCK * (D / 8); idx += NT) {
-        const int row = idx / (D / 8), c = idx % (D / 8), r = r0 + row;
-        const int64_t qbh = kbh + r / LQ;
-        const bool ok = r < QUERY_ROWS;
-        const uint16_t* src = (const uint16_t*)Q_PARAM + (ok ? (Q_BASE) + (r % LQ) * Q_RS + c * 8 : 0);
-        kiln_cp_async16(Qs + row * LDS + c * 8, src, ok ? 16 : 0);
-    }
-    auto load_keys = [&](int stage, int n0) {
-        kiln::attention::load_keys<P, KT>(Ks + stage * KT * LDS, Vs + stage * KT * LDS, K, V, n0, tid, ARGS);
-    };
-    if (t0 < t1) load_keys(0, t0 * KT);
-    kiln_cp_async_commit();
-    float o[MT][D / 2], mx[MT][2], sum[MT][2];
-    kiln::attention::start_rows<P>(o, mx, sum);
-    const int row0 = r0 + wr * MT * 16;
-    const uint16_t* qs = Qs + wr * MT * 16 * LDS;
-    for (int t = t0; t < t1; ++t) {
-        if (t + 1 < t1) load_keys((t + 1 - t0) & 1, (t + 1) * KT);
-        kiln_cp_async_commit();
-        kiln_cp_async_wait<1>();
-        __syncthreads();
-        const int n0 = t * KT + wk * BN;
-        const uint16_t* ks = Ks + (((t - t0) & 1) * KT + wk * BN) * LDS;
-        const uint16_t* vs = Vs + (((t - t0) & 1) * KT + wk * BN) * LDS;
-        if (row0 < QUERY_ROWS && n0 < keys) {
-            if (CAUSAL || n0 + BN > LK)
-                kiln::attention::attend<P, true>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
-            else
-                kiln::attention::attend<P, false>(o, mx, sum, qs, ks, vs, row0, n0, bkv, lane, ARGS);
-        }
-        __syncthreads();
-    }
-    kiln_cp_async_wait<0>();        // an empty share's query copies
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float total = kiln::attention::quad_sum(sum[mt][h]);
-            const int row = wk * ROW_BLOCK + wr * MT * 16 + mt * 16 + (lane >> 2) + h * 8;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-                *(float2*)&shares[row * D + dt * 8 + (lane & 3) * 2] =
-                    make_float2(o[mt][dt * 4 + 2 * h], o[mt][dt * 4 + 2 * h + 1]);
-            if ((lane & 3) == 0) *(float2*)&share_stats[row * 2] = make_float2(mx[mt][h], total);
-        }
-    __syncthreads();
-    for (int idx = tid; idx < ROW_BLOCK * (D / 2); idx += NT) {
-        const int row = idx / (D / 2), n = idx % (D / 2) * 2, r = r0 + row;
-        if (r >= QUERY_ROWS) break;
-        float top, total;
-        const float2 v = kiln::attention::merge_shares(WK, share_stats + row * 2, ROW_BLOCK * 2, shares + row * D + n,
-                                                      ROW_BLOCK * D, top, total);
-        const int64_t qbh = kbh + r / LQ, i = r % LQ;
-        if constexpr (SPLIT > 1) {
-            // the share's partial result: unnormalized, relative to the row maximum, with maximum and sum
-            const int64_t out = ((int64_t)sp * BATCH + qbh) * LQ + i;
-            *(float2*)&PART[out * D + n] = v;
-            if (n == 0) *(float2*)&STATS[out * 2] = make_float2(top, total);
-        } else {
-            const float inv = total == 0.f ? 0.f : 1.f / total;
-            kiln_epilogue2(ARGS, qbh, i, n, v.x * inv, v.y * inv);
-        }
-    }
-}
-"""
 
+@dataclass(frozen=True)
+class DecodeKnobs(Knobs):
+    """NW warps a CTA: WR row warps of MT (1 or 2) 16-row MMA tiles each (ROW_BLOCK rows) times
+    WK = NW / WR key warps of BN keys each (KT keys a tile); the keys split SPLIT ways (split-KV).
+    The defaults are level 0: four key warps of 16 keys each over 16 rows, the keys split four
+    ways."""
 
-def _k(bn: int, nw: int, mt: int, wr: int, split: int = 1) -> dict:
-    return {"BN": bn, "NW": nw, "MT": mt, "WR": wr, **({"SPLIT": split} if split > 1 else {})}
+    BN: int = 16
+    NW: int = 4
+    MT: int = 1
+    WR: int = 1
+    SPLIT: int = 4
 
+    @property
+    def WK(self) -> int:
+        """Key warps."""
+        return self.NW // self.WR
 
-def smem_bytes(knobs: dict, d: int) -> int:
-    """The query rows, then two stages of K and V tiles, which the key warps' merge reuses."""
-    rows, wk = knobs["WR"] * knobs["MT"] * 16, knobs["NW"] // knobs["WR"]
-    keys = 4 * wk * knobs["BN"] * (d + PAD) * 2
-    return rows * (d + PAD) * 2 + max(keys, wk * rows * (d + 2) * 4)
+    @property
+    def ROW_BLOCK(self) -> int:
+        """Tile rows a CTA."""
+        return self.WR * self.MT * 16
 
+    @property
+    def KT(self) -> int:
+        """Keys a shared-memory tile: BN for each key warp."""
+        return self.WK * self.BN
 
-def valid(knobs: dict) -> bool:
-    """Whether the NW warps split into WR row warps of MT (1 or 2) 16-row MMA tiles and key warps
-    of BN keys (a multiple of 16), within the shared memory at the largest head dim."""
-    nw, wr = knobs["NW"], knobs["WR"]
-    return nw % wr == 0 and knobs["MT"] in (1, 2) and knobs["BN"] % 16 == 0 and knobs["BN"] > 0 \
-        and smem_bytes(knobs, max(HEAD_DIMS)) <= MAX_SMEM and knobs.get("SPLIT", 1) >= 1
+    def smem_bytes(self, d: int) -> int:
+        """The dynamic shared memory of a CTA at head dim `d`: the query rows, then two stages of
+        K and V tiles, which the key warps' merge reuses."""
+        keys = 4 * self.KT * (d + PAD) * 2
+        return self.ROW_BLOCK * (d + PAD) * 2 + max(keys, self.WK * self.ROW_BLOCK * (d + 2) * 4)
 
+    def valid(self) -> bool:
+        """Whether the NW warps split into WR row warps of MT (1 or 2) MMA tiles and key warps
+        of BN keys (a multiple of 16), within the shared memory at the largest head dim."""
+        return self.WR > 0 and self.NW % self.WR == 0 and self.MT in (1, 2) and self.BN % 16 == 0 \
+            and self.BN > 0 and self.smem_bytes(max(HEAD_DIMS)) <= MAX_SMEM and self.SPLIT >= 1
 
-def space(level: int) -> list[dict]:
-    """Level 0: four key warps of 16 keys each over 16 rows, the keys split four ways; 1: that
-    tile unsplit and split 2 to 16 ways, 32-key warps, eight warps, 32 to 128 rows; 2: more of
-    each."""
-    if level == 0:
-        return [_k(16, 4, 1, 1, 4)]
-    out = [_k(16, 4, 1, 1, s) for s in (1, 2, 4, 8, 16)]
-    out += [_k(32, 4, 1, 1, 4), _k(16, 8, 1, 1, 4), _k(16, 4, 2, 1, 4), _k(32, 4, 2, 2, 4), _k(64, 4, 2, 4, 2)]
-    if level == 2:
-        out += [_k(16, 2, 1, 1, 8), _k(32, 4, 1, 1, 8), _k(16, 8, 2, 2, 4), _k(32, 8, 1, 2, 8), _k(64, 4, 1, 4, 4),
-                _k(16, 4, 1, 1, 32)]
-    return out
+    @classmethod
+    def space(cls, level: int) -> list[DecodeKnobs]:
+        """Level 0: the default; 1: that tile unsplit and split 2 to 16 ways, 32-key warps,
+        eight warps, 32 to 128 rows; 2: more of each."""
+        if level == 0:
+            return [cls()]
+        out = [cls(SPLIT=split) for split in (1, 2, 4, 8, 16)]
+        out += [cls(BN=32), cls(NW=8), cls(MT=2), cls(BN=32, MT=2, WR=2), cls(BN=64, MT=2, WR=4, SPLIT=2)]
+        if level == 2:
+            out += [cls(NW=2, SPLIT=8), cls(BN=32, SPLIT=8), cls(NW=8, MT=2, WR=2), cls(BN=32, NW=8, WR=2, SPLIT=8),
+                    cls(BN=64, WR=4), cls(SPLIT=32)]
+        return out
 
 
 def applies(task) -> bool:
@@ -188,56 +129,51 @@ def suggest(task, sm_count: int) -> list[dict]:
     """Rows packed into one row block where they fit (up to 128 rows on four row warps), keys
     64 a tile over the remaining warps; the keys split so that the grid has up to
     CTAS_PER_SM CTAs a multiprocessor, each share at least two tiles and none empty
-    (`kiln_attention_combine` merges the shares); then `space(1)`. Symbolic sizes count as their bucket
-    (`split_k.bucket`), so that the lengths of a bucket share one source."""
+    (`kiln_attention_combine` merges the shares); then level 1. Symbolic sizes count as their
+    bucket (`split_k.bucket`), so that the lengths of a bucket share one source."""
     a = match_attention(task)
     Lq, batch = bucket(a.Lq), bucket(a.batch_count)
     rows = a.group * Lq
     mt, wr = (1, 1) if rows <= 16 else (2, 1) if rows <= 32 else (2, 2) if rows <= 64 else (2, 4)
     nw = 4
-    bn = 64 // (nw // wr)
-    knobs = _k(bn, nw, mt, wr)
     ctas = batch // a.group * -(-rows // (wr * mt * 16))
     tiles = -(-bucket(_keys(a)) // 64)
     split = max(1, min(CTAS_PER_SM * sm_count // ctas, tiles // 2))
     split = -(-tiles // -(-tiles // split))
-    first = _k(bn, nw, mt, wr, split)
-    return [first] + [k for k in space(1) if k != first]
+    first = DecodeKnobs(BN=64 // (nw // wr), NW=nw, MT=mt, WR=wr, SPLIT=split).as_dict()
+    return [first] + [k for k in DecodeKnobs.settings(1) if k != first]
 
 
-def render(task, BN, NW, MT, WR, SPLIT=1) -> CudaProgram:
-    """The decode kernel for `task` (see the module doc), and `kiln_attention_combine` after it
-    when SPLIT > 1."""
+def render(task, **knobs) -> CudaProgram:
+    """The program of `task` (see the module doc) at the setting `knobs` (`DecodeKnobs`'
+    fields), and `kiln_attention_combine` after its kernel where SPLIT > 1."""
     a: Attention = match_attention(task)
-    knobs = _k(BN, NW, MT, WR, SPLIT)
-    if not valid(knobs):
-        raise ValueError(f"attention_decode: invalid knobs {knobs} (NW warps = WR row warps of MT = 1 or 2 "
-                         f"16-row tiles x key warps of BN keys, a multiple of 16; at most {MAX_SMEM} bytes of "
-                         f"shared memory; SPLIT >= 1)")
-    rows, row_block, wk = a.group * a.Lq, WR * MT * 16, NW // WR
-    row_blocks, kt = (rows + row_block - 1) // row_block, wk * BN
-    args, temporaries, params, launches = tuple(a.args.split(", ")), [], a.params, []
+    k = DecodeKnobs(**knobs)
+    rows = a.group * a.Lq
+    row_blocks = (rows + k.ROW_BLOCK - 1) // k.ROW_BLOCK
+    args, temporaries, params, launches, kernels = tuple(a.args.split(", ")), [], a.params, [], []
     defines = {
         **a.device_defines(), **strides(a), "BATCH": a.text(a.batch_count), "Q_PARAM": a.q.param,
-        "Q_BASE": a.base(a.q, "qbh"), "WR": WR, "WK": wk, "KT": kt, "ROW_BLOCK": row_block,
-        "ROW_BLOCKS": a.int_text(row_blocks), "QUERY_ROWS": a.int_text(rows), "GROUP": a.group,
-        "TILES_PER_SPLIT": a.int_text(((_keys(a) + kt - 1) // kt + SPLIT - 1) // SPLIT), **UNSPLIT,
+        "Q_BASE": a.base(a.q, "qbh"), "ROW_BLOCKS": a.int_text(row_blocks),
+        "TILES_PER_SPLIT": a.int_text(((_keys(a) + k.KT - 1) // k.KT + k.SPLIT - 1) // k.SPLIT), **UNSPLIT,
     }
-    kernels = [CODE, program("kiln_attention_decode_program", a, {"BN": BN, "NT": NW * 32, "MT": MT, "SPLIT": SPLIT},
-                             i="r % LQ", bh="bh * GROUP + r / LQ", ok="r < QUERY_ROWS"), KERNEL]
-    if SPLIT > 1:
-        sk = split_kv(a, SPLIT, params, args)
-        params, args, temporaries = sk.params, sk.args, sk.temporaries
+    if k.SPLIT > 1:
+        sk = split_kv(a, k.SPLIT, params, args)
+        params, args, temporaries, kernels = sk.params, sk.args, sk.temporaries, sk.kernels
         defines.update(sk.defines)
-        kernels += sk.kernels
         launches.append(sk.combine)
     defines["KERNEL_PARAMS"] = params
-    source = template_source(kernels, defines, a.hooks, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    blocks = int(SPLIT * row_blocks * (a.batch_count // a.group))
-    launches.insert(0, Launch("kiln_attention_decode", args, (NW * 32, 1, 1), grid=(blocks, 1, 1),
-                              smem=smem_bytes(knobs, a.D)))
+    enums = {"BN": k.BN, "NT": k.NW * 32, "MT": k.MT, "SPLIT": k.SPLIT, "WR": k.WR, "WK": k.WK, "KT": k.KT,
+             "ROW_BLOCK": k.ROW_BLOCK, "GROUP": a.group}
+    source = template_source([CODE, program("kiln_attention_decode_program", a, enums, i="r % LQ",
+                                            bh="bh * GROUP + r / LQ", ok="r < GROUP * LQ"),
+                              device_code(__package__, "cuda/attention_decode.cuh"), *kernels], defines, a.hooks,
+                             (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
+    blocks = int(k.SPLIT * row_blocks * (a.batch_count // a.group))
+    launches.insert(0, Launch("kiln_attention_decode", args, (k.NW * 32, 1, 1), grid=(blocks, 1, 1),
+                              smem=k.smem_bytes(a.D)))
     return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values)
 
 
-TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=20, applies=applies, space=space,
-                    suggest=suggest, reads_views=True, symbolic=True)
+TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=20, applies=applies,
+                    space=DecodeKnobs.settings, suggest=suggest, reads_views=True, symbolic=True)

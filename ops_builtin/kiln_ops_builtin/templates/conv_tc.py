@@ -39,7 +39,7 @@ SMALL_M_TILE = (32, 64, 16, 32)
 ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}       # kiln::mma_sync's element types
 
 # The kernel: cuda/conv_tc.cuh's kiln::conv_tc::run on this task's hooks (the core's load hooks;
-# KILN_STORE, KILN_STORE2: `split_k`'s, the core's epilogue where K is not split). The shared
+# kiln_store, kiln_store2: `split_k`'s, the core's epilogue where K is not split). The shared
 # tiles are the kernel's own, so that their symbols name it.
 KERNEL = """
 extern "C" __global__ void __launch_bounds__({threads}) kiln_conv_tc(PARAMS) {{
@@ -49,8 +49,8 @@ extern "C" __global__ void __launch_bounds__({threads}) kiln_conv_tc(PARAMS) {{
         As, Bs, [&] {{ return kiln::conv_tc::Problem{{M, N, K, KT_SPLIT}}; }},
         [&](int64_t m, int64_t k) {{ return kiln_load_a(ARGS, m, k); }},
         [&](int64_t k, int64_t n) {{ return kiln_load_b(ARGS, k, n); }},
-        [&](int64_t m, int64_t n, float v) {{ KILN_STORE(0, m, n, v); }},
-        [&](int64_t m, int64_t n, float v0, float v1) {{ KILN_STORE2(0, m, n, v0, v1); }});
+        [&](int64_t m, int64_t n, float v) {{ kiln_store(KERNEL_ARGS, blockIdx.y, 0, m, n, v); }},
+        [&](int64_t m, int64_t n, float v0, float v1) {{ kiln_store2(KERNEL_ARGS, blockIdx.y, 0, m, n, v0, v1); }});
 }}
 """
 
@@ -141,11 +141,11 @@ def render(task, **knobs) -> CudaProgram:
     temporaries = []
     sk = split_k.plan(split, g.M, g.N, g.K, BK, 1, g.params, tuple(g.args.split(", ")), temporaries, text=g.text)
     dtype = _operand_dtype(task)
-    # what split_k's code reads: sizes, PARAMS, ARGS, KILN_STORE ...
+    # what split_k's code reads: sizes, ARGS (split_k's own: KT_SPLIT, BATCH, PARAMS, KERNEL_ARGS)
     defines = {"M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines}
     kernel = KERNEL.format(threads=nt, bm=BM, bn=BN, bk=BK, wm=WM, wn=WN, elem=ELEMENTS[dtype])
-    source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/conv_tc.cuh"), kernel, sk.source],
-                             defines, g.hooks, (ptx.LDMATRIX, ptx.MMA))
+    source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/conv_tc.cuh"), sk.stores, kernel,
+                              sk.source], defines, g.hooks, (ptx.LDMATRIX, ptx.MMA))
     launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1),
                     grid=(int(_tiles(g.M, g.N, (BM, BN))), split, 1))
     return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16, sizes=g.sizes.values)

@@ -36,7 +36,7 @@ MAX_GRID_Z = 65535
 ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16", dtypes.float32: "F32"}    # kiln::gemv's types
 
 # The kernel: cuda/gemv.cuh's kiln::gemv::run on this task's operands, each column stored by the
-# epilogue hook (KILN_STORE: `split_k`'s, the core's kiln_epilogue where K is not split).
+# epilogue hook (kiln_store: `split_k`'s, the core's kiln_epilogue where K is not split).
 KERNEL = """
 extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv(PARAMS) {{
     const int64_t bz = blockIdx.z;
@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv(PARAMS) {{
     const kiln::gemv::Problem problem = {{{n}, {k}, {a_stride}, {b_stride}, KT_SPLIT}};
     kiln::gemv::run<Elem, {rows}, {cols}, {k_warps}, {warps}>(
         (const Elem::storage*){a} + ({a_batch}), (const Elem::storage*){b} + ({b_batch}), problem,
-        [&](int m, int64_t n, float v) {{ KILN_STORE(bz, m, n, v); }});
+        [&](int m, int64_t n, float v) {{ kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, v); }});
 }}
 """
 
@@ -113,7 +113,7 @@ def render(task, **knobs) -> CudaProgram:
     columns = WARPS // k.KW * k.R
     launch = Launch("kiln_gemv", args + sk.args, (32 * WARPS, 1, 1),
                     grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
-    source = template_source([device_code(__package__, "cuda/gemv.cuh"), kernel, sk.source], defines, c.epilogue)
+    source = template_source([device_code(__package__, "cuda/gemv.cuh"), sk.stores, kernel, sk.source], defines, c.epilogue)
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
 
 

@@ -258,13 +258,13 @@ def render(task, **knobs) -> CudaProgram:
         operands = [h.format(params=g.params) for h in HOOKED]
     names, temporaries = tuple(g.args.split(", ")), []
     sk = split_k.plan(k.SPLIT, g.M, g.N, g.K, k.BK, batch, g.params, names, temporaries, text=g.text)
-    # split_k's (its code and the kernel read them): sizes, PARAMS, ARGS, KILN_STORE ...
+    # what split_k's code and the kernel read: sizes, ARGS (split_k's own: KT_SPLIT, BATCH, PARAMS, KERNEL_ARGS)
     defines = {"M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines}
     program = PROGRAM.format(bm=k.BM, bn=k.BN, bk=k.BK, wm=k.WM, wn=k.WN, min_blocks=k.MIN_BLOCKS, stages=k.STAGES,
                              frag=k.FRAG, a_kind=kinds[0], b_kind=kinds[1], a=operands[0], b=operands[1])
     tiles = int(-(-g.M // k.BM) * -(-g.N // k.BN))
     launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, k.SPLIT, int(batch)))
-    source = template_source([device_code(__package__, "cuda/matmul_simt.cuh"), program,
+    source = template_source([device_code(__package__, "cuda/matmul_simt.cuh"), program, sk.stores,
                               device_code(__package__, "cuda/matmul_simt_kernel.cuh"), sk.source], defines, hooks,
                              (ptx.CP_ASYNC,))
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=g.sizes.values)

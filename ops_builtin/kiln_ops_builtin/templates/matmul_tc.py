@@ -138,9 +138,9 @@ def render(task, **knobs) -> CudaProgram:
     program = PROGRAM.format(bm=k.BM, bn=k.BN, bk=k.BK, wm=k.WM, wn=k.WN, stages=k.STAGES, group=k.GROUP,
                              elem=ELEMENTS[c.a.dtype], b_k_contiguous=int(c.b.k_contiguous), a=operands[0],
                              b=operands[1])
-    # split_k's (its code and the kernel read them): sizes, PARAMS, ARGS, KILN_STORE ...
+    # what split_k's code and the kernel read: sizes, ARGS (split_k's own: KT_SPLIT, BATCH, PARAMS, KERNEL_ARGS)
     defines = {"M": c.text(c.M), "N": c.text(c.N), "K": c.text(c.K), "ARGS": c.args, **sk.defines}
-    source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/matmul_tc.cuh"), program,
+    source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/matmul_tc.cuh"), program, sk.stores,
                               device_code(__package__, "cuda/matmul_tc_kernel.cuh"), sk.source], defines, c.epilogue,
                              (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA))
     tiles = int(-(-c.M // k.BM) * -(-c.N // k.BN))

@@ -98,8 +98,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) kiln_matmul_wgmma(PARAMS, co
             for (int h = 0; h < 2; ++h) {
                 const int64_t m = m0 + (wg * MI + i) * 64 + w * 16 + lane / 4 + h * 8;
                 const int64_t n = n0 + j * 8 + (lane % 4) * 2;
-                if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
-                else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j * 4 + h * 2]);
+                if (m < M && n + 1 < N)
+                    kiln_store2(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j * 4 + h * 2], acc[i][j * 4 + h * 2 + 1]);
+                else if (m < M && n < N) kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j * 4 + h * 2]);
             }
 }
 """
@@ -152,7 +153,7 @@ def render(task, BN, WG, MI, STAGES, SPLIT=1) -> CudaProgram:
         "M": c.text(c.M), "N": c.text(c.N), "K": c.text(K), "ARGS": c.args,
         "A_XS": a.x_stride, "A_BATCH": a.batch, "B_XS": b.x_stride, "B_BATCH": b.batch, **sk.defines,
     }
-    kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), a.source, b.source, KERNEL, sk.source]
+    kernels = [ptx.wgmma_m64k16(BN, c.a.dtype), a.source, b.source, sk.stores, KERNEL, sk.source]
     source = template_source(kernels, defines, c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.WGMMA))
     tiles = int(-(-c.M // bm) * -(-c.N // BN))
     k = {"BN": BN, "WG": WG, "MI": MI, "STAGES": STAGES}

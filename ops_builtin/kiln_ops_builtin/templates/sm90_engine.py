@@ -15,10 +15,10 @@ A stage's rows are 128 bytes of K: KB = 64 elements of 16-bit operands, or 32 fl
 operands that the tensor cores read as TF32 (`k_block`; TF32 operands must both be K-major).
 CW consumer warpgroups (`setmaxnreg.inc`) each own MI slabs of 64 rows x BN columns of the
 BM x BN tile and multiply with `wgmma.mma_async.m64n{BN}k16` (k8 for TF32: the same 32 bytes
-of K) straight from shared memory, one
-group in flight, then run the core's epilogue hooks (`KILN_STORE2`) while the producer already
-fetches the next tile; each warp first stages 16 x 32 blocks of its accumulators in shared
-memory, so every store instruction writes two whole 128-byte rows. Where the output stores
+of K) straight from shared memory, one group in flight, then run the core's epilogue hooks
+(through split_k's `kiln_store2_fetched`) while the producer already fetches the next tile;
+each warp first stages 16 x 32 blocks of its accumulators in shared memory, so every store
+instruction writes two whole 128-byte rows. Where the output stores
 16-byte packs (VEC), each lane instead takes VEC neighbouring outputs of a row through the
 core's vector hook (`kiln_epilogue_v`). With TMA_STORE = 1, where the output is a 16-bit
 matrix TMA can describe (`output_map`), each warp instead packs its 16 x 64 blocks straight from
@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
 #endif
     // work units are CLUSTER vertically adjacent tiles, one per CTA of a cluster
     const int tiles_m = (M + BM * CLUSTER - 1) / (BM * CLUSTER), tiles_n = (N + BN - 1) / BN, per_batch = tiles_m * tiles_n;
-    const int units = per_batch * BATCH * SPLIT;
+    const int units = per_batch * BATCH * kiln_split_k_program::SPLIT;
     const int k_tiles = (K + KB - 1) / KB;
     int stage = 0, parity = 0;
     if (wg == 0) {
@@ -146,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
         // what the epilogue reads per row (a residual) goes to L2 while the tile's main loop runs
         for (int p = t; p < 64 * MI * (BN / 32); p += 128) {
             const int64_t m = m0 + SLAB * 64 + p / (BN / 32), n = n0 + p % (BN / 32) * 32;
-            if (m < M && n < N) KILN_PREFETCH(bz, m, n);
+            if (m < M && n < N) kiln_store_prefetch(KERNEL_ARGS, bz, m, n);
         }
         // ping-pong: one consumer in its main loop at a time (each full barrier then waits on the
         // phase right after the one last seen, so parities cannot alias); named barrier 1 + c
@@ -257,8 +257,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CW + 1), 1) KERNEL_NAME(PARA
                     const int row = rr * 2 + lane / 16, col = (lane % 16) * 2;
                     const float2 v = *(const float2*)&staged[row * EPI_LD + col];
                     const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + q * 32 + col;
-                    if (m < M && n + 1 < N) KILN_STORE2_FETCHED(bz, m, n, v.x, v.y, fetched[q % (FETCH + 1)][rr]);
-                    else if (m < M && n < N) KILN_STORE(bz, m, n, v.x);
+                    if (m < M && n + 1 < N)
+                        kiln_store2_fetched(KERNEL_ARGS, ks, bz, m, n, v.x, v.y, fetched[q % (FETCH + 1)][rr]);
+                    else if (m < M && n < N) kiln_store(KERNEL_ARGS, ks, bz, m, n, v.x);
                 }
                 __syncwarp();
             }
@@ -282,7 +283,8 @@ STAGE_BLOCK = (
 
 # (unit -> split ks, flat batch bz, tile row/col); GROUP tile rows are walked column by column
 UNIT_COORDS = (
-    "const int ks = unit % SPLIT, tile = unit / SPLIT, bz = tile / per_batch, r = tile % per_batch;"
+    "const int ks = unit % kiln_split_k_program::SPLIT, tile = unit / kiln_split_k_program::SPLIT;"
+    " const int bz = tile / per_batch, r = tile % per_batch;"
     " const int band = GROUP * tiles_n, first_m = r / band * GROUP, rows = min(tiles_m - first_m, GROUP);"
     " const int tm = (first_m + r % band % rows) * CLUSTER + rank, tn = r % band / rows;"
     " const int64_t m0 = (int64_t)tm * BM, n0 = (int64_t)tn * BN;"
@@ -442,8 +444,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     knobs["STAGES"] = stages or STAGES
     args, temporaries = tuple(p.args.split(", ")), []
     kb = k_block(p.dtype)
-    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, split_index="ks",
-                      text=p.sizes.text)
+    sk = split_k.plan(SPLIT, p.M, p.N, p.K, kb, p.batch, p.params, args, temporaries, text=p.sizes.text)
     gathered = producer.threads > 1
     maps = {**producer.maps, **_source_maps(sources, p.M, p.N, block_m(knobs), BN)}
     vector, vector_hook = _vector_epilogue(p, SPLIT, sources)
@@ -453,7 +454,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     defines = {
         "KERNEL_NAME": kernel, "TENSOR_MAPS": ", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
         "BM": block_m(knobs), "BN": BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": CW, "MI": MI, "PP": PP,
-        "STAGES": knobs["STAGES"], **_source_defines(sources, knobs),
+        "STAGES": knobs["STAGES"], **_source_defines(sources, knobs, SPLIT),
         "GROUP": GROUP, "M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args,
         "FETCH": FETCH or fetch_depth(knobs, producer.regs),
         "PRODUCERS": producer.threads, "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
@@ -468,7 +469,7 @@ def program(kernel: str, p: Problem, producer: Producer, BN, CW, MI, STAGES, SPL
     }
     groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA] + [ptx.CLUSTER] * (CLUSTER > 1)
     source = template_source([wgmma(BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
-                              KERNEL, sk.source], defines, p.epilogue + vector_hook, ptx=groups)
+                              sk.stores, KERNEL, sk.source], defines, p.epilogue + vector_hook, ptx=groups)
     units = int(-(-p.M // (block_m(knobs) * CLUSTER)) * -(-p.N // BN) * p.batch * SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (CW + 1), 1, 1),
                        items=units * CLUSTER, per_block=1, waves=1, smem=smem_bytes(knobs, sources),
@@ -521,12 +522,16 @@ def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, b
             for k, s in enumerate(sources)}
 
 
-def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict) -> dict:
+def _source_defines(sources: tuple[EpilogueSource, ...], knobs: dict, split: int) -> dict:
     """NSRC, SRC_BYTES (one buffer), LOAD_SOURCES (thread 0's copies into buffer sb),
     SOURCE_TILES (the tiles of buffer sb, as the hooks take them) and KILN_FETCH_AT(b, m, n, f,
-    at): the epilogue's per-row loads, from tile element `at` of buffer sb where staged."""
+    at): the epilogue's per-row loads, from tile element `at` of buffer sb where staged (none
+    where K is `split`)."""
     if not sources:
-        return {"NSRC": 0, "SRC_BYTES": 0, "KILN_FETCH_AT(b, m, n, f, at)": "KILN_FETCH2(b, m, n, f)"}
+        # a split K's stores fetch nothing (the epilogue runs in the sum kernel): no call at all,
+        # which would make the fetching lambda capture the kernel's arguments
+        fetch = "((void)0)" if split > 1 else "kiln_store_fetch2(KERNEL_ARGS, b, m, n, f)"
+        return {"NSRC": 0, "SRC_BYTES": 0, "KILN_FETCH_AT(b, m, n, f, at)": fetch}
     offsets = [source_bytes(knobs, sources[:k]) for k in range(len(sources))]
     tile = lambda k, s: f"(const {CudaDialect().storage_type(s.dtype)}*)(srcs + sb * SRC_BYTES + {offsets[k]})"
     return {"NSRC": len(sources), "SRC_BYTES": source_bytes(knobs, sources),

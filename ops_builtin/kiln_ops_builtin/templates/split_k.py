@@ -5,17 +5,22 @@ A template kernel launched on a grid (tiles, SPLIT, batch) walks only the k-tile
     const int KT0 = blockIdx.y * KT_SPLIT, KT = min((K + BK - 1) / BK - KT0, KT_SPLIT);
 
 (k-tiles KT0 .. KT0 + KT - 1; split boundaries are whole k-tiles, so bounds checks against K stay
-exact) and hands each finished accumulator to `KILN_STORE(b, m, n, v)` or
-`KILN_STORE2(b, m, n, v0, v1)` (n even, n + 1 < N), or, loading what the epilogue reads per row
-first, `KILN_FETCH2(b, m, n, f)` into a `kiln_fetched f` and then
-`KILN_STORE2_FETCHED(b, m, n, v0, v1, f)`, and `KILN_PREFETCH(b, m, n)` brings what the
-epilogue will read per row at (b, m, n .. n + 31) into L2. With SPLIT = 1 these are the core's
-epilogue hooks. With SPLIT > 1 they write float32 partials to a workspace temporary
-[SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`, adds the SPLIT partials of each
-element in a fixed order (deterministic, no atomics) and applies the epilogue hooks, so
-fusion works the same either way. Symbolic sizes (`kiln.ir.size.SymSize`) are written by the
-template's `text` (its `kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their
-values.
+exact) and hands each finished accumulator to split_k's stores, device functions taking the
+kernel's arguments (`KERNEL_ARGS`), the split and the element: `kiln_store(KERNEL_ARGS, split, b,
+m, n, v)` or `kiln_store2(KERNEL_ARGS, split, b, m, n, v0, v1)` (n even, n + 1 < N), or, loading
+what the epilogue reads per row first, `kiln_store_fetch2(KERNEL_ARGS, b, m, n, f)` into a
+`kiln_fetched f` and then `kiln_store2_fetched(KERNEL_ARGS, split, b, m, n, v0, v1, f)`, and
+`kiln_store_prefetch(KERNEL_ARGS, b, m, n)` brings what the epilogue will read per row at (b, m,
+n .. n + 31) into L2. With SPLIT = 1 these are the core's epilogue hooks
+(`cuda/split_k_direct.cuh`). With SPLIT > 1 (`cuda/split_k.cuh`) they write float32 partials to
+a workspace temporary [SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`
+(`cuda/split_k_sum.cuh`), adds the SPLIT partials of each element in a fixed order
+(deterministic, no atomics) and applies the epilogue hooks, so fusion works the same either way.
+The program renders `kiln_split_k_program` (SPLIT, and FLOAT2_PAIRS: whether a pair of partials
+stores as one float2) and defines KT_SPLIT, BATCH, PARAMS (the kernel's parameters: the hooks',
+then the workspace) and KERNEL_ARGS; the template defines M, N, K and ARGS (the hooks'
+arguments). Symbolic sizes (`kiln.ir.size.SymSize`) are written by the template's `text` (its
+`kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their values.
 
 The templates' `suggest`: fitting a contraction's tile and split-K to its shape and the GPU.
 
@@ -44,41 +49,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.template import KernelArgs, Launch, SymSize, dtypes
+from kiln.template import KernelArgs, Launch, SymSize, device_code, dtypes
 
-SUM_KERNEL = r"""
-// out[b, m, n] = epilogue(sum over s of kiln_ws[s][b][m][n]): a thread per two neighbouring columns
-extern "C" __global__ void __launch_bounds__(256) kiln_split_k_sum(PARAMS) {
-    const int64_t pairs = (N + 1) / 2, total = (int64_t)BATCH * M * pairs, slice = (int64_t)BATCH * M * N;
-    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
-        const int64_t row = i / pairs, n = i % pairs * 2, b = row / M, m = row % M;
-        const float* p = kiln_ws + row * N + n;
-        float v0 = 0.f, v1 = 0.f;
-        if (n + 1 < N) {
-#pragma unroll 4
-            for (int s = 0; s < SPLIT; ++s) {
-                v0 += p[s * slice];
-                v1 += p[s * slice + 1];
-            }
-            kiln_epilogue2(ARGS, b, m, n, v0, v1);
-        } else {
-#pragma unroll 4
-            for (int s = 0; s < SPLIT; ++s) v0 += p[s * slice];
-            kiln_epilogue(ARGS, b, m, n, v0);
-        }
-    }
-}
-"""
-
-STORE_PARTIAL = "kiln_ws[((int64_t)blockIdx.y * BATCH + (b)) * ((int64_t)M * N) + (m) * (int64_t)N + (n)]"
+PROGRAM = "struct kiln_split_k_program {{ enum {{ SPLIT = {split}, FLOAT2_PAIRS = {pairs} }}; }};\n"
 
 
 @dataclass
 class SplitK:
     """What split-K adds to a template's program: defines (PARAMS gains the workspace pointer
-    when SPLIT > 1), source, the kernel arguments to append and the launches that follow."""
+    when SPLIT > 1, KERNEL_ARGS are the kernel's arguments), `stores` (device code to place ahead
+    of the template's kernel: `kiln_split_k_program` and the stores), `source` (to place after it:
+    the sum kernel when SPLIT > 1), the kernel arguments to append and the launches that follow."""
 
     defines: dict
+    stores: str
     source: str = ""
     args: tuple[str, ...] = ()
     launches: list[Launch] = field(default_factory=list)
@@ -89,36 +73,27 @@ def _digits(size) -> str:
 
 
 def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, args: tuple[str, ...],
-         temporaries: list, split_index: str = "blockIdx.y", text=_digits) -> SplitK:
+         temporaries: list, text=_digits) -> SplitK:
     """Split-K over `split` parts for a template computing a batch x M x N GEMM with k-tiles of
     BK; `params`/`args` are the epilogue hooks' parameters and arguments. The workspace is
-    appended to `temporaries` (the program's list). `split_index` is the kernel's expression of
-    the split a store belongs to; `text(size)` writes a size (symbolic ones as expressions)."""
+    appended to `temporaries` (the program's list). `text(size)` writes a size (symbolic ones as
+    expressions). The device code is `cuda/split_k_direct.cuh` (SPLIT = 1), or `cuda/split_k.cuh`
+    and `cuda/split_k_sum.cuh`."""
     k_tiles = -(-K // BK)
     per_split = f"((int)(({text(K)} + {BK - 1}) / {BK} + {split - 1}) / {split})" if isinstance(K, SymSize) \
         else -(-k_tiles // split)
-    defines = {"SPLIT": split, "KT_SPLIT": per_split, "BATCH": text(batch)}
+    program = PROGRAM.format(split=split, pairs=int(N % 2 == 0 and not isinstance(N, SymSize)))
+    defines = {"KT_SPLIT": per_split, "BATCH": text(batch)}
     if split == 1:
-        defines.update({"PARAMS": params, "KILN_STORE(b, m, n, v)": "kiln_epilogue(ARGS, b, m, n, v)",
-                        "KILN_STORE2(b, m, n, v0, v1)": "kiln_epilogue2(ARGS, b, m, n, v0, v1)",
-                        "KILN_FETCH2(b, m, n, f)": "kiln_fetch2(ARGS, b, m, n, f)",
-                        "KILN_PREFETCH(b, m, n)": "kiln_prefetch(ARGS, b, m, n)",
-                        "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": "kiln_epilogue2_fetched(ARGS, b, m, n, v0, v1, f)"})
-        return SplitK(defines)
-    partial = STORE_PARTIAL.replace("blockIdx.y", split_index)
-    pair = (f"(*(float2*)&{partial} = make_float2(v0, v1))" if N % 2 == 0 and not isinstance(N, SymSize)
-            else f"({partial} = (v0), {partial.replace('(n)]', '(n) + 1]')} = (v1))")     # float2: n even, N even
-    defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws",
-                    "KILN_STORE(b, m, n, v)": f"({partial} = (v))",
-                    "KILN_STORE2(b, m, n, v0, v1)": pair,
-                    "KILN_FETCH2(b, m, n, f)": "((void)0)",
-                    "KILN_PREFETCH(b, m, n)": "((void)0)",
-                    "KILN_STORE2_FETCHED(b, m, n, v0, v1, f)": pair})
+        defines.update({"PARAMS": params, "KERNEL_ARGS": "ARGS"})
+        return SplitK(defines, program + device_code(__package__, "cuda/split_k_direct.cuh"))
+    defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws", "KERNEL_ARGS": "ARGS, kiln_ws"})
     workspace = KernelArgs.temporary(len(temporaries))
     temporaries.append(((split, int(batch), int(M), int(N)), dtypes.float32))
     total = int(batch * M * -(-N // 2))
     launch = Launch("kiln_split_k_sum", args + (workspace,), (256, 1, 1), items=total, per_block=256, waves=8)
-    return SplitK(defines, SUM_KERNEL, (workspace,), [launch])
+    return SplitK(defines, program + device_code(__package__, "cuda/split_k.cuh"),
+                  device_code(__package__, "cuda/split_k_sum.cuh"), (workspace,), [launch])
 
 
 # ---------------------------------------------------------------- fitting tile and split

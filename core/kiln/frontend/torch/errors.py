@@ -46,6 +46,8 @@ def target_name(kind: str, target) -> str:
     (an overload packet), 'torch._grouped_mm', 'torch.ops.higher_order.cond'."""
     if kind == "method":     # a method's name, or the method itself (torch.Tensor.addcdiv)
         return f"torch.Tensor.{target if isinstance(target, str) else target.__name__}"
+    if isinstance(target, str):         # an operator overload named by a rule
+        return target
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(target)      # 'aten.add.Tensor', 'aten.add' (not the packet's pybind11 class)
     if isinstance(target, torch._ops.HigherOrderOperator):

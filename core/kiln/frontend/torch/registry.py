@@ -70,9 +70,13 @@ class Rule:
 
 
 def rule_key(kind: str, target):
-    """Methods are keyed by name (fx's call_method target); functions and modules by object."""
+    """Methods are keyed by name (fx's call_method target); operators of `torch.ops` by their
+    name ('aten.mm.default', 'aten.mm'), so that a rule can name an operator of a library Kiln
+    does not import ('transformers.grouped_mm_fallback'); other functions and modules by object."""
     if kind == METHOD and not isinstance(target, str):
         return target.__name__
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
     return target
 
 

@@ -45,6 +45,7 @@ from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.frontend.torch.input_free import recompute_input_free
+from kiln.frontend.torch.saved_layout import saved_in_memory_order
 from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
 from kiln.frontend.torch.registry import mapping_registry
 
@@ -145,7 +146,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
         with functorch_config.patch(recompute_views=True):
             forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
                                                                     num_fwd_outputs=num_fwd_outputs, **options)
-        return recompute_input_free(forward, backward, num_fwd_outputs)
+        return saved_in_memory_order(*recompute_input_free(forward, backward, num_fwd_outputs), num_fwd_outputs)
 
     def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
         rows, device = seed_random_ops(graph)

@@ -1,13 +1,14 @@
 // The kernel of kiln_ops_builtin.templates.matmul_simt (its docstring tells the algorithm), on
 // matmul_simt.cuh's pieces: a block's BM x BN tile of out[b][m][n] = sum over k of a(m, k) *
 // b(n, k) (blockIdx.x picks it, in groups of GROUP_M rows of tiles; blockIdx.y the split of K;
-// blockIdx.z the batch b), each result handed to KILN_STORE / KILN_STORE2 (split_k's: the core's
+// blockIdx.z the batch b), each result handed to split_k's kiln_store / kiln_store2 (the core's
 // epilogue hooks where K is not split).
 //
 // Needs, ahead of it, the program's kiln_matmul_simt_program (matmul_simt.py renders it):
 //   Tile, A, B        kiln::matmul_simt::Tile<...> (the knobs), the operands' kinds (Plain<...>, Hooked)
 //   a(ARGS, ...)      A as its kind takes it: (bz) -> Operand, or (x, k) -> float; b(ARGS, ...) B's
-// and split_k's M, N, K (run-time where symbolic), KT_SPLIT (k-tiles per blockIdx.y), PARAMS, ARGS.
+// and split_k's M, N, K (run-time where symbolic), KT_SPLIT (k-tiles per blockIdx.y), its stores,
+// PARAMS, ARGS and KERNEL_ARGS.
 //
 // The kernel's code is written here in the kernel itself, not in a function that it calls:
 // NVRTC's optimizer meets a called function before it is inlined and the machine code changes
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256, kiln_matmul_simt_program::Tile
         for (int j = 0; j < TN; j += 2) {
             const int64_t m = m0 + wm + (i / 4) * 4 * LM + (i % 4);
             const int64_t n = n0 + wn + (j / 4) * 4 * LN + (j % 4);
-            if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j], acc[i][j + 1]);
-            else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j]);
+            if (m < M && n + 1 < N) kiln_store2(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j], acc[i][j + 1]);
+            else if (m < M && n < N) kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j]);
         }
 }

@@ -1,7 +1,7 @@
 // The kernel of kiln_ops_builtin.templates.matmul_tc (its docstring tells the algorithm): a
 // block's BM x BN tile of out[b][m][n] = sum over k of a[m][k] * b(k, n) (blockIdx.x picks it,
 // in groups of GROUP rows of tiles; blockIdx.y the split of K; blockIdx.z the batch b), each
-// result handed to KILN_STORE / KILN_STORE2 (split_k's: the core's epilogue hooks where K is not
+// result handed to split_k's kiln_store / kiln_store2 (the core's epilogue hooks where K is not
 // split). Shared memory is dynamic: STAGES k-tiles of A ([BM][BK]) then of B ([BN][BK], or
 // [BK][BN] where B is row-major), rows' 16-byte chunks swizzled by kiln_swz.
 //
@@ -11,7 +11,8 @@
 //   Elem                 kiln::mma_sync::F16 or BF16
 //   B_K_CONTIGUOUS       an enumerator: B is k-major ([N][K]), else row-major ([K][N])
 //   a(ARGS, bz), b(...)  each operand of batch bz, a kiln::matmul_tc::Operand
-// and split_k's M, N, K (run-time where symbolic), KT_SPLIT (k-tiles per blockIdx.y), PARAMS, ARGS.
+// and split_k's M, N, K (run-time where symbolic), KT_SPLIT (k-tiles per blockIdx.y), its stores,
+// PARAMS, ARGS and KERNEL_ARGS.
 //
 // The kernel's code is written here in the kernel itself, not in a function that it calls:
 // NVRTC's optimizer meets a called function before it is inlined, and the machine code changes.
@@ -94,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(kiln_matmul_tc_program::Tile::NT) k
             for (int h = 0; h < 2; ++h) {
                 const int64_t m = m0 + wm * WM + i * 16 + (lane >> 2) + h * 8;
                 const int64_t n = n0 + wn * WN + j * 8 + (lane & 3) * 2;
-                if (m < M && n + 1 < N) KILN_STORE2(bz, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                else if (m < M && n < N) KILN_STORE(bz, m, n, acc[i][j][2 * h]);
+                if (m < M && n + 1 < N) kiln_store2(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                else if (m < M && n < N) kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, acc[i][j][2 * h]);
             }
 }
