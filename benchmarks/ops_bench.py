@@ -75,8 +75,29 @@ def kiln_callable(op: str, args: list, kwargs: dict):
     return lambda inputs: compiled(inputs, outputs)
 
 
+def kiln_graph_callable(build, tensors: list):
+    """fn(inputs) -> outputs running Kiln's optimized graph of `build(*symbols)`, one CUDA symbol
+    per tensor of `tensors` (views fused into the kernels that read them)."""
+    import kiln
+    symbols = [kiln.symbol(list(t.shape), str(t.dtype).replace("torch.", ""), "cuda") for t in tensors]
+    return kiln.graph.optimize(kiln.trace_from(build(*symbols), symbols)).compile().run
+
+
+def _bn_var(x):
+    """Batch-norm statistics of NHWC data `x` as a channels-last training graph reads them."""
+    import kiln
+    return kiln.ops.var(kiln.ops.permute(x, [0, 3, 1, 2]), [0, 2, 3], 0, True)
+
+
+def _bn_sum(x):
+    """A batch-norm gradient's sum over N, H and W of NHWC data `x`, through its NCHW view."""
+    import kiln
+    return kiln.ops.sum(kiln.ops.permute(x, [0, 3, 1, 2]), [0, 2, 3])
+
+
 def case_list(suite: str, quick: bool, tune_level: int | None = None):
-    """(name, kiln op, make(dtype) -> (tensor args, extra args), torch fn, flops(args), bytes(args), dtype, level);
+    """(name, kiln op (or a function of Kiln symbols building a graph), make(dtype) -> (tensor args,
+    extra args), torch fn, flops(args), bytes(args), dtype, level);
     `tune_level` overrides each case's tuning level."""
     cases = []
     if suite in ("matmul", "all"):
@@ -107,6 +128,22 @@ def case_list(suite: str, quick: bool, tune_level: int | None = None):
                 cases.append((f"column sum {rows}x{cols}", "sum",
                               lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [[0]]),
                               lambda x, d: torch.sum(x, d), None, nbytes, dt, 0))
+        # batch-norm statistics of ResNet-50 b32 training (issue 32): of channels-last data (NHWC
+        # memory, reduced through its NCHW view as a channels-last training graph reads it: Kiln
+        # runs the graph, the view fused into the reduction; eager reads the channels_last tensor)
+        # and of NCHW data
+        for dt in (torch.bfloat16, torch.float32):
+            for n, c, hw in ((32, 64, 112), (32, 256, 56), (32, 512, 28), (32, 2048, 7)):
+                nbytes = n * c * hw * hw * torch.tensor([], dtype=dt).element_size()
+                nhwc = lambda dt, n=n, c=c, hw=hw: ([torch.randn(n, hw, hw, c, device="cuda").to(dt)], [])
+                shape = f"{n}x{c}x{hw}x{hw}"
+                cases.append((f"bn stats channels_last {shape}", _bn_var, nhwc,
+                              lambda x: torch.var(x.permute(0, 3, 1, 2), (0, 2, 3), correction=0, keepdim=True),
+                              None, nbytes, dt, 0))
+                cases.append((f"bn sum channels_last {shape}", _bn_sum, nhwc,
+                              lambda x: torch.sum(x.permute(0, 3, 1, 2), (0, 2, 3)), None, nbytes, dt, 0))
+                nchw = lambda dt, n=n, c=c, hw=hw: ([torch.randn(n, c, hw, hw, device="cuda").to(dt)], [[0, 2, 3]])
+                cases.append((f"bn sum nchw {shape}", "sum", nchw, lambda x, d: torch.sum(x, d), None, nbytes, dt, 0))
     if suite in ("conv", "all"):
         convs = [(64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1),
                  (512, 7, 512, 3, 1), (3, 224, 64, 7, 2)]
@@ -172,7 +209,7 @@ def run_case(case, use_compile: bool) -> dict:
     copies = max(1, min(8, L2_BYTES // max(size, 1)))
     sets = [tensors] + [[t.clone() for t in tensors] for _ in range(copies - 1)]
     t0 = time.time()
-    kiln_fn = kiln_callable(op, tensors + extra, {})
+    kiln_fn = kiln_graph_callable(op, tensors) if callable(op) else kiln_callable(op, tensors + extra, {})
     build_s = time.time() - t0
     row = {"case": name, "dtype": str(dt).replace("torch.", ""), "tune_level": level, "build_s": round(build_s, 2)}
     expected = torch_fn(*tensors, *extra).double()

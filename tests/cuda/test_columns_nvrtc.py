@@ -1,6 +1,7 @@
 """Which reductions the CUDA column rule (`kiln.schedule.cuda_columns`) takes: long reductions
 over leading dims whose innermost kept dim is the loads' innermost (batch-norm statistics of a
-channels-last tensor, sums over a batch), in two kernels. No GPU needed: the programs are
+channels-last tensor, sums over a batch), in two kernels (a variance and its mean sharing the
+first, `kiln.schedule.cuda_moments`). No GPU needed: the programs are
 planned for CUDA symbols and compiled with NVRTC; the GPU runs them in test_ops_cuda (the
 `*_over_*` cases of tests/cuda/cases.py)."""
 import pytest
@@ -33,7 +34,7 @@ def _kernels(make, shape, dtype="bfloat16"):
 def test_long_reductions_over_leading_dims_take_the_column_kernel(make, shape):
     for task, program in _kernels(make, shape):
         if not task.is_injective:
-            assert any(name.endswith("_columns") for name in program.kernel_names)
+            assert any(name.endswith(("_columns", "_moments")) for name in program.kernel_names)
             check_nvrtc(task, ("sm_80", "sm_90"))
 
 

@@ -10,7 +10,10 @@ split the reduced values. The warps' partials combine through shared memory into
 of (outputs, parts), which an ordinary kernel then reduces, applying what follows the reduction
 (a mean's division). Applies to a buffer with one reduction of at least MIN_EXTENT values
 (fixed sizes, not arg-reductions) whose loads that depend on the innermost output index (of
-extent more than 1) take it as their own innermost index. It goes before the row rule, which
+extent more than 1) take it as their own memory-innermost index (their last dim of more than one
+element: a variance reads its (1, C, 1, 1) mean along C). Where one such buffer sums the squared
+deviations of another's values from a center (a variance around its mean), the two share one
+first pass (`kiln.schedule.cuda_moments`). It goes before the row rule, which
 would take such a statistic as rows whose elements lie a row apart.
 """
 from __future__ import annotations
@@ -22,13 +25,21 @@ from kiln.ir.expr import Expr, Load, Reduce, top_reduces, walk
 from kiln.ir.inline import Lowered
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule.cuda_kernels import AutoProgram, CudaEmitter, Kernel, at_item, reduce_extent, signature
-from kiln.schedule.cuda_split import two_pass
+from kiln.schedule.cuda_kernels import (TARGET_BLOCKS, AutoProgram, CudaEmitter, Kernel, at_item, reduce_extent,
+                                        signature)
+from kiln.schedule.cuda_moments import moment_pairs, write_moments
+from kiln.schedule.cuda_split import write_split
 
 LANES, ROWS = 32, 8
 MIN_EXTENT = 512
-TARGET_BLOCKS = 4 * 132          # about four blocks a multiprocessor on an H100
-MIN_PER_THREAD = 64              # values a thread reduces, at the least, before parts are added
+MIN_PER_THREAD = 16              # values a thread reduces, at the least, before parts are added
+
+
+def memory_inner(load: Load) -> int | None:
+    """The position of `load`'s memory-innermost index: its last dim of more than one element
+    (a (1, C, 1, 1) statistic's C); None for a load of a single element."""
+    sized = [k for k, size in enumerate(load.tensor.shape) if size != 1]
+    return sized[-1] if sized else None
 
 
 def column_plan(buf: Compute) -> tuple[Reduce, int] | None:
@@ -48,11 +59,19 @@ def column_plan(buf: Compute) -> tuple[Reduce, int] | None:
     inner = buf.axes[kept[-1]]
     mentions = lambda e: any(x is inner for x in walk(e))
     loads = [x for x in walk(r.body) if isinstance(x, Load) and any(map(mentions, x.indices))]
-    if not loads or any(x.indices[-1] is not inner or any(map(mentions, x.indices[:-1])) for x in loads):
+    if not loads or any(not _reads_along(x, inner, mentions) for x in loads):
         return None
     blocks = -(-numel(buf.shape) // LANES)
     parts = max(1, min(-(-TARGET_BLOCKS // blocks), extent // (ROWS * MIN_PER_THREAD)))
     return r, parts
+
+
+def _reads_along(load: Load, inner, mentions) -> bool:
+    """Whether `load` takes the output's innermost axis `inner` as its memory-innermost index
+    and mentions it nowhere else (indices into dims of one element are never read)."""
+    k = memory_inner(load)
+    return (k is not None and load.indices[k] is inner
+            and not any(mentions(i) for j, i in enumerate(load.indices) if j != k and load.tensor.shape[j] != 1))
 
 
 def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts: int, out_name: str,
@@ -68,6 +87,7 @@ def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts:
     partial = em.open_partial(r.op, t, acc, -(-extent // (ROWS * parts)))
     chunk = -(-extent // parts)
     em.open(f"if (o < {items})")
+    em.line("#pragma unroll 4")
     em.open(f"for (int64_t f = (int64_t)blockIdx.y * {chunk} + (threadIdx.x >> 5); "
             f"f < min((int64_t)(blockIdx.y + 1) * {chunk}, (int64_t){extent}); f += {ROWS})")
     em.unravel(r.axes, [str(a.extent) for a in r.axes], "f")
@@ -93,5 +113,19 @@ def column_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts:
 
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
-    """The program of `lowered` with its column reductions in two passes; None when it has none."""
-    return two_pass(lowered, [column_plan(buf) for buf in lowered.buffers], column_kernel, "columns")
+    """The program of `lowered` with its column reductions in two passes, a sum and the squared
+    deviations of its values in one first pass (`kiln.schedule.cuda_moments`); None when it has
+    no column reduction."""
+    plans = [column_plan(buf) for buf in lowered.buffers]
+    if not any(plans):
+        return None
+    pairs = moment_pairs(lowered.buffers, plans)
+    auto = AutoProgram(lowered)
+    for n, (buf, plan) in enumerate(zip(lowered.buffers, plans)):
+        if not numel(buf.shape):
+            continue
+        if n in pairs:
+            write_moments(auto, n, buf, pairs[n], plan[1], LANES, ROWS)
+        else:
+            write_split(auto, n, buf, plan, column_kernel, "columns")
+    return auto.program()

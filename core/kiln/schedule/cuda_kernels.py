@@ -45,6 +45,8 @@ ITEM_LOOP = {
     "block": ("(int64_t)blockIdx.x", "(int64_t)gridDim.x"),
 }
 PARTIAL_LENGTH = 256            # a lane's float sum of more values goes through partial sums
+TARGET_BLOCKS = 8 * 132         # blocks of BLOCK threads filling an H100/H200 (132 SMs) once: a
+                                # reduction split into parts aims at this many
 
 
 def reduce_extent(r: Reduce) -> int:

@@ -1,9 +1,10 @@
-"""The auto-scheduler's split-reduction rule: full reductions (few elements, each reducing
-very many values) in two passes.
+"""The auto-scheduler's split-reduction rule: reductions of too few elements to fill the GPU
+with a block each, each reducing many values (full reductions; batch-norm statistics over N, H
+and W of an NCHW tensor, whose values lie in runs of H * W), in two passes.
 
-The first kernel splits each element's reduction across SPLIT_PARTS blocks writing partial
-results to a temporary; the second reduces the partials (an ordinary reduction buffer). The
-task's other buffers get the general kernel.
+The first kernel splits each element's reduction across parts, a block each, so that the grid
+has about TARGET_BLOCKS blocks, writing partial results to a temporary; the second reduces the
+partials (an ordinary reduction buffer). The task's other buffers get the general kernel.
 """
 from __future__ import annotations
 
@@ -14,27 +15,36 @@ from kiln.ir.expr import Expr, Load, Reduce, Var, top_reduces
 from kiln.ir.inline import Lowered, own_children, rebuild_expr
 from kiln.runtime.cuda import CudaProgram
 from kiln.codegen.emitter import numel
-from kiln.schedule.cuda_kernels import AutoProgram, Kernel, buffer_kernel, reduce_extent
+from kiln.ir.size import SymSize
+from kiln.schedule.cuda_kernels import (BLOCK, TARGET_BLOCKS, AutoProgram, Kernel, buffer_kernel, reduce_extent,
+                                        symbolic_extent)
 
-SPLIT_MIN_EXTENT = 1 << 16      # a reduction this long over few elements is split
-SPLIT_PARTS = 512
+MIN_PART = 16 * BLOCK           # values a part reduces, at the least (16 a thread): a reduction
+                                # splits where it has two parts of this many or more
+SYMBOLIC_ELEMENTS, SYMBOLIC_EXTENT, SYMBOLIC_PARTS = 64, 1 << 16, 512
 
 
 def split_plan(buf: Compute) -> tuple[Reduce, int] | None:
-    """(the reduction, how many parts it splits into) when `buf` is a full reduction worth
-    splitting, else None."""
+    """(the reduction, how many parts it splits into) when `buf` has fewer elements than half
+    of TARGET_BLOCKS, each reducing at least two parts of MIN_PART values; else None. With
+    symbolic sizes, whose one source serves every size of a regime, the parts cannot follow
+    the size: SYMBOLIC_PARTS of them, for at most SYMBOLIC_ELEMENTS elements reducing
+    SYMBOLIC_EXTENT values or more (at the trace's sizes)."""
     reduces = top_reduces(buf.value)
-    if len(reduces) != 1 or numel(buf.shape) > 64:
+    items = numel(buf.shape)
+    if len(reduces) != 1 or not items or items >= TARGET_BLOCKS // 2:
         return None
     r = reduces[0]
     if r.op in ("argmax", "argmin") or any(isinstance(a.extent, Expr) for a in r.axes):
         return None
-    if reduce_extent(r) < SPLIT_MIN_EXTENT:
-        return None
-    return r, SPLIT_PARTS
+    extent = reduce_extent(r)
+    if symbolic_extent(r) or any(isinstance(s, SymSize) for s in buf.shape):
+        return (r, SYMBOLIC_PARTS) if items <= SYMBOLIC_ELEMENTS and extent >= SYMBOLIC_EXTENT else None
+    parts = min(-(-TARGET_BLOCKS // items), extent // MIN_PART)
+    return (r, parts) if parts >= 2 else None
 
 
-def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
+def replace_node(e: Expr, target: Expr, replacement: Expr) -> Expr:
     """`e` with the node `target` replaced by `replacement`."""
     memo = {}
 
@@ -59,12 +69,17 @@ def _replace(e: Expr, target: Reduce, replacement: Expr) -> Expr:
 def replace_reduce(buf: Compute, r: Reduce, partial, parts: int) -> Compute:
     """`buf` with its reduction `r` replaced by the same reduction of the `parts` partial results
     in `partial` (one row of them per element of `buf`, row-major)."""
+    part = Var("s", parts)
+    partials = Reduce(r.op, [part], Load(partial, [flat_index(buf), part]), r.dtype)
+    return Compute(buf.name, buf.axes, replace_node(buf.value, r, partials))
+
+
+def flat_index(buf: Compute) -> Expr:
+    """The row-major flat index of `buf`'s element, an expression of its axes."""
     flat = 0
     for axis, size in zip(buf.axes, buf.shape):
         flat = flat * size + axis
-    part = Var("s", parts)
-    partials = Reduce(r.op, [part], Load(partial, [flat, part]), r.dtype)
-    return Compute(buf.name, buf.axes, _replace(buf.value, r, partials))
+    return flat
 
 
 FirstPass = Callable[[AutoProgram, list, Compute, Reduce, int, str, str], Kernel]
@@ -81,18 +96,25 @@ def two_pass(lowered: Lowered, plans: list, first_pass: FirstPass, suffix: str) 
         return None
     auto = AutoProgram(lowered)
     for n, (buf, plan) in enumerate(zip(lowered.buffers, plans)):
-        if not numel(buf.shape):
-            continue
-        out_name = auto.names[id(buf)]
-        if plan:
-            r, parts = plan
-            partial = auto.temporary((numel(buf.shape), parts), r.dtype)
-            args = auto.available + [(partial.name, partial, False)]
-            auto.kernels.append(first_pass(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_{suffix}"))
-            buf = replace_reduce(buf, r, partial, parts)
-            auto.available = auto.available + [(partial.name, partial, True)]
-        auto.write(n, buf, out_name)
+        if numel(buf.shape):
+            write_split(auto, n, buf, plan, first_pass, suffix)
     return auto.program()
+
+
+def write_split(auto: AutoProgram, n: int, buf: Compute, plan: tuple[Reduce, int] | None, first_pass: FirstPass,
+                suffix: str) -> None:
+    """Add the kernels writing `buf`, the task's n-th buffer: with a plan (its reduction, parts),
+    `first_pass`'s kernel of partial reductions into a temporary, then the buffer's ordinary
+    kernel with the reduction replaced by that of its partials; without one, its ordinary kernel."""
+    out_name = auto.names[id(buf)]
+    if plan:
+        r, parts = plan
+        partial = auto.temporary((numel(buf.shape), parts), r.dtype)
+        args = auto.available + [(partial.name, partial, False)]
+        auto.kernels.append(first_pass(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_{suffix}"))
+        buf = replace_reduce(buf, r, partial, parts)
+        auto.available = auto.available + [(partial.name, partial, True)]
+    auto.write(n, buf, out_name)
 
 
 def _split_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts: int, out_name: str,
