@@ -60,3 +60,21 @@ def test_module_with_a_cpu_scale_attribute():
 
     model = Scaled().cuda()
     _check(model, torch.randn(6, 24, device="cuda"))
+
+
+@pytest.mark.parametrize("index", [torch.tensor([True, False, True, True, False]), torch.tensor([3, 0, 3]),
+                                   torch.tensor([[1], [4]])], ids=["mask", "positions", "positions-2d"])
+def test_cpu_index_tensors_of_cuda_tensors(index):
+    """CPU index tensors passed to a graph on a GPU, as PyTorch's indexing takes them (OpInfo's
+    index_put samples do): reading, writing and index_put."""
+    x = torch.randn(5, 6, device="cuda")
+    values = torch.randn(6, device="cuda")
+    _check(lambda x, i: x[i] * 2, x, index)
+    _check(lambda x, i, v: torch.index_put(x, (i,), v), x, index, values)
+    _check(lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True), x, index, values)
+
+    def write(x, i, v):
+        y = x * 1
+        y[i] = v
+        return y
+    _check(write, x, index, values)

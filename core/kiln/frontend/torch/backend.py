@@ -39,6 +39,7 @@ from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
 from kiln.frontend.torch.config import dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
+from kiln.frontend.torch.indices import used_only_as_index
 from kiln.frontend.torch.interpreter import Interpreter, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
@@ -217,6 +218,7 @@ class KilnFunction:
         self._other_positions = [k for k in self._input_positions + self._read_positions
                                  if k not in self._written_positions]
         self._constant_storages: dict[tuple, dict[int, list[int]]] = {}
+        self._index_positions = {k for k, n in enumerate(placeholders) if used_only_as_index(n)}
         # where dynamo took each input from ("L['x']"), read now: dynamo drops it later
         self.sources = [str(getattr(getattr(n.meta.get("grapharg"), "source", None), "name", ""))
                         for n in placeholders]
@@ -301,7 +303,8 @@ class KilnFunction:
         CompiledRun, for the call `args` of input `sizes`; the run's record stored in the graph
         cache under `key` (when not None); each pass's graph written to `folder`."""
         values, inputs, positions = [], [], []
-        # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them
+        # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them, and
+        # so is a CPU tensor that only indexes others, as PyTorch's indexing copies it there
         gpu = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
         moves: dict[int, str] = {}
         for k, (a, constant, size) in enumerate(zip(args, self.constant, sizes)):
@@ -309,7 +312,8 @@ class KilnFunction:
                 if constant:
                     v = from_torch(a)
                 else:
-                    if gpu is not None and a.dim() == 0 and not a.is_cuda and k not in self._written_positions:
+                    if (gpu is not None and not a.is_cuda and (a.dim() == 0 or k in self._index_positions)
+                            and k not in self._written_positions):
                         moves[len(positions)] = str(gpu)
                     v = symbol(size, a.dtype, moves.get(len(positions), a.device))
                     inputs.append(v)
