@@ -145,3 +145,22 @@ def test_pad_by_tensor_amounts_after_a_graph_break_matches_eager():
         compiled = kiln.torch.kiln_backend(gm, [x, left, right])
     assert isinstance(compiled, torch.fx.GraphModule)
     torch.testing.assert_close(compiled(x, left, right), _pad_by_tensors(x, left, right))
+
+
+def test_a_boolean_mask_read_runs_in_pytorch_for_each_count():
+    """x[mask] has a size only its values give: dynamo checks it with aten._assert_scalar (size
+    arithmetic, run in Python), the read itself runs in PyTorch, for masks of different counts."""
+    compiled = torch.compile(lambda x, m: x[m] * 2 + 1, backend="kiln", fullgraph=True)
+    x, mask = torch.randn(5, 6), torch.tensor([True, False, True, True, False])
+    with pytest.warns(UserWarning, match="getitem"):
+        torch.testing.assert_close(compiled(x, mask), x[mask] * 2 + 1)
+    for mask in ([True] * 5, [False] * 5, [False, True, False, False, False]):
+        mask = torch.tensor(mask)
+        torch.testing.assert_close(compiled(x, mask), x[mask] * 2 + 1)
+
+
+def test_a_boolean_mask_read_without_fallback_names_the_read():
+    kiln.torch.dynamo_config.fallback_to_eager(False)
+    compiled = torch.compile(lambda x, m: x[m] * 2, backend="kiln", fullgraph=True)
+    with pytest.raises(Exception, match=r"operator.getitem declined the arguments \(float32\[5, 6\]"):
+        compiled(torch.randn(5, 6), torch.tensor([True, False, True, True, False]))

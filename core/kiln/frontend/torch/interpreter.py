@@ -62,6 +62,7 @@ NO_EFFECT_CALLS = frozenset({
 SHAPE_FUNCTIONS = frozenset({
     torch.Size, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not,
     torch.sym_ite, torch.sym_sum, torch._sym_sqrt, torch._check, torch._check_is_size,
+    torch.ops.aten._assert_scalar.default,      # dynamo's runtime checks of sizes
 })
 """Shape arithmetic on Python ints and SymInts, run as Python at each size (on SymSizes)."""
 
