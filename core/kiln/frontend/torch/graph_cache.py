@@ -21,6 +21,9 @@ read back with torch's weights-only unpickler, and kept within KILN_GRAPH_CACHE_
 (1024 by default) by removing the least recently used. A cache that cannot be written is
 warned about once and the compile goes on.
 
+`holds` says whether an entry is there without reading it: the backend asks it when dynamo hands
+over a graph, and skips the unmapped-operator check (which loads the plugins) for one it holds.
+
 The cache is on unless KILN_GRAPH_CACHE=0, `dynamo_config.graph_cache(False)` or torch.compile's
 `options={"graph_cache": False}`. A compile that prints a correctness report or dumps its
 stages (KILN_DUMP_DIR) does the whole work and is not cached; so is a graph that cannot be
@@ -46,13 +49,27 @@ SUFFIX = ".plan"
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
     """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
     off or cannot serve it (the reason logged)."""
-    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
-        return None
     try:
-        return graph_key(gm, args, sizes, constant, reads, settings)
+        return _key(gm, args, sizes, constant, reads, settings)
     except Uncacheable as why:
         logger.info("graph cache not used: %s", why)
         return None
+
+
+def holds(gm, args, sizes, constant, reads, settings: Settings) -> bool:
+    """Whether an entry is stored under this compile's `key` (neither read nor checked: `lookup`
+    does that), asked without logging."""
+    try:
+        found = _key(gm, args, sizes, constant, reads, settings)
+    except Uncacheable:
+        return False
+    return found is not None and cache.has_entry(KIND, found, SUFFIX)
+
+
+def _key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
+    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
+        return None
+    return graph_key(gm, args, sizes, constant, reads, settings)
 
 
 def lookup(key: str, args) -> RunRecord | None:
