@@ -47,16 +47,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 PARTS = {
-    "handover": ("kiln.frontend.torch.backend", "kiln_backend"),
-    "key": ("kiln.frontend.torch.graph_cache", "key"),
-    "lookup": ("kiln.frontend.torch.graph_cache", "lookup"),
-    "read entry": ("kiln.runtime.cache", "read_entry"),
-    "unpickle": ("kiln.frontend.torch.graph_cache", "loads"),
-    "values check": ("kiln.frontend.torch.graph_cache", "_values_digest"),
-    "assemble": ("kiln.runtime.plan", "Plan.assemble"),
-    "kernel loading": ("kiln.runtime.plan", "Plan.load_kernels"),
+    "handover": [("kiln.frontend.torch.backend", "kiln_backend")],
+    "key": [("kiln.frontend.torch.graph_cache", "key")],
+    "lookup": [("kiln.frontend.torch.graph_cache", "lookup")],
+    "read entry": [("kiln.runtime.cache", "read_entry")],
+    "unpickle": [("kiln.frontend.torch.packed_entry", "loads"), ("kiln.frontend.torch.graph_cache", "loads")],
+    "values check": [("kiln.frontend.torch.graph_cache", "_values_digest")],
+    "assemble": [("kiln.runtime.plan", "Plan.assemble")],
+    "kernel loading": [("kiln.runtime.plan", "Plan.load_kernels")],
 }
-"""Parts of Kiln's compile timed in the child: label -> (module, attribute path)."""
+"""Parts of Kiln's compile timed in the child: label -> where its function may be, as (module,
+attribute path), the first found timed (code before and after a change names some otherwise)."""
 
 CHILD = """
 import importlib, json, sys, time, torch
@@ -93,15 +94,27 @@ def timed(label, function):
     return wrapper
 
 
-if backend == "kiln":
-    parts["compile"] = ["kiln.frontend.torch.backend", "KilnFunction._compile"]
-    for label, (module, path) in parts.items():
+def place(module, path):
+    """The object holding the attribute at `path` of `module`, and that attribute's name (None
+    where the code has neither)."""
+    try:
         owner = importlib.import_module(module)
-        *outer, attribute = path.split(".")
-        for step in outer:
-            owner = getattr(owner, step)
-        if hasattr(owner, attribute):
-            setattr(owner, attribute, timed(label, getattr(owner, attribute)))
+    except ImportError:
+        return None, None
+    *outer, attribute = path.split(".")
+    for step in outer:
+        owner = getattr(owner, step, None)
+    return (owner, attribute) if hasattr(owner, attribute) else (None, None)
+
+
+if backend == "kiln":
+    parts["compile"] = [["kiln.frontend.torch.backend", "KilnFunction._compile"]]
+    for label, places in parts.items():
+        for module, path in places:
+            owner, attribute = place(module, path)
+            if owner is not None:
+                setattr(owner, attribute, timed(label, getattr(owner, attribute)))
+                break
 compiled = torch.compile(model, backend=backend)
 start = time.perf_counter()
 with torch.no_grad():

@@ -412,3 +412,20 @@ def test_a_training_step_on_cuda_from_the_cache(graph_cache, caplog):
             for got, expected in zip(grads, want[1]):
                 torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert events(caplog).count("hit") >= 2
+
+
+def test_an_entrys_tensors_come_back_as_written():
+    from kiln.frontend.torch import packed_entry
+
+    tensors = {0: torch.randn(3, 5).t(), 1: torch.randn(4).to(torch.bfloat16), 2: torch.tensor(True),
+               3: torch.empty(0, 7), 4: torch.arange(6, dtype=torch.int64).reshape(2, 3)}
+    record = {"plan": "a record", "read": [1, 2]}
+    back, found = packed_entry.loads(packed_entry.dumps(record, tensors))
+    assert back == record and found.keys() == tensors.keys()
+    for k, t in tensors.items():
+        assert found[k].dtype == t.dtype and found[k].stride() == t.stride() and torch.equal(found[k], t)
+        assert found[k].data_ptr() % 64 == 0
+    view = torch.randn(8)[2:5]
+    assert not packed_entry.packable(view) and packed_entry.packable(view.clone())
+    with pytest.raises(ValueError):
+        packed_entry.loads(packed_entry.dumps(record, tensors)[:-4])
