@@ -95,8 +95,7 @@ def timed(label, function):
 
 
 def place(module, path):
-    """The object holding the attribute at `path` of `module`, and that attribute's name (None
-    where the code has neither)."""
+    # the object holding the attribute at `path` of `module` and its name (None: the code has neither)
     try:
         owner = importlib.import_module(module)
     except ImportError:
