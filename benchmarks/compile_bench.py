@@ -11,20 +11,34 @@ trace, the backend's compile, one run), each measured in a new Python process:
 - `inductor-cold`, `inductor-warm` (with `--inductor`): torch.compile's default backend with its
   caches in a fresh folder, then warm.
 
-Each measurement is repeated (`--repeats`, a fresh cold cache each time) and the least time
-kept (other processes only add time). For Kiln, the time its backend spent compiling the
-graph (`KilnFunction._compile`: a hit's key, lookup and kernel loads; a miss's whole work) is
-reported too, apart from dynamo's trace and the first run.
-Models: a small BERT (transformers' BertModel, hidden 128, 2 layers, 32 tokens, batch 2) and
-ResNet-18 (batch 1, 224x224, defined in cpu_bench.py), with random weights, inference.
+For Kiln, the time its backend spent compiling the graph (`KilnFunction._compile`: a hit's key,
+lookup and kernel loads; a miss's whole work) is reported too, apart from dynamo's trace and the
+first run, and for `kiln-warm` its parts (`PARTS`, timed around the functions named there; a
+part whose function the code under test lacks is left out): the handover (`kiln_backend`, when
+dynamo hands the graph over: the unmapped-operator check and the plugins' loading it needs, or
+the graph cache's look for an entry), then within the compile the key, the entry's read (with
+its checksum) and unpickling, the check of the values of the constants the compile read, the
+kernels' loading, the preparation of constants laid out once for their kernels, and the rest;
+`Kiln's own` is the handover and the compile together.
 
-    python benchmarks/compile_bench.py [--models bert resnet18] [--repeats 3] [--inductor] [--json out.json]
+Each measurement is repeated (`--repeats`, a fresh cold cache each time); the median and the
+least of each are reported, with the machine's load average before and after (other processes
+only add time). `--trees LABEL=PYTHONPATH ...` measures several checkouts of Kiln (before and
+after a change) in turn within each repeat, each with caches of its own, so that a drift of the
+machine touches all alike.
+Models, with random weights, inference: a small BERT (transformers' BertModel, hidden 128,
+2 layers, 32 tokens, batch 2), a GPT-2-shaped model (transformers' GPT2Model, width 128,
+2 layers, 32 tokens, batch 1) and ResNet-18 (batch 1, 224x224, defined in cpu_bench.py).
+
+    python benchmarks/compile_bench.py [--models bert gpt2 resnet18] [--repeats 3] [--inductor]
+        [--trees before=PATH after=PATH] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,84 +46,151 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+PARTS = {
+    "handover": [("kiln.frontend.torch.backend", "kiln_backend")],
+    "key": [("kiln.frontend.torch.graph_cache", "key")],
+    "lookup": [("kiln.frontend.torch.graph_cache", "lookup")],
+    "read entry": [("kiln.runtime.cache", "read_entry")],
+    "unpickle": [("kiln.frontend.torch.packed_entry", "loads"), ("kiln.frontend.torch.graph_cache", "loads")],
+    "values check": [("kiln.frontend.torch.graph_cache", "_values_digest")],
+    "assemble": [("kiln.runtime.plan", "Plan.assemble")],
+    "kernel loading": [("kiln.runtime.plan", "Plan.load_kernels")],
+}
+"""Parts of Kiln's compile timed in the child: label -> where its function may be, as (module,
+attribute path), the first found timed (code before and after a change names some otherwise)."""
+
 CHILD = """
-import sys, time, torch
+import importlib, json, sys, time, torch
 sys.path.insert(0, {here!r})
 torch.manual_seed(0)
-name, backend = sys.argv[1], sys.argv[2]
+name, backend, parts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 if name == "bert":
     from transformers import BertConfig, BertModel
     model = BertModel(BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=512, attn_implementation="eager")).eval()
     inputs = (torch.randint(0, 1000, (2, 32)),)
+elif name == "gpt2":
+    from transformers import GPT2Config, GPT2Model
+    model = GPT2Model(GPT2Config(n_embd=128, n_layer=2, n_head=2, n_positions=128, vocab_size=1000,
+                                 bos_token_id=0, eos_token_id=0, use_cache=False,
+                                 attn_implementation="eager")).eval()
+    inputs = (torch.randint(0, 1000, (1, 32)),)
 else:
     from cpu_bench import resnet18
     from kernel_counts import randomize_batch_norm
     model = resnet18().eval()
     randomize_batch_norm(model)
     inputs = (torch.randn(1, 3, 224, 224),)
-inside = [0.0]
-if backend == "kiln":
-    from kiln.frontend.torch.backend import KilnFunction
-    original = KilnFunction._compile
+spent = {{}}
 
-    def timed(self, args):
+
+def timed(label, function):
+    def wrapper(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return original(self, args)
+            return function(*args, **kwargs)
         finally:
-            inside[0] += time.perf_counter() - start
-    KilnFunction._compile = timed
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+    return wrapper
+
+
+def place(module, path):
+    # the object holding the attribute at `path` of `module` and its name (None: the code has neither)
+    try:
+        owner = importlib.import_module(module)
+    except ImportError:
+        return None, None
+    *outer, attribute = path.split(".")
+    for step in outer:
+        owner = getattr(owner, step, None)
+    return (owner, attribute) if hasattr(owner, attribute) else (None, None)
+
+
+if backend == "kiln":
+    parts["compile"] = [["kiln.frontend.torch.backend", "KilnFunction._compile"]]
+    for label, places in parts.items():
+        for module, path in places:
+            owner, attribute = place(module, path)
+            if owner is not None:
+                setattr(owner, attribute, timed(label, getattr(owner, attribute)))
+                break
 compiled = torch.compile(model, backend=backend)
 start = time.perf_counter()
 with torch.no_grad():
     compiled(*inputs)
-print(time.perf_counter() - start, inside[0])
+spent["call"] = time.perf_counter() - start
+print(json.dumps(spent))
 """
 
 
-def first_call(model: str, backend: str, env: dict) -> tuple[float, float]:
-    """Seconds of the first compiled call of `model` with `backend`, in a fresh process, and of
-    Kiln's compile within it (0 for other backends)."""
-    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE)), model, backend],
+def first_call(model: str, backend: str, env: dict) -> dict[str, float]:
+    """Seconds of the first compiled call of `model` with `backend` in a fresh process
+    (`call`), and for Kiln of its compile (`compile`) and of each of its PARTS that ran."""
+    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE)), model, backend, json.dumps(PARTS)],
                          capture_output=True, text=True, env={**os.environ, **env}, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{model} with {backend} failed:\n{out.stderr}")
-    call, inside = out.stdout.strip().splitlines()[-1].split()
-    return float(call), float(inside)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(model: str, repeats: int, inductor: bool) -> dict:
-    """The least seconds of each measurement of the module's docstring for `model`."""
-    times: dict[str, list[float]] = {}
+def breakdown(spent: dict[str, float]) -> dict[str, float]:
+    """A warm compile's parts (`first_call`'s times) as the module's docstring lists them."""
+    parts = {label: spent[label] for label in ("handover", "key", "read entry", "unpickle", "values check",
+                                               "kernel loading") if label in spent}
+    parts["Kiln's own"] = spent["handover"] + spent["compile"]
+    if "assemble" in spent:
+        parts["constant preparation"] = spent["assemble"] - spent.get("kernel loading", 0.0)
+    if "lookup" in spent:
+        parts["other lookup"] = spent["lookup"] - sum(spent.get(k, 0.0) for k in ("read entry", "unpickle",
+                                                                                   "values check"))
+    parts["the rest"] = spent["compile"] - sum(spent.get(k, 0.0) for k in ("key", "lookup", "assemble"))
+    return parts
+
+
+def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | None]) -> dict:
+    """The median and least seconds of each measurement of the module's docstring for `model`,
+    for each checkout of Kiln in `trees` (label -> PYTHONPATH, None: this process's)."""
+    times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as folder:
-            kiln = {"KILN_CACHE_DIR": f"{folder}/kiln", "KILN_GRAPH_CACHE": "1"}
-            inductor_env = {"TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor"}
-            runs = [("eager", "eager", {}), ("kiln-cold", "kiln", kiln),
-                    ("kiln-kernels", "kiln", {**kiln, "KILN_GRAPH_CACHE": "0"}),
-                    ("kiln-warm", "kiln", kiln)]
-            if inductor:
-                runs += [("inductor-cold", "inductor", inductor_env), ("inductor-warm", "inductor", inductor_env)]
-            for label, backend, env in runs:
-                call, inside = first_call(model, backend, env)
-                times.setdefault(label, []).append(call)
-                if backend == "kiln":
-                    times.setdefault(f"{label} (Kiln's compile)", []).append(inside)
-    result = {label: min(t) for label, t in times.items()}
-    result["kiln-warm beyond eager"] = result["kiln-warm"] - result["eager"]
-    return result
+        for tree, path in trees.items():
+            found = times[tree]
+            with tempfile.TemporaryDirectory() as folder:
+                kiln = {"KILN_CACHE_DIR": f"{folder}/kiln", "KILN_GRAPH_CACHE": "1"}
+                if path is not None:
+                    kiln["PYTHONPATH"] = path
+                inductor_env = {"TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor"}
+                runs = [("eager", "eager", {}), ("kiln-cold", "kiln", kiln),
+                        ("kiln-kernels", "kiln", {**kiln, "KILN_GRAPH_CACHE": "0"}),
+                        ("kiln-warm", "kiln", kiln)]
+                if inductor:
+                    runs += [("inductor-cold", "inductor", inductor_env),
+                             ("inductor-warm", "inductor", inductor_env)]
+                for label, backend, env in runs:
+                    spent = first_call(model, backend, env)
+                    found.setdefault(label, []).append(spent["call"])
+                    if backend == "kiln":
+                        found.setdefault(f"{label} (Kiln's compile)", []).append(spent["compile"])
+                    if label == "kiln-warm":
+                        for part, seconds in breakdown(spent).items():
+                            found.setdefault(f"kiln-warm: {part}", []).append(seconds)
+                found.setdefault("kiln-warm beyond eager", []).append(found["kiln-warm"][-1] - found["eager"][-1])
+    return {tree: {label: {"median": statistics.median(t), "least": min(t)} for label, t in found.items()}
+            for tree, found in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["bert", "resnet18"], choices=["bert", "resnet18"])
+    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet18"], choices=["bert", "gpt2", "resnet18"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--inductor", action="store_true", help="also time Inductor, cold and warm")
+    parser.add_argument("--trees", nargs="+", metavar="LABEL=PYTHONPATH",
+                        help="checkouts of Kiln to measure in turn (default: this process's)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    result = {"load average": os.getloadavg()[0],
-              "models": {m: measure(m, args.repeats, args.inductor) for m in args.models}}
+    trees = dict(t.split("=", 1) for t in args.trees) if args.trees else {"kiln": None}
+    result = {"load average before": os.getloadavg()[0],
+              "models": {m: measure(m, args.repeats, args.inductor, trees) for m in args.models},
+              "load average after": os.getloadavg()[0]}
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 import kiln
 from kiln.frontend.torch import graph_key, registry as mapping_rules
 from kiln.passes import PassContext, PassTiming
+from kiln import plugins
 from kiln.plugins import PluginInfo, registry
 
 from frontend_support import Capture
@@ -123,12 +125,13 @@ def test_changing_one_part_of_the_key_misses(change, graph_cache, caplog, monkey
     elif change == "a KILN_ variable":
         monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "0")
     elif change == "a plugin's version":
-        info = next(p for p in registry().plugins if p.distribution == "kiln-ops-builtin")
-        monkeypatch.setattr(info, "version", info.version + ".post1")
+        found = [(ep, replace(info, version=info.version + ".post1") if info.distribution == "kiln-ops-builtin"
+                  else info) for ep, info in plugins.installed()]
+        monkeypatch.setattr(plugins, "installed", lambda: found)
         monkeypatch.setattr(graph_key, "_code_digests", None)     # as in a process that starts now
     elif change == "a plugin added":
-        plugins = registry()
-        monkeypatch.setattr(plugins, "plugins", [*plugins.plugins, PluginInfo("extra", "kiln-extra", "1.0")])
+        loaded = registry()
+        monkeypatch.setattr(loaded, "plugins", [*loaded.plugins, PluginInfo("extra", "kiln-extra", "1.0")])
     if change == "the pass context":
         with PassContext(disabled_passes=["fuse_operators"]):
             out = compiled(model, x)
@@ -290,6 +293,52 @@ def test_processes_compiling_at_once_then_a_later_one_share_the_cache(tmp_path):
     assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
 
 
+FRESH_PROCESS = """
+import sys, torch
+from torch import nn
+import kiln.plugins
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(4 * 4 * 4, 5)).eval()
+with torch.no_grad():
+    model[1].running_var.uniform_(0.5, 1.5)
+    model[1].running_var.mul_(float(sys.argv[2]))     # folded into the convolution's weights
+x = torch.randn(2, 3, 6, 6)
+with torch.no_grad():
+    out = torch.compile(model, backend="kiln")(x)
+torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+torch.save(out, sys.argv[1])
+print("plugins loaded:", kiln.plugins.loaded() is not None)
+"""
+
+
+def test_a_hit_in_a_fresh_process_loads_no_plugin_and_a_folded_weights_change_misses(tmp_path):
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_GRAPH_CACHE": "1",
+           "KILN_NVRTC_CHECK": "", "KILN_LOG": "info"}
+
+    def run(name: str, scale: float) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / f"{name}.pt"), str(scale)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done.stdout, done.stderr
+
+    cold, warm, other = run("cold", 1.0), run("warm", 1.0), run("other", 2.0)
+    assert "graph cache miss" in cold[1] and "plugins loaded: True" in cold[0]
+    assert "graph cache hit" in warm[1] and "plugins loaded: False" in warm[0]
+    assert "stage interpret" not in warm[1]
+    assert torch.equal(torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt"))
+    assert "other values of constants" in other[1] and "plugins loaded: True" in other[0]
+    assert not torch.allclose(torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "other.pt"))
+
+
+def test_a_graph_the_cache_lacks_still_lists_its_unmapped_operators_when_compiled(graph_cache):
+    def uses_an_unmapped_operator(x):
+        return torch.special.zeta(x, x)
+
+    with pytest.raises(Exception, match="UnmappedOperatorError(.|\n)*torch.special.zeta"):
+        compiled(uses_an_unmapped_operator, torch.rand(4) + 1.5)
+
+
 def test_kiln_cache_shows_and_clears_the_graph_cache(graph_cache, capsys):
     from kiln.cli import main
     from kiln.runtime import cache
@@ -363,3 +412,20 @@ def test_a_training_step_on_cuda_from_the_cache(graph_cache, caplog):
             for got, expected in zip(grads, want[1]):
                 torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert events(caplog).count("hit") >= 2
+
+
+def test_an_entrys_tensors_come_back_as_written():
+    from kiln.frontend.torch import packed_entry
+
+    tensors = {0: torch.randn(3, 5).t(), 1: torch.randn(4).to(torch.bfloat16), 2: torch.tensor(True),
+               3: torch.empty(0, 7), 4: torch.arange(6, dtype=torch.int64).reshape(2, 3)}
+    record = {"plan": "a record", "read": [1, 2]}
+    back, found = packed_entry.loads(packed_entry.dumps(record, tensors))
+    assert back == record and found.keys() == tensors.keys()
+    for k, t in tensors.items():
+        assert found[k].dtype == t.dtype and found[k].stride() == t.stride() and torch.equal(found[k], t)
+        assert found[k].data_ptr() % 64 == 0
+    view = torch.randn(8)[2:5]
+    assert not packed_entry.packable(view) and packed_entry.packable(view.clone())
+    with pytest.raises(ValueError):
+        packed_entry.loads(packed_entry.dumps(record, tensors)[:-4])

@@ -2,8 +2,10 @@
 from kiln.plugins.contributions import ContributionError, expect_contributions
 from kiln.plugins.hookspecs import hookimpl, hookspec
 from kiln.plugins.registry import (
-    OperatorNotFoundError, PluginError, PluginInfo, Registry, is_plugin_module, registry, reload,
+    OperatorNotFoundError, PluginError, PluginInfo, Registry, entry_points, installed, is_plugin_module, loaded,
+    registry, reload,
 )
 
 __all__ = ["ContributionError", "OperatorNotFoundError", "PluginError", "PluginInfo", "Registry",
-           "expect_contributions", "hookimpl", "hookspec", "is_plugin_module", "registry", "reload"]
+           "entry_points", "expect_contributions", "hookimpl", "hookspec", "installed", "is_plugin_module", "loaded",
+           "registry", "reload"]

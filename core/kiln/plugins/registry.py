@@ -206,21 +206,32 @@ def is_plugin_module(module_name: str) -> bool:
     return module_name.split(".")[0] in plugin_packages()
 
 
-def discover() -> Registry:
-    """Load every installed plugin of the entry-point group ``kiln``."""
-    reg = Registry()
+def installed() -> list[tuple[metadata.EntryPoint, PluginInfo]]:
+    """Each installed entry point of the group ``kiln`` with its plugin's name, distribution,
+    version and whether KILN_DISABLE_PLUGINS disables it, read from the installed metadata:
+    nothing is imported."""
     disabled = disabled_names()
+    found = []
     for ep in entry_points():
         dist = ep.dist.name if ep.dist else ep.name
         version = ep.dist.version if ep.dist else ""
-        if normalized(ep.name) in disabled or normalized(dist) in disabled:
-            reg.plugins.append(PluginInfo(ep.name, dist, version, disabled=True))
+        off = normalized(ep.name) in disabled or normalized(dist) in disabled
+        found.append((ep, PluginInfo(ep.name, dist, version, disabled=off)))
+    return found
+
+
+def discover() -> Registry:
+    """Load every installed plugin of the entry-point group ``kiln``."""
+    reg = Registry()
+    for ep, info in installed():
+        if info.disabled:
+            reg.plugins.append(info)
             continue
-        obj, error = guarded(ep.load)
-        if error is not None:
-            reg.plugins.append(PluginInfo(ep.name, dist, version, error=error))
+        obj, info.error = guarded(ep.load)
+        if info.error is not None:
+            reg.plugins.append(info)
             continue
-        reg.add_plugin(ep.name, obj, dist, version)
+        reg.add_plugin(ep.name, obj, info.distribution, info.version)
     return reg
 
 
@@ -235,6 +246,13 @@ def registry() -> Registry:
     with _lock:
         if _registry is None:
             _registry = discover()
+        return _registry
+
+
+def loaded() -> Registry | None:
+    """The process-wide registry where `registry()` has discovered it, else None (and nothing
+    is discovered)."""
+    with _lock:
         return _registry
 
 

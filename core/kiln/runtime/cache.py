@@ -384,6 +384,16 @@ def read_entry(kind: str, key: str, suffix: str) -> bytes | None:
         return None
 
 
+def has_entry(kind: str, key: str, suffix: str) -> bool:
+    """Whether the entry `key` of `kind` is there (neither read nor verified: `read_entry` does
+    that); False where the cache cannot be used."""
+    try:
+        with _entry_folder(kind, key) as (fd, _):
+            return stat.S_ISREG(os.stat(key + suffix, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:      # not there, or a cache that cannot be used (`read_entry` says why)
+        return False
+
+
 def write_entry(kind: str, key: str, suffix: str, data: bytes) -> None:
     """Store `data` as the entry `key` of `kind`, with its record, under the entry's lock (the
     build lock of `lookup_or_build`), each file atomically. A read-only cache stores nothing

@@ -20,7 +20,9 @@ in PyTorch, with a warning.
 
 Before it traces a graph for an input signature, a KilnFunction asks the whole-graph cache
 (`kiln.frontend.torch.graph_cache`) for the plan compiled before for the same graph, inputs,
-settings and code: a hit skips mapping, graph passes, scheduling and rendering.
+settings and code: a hit skips mapping, graph passes, scheduling and rendering. A graph the
+cache holds is not checked for unmapped operators when dynamo hands it over (it compiled
+before), so a process whose graphs all hit never loads the plugins.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import weakref
 from collections import OrderedDict
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
@@ -129,11 +131,15 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
     instead of copied; the inputs at positions `static_inputs` (parameters) keep their memory
     from call to call, and CUDA graphs read them in place."""
     if not settings.fallback_to_eager:
-        unmapped = Interpreter(gm).unmapped()
-        if unmapped:
-            raise UnmappedOperatorError(unmapped)
+        function = KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
+        # a graph the whole-graph cache holds compiled before had every node mapped: its hit
+        # needs no mapping rule, and the plugins are not loaded for it
+        if not function.cached(example_inputs):
+            unmapped = Interpreter(gm).unmapped()
+            if unmapped:
+                raise UnmappedOperatorError(unmapped)
         # a declined node raises at first run
-        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
+        return function
     # AOTAutograd compiles its graphs under its fake mode, where rules would build fake constants
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
@@ -233,6 +239,15 @@ class KilnFunction:
     def live(cls) -> list[KilnFunction]:
         """The KilnFunctions of this process that are still referenced."""
         return list(cls._live)
+
+    def cached(self, args) -> bool:
+        """Whether the whole-graph cache holds a plan for the call `args` (real values: fake
+        tensors and symbolic sizes, as AOTAutograd passes, are never looked up)."""
+        if any(isinstance(a, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)) for a in args):
+            return False
+        with applied(self.settings):
+            return graph_cache.holds(self.gm, args, input_sizes(self.gm, args), self.constant,
+                                     self._read_positions, self.settings)
 
     def __call__(self, *args):
         key = (tuple(_signature(args[k]) for k in self._input_positions) +

@@ -7,7 +7,8 @@ cache (built again only where that lost them). An entry holds:
 
 - the plan, whose constants are either the caller's own tensors (parameters the compiled graph
   reads as they are: each hit binds the caller's, sharing memory) or tensors computed while
-  compiling (folded batch norms, merged weights), stored;
+  compiling (folded batch norms, merged weights), stored (those on the CPU as raw bytes beside
+  the pickled record, `kiln.frontend.torch.packed_entry`, read back by one copy each);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
@@ -21,6 +22,9 @@ read back with torch's weights-only unpickler, and kept within KILN_GRAPH_CACHE_
 (1024 by default) by removing the least recently used. A cache that cannot be written is
 warned about once and the compile goes on.
 
+`holds` says whether an entry is there without reading it: the backend asks it when dynamo hands
+over a graph, and skips the unmapped-operator check (which loads the plugins) for one it holds.
+
 The cache is on unless KILN_GRAPH_CACHE=0, `dynamo_config.graph_cache(False)` or torch.compile's
 `options={"graph_cache": False}`. A compile that prints a correctness report or dumps its
 stages (KILN_DUMP_DIR) does the whole work and is not cached; so is a graph that cannot be
@@ -32,8 +36,9 @@ import pickle
 import warnings
 from dataclasses import replace
 
+from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
-from kiln.frontend.torch.run_record import RunRecord, dumps, loads
+from kiln.frontend.torch.run_record import RunRecord
 from kiln.log import logger
 from kiln.runtime import cache
 from kiln.runtime.plan import owned
@@ -46,13 +51,27 @@ SUFFIX = ".plan"
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
     """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
     off or cannot serve it (the reason logged)."""
-    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
-        return None
     try:
-        return graph_key(gm, args, sizes, constant, reads, settings)
+        return _key(gm, args, sizes, constant, reads, settings)
     except Uncacheable as why:
         logger.info("graph cache not used: %s", why)
         return None
+
+
+def holds(gm, args, sizes, constant, reads, settings: Settings) -> bool:
+    """Whether an entry is stored under this compile's `key` (neither read nor checked: `lookup`
+    does that), asked without logging."""
+    try:
+        found = _key(gm, args, sizes, constant, reads, settings)
+    except Uncacheable:
+        return False
+    return found is not None and cache.has_entry(KIND, found, SUFFIX)
+
+
+def _key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
+    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
+        return None
+    return graph_key(gm, args, sizes, constant, reads, settings)
 
 
 def lookup(key: str, args) -> RunRecord | None:
@@ -63,8 +82,8 @@ def lookup(key: str, args) -> RunRecord | None:
         logger.info("graph cache miss: %s", key)
         return None
     try:
-        entry = loads(data)
-    except pickle.UnpicklingError as error:     # a value the weights-only unpickler refuses
+        entry, packed = packed_entry.loads(data)
+    except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
     if _values_digest(args, entry["read"]) != entry["values"]:
@@ -73,7 +92,7 @@ def lookup(key: str, args) -> RunRecord | None:
     logger.info("graph cache hit: %s", key)
     run = entry["run"]
     bound = {slot: args[k] for slot, k in entry["arguments"].items()}
-    run.plan = replace(run.plan, constants={**run.plan.constants, **bound})
+    run.plan = replace(run.plan, constants={**run.plan.constants, **packed, **bound})
     return run
 
 
@@ -84,10 +103,12 @@ def store(key: str, run: RunRecord, args, constant_positions: list[int], read: l
     arguments = {id(args[k]): k for k in constant_positions}
     references = {slot: arguments[id(t)] for slot, t in run.plan.constants.items() if id(t) in arguments}
     stored = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in references}
-    entry = {"run": replace(run, plan=replace(run.plan, constants=stored)), "arguments": references,
+    packed = {slot: t for slot, t in stored.items() if packed_entry.packable(t)}
+    pickled = {slot: t for slot, t in stored.items() if slot not in packed}
+    entry = {"run": replace(run, plan=replace(run.plan, constants=pickled)), "arguments": references,
              "read": read, "values": _values_digest(args, read)}
     try:
-        cache.write_entry(KIND, key, SUFFIX, dumps(entry))
+        cache.write_entry(KIND, key, SUFFIX, packed_entry.dumps(entry, packed))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",

@@ -11,9 +11,11 @@
 - the settings: the compile's (`settings`: dynamo_config's, torch.compile's, the environment's
   and a PassContext's config, but those that change no plan: `Settings.keyed`), the current
   PassContext's opt level and passes, torch's default dtype and grad mode;
-- the code: the versions of Kiln, torch and Python, a hash of Kiln's own files, every plugin's
-  distribution, version and a hash of its package's files (a changed source is a new key,
-  whatever the installed version says), the C compiler and the CPU, the GPUs.
+- the code: the versions of Kiln, torch and Python, a hash of Kiln's own files, every installed
+  plugin's distribution, version, whether it is disabled and a hash of its package's files (a
+  changed source is a new key, whatever the installed version says), the C compiler and the
+  CPU, the GPUs. Plugins are found by their entry points and packages, not loaded: a hit needs
+  no plugin (plugins a loaded registry gained by `Registry.add_plugin` count too).
 
 The constants' values are not hashed: the graph cache checks the values of those a compile
 read (`kiln.frontend.torch.graph_cache`). What the key cannot describe raises `Uncacheable`
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import inspect
 import marshal
 import os
@@ -37,10 +40,11 @@ import torch
 from torch.fx import GraphModule, Node
 
 import kiln.version
-from kiln.frontend.torch.registry import mapping_registry
+from kiln.frontend.torch.registry import rules_edited
 from kiln.ir.size import size_key
 from kiln.passes import PassContext
-from kiln.plugins import Registry, registry
+from kiln import plugins
+from kiln.plugins import Registry
 from kiln.runtime.cpu import BuildError, compiler
 from kiln.settings import Settings
 
@@ -58,7 +62,7 @@ def graph_key(gm: GraphModule, args, sizes, constant, reads, settings: Settings)
     constant of the graph; `reads`: the positions whose values the graph reads as numbers)
     under `settings`; raises Uncacheable where it cannot be keyed."""
     parts = (_graph_digest(gm), _call_text(args, sizes, constant, reads), _settings_text(settings),
-             _code_digest(registry()))
+             _code_digest())
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -222,40 +226,57 @@ def _settings_text(settings: Settings) -> str:
                  sorted(context.disabled_passes), str(torch.get_default_dtype()), torch.is_grad_enabled()))
 
 
-_code_digests: tuple[Registry, int, str] | None = None
+_code_digests: tuple[object, str] | None = None
 
 
-def _code_digest(plugins: Registry) -> str:
-    """A hash of the code that compiles a graph: Kiln's, the plugins' (as loaded in `plugins`),
+def _code_digest() -> str:
+    """A hash of the code that compiles a graph: Kiln's, the installed plugins' (found by their
+    entry points, without loading them, and any plugin a loaded registry gained besides),
     torch's and Python's versions, the machine's compilers and processors; the mapping rules
     must be the plugins' own."""
     global _code_digests
-    if mapping_registry().edited:
+    if rules_edited():
         raise Uncacheable("mapping rules declared outside a plugin (or plugins' rules removed) are in "
                           "effect, and no version describes their code")
-    with _lock:     # a registry gains plugins (`Registry.add_plugin`), never loses one
-        if _code_digests is not None and _code_digests[:2] == (plugins, len(plugins.plugins)):
-            return _code_digests[2]
-    lines = [f"kiln {kiln.version.VERSION} {_files_digest(str(Path(kiln.version.__file__).parent))}",
-             f"torch {torch.__version__} python {sys.version}", _machine_text()]
-    for info in plugins.plugins:
-        obj = plugins.manager.get_plugin(info.name)
-        code = _package_digest(obj) if obj is not None else ""
-        lines.append(f"plugin {info.name} {info.distribution} {info.version} {info.disabled} "
-                     f"{info.error is not None} {code}")
-    digest = _sha("\n".join(lines))
-    with _lock:
-        _code_digests = (plugins, len(plugins.plugins), digest)
-    return digest
+    found = plugins.installed()
+    with _lock:     # the entry points are read once per discovery (`kiln.plugins.reload`)
+        if _code_digests is None or _code_digests[0] is not plugins.entry_points():
+            lines = [f"kiln {kiln.version.VERSION} {_files_digest(str(Path(kiln.version.__file__).parent))}",
+                     f"torch {torch.__version__} python {sys.version}", _machine_text()]
+            lines += [f"plugin {info.name} {info.distribution} {info.version} "
+                      f"{_package_digest(ep.module.split('.')[0])}" for ep, info in found]
+            _code_digests = (plugins.entry_points(), _sha("\n".join(lines)))
+        digest = _code_digests[1]
+    # which are disabled now, and the plugins a loaded registry gained by `Registry.add_plugin`
+    states = [f"{info.name} disabled {info.disabled}" for _, info in found]
+    reg = plugins.loaded()
+    names = {info.name for _, info in found}
+    added = [f"plugin {info.name} {info.distribution} {info.version} {_object_digest(info.name, reg)}"
+             for info in (reg.plugins if reg is not None else []) if info.name not in names]
+    return _sha("\n".join([digest, *states, *added]))
 
 
-def _package_digest(obj) -> str:
-    """A hash of the files of the top-level package holding the plugin object `obj`."""
+def _object_digest(name: str, reg: Registry) -> str:
+    """A hash of the files of the top-level package holding the plugin object registered as
+    `name` in `reg` (none where it failed to register)."""
+    obj = reg.manager.get_plugin(name)
+    if obj is None:
+        return ""
     module = obj if inspect.ismodule(obj) else sys.modules.get(type(obj).__module__)
-    top = sys.modules.get(module.__name__.split(".")[0]) if module is not None else None
-    paths = list(getattr(top, "__path__", None) or [getattr(top, "__file__", None)])
-    if not all(paths):
+    if module is None:
         raise Uncacheable(f"the files of plugin {obj!r} cannot be found")
+    return _package_digest(module.__name__.split(".")[0])
+
+
+def _package_digest(top: str) -> str:
+    """A hash of the files of the top-level package (or module) `top`, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    paths = list(spec.submodule_search_locations or [spec.origin]) if spec is not None else [None]
+    if not all(paths):
+        raise Uncacheable(f"the files of plugin package {top!r} cannot be found")
     return _sha(" ".join(_files_digest(path) for path in sorted(paths)))
 
 

@@ -202,6 +202,14 @@ def mapping_registry() -> MappingRegistry:
         return _live[1]
 
 
+def rules_edited() -> bool:
+    """Whether rules other than the plugins' own are in effect (declared in this process
+    outside any plugin's code), or plugins' rules were removed; the plugins are not loaded to
+    say so."""
+    with _lock:
+        return bool(_declared) or (_live is not None and _live[1].edited)
+
+
 def _declare(kind: str, targets, handler, priority: int, check, decompose: bool) -> None:
     if not targets:
         raise TypeError(f"register_{kind} needs at least one torch target")

@@ -121,10 +121,13 @@ static void kiln_gemm(PARAMS) {
 /* B's panels for every n and k, laid out once where B is a constant (the kernels' bpre): as
    kiln_pack_b packs them, K deep, panel p at p * NR * K, for each of the B_GROUPS different Bs
    (batch b reads the (b % B_GROUPS)-th: a grouped convolution's groups). Returns their floats;
-   writes them to dst unless it is NULL. */
+   writes them to dst unless it is NULL. Panels of fewer than KILN_PACK_PARALLEL_FLOATS floats
+   are laid out by one thread: a copy of a few megabytes takes less than waking the others (a
+   graph-cache hit lays out every weight of a model, each at once). */
+#define KILN_PACK_PARALLEL_FLOATS (1 << 20)
 static int64_t kiln_pack_panels(PARAMS, float* dst) {
     const int64_t panels = KILN_PANELS(N, NR);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B_GROUPS * panels * NR * K >= KILN_PACK_PARALLEL_FLOATS)
     for (int64_t b = 0; b < (dst ? B_GROUPS : 0); ++b)
         for (int64_t p = 0; p < panels; ++p)
             kiln_pack_b(ARGS, b, p * NR, KILN_MIN(NR, N - p * NR), 0, K, dst + (b * panels + p) * NR * K);
