@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import torch
 
@@ -19,10 +20,10 @@ from gemm_bench import _alternating_times, _task, cases
 from kiln.runtime import cuda as rt
 from kiln.runtime.backend import backend_for
 from kiln_ops_builtin.templates import gemm_sm90
-from kiln_ops_builtin.templates.sm90_engine import tile_knobs
 
-SETTINGS = [gemm_sm90.DEFAULT, gemm_sm90.CLUSTERED, dict(gemm_sm90.DEFAULT, CLUSTER=2),
-            tile_knobs(128, 2, 2, 6, 1), dict(tile_knobs(128, 2, 2, 6, 1), CLUSTER=2)]
+_wide = gemm_sm90.GemmKnobs.tile(128, 2, 2, 6, 1)
+SETTINGS = [k.as_dict() for k in (gemm_sm90.COOPERATIVE, gemm_sm90.CLUSTERED, replace(gemm_sm90.COOPERATIVE, CLUSTER=2),
+                                  _wide, replace(_wide, CLUSTER=2))]
 
 
 def main():

@@ -102,7 +102,7 @@ def _sweep(op, args, reference, flops) -> list[tuple[float, dict]]:
     task = _task(op, args)
     settings = []
     for knobs in gemm_sm90.suggest(task, torch.cuda.get_device_properties(0).multi_processor_count)[:6] \
-            + gemm_sm90.space(2):
+            + gemm_sm90.TEMPLATE.space(2):
         if knobs not in settings:
             settings.append(knobs)
     programs = [gemm_sm90.render(task, **k) for k in settings]

@@ -22,7 +22,7 @@ m, k, n = 200, 136, 144
 task = _linear_residual(m, k, n)
 x, w, b, r = (torch.randn(*s, device="cuda", dtype=torch.float16) for s in ((m, k), (n, k), (n,), (m, n)))
 want = torch.relu(x.double() @ w.double().T + b.double() + r.double())
-for knobs in gemm_sm90.space(1):
+for knobs in gemm_sm90.TEMPLATE.space(1):
     out = torch.empty(m, n, device="cuda", dtype=torch.float16)
     backend_for(dev).load(gemm_sm90.render(task, **knobs), dev)([x, w, b, r], [out])
     err = ((out.double() - want).norm() / want.norm()).item()
@@ -32,7 +32,7 @@ xs, ws, kw = (2, 13, 11, 16), (40, 3, 3, 16), {"stride": 1, "padding": 1}
 xc, wc, bc = torch.randn(*xs).half(), torch.randn(*ws).half(), torch.randn(ws[0]).half()
 task = channels_last_task((xc, wc, bc), kw)
 want = reference(xc, wc, bc, kw).cuda()
-for knobs in conv_sm90.space(1):
+for knobs in conv_sm90.TEMPLATE.space(1):
     out = torch.empty(want.shape, device="cuda", dtype=torch.float16)
     backend_for(dev).load(conv_sm90.render(task, **knobs), dev)([xc.cuda(), wc.cuda(), bc.cuda()], [out])
     err = ((out.double() - want).norm() / want.norm()).item()

@@ -61,7 +61,7 @@ def _settings():
     for name in SWEPT:
         x, w, b, kwargs = _tensors(name, torch.float16, "cpu")
         task = _task((x, w, b), kwargs)
-        for knobs in conv_sm90.space(1) + conv_sm90.suggest(task, 132)[:3]:
+        for knobs in conv_sm90.TEMPLATE.space(1) + conv_sm90.suggest(task, 132)[:3]:
             yield name, torch.float16, knobs
 
 

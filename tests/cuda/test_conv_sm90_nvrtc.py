@@ -11,9 +11,11 @@ from kiln.runtime import cuda as rt
 from kiln.runtime.cuda import TensorMapArg
 from kiln.schedule import schedules_for
 from kiln.schedule.choose import check_nvrtc
-from kiln_ops_builtin.templates import conv_sm90, conv_tc, sm90_engine
+from kiln_ops_builtin.templates import conv_sm90, conv_tc
 from kiln_ops_builtin.templates.conv_nhwc import match_conv_nhwc
 from tests.cuda.conv_support import random_task as _task
+
+DEFAULT = conv_sm90.DEFAULT.as_dict()
 
 SMS = 132
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
@@ -74,7 +76,7 @@ def test_fused_epilogue_keeps_the_geometry_and_a_prologue_declines():
     conv = match_conv_nhwc(task)
     assert conv.stride == (2, 2) and conv.padding == (1, 1) and conv_sm90.applies(task)
     source = conv_sm90.render(task, **conv_sm90.suggest(task, SMS)[0]).source
-    assert "kiln_epilogue2" in source and "kiln_conv_gather" in source
+    assert "kiln_epilogue2" in source and "kiln::conv_sm90::Gather" in source
     prologue = _fused(prologue=True)
     if match_conv_nhwc(prologue) is not None:        # the ReLU stayed a kernel of its own
         assert prologue.inputs[0].shape == (2, 9, 9, 16)
@@ -112,34 +114,37 @@ def _maps(program):
 
 
 def test_producers():
-    gathered = conv_sm90.render(_task((2, 17, 15, 16), (24, 3, 3, 16), stride=2, padding=1), **conv_sm90.DEFAULT)
+    gathered = conv_sm90.render(_task((2, 17, 15, 16), (24, 3, 3, 16), stride=2, padding=1), **DEFAULT)
     (b,) = _maps(gathered)
-    assert (b.dims, b.box) == ((144, 24), (64, 256)) and "#define PRODUCERS 128" in gathered.source
-    assert "#define FULL_ARRIVALS 129" in gathered.source
-    gemm = conv_sm90.render(_task((3, 10, 9, 64), (72, 1, 1, 64)), **conv_sm90.DEFAULT)
+    assert (b.dims, b.box) == ((144, 24), (64, 256)) and "PRODUCERS = 128" in gathered.source
+    assert "FULL_ARRIVALS = 129" in gathered.source
+    gemm = conv_sm90.render(_task((3, 10, 9, 64), (72, 1, 1, 64)), **DEFAULT)
     a, b = _maps(gemm)
     assert (a.dims, a.strides, a.box) == ((64, 270), (1, 64), (64, 128)) and (b.dims, b.box) == ((64, 72), (64, 256))
-    assert "#define PRODUCERS 1" in gemm.source and "kiln_conv_gather" not in gemm.source
+    assert "PRODUCERS = 1," in gemm.source and "kiln::conv_sm90::Gather" not in gemm.source
 
 
 @pytest.mark.parametrize("xs,ws,kwargs,first", [
-    ((32, 56, 56, 64), (256, 1, 1, 64), {}, conv_sm90.PING_PONG_WIDE),
-    ((32, 14, 14, 1024), (512, 1, 1, 1024), {}, conv_sm90.PING_PONG),
-    ((32, 28, 28, 128), (128, 3, 3, 128), {"padding": 1}, {"BN": 128, "CW": 2, "MI": 2, "STAGES": 4}),
-    ((32, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, conv_sm90.TALL),
-    ((32, 14, 14, 512), (512, 3, 3, 512), {"stride": 2, "padding": 1}, dict(conv_sm90.DEFAULT, SPLIT=5)),
-    ((1, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
-    ((1, 28, 28, 512), (128, 1, 1, 512), {}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
-    ((1, 7, 7, 2048), (512, 1, 1, 2048), {}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 4}),
-    ((1, 7, 7, 512), (512, 3, 3, 512), {"padding": 1}, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 15})])
+    ((32, 56, 56, 64), (256, 1, 1, 64), {}, conv_sm90.PING_PONG_WIDE.as_dict()),
+    ((32, 14, 14, 1024), (512, 1, 1, 1024), {}, conv_sm90.PING_PONG.as_dict()),
+    ((32, 28, 28, 128), (128, 3, 3, 128), {"padding": 1}, dict(DEFAULT, BN=128, MI=2)),
+    ((32, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, conv_sm90.TALL.as_dict()),
+    ((32, 14, 14, 512), (512, 3, 3, 512), {"stride": 2, "padding": 1}, dict(DEFAULT, SPLIT=5)),
+    ((1, 56, 56, 64), (64, 3, 3, 64), {"padding": 1}, dict(DEFAULT, BN=64, CW=1, STAGES=8)),
+    ((1, 28, 28, 512), (128, 1, 1, 512), {}, dict(DEFAULT, BN=64, CW=1, STAGES=8)),
+    ((1, 7, 7, 2048), (512, 1, 1, 2048), {}, dict(DEFAULT, BN=64, CW=1, STAGES=8, SPLIT=4)),
+    ((1, 7, 7, 512), (512, 3, 3, 512), {"padding": 1}, dict(DEFAULT, BN=64, CW=1, STAGES=8, SPLIT=15))])
 def test_level0_choice(xs, ws, kwargs, first):
     assert conv_sm90.suggest(_task(xs, ws, **kwargs), SMS)[0] == first
 
 
 def test_space_fits():
     for level in (0, 1, 2):
-        for knobs in conv_sm90.space(level):
-            assert sm90_engine.fits(knobs, conv_sm90.PRODUCER_REGS[sm90_engine.block_m(knobs) // 16]), knobs
+        for knobs in conv_sm90.ConvKnobs.space(level):
+            assert knobs.fits(conv_sm90.PRODUCER_REGS[knobs.BM // 16]), knobs
+    assert conv_sm90.TEMPLATE.space(0) == [DEFAULT]
+    with pytest.raises(ValueError, match="unsupported setting"):
+        conv_sm90.ConvKnobs(CLUSTER=2)                # the gathering producer cannot multicast
 
 
 @needs_nvrtc
@@ -148,7 +153,7 @@ def test_space_fits():
 def test_every_knob_setting_compiles_for_sm90a(xs, ws, kwargs, dtype):
     task = _task(xs, ws, dtype, bias=True, **kwargs)
     settings = []
-    for knobs in conv_sm90.space(2) + conv_sm90.suggest(task, SMS)[:3]:
+    for knobs in conv_sm90.TEMPLATE.space(2) + conv_sm90.suggest(task, SMS)[:3]:
         if knobs not in settings:
             settings.append(knobs)
     programs = [conv_sm90.render(task, **knobs) for knobs in settings]

@@ -66,43 +66,45 @@ def test_reads_that_are_not_row_major_tiles_are_not_sources():
 
 
 def test_staging_fits_shared_memory_or_stays_off():
+    from dataclasses import replace
+
     from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
     sources = _sources(_linear_residual(300, 64, 136))
-    ping_pong_wide = sm90_engine.tile_knobs(256, 2, 1, 5, 1)
-    assert sm90_engine.staged_stages(ping_pong_wide, sources, 1) == 3          # 5 stages made 3 for two 32 KB tiles
-    assert sm90_engine.staged_stages(gemm_sm90.DEFAULT, sources, 1) is None    # two 64 KB tiles do not fit beside 3 stages
-    assert sm90_engine.staged_stages(dict(ping_pong_wide, SPLIT=2), sources, 1) is None
-    for knobs in gemm_sm90.space(2):
-        stages = sm90_engine.staged_stages(knobs, sources, 1)
+    ping_pong_wide = gemm_sm90.GemmKnobs.tile(256, 2, 1, 5, 1)
+    assert ping_pong_wide.staged_stages(sources, 1) == 3          # 5 stages made 3 for two 32 KB tiles
+    assert gemm_sm90.COOPERATIVE.staged_stages(sources, 1) is None    # two 64 KB tiles do not fit beside 3 stages
+    assert replace(ping_pong_wide, SPLIT=2).staged_stages(sources, 1) is None
+    for knobs in gemm_sm90.GemmKnobs.space(2):
+        stages = knobs.staged_stages(sources, 1)
         if stages is not None:
-            assert sm90_engine.smem_bytes(dict(knobs, STAGES=stages), sources) <= sm90_engine.MAX_SMEM
+            assert replace(knobs, STAGES=stages).smem_bytes(sources) <= sm90_engine.MAX_SMEM
 
 
 def test_suggestions_stage_the_residual():
     """With a residual, the level-0 choice of a wave-filling linear stages it."""
-    from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
+    from kiln_ops_builtin.templates import gemm_sm90
     task = _linear_residual(1024, 768, 768)
-    assert sm90_engine.staged_stages(gemm_sm90.suggest(task, 132)[0], _sources(task), 12) is not None
+    assert gemm_sm90.GemmKnobs(**gemm_sm90.suggest(task, 132)[0]).staged_stages(_sources(task), 12) is not None
 
 
 def test_a_long_main_loop_loads_its_sources_from_global_memory():
     """Past MAX_STAGED_K_TILES k-tiles the ring keeps its depth and the epilogue loads the
     residuals; the level-0 choice is then the tile a plain linear of the shape takes."""
-    from kiln_ops_builtin.templates import gemm_sm90, sm90_engine
+    from kiln_ops_builtin.templates import gemm_sm90
     long_k = _linear_residual(1576, 3072, 768, residuals=2)
     knobs = gemm_sm90.suggest(long_k, 132)[0]
-    assert sm90_engine.staged_stages(knobs, _sources(long_k), 3072 // 64) is None
+    assert gemm_sm90.GemmKnobs(**knobs).staged_stages(_sources(long_k), 3072 // 64) is None
     assert knobs == gemm_sm90.suggest(_fused_task(lambda x, w, b: ops.linear(x, w, b),
                                                   [(1576, 3072), (768, 3072), (768,)]), 132)[0]
-    assert "#define NSRC 0" in gemm_sm90.render(long_k, **knobs).source
+    assert "NSRC = 0," in gemm_sm90.render(long_k, **knobs).source
     short_k = _linear_residual(1576, 768, 768, residuals=2)
-    assert "#define NSRC 2" in gemm_sm90.render(short_k, **gemm_sm90.suggest(short_k, 132)[0]).source
+    assert "NSRC = 2," in gemm_sm90.render(short_k, **gemm_sm90.suggest(short_k, 132)[0]).source
 
 
 def _gemm_settings(task):
     from kiln_ops_builtin.templates import gemm_sm90
     settings = []
-    for knobs in gemm_sm90.space(1) + gemm_sm90.suggest(task, 132)[:2]:
+    for knobs in gemm_sm90.TEMPLATE.space(1) + gemm_sm90.suggest(task, 132)[:2]:
         if knobs not in settings:
             settings.append(knobs)
     return settings
@@ -113,12 +115,12 @@ def test_every_setting_with_sources_compiles_for_sm90a():
     from kiln_ops_builtin.templates import conv_sm90, gemm_sm90
     task = _linear_residual(300, 64, 136, residuals=2)
     programs = [gemm_sm90.render(task, **k) for k in _gemm_settings(task)]
-    assert any("#define NSRC 2" in p.source for p in programs)
+    assert any("NSRC = 2," in p.source for p in programs)
     unaligned = _linear_residual(77, 128, 133)
-    assert all("#define NSRC 0" in gemm_sm90.render(unaligned, **k).source for k in _gemm_settings(unaligned))
+    assert all("NSRC = 0," in gemm_sm90.render(unaligned, **k).source for k in _gemm_settings(unaligned))
     conv = _conv_residual_task()
-    programs += [conv_sm90.render(conv, **k) for k in conv_sm90.space(1)]
-    assert any("#define NSRC 1" in p.source for p in programs[-len(conv_sm90.space(1)):])
+    programs += [conv_sm90.render(conv, **k) for k in conv_sm90.TEMPLATE.space(1)]
+    assert any("NSRC = 1," in p.source for p in programs[-len(conv_sm90.TEMPLATE.space(1)):])
     rt.compile_many([(p.source, p.kernel_names[0], "sm_90a") for p in programs])
 
 
@@ -177,5 +179,5 @@ def test_conv_with_residual_matches_float64_at_every_setting(dtype):
     tdt = getattr(torch, dtype)
     x, w, r = (rand(shape, tdt, -1, 1).cuda() for shape in ((3, 10, 9, 64), (72, 1, 1, 64), (3, 10, 9, 72)))
     expected = torch.relu(conv_reference(x, w, None, {}) + r.double())
-    for knobs in conv_sm90.space(1):
+    for knobs in conv_sm90.TEMPLATE.space(1):
         _check(_run(conv_sm90.render(task, **knobs), [x, w, r], (3, 10, 9, 72), tdt), expected)

@@ -41,7 +41,7 @@ def _programs():
             task = _task(op, make(dtype))
             assert gemm_sm90.applies(task), call
             settings = []
-            for knobs in gemm_sm90.space(1) + gemm_sm90.suggest(task, 132)[:3]:
+            for knobs in gemm_sm90.TEMPLATE.space(1) + gemm_sm90.suggest(task, 132)[:3]:
                 if knobs not in settings:
                     settings.append(knobs)
             for knobs in settings:

@@ -11,8 +11,16 @@ from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 from kiln.runtime.cuda import TensorMapArg
 from kiln_ops_builtin.templates import gemm_sm90
+from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM
 
 SMS = 132
+COOPERATIVE, CLUSTERED, PING_PONG = (k.as_dict() for k in (gemm_sm90.COOPERATIVE, gemm_sm90.CLUSTERED,
+                                                           gemm_sm90.PING_PONG))
+
+
+def _tile(**knobs):
+    """The setting of a tile alone (no cluster), `knobs` over the cooperative 128 x 256 one."""
+    return dict(COOPERATIVE, **knobs)
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
 
@@ -47,20 +55,20 @@ def test_float32_only_with_allow_tf32_and_k_major_operands():
     assert not gemm_sm90.applies(_task("linear", (64, 72), (45, 72), dtype=torch.float32))   # not allowed
     assert not gemm_sm90.applies(_tf32_task("matmul", (64, 72), (72, 64)))       # N-major B: no TF32 transpose
     assert not gemm_sm90.applies(_tf32_task("linear", (64, 70), (45, 70)))       # rows of 280 bytes
-    a, b = _maps(_tf32_task("linear", (1000, 776), (4104, 776)), gemm_sm90.DEFAULT)
+    a, b = _maps(_tf32_task("linear", (1000, 776), (4104, 776)), COOPERATIVE)
     assert (a.box, b.box) == ((32, 128), (32, 256))                              # 128-byte rows of 32 floats
 
 
 @needs_nvrtc
 def test_tf32_knobs_compile_with_nvrtc():
     task = _tf32_task("linear", (3, 45, 776), (1032, 776), (1032,))
-    programs = [gemm_sm90.render(task, **knobs) for knobs in gemm_sm90.space(1)]
+    programs = [gemm_sm90.render(task, **knobs) for knobs in gemm_sm90.TEMPLATE.space(1)]
     assert all("k8.f32.tf32.tf32" in p.source for p in programs)
     rt.compile_many([(p.source, f"tf32_{k}", p.arch_for("sm_90")) for k, p in enumerate(programs)], workers=2)
 
 
 def test_b_layouts_map_k_major_and_n_major():
-    knobs = gemm_sm90.DEFAULT
+    knobs = COOPERATIVE
     a, b = _maps(_task("linear", (1000, 776), (4104, 776)), knobs)
     assert (a.dims, a.strides, a.box) == ((776, 1000), (1, 776), (64, 128))
     assert (b.dims, b.strides, b.box) == ((776, 4104), (1, 776), (64, 256))
@@ -71,37 +79,37 @@ def test_b_layouts_map_k_major_and_n_major():
 
 
 def test_batch_broadcast_gets_no_batch_dimension():
-    a, b = _maps(_task("matmul", (2, 3, 128, 64), (3, 64, 128)), gemm_sm90.DEFAULT)
+    a, b = _maps(_task("matmul", (2, 3, 128, 64), (3, 64, 128)), COOPERATIVE)
     assert a.dims == (64, 128, 6) and a.strides[2] == 128 * 64      # (2, 3) contiguous: one dim
     assert b.dims == (128, 64, 3) and b.strides[2] == 64 * 128      # broadcast over the 2: absent
-    a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), gemm_sm90.DEFAULT)
+    a, b = _maps(_task("matmul", (4, 130, 96), (96, 264)), COOPERATIVE)
     assert a.dims == (96, 520) and len(b.dims) == 2      # contiguous (batch, row) of A: one M of 520 rows
 
 
 def test_clusters_share_b_by_multicast():
-    knobs = dict(gemm_sm90.DEFAULT, CLUSTER=2)
+    knobs = dict(COOPERATIVE, CLUSTER=2)
     program = gemm_sm90.render(_task("linear", (1000, 776), (4104, 776)), **knobs)
     a, b = [arg for arg in program.launches[0].args if isinstance(arg, TensorMapArg)]
     assert (a.box, b.box) == ((64, 128), (64, 128))            # each CTA of a pair loads half of the 256 B rows
-    assert "kiln_tma_2d_multicast(dst + rank * 128 * BK, &tmB, &full[stage], 3, k0, (int)n0 + rank * 128)" \
+    assert "kiln_tma_2d_multicast(dst + rank * 128 * BK, maps.B, bar, 3, k0, (int)n0 + rank * 128)" \
         in program.source
     launch = program.launches[0]
     assert (launch.cluster, launch.items) == (2, 4 * 17 * 2)    # pairs of 128-row tiles: 4 of M x 17 of N
     program = gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **knobs)
     assert "for (int j = rank * 2; j < rank * 2 + 2; ++j) kiln_tma_2d_multicast(" in program.source
     with pytest.raises(ValueError, match="clusters of 2 at BN=64"):    # one 64-column box: nothing to split
-        gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), BN=64, CW=1, MI=1, STAGES=8, CLUSTER=2)
+        gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **dict(COOPERATIVE, BN=64, CW=1, STAGES=8, CLUSTER=2))
 
 
 def _output_map(task, **knobs):
     program = gemm_sm90.render(task, **knobs)
     maps = [a for a in program.launches[0].args if isinstance(a, TensorMapArg) and a.param == "out0"]
-    assert ("#define TMA_STORE 1" in program.source) == bool(maps)
+    assert ("TMA_STORE = 1" in program.source) == bool(maps)
     return maps[0] if maps else None
 
 
 def test_tma_store_maps_dense_16bit_outputs_only():
-    knobs = dict(gemm_sm90.DEFAULT, TMA_STORE=1)
+    knobs = dict(COOPERATIVE, TMA_STORE=1)
     out = _output_map(_task("linear", (1000, 776), (4104, 776), (4104,)), **knobs)
     assert (out.dims, out.strides, out.box, out.swizzle) == ((4104, 1000), (1, 4104), (64, 16), 128)
     out = _output_map(_task("matmul", (2, 3, 70, 64), (3, 64, 40)), **knobs)     # one batch dim of 6 images
@@ -109,7 +117,7 @@ def test_tma_store_maps_dense_16bit_outputs_only():
     assert _output_map(_task("linear", (1000, 776), (4100, 776)), **knobs) is None      # rows of 8200 bytes
     assert _output_map(_tf32_task("linear", (1000, 776), (4104, 776)), **knobs) is None  # float32 outputs
     assert _output_map(_task("linear", (64, 4096), (4104, 4096)), **dict(knobs, SPLIT=4)) is None
-    assert _output_map(_task("linear", (1000, 776), (4104, 776)), **gemm_sm90.DEFAULT) is None
+    assert _output_map(_task("linear", (1000, 776), (4104, 776)), **COOPERATIVE) is None
 
 
 @pytest.mark.parametrize("items,max_clusters,grid", [(136, None, 132), (136, 60, 120), (6, 60, 6), (2, 1, 2)])
@@ -126,29 +134,32 @@ def test_tensor_map_arg_rejects_bad_strides():
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (4096, 4096, 4096, gemm_sm90.CLUSTERED), (8192, 2048, 8192, gemm_sm90.CLUSTERED),
-    (4096, 768, 3072, gemm_sm90.CLUSTERED), (1576, 768, 2304, gemm_sm90.DEFAULT),
-    (4096, 768, 2304, {"BN": 128, "CW": 3, "MI": 1, "STAGES": 4}),
-    (1024, 768, 3072, {"BN": 192, "CW": 2, "MI": 1, "STAGES": 5, "PP": 1}),
-    (1024, 768, 768, gemm_sm90.PING_PONG),
-    (128, 768, 3072, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8}),
-    (128, 3072, 768, {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8, "SPLIT": 6})])
+    (4096, 4096, 4096, CLUSTERED), (8192, 2048, 8192, CLUSTERED),
+    (4096, 768, 3072, CLUSTERED), (1576, 768, 2304, COOPERATIVE),
+    (4096, 768, 2304, _tile(BN=128, CW=3)),
+    (1024, 768, 3072, _tile(BN=192, STAGES=5, PP=1)),
+    (1024, 768, 768, PING_PONG),
+    (128, 768, 3072, _tile(BN=64, CW=1, STAGES=8)),
+    (128, 3072, 768, _tile(BN=64, CW=1, STAGES=8, SPLIT=6))])
 def test_level0_choice(m, k, n, first):
     assert gemm_sm90.suggest(_task("linear", (m, k), (n, k)), SMS)[0] == first
 
 
 @pytest.mark.parametrize("a,b,first", [
-    ((32, 1024, 128), (32, 128, 1024), dict(gemm_sm90.CLUSTERED, TMA_STORE=1)),
-    ((96, 128, 64), (96, 64, 128), dict(gemm_sm90.PING_PONG, TMA_STORE=1)),
-    ((96, 128, 128), (96, 128, 64), {"BN": 64, "CW": 1, "MI": 1, "STAGES": 8})])
+    ((32, 1024, 128), (32, 128, 1024), dict(CLUSTERED, TMA_STORE=1)),
+    ((96, 128, 64), (96, 64, 128), dict(PING_PONG, TMA_STORE=1)),
+    ((96, 128, 128), (96, 128, 64), _tile(BN=64, CW=1, STAGES=8))])
 def test_level0_choice_of_attention_shapes(a, b, first):
     assert gemm_sm90.suggest(_task("matmul", a, b), SMS)[0] == first
 
 
 def test_space_fits_shared_memory():
     for level in (0, 1, 2):
-        for knobs in gemm_sm90.space(level):
-            assert gemm_sm90.smem_bytes(knobs) <= gemm_sm90.MAX_SMEM, knobs
+        for knobs in gemm_sm90.GemmKnobs.space(level):
+            assert knobs.smem_bytes() <= MAX_SMEM, knobs
+    assert gemm_sm90.TEMPLATE.space(0) == [CLUSTERED] == [gemm_sm90.GemmKnobs().as_dict()]
+    with pytest.raises(ValueError, match="unsupported setting"):
+        gemm_sm90.GemmKnobs(BN=256, MI=2)             # 256 accumulators a thread
 
 
 CALLS = [("linear", (1000, 776), (4104, 776), (4104,)), ("matmul", (1000, 776), (776, 4104)),
@@ -161,7 +172,7 @@ CALLS = [("linear", (1000, 776), (4104, 776), (4104,)), ("matmul", (1000, 776), 
 def test_every_knob_setting_compiles_for_sm90a(call, dtype):
     task = _task(call[0], *call[1:], dtype=dtype)
     settings = []
-    for knobs in gemm_sm90.space(2) + gemm_sm90.suggest(task, SMS)[:3]:
+    for knobs in gemm_sm90.TEMPLATE.space(2) + gemm_sm90.suggest(task, SMS)[:3]:
         if knobs not in settings:
             settings.append(knobs)
     programs = [gemm_sm90.render(task, **knobs) for knobs in settings]

@@ -22,84 +22,83 @@ other dtypes, inputs of 2^31 elements or more.
 Symbolic sizes (`Template.symbolic`): a symbolic batch (so M) is a kernel argument
 (`HookedGemm.sizes`), the gathered rows bounded by it at run time; the window geometry is
 written as numbers, so a symbolic height or width gives each size its own source.
+
+The device code is the engine's (`cuda/sm90_engine.cuh`) and, where x is gathered,
+`cuda/conv_sm90.cuh`'s `Gather` (a producer thread's rows and copies); this module gives the
+engine's program the window geometry as enumerators and x as its member `x`. Knobs: `ConvKnobs`,
+whose fields' defaults are the level-0 setting.
 """
 from __future__ import annotations
 
-from kiln.template import CudaProgram, Template, TensorMapArg, dtypes
+from dataclasses import dataclass, replace
+
+from kiln.template import CudaProgram, Template, TensorMapArg, device_code, dtypes
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
-from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, block_m, fits, program
-from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
+from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, program
 
-DEFAULT = _k(256, 2, 1, 4)
+PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
+
+# The gathering producer's members of the engine's program: x, and its Gather (cuda/conv_sm90.cuh)
+GATHER = """\
+    static __device__ __forceinline__ const uint16_t* x(PARAMS) {{ return {x}; }}
+    using Gather = kiln::conv_sm90::Gather<kiln_sm90_program>;
+"""
+
+
+@dataclass(frozen=True)
+class ConvKnobs(EngineKnobs):
+    """The engine's knobs (`sm90_engine.EngineKnobs`) a convolution takes: tiles of 64, 128 or
+    256 rows (4, 8 or 16 gathered per producer thread), no clusters (the gathering producer
+    cannot multicast) and no TMA stores. The defaults are level 0: 128 x 256 on two consumer
+    warpgroups, 4 stages."""
+
+    def producer_regs(self) -> int:
+        """The producer warpgroup's registers where it gathers x: more for more rows a thread."""
+        return PRODUCER_REGS[self.BM // 16]
+
+    def valid(self) -> bool:
+        return self.BM // 16 in PRODUCER_REGS and self.CLUSTER == 1 and not self.TMA_STORE and super().valid()
+
+    @classmethod
+    def space(cls, level: int) -> list[ConvKnobs]:
+        """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; level 1 adds the other tiles
+        (N 64 to 256, 64 to 256 rows), ping-pong consumers and split-K; level 2 other depths."""
+        if level == 0:
+            return [cls()]
+        out = [cls(**t.knobs) for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), PING_PONG_WIDE, _k(128, 2, 2, 4),
+                                                      TALL, _k(64, 1, 1, 8, SPLIT=4)]
+        if level == 2:
+            out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
+                    _k(256, 1, 1, 4), _k(64, 1, 1, 8, SPLIT=8)]
+        return out
+
+
+_k = ConvKnobs.tile
+DEFAULT = ConvKnobs()
 PING_PONG = _k(128, 2, 1, 8, 1)
 PING_PONG_WIDE = _k(256, 2, 1, 5, 1)
 TALL = _k(64, 2, 2, 5)
-PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
-
-GATHER_FUNCTIONS = r"""
-// the window's top-left pixel offset and its (y, x), packed as y * 65536 + (x & 0xFFFF), of the
-// rows r0 + 16 i of the tile at m0 (rows past the M = `rows` pixels: far out of bounds)
-static __device__ __forceinline__ void kiln_conv_rows(int64_t m0, int64_t rows, int r0, int* pix, int* yx) {
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const int m = (int)m0 + r0 + 16 * i, b = m / (CV_OH * CV_OW), p = m - b * (CV_OH * CV_OW);
-        const int oy = p / CV_OW, ox = p - oy * CV_OW, iy = oy * CV_SH - CV_PH, ix = ox * CV_SW - CV_PW;
-        pix[i] = ((b * CV_H + iy) * CV_W + ix) * CV_C;
-        yx[i] = m < rows ? iy * 65536 + (ix & 0xFFFF) : (int)0x80008000;
-    }
-}
-// 16-byte column j (eight channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
-// into the 128-byte-swizzled K-major stage `as`
-static __device__ __forceinline__ void kiln_conv_gather(const uint16_t* x, uint16_t* as, int k0, int j, int r0,
-                                                        const int* pix, const int* yx) {
-    const int k = k0 + j * 8, tap = k / CV_C, ch = k - tap * CV_C, ry = tap / CV_KW, rx = tap - ry * CV_KW;
-    const int dy = ry * CV_DH, dx = rx * CV_DW, shift = (dy * CV_W + dx) * CV_C + ch;
-    uint16_t* dst = as + r0 * BK + (j ^ (r0 & 7)) * 8;
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) {
-        const int iy = (yx[i] >> 16) + dy, ix = (int)(int16_t)yx[i] + dx;
-        const bool ok = k < K && (unsigned)iy < (unsigned)CV_H && (unsigned)ix < (unsigned)CV_W;
-        kiln_cp_async16(dst + i * 16 * BK, x + (ok ? (int64_t)pix[i] + shift : 0), ok ? 16 : 0);
-    }
-}
-"""
-TILE_SETUP = "const int j = tid % 8, r0 = tid / 8; int pix[RPT], yx[RPT]; kiln_conv_rows(m0, M, r0, pix, yx);"
-GATHER = "kiln_conv_gather(CV_X, as, k0, j, r0, pix, yx); kiln_bar_arrive_cp_async(&full[stage]);"
 
 
 def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
     K = conv.kh * conv.kw * conv.channels
     weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (BK, bn))
-    load_b = "kiln_tma_2d(bs, &tmB, &full[stage], k0, (int)n0);"
+    load_b = "kiln_tma_2d(bs, maps.B, bar, k0, (int)n0);"
     if conv.is_gemm:
         x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (BK, bm))
-        return Producer({"A": x, "B": weight}, "kiln_tma_2d(as, &tmA, &full[stage], k0, (int)m0); " + load_b,
+        return Producer({"A": x, "B": weight}, "kiln_tma_2d(as, maps.A, bar, k0, (int)m0); " + load_b,
                         (bm + bn) * BK * 2)
-    geometry = {"CV_X": conv.x, "CV_H": conv.height, "CV_W": conv.width, "CV_C": conv.channels, "CV_KW": conv.kw,
-                "CV_OH": conv.out_h, "CV_OW": conv.out_w, "CV_SH": conv.stride[0], "CV_SW": conv.stride[1],
-                "CV_PH": conv.padding[0], "CV_PW": conv.padding[1], "CV_DH": conv.dilation[0],
-                "CV_DW": conv.dilation[1], "RPT": bm // 16}
-    return Producer({"B": weight}, load_b, bn * BK * 2, threads=128, tile_setup=TILE_SETUP, gather=GATHER,
-                    regs=PRODUCER_REGS[bm // 16], defines=geometry, source=GATHER_FUNCTIONS)
+    geometry = {"H": conv.height, "W": conv.width, "C": conv.channels, "KW": conv.kw, "OH": conv.out_h,
+                "OW": conv.out_w, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
+                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "RPT": bm // 16}
+    return Producer({"B": weight}, load_b, bn * BK * 2, threads=128, regs=PRODUCER_REGS[bm // 16], enums=geometry,
+                    members=GATHER.format(x=conv.x), source=device_code(__package__, "cuda/conv_sm90.cuh"))
 
 
-FIT_TILES = [split_k.Tile(k, block_m(k), k["BN"], BK, 2048) for k in (
+FIT_TILES = [split_k.Tile(k.as_dict(), k.BM, k.BN, BK, 2048) for k in (
     DEFAULT, _k(128, 2, 1, 6), _k(64, 2, 1, 8), _k(128, 1, 1, 8), _k(256, 1, 1, 5), _k(64, 1, 1, 8))]
 """`suggest`'s cooperative tiles, at wgmma's 2048 float16 MACs per SM clock."""
-
-
-def space(level: int) -> list[dict]:
-    """Level 0: 128 x 256 on two consumer warpgroups, 4 stages; level 1 adds the other tiles
-    (N 64 to 256, 64 to 256 rows), ping-pong consumers and split-K; level 2 other depths."""
-    if level == 0:
-        return [dict(DEFAULT)]
-    out = [t.knobs for t in FIT_TILES] + [PING_PONG, _k(64, 2, 1, 8, 1), PING_PONG_WIDE, _k(128, 2, 2, 4), TALL,
-                                          dict(_k(64, 1, 1, 8), SPLIT=4)]
-    if level == 2:
-        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(64, 2, 1, 6), _k(128, 1, 1, 6), _k(128, 2, 2, 3),
-                _k(256, 1, 1, 4), dict(_k(64, 1, 1, 8), SPLIT=8)]
-    return [dict(k) for k in out if fits(k, PRODUCER_REGS[block_m(k) // 16])]
 
 
 def _even(k_tiles: int, split: int) -> int:
@@ -129,17 +128,17 @@ def suggest(task, sm_count: int) -> list[dict]:
     first = None
     if N <= 64:
         if tiles(256, 64) >= sm_count:
-            first = dict(TALL)
+            first = TALL
         elif tiles(128, 64) >= 0.7 * sm_count:
             first = _k(64, 2, 1, 8)
     elif N > 128 and tiles(64, 256) >= 1.5 * sm_count:
-        first = dict(PING_PONG_WIDE)
+        first = PING_PONG_WIDE
     elif N > 128 and k_tiles >= 48 and wide_split > 1 and tiles(128, 256) * wide_split >= 0.7 * sm_count:
-        first = dict(DEFAULT, SPLIT=_even(k_tiles, wide_split))
+        first = replace(DEFAULT, SPLIT=_even(k_tiles, wide_split))
     elif gathered and K >= 1024 and tiles(256, 128) >= 0.7 * sm_count:
         first = _k(128, 2, 2, 4)
     elif tiles(128, 128) >= sm_count:
-        first = dict(PING_PONG)
+        first = PING_PONG
     elif tiles(128, 128) >= 0.7 * sm_count:
         first = _k(128, 2, 1, 6)
     elif tiles(64, 128) >= 0.7 * sm_count:
@@ -149,8 +148,8 @@ def suggest(task, sm_count: int) -> list[dict]:
         if k_tiles >= (16 if gathered else 24):
             split = min(sm_count // tiles(64, 64), k_tiles // (4 if gathered else 8))
             if split > 1:
-                first["SPLIT"] = _even(k_tiles, split)
-    return [first] + [k for k in ranked if k != first]
+                first = replace(first, SPLIT=_even(k_tiles, split))
+    return [first.as_dict()] + [k for k in ranked if k != first.as_dict()]
 
 
 def applies(task) -> bool:
@@ -162,13 +161,13 @@ def applies(task) -> bool:
             and max(conv.gemm.M, conv.gemm.N * conv.gemm.K) < 2 ** 31)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None) -> CudaProgram:
+def render(task, **knobs) -> CudaProgram:
+    """The engine's program for `task` at the setting `knobs` (`ConvKnobs`' fields)."""
     conv = match_conv_nhwc(task)
-    g = conv.gemm
-    producer = _producer(conv, block_m(_k(BN, CW, MI, STAGES, PP)), BN)
+    g, k = conv.gemm, ConvKnobs(**knobs)
     problem = Problem(g.M, g.N, g.K, 1, conv.dtype, g.params, g.args, g.hooks, g.sizes, g.sources, g.output)
-    return program("kiln_conv_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH)
+    return program("kiln_conv_sm90", problem, _producer(conv, k.BM, k.BN), k)
 
 
 TEMPLATE = Template("conv_sm90", ("conv2d_channels_last",), "cuda", render, priority=30, applies=applies,
-                    space=space, min_arch=90, suggest=suggest, symbolic=True)
+                    space=ConvKnobs.settings, min_arch=90, suggest=suggest, symbolic=True)

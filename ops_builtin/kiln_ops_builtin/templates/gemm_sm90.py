@@ -22,16 +22,52 @@ arguments (`Contraction.sizes`), the tensor maps encoded at launch from the valu
 so one source serves every size whose knobs are the same (`suggest` buckets sizes by powers of
 two). Whatever depends on a value (TMA's 16-byte strides, a batch dim of 1) is decided for each
 size as it comes, so a size that differs there gets its own source.
+
+The device code is the engine's (`cuda/sm90_engine.cuh`); this module renders the producer's
+copies (`_operand_map`: each operand's TMA box loads, multicast in a cluster) as the engine's
+program's `load`. Knobs: `GemmKnobs`, whose fields' defaults are the level-0 setting.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from kiln.template import Contraction, CudaProgram, Operand, Template, TensorMapArg, dtypes, match_contraction
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.sm90_engine import BK, Problem, Producer, fits, k_block, program, staged_stages
-from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, smem_bytes  # noqa: F401 (this template's limits, as before)
-from kiln_ops_builtin.templates.sm90_engine import tile_knobs as _k
+from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, k_block, program
 
-DEFAULT = {"BN": 256, "CW": 2, "MI": 1, "STAGES": 4}
+
+@dataclass(frozen=True)
+class GemmKnobs(EngineKnobs):
+    """The engine's knobs (`sm90_engine.EngineKnobs`), every one of them open to the GEMM. The
+    defaults are level 0, `CLUSTERED`: ping-pong 64 x 256 tiles, five stages, in clusters of two
+    CTAs sharing B by multicast."""
+
+    STAGES: int = 5
+    PP: int = 1
+    CLUSTER: int = 2
+
+    @classmethod
+    def space(cls, level: int) -> list[GemmKnobs]:
+        """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
+        consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
+        multicast, epilogues storing by TMA and split-K (2: and epilogue fetch depths other than
+        the default)."""
+        if level == 0:
+            return [CLUSTERED]
+        out = [GemmKnobs(**t.knobs) for t in FIT_TILES]
+        out += [_k(128, 2, 2, 4), replace(COOPERATIVE, SPLIT=2), replace(COOPERATIVE, CLUSTER=2), CLUSTERED]
+        out += [replace(k, TMA_STORE=1) for k in (COOPERATIVE, CLUSTERED, PING_PONG, _k(64, 1, 1, 8))]
+        if level == 2:
+            out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
+                    _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), replace(PING_PONG, FETCH=1),
+                    replace(COOPERATIVE, FETCH=2)]
+            out += [replace(k, CLUSTER=2) for k in (_k(128, 2, 1, 6), _k(128, 2, 2, 6, 1), PING_PONG, _k(256, 2, 1, 3))]
+        return out
+
+
+_k = GemmKnobs.tile
+COOPERATIVE = _k(256, 2, 1, 4)
+"""128 x 256 tiles shared by two consumer warpgroups, four stages."""
 
 
 def _batch_dims(c: Contraction, operand: Operand) -> list[tuple[int, int, int]] | None:
@@ -64,20 +100,20 @@ def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name:
     x0 = "m0" if name == "A" else "n0"
     K, extent = int(c.K), int(extent)
     copy = f"kiln_tma_{rank}d(" if parts == 1 else f"kiln_tma_{rank}d_multicast("
-    bar = "&full[stage]" if parts == 1 else f"&full[stage], {(1 << parts) - 1}"
+    bar = "bar" if parts == 1 else f"bar, {(1 << parts) - 1}"
     if operand.k_stride == 1:
         part = rows // parts
         arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
                            (k_block(operand.dtype), part) + (1,) * len(batch))
         dst, at = ("dst", "") if parts == 1 else (f"dst + rank * {part} * BK", f" + rank * {part}")
-        load = f"{copy}{dst}, &tm{name}, {bar}, k0, (int){x0}{at}{coords});"
+        load = f"{copy}{dst}, maps.{name}, {bar}, k0, (int){x0}{at}{coords});"
         return arg, load, 0
     if operand.x_stride == 1 and operand.dtype.is_16bit_float and rows // 64 % parts == 0:
         boxes = rows // 64 // parts
         arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
         first = "0" if parts == 1 else f"rank * {boxes}"
-        load = (f"for (int j = {first}; j < {first} + {boxes}; ++j) {copy}dst + j * 64 * BK, &tm{name}, {bar}, "
+        load = (f"for (int j = {first}; j < {first} + {boxes}; ++j) {copy}dst + j * 64 * BK, maps.{name}, {bar}, "
                 f"(int){x0} + j * 64, k0{coords});")
         return arg, load, 1
     return None
@@ -92,47 +128,29 @@ def _maps(c: Contraction, bm: int, bn: int, cluster: int = 1):
     return (a, b) if a and b else None
 
 
-FIT_TILES = [split_k.Tile(_k(256, 2, 1, 4), 128, 256, BK, 2048), split_k.Tile(_k(128, 2, 1, 6), 128, 128, BK, 2048),
-             split_k.Tile(_k(128, 1, 1, 8), 64, 128, BK, 2048), split_k.Tile(_k(256, 1, 1, 5), 64, 256, BK, 2048),
-             split_k.Tile(_k(64, 1, 1, 8), 64, 64, BK, 2048), split_k.Tile(_k(128, 3, 1, 4), 192, 128, BK, 2048),
-             split_k.Tile(_k(128, 2, 2, 6, 1), 128, 128, BK, 2048), split_k.Tile(_k(256, 2, 1, 5, 1), 64, 256, BK, 2048),
-             split_k.Tile(_k(128, 2, 1, 8, 1), 64, 128, BK, 2048), split_k.Tile(_k(192, 2, 1, 5, 1), 64, 192, BK, 2048)]
+FIT_TILES = [split_k.Tile(k.as_dict(), k.BM, k.BN, BK, 2048) for k in (
+    COOPERATIVE, _k(128, 2, 1, 6), _k(128, 1, 1, 8), _k(256, 1, 1, 5), _k(64, 1, 1, 8), _k(128, 3, 1, 4),
+    _k(128, 2, 2, 6, 1), _k(256, 2, 1, 5, 1), _k(128, 2, 1, 8, 1), _k(192, 2, 1, 5, 1))]
 """`suggest`'s tiles (BM x BN: a ping-pong consumer takes a whole 64 * MI-row tile), at wgmma's
 2048 float16 MACs per SM clock."""
 
 
-def space(level: int) -> list[dict]:
-    """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
-    consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
-    multicast, epilogues storing by TMA and split-K (2: and epilogue fetch depths other than the
-    default)."""
-    if level == 0:
-        return [dict(CLUSTERED)]
-    out = [t.knobs for t in FIT_TILES] + [_k(128, 2, 2, 4), dict(DEFAULT, SPLIT=2), dict(DEFAULT, CLUSTER=2), CLUSTERED]
-    out += [dict(k, TMA_STORE=1) for k in (DEFAULT, CLUSTERED, PING_PONG, _k(64, 1, 1, 8))]
-    if level == 2:
-        out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
-                _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), dict(PING_PONG, FETCH=1), dict(DEFAULT, FETCH=2)]
-        out += [dict(k, CLUSTER=2) for k in (_k(128, 2, 1, 6), _k(128, 2, 2, 6, 1), PING_PONG, _k(256, 2, 1, 3))]
-    return [dict(k) for k in out if fits(k)]
-
-
 PING_PONG = _k(128, 2, 1, 8, 1)
-CLUSTERED = dict(_k(256, 2, 1, 5, 1), CLUSTER=2)
+CLUSTERED = GemmKnobs()
 CLUSTER_WAVES = 4
 """Grids of 16-bit operands of at least CLUSTER_WAVES waves of 64 x 256 tiles that `WAVE_TILES`
 gives 128 x 256 take CLUSTERED instead: ping-pong 64 x 256 tiles in clusters of two sharing B by
-multicast. On an H200 it was 1.00-1.10x DEFAULT on the float16 and bfloat16 squares (8192 x 2048
+multicast. On an H200 it was 1.00-1.10x COOPERATIVE on the float16 and bfloat16 squares (8192 x 2048
 x 8192: 1.10x) and 4096 x 768 x 3072, and 0.92x on ViT's 1576 x 768 x 2304 (1.7 waves); on TF32
-squares 1.04x and 0.96x, so float32 keeps DEFAULT."""
+squares 1.04x and 0.96x, so float32 keeps COOPERATIVE."""
 TMA_STORE_K_TILES = 2
 """Main loops of at most this many k-tiles (K <= 128 for 16-bit operands: attention's batched
 matmuls), whose time goes to writing the output, store it by TMA (`TMA_STORE`) where the tile is
-DEFAULT, CLUSTERED or PING_PONG. On an H200 (three alternating rounds, each setting against the
+COOPERATIVE, CLUSTERED or PING_PONG. On an H200 (three alternating rounds, each setting against the
 same without) that made 32 x 1024 x 128 x 1024 1.30x faster with CLUSTERED (1.013 of cuBLAS)
 and 96 x 128 x 64 x 128 1.21x with PING_PONG; on the squares it was 0.88-0.96x with CLUSTERED and
 on ViT's linears 0.86-0.99x, so longer main loops keep their register-staged stores."""
-WAVE_TILES = [((128, 256), DEFAULT, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
+WAVE_TILES = [((128, 256), COOPERATIVE, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]
 """(tile, knobs, relative MMA rate): `suggest`'s choices for grids of most of a wave and more,
@@ -153,24 +171,24 @@ def suggest(task, sm_count: int) -> list[dict]:
     value), so that the sizes of a bucket take the same knobs and share one source, built once."""
     c = match_contraction(task)
     M, N, K, batch = (split_k.bucket(x) for x in (c.M, c.N, c.K, c.batch_count))
-    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs.get("PP")], M, N, K, batch, sm_count, c.a.dtype.nbytes)
+    ranked = split_k.rank([t for t in FIT_TILES if not t.knobs["PP"]], M, N, K, batch, sm_count, c.a.dtype.nbytes)
     tiles = lambda bm, bn: -(-M // bm) * -(-N // bn) * batch
     k_tiles = -(-K // k_block(c.a.dtype))
     if tiles(64, 128) >= 0.7 * sm_count:
         cost = lambda entry: -(-tiles(*entry[0]) // sm_count) * entry[0][0] * entry[0][1] * (K + 2 * BK) / entry[2]
-        staging = [e for e in WAVE_TILES if staged_stages(e[1], c.sources, k_tiles)] if c.sources else []
-        first = dict(min(staging or WAVE_TILES, key=cost)[1])
-        if (first == DEFAULT and c.a.dtype.is_16bit_float and not c.sources
+        staging = [e for e in WAVE_TILES if e[1].staged_stages(c.sources, k_tiles)] if c.sources else []
+        first = min(staging or WAVE_TILES, key=cost)[1]
+        if (first == COOPERATIVE and c.a.dtype.is_16bit_float and not c.sources
                 and tiles(64, 256) >= CLUSTER_WAVES * sm_count):
-            first = dict(CLUSTERED)
-        if k_tiles <= TMA_STORE_K_TILES and first in (DEFAULT, CLUSTERED, PING_PONG):
-            first = dict(first, TMA_STORE=1)
+            first = CLUSTERED
+        if k_tiles <= TMA_STORE_K_TILES and first in (COOPERATIVE, CLUSTERED, PING_PONG):
+            first = replace(first, TMA_STORE=1)
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
         if tiles(64, 64) < 0.5 * sm_count and split > 1:
-            first["SPLIT"] = split
-    return [first] + [k for k in ranked if k != first]
+            first = replace(first, SPLIT=split)
+    return [first.as_dict()] + [k for k in ranked if k != first.as_dict()]
 
 
 def applies(task) -> bool:
@@ -182,20 +200,22 @@ def applies(task) -> bool:
             and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
 
 
-def render(task, BN, CW, MI, STAGES, SPLIT=1, PP=0, GROUP=8, FETCH=None, CLUSTER=1, TMA_STORE=0) -> CudaProgram:
+def render(task, **knobs) -> CudaProgram:
+    """The engine's program for `task` at the setting `knobs` (`GemmKnobs`' fields)."""
     c: Contraction = match_contraction(task)
-    bm = 64 * MI * (1 if PP else CW)
-    maps = _maps(c, bm, BN, CLUSTER)
+    k = GemmKnobs(**knobs)
+    maps = _maps(c, k.BM, k.BN, k.CLUSTER)
     if maps is None:
         raise ValueError(f"gemm_sm90: B ({c.N} x {c.K}, {c.b.dtype.name}) cannot be shared by clusters of "
-                         f"{CLUSTER} at BN={BN}: an N-contiguous B splits into 64-column boxes, BN / 64 a multiple of it")
+                         f"{k.CLUSTER} at BN={k.BN}: an N-contiguous B splits into 64-column boxes, BN / 64 a multiple "
+                         "of it")
     (map_a, load_a, trans_a), (map_b, load_b, trans_b) = maps
     producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
-                        + load_b + " }", (bm + BN) * BK * 2, trans_a, trans_b)
+                        + load_b + " }", (k.BM + k.BN) * BK * 2, trans_a, trans_b)
     problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sizes, c.sources,
                       c.output)
-    return program("kiln_matmul_sm90", problem, producer, BN, CW, MI, STAGES, SPLIT, PP, GROUP, FETCH, CLUSTER, TMA_STORE)
+    return program("kiln_matmul_sm90", problem, producer, k)
 
 
 TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,
-                    space=space, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)
+                    space=GemmKnobs.settings, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)

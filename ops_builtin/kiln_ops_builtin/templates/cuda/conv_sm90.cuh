@@ -1,0 +1,61 @@
+// The producer of kiln_ops_builtin.templates.conv_sm90 where x is gathered (its docstring tells
+// how): kiln::conv_sm90::Gather<P>, the Gather of the engine's program P (cuda/sm90_engine.cuh),
+// whose 128 producer threads copy the im2col of x into the ring's 128-byte-swizzled K-major A
+// stages with cp.async. Thread tid copies 16-byte column tid % 8 of rows tid / 8 + 16 i.
+//
+// Needs, ahead of it, the PTX wrappers CP_ASYNC and MBARRIER, the macros K, M, PARAMS and KERNEL_ARGS,
+// and, ahead of a use, these members of P (conv_sm90.py renders them):
+//   BK                         16-bit elements of a stage's row
+//   H, W, C, KW, OH, OW        x's height, width and channels, the kernel's width, the output's size
+//   SH, SW, PH, PW, DH, DW     stride, padding and dilation
+//   RPT                        rows gathered per producer thread
+//   x(KERNEL_ARGS)             x, the input read
+
+namespace kiln::conv_sm90 {
+
+// the window's top-left pixel offset and its (y, x), packed as y * 65536 + (x & 0xFFFF), of the
+// rows r0 + 16 i of the tile at m0 (rows past the M = `rows` pixels: far out of bounds)
+template <class P>
+static __device__ __forceinline__ void rows_at(int64_t m0, int64_t rows, int r0, int* pix, int* yx) {
+#pragma unroll
+    for (int i = 0; i < P::RPT; ++i) {
+        const int m = (int)m0 + r0 + 16 * i, b = m / (P::OH * P::OW), p = m - b * (P::OH * P::OW);
+        const int oy = p / P::OW, ox = p - oy * P::OW, iy = oy * P::SH - P::PH, ix = ox * P::SW - P::PW;
+        pix[i] = ((b * P::H + iy) * P::W + ix) * P::C;
+        yx[i] = m < rows ? iy * 65536 + (ix & 0xFFFF) : (int)0x80008000;
+    }
+}
+
+// 16-byte column j (eight channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
+// into the 128-byte-swizzled K-major stage `as`, whose row r0 holds that column at element `at`
+template <class P>
+static __device__ __forceinline__ void gather(const uint16_t* x, uint16_t* as, int k0, int j, int at, const int* pix,
+                                              const int* yx) {
+    const int k = k0 + j * 8, tap = k / P::C, ch = k - tap * P::C, ry = tap / P::KW, rx = tap - ry * P::KW;
+    const int dy = ry * P::DH, dx = rx * P::DW, shift = (dy * P::W + dx) * P::C + ch;
+    uint16_t* dst = as + at;
+#pragma unroll
+    for (int i = 0; i < P::RPT; ++i) {
+        const int iy = (yx[i] >> 16) + dy, ix = (int)(int16_t)yx[i] + dx;
+        const bool ok = k < K && (unsigned)iy < (unsigned)P::H && (unsigned)ix < (unsigned)P::W;
+        kiln_cp_async16(dst + i * 16 * P::BK, x + (ok ? (int64_t)pix[i] + shift : 0), ok ? 16 : 0);
+    }
+}
+
+// A producer thread's rows of the tile at m0, and its copies of each slot
+template <class P>
+struct Gather {
+    int j, r0, at, pix[P::RPT], yx[P::RPT];   // its column, first row, their place in a stage, rows_at's
+
+    __device__ __forceinline__ Gather(int tid, int64_t m0, PARAMS) : j(tid % 8), r0(tid / 8) {
+        rows_at<P>(m0, M, r0, pix, yx);
+        at = r0 * P::BK + (j ^ (r0 & 7)) * 8;
+    }
+
+    __device__ __forceinline__ void operator()(uint16_t* as, int k0, uint64_t* bar, PARAMS) const {
+        gather<P>(P::x(KERNEL_ARGS), as, k0, j, at, pix, yx);
+        kiln_bar_arrive_cp_async(bar);
+    }
+};
+
+}  // namespace kiln::conv_sm90
