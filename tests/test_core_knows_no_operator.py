@@ -35,6 +35,7 @@ ALLOWED = {
     "passes/context.py": {"stack": "a thread-local attribute holding the context stack"},
     "passes/layout.py": dict.fromkeys(("pad", "mode"), "arguments of the operator implementing Role.PAD "
                                                       "(torch.nn.functional.pad's)"),
+    "frontend/torch/indices.py": {"index_put": "the name of torch.Tensor's indexing method, not of a Kiln operator"},
     "frontend/torch/aliasing.py": dict.fromkeys(
         ("reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "flatten", "as_strided", "split",
          "chunk"),
