@@ -13,6 +13,20 @@
 //   a_batch(bz, ARGS), b_batch(bz, ARGS)  their offsets of flat batch bz
 // and split_k's M, N, K, KT_SPLIT, PARAMS, ARGS and KERNEL_ARGS (sizes of the parameters where
 // symbolic).
+// k-tile kt of ROWS rows of a K-major operand (rows first.. of extent, stride elements apart,
+// depth elements long) copied by NT threads into a 128-byte-swizzled stage, zeros past the edges
+template <int ROWS, int NT, int BK>
+__device__ __forceinline__ void kiln_wgmma_load_rows(uint16_t* stage, const uint16_t* src, int tid, int64_t first,
+                                                     int64_t extent, int64_t stride, int kt, int64_t depth) {
+#pragma unroll
+    for (int i = 0; i < ROWS * 8 / NT; ++i) {
+        const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
+        const int64_t g = first + r, gk = (int64_t)kt * BK + c * 8;
+        const bool ok = g < extent && gk < depth;
+        kiln_cp_async16(stage + r * BK + (c ^ (r & 7)) * 8, src + (ok ? g * stride + gk : 0), ok ? 16 : 0);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kiln_matmul_wgmma_program::NT, 1)
     kiln_matmul_wgmma(PARAMS, const uint16_t* __restrict__ a_source, const uint16_t* __restrict__ b_source) {
     using P = kiln_matmul_wgmma_program;
@@ -35,22 +49,8 @@ extern "C" __global__ void __launch_bounds__(kiln_matmul_wgmma_program::NT, 1)
         for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
     const int KT0 = blockIdx.y * KT_SPLIT, KT = min((int)((K + BK - 1) / BK) - KT0, KT_SPLIT);
     auto load = [&](int stage, int kt) {
-        uint16_t* as = As + stage * BM * BK;
-        uint16_t* bs = Bs + stage * BN * BK;
-#pragma unroll
-        for (int i = 0; i < BM * 8 / NT; ++i) {
-            const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
-            const int64_t gm = m0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
-            const bool ok = gm < M && gk < K;
-            kiln_cp_async16(as + r * BK + (c ^ (r & 7)) * 8, A + (ok ? gm * P::a_row(KERNEL_ARGS) + gk : 0), ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int i = 0; i < BN * 8 / NT; ++i) {
-            const int idx = tid + i * NT, r = idx / 8, c = idx % 8;
-            const int64_t gn = n0 + r, gk = (int64_t)(KT0 + kt) * BK + c * 8;
-            const bool ok = gn < N && gk < K;
-            kiln_cp_async16(bs + r * BK + (c ^ (r & 7)) * 8, B + (ok ? gn * P::b_row(KERNEL_ARGS) + gk : 0), ok ? 16 : 0);
-        }
+        kiln_wgmma_load_rows<BM, NT, BK>(As + stage * BM * BK, A, tid, m0, M, P::a_row(KERNEL_ARGS), KT0 + kt, K);
+        kiln_wgmma_load_rows<BN, NT, BK>(Bs + stage * BN * BK, B, tid, n0, N, P::b_row(KERNEL_ARGS), KT0 + kt, K);
     };
     // Tiles are fetched AHEAD = STAGES - 2 steps early, and one wgmma group stays in flight
     // while the next is issued: the stage being refilled was last read two groups ago.
