@@ -15,20 +15,15 @@ from torch.fx.node import map_aggregate
 
 aten = torch.ops.aten
 
-# (the call's target, the position of its indices argument)
-_INDEXING = {
-    ("call_function", operator.getitem): 1,
-    ("call_function", operator.setitem): 1,
-    ("call_function", torch.index_put): 1,
-    ("call_function", torch.index_put_): 1,
-    ("call_method", "index_put"): 1,
-    ("call_method", "index_put_"): 1,
-    ("call_method", "__getitem__"): 1,
-    ("call_method", "__setitem__"): 1,
-    ("call_function", aten.index.Tensor): 1,
-    ("call_function", aten.index_put.default): 1,
-    ("call_function", aten.index_put_.default): 1,
-}
+# the calls (op, target) whose second argument is the indices
+_INDEXING = frozenset({
+    ("call_function", operator.getitem), ("call_function", operator.setitem),
+    ("call_function", torch.index_put), ("call_function", torch.index_put_),
+    ("call_method", "index_put"), ("call_method", "index_put_"),
+    ("call_method", "__getitem__"), ("call_method", "__setitem__"),
+    ("call_function", aten.index.Tensor), ("call_function", aten.index_put.default),
+    ("call_function", aten.index_put_.default),
+})
 
 
 def _mentions(value, node: Node) -> bool:
@@ -43,10 +38,9 @@ def used_only_as_index(placeholder: Node) -> bool:
     if not placeholder.users:
         return False
     for user in placeholder.users:
-        position = _INDEXING.get((user.op, user.target))
-        if position is None or len(user.args) <= position:
+        if (user.op, user.target) not in _INDEXING or len(user.args) < 2:
             return False
-        others = [a for k, a in enumerate(user.args) if k != position] + list(user.kwargs.values())
-        if not _mentions(user.args[position], placeholder) or _mentions(others, placeholder):
+        others = [user.args[0], *user.args[2:], *user.kwargs.values()]
+        if not _mentions(user.args[1], placeholder) or _mentions(others, placeholder):
             return False
     return True
