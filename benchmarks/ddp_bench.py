@@ -54,19 +54,31 @@ def main() -> None:
     model, batches = make(), global_batches(args.steps, args.batch, **sizes)
     reference, eager_times = single_process_losses(model, batches, "cuda", backend=None)
     result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "steps": args.steps,
-              "global_batch": args.batch, "reference_losses": reference, "rows": []}
-    rows = [{"wrap": "one GPU", "backend": "eager", "step_ms": statistics.median(eager_times[3:])}]
+              "global_batch": args.batch, "reference_losses": reference,
+              "rows": [{"wrap": "one GPU", "backend": "eager", "step_ms": statistics.median(eager_times[3:])}]}
+    report(result, args.json)
     for wrap in args.wraps:
         for backend in args.backends:
-            run = ddp_losses(model, batches, 2, "cuda", backend=None if backend == "eager" else backend, wrap=wrap)
-            rows.append({"wrap": wrap, "backend": backend, "step_ms": run["step_ms"], "losses": run["losses"],
-                         "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference))})
-    result["rows"] = rows
-    for r in rows:
+            try:
+                run = ddp_losses(model, batches, 2, "cuda", backend=None if backend == "eager" else backend, wrap=wrap)
+            except RuntimeError as exc:
+                result["rows"].append({"wrap": wrap, "backend": backend, "error": str(exc)})
+            else:
+                result["rows"].append({"wrap": wrap, "backend": backend, "step_ms": run["step_ms"], "losses": run["losses"],
+                                       "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(run["losses"], reference))})
+            report(result, args.json)
+
+
+def report(result: dict, path: str | None) -> None:
+    """Print the newest row and rewrite the JSON file, so that a run cut short keeps its rows."""
+    r = result["rows"][-1]
+    if "error" in r:
+        print(f"{r['wrap']:<8} {r['backend']:<9} FAILED: {r['error'][-3000:]}", flush=True)
+    else:
         diff = f"   loss vs one GPU eager {r['max_rel_loss_diff']:.2e}" if "max_rel_loss_diff" in r else ""
         print(f"{r['wrap']:<8} {r['backend']:<9} {r['step_ms']:8.2f} ms/step{diff}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
 
