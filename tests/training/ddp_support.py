@@ -70,8 +70,15 @@ def _timed_steps(step, steps: int, device: str) -> tuple[list[float], list[float
     return losses, times
 
 
-def single_process_losses(model, batches, device: str, backend: str | None) -> tuple[list[float], list[float]]:
-    """Losses (and step times) of training a copy of `model` on the whole batches in one process."""
+def _loss(run, ids, labels, device: str, autocast: torch.dtype | None):
+    with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+        return run(ids, labels)
+
+
+def single_process_losses(model, batches, device: str, backend: str | None,
+                          autocast: torch.dtype | None = None) -> tuple[list[float], list[float]]:
+    """Losses (and step times) of training a copy of `model` on the whole batches in one process
+    (the forward under autocast to `autocast` when given)."""
     model = copy.deepcopy(model).to(device).train()
     run = model if backend is None else torch.compile(model, backend=backend)
     opt = _optimizer(model.parameters())
@@ -79,7 +86,7 @@ def single_process_losses(model, batches, device: str, backend: str | None) -> t
     def step(i):
         ids, labels = (t.to(device) for t in batches[i])
         opt.zero_grad()
-        loss = run(ids, labels)
+        loss = _loss(run, ids, labels, device, autocast)
         loss.backward()
         opt.step()
         return loss.item()
@@ -103,7 +110,8 @@ def _wrapped(model, wrap: str, rank: int, device: str):
 RANK_WATCHDOG_S = 900
 
 
-def _worker(rank: int, world: int, folder: str, device: str, backend: str | None, wrap: str = "ddp"):
+def _worker(rank: int, world: int, folder: str, device: str, backend: str | None, wrap: str,
+            autocast: torch.dtype | None):
     report = open(os.path.join(folder, f"rank{rank}.report"), "w")
     faulthandler.dump_traceback_later(RANK_WATCHDOG_S, exit=True, file=report)
     # a rendezvous file, not a port: a port picked free can be taken by another process before
@@ -126,7 +134,7 @@ def _worker(rank: int, world: int, folder: str, device: str, backend: str | None
         def step(i):
             ids, labels = (t.chunk(world)[rank].to(where) for t in batches[i])
             opt.zero_grad()
-            loss = run(ids, labels)
+            loss = _loss(run, ids, labels, device, autocast)
             loss.backward()
             opt.step()
             mean = loss.detach().clone()
@@ -157,16 +165,18 @@ def _reports(folder: str, world: int) -> str:
     return "\n".join(texts)
 
 
-def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp") -> dict:
+def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp",
+               autocast: torch.dtype | None = None) -> dict:
     """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
     "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp"
-    or "fsdp2") over `world` processes; `backend` None runs the model eagerly."""
+    or "fsdp2") over `world` processes; `backend` None runs the model eagerly, `autocast` a
+    dtype runs the forward under autocast to it."""
     with tempfile.TemporaryDirectory() as folder:
         # the ranks read the model and batches from a file: passed as arguments, spawn would move
         # the caller's tensors into shared memory and serve them from a thread of this process
         torch.save((model, batches), os.path.join(folder, "job.pt"))
         try:
-            mp.spawn(_worker, args=(world, folder, device, backend, wrap), nprocs=world)
+            mp.spawn(_worker, args=(world, folder, device, backend, wrap, autocast), nprocs=world)
         except mp.ProcessExitedException as exc:
             raise RuntimeError(f"a rank of data-parallel training failed: {exc}\n{_reports(folder, world)}") from None
         with open(os.path.join(folder, "rank0.json")) as f:
