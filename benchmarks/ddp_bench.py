@@ -2,15 +2,17 @@
 
 `--model tiny`: the tiny Llama-style model of the data-parallel tests (tests/training/ddp_support.py:
 3 layers, hidden 128, 16 tokens); `--model gpt2`: GPT-2 small (transformers, dropout off, 512
-tokens). float32 (`--autocast bfloat16`: the forward under autocast), SGD with momentum. Each trains `--steps` steps on one GPU with the whole global
-batch (eagerly: the reference losses), then on two GPUs (NCCL, one process a GPU, half of each
-global batch each) for each wrapper (`--wraps`: DistributedDataParallel with 1 MB buckets, so
-dynamo's DDP optimizer splits the graph; FSDP2's `fully_shard` per decoder layer) and backend.
-Reported: the median step time after three steps (CUDA events on rank 0) and the largest
-relative difference between the two-GPU losses and the one-GPU eager losses.
+tokens). float32 (`--autocast bfloat16`: the forward under autocast), SGD with momentum. Each
+trains `--steps` steps on one GPU with the whole global batch (eagerly: the reference losses),
+then on two GPUs (NCCL, one process a GPU, half of each global batch each) for each wrapper
+(`--wraps`: DistributedDataParallel with buckets of `--bucket-mb`, at which dynamo's DDP
+optimizer splits the graph; FSDP2's `fully_shard` per decoder layer) and backend. Reported: the
+median step time after three steps (CUDA events on rank 0) and the largest relative difference
+between the two-GPU losses and the one-GPU eager losses.
 
     python benchmarks/ddp_bench.py [--model tiny|gpt2] [--steps 20] [--batch 8]
-        [--wraps ddp fsdp2] [--backends eager inductor kiln] [--autocast bfloat16] [--json out.json]
+        [--wraps ddp fsdp2] [--backends eager inductor kiln] [--autocast bfloat16]
+        [--bucket-mb 25] [--json out.json]
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def main() -> None:
     parser.add_argument("--wraps", nargs="+", default=["ddp", "fsdp2"], choices=["ddp", "fsdp2"])
     parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"])
     parser.add_argument("--autocast", choices=["bfloat16", "float16"], help="run the forward under autocast to this dtype")
+    parser.add_argument("--bucket-mb", type=float, default=25, help="DDP's bucket size (DDP's default: 25)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
@@ -56,14 +59,14 @@ def main() -> None:
     autocast = getattr(torch, args.autocast) if args.autocast else None
     reference, eager_times = single_process_losses(model, batches, "cuda", backend=None, autocast=autocast)
     result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "steps": args.steps,
-              "global_batch": args.batch, "autocast": args.autocast, "reference_losses": reference,
+              "global_batch": args.batch, "autocast": args.autocast, "bucket_mb": args.bucket_mb, "reference_losses": reference,
               "rows": [{"wrap": "one GPU", "backend": "eager", "step_ms": statistics.median(eager_times[3:])}]}
     report(result, args.json)
     for wrap in args.wraps:
         for backend in args.backends:
             try:
                 run = ddp_losses(model, batches, 2, "cuda", backend=None if backend == "eager" else backend,
-                                 wrap=wrap, autocast=autocast)
+                                 wrap=wrap, autocast=autocast, bucket_mb=args.bucket_mb)
             except RuntimeError as exc:
                 result["rows"].append({"wrap": wrap, "backend": backend, "error": str(exc)})
             else:

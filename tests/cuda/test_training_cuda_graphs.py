@@ -182,3 +182,39 @@ def test_gradients_kept_alive_are_never_overwritten(keep):
         _assert_same_gradients(model, reference)
     _, backward = _forward_and_backward()
     assert len(backward) == 2
+
+
+def test_parameters_at_new_memory_every_step_are_copied_in(monkeypatch):
+    """FSDP gathers each layer's parameters into new memory at every step: after a parameter
+    came at new memory twice, the graphs copy it in and replay, rather than capture at every call."""
+    import kiln.frontend.torch.backend as backend
+    original, made = backend.capture, []
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(backend, "capture", counted)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    old = []            # the parameters' earlier memory stays allocated: each step's is new
+    captures_by_step = []
+    for step in range(8):
+        for p in model.parameters():
+            old.append(p.data)
+            p.data = p.data.clone()
+        x = torch.randn(48, 64, device="cuda")
+        for m, opt in zip((compiled, reference), optimizers):
+            opt.zero_grad()
+            (m(x).square().mean()).backward()
+        _assert_same_gradients(model, reference)
+        for opt in optimizers:
+            opt.step()
+        captures_by_step.append(len(made))
+    assert captures_by_step[-1] == captures_by_step[4], f"captures made by the end of each step: {captures_by_step}"
+    forward, backward = _forward_and_backward()
+    assert len(forward) == 1 and len(backward) == 1
+    params = {p.data_ptr() for p in model.parameters()}
+    assert not params & (forward[0].bound_addresses | backward[0].bound_addresses), "parameters are copied in"

@@ -93,11 +93,12 @@ def single_process_losses(model, batches, device: str, backend: str | None,
     return _timed_steps(step, len(batches), device)
 
 
-def _wrapped(model, wrap: str, rank: int, device: str):
-    """`model` (on its rank's device) wrapped for data parallelism by `wrap` ("ddp", "fsdp2")."""
+def _wrapped(model, wrap: str, rank: int, device: str, bucket_mb: float):
+    """`model` (on its rank's device) wrapped for data parallelism by `wrap` ("ddp" with buckets
+    of `bucket_mb`, "fsdp2")."""
     if wrap == "ddp":
         return torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=BUCKET_MB)
+            model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=bucket_mb)
     from torch.distributed.fsdp import fully_shard
     decoder_layers = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))
     for layer in decoder_layers:
@@ -111,7 +112,7 @@ RANK_WATCHDOG_S = 900
 
 
 def _worker(rank: int, world: int, folder: str, device: str, backend: str | None, wrap: str,
-            autocast: torch.dtype | None):
+            autocast: torch.dtype | None, bucket_mb: float):
     report = open(os.path.join(folder, f"rank{rank}.report"), "w")
     faulthandler.dump_traceback_later(RANK_WATCHDOG_S, exit=True, file=report)
     # a rendezvous file, not a port: a port picked free can be taken by another process before
@@ -127,7 +128,7 @@ def _worker(rank: int, world: int, folder: str, device: str, backend: str | None
         where = f"cuda:{rank}" if device == "cuda" else "cpu"
         model, batches = torch.load(os.path.join(folder, "job.pt"), weights_only=False)
         model = model.to(where).train()
-        parallel = _wrapped(model, wrap, rank, device)
+        parallel = _wrapped(model, wrap, rank, device, bucket_mb)
         run = parallel if backend is None else torch.compile(parallel, backend=backend)
         opt = _optimizer(parallel.parameters())
 
@@ -166,17 +167,17 @@ def _reports(folder: str, world: int) -> str:
 
 
 def ddp_losses(model, batches, world: int, device: str, backend: str | None = "kiln", wrap: str = "ddp",
-               autocast: torch.dtype | None = None) -> dict:
+               autocast: torch.dtype | None = None, bucket_mb: float = BUCKET_MB) -> dict:
     """{"losses": the global mean loss of each step, "step_ms": median step time (CUDA),
     "kiln_graphs": the graphs Kiln compiled on rank 0} of data-parallel training (`wrap`: "ddp"
-    or "fsdp2") over `world` processes; `backend` None runs the model eagerly, `autocast` a
-    dtype runs the forward under autocast to it."""
+    with buckets of `bucket_mb`, or "fsdp2") over `world` processes; `backend` None runs the
+    model eagerly, `autocast` a dtype runs the forward under autocast to it."""
     with tempfile.TemporaryDirectory() as folder:
         # the ranks read the model and batches from a file: passed as arguments, spawn would move
         # the caller's tensors into shared memory and serve them from a thread of this process
         torch.save((model, batches), os.path.join(folder, "job.pt"))
         try:
-            mp.spawn(_worker, args=(world, folder, device, backend, wrap, autocast), nprocs=world)
+            mp.spawn(_worker, args=(world, folder, device, backend, wrap, autocast, bucket_mb), nprocs=world)
         except mp.ProcessExitedException as exc:
             raise RuntimeError(f"a rank of data-parallel training failed: {exc}\n{_reports(folder, world)}") from None
         with open(os.path.join(folder, "rank0.json")) as f:

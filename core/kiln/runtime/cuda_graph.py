@@ -193,6 +193,10 @@ class CapturedGraph:
         mine = [inputs[k] for k in self.bound]
         return same_addresses(mine, self._bound_addresses) and all(t.is_contiguous() for t in mine)
 
+    def moved(self, inputs: Sequence[torch.Tensor]) -> list[int]:
+        """The bound positions of `inputs` (torch tensors) not at the memory the graph was captured on."""
+        return [k for k, address in zip(self.bound, self._bound_addresses) if inputs[k].data_ptr() != address]
+
     def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list | None:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
         replay it on its device's current stream (after the last replay's work, on whatever

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -389,10 +389,13 @@ class CompiledRun:
     contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
     bound inputs, or every capture busy with lent outputs still alive, captures again (the
     last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
-    so, calls run without a CUDA graph). The inputs at positions `moves` (CPU scalars of a graph
-    on a GPU) are copied to their device first."""
+    so, calls run without a CUDA graph). An input that came at new memory MOVES_BEFORE_COPY times
+    (FSDP's parameters, gathered into new memory at every step) is copied in by the captures
+    made after that, which then replay, instead of one capture a call. The inputs at positions
+    `moves` (CPU scalars of a graph on a GPU) are copied to their device first."""
 
     CAPTURES_KEPT = 4
+    MOVES_BEFORE_COPY = 2
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
                  graph: FlowGraph | None = None, static_inputs=frozenset()):
@@ -405,6 +408,7 @@ class CompiledRun:
         self.moves = {j: torch.device(d) for j, d in record.moves.items()}
         self.lent = list(record.lent)
         self.static = {j for j, p in enumerate(self.positions) if p in static_inputs}
+        self.relocations = Counter()    # input position -> calls that found it at new memory
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
                              all(isinstance(v, Output) for v in self.structure))
@@ -425,8 +429,8 @@ class CompiledRun:
         if not all(inputs[j].is_contiguous() for _, j in self.write_back):
             return None
         written = {j for _, j in self.write_back}
-        bound = [j for j, t in enumerate(inputs)
-                 if j not in written and t.is_contiguous() and (j in self.static or stays_put(t))]
+        bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous()
+                 and (j in self.static or stays_put(t)) and self.relocations[j] < self.MOVES_BEFORE_COPY]
         captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
                            copied_out=True)
         with self._captures_lock:
@@ -441,6 +445,7 @@ class CompiledRun:
         or CAPTURES_KEPT captures are busy. Captures on a superseded shared workspace, and,
         before capturing anew, captures bound to lent values that no graph lends any more, are
         dropped where not busy (`kiln.runtime.cuda_graph`)."""
+        newest = next(reversed(self.captures.values()), None)
         self._drop(lambda c: c.stale())
         captures = list(self.captures.items())
         for key, captured in sorted(reversed(captures), key=lambda kc: not kc[1].bound):
@@ -451,7 +456,10 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
-        self._drop(lambda c: c.orphaned())
+        if newest is not None:      # another graph's lent values move when it is captured again: not counted
+            self.relocations.update(j for j in newest.moved(inputs) if j in self.static or not stays_put(inputs[j]))
+        moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
+        self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
         captures = list(self.captures.items())
         if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
             return None
