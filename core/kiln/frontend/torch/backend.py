@@ -218,6 +218,9 @@ class KilnFunction:
         self._read_positions = [k for k, r in enumerate(read) if r and self.constant[k]]
         self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
+        # dynamo's guards fix the shape, dtype and device of an input traced with fixed sizes:
+        # only the others tell one call's graph from another's
+        self._keyed_positions = [k for k in self._input_positions if _may_vary(placeholders[k])]
         self._constants_state: dict[tuple, tuple] = {}
         # inputs changed in place, checked at each call for memory shared with other inputs
         self._written_positions = [k for k, n in enumerate(placeholders) if n in changed]
@@ -250,7 +253,7 @@ class KilnFunction:
                                      self._read_positions, self.settings)
 
     def __call__(self, *args):
-        key = (tuple(_signature(args[k]) for k in self._input_positions) +
+        key = (tuple(_signature(args[k]) for k in self._keyed_positions) +
                tuple(args[k].item() for k in self._read_positions))
         # Constants are checked by memory and version (dynamo's guards fix their shapes and
         # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
@@ -532,6 +535,14 @@ def _changed_in_place(gm: GraphModule) -> set:
             changed.add(root[node.args[0]])
             root[node] = root[node.args[0]]
     return changed
+
+
+def _may_vary(placeholder) -> bool:
+    """Whether calls may pass `placeholder` other shapes, dtypes or devices than its trace: it
+    is not a tensor of fixed sizes (one whose sizes are symbolic, or one without a traced value,
+    as in a graph dynamo did not make)."""
+    value = placeholder.meta.get("val", placeholder.meta.get("example_value"))
+    return not isinstance(value, torch.Tensor) or any(isinstance(d, torch.SymInt) for d in value.shape)
 
 
 def _signature(arg):
