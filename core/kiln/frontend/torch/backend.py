@@ -459,13 +459,18 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
-        if newest is not None:      # another graph's lent values move when it is captured again: not counted
-            self.relocations.update(j for j in newest.moved(inputs) if j in self.static or not stays_put(inputs[j]))
+        moved = newest.moved(inputs) if newest is not None else []
+        # another graph's lent values move when it is captured again: not counted
+        self.relocations.update(j for j in moved if j in self.static or not stays_put(inputs[j]))
         moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
         self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
         captures = list(self.captures.items())
         if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
+            logger.info("a call runs without a CUDA graph: the values its %d captures lent are still alive",
+                        len(captures))
             return None
+        logger.info("capturing a CUDA graph again: %s", f"inputs {moved} at new memory (copied in from now on: "
+                    f"{sorted(moving)})" if moved else "the captures are busy or stale")
         captured = self._capture(inputs)
         return None if captured is None else captured.run(inputs, copy=True)
 
