@@ -125,7 +125,9 @@ parity)`, and `kiln_gdesc(p, lbo, sbo)`, a 128-byte-swizzled wgmma descriptor.""
 def _per_rank(name: str, params: str, instruction: str, operands: str, first: int) -> str:
     """Device functions `name` (with `{r}` for the rank) for tensor ranks 2 to 5: `params`, then
     coordinates c0 .. of the box, wrapping the PTX `instruction` (with `{r}` and `{c}`, the
-    coordinates' operand slots from `%first` on) over `operands`, then the coordinates."""
+    coordinates' operand slots from `%first` on) over `operands`, then the coordinates; and
+    `name` without the rank (`{r}d` dropped) taking any of those ranks, the rank of its
+    coordinates."""
     out = []
     for rank in range(2, 6):
         coords = ", ".join(f"int c{d}" for d in range(rank))
@@ -134,6 +136,12 @@ def _per_rank(name: str, params: str, instruction: str, operands: str, first: in
         out.append(f"static __device__ __forceinline__ void {name.format(r=rank)}({params}, {coords}) {{\n"
                    f'    asm volatile("{instruction.format(r=rank, c="{" + slots + "}")};\\n"\n'
                    f"                 :: {operands}, {ins} : \"memory\");\n}}\n")
+    args = ", ".join(p.split()[-1].lstrip("*") for p in params.split(", "))
+    calls = "\n    else ".join(f"if constexpr (sizeof...(C) == {rank - 2}) {name.format(r=rank)}({args}, c0, c1, c...);"
+                               for rank in range(2, 6))
+    out.append(f"template <class... C>\nstatic __device__ __forceinline__ void {name.replace('_{r}d', '')}({params}, "
+               f"int c0, int c1, C... c) {{\n"
+               f'    static_assert(sizeof...(C) <= 3, "tensor maps have ranks 2 to 5");\n    {calls}\n}}\n')
     return "".join(out)
 
 
@@ -154,7 +162,8 @@ template <int N> static __device__ __forceinline__ void kiln_bulk_wait_read() {
 """`kiln_tma_{r}d(dst, map, bar, c0 ..)` for ranks 2 to 5: one box copy of a tensor map into
 shared memory, completing on mbarrier `bar` (needs MBARRIER before it); `kiln_tma_store_{r}d(map,
 src, c0 ..)`: one box copy from shared memory at `src` out to the tensor map (elements outside
-the tensor are not written), in this thread's current bulk group; `kiln_bulk_commit()` closes
+the tensor are not written), in this thread's current bulk group; `kiln_tma(..)` and
+`kiln_tma_store(..)`: the same at the rank of the coordinates given; `kiln_bulk_commit()` closes
 the group, `kiln_bulk_wait_read<N>()` waits until at most N groups still read shared memory."""
 
 
@@ -178,7 +187,8 @@ static __device__ __forceinline__ void kiln_bar_arrive_cta(uint64_t* bar, uint32
 `kiln_cluster_sync()`, `kiln_bar_arrive_cta(bar, cta)` (an arrival, with the default
 release at CTA scope, on the barrier at `bar`'s offset in CTA `cta`), and
 `kiln_tma_{r}d_multicast(dst, map, bar, ctas, c0 ..)`: one box copy into shared memory at `dst`'s
-offset in every CTA of the mask `ctas`, completing on the barrier at `bar`'s offset in each."""
+offset in every CTA of the mask `ctas`, completing on the barrier at `bar`'s offset in each
+(`kiln_tma_multicast(..)`: at the rank of the coordinates given)."""
 
 def mma_m16n8k16(t: DataType) -> str:
     """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""

@@ -76,7 +76,7 @@ struct kiln_attention_sm90_program {{
 LOAD = """\
     static __device__ __forceinline__ void load_{name}(void* dst, uint64_t* bar, int col, int row, int64_t bh,
                                                   const CUtensorMap* map, PARAMS) {{
-        kiln_tma_{rank}d(dst, map, bar, col, row{coords});
+        kiln_tma(dst, map, bar, col, row{coords});
     }}
 """
 
@@ -192,8 +192,7 @@ def render(task, **knobs) -> CudaProgram:
     enums = {"D": a.D, "DP": dp, "BM": k.BM, "BN": k.BN, "CW": k.CW, "STAGES": k.STAGES, "SWIZZLE_ATOM": SWIZZLE_ATOM,
              "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_registers(k.CW, PRODUCER_REGS, CONSUMER_REGS)}
     program = PROGRAM.format(enums=", ".join(f"{name} = {v}" for name, v in enums.items()), pack=ptx.pack_16x2(a.dtype),
-                             loads="".join(LOAD.format(name=name.lower(), rank=len(arg.dims), coords=coords)
-                                           for name, arg, coords in maps),
+                             loads="".join(LOAD.format(name=name.lower(), coords=coords) for name, _, coords in maps),
                              members=attention_softmax.members(a))
     kernels = [ptx.wgmma_m64k16(k.BN, a.dtype, 0, 0, "WGMMA_QK", scale_d=True),
                ptx.wgmma_m64k16_rs(dp, a.dtype, 1, "WGMMA_PV"), attention_softmax.CODE, program,

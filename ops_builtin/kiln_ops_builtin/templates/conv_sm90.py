@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from kiln.template import CudaProgram, Template, TensorMapArg, device_code, dtypes
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
-from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, program
+from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, TmaLoad, program
 
 PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
 
@@ -84,15 +84,14 @@ TALL = _k(64, 2, 2, 5)
 def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
     K = conv.kh * conv.kw * conv.channels
     weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (BK, bn))
-    load_b = "kiln_tma_2d(bs, maps.B, bar, k0, (int)n0);"
+    load_b = TmaLoad("B", weight, bn)
     if conv.is_gemm:
         x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (BK, bm))
-        return Producer({"A": x, "B": weight}, "kiln_tma_2d(as, maps.A, bar, k0, (int)m0); " + load_b,
-                        (bm + bn) * BK * 2)
+        return Producer((TmaLoad("A", x, bm), load_b), (bm + bn) * BK * 2)
     geometry = {"H": conv.height, "W": conv.width, "C": conv.channels, "KW": conv.kw, "OH": conv.out_h,
                 "OW": conv.out_w, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
                 "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "RPT": bm // 16}
-    return Producer({"B": weight}, load_b, bn * BK * 2, threads=128, regs=PRODUCER_REGS[bm // 16], enums=geometry,
+    return Producer((load_b,), bn * BK * 2, threads=128, regs=PRODUCER_REGS[bm // 16], enums=geometry,
                     members=GATHER.format(x=conv.x), source=device_code(__package__, "cuda/conv_sm90.cuh"))
 
 

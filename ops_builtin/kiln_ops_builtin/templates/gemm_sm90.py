@@ -24,8 +24,8 @@ two). Whatever depends on a value (TMA's 16-byte strides, a batch dim of 1) is d
 size as it comes, so a size that differs there gets its own source.
 
 The device code is the engine's (`cuda/sm90_engine.cuh`); this module renders the producer's
-copies (`_operand_map`: each operand's TMA box loads, multicast in a cluster) as the engine's
-program's `load`. Knobs: `GemmKnobs`, whose fields' defaults are the level-0 setting.
+copies (`_operand_load`: each operand's `kiln::sm90::load_operand`, multicast in a cluster) as
+the engine's program's `load`. Knobs: `GemmKnobs`, whose fields' defaults are the level-0 setting.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from kiln.template import Contraction, CudaProgram, Operand, Template, TensorMapArg, dtypes, match_contraction
 from kiln_ops_builtin.templates import split_k
-from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, k_block, program
+from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, TmaLoad, k_block, program
 
 
 @dataclass(frozen=True)
@@ -86,43 +86,36 @@ def _batch_dims(c: Contraction, operand: Operand) -> list[tuple[int, int, int]] 
     return dims if len(dims) <= 3 else None
 
 
-def _operand_map(c: Contraction, operand: Operand, rows: int, extent: int, name: str, parts: int = 1):
-    """The tensor map of `operand` (extent rows of M or N) with `rows`-row tiles, the C of its
-    loads into the stage `dst`, and whether it is MN-major (wgmma's transpose bit). With `parts`
-    > 1 the tile is shared by a cluster of that many CTAs: CTA `rank` loads part `rank` of its
-    rows into every CTA's stage by multicast (None where the rows do not split so)."""
+def _operand_load(c: Contraction, operand: Operand, rows: int, extent: int, name: str,
+                  parts: int = 1) -> TmaLoad | None:
+    """The TMA load of `operand` (extent rows of M or N) as operand `name` in `rows`-row tiles,
+    K-major or MN-major as it lies. With `parts` > 1 the tile is shared by a cluster of that
+    many CTAs, each loading its part into every CTA's stage by multicast (None where the rows do
+    not split so)."""
     batch = _batch_dims(c, operand)
     if batch is None:
         return None
-    coords = "".join(f", (int)(((int64_t)bz / {c.text(d)}) % {c.text(s)})" for d, s, _ in batch)
-    rank = 2 + len(batch)
+    coords = tuple(f"(int)(((int64_t)bz / {c.text(d)}) % {c.text(s)})" for d, s, _ in batch)
     bdims, bstrides = tuple(int(s) for _, s, _ in batch), tuple(int(st) for _, _, st in batch)
-    x0 = "m0" if name == "A" else "n0"
     K, extent = int(c.K), int(extent)
-    copy = f"kiln_tma_{rank}d(" if parts == 1 else f"kiln_tma_{rank}d_multicast("
-    bar = "bar" if parts == 1 else f"bar, {(1 << parts) - 1}"
     if operand.k_stride == 1:
         part = rows // parts
         arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
                            (k_block(operand.dtype), part) + (1,) * len(batch))
-        dst, at = ("dst", "") if parts == 1 else (f"dst + rank * {part} * BK", f" + rank * {part}")
-        load = f"{copy}{dst}, maps.{name}, {bar}, k0, (int){x0}{at}{coords});"
-        return arg, load, 0
+        return TmaLoad(name, arg, part, 0, parts, coords)
     if operand.x_stride == 1 and operand.dtype.is_16bit_float and rows // 64 % parts == 0:
-        boxes = rows // 64 // parts
         arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
-        first = "0" if parts == 1 else f"rank * {boxes}"
-        load = (f"for (int j = {first}; j < {first} + {boxes}; ++j) {copy}dst + j * 64 * BK, maps.{name}, {bar}, "
-                f"(int){x0} + j * 64, k0{coords});")
-        return arg, load, 1
+        return TmaLoad(name, arg, rows // 64 // parts, 1, parts, coords)
     return None
 
 
-def _maps(c: Contraction, bm: int, bn: int, cluster: int = 1):
+def _loads(c: Contraction, bm: int, bn: int, cluster: int = 1) -> tuple[TmaLoad, TmaLoad] | None:
+    """The TMA loads of A and B in bm x bn tiles, B shared by clusters of `cluster` CTAs; None
+    where TMA cannot load them so."""
     try:
-        a = _operand_map(c, c.a, bm, c.M, "A")
-        b = _operand_map(c, c.b, bn, c.N, "B", cluster)
+        a = _operand_load(c, c.a, bm, c.M, "A")
+        b = _operand_load(c, c.b, bn, c.N, "B", cluster)
     except ValueError:        # strides or boxes TMA cannot take
         return None
     return (a, b) if a and b else None
@@ -197,21 +190,19 @@ def applies(task) -> bool:
         return False
     tf32 = c.a.dtype == dtypes.float32 and bool(task.attrs.get("allow_tf32"))
     return ((c.a.dtype.is_16bit_float or tf32)
-            and _maps(c, 64, 64) is not None and _maps(c, 256, 256) is not None)
+            and _loads(c, 64, 64) is not None and _loads(c, 256, 256) is not None)
 
 
 def render(task, **knobs) -> CudaProgram:
     """The engine's program for `task` at the setting `knobs` (`GemmKnobs`' fields)."""
     c: Contraction = match_contraction(task)
     k = GemmKnobs(**knobs)
-    maps = _maps(c, k.BM, k.BN, k.CLUSTER)
-    if maps is None:
+    loads = _loads(c, k.BM, k.BN, k.CLUSTER)
+    if loads is None:
         raise ValueError(f"gemm_sm90: B ({c.N} x {c.K}, {c.b.dtype.name}) cannot be shared by clusters of "
                          f"{k.CLUSTER} at BN={k.BN}: an N-contiguous B splits into 64-column boxes, BN / 64 a multiple "
                          "of it")
-    (map_a, load_a, trans_a), (map_b, load_b, trans_b) = maps
-    producer = Producer({"A": map_a, "B": map_b}, "{ uint16_t* dst = as; " + load_a + " } { uint16_t* dst = bs; "
-                        + load_b + " }", (k.BM + k.BN) * BK * 2, trans_a, trans_b)
+    producer = Producer(loads, (k.BM + k.BN) * BK * 2)
     problem = Problem(c.M, c.N, c.K, c.batch_count, c.a.dtype, c.params, c.args, c.epilogue, c.sizes, c.sources,
                       c.output)
     return program("kiln_matmul_sm90", problem, producer, k)

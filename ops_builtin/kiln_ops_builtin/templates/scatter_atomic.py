@@ -24,8 +24,10 @@ Takes the operators' own tasks (`own_task`) of x of float32, float64, float16, b
 and int64; 8- and 16-bit integers, bool and 0-d x keep the gathering definitions.
 
 The kernels are in `cuda/scatter_atomic_counts.cuh` (only where the program counts) and
-`cuda/scatter_atomic.cuh`, over the program's `kiln_scatter_program` (its sizes, the flags
-as enumerators, the accumulator type and the buffers' accessors) and the hooks above.
+`cuda/scatter_atomic.cuh`, the atomic combination in `cuda/scatter_combine.cuh`
+(`kiln::scatter::combine`), over the program's `kiln_scatter_program` (its sizes, the flags and
+the way of combining as enumerators, the accumulator type, the buffers' accessors and, for a
+compare-and-swap loop, the combination `combined`) and the hooks above.
 """
 from __future__ import annotations
 
@@ -41,15 +43,12 @@ DEFINITIONS = {d.name: d for d in (scatter.scatter_add, scatter.scatter_reduce, 
                                    scatter.index_put, scatter.index_reduce)}
 ACCUMULATORS = {dtypes.float32: dtypes.float32, dtypes.float64: dtypes.float64, dtypes.float16: dtypes.float32,
                 dtypes.bfloat16: dtypes.float32, dtypes.int32: dtypes.int32, dtypes.int64: dtypes.int64}
-BITS = {dtypes.float32: ("unsigned int", "__float_as_uint({})", "__uint_as_float({})"),
-        dtypes.float64: ("unsigned long long", "(unsigned long long)__double_as_longlong({})",
-                         "__longlong_as_double((long long){})"),
-        dtypes.int32: ("unsigned int", "(unsigned int)({})", "(int32_t)({})"),
-        dtypes.int64: ("unsigned long long", "(unsigned long long)({})", "(int64_t)({})")}
 THREADS = 256
+COMBINED = "    static __device__ __forceinline__ Acc combined(Acc a, Acc v) {{ return {}; }}\n"
+_WORDS = {4: "unsigned int", 8: "unsigned long long"}     # an integer product's unsigned type, by size
 
 PROGRAM = """struct kiln_scatter_program {{
-    enum {{ THREADS = {threads}, INCLUDE_SELF = {include_self}, MEAN = {mean} }};
+    enum {{ THREADS = {threads}, INCLUDE_SELF = {include_self}, MEAN = {mean}, COMBINE = kiln::scatter::{combine} }};
     enum : int64_t {{ NUMEL = {numel}, SOURCES = {sources} }};
     using Acc = {acc};
     static __device__ __forceinline__ auto x({params}) {{ return {x}; }}
@@ -60,7 +59,7 @@ PROGRAM = """struct kiln_scatter_program {{
     static __device__ __forceinline__ auto store(Acc v) {{ return {store}; }}
     static __device__ __forceinline__ Acc identity() {{ return {identity}; }}
     static __device__ __forceinline__ Acc divide(Acc a, Acc b) {{ return {divide}; }}
-}};
+{combined}}};
 """
 
 
@@ -81,26 +80,19 @@ def applies(task) -> bool:
     return plan(task) is not None
 
 
-def _combine(how: str, acc: dtypes.DataType, d: CudaDialect) -> str:
-    """`kiln_combine(p, v)`: v combined into *p atomically."""
-    t = d.value_type(acc)
-    head = f"static __device__ __forceinline__ void kiln_combine({t}* p, {t} v) {{\n"
+def _combine(how: str, acc: dtypes.DataType, d: CudaDialect) -> tuple[str, str]:
+    """How a value v is combined into accumulator a (`kiln::scatter::Combine`), and where that
+    is by compare-and-swap, the program's member `combined` (else nothing)."""
     if how in ("sum", "mean"):
-        if acc == dtypes.int64:
-            return head + "    atomicAdd((unsigned long long*)p, (unsigned long long)v);\n}\n"
-        return head + "    atomicAdd(p, v);\n}\n"
+        return "ADD", ""
     if how in ("amax", "amin") and not acc.is_float:
-        return head + f"    atomic{'Max' if how == 'amax' else 'Min'}(p, v);\n}}\n"
-    bits, to_bits, from_bits = BITS[acc]
+        return ("MAX" if how == "amax" else "MIN"), ""
     if how == "prod":
-        combined = "a * v" if acc.is_float else f"({t})(({bits})a * ({bits})v)"
+        word = _WORDS[acc.nbytes]
+        combined = "a * v" if acc.is_float else f"({d.value_type(acc)})(({word})a * ({word})v)"
     else:
         combined = d.binary("max" if how == "amax" else "min", acc, "a", "v", acc)
-    return head + (f"    {bits}* word = ({bits}*)p;\n    {bits} old = *word, seen;\n    do {{\n"
-                   f"        seen = old;\n        const {t} a = {from_bits.format('seen')};\n"
-                   f"        const {bits} next = {to_bits.format(combined)};\n"
-                   "        if (next == seen) return;\n        old = atomicCAS(word, seen, next);\n"
-                   "    } while (old != seen);\n}\n")
+    return "CAS", COMBINED.format(combined)
 
 
 def _hooks(task, scattered, how: str, acc: dtypes.DataType, decl: list[str], d: CudaDialect) -> str:
@@ -159,14 +151,16 @@ def render(task) -> CudaProgram:
         temporaries.append((x.shape, dtypes.int32))
     args = KernelArgs.args(len(task.inputs)) + [KernelArgs.temporary(k) for k in range(len(temporaries))]
     numel, sources = math.prod(x.shape), math.prod(scattered.sources)
+    combine, combined = _combine(how, acc, d)
     program = PROGRAM.format(
         threads=THREADS, numel=numel, sources=sources, include_self=int(include_self), mean=int(how == "mean"),
         acc=d.value_type(acc), params=", ".join(decl),
         x=KernelArgs.input(0), out=KernelArgs.output(0), acc_name=acc_name, counts=counts or "(int*)nullptr",
         load=d.load(x.dtype, "(v)"), store=d.store(x.dtype, "(v)"), identity=_identity(how, acc, d),
-        divide="((a) / (b))" if acc.is_float else "((Acc)kiln_floordiv_i64((a), (b)))")
+        divide="((a) / (b))" if acc.is_float else "((Acc)kiln_floordiv_i64((a), (b)))", combine=combine,
+        combined=combined)
     defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
-    hooks = _combine(how, acc, d) + _hooks(task, scattered, how, acc, decl, d)
+    hooks = _hooks(task, scattered, how, acc, decl, d)
     block = (THREADS, 1, 1)
     names = tuple(args)
     over = lambda kernel, items: Launch(kernel, names, block, items=items, per_block=THREADS)
@@ -175,7 +169,7 @@ def render(task) -> CudaProgram:
     if acc != x.dtype or how == "mean":
         launches.append(over("kiln_scatter_finish", numel))
     files = ("cuda/scatter_atomic_counts.cuh",) * counting + ("cuda/scatter_atomic.cuh",)
-    kernels = [program, device_code(__package__, *files)]
+    kernels = [device_code(__package__, "cuda/scatter_combine.cuh"), program, device_code(__package__, *files)]
     return CudaProgram(template_source(kernels, defines, hooks), launches, temporaries)
 
 

@@ -42,8 +42,10 @@ producer stays until the peer's last releases have arrived before its CTA may ex
 The device code is `cuda/sm90_engine.cuh`: `kiln::sm90::run<P>`, the kernel's body over a
 program struct P that `program` renders (`kiln_sm90_program`): the knobs and what derives from
 them as enumerators, the tensor maps, and the hooks of this instantiation as member functions
-(the producer's copies, the epilogue sources' copies and reads, the vector and TMA stores), then
-the `extern "C"` kernel of a line that calls `run` with its arguments and tensor maps. Knobs:
+(the producer's copies, each operand's a call of `kiln::sm90::load_operand` that `TmaLoad`
+renders; the epilogue sources' copies and reads; the vector hook's stores and the TMA stores'
+packing), then the `extern "C"` kernel of a line that calls `run` with its arguments and tensor
+maps. Knobs:
 `EngineKnobs`, which each template subclasses (`gemm_sm90.GemmKnobs`: its level-0 defaults;
 `conv_sm90.ConvKnobs`: no clusters or TMA stores, its producer's registers).
 """
@@ -95,7 +97,7 @@ LOAD_SOURCES = """\
         {body}
     }}
 """
-# ... what the stores will read of a row pair, VEC outputs through the vector hook, a TMA store's pair and copy
+# ... what the stores will read of a row pair, VEC outputs through the vector hook, a TMA store's pair
 FETCH = """\
     static __device__ __forceinline__ void fetch(PARAMS, const unsigned char* tiles, int64_t b, int64_t m, int64_t n,
                                                  kiln_fetched& f, int at) {{
@@ -108,13 +110,10 @@ STORE_V = """\
         kiln_epilogue_v(ARGS, b, m, n, v{tiles});
     }}
 """
-TMA_STORES = """\
-    static __device__ __forceinline__ uint32_t pack2(PARAMS, int64_t b, int64_t m, int64_t n, float v0, float v1) {{
+PACK2 = """\
+    static __device__ __forceinline__ uint32_t pack2(PARAMS, int64_t b, int64_t m, int64_t n, float v0, float v1) {
         return kiln_epilogue2_packed(ARGS, b, m, n, v0, v1);
-    }}
-    static __device__ __forceinline__ void store_tile(const Maps& maps, const void* tile, int x, int y, int bz) {{
-        {body};
-    }}
+    }
 """
 
 
@@ -200,32 +199,54 @@ class EngineKnobs(Knobs):
         return max(1, min(free // 16 - 1, self.BN // 32 - 1, 3))
 
 
+@dataclass(frozen=True)
+class TmaLoad:
+    """Thread 0's TMA copy of operand `operand`'s ("A" or "B") tile into its stage through tensor
+    map `map` (`kiln::sm90::load_operand`): K-major, one box of `part` rows; MN-major (`trans`,
+    wgmma's transpose bit), `part` boxes of 64 rows. Where a cluster of `parts` CTAs shares the
+    tile, each copies its part into every CTA's stage by multicast. `batch`: the C of the map's
+    batch coordinates, from the tile's flat batch `bz`."""
+
+    operand: str
+    map: TensorMapArg
+    part: int
+    trans: int = 0
+    parts: int = 1
+    batch: tuple[str, ...] = ()
+
+    def call(self) -> str:
+        """The C of the copy in the program's member `load`."""
+        stage, x0 = ("as", "m0") if self.operand == "A" else ("bs", "n0")
+        args = ", ".join((stage, f"maps.{self.operand}", "bar", "k0", f"(int){x0}", "rank") + self.batch)
+        return f"kiln::sm90::load_operand<{self.trans}, {self.part}, {self.parts}>({args});"
+
+
 @dataclass
 class Producer:
-    """How the producer warpgroup fills a ring slot: the body of the program's member `load`
-    (its parameters: `as`, `bs`, the slot's A and B tiles; `bar`, its full barrier; `k0`, the
-    slice's first k; `m0`, `n0`, the tile's corner; `bz`, its flat batch; `rank`, the CTA's in
-    its cluster; `maps`, the tensor maps, `maps.{name}` for each of `maps`; the kernel's
-    parameters).
+    """How the producer warpgroup fills a ring slot. Thread 0 expects `tma_bytes` and issues
+    `loads` (one per operand that TMA loads: the program's member `load`). With `threads` > 1,
+    each of them also keeps a `Gather` (the program's member type, declared by `members`:
+    constructed from (tid, m0, ARGS) once per tile, called with (as, k0, bar, ARGS) per slot,
+    ending with one `kiln_bar_arrive_cp_async(bar)` per thread). `regs` is the producer's
+    register budget; `enums` (the program's enumerators), `members` and `source` (device code
+    ahead of the program) go with the program."""
 
-    Thread 0 expects `tma_bytes` and runs `tma` (TMA copies). With `threads` > 1, each of them
-    also keeps a `Gather` (the program's member type, declared by `members`: constructed from
-    (tid, m0, ARGS) once per tile, called with (as, k0, bar, ARGS) per slot, ending with one
-    `kiln_bar_arrive_cp_async(bar)` per thread). `trans_a`/`trans_b` are 1 for an MN-major tile
-    (wgmma's transpose bit). `regs` is the producer's register budget; `enums` (the program's
-    enumerators), `members` and `source` (device code ahead of the program) go with the
-    program."""
-
-    maps: dict[str, TensorMapArg]
-    tma: str
+    loads: tuple[TmaLoad, ...]
     tma_bytes: int
-    trans_a: int = 0
-    trans_b: int = 0
     threads: int = 1
     regs: int = 40
     enums: dict = field(default_factory=dict)
     members: str = "    using Gather = kiln::sm90::NoGather;\n"
     source: str = ""
+
+    @property
+    def maps(self) -> dict[str, TensorMapArg]:
+        """The loads' tensor maps by operand."""
+        return {load.operand: load.map for load in self.loads}
+
+    def trans(self, operand: str) -> int:
+        """1 where `operand`'s stage is MN-major (wgmma's transpose bit)."""
+        return next((load.trans for load in self.loads if load.operand == operand), 0)
 
 
 def k_block(dtype: DataType) -> int:
@@ -294,12 +315,12 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
     vec, vector_hook = _vector_epilogue(p, knobs.SPLIT, sources)
     out_map = output_map(p) if knobs.TMA_STORE and knobs.SPLIT == 1 and not sources else None
     if out_map:
-        maps["O"] = out_map[0]
+        maps["O"] = out_map
     fetches = bool(sources) or knobs.SPLIT == 1
     enums = {
         "BM": ring.BM, "BN": ring.BN, "BK": BK, "KB": kb, "EPI_LD": EPI_LD, "CW": ring.CW, "MI": ring.MI, "PP": ring.PP,
         "STAGES": ring.STAGES, "GROUP": ring.GROUP, "FETCH": ring.FETCH or ring.fetch_depth(producer.regs),
-        "CLUSTER": ring.CLUSTER, "TRANS_A": producer.trans_a, "TRANS_B": producer.trans_b,
+        "CLUSTER": ring.CLUSTER, "TRANS_A": producer.trans("A"), "TRANS_B": producer.trans("B"),
         "SWIZZLE_ATOM": SWIZZLE_ATOM, "MN_LBO": MN_LBO, "PRODUCERS": producer.threads, "GATHERED": int(gathered),
         "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "TMA_BYTES": producer.tma_bytes, "PRODUCER_REGS": producer.regs,
@@ -307,11 +328,14 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
         "SRC_BYTES": ring.source_bytes(sources), "FETCHES": int(fetches), "VEC": vec, "TMA_STORE": int(bool(out_map)),
         **producer.enums,
     }
-    members = producer.members + LOAD.format(body=producer.tma) + _source_members(sources, ring, fetches)
+    if out_map:
+        enums["O_BATCHED"] = int(len(out_map.dims) > 2)
+    members = (producer.members + LOAD.format(body=" ".join(load.call() for load in producer.loads))
+               + _source_members(sources, ring, fetches))
     if vec:
         members += STORE_V.format(tiles=", at, " + _source_tiles(sources, ring) if sources else "")
     if out_map:
-        members += TMA_STORES.format(body=out_map[1])
+        members += PACK2
     rendered = PROGRAM.format(enums=", ".join(f"{name} = {v}" for name, v in enums.items()),
                               maps=", ".join(f"*{name}" for name in maps), members=members,
                               threads=128 * (ring.CW + 1), kernel=kernel,
@@ -319,7 +343,7 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
                               map_args=", ".join(f"&tm{name}" for name in maps))
     defines = {"M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args, **sk.defines}
     groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA, ptx.CLUSTER]
-    source = template_source([wgmma(ring.BN, p.dtype, producer.trans_a, producer.trans_b), producer.source,
+    source = template_source([wgmma(ring.BN, p.dtype, producer.trans("A"), producer.trans("B")), producer.source,
                               sk.stores, device_code(__package__, "cuda/sm90_engine.cuh"), rendered, sk.source],
                              defines, p.epilogue + vector_hook, ptx=groups)
     units = int(-(-p.M // (ring.BM * ring.CLUSTER)) * -(-p.N // ring.BN) * p.batch * ring.SPLIT)
@@ -330,9 +354,9 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
                        sizes=p.sizes.values)
 
 
-def output_map(p: Problem) -> tuple[TensorMapArg, str] | None:
-    """The output as a tensor map of 16 x 64 boxes (128-byte swizzled) and the C of one box's
-    store from shared memory `tile` at column x, row y of batch bz (the program's `store_tile`),
+def output_map(p: Problem) -> TensorMapArg | None:
+    """The output as a tensor map of 16 x 64 boxes (128-byte swizzled), with a batch dimension
+    where the batch has a stride (`kiln::sm90::store_tile` stores a box),
     where the output is 16-bit, its element (b, m, n) at b * sb + m * sm + n for fixed sizes, N
     even and the strides multiples of 16 bytes; else None."""
     o = p.output
@@ -353,8 +377,7 @@ def output_map(p: Problem) -> tuple[TensorMapArg, str] | None:
         return None
     dims = (p.N, p.M) + ((int(p.batch),) if batched else ())
     strides = (1, sm) + ((sb,) if batched else ())
-    arg = TensorMapArg(KernelArgs.output(0), o.out.dtype, dims, strides, (64, 16) + (1,) * (len(dims) - 2))
-    return arg, f"kiln_tma_store_{len(dims)}d(maps.O, tile, x, y{', (int)bz' if batched else ''})"
+    return TensorMapArg(KernelArgs.output(0), o.out.dtype, dims, strides, (64, 16) + (1,) * (len(dims) - 2))
 
 
 

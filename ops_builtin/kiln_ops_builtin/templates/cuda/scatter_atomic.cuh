@@ -11,7 +11,11 @@
 //   acc(ARGS), counts(ARGS)     the accumulators and the counts (the output or temporaries)
 //   load_x(v), store(v)         an element of x as a value, an accumulator as an output element
 //   identity(), divide(a, b)    the reduction's identity, a mean's division
-// and the hooks kiln_target(ARGS, s), kiln_value(ARGS, s), kiln_combine(p, v), PARAMS and ARGS.
+//   COMBINE, combined(a, v)     how a value is combined into an accumulator (kiln::scatter::Combine),
+//                               and with CAS the combination of accumulator a and value v
+// scatter_combine.cuh's kiln::scatter::combine, and the hooks kiln_target(ARGS, s), kiln_value(ARGS, s),
+// PARAMS and ARGS.
+
 extern "C" __global__ void __launch_bounds__(kiln_scatter_program::THREADS) kiln_scatter_init(PARAMS) {
     using P = kiln_scatter_program;
     for (int64_t p = (int64_t)blockIdx.x * P::THREADS + threadIdx.x; p < P::NUMEL; p += (int64_t)gridDim.x * P::THREADS) {
@@ -25,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(kiln_scatter_program::THREADS) kiln
 extern "C" __global__ void __launch_bounds__(kiln_scatter_program::THREADS) kiln_scatter_apply(PARAMS) {
     using P = kiln_scatter_program;
     for (int64_t s = (int64_t)blockIdx.x * P::THREADS + threadIdx.x; s < P::SOURCES; s += (int64_t)gridDim.x * P::THREADS)
-        kiln_combine(&P::acc(ARGS)[kiln_target(ARGS, s)], kiln_value(ARGS, s));
+        kiln::scatter::combine<P>(&P::acc(ARGS)[kiln_target(ARGS, s)], kiln_value(ARGS, s));
 }
 
 extern "C" __global__ void __launch_bounds__(kiln_scatter_program::THREADS) kiln_scatter_finish(PARAMS) {

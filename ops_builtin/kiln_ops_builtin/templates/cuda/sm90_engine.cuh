@@ -24,10 +24,12 @@
 //                          (as, k0, bar, KERNEL_ARGS) filling slot `as` at k0 and arriving on bar
 //                          (NoGather where thread 0 loads by TMA alone)
 //   load(as, bs, bar, k0, m0, n0, bz, rank, maps, KERNEL_ARGS)   thread 0's TMA copies of a slot
+//                          (load_operand's, one per operand that TMA loads)
 //   load_sources(tiles, bar, m0, n0, maps)                thread 0's copies of the source tiles
 //   fetch(KERNEL_ARGS, tiles, b, m, n, f, at)      what the stores will read of a row pair, into f
 //   store_v(KERNEL_ARGS, tiles, b, m, n, v, at)    VEC outputs through the vector hook
-//   pack2(KERNEL_ARGS, b, m, n, v0, v1), store_tile(maps, tile, x, y, bz)   TMA stores' packing and copy
+//   O_BATCHED, pack2(KERNEL_ARGS, b, m, n, v0, v1)   with TMA_STORE: whether the output map has a batch
+//                          dimension, and the packing of an output pair
 // (`tiles`: the buffer of staged source tiles; `at`: the element's place in a tile).
 
 extern __shared__ unsigned char kiln_smem_raw[];   // the ring, the source tiles, the barriers, the staging blocks
@@ -39,6 +41,46 @@ struct NoGather {
     __device__ __forceinline__ NoGather(int, int64_t, PARAMS) {}
     __device__ __forceinline__ void operator()(uint16_t*, int, uint64_t*, PARAMS) const {}
 };
+
+// One TMA box copy at coordinates (c0, c1, batch..) into `dst`, completing on `bar`; with CTAS
+// (a mask of a cluster's CTAs) multicast into each of them.
+template <int CTAS, class... Batch>
+static __device__ __forceinline__ void tma_box(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                               Batch... batch) {
+    if constexpr (CTAS == 0)
+        kiln_tma(dst, map, bar, c0, c1, batch...);
+    else
+        kiln_tma_multicast(dst, map, bar, CTAS, c0, c1, batch...);
+}
+
+// Thread 0's TMA copies of an operand's tile at row x0 (of M or N) and k0 into its stage `dst`,
+// completing on `bar`: K-major (TRANS = 0), one box of the k-slice and PART rows; MN-major
+// (TRANS = 1), PART boxes of 64 rows (MN_LBO bytes apart). In a cluster of PARTS CTAs sharing the
+// tile, CTA `rank` copies part `rank` into every CTA's stage by multicast. `batch`: the
+// coordinates of the map's batch dimensions.
+template <int TRANS, int PART, int PARTS, class... Batch>
+static __device__ __forceinline__ void load_operand(uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int k0,
+                                                    int x0, int rank, Batch... batch) {
+    constexpr int CTAS = PARTS == 1 ? 0 : (1 << PARTS) - 1, ROW = 64;   // ROW: 16-bit units of a stage's row
+    if constexpr (TRANS) {
+        const int first = PARTS == 1 ? 0 : rank * PART;
+        for (int j = first; j < first + PART; ++j) tma_box<CTAS>(dst + j * 64 * ROW, map, bar, x0 + j * 64, k0, batch...);
+    } else if constexpr (PARTS == 1) {
+        tma_box<CTAS>(dst, map, bar, k0, x0, batch...);
+    } else {
+        tma_box<CTAS>(dst + rank * PART * ROW, map, bar, k0, x0 + rank * PART, batch...);
+    }
+}
+
+// The TMA store of a warp's 16 x 64 output block `tile` at column x, row y (of flat batch bz where
+// the output map has a batch dimension, O_BATCHED).
+template <class P>
+static __device__ __forceinline__ void store_tile(const CUtensorMap* map, const void* tile, int x, int y, int bz) {
+    if constexpr (P::O_BATCHED)
+        kiln_tma_store_3d(map, tile, x, y, bz);
+    else
+        kiln_tma_store_2d(map, tile, x, y);
+}
 
 // A work unit: split ks of the tile at (m0, n0) of flat batch bz, k-tiles kt0 .. kt1 - 1.
 struct Unit {
@@ -250,7 +292,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     __syncwarp();
                     if (lane == 0) {
-                        P::store_tile(maps, packed, (int)(n0 + q * 64), (int)(m0 + (SLAB + i) * 64 + w * 16), bz);
+                        store_tile<P>(maps.O, packed, (int)(n0 + q * 64), (int)(m0 + (SLAB + i) * 64 + w * 16), bz);
                         kiln_bulk_commit();
                     }
                 }
