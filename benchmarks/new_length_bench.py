@@ -1,0 +1,103 @@
+"""What a new sequence length costs: the first call of a compiled GPT-2 at each of several new
+lengths, Kiln against Inductor, in one process (issue 33: sizes as run-time arguments, so that a
+new length builds no kernel).
+
+GPT-2 small (transformers, random weights, `--dtype` float16 by default) at batch 1 is compiled
+at the first length of `--lengths`, then called at each of the others in turn: dynamo traces
+again with symbolic sizes at the second length, and each backend compiles what it needs. Reported
+per backend and length: the seconds of the first call at that length (synchronized), the
+milliseconds of a later call, and for Kiln the kernels it built during that first call (the
+`kiln` log's kernel cache misses). Run it with empty caches (`KILN_CACHE_DIR` and
+`TORCHINDUCTOR_CACHE_DIR` pointing at new folders) to see what a user's first run costs.
+
+    python benchmarks/new_length_bench.py [--lengths 128 96 160 200 64 256 320] [--dtype float16]
+        [--backends inductor kiln] [--device cuda] [--layers 12] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+import warnings
+
+import torch
+
+
+class _Builds(logging.Handler):
+    """Counts the kernels the `kiln` log says were built (kernel cache misses)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record):
+        if record.getMessage().startswith("kernel cache miss: building"):
+            self.count += 1
+
+
+def gpt2(dtype, device: str, layers: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, use_cache=False)
+    return config, GPT2LMHeadModel(config).to(device, dtype).eval()
+
+
+def first_and_later(fn, ids) -> tuple[float, float]:
+    """(seconds of the first call, milliseconds of a later one) of `fn(ids)`."""
+    synchronize = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    fn(ids)
+    synchronize()
+    first = time.perf_counter() - start
+    for _ in range(3):
+        fn(ids)
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        fn(ids)
+    synchronize()
+    return first, (time.perf_counter() - start) / 10 * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[128, 96, 160, 200, 64, 256, 320])
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--backends", nargs="+", default=["inductor", "kiln"], choices=["inductor", "kiln"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--json", help="write the rows to this file")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    config, model = gpt2(getattr(torch, args.dtype), args.device, args.layers)
+    builds = _Builds()
+    kiln_log = logging.getLogger("kiln")
+    kiln_log.addHandler(builds)
+    kiln_log.setLevel(logging.INFO)
+    rows = []
+    with torch.no_grad():
+        for backend in args.backends:
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend=backend)
+            for length in args.lengths:
+                ids = torch.randint(0, config.vocab_size, (1, length), device=args.device)
+                built = builds.count
+                first, later = first_and_later(lambda x: compiled(x).logits, ids)
+                row = {"backend": backend, "length": length, "first_call_s": first, "call_ms": later}
+                if backend == "kiln":
+                    row["kernels_built"] = builds.count - built
+                rows.append(row)
+                extra = f"  {row['kernels_built']} kernels built" if "kernels_built" in row else ""
+                print(f"{backend:<9} length {length:4d}  first call {first:7.3f} s  later {later:8.3f} ms{extra}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+                       "torch": torch.__version__, "dtype": args.dtype, "layers": args.layers, "rows": rows},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
