@@ -42,6 +42,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -201,13 +202,14 @@ def content_key(*parts: str) -> str:
     return h.hexdigest()
 
 
-def _checksum(data: bytes) -> str:
+def _checksum(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_own_file(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of regular file `name` in `dir_fd`, read through one descriptor, if it is the
-    user's own and writable by no one else; else None (missing, a link, a directory, foreign)."""
+def _read_own_file(dir_fd: int, name: str) -> memoryview | None:
+    """The bytes of regular file `name` in `dir_fd`, read through one descriptor into new
+    page-aligned memory, if it is the user's own and writable by no one else; else None
+    (missing, a link, a directory, foreign, or shorter than it was when opened)."""
     try:
         fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
     except OSError:
@@ -216,20 +218,25 @@ def _read_own_file(dir_fd: int, name: str) -> bytes | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
             return None
+        if info.st_size == 0:
+            return memoryview(b"")
+        memory = mmap.mmap(-1, info.st_size)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            if f.readinto(memory) != info.st_size:
+                return None
+        return memoryview(memory)
     finally:
         os.close(fd)
 
 
-def _verified(dir_fd: int, key: str, suffix: str) -> bytes | None:
+def _verified(dir_fd: int, key: str, suffix: str) -> memoryview | None:
     """The entry's bytes if its record names `key` and their checksum; else None."""
     data = _read_own_file(dir_fd, key + suffix)
     record = _read_own_file(dir_fd, key + ".json")
     if data is None or record is None:
         return None
     try:
-        fields = json.loads(record)
+        fields = json.loads(bytes(record))
         ok = fields["key"] == key and fields["sha256"] == _checksum(data)
     except (ValueError, KeyError, TypeError):
         return None
@@ -367,9 +374,9 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
     return _private_copy(key, suffix, data)
 
 
-def read_entry(kind: str, key: str, suffix: str) -> bytes | None:
+def read_entry(kind: str, key: str, suffix: str) -> memoryview | None:
     """The bytes of the entry `key` of `kind` where it is there and verified (see the module's
-    docstring), else None. A hit refreshes the entry's time, so that `evict` removes the least
+    docstring), in new page-aligned writable memory of the caller's own, else None. A hit refreshes the entry's time, so that `evict` removes the least
     recently used entries first."""
     try:
         with _entry_folder(kind, key) as (fd, _):

@@ -8,7 +8,8 @@ cache (built again only where that lost them). An entry holds:
 - the plan, whose constants are either the caller's own tensors (parameters the compiled graph
   reads as they are: each hit binds the caller's, sharing memory) or tensors computed while
   compiling (folded batch norms, merged weights), stored (those on the CPU as raw bytes beside
-  the pickled record, `kiln.frontend.torch.packed_entry`, read back by one copy each);
+  the pickled record, `kiln.frontend.torch.packed_entry`, read back as views of the entry's
+  bytes, copying nothing);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
