@@ -59,6 +59,25 @@ def test_non_contiguous_constants():
     assert_close(compiled.run([x])[0], x @ w + x @ wt, atol=1e-4, rtol=1e-4)
 
 
+def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepared_one_by_one():
+    ws, x = [rand((70, 41 + 8 * k)) for k in range(4)], rand((29, 70))
+    build = lambda x, *ws: [kiln.ops.matmul(x, w) for w in ws]
+    threads = torch.get_num_threads()
+    try:
+        forms = []
+        for count in (4, 1):
+            torch.set_num_threads(count)
+            # fresh weights each time: a weight's form, once prepared, is reused
+            compiled = _compiled(lambda x, *ws: kiln.ops.concat(build(x, *ws), 1), x, [w.clone() for w in ws])
+            assert _entries(compiled).count("kiln_kernel_prepared") == len(ws)
+            forms.append([compiled.constants[step.inputs[-1]] for step in compiled.steps
+                          if step.kernel.kernel.program.entry == "kiln_kernel_prepared"])
+            assert_close(compiled.run([x])[0], torch.cat([x @ w for w in ws], 1), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*forms))
+
+
 def test_batched_matmul_constant_broadcast_and_per_batch():
     """A B shared by every batch is laid out once; a B that differs by batch is not prepared."""
     shared, per_batch, x = rand((33, 45)), rand((3, 33, 45)), rand((3, 19, 33))

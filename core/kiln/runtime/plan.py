@@ -16,6 +16,7 @@ runtime's own data classes only, nothing that runs code while it is read.
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,11 +53,11 @@ class Plan:
     def assemble(self, kernels: Sequence[DeviceKernel] | None = None) -> CompiledGraph:
         """The CompiledGraph running `kernels` (one per step, the plan's own by default, see
         `load_kernels`), each constant a kernel lays out once prepared now for it (one more
-        constant slot that the step reads)."""
+        constant slot that the step reads; several prepared at once, see `_each_prepared`)."""
         kernels = self.load_kernels() if kernels is None else kernels
         buffers, constants, steps = list(self.buffers), dict(self.constants), []
-        for kernel, (ins, outs) in zip(kernels, self.steps):
-            prepared = kernel.prepared([constants.get(s) for s in ins])
+        found = _each_prepared(kernels, [[self.constants.get(s) for s in ins] for ins, _ in self.steps])
+        for kernel, (ins, outs), prepared in zip(kernels, self.steps, found):
             if prepared is not None:
                 kernel, form = prepared
                 constants[len(buffers)] = form
@@ -64,6 +65,18 @@ class Plan:
                 buffers.append(Buffer(tuple(form.shape), form.dtype, form.device))
             steps.append(Step(kernel, tuple(ins), tuple(outs)))
         return CompiledGraph(steps, buffers, self.inputs, self.outputs, constants, plan=self)
+
+
+def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> list:
+    """`kernel.prepared(its constants)` for each kernel, on torch's number of threads, each
+    preparation by one thread: one is a copy of some megabytes, less than what a parallel region
+    costs where the threads must wait for cores (a machine busy with other work)."""
+    prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
+    workers = min(torch.get_num_threads(), len(kernels))
+    if workers <= 1:
+        return [prepare(k) for k in range(len(kernels))]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(prepare, range(len(kernels))))
 
 
 SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelCheck,
