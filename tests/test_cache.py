@@ -307,6 +307,22 @@ def test_an_entry_is_read_into_writable_page_aligned_memory_of_its_own(cache_roo
     assert cache.read_entry("graphs", key, ".plan") is None
 
 
+def test_a_large_entry_is_checked_in_parts_and_a_change_in_any_part_is_found(cache_root):
+    key, payload = "ba" * 32, os.urandom(3 * cache._PART + 1000)
+    cache.write_entry("graphs", key, ".plan", payload)
+    record = json.loads(only_entry(cache_root / "graphs", ".json").read_text())
+    parts = b"".join(hashlib.sha256(payload[k:k + cache._PART]).digest() for k in range(0, len(payload), cache._PART))
+    assert record["sha256"] == "parts " + hashlib.sha256(parts).hexdigest()
+    assert cache.read_entry("graphs", key, ".plan") == payload
+    for at in (0, 2 * cache._PART + 5, len(payload) - 1):
+        changed = bytearray(payload)
+        changed[at] ^= 1
+        only_entry(cache_root / "graphs", ".plan").write_bytes(changed)
+        assert cache.read_entry("graphs", key, ".plan") is None
+    only_entry(cache_root / "graphs", ".plan").write_bytes(payload + b"x")
+    assert cache.read_entry("graphs", key, ".plan") is None
+
+
 def test_evict_removes_the_least_recently_used_entries_beyond_a_size(cache_root):
     keys = [f"{k:02d}" * 32 for k in range(4)]
     for age, key in enumerate(keys):

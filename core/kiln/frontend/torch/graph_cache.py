@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+
+import torch
 
 from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
@@ -123,4 +126,10 @@ def limit() -> int:
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:
-    return [tensor_digest(args[k]) for k in positions]
+    """The hashes of the constants at `positions`, several at once on torch's threads (hashing
+    lets other threads run)."""
+    workers = min(torch.get_num_threads(), len(positions))
+    if workers <= 1:
+        return [tensor_digest(args[k]) for k in positions]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda k: tensor_digest(args[k]), positions))
