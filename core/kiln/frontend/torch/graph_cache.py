@@ -50,6 +50,7 @@ from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
+_AT_ONCE = 1 << 22      # fewer bytes are hashed sooner than threads start
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
@@ -126,10 +127,10 @@ def limit() -> int:
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:
-    """The hashes of the constants at `positions`, several at once on torch's threads (hashing
-    lets other threads run)."""
+    """The hashes of the constants at `positions`, several at once on torch's threads where
+    they hold more than `_AT_ONCE` bytes (hashing lets other threads run)."""
     workers = min(torch.get_num_threads(), len(positions))
-    if workers <= 1:
+    if workers <= 1 or sum(args[k].nbytes for k in positions) <= _AT_ONCE:
         return [tensor_digest(args[k]) for k in positions]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda k: tensor_digest(args[k]), positions))
