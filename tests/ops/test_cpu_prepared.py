@@ -59,7 +59,12 @@ def test_non_contiguous_constants():
     assert_close(compiled.run([x])[0], x @ w + x @ wt, atol=1e-4, rtol=1e-4)
 
 
-def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepared_one_by_one():
+def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepared_one_by_one(monkeypatch):
+    from kiln.runtime import plan
+
+    monkeypatch.setattr(plan, "_AT_ONCE", 0)        # threads for these few bytes too
+    calls = []
+    monkeypatch.setattr(plan, "ThreadPoolExecutor", lambda n, make=plan.ThreadPoolExecutor: calls.append(n) or make(n))
     ws, x = [rand((70, 41 + 8 * k)) for k in range(4)], rand((29, 70))
     build = lambda x, *ws: [kiln.ops.matmul(x, w) for w in ws]
     threads = torch.get_num_threads()
@@ -75,7 +80,7 @@ def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepare
             assert_close(compiled.run([x])[0], torch.cat([x @ w for w in ws], 1), atol=1e-4, rtol=1e-4)
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(*forms))
+    assert all(torch.equal(a, b) for a, b in zip(*forms)) and calls and calls[0] > 1
 
 
 def test_batched_matmul_constant_broadcast_and_per_batch():

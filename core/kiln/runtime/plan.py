@@ -72,15 +72,22 @@ _AT_ONCE = 1 << 22      # fewer bytes are laid out sooner than threads start
 
 def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> list:
     """`kernel.prepared(its constants)` for each kernel, each preparation by one thread, on
-    torch's number of threads where the constants hold more than `_AT_ONCE` bytes: one is a
-    copy of some megabytes, less than what a parallel region costs where the threads must wait
-    for cores (a machine busy with other work)."""
+    torch's number of threads where the constants to prepare hold more than `_AT_ONCE` bytes:
+    one is a copy of some megabytes, less than what a parallel region costs where the threads
+    must wait for cores (a machine busy with other work)."""
     prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
     workers = min(torch.get_num_threads(), len(kernels))
-    if workers <= 1 or sum(c.nbytes for step in constants for c in step if c is not None) <= _AT_ONCE:
+    if workers <= 1 or _preparing_bytes(kernels, constants) <= _AT_ONCE:
         return [prepare(k) for k in range(len(kernels))]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(prepare, range(len(kernels))))
+
+
+def _preparing_bytes(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> int:
+    """The bytes of the constants that the kernels' preparations lay out."""
+    found = [(getattr(getattr(kernel.kernel, "program", None), "preparation", None), step)
+             for kernel, step in zip(kernels, constants)]
+    return sum(step[p.input].nbytes for p, step in found if p is not None and step[p.input] is not None)
 
 
 SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelCheck,
