@@ -83,6 +83,24 @@ def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepare
     assert all(torch.equal(a, b) for a, b in zip(*forms)) and calls and calls[0] > 1
 
 
+def test_a_weight_read_by_two_steps_prepared_at_once_is_laid_out_once(monkeypatch):
+    from kiln.runtime import plan
+
+    monkeypatch.setattr(plan, "_AT_ONCE", 0)
+    w, x = rand((70, 53)), rand((29, 70))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        compiled = _compiled(lambda x, w: kiln.ops.concat([kiln.ops.matmul(x, w), kiln.ops.matmul(x * 2.0, w)], 1),
+                             x, [w])
+    finally:
+        torch.set_num_threads(threads)
+    forms = [compiled.constants[step.inputs[-1]] for step in compiled.steps
+             if step.kernel.kernel.program.entry == "kiln_kernel_prepared"]
+    assert len(forms) == 2 and forms[0] is forms[1]
+    assert_close(compiled.run([x])[0], torch.cat([x @ w, (x * 2.0) @ w], 1), atol=1e-4, rtol=1e-4)
+
+
 def test_batched_matmul_constant_broadcast_and_per_batch():
     """A B shared by every batch is laid out once; a B that differs by batch is not prepared."""
     shared, per_batch, x = rand((33, 45)), rand((3, 33, 45)), rand((3, 19, 33))

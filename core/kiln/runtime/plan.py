@@ -74,13 +74,22 @@ def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.T
     """`kernel.prepared(its constants)` for each kernel, each preparation by one thread, on
     torch's number of threads where the constants to prepare hold more than `_AT_ONCE` bytes:
     one is a copy of some megabytes, less than what a parallel region costs where the threads
-    must wait for cores (a machine busy with other work)."""
+    must wait for cores (a machine busy with other work). A step reading a constant that an
+    earlier step reads too is prepared after the others, so that it finds a form laid out
+    already for the same kernel instead of laying out its own at the same time."""
     prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
     workers = min(torch.get_num_threads(), len(kernels))
     if workers <= 1 or _preparing_bytes(kernels, constants) <= _AT_ONCE:
         return [prepare(k) for k in range(len(kernels))]
+    seen, first, later = set(), [], []
+    for k, step in enumerate(constants):
+        read = {id(c) for c in step if c is not None}
+        (later if read & seen else first).append(k)
+        seen |= read
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(prepare, range(len(kernels))))
+        found = dict(zip(first, pool.map(prepare, first)))
+    found.update((k, prepare(k)) for k in later)
+    return [found[k] for k in range(len(kernels))]
 
 
 def _preparing_bytes(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> int:
