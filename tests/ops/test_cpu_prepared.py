@@ -75,12 +75,24 @@ def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepare
             # fresh weights each time: a weight's form, once prepared, is reused
             compiled = _compiled(lambda x, *ws: kiln.ops.concat(build(x, *ws), 1), x, [w.clone() for w in ws])
             assert _entries(compiled).count("kiln_kernel_prepared") == len(ws)
+            assert torch.get_num_threads() == count, "the caller's threads stay as they were"
             forms.append([compiled.constants[step.inputs[-1]] for step in compiled.steps
                           if step.kernel.kernel.program.entry == "kiln_kernel_prepared"])
             assert_close(compiled.run([x])[0], torch.cat([x @ w for w in ws], 1), atol=1e-4, rtol=1e-4)
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(*forms)) and calls and calls[0] > 1
+
+
+def test_a_graph_prepared_in_the_calling_thread_leaves_torchs_threads_as_they_were():
+    w, x = rand((70, 53)), rand((29, 70))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _compiled(kiln.ops.matmul, x, [w])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_weight_read_by_two_steps_prepared_at_once_is_laid_out_once(monkeypatch):

@@ -71,16 +71,19 @@ _AT_ONCE = 1 << 22      # fewer bytes are laid out sooner than threads start
 
 
 def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> list:
-    """`kernel.prepared(its constants)` for each kernel, each preparation by one thread, on
-    torch's number of threads where the constants to prepare hold more than `_AT_ONCE` bytes:
-    one is a copy of some megabytes, less than what a parallel region costs where the threads
-    must wait for cores (a machine busy with other work). A step reading a constant that an
-    earlier step reads too is prepared after the others, so that it finds a form laid out
-    already for the same kernel instead of laying out its own at the same time."""
-    prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
+    """`kernel.prepared(its constants)` for each kernel; where the constants to prepare hold
+    more than `_AT_ONCE` bytes, several at once on torch's number of threads, each by one
+    thread: one is a copy of some megabytes, less than what a parallel region costs where the
+    threads must wait for cores (a machine busy with other work). A step reading a constant
+    that an earlier step reads too is prepared after the others, in the calling thread, so that
+    it finds a form laid out already for the same kernel instead of laying out its own at the
+    same time."""
     workers = min(torch.get_num_threads(), len(kernels))
     if workers <= 1 or _preparing_bytes(kernels, constants) <= _AT_ONCE:
-        return [prepare(k) for k in range(len(kernels))]
+        return [kernel.prepared(step) for kernel, step in zip(kernels, constants)]
+    # one OpenMP thread in the pool's threads alone: the setting is the calling thread's, and
+    # torch's number of threads is the caller's
+    prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
     seen, first, later = set(), [], []
     for k, step in enumerate(constants):
         read = {id(c) for c in step if c is not None}
@@ -88,7 +91,7 @@ def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.T
         seen |= read
     with ThreadPoolExecutor(workers) as pool:
         found = dict(zip(first, pool.map(prepare, first)))
-    found.update((k, prepare(k)) for k in later)
+    found.update((k, kernels[k].prepared(constants[k])) for k in later)
     return [found[k] for k in range(len(kernels))]
 
 
