@@ -25,13 +25,14 @@ Each measurement is repeated (`--repeats`, a fresh cold cache each time); the me
 least of each are reported, with the machine's load average before and after (other processes
 only add time). `--trees LABEL=PYTHONPATH ...` measures several checkouts of Kiln (before and
 after a change) in turn within each repeat, each with caches of its own, so that a drift of the
-machine touches all alike.
+machine touches all alike. `--warm-only` times `kiln-warm` alone: each tree's caches are filled
+once (a cold compile, untimed), then its warm hits alternate with the other trees' in each repeat.
 Models, with random weights, inference: a small BERT (transformers' BertModel, hidden 128,
 2 layers, 32 tokens, batch 2), a GPT-2-shaped model (transformers' GPT2Model, width 128,
 2 layers, 32 tokens, batch 1) and ResNet-18 (batch 1, 224x224, defined in cpu_bench.py).
 
     python benchmarks/compile_bench.py [--models bert gpt2 resnet18] [--repeats 3] [--inductor]
-        [--trees before=PATH after=PATH] [--json out.json]
+        [--trees before=PATH after=PATH] [--warm-only] [--json out.json]
 """
 from __future__ import annotations
 
@@ -147,9 +148,12 @@ def breakdown(spent: dict[str, float]) -> dict[str, float]:
     return parts
 
 
-def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | None]) -> dict:
+def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | None], warm_only: bool = False) -> dict:
     """The median and least seconds of each measurement of the module's docstring for `model`,
-    for each checkout of Kiln in `trees` (label -> PYTHONPATH, None: this process's)."""
+    for each checkout of Kiln in `trees` (label -> PYTHONPATH, None: this process's); with
+    `warm_only`, those of `kiln-warm` alone."""
+    if warm_only:
+        return measure_warm(model, repeats, trees)
     times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
     for _ in range(repeats):
         for tree, path in trees.items():
@@ -178,6 +182,28 @@ def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | Non
             for tree, found in times.items()}
 
 
+def measure_warm(model: str, repeats: int, trees: dict[str, str | None]) -> dict:
+    """`measure`'s `kiln-warm` rows alone: each tree's caches filled once, then its warm hits in
+    turn with the other trees'."""
+    times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
+    with tempfile.TemporaryDirectory() as folder:
+        envs = {}
+        for tree, path in trees.items():
+            envs[tree] = {"KILN_CACHE_DIR": f"{folder}/{tree}", "KILN_GRAPH_CACHE": "1"}
+            if path is not None:
+                envs[tree]["PYTHONPATH"] = path
+            first_call(model, "kiln", envs[tree])
+        for _ in range(repeats):
+            for tree in trees:
+                spent = first_call(model, "kiln", envs[tree])
+                found = times[tree]
+                found.setdefault("kiln-warm", []).append(spent["call"])
+                for part, seconds in breakdown(spent).items():
+                    found.setdefault(f"kiln-warm: {part}", []).append(seconds)
+    return {tree: {label: {"median": statistics.median(t), "least": min(t)} for label, t in found.items()}
+            for tree, found in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet18"], choices=["bert", "gpt2", "resnet18"])
@@ -185,11 +211,12 @@ def main() -> None:
     parser.add_argument("--inductor", action="store_true", help="also time Inductor, cold and warm")
     parser.add_argument("--trees", nargs="+", metavar="LABEL=PYTHONPATH",
                         help="checkouts of Kiln to measure in turn (default: this process's)")
+    parser.add_argument("--warm-only", action="store_true", help="time Kiln's warm hit alone (caches filled once)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees) if args.trees else {"kiln": None}
     result = {"load average before": os.getloadavg()[0],
-              "models": {m: measure(m, args.repeats, args.inductor, trees) for m in args.models},
+              "models": {m: measure(m, args.repeats, args.inductor, trees, args.warm_only) for m in args.models},
               "load average after": os.getloadavg()[0]}
     print(json.dumps(result, indent=1))
     if args.json:

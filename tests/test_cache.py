@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import mmap
 import multiprocessing
 import os
 import stat
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kiln.cli import main
 from kiln.runtime import cache
@@ -294,6 +296,33 @@ def test_entries_of_another_kind_are_verified_when_read(cache_root):
     assert cache.status()["kinds"]["graphs"]["entries"] == 1
 
 
+def test_an_entry_is_read_into_writable_page_aligned_memory_of_its_own(cache_root):
+    key, payload = "ab" * 32, bytes(range(256)) * 300
+    cache.write_entry("graphs", key, ".plan", payload)
+    first, second = (cache.read_entry("graphs", key, ".plan") for _ in range(2))
+    assert first == payload and not first.readonly
+    memory = [torch.frombuffer(data, dtype=torch.uint8) for data in (first, second)]
+    assert memory[0].data_ptr() % mmap.PAGESIZE == 0 and memory[0].data_ptr() != memory[1].data_ptr()
+    only_entry(cache_root / "graphs", ".plan").write_bytes(payload[:-1])
+    assert cache.read_entry("graphs", key, ".plan") is None
+
+
+def test_a_large_entry_is_checked_in_parts_and_a_change_in_any_part_is_found(cache_root):
+    key, payload = "ba" * 32, os.urandom(3 * cache._PART + 1000)
+    cache.write_entry("graphs", key, ".plan", payload)
+    record = json.loads(only_entry(cache_root / "graphs", ".json").read_text())
+    parts = b"".join(hashlib.sha256(payload[k:k + cache._PART]).digest() for k in range(0, len(payload), cache._PART))
+    assert record["sha256"] == "parts " + hashlib.sha256(parts).hexdigest()
+    assert cache.read_entry("graphs", key, ".plan") == payload
+    for at in (0, 2 * cache._PART + 5, len(payload) - 1):
+        changed = bytearray(payload)
+        changed[at] ^= 1
+        only_entry(cache_root / "graphs", ".plan").write_bytes(changed)
+        assert cache.read_entry("graphs", key, ".plan") is None
+    only_entry(cache_root / "graphs", ".plan").write_bytes(payload + b"x")
+    assert cache.read_entry("graphs", key, ".plan") is None
+
+
 def test_evict_removes_the_least_recently_used_entries_beyond_a_size(cache_root):
     keys = [f"{k:02d}" * 32 for k in range(4)]
     for age, key in enumerate(keys):
@@ -310,7 +339,8 @@ def _write_and_read(key: str, payload: bytes, rounds: int, queue) -> None:
     seen = set()
     for _ in range(rounds):
         cache.write_entry("graphs", key, ".plan", payload)
-        seen.add(cache.read_entry("graphs", key, ".plan"))
+        data = cache.read_entry("graphs", key, ".plan")
+        seen.add(None if data is None else bytes(data))
     queue.put(seen)
 
 

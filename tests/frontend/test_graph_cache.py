@@ -3,7 +3,9 @@ and never serves a plan compiled for another graph, other inputs, settings, code
 compile read them) constant values."""
 from __future__ import annotations
 
+import gc
 import logging
+import mmap
 import os
 import subprocess
 import sys
@@ -429,3 +431,31 @@ def test_an_entrys_tensors_come_back_as_written():
     assert not packed_entry.packable(view) and packed_entry.packable(view.clone())
     with pytest.raises(ValueError):
         packed_entry.loads(packed_entry.dumps(record, tensors)[:-4])
+    with pytest.raises(ValueError):
+        packed_entry.loads(packed_entry.dumps(record, tensors) + bytes(64))
+
+
+def test_an_entrys_tensors_are_views_of_its_memory_where_that_is_aligned_and_writable():
+    from kiln.frontend.torch import packed_entry
+
+    tensors = {0: torch.randn(5, 3), 1: torch.arange(9, dtype=torch.int32)}
+    data = packed_entry.dumps({"plan": "a record"}, tensors)
+    memory = mmap.mmap(-1, len(data))
+    memory[:] = data
+    _, found = packed_entry.loads(memoryview(memory))
+    start = torch.frombuffer(memory, dtype=torch.uint8).data_ptr()
+    for k, t in tensors.items():
+        assert start <= found[k].data_ptr() < start + len(data) and torch.equal(found[k], t)
+    del memory
+    gc.collect()
+    assert all(torch.equal(found[k], t) for k, t in tensors.items())     # the tensors keep the memory
+
+
+def test_the_read_constants_hashed_at_once_on_threads_hash_as_one_by_one(monkeypatch):
+    from kiln.frontend.torch import graph_cache
+
+    args = [torch.randn(40, 30), 3, torch.randn(7), torch.randn(5, 5).t()]
+    one_by_one = [graph_key.tensor_digest(args[k]) for k in (3, 0, 2)]
+    monkeypatch.setattr(graph_cache, "_AT_ONCE", 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert graph_cache._values_digest(args, [3, 0, 2]) == one_by_one

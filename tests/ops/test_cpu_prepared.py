@@ -59,6 +59,60 @@ def test_non_contiguous_constants():
     assert_close(compiled.run([x])[0], x @ w + x @ wt, atol=1e-4, rtol=1e-4)
 
 
+def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepared_one_by_one(monkeypatch):
+    from kiln.runtime import plan
+
+    monkeypatch.setattr(plan, "_AT_ONCE", 0)        # threads for these few bytes too
+    calls = []
+    monkeypatch.setattr(plan, "ThreadPoolExecutor", lambda n, make=plan.ThreadPoolExecutor: calls.append(n) or make(n))
+    ws, x = [rand((70, 41 + 8 * k)) for k in range(4)], rand((29, 70))
+    build = lambda x, *ws: [kiln.ops.matmul(x, w) for w in ws]
+    threads = torch.get_num_threads()
+    try:
+        forms = []
+        for count in (4, 1):
+            torch.set_num_threads(count)
+            # fresh weights each time: a weight's form, once prepared, is reused
+            compiled = _compiled(lambda x, *ws: kiln.ops.concat(build(x, *ws), 1), x, [w.clone() for w in ws])
+            assert _entries(compiled).count("kiln_kernel_prepared") == len(ws)
+            assert torch.get_num_threads() == count, "the caller's threads stay as they were"
+            forms.append([compiled.constants[step.inputs[-1]] for step in compiled.steps
+                          if step.kernel.kernel.program.entry == "kiln_kernel_prepared"])
+            assert_close(compiled.run([x])[0], torch.cat([x @ w for w in ws], 1), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*forms)) and calls and calls[0] > 1
+
+
+def test_a_graph_prepared_in_the_calling_thread_leaves_torchs_threads_as_they_were():
+    w, x = rand((70, 53)), rand((29, 70))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _compiled(kiln.ops.matmul, x, [w])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_weight_read_by_two_steps_prepared_at_once_is_laid_out_once(monkeypatch):
+    from kiln.runtime import plan
+
+    monkeypatch.setattr(plan, "_AT_ONCE", 0)
+    w, x = rand((70, 53)), rand((29, 70))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        compiled = _compiled(lambda x, w: kiln.ops.concat([kiln.ops.matmul(x, w), kiln.ops.matmul(x * 2.0, w)], 1),
+                             x, [w])
+    finally:
+        torch.set_num_threads(threads)
+    forms = [compiled.constants[step.inputs[-1]] for step in compiled.steps
+             if step.kernel.kernel.program.entry == "kiln_kernel_prepared"]
+    assert len(forms) == 2 and forms[0] is forms[1]
+    assert_close(compiled.run([x])[0], torch.cat([x @ w, (x * 2.0) @ w], 1), atol=1e-4, rtol=1e-4)
+
+
 def test_batched_matmul_constant_broadcast_and_per_batch():
     """A B shared by every batch is laid out once; a B that differs by batch is not prepared."""
     shared, per_batch, x = rand((33, 45)), rand((3, 33, 45)), rand((3, 19, 33))

@@ -35,13 +35,15 @@ class DeviceKernel:
         """The program the kernel was built from (`kiln.runtime.cpu.CpuProgram`, ...)."""
         return self.kernel.program
 
-    def prepared(self, constants: list[torch.Tensor | None]) -> tuple[DeviceKernel, torch.Tensor] | None:
+    def prepared(self, constants: list[torch.Tensor | None],
+                 threads: int | None = None) -> tuple[DeviceKernel, torch.Tensor] | None:
         """Where its kernel lays out one of the inputs that are constants (`constants`: one per
-        input, None for the others) once, as `kiln.runtime.cpu.Preparation` says: a copy of this
-        kernel whose kernel takes the prepared form as one more input, and that form. Else None
-        (kernels without preparations: every CUDA kernel for now)."""
+        input, None for the others) once, as `kiln.runtime.cpu.Preparation` says (by `threads`
+        threads, the backend's choice by default): a copy of this kernel whose kernel takes the
+        prepared form as one more input, and that form. Else None (kernels without
+        preparations: every CUDA kernel for now)."""
         prepare = getattr(self.kernel, "prepare", None)
-        found = prepare(constants) if prepare else None
+        found = prepare(constants, threads) if prepare else None
         if found is None:
             return None
         kernel = copy.copy(self)

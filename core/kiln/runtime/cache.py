@@ -2,7 +2,9 @@
 
 Entries are content-addressed: the key hashes the source, the compiler and its version, the
 flags and the target architecture. An entry is the built file plus a record of its key and of
-the checksum of Kiln's own build output: `ROOT/KIND/KEY[:2]/KEY.SUFFIX` and `KEY.json`.
+the checksum of Kiln's own build output: `ROOT/KIND/KEY[:2]/KEY.SUFFIX` and `KEY.json`. The
+checksum is the output's sha256, or for an output of more than 4 MiB the sha256 of its 4 MiB
+parts' sha256 digests (the parts hashed at once, on several threads).
 
 An entry is built once, however many processes (test workers, the ranks of a distributed run)
 or threads miss it at the same time: a builder holds an exclusive lock on `KEY.lock` (an empty
@@ -42,6 +44,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import secrets
 import shutil
@@ -49,6 +52,7 @@ import stat
 import tempfile
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +66,8 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 _CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
 _OPEN_LOCK = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _CLOEXEC
+# memory of the process's own, its pages present at once (fewer faults than page by page)
+_ANONYMOUS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 _NOT_ENTRIES = (".json", ".lock")    # beside each entry: its record and its build lock
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -201,13 +207,25 @@ def content_key(*parts: str) -> str:
     return h.hexdigest()
 
 
-def _checksum(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_PART = 1 << 22
 
 
-def _read_own_file(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of regular file `name` in `dir_fd`, read through one descriptor, if it is the
-    user's own and writable by no one else; else None (missing, a link, a directory, foreign)."""
+def _checksum(data) -> str:
+    """The hex sha256 of `data`; for more than `_PART` bytes, "parts " and the sha256 of the
+    sha256 digests of its `_PART`-byte parts, hashed at once on the machine's cores."""
+    view = memoryview(data)
+    if len(view) <= _PART:
+        return hashlib.sha256(view).hexdigest()
+    parts = [view[k:k + _PART] for k in range(0, len(view), _PART)]
+    with ThreadPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(lambda part: hashlib.sha256(part).digest(), parts))
+    return "parts " + hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+def _read_own_file(dir_fd: int, name: str) -> memoryview | None:
+    """The bytes of regular file `name` in `dir_fd`, read through one descriptor into new
+    page-aligned memory, if it is the user's own and writable by no one else; else None
+    (missing, a link, a directory, foreign, or shorter than it was when opened)."""
     try:
         fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
     except OSError:
@@ -216,20 +234,25 @@ def _read_own_file(dir_fd: int, name: str) -> bytes | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
             return None
+        if info.st_size == 0:
+            return memoryview(b"")
+        memory = mmap.mmap(-1, info.st_size, flags=_ANONYMOUS)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            if f.readinto(memory) != info.st_size:
+                return None
+        return memoryview(memory)
     finally:
         os.close(fd)
 
 
-def _verified(dir_fd: int, key: str, suffix: str) -> bytes | None:
+def _verified(dir_fd: int, key: str, suffix: str) -> memoryview | None:
     """The entry's bytes if its record names `key` and their checksum; else None."""
     data = _read_own_file(dir_fd, key + suffix)
     record = _read_own_file(dir_fd, key + ".json")
     if data is None or record is None:
         return None
     try:
-        fields = json.loads(record)
+        fields = json.loads(bytes(record))
         ok = fields["key"] == key and fields["sha256"] == _checksum(data)
     except (ValueError, KeyError, TypeError):
         return None
@@ -367,9 +390,9 @@ def lookup_or_build(kind: str, key: str, suffix: str, build: Callable[[Path], No
     return _private_copy(key, suffix, data)
 
 
-def read_entry(kind: str, key: str, suffix: str) -> bytes | None:
+def read_entry(kind: str, key: str, suffix: str) -> memoryview | None:
     """The bytes of the entry `key` of `kind` where it is there and verified (see the module's
-    docstring), else None. A hit refreshes the entry's time, so that `evict` removes the least
+    docstring), in new page-aligned writable memory of the caller's own, else None. A hit refreshes the entry's time, so that `evict` removes the least
     recently used entries first."""
     try:
         with _entry_folder(kind, key) as (fd, _):

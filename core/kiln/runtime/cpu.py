@@ -153,12 +153,14 @@ class CpuKernel:
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
         self._positions: dict[tuple[int, int], tuple[int, ...]] = {}    # by (inputs, outputs) given
 
-    def prepare(self, constants: list[torch.Tensor | None]) -> tuple[CpuKernel, torch.Tensor] | None:
+    def prepare(self, constants: list[torch.Tensor | None],
+                threads: int | None = None) -> tuple[CpuKernel, torch.Tensor] | None:
         """Where the program prepares an input (`CpuProgram.preparation`) and `constants` (one
         per input, None for those that are not constants) gives it: the kernel that reads the
-        prepared form as one more input, and that form: computed now, or the one computed
-        before from the same tensor with the same memory, layout and version by the same
-        library's function (the graphs of a model traced at several sizes share it)."""
+        prepared form as one more input, and that form: computed now (by `threads` OpenMP
+        threads, torch's number by default), or the one computed before from the same tensor
+        with the same memory, layout and version by the same library's function (the graphs of
+        a model traced at several sizes share it)."""
         p = self.program.preparation
         if p is None or constants[p.input] is None:
             return None
@@ -167,13 +169,13 @@ class CpuKernel:
         with _prepared_lock:
             seen, prepared = _prepared.get(source, {}).get(key, (None, None))
         if seen != state:
-            prepared = self._run_preparation(p, source.contiguous())
+            prepared = self._run_preparation(p, source.contiguous(), threads)
             with _prepared_lock:
                 _prepared.setdefault(source, {})[key] = (state, prepared)
         kernel = replace(self.program, entry=p.entry, args=p.args, preparation=None)
         return CpuKernel(kernel, self.path), prepared
 
-    def _run_preparation(self, p: Preparation, source: torch.Tensor) -> torch.Tensor:
+    def _run_preparation(self, p: Preparation, source: torch.Tensor, threads: int | None) -> torch.Tensor:
         fn = getattr(self._lib, p.function)
         fn.restype = ctypes.c_int64
         fn.argtypes = ([ctypes.c_void_p] * len(self.program.args) + [ctypes.c_int64] * len(self.program.sizes)
@@ -184,13 +186,13 @@ class CpuKernel:
         if prepared.data_ptr() % 64:      # torch's CPU allocator aligns to 64: the layouts store whole vectors
             raise RuntimeError(f"kernel '{self.program.entry}': a prepared form needs 64-byte aligned memory, "
                                f"torch allocated it at {prepared.data_ptr():#x}")
-        self._threads()
+        self._threads(threads)
         call(prepared.data_ptr())
         return prepared
 
     @staticmethod
-    def _threads() -> None:
-        threads = torch.get_num_threads()
+    def _threads(threads: int | None = None) -> None:
+        threads = torch.get_num_threads() if threads is None else threads
         if getattr(_omp_threads, "count", None) != threads:
             _libgomp().omp_set_num_threads(threads)
             _omp_threads.count = threads

@@ -16,6 +16,7 @@ runtime's own data classes only, nothing that runs code while it is read.
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,11 +53,11 @@ class Plan:
     def assemble(self, kernels: Sequence[DeviceKernel] | None = None) -> CompiledGraph:
         """The CompiledGraph running `kernels` (one per step, the plan's own by default, see
         `load_kernels`), each constant a kernel lays out once prepared now for it (one more
-        constant slot that the step reads)."""
+        constant slot that the step reads; several prepared at once, see `_each_prepared`)."""
         kernels = self.load_kernels() if kernels is None else kernels
         buffers, constants, steps = list(self.buffers), dict(self.constants), []
-        for kernel, (ins, outs) in zip(kernels, self.steps):
-            prepared = kernel.prepared([constants.get(s) for s in ins])
+        found = _each_prepared(kernels, [[self.constants.get(s) for s in ins] for ins, _ in self.steps])
+        for kernel, (ins, outs), prepared in zip(kernels, self.steps, found):
             if prepared is not None:
                 kernel, form = prepared
                 constants[len(buffers)] = form
@@ -64,6 +65,41 @@ class Plan:
                 buffers.append(Buffer(tuple(form.shape), form.dtype, form.device))
             steps.append(Step(kernel, tuple(ins), tuple(outs)))
         return CompiledGraph(steps, buffers, self.inputs, self.outputs, constants, plan=self)
+
+
+_AT_ONCE = 1 << 22      # fewer bytes are laid out sooner than threads start
+
+
+def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> list:
+    """`kernel.prepared(its constants)` for each kernel; where the constants to prepare hold
+    more than `_AT_ONCE` bytes, several at once on torch's number of threads, each by one
+    thread: one is a copy of some megabytes, less than what a parallel region costs where the
+    threads must wait for cores (a machine busy with other work). A step reading a constant
+    that an earlier step reads too is prepared after the others, in the calling thread, so that
+    it finds a form laid out already for the same kernel instead of laying out its own at the
+    same time."""
+    workers = min(torch.get_num_threads(), len(kernels))
+    if workers <= 1 or _preparing_bytes(kernels, constants) <= _AT_ONCE:
+        return [kernel.prepared(step) for kernel, step in zip(kernels, constants)]
+    # one OpenMP thread in the pool's threads alone: the setting is the calling thread's, and
+    # torch's number of threads is the caller's
+    prepare = lambda k: kernels[k].prepared(constants[k], threads=1)
+    seen, first, later = set(), [], []
+    for k, step in enumerate(constants):
+        read = {id(c) for c in step if c is not None}
+        (later if read & seen else first).append(k)
+        seen |= read
+    with ThreadPoolExecutor(workers) as pool:
+        found = dict(zip(first, pool.map(prepare, first)))
+    found.update((k, kernels[k].prepared(constants[k])) for k in later)
+    return [found[k] for k in range(len(kernels))]
+
+
+def _preparing_bytes(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> int:
+    """The bytes of the constants that the kernels' preparations lay out."""
+    found = [(getattr(getattr(kernel.kernel, "program", None), "preparation", None), step)
+             for kernel, step in zip(kernels, constants)]
+    return sum(step[p.input].nbytes for p, step in found if p is not None and step[p.input] is not None)
 
 
 SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelCheck,

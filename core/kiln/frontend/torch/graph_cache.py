@@ -8,7 +8,8 @@ cache (built again only where that lost them). An entry holds:
 - the plan, whose constants are either the caller's own tensors (parameters the compiled graph
   reads as they are: each hit binds the caller's, sharing memory) or tensors computed while
   compiling (folded batch norms, merged weights), stored (those on the CPU as raw bytes beside
-  the pickled record, `kiln.frontend.torch.packed_entry`, read back by one copy each);
+  the pickled record, `kiln.frontend.torch.packed_entry`, read back as views of the entry's
+  bytes, copying nothing);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
@@ -34,7 +35,10 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+
+import torch
 
 from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
@@ -46,6 +50,7 @@ from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
+_AT_ONCE = 1 << 22      # fewer bytes are hashed sooner than threads start
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
@@ -122,4 +127,10 @@ def limit() -> int:
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:
-    return [tensor_digest(args[k]) for k in positions]
+    """The hashes of the constants at `positions`, several at once on torch's threads where
+    they hold more than `_AT_ONCE` bytes (hashing lets other threads run)."""
+    workers = min(torch.get_num_threads(), len(positions))
+    if workers <= 1 or sum(args[k].nbytes for k in positions) <= _AT_ONCE:
+        return [tensor_digest(args[k]) for k in positions]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda k: tensor_digest(args[k]), positions))

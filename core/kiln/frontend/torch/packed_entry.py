@@ -3,12 +3,15 @@
 `dumps(record, tensors)` writes `record` (plain containers holding RunRecords, see
 `kiln.frontend.torch.run_record.dumps`) and the tensors of `tensors` (by plain keys), whose bytes
 follow the record unpickled: `loads` reads the record back with torch's weights-only
-unpickler, and each tensor by one copy of its bytes into new memory (torch's allocator's
-alignment, its dtype, sizes and strides as written). Reading a tensor so costs a copy, where
-unpickling it costs the unpickler's work per tensor and more copies.
+unpickler, and each tensor as a view of the entry's own bytes (its dtype, sizes and strides as
+written) where those are writable memory aligned as torch's allocator aligns (as
+`kiln.runtime.cache.read_entry` returns them), else of one copy of them. Reading a tensor so
+costs nothing, where unpickling it costs the unpickler's work per tensor and copies; the
+tensors share the entry's memory, which lives as long as any of them.
 
-Layout: the record's length (8 bytes, little-endian), the record, then each tensor's bytes at
-an offset (from the end of the record) that the record lists with its dtype, sizes and strides.
+Layout: the record's length (8 bytes, little-endian), the record, padding to a multiple of
+`ALIGNMENT` bytes, then each tensor's bytes at an offset (from there, a multiple of
+`ALIGNMENT`) that the record lists with its dtype, sizes and strides.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ import torch
 from kiln.frontend.torch.run_record import dumps as dumps_record, loads as loads_record
 
 _LENGTH = 8
+ALIGNMENT = 64
+"""The alignment of each tensor's bytes from the entry's start (torch's CPU allocator's: the
+kernels' vector loads and stores may assume it)."""
 
 
 def packable(t: torch.Tensor) -> bool:
@@ -35,28 +41,48 @@ def dumps(record, tensors: dict) -> bytes:
             raise ValueError(f"tensor {name!r} cannot be written as raw bytes")
         data = _storage_bytes(t)
         described[name] = (t.dtype, tuple(t.shape), tuple(t.stride()), offset, len(data))
-        parts.append(data)
-        offset += len(data)
+        parts += [data, bytes(_padding(len(data)))]
+        offset += len(data) + _padding(len(data))
     head = dumps_record({"record": record, "tensors": described})
-    return b"".join([len(head).to_bytes(_LENGTH, "little"), head, *parts])
+    return b"".join([len(head).to_bytes(_LENGTH, "little"), head, bytes(_padding(_LENGTH + len(head))), *parts])
 
 
-def loads(data: bytes) -> tuple[object, dict]:
-    """The record and the tensors `dumps` wrote into `data`; a ValueError where `data` is not
-    such bytes."""
-    length = int.from_bytes(data[:_LENGTH], "little")
-    if len(data) < _LENGTH + length:
+def loads(data) -> tuple[object, dict]:
+    """The record and the tensors `dumps` wrote into `data` (bytes, or any buffer); a ValueError
+    where `data` is not such bytes."""
+    view = memoryview(data)
+    length = int.from_bytes(view[:_LENGTH], "little")
+    if len(view) < _LENGTH + length:
         raise ValueError("the entry is shorter than its record")
-    head = loads_record(memoryview(data)[_LENGTH:_LENGTH + length])
-    start = _LENGTH + length
+    head = loads_record(view[_LENGTH:_LENGTH + length])
+    start = _LENGTH + length + _padding(_LENGTH + length)
+    end = max((start + offset + nbytes + _padding(nbytes) for _, _, _, offset, nbytes in head["tensors"].values()),
+              default=start)
+    if len(view) != end:
+        raise ValueError(f"the entry has {len(view)} bytes, its record describes {end}")
+    whole = _aligned(view) if head["tensors"] else None
     tensors = {}
     for name, (dtype, shape, stride, offset, nbytes) in head["tensors"].items():
-        if start + offset + nbytes > len(data):
-            raise ValueError(f"the entry is shorter than its tensor {name!r}")
-        flat = torch.empty(nbytes // dtype.itemsize, dtype=dtype)
-        flat.view(torch.uint8).numpy()[:] = np.frombuffer(data, np.uint8, nbytes, start + offset)
+        flat = whole[start + offset:start + offset + nbytes].view(dtype)
         tensors[name] = flat.as_strided(shape, stride)
     return head["record"], tensors
+
+
+def _padding(size: int) -> int:
+    """The bytes that bring `size` to a multiple of ALIGNMENT."""
+    return -size % ALIGNMENT
+
+
+def _aligned(view: memoryview) -> torch.Tensor:
+    """`view`'s bytes as a tensor: sharing its memory where that is writable and aligned, else a
+    copy in memory of torch's allocator."""
+    if not view.readonly:
+        whole = torch.frombuffer(view, dtype=torch.uint8)
+        if whole.data_ptr() % ALIGNMENT == 0:
+            return whole
+    whole = torch.empty(len(view), dtype=torch.uint8)
+    whole.numpy()[:] = np.frombuffer(view, np.uint8)
+    return whole
 
 
 def _storage_bytes(t: torch.Tensor) -> bytes:
