@@ -162,3 +162,18 @@ def test_graphs_are_told_apart_by_the_inputs_of_symbolic_sizes_only():
     assert weights and not set(weights) & set(symbolic._keyed_positions)
     assert set(symbolic._keyed_positions) | set(weights) == set(symbolic._input_positions)
     assert len(symbolic.graphs) == 3
+
+
+def test_a_graph_compiled_outside_torch_compile_is_told_apart_by_every_input():
+    """Without dynamo's guards (the backend called on a graph of make_fx), a call at other sizes
+    is traced again, not run by the kernels built for the first sizes: make_fx fixed the graph's
+    sizes, so it raises, naming the rule and both shapes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.frontend.torch.interpreter import RuleResultError
+    f = lambda x, w: (x * w + 1).sum(-1)
+    x, weight = torch.randn(5, 3), torch.randn(3)
+    function = kiln.torch.kiln_backend(make_fx(f)(x, weight), [x, weight])
+    torch.testing.assert_close(function(x, weight), f(x, weight))
+    with pytest.raises(RuleResultError, match=r"float32\[8, 3\].*float32\[5, 3\]"):
+        function(torch.randn(8, 3), weight)

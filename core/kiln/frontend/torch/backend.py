@@ -218,9 +218,10 @@ class KilnFunction:
         self._read_positions = [k for k, r in enumerate(read) if r and self.constant[k]]
         self._constant_positions = [k for k, c in enumerate(self.constant) if c and k not in self._read_positions]
         self._input_positions = [k for k, c in enumerate(self.constant) if not c]
-        # dynamo's guards fix the shape, dtype and device of an input traced with fixed sizes:
-        # only the others tell one call's graph from another's
-        self._keyed_positions = [k for k in self._input_positions if _may_vary(placeholders[k])]
+        # under torch.compile, dynamo's guards fix the shape, dtype and device of an input traced
+        # with fixed sizes: only the others tell one call's graph from another's
+        guarded = torch._guards.CompileContext.current_compile_id() is not None
+        self._keyed_positions = [k for k in self._input_positions if not guarded or _may_vary(placeholders[k])]
         self._constants_state: dict[tuple, tuple] = {}
         # inputs changed in place, checked at each call for memory shared with other inputs
         self._written_positions = [k for k, n in enumerate(placeholders) if n in changed]
