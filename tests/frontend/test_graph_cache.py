@@ -453,9 +453,10 @@ def test_an_entrys_tensors_are_views_of_its_memory_where_that_is_aligned_and_wri
 
 def test_the_read_constants_hashed_at_once_on_threads_hash_as_one_by_one(monkeypatch):
     from kiln.frontend.torch import graph_cache
+    from kiln.runtime import threads
 
     args = [torch.randn(40, 30), 3, torch.randn(7), torch.randn(5, 5).t()]
     one_by_one = [graph_key.tensor_digest(args[k]) for k in (3, 0, 2)]
-    monkeypatch.setattr(graph_cache, "_AT_ONCE", 0)
+    monkeypatch.setattr(threads, "AT_ONCE", 0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert graph_cache._values_digest(args, [3, 0, 2]) == one_by_one

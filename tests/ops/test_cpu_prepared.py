@@ -60,9 +60,9 @@ def test_non_contiguous_constants():
 
 
 def test_a_graphs_weights_prepared_at_once_on_torchs_threads_equal_those_prepared_one_by_one(monkeypatch):
-    from kiln.runtime import plan
+    from kiln.runtime import plan, threads as runtime_threads
 
-    monkeypatch.setattr(plan, "_AT_ONCE", 0)        # threads for these few bytes too
+    monkeypatch.setattr(runtime_threads, "AT_ONCE", 0)        # threads for these few bytes too
     calls = []
     monkeypatch.setattr(plan, "ThreadPoolExecutor", lambda n, make=plan.ThreadPoolExecutor: calls.append(n) or make(n))
     ws, x = [rand((70, 41 + 8 * k)) for k in range(4)], rand((29, 70))
@@ -96,9 +96,9 @@ def test_a_graph_prepared_in_the_calling_thread_leaves_torchs_threads_as_they_we
 
 
 def test_a_weight_read_by_two_steps_prepared_at_once_is_laid_out_once(monkeypatch):
-    from kiln.runtime import plan
+    from kiln.runtime import threads as runtime_threads
 
-    monkeypatch.setattr(plan, "_AT_ONCE", 0)
+    monkeypatch.setattr(runtime_threads, "AT_ONCE", 0)
     w, x = rand((70, 53)), rand((29, 70))
     threads = torch.get_num_threads()
     try:

@@ -29,6 +29,7 @@ from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step, View, ViewK
 from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.runtime.kernel_errors import KernelCheck
+from kiln.runtime.threads import threads_for
 
 
 @dataclass
@@ -67,19 +68,16 @@ class Plan:
         return CompiledGraph(steps, buffers, self.inputs, self.outputs, constants, plan=self)
 
 
-_AT_ONCE = 1 << 22      # fewer bytes are laid out sooner than threads start
-
-
 def _each_prepared(kernels: Sequence[DeviceKernel], constants: list[list[torch.Tensor | None]]) -> list:
     """`kernel.prepared(its constants)` for each kernel; where the constants to prepare hold
-    more than `_AT_ONCE` bytes, several at once on torch's number of threads, each by one
+    enough bytes (`kiln.runtime.threads`), several at once on torch's number of threads, each by one
     thread: one is a copy of some megabytes, less than what a parallel region costs where the
     threads must wait for cores (a machine busy with other work). A step reading a constant
     that an earlier step reads too is prepared after the others, in the calling thread, so that
     it finds a form laid out already for the same kernel instead of laying out its own at the
     same time."""
-    workers = min(torch.get_num_threads(), len(kernels))
-    if workers <= 1 or _preparing_bytes(kernels, constants) <= _AT_ONCE:
+    workers = threads_for(len(kernels), _preparing_bytes(kernels, constants))
+    if workers <= 1:
         return [kernel.prepared(step) for kernel, step in zip(kernels, constants)]
     # one OpenMP thread in the pool's threads alone: the setting is the calling thread's, and
     # torch's number of threads is the caller's

@@ -38,19 +38,17 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import torch
-
 from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
 from kiln.frontend.torch.run_record import RunRecord
 from kiln.log import logger
 from kiln.runtime import cache
 from kiln.runtime.plan import owned
+from kiln.runtime.threads import threads_for
 from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
-_AT_ONCE = 1 << 22      # fewer bytes are hashed sooner than threads start
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
@@ -128,9 +126,9 @@ def limit() -> int:
 
 def _values_digest(args, positions: list[int]) -> list[str]:
     """The hashes of the constants at `positions`, several at once on torch's threads where
-    they hold more than `_AT_ONCE` bytes (hashing lets other threads run)."""
-    workers = min(torch.get_num_threads(), len(positions))
-    if workers <= 1 or sum(args[k].nbytes for k in positions) <= _AT_ONCE:
+    they hold enough bytes (`kiln.runtime.threads`; hashing lets other threads run)."""
+    workers = threads_for(len(positions), sum(args[k].nbytes for k in positions))
+    if workers <= 1:
         return [tensor_digest(args[k]) for k in positions]
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda k: tensor_digest(args[k]), positions))
