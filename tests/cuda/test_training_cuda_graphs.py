@@ -54,18 +54,24 @@ def _assert_same_gradients(model, reference):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
+def _backward_both(compiled, model, reference, optimizers):
+    """The gradients of one random batch's loss through the compiled model and through the
+    reference, each after its optimizer's zero_grad(), compared."""
+    x = torch.randn(48, 64, device="cuda")
+    for m, opt in zip((compiled, reference), optimizers):
+        opt.zero_grad()
+        m(x).square().mean().backward()
+    _assert_same_gradients(model, reference)
+
+
 def test_steps_lend_saved_values_and_read_them_in_place():
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend="kiln")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
-    for step in range(4):
-        x = torch.randn(48, 64, device="cuda")
-        for m, opt in zip((compiled, reference), optimizers):
-            opt.zero_grad()
-            (m(x).square().mean()).backward()
-        _assert_same_gradients(model, reference)
+    for _ in range(4):
+        _backward_both(compiled, model, reference, optimizers)
         for opt in optimizers:
             opt.step()
     forward, backward = _forward_and_backward()
@@ -150,11 +156,7 @@ def test_gradients_are_lent_to_the_parameters():
     compiled = torch.compile(model, backend="kiln")
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
     for _ in range(3):
-        x = torch.randn(48, 64, device="cuda")
-        for m, opt in zip((compiled, reference), optimizers):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        _backward_both(compiled, model, reference, optimizers)
         _, backward = _forward_and_backward()
         assert len(backward) == 1
         lent = backward[0].lent_addresses
@@ -201,15 +203,11 @@ def test_parameters_at_new_memory_every_step_are_copied_in(monkeypatch):
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
     old = []            # the parameters' earlier memory stays allocated: each step's is new
     captures_by_step = []
-    for step in range(8):
+    for _ in range(8):
         for p in model.parameters():
             old.append(p.data)
             p.data = p.data.clone()
-        x = torch.randn(48, 64, device="cuda")
-        for m, opt in zip((compiled, reference), optimizers):
-            opt.zero_grad()
-            (m(x).square().mean()).backward()
-        _assert_same_gradients(model, reference)
+        _backward_both(compiled, model, reference, optimizers)
         for opt in optimizers:
             opt.step()
         captures_by_step.append(len(made))
