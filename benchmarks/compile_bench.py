@@ -159,9 +159,7 @@ def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | Non
         for tree, path in trees.items():
             found = times[tree]
             with tempfile.TemporaryDirectory() as folder:
-                kiln = {"KILN_CACHE_DIR": f"{folder}/kiln", "KILN_GRAPH_CACHE": "1"}
-                if path is not None:
-                    kiln["PYTHONPATH"] = path
+                kiln = _kiln_env(f"{folder}/kiln", path)
                 inductor_env = {"TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor"}
                 runs = [("eager", "eager", {}), ("kiln-cold", "kiln", kiln),
                         ("kiln-kernels", "kiln", {**kiln, "KILN_GRAPH_CACHE": "0"}),
@@ -175,11 +173,9 @@ def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | Non
                     if backend == "kiln":
                         found.setdefault(f"{label} (Kiln's compile)", []).append(spent["compile"])
                     if label == "kiln-warm":
-                        for part, seconds in breakdown(spent).items():
-                            found.setdefault(f"kiln-warm: {part}", []).append(seconds)
+                        _add_parts(found, spent)
                 found.setdefault("kiln-warm beyond eager", []).append(found["kiln-warm"][-1] - found["eager"][-1])
-    return {tree: {label: {"median": statistics.median(t), "least": min(t)} for label, t in found.items()}
-            for tree, found in times.items()}
+    return _medians(times)
 
 
 def measure_warm(model: str, repeats: int, trees: dict[str, str | None]) -> dict:
@@ -187,19 +183,32 @@ def measure_warm(model: str, repeats: int, trees: dict[str, str | None]) -> dict
     turn with the other trees'."""
     times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
     with tempfile.TemporaryDirectory() as folder:
-        envs = {}
-        for tree, path in trees.items():
-            envs[tree] = {"KILN_CACHE_DIR": f"{folder}/{tree}", "KILN_GRAPH_CACHE": "1"}
-            if path is not None:
-                envs[tree]["PYTHONPATH"] = path
-            first_call(model, "kiln", envs[tree])
+        envs = {tree: _kiln_env(f"{folder}/{tree}", path) for tree, path in trees.items()}
+        for env in envs.values():
+            first_call(model, "kiln", env)
         for _ in range(repeats):
-            for tree in trees:
-                spent = first_call(model, "kiln", envs[tree])
-                found = times[tree]
-                found.setdefault("kiln-warm", []).append(spent["call"])
-                for part, seconds in breakdown(spent).items():
-                    found.setdefault(f"kiln-warm: {part}", []).append(seconds)
+            for tree, env in envs.items():
+                spent = first_call(model, "kiln", env)
+                times[tree].setdefault("kiln-warm", []).append(spent["call"])
+                _add_parts(times[tree], spent)
+    return _medians(times)
+
+
+def _kiln_env(cache_dir: str, path: str | None) -> dict[str, str]:
+    """The environment of a Kiln child with its caches in `cache_dir`, importing Kiln from
+    `path` (a PYTHONPATH; None: this process's)."""
+    env = {"KILN_CACHE_DIR": cache_dir, "KILN_GRAPH_CACHE": "1"}
+    return env if path is None else {**env, "PYTHONPATH": path}
+
+
+def _add_parts(found: dict[str, list[float]], spent: dict[str, float]) -> None:
+    """A warm hit's parts (`breakdown`) appended to the lists of `found`."""
+    for part, seconds in breakdown(spent).items():
+        found.setdefault(f"kiln-warm: {part}", []).append(seconds)
+
+
+def _medians(times: dict[str, dict[str, list[float]]]) -> dict:
+    """The median and least of each list of seconds, per tree."""
     return {tree: {label: {"median": statistics.median(t), "least": min(t)} for label, t in found.items()}
             for tree, found in times.items()}
 
