@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from kiln.frontend.torch.backend import KilnFunction
+from kiln.frontend.torch.backend import CompiledRun, KilnFunction
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -128,9 +128,13 @@ def test_two_forwards_before_one_backward():
     assert len(forward) == 2
 
 
-def test_forwards_whose_saved_values_stay_alive():
-    """Five forwards before any backward: four captures lend their values, the fifth call finds
-    them all busy and runs without a CUDA graph; each backward then reads its own forward's."""
+@pytest.mark.parametrize("most", [4, CompiledRun.CAPTURES_MAX])
+def test_forwards_whose_saved_values_stay_alive(monkeypatch, most):
+    """Five forwards before any backward (one block's graph called for each of five layers):
+    each finds the earlier captures busy lending their values and takes another, up to
+    CAPTURES_MAX; beyond that a call runs without a CUDA graph. Each backward then reads
+    its own forward's values."""
+    monkeypatch.setattr(CompiledRun, "CAPTURES_MAX", most)
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model()
     reference = copy.deepcopy(model)
@@ -138,13 +142,44 @@ def test_forwards_whose_saved_values_stay_alive():
     xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
     losses = [compiled(x).square().mean() for x in xs]
     [forward] = _captures(False)
-    assert len(forward) == 4
+    assert len(forward) == min(5, most)
     for x, loss in reversed(list(zip(xs, losses))):
         model.zero_grad()
         reference.zero_grad()
         loss.backward()
         reference(x).square().mean().backward()
         _assert_same_gradients(model, reference)
+    # the forward's captures moved to the backward's larger workspace: the next step captures anew
+    again = [compiled(x).square().mean() for x in xs]
+    torch.testing.assert_close(torch.stack(again), torch.stack(losses).detach())
+
+
+def test_a_block_graph_called_for_each_layer_replays_from_the_second_step(caplog):
+    """Six layers compiled each alone (as FSDP2 wraps a model's blocks) share one block graph:
+    its forward takes a capture for each layer (each lends its values until the backward), its
+    backward a capture reading each one's values. The captures settle within four steps (the
+    forward's move to the backward's larger workspace, the parameters' memory found to differ
+    from call to call and copied in from then on); from then on every call replays."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh())
+                                   for _ in range(6)]).cuda()
+    reference = copy.deepcopy(layers)
+    compiled = [torch.compile(layer, backend="kiln") for layer in layers]
+    for step in range(6):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="kiln"):
+            x = torch.randn(48, 64, device="cuda")
+            layers.zero_grad()
+            reference.zero_grad()
+            for model in (compiled, reference):
+                h = x
+                for layer in model:
+                    h = layer(h)
+                h.square().mean().backward()
+        _assert_same_gradients(layers, reference)
+    assert "CUDA graph" not in caplog.text, "the last step replays the captures of the one before"
+    assert sum(map(len, _captures(False))) == 6
 
 
 def test_gradients_are_lent_to_the_parameters():

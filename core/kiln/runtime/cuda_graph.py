@@ -141,7 +141,7 @@ class CapturedGraph:
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
         self.bound_addresses = set(self._bound_addresses)
         # the bound inputs that are other graphs' lent outputs
-        self._borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
+        self.borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
         stream = torch.cuda.Stream()
         self._order = ordering or Ordering(stream)
         with self._order.lock:
@@ -185,7 +185,7 @@ class CapturedGraph:
         """Whether a bound input it read from another graph's lent output is lent by no live
         graph any more (that graph's capture is gone: this one never binds again)."""
         lent = set().union(*(g.lent_addresses for g in list(_holders) if g is not self))
-        return not self._borrowed <= lent
+        return not self.borrowed <= lent
 
     def binds(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the bound positions of `inputs` (torch tensors) are the captured tensors'

@@ -391,14 +391,19 @@ class CompiledRun:
     tensors another capture reads in place (the backward, on saved values and parameters) is
     captured reading them in place (`kiln.runtime.cuda_graph.stays_put`), as it reads the
     contiguous arguments at positions `static_inputs` (a training forward's parameters). New memory for
-    bound inputs, or every capture busy with lent outputs still alive, captures again (the
-    last CAPTURES_KEPT captures are kept; beyond that, and for inputs that cannot be captured
-    so, calls run without a CUDA graph). An input that came at new memory MOVES_BEFORE_COPY times
+    bound inputs, or every capture busy with lent outputs still alive, captures again. Captures
+    that are busy, or read another graph's lent values (each serves its lender's values at every
+    step, and goes once orphaned), are kept: a block's graph called once for each layer of a
+    model before the backward has a forward capture for each, and its backward a capture reading
+    each one's values. Of the others, the last used are kept, CAPTURES_KEPT of them. Beyond
+    CAPTURES_MAX captures in all, and for inputs that cannot be captured so, calls run without
+    a CUDA graph. An input that came at new memory MOVES_BEFORE_COPY times
     (FSDP's parameters, gathered into new memory at every step) is copied in by the captures
     made after that, which then replay, instead of one capture a call. The inputs at positions
     `moves` (CPU scalars of a graph on a GPU) are copied to their device first."""
 
     CAPTURES_KEPT = 4
+    CAPTURES_MAX = 64
     MOVES_BEFORE_COPY = 2
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
@@ -438,15 +443,21 @@ class CompiledRun:
         captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
                            copied_out=True)
         with self._captures_lock:
+            idle = [key for key, c in self.captures.items() if not c.busy()]
+            spare = [key for key in idle if not self.captures[key].borrowed]
+            kept = sum(not c.borrowed for c in self.captures.values()) + 1
+            for key in spare[:max(0, kept - self.CAPTURES_KEPT)]:
+                del self.captures[key]
+            idle = [key for key in idle if key in self.captures]
+            for key in idle[:max(0, len(self.captures) + 1 - self.CAPTURES_MAX)]:
+                del self.captures[key]
             self.captures[id(captured)] = captured
-            while len(self.captures) > self.CAPTURES_KEPT:
-                self.captures.popitem(last=False)
         return captured
 
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
         captured now if none binds them or all are busy; None where they cannot be captured
-        or CAPTURES_KEPT captures are busy. Captures on a superseded shared workspace, and,
+        or CAPTURES_MAX captures are busy. Captures on a superseded shared workspace, and,
         before capturing anew, captures bound to lent values that no graph lends any more, are
         dropped where not busy (`kiln.runtime.cuda_graph`)."""
         newest = next(reversed(self.captures.values()), None)
@@ -461,12 +472,14 @@ class CompiledRun:
                             self.captures.move_to_end(key)
                 return outs
         moved = newest.moved(inputs) if newest is not None else []
-        # another graph's lent values move when it is captured again: not counted
-        self.relocations.update(j for j in moved if j in self.static or not stays_put(inputs[j]))
+        # another graph's lent values move when it is captured again, and an input written back
+        # is always bound: neither is counted
+        written = {j for _, j in self.write_back}
+        self.relocations.update(j for j in moved if j not in written and (j in self.static or not stays_put(inputs[j])))
         moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
         self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
         captures = list(self.captures.items())
-        if len(captures) >= self.CAPTURES_KEPT and all(c.busy() for _, c in captures):
+        if len(captures) >= self.CAPTURES_MAX and all(c.busy() for _, c in captures):
             logger.info("a call runs without a CUDA graph: the values its %d captures lent are still alive",
                         len(captures))
             return None
