@@ -58,9 +58,17 @@ def keeps_templates(anchor: Operator, fused: FusedOperator, session: CompileSess
 
 def moves_data(node: Operator) -> bool:
     """Whether `node` only moves data: each element of each output is an input element (a view,
-    or the parts of a split)."""
-    lowered = inline_task(node.task)
+    or the parts of a split); found once for each task."""
+    return node.task.derived(_moves_data)
+
+
+def _moves_data(task) -> bool:
+    lowered = inline_task(task)
     return not lowered.temporaries and all(isinstance(b.value, Load) for b in lowered.buffers)
+
+
+def _is_row_task(task) -> bool:
+    return row_task(inline_task(task)) is not None
 
 
 class _Groups:
@@ -211,7 +219,7 @@ class _Groups:
         """Whether `members` fused are one row task (one row output, each reduction and each
         further output a row statistic)."""
         fused = self.fused(members)
-        return fused is not None and row_task(inline_task(fused.task)) is not None
+        return fused is not None and fused.task.derived(_is_row_task)
 
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the
