@@ -89,6 +89,7 @@ class _Groups:
                           and session.contributed(n.definition.name, n.device.kind)}
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
+        self._successors: dict[int, set[int]] = {}
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
 
     def reads_views(self, g: int) -> bool:
@@ -99,8 +100,21 @@ class _Groups:
         return bool(getattr(best, "reads_views", False))
 
     def successors(self, g: int) -> set[int]:
-        return {self.group[id(u)] for n in self.members[g] for t in n.outputs
-                for u in self.users.get(id(t), ())} - {g}
+        """The groups reading an output of group g's members (kept until a merge changes them)."""
+        if g not in self._successors:
+            self._successors[g] = {self.group[id(u)] for n in self.members[g] for t in n.outputs
+                                   for u in self.users.get(id(t), ())} - {g}
+        return self._successors[g]
+
+    def _merged_successors(self, a: int, b: int) -> None:
+        """The successor sets, group b having joined group a: a's found again, b read as a."""
+        self._successors.pop(a, None)
+        self._successors.pop(b, None)
+        for g, found in self._successors.items():
+            if b in found:
+                found.discard(b)
+                if g != a:
+                    found.add(a)
 
     def _reaches(self, start: set[int], target: int) -> bool:
         seen, todo = set(start), deque(start)
@@ -128,6 +142,7 @@ class _Groups:
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
+        self._merged_successors(a, b)
         self.members[a] += self.members.pop(b)
         self.anchors[a] += self.anchors.pop(b)
         if b in self.templated:
