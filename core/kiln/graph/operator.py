@@ -76,7 +76,7 @@ def _recorded_generated(task: Task) -> bool:
     return _tracing.get() and size > GENERATED_BYTES_HELD
 
 
-class _Recent:
+class Recent:
     """A mapping, safe across threads, that keeps its `limit()` most recently used entries."""
 
     def __init__(self, limit: Callable[[], int]):
@@ -121,7 +121,7 @@ class OperatorDef:
         self.traits = traits
         self.signature = inspect.signature(definition)
         self.__doc__ = definition.__doc__
-        self._tasks = _Recent(lambda: TASKS_KEPT)
+        self._tasks = Recent(lambda: TASKS_KEPT)
 
     def __repr__(self) -> str:
         return f"<operator {self.name}>"
@@ -254,7 +254,7 @@ class Operator:
 
 
 # (id(task), device, tuning level or None) -> (task, its kernel): the task is held so that its id stays its own
-_compiled = _Recent(lambda: KERNELS_KEPT)
+_compiled = Recent(lambda: KERNELS_KEPT)
 
 
 def compiled_task(task: Task, device: Device, settings: Settings | None = None):

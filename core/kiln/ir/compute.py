@@ -127,10 +127,14 @@ class Task:
 
     @property
     def is_injective(self) -> bool:
-        """True when no compute of the task reduces."""
-        return not any(isinstance(n, Compute) and n.has_reduce for n in self.nodes())
+        """True when no compute of the task reduces (found once)."""
+        return self.derived(_is_injective)
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
         outs = ", ".join(f"{t.dtype}{list(t.shape)}" for t in self.outputs)
         return f"Task {self.name}({ins}) -> {outs}"
+
+
+def _is_injective(task: Task) -> bool:
+    return not any(isinstance(n, Compute) and n.has_reduce for n in task.nodes())

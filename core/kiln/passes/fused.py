@@ -9,6 +9,11 @@ through their hooks (`kiln.codegen.hooks`). The node keeps its members as a Flow
 (`fused_graph`) and the position of its anchor, the reduction or template-scheduled member:
 
     x_1: float32[2, 2][cpu] = FusedMatmul(x, c, c_1, fused_graph=FlowGraph(Matmul, Add), anchor=0)
+
+Groups of the same structure share one Task (`group_key`): the layers of a transformer fuse
+into identical groups, whose members share their operators' Tasks
+(`kiln.graph.OperatorDef.task`), so the Task is composed once, and what is derived from it by
+identity (the templates that take it, its built kernel) is derived once for all of them.
 """
 from __future__ import annotations
 
@@ -16,9 +21,18 @@ import math
 from typing import Sequence
 
 from kiln.graph import FlowGraph, Operator
+from kiln.graph.operator import Recent
 from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var, rewrite, substitute
 from kiln.ir.expr import walk
+from kiln.ir.size import size_key
 from kiln.tensor import Tensor
+
+GROUPS_KEPT = 1024
+"""The most composed Tasks kept for groups of distinct structure (`group_key`); the least
+recently used goes first (a group of its structure then composes its Task again)."""
+
+# group_key -> (the members' tasks, held so that their ids stay their own; the composed Task)
+_composed = Recent(lambda: GROUPS_KEPT)
 
 
 class _NotFoldable(Exception):
@@ -102,12 +116,42 @@ def compose_task(name: str, nodes: Sequence[Operator], inputs: Sequence[Tensor],
     return Task(name, task_inputs, task_outputs)
 
 
+def group_key(nodes: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+              anchor: int) -> tuple:
+    """What `compose_task` reads of a group, as a hashable key: each member's Task (by identity)
+    and operator, where each of its inputs comes from (the group input at a position, or a
+    member's output), the group inputs' shapes and dtypes, which member outputs the group
+    returns and the anchor's position. Groups of equal keys compose equal Tasks."""
+    source = {id(t): ("in", k) for k, t in enumerate(inputs)}
+    for j, node in enumerate(nodes):
+        source.update((id(t), (j, k)) for k, t in enumerate(node.outputs))
+    members = tuple((id(n.task), n.definition.name, tuple(source[id(t)] for t in n.inputs)) for n in nodes)
+    return (members, tuple((size_key(t.shape), t.dtype.name) for t in inputs),
+            tuple(source[id(t)] for t in outputs), anchor)
+
+
+def _group_task(nodes: list[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                anchor: int) -> Task:
+    """The Task of the group (see `FusedOperator`), composed once for each `group_key`."""
+    key = group_key(nodes, inputs, outputs, anchor)
+    found = _composed.get(key)
+    if found is None:
+        anchor_node = nodes[anchor]
+        task = compose_task(f"fused_{anchor_node.definition.name}", nodes, inputs, outputs, anchor_node)
+        task.attrs.update(anchor_node.task.attrs)     # what the anchor's templates read
+        task.attrs.update(anchor=anchor, anchor_operator=anchor_node.definition.name)
+        found = ([n.task for n in nodes], task)
+        _composed.put(key, found)
+    return found[1]
+
+
 class FusedOperator(Operator):
     """Operators `nodes` (in graph order) fused into one node with one Task.
 
     `inputs` are the tensors the group reads from outside, `outputs` the member tensors used
     outside it (in the given order); `anchor` is the index in `nodes` of the member the group
-    is built around. `definition` is the anchor's: schedules dispatch on it.
+    is built around. `definition` is the anchor's: schedules dispatch on it. Groups of the same
+    structure share their Task (see the module docs).
     """
 
     def __init__(self, nodes: Sequence[Operator], inputs: Sequence[Tensor],
@@ -120,10 +164,7 @@ class FusedOperator(Operator):
         self.inputs = list(inputs)
         self.attrs = {"fused_graph": self.fused_graph, "anchor": anchor}
         self.device = anchor_node.device
-        self.task = compose_task(f"fused_{anchor_node.definition.name}", nodes, inputs, outputs,
-                                 anchor_node)
-        self.task.attrs.update(anchor_node.task.attrs)     # what the anchor's templates read
-        self.task.attrs.update(anchor=anchor, anchor_operator=anchor_node.definition.name)
+        self.task = _group_task(nodes, inputs, outputs, anchor)
         self.outputs = [Tensor(t.shape, t.dtype, self.device, trace=(self, k)) for k, t in enumerate(outputs)]
 
     @property

@@ -58,9 +58,17 @@ def keeps_templates(anchor: Operator, fused: FusedOperator, session: CompileSess
 
 def moves_data(node: Operator) -> bool:
     """Whether `node` only moves data: each element of each output is an input element (a view,
-    or the parts of a split)."""
-    lowered = inline_task(node.task)
+    or the parts of a split); found once for each task."""
+    return node.task.derived(_moves_data)
+
+
+def _moves_data(task) -> bool:
+    lowered = inline_task(task)
     return not lowered.temporaries and all(isinstance(b.value, Load) for b in lowered.buffers)
+
+
+def _is_row_task(task) -> bool:
+    return row_task(inline_task(task)) is not None
 
 
 class _Groups:
@@ -81,6 +89,7 @@ class _Groups:
                           and session.contributed(n.definition.name, n.device.kind)}
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
+        self._successors: dict[int, set[int]] = {}
         self.index = {id(n): k for k, n in enumerate(self.nodes)}
 
     def reads_views(self, g: int) -> bool:
@@ -91,8 +100,21 @@ class _Groups:
         return bool(getattr(best, "reads_views", False))
 
     def successors(self, g: int) -> set[int]:
-        return {self.group[id(u)] for n in self.members[g] for t in n.outputs
-                for u in self.users.get(id(t), ())} - {g}
+        """The groups reading an output of group g's members (kept until a merge changes them)."""
+        if g not in self._successors:
+            self._successors[g] = {self.group[id(u)] for n in self.members[g] for t in n.outputs
+                                   for u in self.users.get(id(t), ())} - {g}
+        return self._successors[g]
+
+    def _merged_successors(self, a: int, b: int) -> None:
+        """The successor sets, group b having joined group a: a's found again, b read as a."""
+        self._successors.pop(a, None)
+        self._successors.pop(b, None)
+        for g, found in self._successors.items():
+            if b in found:
+                found.discard(b)
+                if g != a:
+                    found.add(a)
 
     def _reaches(self, start: set[int], target: int) -> bool:
         seen, todo = set(start), deque(start)
@@ -120,6 +142,7 @@ class _Groups:
             return False
         for n in self.members[b]:
             self.group[id(n)] = a
+        self._merged_successors(a, b)
         self.members[a] += self.members.pop(b)
         self.anchors[a] += self.anchors.pop(b)
         if b in self.templated:
@@ -211,7 +234,7 @@ class _Groups:
         """Whether `members` fused are one row task (one row output, each reduction and each
         further output a row statistic)."""
         fused = self.fused(members)
-        return fused is not None and row_task(inline_task(fused.task)) is not None
+        return fused is not None and fused.task.derived(_is_row_task)
 
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the

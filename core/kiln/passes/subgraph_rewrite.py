@@ -46,8 +46,9 @@ class RewriteSubgraphs(GraphPass):
         claimed: set[int] = set()
         tainted: set[int] = set()
         replacements: dict[int, list[Tensor]] = {}
+        rooted = _by_root(patterns)
         for node in graph.nodes:
-            for pattern in patterns:
+            for pattern in rooted.get(node.definition.name, ()):
                 m = pattern.match(node, us, outputs)
                 if (m is None or any(id(n) in claimed for n in m.nodes)
                         or any(id(t) in tainted for t in m.tensors)):
@@ -63,6 +64,16 @@ class RewriteSubgraphs(GraphPass):
             if id(node) in replacements or any(id(t) in tainted for t in node.inputs):
                 tainted.update(id(t) for t in node.outputs)
         return replacements
+
+
+def _by_root(patterns) -> dict[str, list[RewritePattern]]:
+    """The patterns (in order) whose root matches a node of each operator name: a node is
+    tried against these only, the others' roots refusing its operator."""
+    rooted: dict[str, list[RewritePattern]] = {}
+    for pattern in patterns:
+        for name in dict.fromkeys(pattern.source.names):
+            rooted.setdefault(name, []).append(pattern)
+    return rooted
 
 
 def _check(pattern: RewritePattern, node, new: list[Tensor]) -> None:
