@@ -72,6 +72,25 @@ def test_consecutive_batch_norm_folds_compute_each_layer_once():
     run_both(graph, opt, torch.randn(1, 2, 4, 4), atol=1e-4, rtol=1e-4)
 
 
+def test_chained_rewrites_are_found_in_one_round(monkeypatch):
+    """Each layer's match reads the layer before's rewritten output: all are found in the first
+    round (built on the old tensors, moved onto the new ones by the rebuild), the second finds
+    nothing left; before, each layer waited a round for the one before."""
+    rounds = []
+    found = RewriteSubgraphs._round
+    monkeypatch.setattr(RewriteSubgraphs, "_round",
+                        staticmethod(lambda graph, patterns: rounds.append(found(graph, patterns)) or rounds[-1]))
+    x, w, b = kiln.symbol([2, 4]), kiln.symbol([4, 4]), kiln.symbol([4])
+    h = x
+    for _ in range(6):
+        h = ops.relu(ops.add(b, ops.matmul(h, ops.transpose(w, 0, 1))))
+    graph = kiln.trace_from(h, [x, w, b])
+    opt = apply(RewriteSubgraphs(), graph)
+    assert names(opt) == ["Linear", "Relu"] * 6
+    assert [len(r) for r in rounds] == [6, 0]
+    run_both(graph, opt, torch.randn(2, 4), torch.randn(4, 4) / 2, torch.randn(4), atol=1e-5, rtol=1e-5)
+
+
 def test_linear_batch_norm_folds_into_the_layer():
     x = kiln.symbol([4, 3])
     y = ops.batch_norm(ops.linear(x, const(5, 3)), const(5), kiln.from_torch(torch.rand(5) + 0.5))

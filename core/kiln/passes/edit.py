@@ -72,13 +72,35 @@ Rewrite = Callable[[Operator, list[Tensor]], "Sequence[Tensor] | None"]
 def rebuild(graph: FlowGraph, rewrite: Rewrite | None = None) -> FlowGraph:
     """A new graph with each node (in order) replaced by `rewrite(node, new_inputs)`'s outputs,
     or re-applied to its new inputs where `rewrite` returns None. Graph inputs and the order
-    of outputs are kept; nodes nothing uses any more are dropped."""
+    of outputs are kept; nodes nothing uses any more are dropped. A replacement may be built
+    on the old graph's tensors (a rewrite found before the graph changed upstream of it): it
+    is computed again from their new versions."""
     mapping: dict[int, Tensor] = {}
+    made: set[int] = set()          # the ids of the new graph's tensors made so far
     for node in graph.nodes:
         inputs = [mapping.get(id(t), t) for t in node.inputs]
         outs = rewrite(node, inputs) if rewrite is not None else None
-        if outs is None:
-            outs = reapply(node, inputs)
+        outs = reapply(node, inputs) if outs is None else _rebased(outs, mapping, made)
         for old, new in zip(node.outputs, outs):
             mapping[id(old)] = new
+            made.add(id(new))
     return trace_from([mapping.get(id(t), t) for t in graph.outputs], graph.inputs)
+
+
+def _rebased(tensors: Sequence[Tensor], mapping: dict[int, Tensor], made: set[int]) -> list[Tensor]:
+    """`tensors` computed from the new versions (`mapping`, by old id) of the old tensors they
+    read; the new graph's own tensors (`made`), inputs and constants are read as they are."""
+    redone: dict[int, Tensor] = {}
+
+    def new(t: Tensor) -> Tensor:
+        if id(t) in mapping:
+            return mapping[id(t)]
+        node = producer(t)
+        if id(t) in made or node is None:
+            return t
+        if id(t) not in redone:
+            for old, out in zip(node.outputs, reapply(node, [new(x) for x in node.inputs])):
+                redone[id(old)] = out
+        return redone[id(t)]
+
+    return [new(t) for t in tensors]

@@ -39,19 +39,17 @@ class RewriteSubgraphs(GraphPass):
 
     @staticmethod
     def _round(graph, patterns) -> dict[int, list[Tensor]]:
-        """Replacements (by node id) for non-overlapping matches, in graph order. A match
-        reading a tensor that depends on a root replaced in this round waits for the next
-        round, so that no replacement reads a tensor that is about to be replaced."""
+        """Replacements (by node id) for non-overlapping matches, in graph order. A replacement
+        reading tensors downstream of another root replaced in this round is built on their
+        old versions, and `rebuild` computes it again from the new ones."""
         us, outputs = users(graph), {id(t) for t in graph.outputs}
         claimed: set[int] = set()
-        tainted: set[int] = set()
         replacements: dict[int, list[Tensor]] = {}
         rooted = _by_root(patterns)
         for node in graph.nodes:
             for pattern in rooted.get(node.definition.name, ()):
                 m = pattern.match(node, us, outputs)
-                if (m is None or any(id(n) in claimed for n in m.nodes)
-                        or any(id(t) in tainted for t in m.tensors)):
+                if m is None or any(id(n) in claimed for n in m.nodes):
                     continue
                 new = pattern.rewrite(m)
                 if new is None:
@@ -61,8 +59,6 @@ class RewriteSubgraphs(GraphPass):
                 replacements[id(node)] = new
                 claimed.update(id(n) for n in m.nodes)
                 break
-            if id(node) in replacements or any(id(t) in tainted for t in node.inputs):
-                tainted.update(id(t) for t in node.outputs)
         return replacements
 
 
