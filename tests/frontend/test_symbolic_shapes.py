@@ -85,13 +85,15 @@ def test_only_the_last_signatures_are_kept():
 
 
 def test_a_new_size_at_every_call_keeps_what_the_process_holds_bounded(monkeypatch):
-    """One function called at 200 widths (issue 30): the Tasks of each operator and the
-    kernels kept for reuse stay within their bounds (made small here), the loaded kernels are
+    """One function called at 200 widths (issue 30): the Tasks of each operator, the fused
+    groups' Tasks and the kernels kept for reuse stay within their bounds (made small here), the loaded kernels are
     those still used (the graphs of the last SIGNATURES_KEPT sizes and the kernels kept), and
     every size, old or kept, still runs."""
     operators = sys.modules["kiln.graph.operator"]
     monkeypatch.setattr(operators, "TASKS_KEPT", 8)
     monkeypatch.setattr(operators, "KERNELS_KEPT", 8)
+    groups = sys.modules["kiln.passes.fused"]
+    monkeypatch.setattr(groups, "GROUPS_KEPT", 8)
     fn = lambda x: torch.relu(x) * 2 + 1
     compiled = torch.compile(fn, backend="kiln", dynamic=True)
     before = set(map(id, KilnFunction.live()))
@@ -108,6 +110,7 @@ def test_a_new_size_at_every_call_keeps_what_the_process_holds_bounded(monkeypat
     used = {id(step.kernel.kernel) for run in function.graphs.values() for step in run.graph.compile().steps}
     assert len(function.graphs) == SIGNATURES_KEPT
     assert len(operators._compiled) <= 8
+    assert 0 < len(groups._composed) <= 8
     tasks = {name: len(d._tasks) for name, d in definitions.items() if len(d._tasks) != tasks_before[name]}
     assert tasks and max(tasks.values()) <= 8, tasks
     assert len(loaded) - loaded_before <= SIGNATURES_KEPT + 8
