@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Callable
 
 from kiln.log import current_record, logger
+from kiln.runtime.threads import threads_for
 from kiln.settings import current
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -212,12 +213,13 @@ _PART = 1 << 22
 
 def _checksum(data) -> str:
     """The hex sha256 of `data`; for more than `_PART` bytes, "parts " and the sha256 of the
-    sha256 digests of its `_PART`-byte parts, hashed at once on the machine's cores."""
+    sha256 digests of its `_PART`-byte parts, hashed at once on torch's threads
+    (`kiln.runtime.threads`)."""
     view = memoryview(data)
     if len(view) <= _PART:
         return hashlib.sha256(view).hexdigest()
     parts = [view[k:k + _PART] for k in range(0, len(view), _PART)]
-    with ThreadPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(threads_for(len(parts), len(view))) as pool:
         digests = list(pool.map(lambda part: hashlib.sha256(part).digest(), parts))
     return "parts " + hashlib.sha256(b"".join(digests)).hexdigest()
 
