@@ -428,6 +428,7 @@ class CompiledRun:
             first = len(compiled.outputs) - len(self.writeback)
             inputs = {p: j for j, p in enumerate(self.positions)}
             self.write_back = [(first + k, inputs[p]) for k, p in enumerate(self.writeback)]
+            self.written = {j for _, j in self.write_back}     # always bound: captured in place
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
@@ -435,10 +436,9 @@ class CompiledRun:
     def _capture(self, inputs: list[torch.Tensor]):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:
         such calls run without a CUDA graph)."""
-        if not all(inputs[j].is_contiguous() for _, j in self.write_back):
+        if not all(inputs[j].is_contiguous() for j in self.written):
             return None
-        written = {j for _, j in self.write_back}
-        bound = [j for j, t in enumerate(inputs) if j not in written and t.is_contiguous()
+        bound = [j for j, t in enumerate(inputs) if j not in self.written and t.is_contiguous()
                  and (j in self.static or stays_put(t)) and self.relocations[j] < self.MOVES_BEFORE_COPY]
         captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
                            copied_out=True)
@@ -474,8 +474,8 @@ class CompiledRun:
         moved = newest.moved(inputs) if newest is not None else []
         # another graph's lent values move when it is captured again, and an input written back
         # is always bound: neither is counted
-        written = {j for _, j in self.write_back}
-        self.relocations.update(j for j in moved if j not in written and (j in self.static or not stays_put(inputs[j])))
+        self.relocations.update(j for j in moved
+                                if j not in self.written and (j in self.static or not stays_put(inputs[j])))
         moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
         self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
         captures = list(self.captures.items())
