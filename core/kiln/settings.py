@@ -80,6 +80,8 @@ class Settings:
     """Run operators no rule maps in PyTorch, compiling the rest, instead of raising."""
     allow_tf32: bool = setting(False, option=True)
     """float32 matrix products on CUDA may run on TF32 tensor cores (`kiln.passes.tf32`)."""
+    allow_tf32_convolution: bool = setting(False, option=True)
+    """float32 convolutions on CUDA may run on TF32 tensor cores (`kiln.passes.tf32`)."""
     graph_cache: bool = setting(True, env="KILN_GRAPH_CACHE", parse=_unless_zero, option=True, keyed=False)
     """Keep compiled graphs' plans on disk and reuse them (`kiln.frontend.torch.graph_cache`)."""
     channels_last: str = setting("auto")

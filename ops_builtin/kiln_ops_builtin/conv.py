@@ -6,7 +6,7 @@ over the input channels of its group and the kernel window; zero padding is a se
 bounds, so out-of-range elements are never read. 16-bit floats accumulate in float32.
 """
 from kiln import dtypes
-from kiln.graph import OperatorError, Traits, operator
+from kiln.graph import TF32, OperatorError, Traits, operator
 from kiln.ir import cast, compute, eq, reduce, select
 
 from kiln_ops_builtin.common import (
@@ -141,9 +141,11 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups)
 
 
-@operator("conv2d", traits=Traits(channels_last="conv2d_channels_last"))
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """torch.nn.functional.conv2d; padding is an int, a pair, 'valid' or 'same'."""
+@operator("conv2d", traits=Traits(channels_last="conv2d_channels_last", tf32=TF32.CONVOLUTION))
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, allow_tf32=False):
+    """torch.nn.functional.conv2d; padding is an int, a pair, 'valid' or 'same'. `allow_tf32`:
+    a GPU template may round float32 operands to TF32 (as cuDNN under
+    `torch.backends.cudnn.allow_tf32`); the values defined do not change."""
     return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups)
 
 
@@ -174,10 +176,10 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
                            groups, dilation)
 
 
-@operator("conv2d_channels_last")
-def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+@operator("conv2d_channels_last", traits=Traits(tf32=TF32.CONVOLUTION))
+def conv2d_channels_last(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, allow_tf32=False):
     """conv2d on channels-last data: x of shape (N, H, W, C), weight (O, kH, kW, C / groups),
-    result (N, OH, OW, O); padding is an int or a pair.
+    result (N, OH, OW, O); padding is an int or a pair; `allow_tf32` as conv2d's.
 
     The layout pass (`kiln.passes.layout`) runs convolution-heavy regions through it. Its
     reduction runs over (kernel row, kernel column, channel), the memory order of both

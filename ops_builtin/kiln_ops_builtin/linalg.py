@@ -9,7 +9,7 @@ change the definition, which the CPU computes in float32.
 import operator as python
 
 from kiln import dtypes
-from kiln.graph import OperatorError, Traits, operator
+from kiln.graph import TF32, OperatorError, Traits, operator
 from kiln.ir import cast, compute, minimum, reduce, select
 
 from kiln_ops_builtin.common import accumulator_type, broadcast_load, broadcast_shape, check_dtype
@@ -28,7 +28,7 @@ def _check_operands(op: str, *tensors) -> None:
                             f"{', '.join(str(t.dtype) for t in tensors)}")
 
 
-@operator("matmul", traits=Traits(tf32=True, implements=python.matmul))
+@operator("matmul", traits=Traits(tf32=TF32.MATMUL, implements=python.matmul))
 def matmul(x, y, allow_tf32=False):
     """torch.matmul: dot product (1-D x 1-D), matrix-vector, vector-matrix, and matrix
     products with the batch dimensions broadcast (`allow_tf32`: see the module doc)."""
@@ -53,7 +53,7 @@ def matmul(x, y, allow_tf32=False):
     return compute(batch + rows + cols, element, dtype=x.dtype)
 
 
-@operator("linear", traits=Traits(tf32=True))
+@operator("linear", traits=Traits(tf32=TF32.MATMUL))
 def linear(x, weight, bias=None, allow_tf32=False):
     """torch.nn.functional.linear: x @ weight^T + bias, for x of shape (..., in_features),
     weight of shape (out_features, in_features) and bias of shape (out_features,)

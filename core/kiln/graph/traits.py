@@ -3,7 +3,7 @@
 A pass never asks an operator's name; it reads the traits its definition carries, declared
 next to the definition:
 
-    @operator("matmul", traits=Traits(tf32=True, implements=python.matmul))
+    @operator("matmul", traits=Traits(tf32=TF32.MATMUL, implements=python.matmul))
     def matmul(x, y, allow_tf32=False):
         ...
 
@@ -36,6 +36,17 @@ class Role(Enum):
     channels with it, and carries channels-last data through its nodes."""
 
 
+class TF32(Enum):
+    """The permission under which an operator's float32 products may run on TF32 tensor cores
+    (`Traits(tf32=...)`). Its value is the setting (`kiln.settings.Settings`) that carries the
+    permission, which the torch backend copies from torch's flag of the same kind."""
+
+    MATMUL = "allow_tf32"
+    """Matrix products: torch's `torch.backends.cuda.matmul.allow_tf32`."""
+    CONVOLUTION = "allow_tf32_convolution"
+    """Convolutions: torch's `torch.backends.cudnn.allow_tf32` (True by default)."""
+
+
 class Layout(Enum):
     """How layout planning (`kiln.passes.layout`) carries channels-last data through an
     operator's nodes (`Traits(layout=...)`). Without one, a node is planned as element-wise
@@ -56,10 +67,11 @@ class Layout(Enum):
 class Traits:
     """The traits of one operator definition (`OperatorDef.traits`)."""
 
-    tf32: bool = False
-    """A matrix product whose float32 operands a GPU may round to TF32 when torch allows it:
-    the definition takes an `allow_tf32` attribute, which the `allow_tf32` pass sets and a
-    template may read (the definition's values do not change)."""
+    tf32: TF32 | None = None
+    """A product whose float32 operands a GPU may round to TF32 when the permission it names
+    allows it (`TF32.MATMUL`, `TF32.CONVOLUTION`; True, as plugins wrote it before there were
+    two, is `TF32.MATMUL`): the definition takes an `allow_tf32` attribute, which the
+    `allow_tf32` pass sets and a template may read (the definition's values do not change)."""
     implements: Role | Callable | None = None
     """The job it does for the core: a `Role`, or a function of Python's `operator` module
     (`operator.add`: kiln Tensors' `a + b` and `b + a` apply this operator to `(a, b)` and
@@ -69,8 +81,9 @@ class Traits:
     channels_last: str | None = None
     """For a 2-D convolution `(x, weight, bias, stride, padding, dilation, groups)` of NCHW
     data: the name of the operator computing it on channels-last data (x (N, H, W, C), weight
-    (O, kH, kW, C / groups), padding a pair of ints). Layout planning starts channels-last
-    regions at such convolutions."""
+    (O, kH, kW, C / groups), padding a pair of ints; `allow_tf32=True` too where the
+    convolution's node has it, `tf32` being declared by both). Layout planning starts
+    channels-last regions at such convolutions."""
     view: bool = False
     """Its output is its first input's elements in the same row-major order, in another shape
     (reshape, flatten, squeeze): a node of it is compiled as a view of that input's memory
@@ -91,6 +104,10 @@ class Traits:
     (one that accumulates). Where such a result is written back into a graph input that nothing
     reads afterwards, the graph updates that input in place, writing only those elements
     (`kiln.passes.in_place`)."""
+
+    def __post_init__(self):
+        if isinstance(self.tf32, bool):
+            object.__setattr__(self, "tf32", TF32.MATMUL if self.tf32 else None)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln import dtypes
 from kiln.graph import Layout, Operator, OperatorDef, Role, trace_from
 from kiln.ir import Const, Load, Var, inline_task
 from kiln.passes.channels_last import NCHW_TO_NHWC, NHWC_TO_NCHW, in_channels_last, permuted_shape
@@ -97,10 +98,11 @@ def runs_channels_last(node: Operator, mode: str, session: CompileSession) -> bo
     """Whether convolution `node` runs channels-last under `mode` (the setting
     "channels_last"), asking `session` which templates take its channels-last form:
 
-    - "auto": convolutions on CUDA in float16 or bfloat16 that a schedule template on the
+    - "auto": convolutions on CUDA in float16 or bfloat16, or in float32 marked `allow_tf32`
+      (`kiln.passes.tf32`: they may run on TF32 tensor cores), that a schedule template on the
       device takes in their channels-last form (without such a template the NCHW templates are
       faster): the implicit GEMMs take ungrouped ones, conv_depthwise_nhwc depthwise and
-      small-group ones; float32 convolutions keep NCHW for now;
+      small-group ones; other float32 convolutions keep NCHW;
     - "always": every convolution its channels-last form can compute, on any device and in any
       type (what the CPU tests run);
     - "never": none.
@@ -114,8 +116,15 @@ def runs_channels_last(node: Operator, mode: str, session: CompileSession) -> bo
         return False
     if mode == "always":
         return True
-    return (node.device.kind == "cuda" and node.inputs[0].dtype.is_16bit_float
+    dtype = node.inputs[0].dtype
+    return (node.device.kind == "cuda" and (dtype.is_16bit_float or dtype == dtypes.float32 and _tf32(node))
             and _template_takes(node, session))
+
+
+def _tf32(node: Operator) -> dict:
+    """The TF32 permission `node` carries to its channels-last form: {"allow_tf32": True} where
+    the `allow_tf32` pass marked it, else nothing."""
+    return {"allow_tf32": True} if node.attrs.get("allow_tf32") else {}
 
 
 def _template_takes(node: Operator, session: CompileSession) -> bool:
@@ -133,7 +142,7 @@ def _template_takes(node: Operator, session: CompileSession) -> bool:
         "weight": placeholder((w.shape[0], *w.shape[2:], channels // args["groups"])),
         "bias": None if bias is None else placeholder(bias.shape),
         "stride": args["stride"], "padding": conv_padding(node), "dilation": args["dilation"],
-        "groups": args["groups"]})
+        "groups": args["groups"], **_tf32(node)})
     return bool(session.templates(task, node.device))
 
 
@@ -281,7 +290,7 @@ def plan_convolution(p: _Planner, node: Operator):
         channels = padded_channels(x.shape[-1], groups)
         x, weight = p.channels_padded(x, channels), p.channels_padded(weight, channels)
     form = provided(node.definition.traits.channels_last)
-    return [form(x, weight, bias, args["stride"], conv_padding(node), args["dilation"], groups)], True
+    return [form(x, weight, bias, args["stride"], conv_padding(node), args["dilation"], groups, **_tf32(node))], True
 
 
 def plan_through_view(p: _Planner, node: Operator):

@@ -48,7 +48,9 @@ def fold_channel_gate(m):
     if 2 * o > h * wd:         # the scaled weights (B x O x C) would outweigh the gated data (B x H W x C)
         return None
     scaled = ops["mul"](ops["reshape"](gate, [b, 1, c]), ops["reshape"](w, [1, o, c]))      # (B, O, C)
-    y = ops["matmul"](ops["reshape"](x, [b, h * wd, c]), ops["transpose"](scaled, 1, 2))   # (B, H W, O)
+    # the convolution's TF32 permission goes to the product computing it
+    y = ops["matmul"](ops["reshape"](x, [b, h * wd, c]), ops["transpose"](scaled, 1, 2),       # (B, H W, O)
+                      allow_tf32=m[_conv].attrs.get("allow_tf32", False))
     if bias is not None:
         y = ops["add"](y, bias)
     return ops["reshape"](y, [b, h, wd, o])

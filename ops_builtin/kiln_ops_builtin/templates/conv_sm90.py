@@ -1,4 +1,6 @@
-"""Hopper implicit-GEMM convolution: `conv2d_channels_last` in float16/bfloat16 on sm_90a.
+"""Hopper implicit-GEMM convolution: `conv2d_channels_last` in float16/bfloat16 on sm_90a, and
+in float32 on TF32 tensor cores where the task allows it (`allow_tf32`, which the torch backend
+sets from `torch.backends.cudnn.allow_tf32`).
 
 The convolution (`conv_nhwc.match_conv_nhwc`) is the GEMM M = batch * out_h * out_w output
 pixels, N = out channels, K = kh * kw * channels, K contiguous in x and in the weight, run on the
@@ -6,7 +8,8 @@ Hopper engine (`sm90_engine`: persistent warp-specialized wgmma kernel, mbarrier
 through the core's hooks, so fused bias, folded batch norm, activations and residual adds land
 there; grouped rasterization; split-K). B, the weight viewed as [N, K] K-major, comes by TMA.
 A, the im2col of x, is no TMA box: all 128 producer threads gather it with 16-byte
-`cp.async.cg` copies (eight channels of one tap of one output pixel; zero-filled, src-size 0,
+`cp.async.cg` copies (eight channels of one tap of one output pixel, four in float32;
+zero-filled, src-size 0,
 for padding, rows past M and k past K) into the 128-byte-swizzled K-major layout TMA would
 write, so the consumers' wgmma descriptors are unchanged, and arrive on the slot's full barrier
 with `cp.async.mbarrier.arrive.noinc`. Thread t copies 16-byte column t % 8 of rows t / 8 + 16 i:
@@ -15,8 +18,12 @@ out its rows' window corners once per tile (registers: the pixel offset, and the
 x packed in one word), so a k-slice costs a few adds and compares per copy. A 1x1, stride-1,
 unpadded convolution is a plain GEMM: x viewed as [pixels, channels] comes by TMA too.
 
+In float32 a stage's row of 128 bytes holds 32 elements of K, which wgmma's k8 TF32 products
+read (`sm90_engine.k_block`): the tensor cores drop the operands' low 13 bits. A float32
+convolution without `allow_tf32` is declined and computed in float32 elsewhere.
+
 Declines (conv_tc takes over): groups other than 1 (conv_depthwise_nhwc's), channels not a
-multiple of 8, operands that are not plain loads (a fused prologue),
+multiple of 8 (4 in float32), operands that are not plain loads (a fused prologue),
 other dtypes, inputs of 2^31 elements or more.
 
 Symbolic sizes (`Template.symbolic`): a symbolic batch (so M) is a kernel argument
@@ -32,16 +39,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kiln.template import CudaProgram, Template, TensorMapArg, device_code, dtypes
+from kiln.template import CudaDialect, CudaProgram, Template, TensorMapArg, device_code, dtypes
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
-from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, TmaLoad, program
+from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, TmaLoad, k_block, program
 
 PRODUCER_REGS = {4: 40, 8: 56, 16: 88}     # by rows gathered per producer thread
 
 # The gathering producer's members of the engine's program: x, and its Gather (cuda/conv_sm90.cuh)
 GATHER = """\
-    static __device__ __forceinline__ const uint16_t* x(PARAMS) {{ return {x}; }}
+    static __device__ __forceinline__ const {t}* x(PARAMS) {{ return {x}; }}
     using Gather = kiln::conv_sm90::Gather<kiln_sm90_program>;
 """
 
@@ -82,17 +89,24 @@ TALL = _k(64, 2, 2, 5)
 
 
 def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
-    K = conv.kh * conv.kw * conv.channels
-    weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (BK, bn))
+    K, kb = conv.kh * conv.kw * conv.channels, k_block(conv.dtype)
+    weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (kb, bn))
     load_b = TmaLoad("B", weight, bn)
     if conv.is_gemm:
-        x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (BK, bm))
+        x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (kb, bm))
         return Producer((TmaLoad("A", x, bm), load_b), (bm + bn) * BK * 2)
     geometry = {"H": conv.height, "W": conv.width, "C": conv.channels, "KW": conv.kw, "OH": conv.out_h,
                 "OW": conv.out_w, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
-                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "RPT": bm // 16}
+                "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "RPT": bm // 16,
+                "EPC": _per_copy(conv.dtype)}
+    members = GATHER.format(x=conv.x, t=CudaDialect().storage_type(conv.dtype))
     return Producer((load_b,), bn * BK * 2, threads=128, regs=PRODUCER_REGS[bm // 16], enums=geometry,
-                    members=GATHER.format(x=conv.x), source=device_code(__package__, "cuda/conv_sm90.cuh"))
+                    members=members, source=device_code(__package__, "cuda/conv_sm90.cuh"))
+
+
+def _per_copy(dtype) -> int:
+    """Elements of x in one 16-byte copy: channels of one tap, so C must be a multiple."""
+    return 16 // dtype.nbytes
 
 
 FIT_TILES = [split_k.Tile(k.as_dict(), k.BM, k.BN, BK, 2048) for k in (
@@ -119,9 +133,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     source."""
     conv = match_conv_nhwc(task)
     M, N, K = (split_k.bucket(x) for x in (conv.gemm.M, conv.gemm.N, conv.gemm.K))
-    ranked = split_k.rank(FIT_TILES, M, N, K, 1, sm_count, 2)
+    ranked = split_k.rank(FIT_TILES, M, N, K, 1, sm_count, conv.dtype.nbytes)
     tiles = lambda bm, bn: -(-M // bm) * -(-N // bn)
-    k_tiles = -(-K // BK)
+    k_tiles = -(-K // k_block(conv.dtype))
     wide_split = min(sm_count // tiles(128, 256), k_tiles // 8)
     gathered = not conv.is_gemm
     first = None
@@ -153,8 +167,11 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 def applies(task) -> bool:
     conv = match_conv_nhwc(task)
-    return (conv is not None and conv.groups == 1 and conv.dtype in (dtypes.float16, dtypes.bfloat16)
-            and conv.channels % 8 == 0
+    if conv is None:
+        return False
+    tf32 = conv.dtype == dtypes.float32 and bool(task.attrs.get("allow_tf32"))
+    return (conv.groups == 1 and (conv.dtype in (dtypes.float16, dtypes.bfloat16) or tf32)
+            and conv.channels % _per_copy(conv.dtype) == 0
             and conv.gemm.acc_dtype == dtypes.float32 and max(conv.height, conv.width) < 2 ** 15
             and (conv.batch + 1) * conv.height * conv.width * conv.channels < 2 ** 31
             and max(conv.gemm.M, conv.gemm.N * conv.gemm.K) < 2 ** 31)

@@ -23,6 +23,12 @@ Before it traces a graph for an input signature, a KilnFunction asks the whole-g
 settings and code: a hit skips mapping, graph passes, scheduling and rendering. A graph the
 cache holds is not checked for unmapped operators when dynamo hands it over (it compiled
 before), so a process whose graphs all hit never loads the plugins.
+
+A graph is compiled under torch's TF32 flags as they are when dynamo hands it over
+(`kiln.frontend.torch.config.FROM_TORCH`). Dynamo compiles again when the matmul flag changes,
+not when cuDNN's does (`config.UNGUARDED`): a KilnFunction whose plans depend on cuDNN's flag
+(float32 convolutions on CUDA: `kiln.passes.tf32.permissions`) reads it at each call and keeps
+a plan for each value it has seen; other graphs never read it.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import threading
 import warnings
 import weakref
 from collections import Counter, OrderedDict
+from dataclasses import replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -55,6 +62,7 @@ from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
+from kiln.passes.tf32 import permissions
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import capture, same_addresses, stays_put
 from kiln.settings import Settings, applied
@@ -67,20 +75,22 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
                  mode: str | None = None):
     """Compile a dynamo graph with Kiln under torch.compile's `mode` and `options`."""
     settings = dynamo_config.resolve(options, mode)
+    followed = dynamo_config.followed(options)
     if settings.print_input_graph:
         print(input_graph_table(gm))
     mutations = view_mutations(gm)
     if mutations:
-        return _functionalized(gm, example_inputs, settings, mutations)
+        return _functionalized(gm, example_inputs, settings, mutations, followed)
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs,
             lambda graph, examples, lent_from=None, static_inputs=(): compile_graph(
-                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs))
-    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs))
+                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs, followed=followed))
+    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs), followed=followed)
 
 
-def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str]):
+def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str],
+                    followed: dict | None = None):
     """`gm`, which changes tensors in place through views (`mutations`), compiled through
     AOTAutograd, whose functionalization rewrites views and in-place changes into pure
     operations and copies the new values into the caller's inputs after each call (without
@@ -94,7 +104,7 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
         return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
-                             static_inputs)
+                             static_inputs, followed)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -123,15 +133,18 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
-                  constants: set[str] = frozenset(), lent_from: int | None = None, static_inputs=()):
+                  constants: set[str] = frozenset(), lent_from: int | None = None, static_inputs=(),
+                  followed: dict | None = None):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
     holding parameters and buffers; the outputs from position `lent_from` on (a training
     forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
     instead of copied; the inputs at positions `static_inputs` (parameters) keep their memory
-    from call to call, and CUDA graphs read them in place."""
+    from call to call, and CUDA graphs read them in place; the settings `followed` (name ->
+    reader of torch's flag: `DynamoConfig.followed`) are read again at each call."""
     if not settings.fallback_to_eager:
-        function = KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
+        function = KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs,
+                                followed=followed)
         # a graph the whole-graph cache holds compiled before had every node mapped: its hit
         # needs no mapping rule, and the plugins are not loaded for it
         if not function.cached(example_inputs):
@@ -144,11 +157,12 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
     with stage("check", f"{len(gm.graph.nodes)} fx nodes"), unset_fake_temporarily():
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
-        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs)
+        return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs,
+                            followed=followed)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     left = left_to_pytorch(gm, for_pytorch)
-    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants, left))
+    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants, left, followed=followed))
 
 
 def _warn_once(message: str) -> None:
@@ -195,14 +209,23 @@ class KilnFunction:
 
     A call where an input the graph changes in place may share memory with another input runs
     `gm` in PyTorch (`kiln.frontend.torch.aliasing.shared_memory`); graphs that change no
-    input skip that check."""
+    input skip that check.
+
+    `followed` maps settings that torch's flags give and dynamo does not guard (cuDNN's TF32
+    flag: `DynamoConfig.followed`) to their flags' readers; each compile reads them. `follows`
+    lists those that some plan of the graph depends on (`RunRecord.permissions`, learned as
+    plans are made): from then on each call reads their flags, and their values join the key
+    of `graphs`, so that a call after a flag changed gets the plan made for the new value."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
-                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None, static_inputs=()):
+                 left_to_pytorch: list[dict] | None = None, lent_from: int | None = None, static_inputs=(),
+                 followed: dict | None = None):
         self.gm = gm
         self.settings = settings
+        self.followed = dict(followed or {})
+        self.follows: tuple[str, ...] = ()
         self.left_to_pytorch = left_to_pytorch or []
         self.lent_from = lent_from
         self.static_inputs = frozenset(static_inputs)
@@ -249,13 +272,22 @@ class KilnFunction:
         tensors and symbolic sizes, as AOTAutograd passes, are never looked up)."""
         if any(isinstance(a, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)) for a in args):
             return False
-        with applied(self.settings):
+        settings = self.settings_now()
+        with applied(settings):
             return graph_cache.holds(self.gm, args, input_sizes(self.gm, args), self.constant,
-                                     self._read_positions, self.settings)
+                                     self._read_positions, settings)
+
+    def settings_now(self) -> Settings:
+        """The settings a compile now runs under: `settings`, with the `followed` ones read
+        from torch's flags."""
+        if not self.followed:
+            return self.settings
+        return replace(self.settings, **{name: read() for name, read in self.followed.items()})
 
     def __call__(self, *args):
-        key = (tuple(_signature(args[k]) for k in self._keyed_positions) +
-               tuple(args[k].item() for k in self._read_positions))
+        signature = (tuple(_signature(args[k]) for k in self._keyed_positions) +
+                     tuple(args[k].item() for k in self._read_positions))
+        key = signature + tuple(self.followed[name]() for name in self.follows) if self.follows else signature
         # Constants are checked by memory and version (dynamo's guards fix their shapes and
         # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
@@ -265,7 +297,13 @@ class KilnFunction:
         compiled = self.graphs.get(key)
         if compiled is None or not _unchanged(constants, self._constants_state[key]):
             # kernels are built (and tuned) by this first run
-            compiled = self.graphs[key] = self._compile(args)
+            compiled = self._compile(args)
+            follows = tuple(name for name in self.followed
+                            if name in self.follows or name in compiled.record.permissions)
+            if follows != self.follows:     # the plans depend on a flag read at each call from now on
+                self.follows = follows
+                key = signature + tuple(self.followed[name]() for name in follows)
+            self.graphs[key] = compiled
             self._constants_state[key] = _constants_state(constants)
             self._constant_storages[key] = storages(args, self._constant_positions)
             if len(self.graphs) > SIGNATURES_KEPT:
@@ -291,16 +329,17 @@ class KilnFunction:
     def _compile(self, args) -> CompiledRun:
         """A new CompiledRun for the call `args`, compiled under the graph's settings (or served
         by the whole-graph cache)."""
-        with applied(self.settings):
-            return self._compile_now(args)
+        settings = self.settings_now()
+        with applied(settings):
+            return self._compile_now(args, settings)
 
-    def _compile_now(self, args) -> CompiledRun:
+    def _compile_now(self, args, settings: Settings) -> CompiledRun:
         described = [_describe_arg(a) for a in args]
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
         self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
         sizes = input_sizes(self.gm, args)
-        key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, self.settings)
+        key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, settings)
         if key is not None:
             with stage("graph cache"):
                 record = graph_cache.lookup(key, args)
@@ -308,19 +347,20 @@ class KilnFunction:
                     return self._run(record.plan.assemble(), record, args)
         folder = dump_folder()
         with recording() as record:
-            traced, traced_values, graph, run = self._trace_and_build(args, sizes, key, folder)
+            traced, traced_values, graph, run = self._trace_and_build(args, sizes, key, folder, settings)
         publish(compile_summary(self.gm, self.compile_id, described, self.left_to_pytorch, traced,
                                 graph, record, folder), self.compile_id)
         if folder is not None:
             dump_compiled(folder, self.gm, graph)
-        if self.settings.correctness_report:
+        if settings.correctness_report:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
         return run
 
-    def _trace_and_build(self, args, sizes, key, folder):
+    def _trace_and_build(self, args, sizes, key, folder, settings: Settings):
         """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
-        CompiledRun, for the call `args` of input `sizes`; the run's record stored in the graph
-        cache under `key` (when not None); each pass's graph written to `folder`."""
+        CompiledRun, for the call `args` of input `sizes` under `settings`; the run's record
+        stored in the graph cache under `key` (when not None); each pass's graph written to
+        `folder`."""
         values, inputs, positions = [], [], []
         # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them, and
         # so is a CPU tensor that only indexes others, as PyTorch's indexing copies it there
@@ -355,10 +395,10 @@ class KilnFunction:
                 written = {first + k: positions.index(p) for k, p in enumerate(writeback)}
                 graph = _optimize(traced, folder, written)
         with stage("build", f"{len(graph.nodes)} kernels"):
-            compiled = graph.compile(self.settings)
+            compiled = graph.compile(settings)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
-                           _leaves_from(result, self.lent_from))
+                           _leaves_from(result, self.lent_from), tuple(sorted(permissions(traced))))
         run = self._run(compiled, record, args, graph)
         if key is not None:
             graph_cache.store(key, record, args, self._constant_positions,

@@ -9,6 +9,11 @@ those in effect (`kiln.settings.current()`: environment variables as defaults, a
 `kiln.settings.patch`) with what was set here, torch.compile's mode and options over them,
 resolved when dynamo hands the backend a graph. Where an environment variable gives a setting's
 default (`KILN_GRAPH_CACHE` for `graph_cache`), the setting, once set, overrides it.
+
+`FROM_TORCH` lists the settings copied from torch's global flags when dynamo hands over a graph
+(its TF32 flags); dynamo's guards cover the matmul flag but not cuDNN's (`UNGUARDED`), so a
+compiled graph reads that one again at each call where its plans depend on it
+(`DynamoConfig.followed`, `kiln.frontend.torch.backend.KilnFunction`).
 """
 from __future__ import annotations
 
@@ -17,6 +22,18 @@ from dataclasses import replace
 import torch
 
 from kiln.settings import OPTIONS, Settings, current
+
+FROM_TORCH = {
+    "allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+    "allow_tf32_convolution": lambda: torch.backends.cudnn.allow_tf32,
+}
+"""The settings torch's global flags give, each with its flag's reader: TF32 for float32 matrix
+products (`torch.set_float32_matmul_precision("high")` sets that flag too) and for float32
+convolutions (cuDNN's flag, True by default)."""
+UNGUARDED = ("allow_tf32_convolution",)
+"""The settings of FROM_TORCH whose flag dynamo's guards do not cover
+(`torch._C._dynamo.guards.GlobalStateGuard` checks the matmul flag, not cuDNN's): changing one
+recompiles nothing, so the backend reads it again at each call."""
 
 MODES = {
     "default": {},
@@ -89,9 +106,10 @@ class DynamoConfig:
 
     def resolve(self, options: dict | None = None, mode: str | None = None) -> Settings:
         """The settings for one compile: these, updated by torch.compile's `mode` (given as
-        torch.compile's keyword or as options["mode"]) and `options`; `allow_tf32` is
-        torch's `torch.backends.cuda.matmul.allow_tf32` now (dynamo compiles again when it
-        changes) unless `options` sets it."""
+        torch.compile's keyword or as options["mode"]) and `options`; the settings of
+        `FROM_TORCH` are torch's flags now unless `options` sets them (`allow_tf32`:
+        `torch.backends.cuda.matmul.allow_tf32`, dynamo compiles again when it changes;
+        `allow_tf32_convolution`: `torch.backends.cudnn.allow_tf32`, see `followed`)."""
         options = dict(options or {})
         in_options = options.pop("mode", None)
         if mode and in_options and mode != in_options:
@@ -105,8 +123,15 @@ class DynamoConfig:
         if unknown:
             raise ValueError(f"backend 'kiln' does not know option(s) {', '.join(unknown)}; "
                              f"expected some of {', '.join(sorted(OPTIONS))}")
-        return replace(self.settings, **{"allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-                                         **MODES[mode], **options})
+        flags = {name: read() for name, read in FROM_TORCH.items()}
+        return replace(self.settings, **{**flags, **MODES[mode], **options})
+
+    @staticmethod
+    def followed(options: dict | None = None) -> dict:
+        """The settings of `UNGUARDED` that a compile under `options` takes from torch's flags
+        (those `options` does not set), each with its flag's reader: its compiled graph reads
+        them again at each call and compiles again where one changed."""
+        return {name: FROM_TORCH[name] for name in UNGUARDED if name not in (options or {})}
 
     def __repr__(self) -> str:
         return f"DynamoConfig({self.changes})"

@@ -22,7 +22,9 @@ class RunRecord:
     structure (`Output` where a graph output goes, plain values as they are), the positions of
     the inputs the last outputs are written back to (inputs the graph changes in place), the
     inputs copied to a device first (by position among the plan's inputs: CPU scalars of a
-    graph on a GPU) and the outputs a CUDA graph lends (a training forward's saved values)."""
+    graph on a GPU), the outputs a CUDA graph lends (a training forward's saved values) and the
+    settings deciding whether some operator of the traced graph runs on TF32
+    (`kiln.passes.tf32.permissions`: the plan depends on them)."""
 
     plan: plan.Plan
     positions: list[int]
@@ -30,6 +32,7 @@ class RunRecord:
     writeback: list[int]
     moves: dict[int, str] = field(default_factory=dict)
     lent: list[int] = field(default_factory=list)
+    permissions: tuple[str, ...] = ()
 
 
 def dumps(record) -> bytes:

@@ -1,15 +1,17 @@
 // The producer of kiln_ops_builtin.templates.conv_sm90 where x is gathered (its docstring tells
 // how): kiln::conv_sm90::Gather<P>, the Gather of the engine's program P (cuda/sm90_engine.cuh),
 // whose 128 producer threads copy the im2col of x into the ring's 128-byte-swizzled K-major A
-// stages with cp.async. Thread tid copies 16-byte column tid % 8 of rows tid / 8 + 16 i.
+// stages with cp.async. Thread tid copies 16-byte column tid % 8 of rows tid / 8 + 16 i: EPC
+// channels of one tap (8 of 16-bit x, 4 of float32 x, which the consumers read as TF32).
 //
 // Needs, ahead of it, the PTX wrappers CP_ASYNC and MBARRIER, the macros K, M, PARAMS and KERNEL_ARGS,
 // and, ahead of a use, these members of P (conv_sm90.py renders them):
-//   BK                         16-bit elements of a stage's row
+//   BK                         16-bit units of a stage's row (128 bytes)
+//   EPC                        x's elements in a 16-byte copy
 //   H, W, C, KW, OH, OW        x's height, width and channels, the kernel's width, the output's size
 //   SH, SW, PH, PW, DH, DW     stride, padding and dilation
 //   RPT                        rows gathered per producer thread
-//   x(KERNEL_ARGS)             x, the input read
+//   x(KERNEL_ARGS)             x, the input read (a pointer to 16-bit units or to floats)
 
 namespace kiln::conv_sm90 {
 
@@ -26,12 +28,13 @@ static __device__ __forceinline__ void rows_at(int64_t m0, int64_t rows, int r0,
     }
 }
 
-// 16-byte column j (eight channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
-// into the 128-byte-swizzled K-major stage `as`, whose row r0 holds that column at element `at`
-template <class P>
-static __device__ __forceinline__ void gather(const uint16_t* x, uint16_t* as, int k0, int j, int at, const int* pix,
+// 16-byte column j (EPC channels of one tap) of the k-slice at k0 for the rows r0 + 16 i,
+// into the 128-byte-swizzled K-major stage `as`, whose row r0 holds that column at 16-bit unit `at`
+template <class P, class T>
+static __device__ __forceinline__ void gather(const T* x, uint16_t* as, int k0, int j, int at, const int* pix,
                                               const int* yx) {
-    const int k = k0 + j * 8, tap = k / P::C, ch = k - tap * P::C, ry = tap / P::KW, rx = tap - ry * P::KW;
+    static_assert(sizeof(T) * P::EPC == 16, "a copy is 16 bytes of x");
+    const int k = k0 + j * P::EPC, tap = k / P::C, ch = k - tap * P::C, ry = tap / P::KW, rx = tap - ry * P::KW;
     const int dy = ry * P::DH, dx = rx * P::DW, shift = (dy * P::W + dx) * P::C + ch;
     uint16_t* dst = as + at;
 #pragma unroll
