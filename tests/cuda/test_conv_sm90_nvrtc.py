@@ -1,7 +1,8 @@
 """The Hopper convolution (`conv_sm90`) without a GPU: which `conv2d_channels_last` tasks it
-takes and declines (and that conv_tc takes what it declines), the geometry it reads back from
-plain and fused tasks, its producers (gathered A, or TMA for 1x1 stride-1 convolutions), its
-level-0 choices, and every knob setting of its level-2 space compiled with NVRTC for sm_90a."""
+takes and declines (and that conv_tc takes what it declines; float32 only with `allow_tf32`),
+the geometry it reads back from plain and fused tasks, its producers (gathered A, or TMA for
+1x1 stride-1 convolutions; 32-element k-slices in float32), its level-0 choices, and every knob
+setting of its level-2 space compiled with NVRTC for sm_90a, in float32 on TF32 too."""
 import pytest
 import torch
 
@@ -60,13 +61,27 @@ def test_declines_and_conv_tc_takes_over():
     assert [t.name for t in schedules_for(odd_channels, "cuda", 80)] == ["conv_tc"]
 
 
-def _fused(prologue=False):
+def test_float32_only_with_allow_tf32():
+    """Float32 runs on TF32 tensor cores where the task allows it, its channels a multiple of
+    four (one 16-byte copy); without `allow_tf32` it is declined (computed in float32
+    elsewhere)."""
+    for xs, ws, kwargs in SHAPES:
+        assert conv_sm90.applies(_task(xs, ws, torch.float32, allow_tf32=True, **kwargs))
+        assert not conv_sm90.applies(_task(xs, ws, torch.float32, **kwargs))
+    assert conv_sm90.applies(_task((1, 9, 9, 12), (8, 3, 3, 12), torch.float32, padding=1, allow_tf32=True))
+    assert not conv_sm90.applies(_task((1, 9, 9, 6), (8, 3, 3, 6), torch.float32, padding=1, allow_tf32=True))
+    assert not conv_sm90.applies(_task((1, 9, 9, 16), (8, 3, 3, 8), torch.float32, padding=1, groups=2,
+                                       allow_tf32=True))
+
+
+def _fused(prologue=False, dtype="float16", **attrs):
     ops = kiln.ops
-    x = kiln.symbol((2, 9, 9, 16), "float16", "cpu")
-    res = kiln.symbol((2, 5, 5, 32), "float16", "cpu")
-    w = kiln.from_torch(torch.randn(32, 3, 3, 16).half())
-    b = kiln.from_torch(torch.randn(32).half())
-    y = ops.relu(ops.add(ops.conv2d_channels_last(ops.relu(x) if prologue else x, w, b, stride=2, padding=1), res))
+    x = kiln.symbol((2, 9, 9, 16), dtype, "cpu")
+    res = kiln.symbol((2, 5, 5, 32), dtype, "cpu")
+    w = kiln.from_torch(torch.randn(32, 3, 3, 16).to(getattr(torch, dtype)))
+    b = kiln.from_torch(torch.randn(32).to(getattr(torch, dtype)))
+    y = ops.relu(ops.add(ops.conv2d_channels_last(ops.relu(x) if prologue else x, w, b, stride=2, padding=1,
+                                                  **attrs), res))
     graph = optimize(kiln.trace_from(y, [x, res]))
     return [n.task for n in graph.nodes if n.task.name == "conv2d_channels_last"][0]
 
@@ -124,6 +139,22 @@ def test_producers():
     assert "PRODUCERS = 1," in gemm.source and "kiln::conv_sm90::Gather" not in gemm.source
 
 
+def test_float32_producers_read_32_element_k_slices_on_tf32():
+    """A stage's 128-byte rows hold 32 float32 elements of K: the boxes are 32 deep, a gathered
+    copy carries four channels, and the product is wgmma's k8 TF32."""
+    gathered = conv_sm90.render(_task((2, 17, 15, 16), (24, 3, 3, 16), torch.float32, stride=2, padding=1,
+                                      allow_tf32=True), **DEFAULT)
+    (b,) = _maps(gathered)
+    assert (b.dims, b.box) == ((144, 24), (32, 256)) and "EPC = 4" in gathered.source
+    assert "KB = 32" in gathered.source and "k8.f32.tf32.tf32" in gathered.source
+    assert "const float* x(" in gathered.source
+    gemm = conv_sm90.render(_task((3, 10, 9, 64), (72, 1, 1, 64), torch.float32, allow_tf32=True), **DEFAULT)
+    a, b = _maps(gemm)
+    assert (a.dims, a.box) == ((64, 270), (32, 128)) and (b.dims, b.box) == ((64, 72), (32, 256))
+    half = conv_sm90.render(_task((2, 17, 15, 16), (24, 3, 3, 16), stride=2, padding=1), **DEFAULT).source
+    assert "EPC = 8" in half and "KB = 64" in half and "const uint16_t* x(" in half
+
+
 @pytest.mark.parametrize("xs,ws,kwargs,first", [
     ((32, 56, 56, 64), (256, 1, 1, 64), {}, conv_sm90.PING_PONG_WIDE.as_dict()),
     ((32, 14, 14, 1024), (512, 1, 1, 1024), {}, conv_sm90.PING_PONG.as_dict()),
@@ -148,10 +179,11 @@ def test_space_fits():
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("xs,ws,kwargs", [SHAPES[0], SHAPES[2], SHAPES[4]], ids=["3x3_s2", "1x1", "stem_7x7"])
 def test_every_knob_setting_compiles_for_sm90a(xs, ws, kwargs, dtype):
-    task = _task(xs, ws, dtype, bias=True, **kwargs)
+    tf32 = {"allow_tf32": True} if dtype == torch.float32 else {}
+    task = _task(xs, ws, dtype, bias=True, **kwargs, **tf32)
     settings = []
     for knobs in conv_sm90.TEMPLATE.space(2) + conv_sm90.suggest(task, SMS)[:3]:
         if knobs not in settings:
@@ -162,8 +194,10 @@ def test_every_knob_setting_compiles_for_sm90a(xs, ws, kwargs, dtype):
 
 @needs_nvrtc
 def test_every_candidate_compiles_for_sm80_and_sm90():
-    """conv_tc's programs (sm_80) and conv_sm90's (sm_90a) for a fused convolution, and the
+    """conv_tc's programs (sm_80) and conv_sm90's (sm_90a) for a fused convolution (and for a
+    float32 one on TF32: conv_sm90's, and the auto-scheduler's on sm_80), and the
     programs of ones conv_sm90 declines (odd channels: conv_tc; grouped: the auto-scheduler)."""
     check_nvrtc(_fused(), ("sm_80", "sm_90"))
+    check_nvrtc(_fused(dtype="float32", allow_tf32=True), ("sm_80", "sm_90"))
     check_nvrtc(_task((1, 9, 9, 6), (8, 3, 3, 6), padding=1), ("sm_80", "sm_90"))
     check_nvrtc(_task((1, 9, 9, 16), (8, 3, 3, 8), padding=1, groups=2), ("sm_80", "sm_90"))

@@ -1,11 +1,15 @@
 """The TF32 permission (`kiln.passes.tf32`): float32 matrix products on CUDA are marked
 `allow_tf32` when the config allows it, as torch.compile's backend sets it from
-`torch.backends.cuda.matmul.allow_tf32`; nothing else changes."""
+`torch.backends.cuda.matmul.allow_tf32`, and float32 convolutions when `allow_tf32_convolution`
+does (from `torch.backends.cudnn.allow_tf32`), which also lets layout planning run them
+channels-last; nothing else changes."""
 import torch
 
 import kiln
 from kiln.frontend.torch.config import dynamo_config
+from kiln.graph import TF32, Traits
 from kiln.passes import AllowTF32, PassContext
+from kiln.passes.tf32 import permissions
 
 ops = kiln.ops
 
@@ -48,3 +52,54 @@ def test_the_backend_takes_torchs_flag_and_the_cpu_result_stays_float32():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
         torch._dynamo.reset()
+
+
+def _conv_graph(device="cuda", dtype="float32", channels=3):
+    x, w, y = (kiln.symbol(s, dtype, device) for s in ([2, channels, 10, 10], [16, channels, 3, 3], [4, 8]))
+    out = ops.relu(ops.conv2d(x, w, padding=1))
+    return kiln.trace_from([out, ops.matmul(y, ops.transpose(y, 0, 1))], [x, w, y])
+
+
+def test_each_product_follows_its_own_permission():
+    """Convolutions follow `allow_tf32_convolution` (cuDNN's flag), matrix products `allow_tf32`."""
+    graph = _conv_graph()
+
+    def marks(**config):
+        with PassContext(required_passes=["allow_tf32"], config=config):
+            return [mark for mark in _marked(AllowTF32()(graph)) if mark[0] in ("Conv2d", "Matmul")]
+
+    assert marks(allow_tf32=False, allow_tf32_convolution=True) == [("Conv2d", True), ("Matmul", False)]
+    assert marks(allow_tf32=True, allow_tf32_convolution=False) == [("Conv2d", False), ("Matmul", True)]
+    assert marks(allow_tf32=True, allow_tf32_convolution=True) == [("Conv2d", True), ("Matmul", True)]
+
+
+def test_permissions_name_the_settings_a_graph_depends_on():
+    assert permissions(_conv_graph()) == {"allow_tf32", "allow_tf32_convolution"}
+    assert permissions(_conv_graph("cpu")) == frozenset()
+    assert permissions(_conv_graph("cuda", "float16", 8)) == frozenset()
+    x = kiln.symbol([2, 8], "float32", "cuda")
+    assert permissions(kiln.trace_from(ops.relu(x), [x])) == frozenset()
+
+
+def test_the_trait_names_its_permission_and_true_is_the_matmul_one():
+    registry = kiln.plugins.registry()
+    assert registry.operator("matmul").traits.tf32 is TF32.MATMUL
+    assert registry.operator("conv2d").traits.tf32 is TF32.CONVOLUTION
+    assert registry.operator("conv2d_channels_last").traits.tf32 is TF32.CONVOLUTION
+    assert Traits(tf32=True).tf32 is TF32.MATMUL and Traits(tf32=False).tf32 is None
+
+
+def _planned(config):
+    with PassContext(config={"channels_last": "auto", **config}):
+        graph = kiln.graph.optimize(_conv_graph())
+    return [(n.task.name, n.task.attrs.get("allow_tf32", False)) for n in graph.nodes
+            if "conv2d" in n.task.name]
+
+
+def test_float32_convolutions_run_channels_last_on_tf32_only_when_allowed():
+    """With TF32 allowed a float32 CUDA convolution runs channels-last (the Hopper implicit GEMM
+    takes it; graphs of CUDA symbols are planned for any architecture without a GPU), its
+    permission carried to its channels-last form; without, it stays as it was: NCHW, float32."""
+    assert _planned({"allow_tf32_convolution": True}) == [("conv2d_channels_last", True)]
+    assert _planned({"allow_tf32_convolution": False}) == [("conv2d", False)]
+    assert _planned({"allow_tf32": True}) == [("conv2d", False)]
