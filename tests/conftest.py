@@ -1,7 +1,8 @@
 """Shared pytest configuration: tests marked `slow` run first, tests marked `cuda` skip on
 machines without a usable GPU, and the whole-graph cache is off (KILN_GRAPH_CACHE=0, for the
 subprocesses tests start too): a test compiles what it means to compile, whatever an earlier
-test or run left on disk. The graph cache's own tests turn it on over a cache of their own."""
+test or run left on disk. The graph cache's own tests turn it on over a cache of their own.
+cuDNN's TF32 flag is off in each test (`float32_convolutions`)."""
 import os
 
 import pytest
@@ -32,3 +33,15 @@ def fresh_dynamo():
     yield
     kiln.torch.dynamo_config.reset()
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def float32_convolutions():
+    """cuDNN's TF32 flag (`torch.backends.cudnn.allow_tf32`, True by default) off around each
+    test, as torch's matmul flag is by default: float32 convolutions on a GPU, eager's and
+    Kiln's (which follows the flag), compute in float32, as the tests' tolerances against eager
+    assume. The tests of TF32 (tests/cuda/test_conv_tf32_cuda.py) set it themselves."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
