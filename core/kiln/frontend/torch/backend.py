@@ -284,10 +284,14 @@ class KilnFunction:
             return self.settings
         return replace(self.settings, **{name: read() for name, read in self.followed.items()})
 
+    def _flags(self) -> tuple:
+        """The values of the torch flags `follows` names, read now (none: nothing is read)."""
+        return tuple(self.followed[name]() for name in self.follows)
+
     def __call__(self, *args):
         signature = (tuple(_signature(args[k]) for k in self._keyed_positions) +
                      tuple(args[k].item() for k in self._read_positions))
-        key = signature + tuple(self.followed[name]() for name in self.follows) if self.follows else signature
+        key = signature + self._flags()
         # Constants are checked by memory and version (dynamo's guards fix their shapes and
         # dtypes): new memory (`p.data = ...`) or an in-place change (`p.copy_(...)`, an
         # optimizer step; not through `p.data`) traces the graph anew, replacing the old one,
@@ -302,7 +306,7 @@ class KilnFunction:
                             if name in self.follows or name in compiled.record.permissions)
             if follows != self.follows:     # the plans depend on a flag read at each call from now on
                 self.follows = follows
-                key = signature + tuple(self.followed[name]() for name in follows)
+                key = signature + self._flags()
             self.graphs[key] = compiled
             self._constants_state[key] = _constants_state(constants)
             self._constant_storages[key] = storages(args, self._constant_positions)
