@@ -83,7 +83,8 @@ def stacked(node, inputs):
     if padded_channels(cell_channels) > cell_channels:
         cells = provided("pad")(cells, [0, padded_channels(cell_channels) - cell_channels])
     w2 = from_torch(_stacked_weight(weight.torch()[..., :c], sh, sw))
-    return [provided("conv2d_channels_last")(cells, w2, bias, 1, 0, 1, 1, allow_tf32=node.attrs.get("allow_tf32", False))]
+    tf32 = {"allow_tf32": True} if node.attrs.get("allow_tf32") else {}     # the permission stays
+    return [provided("conv2d_channels_last")(cells, w2, bias, 1, 0, 1, 1, **tf32)]
 
 
 class SpaceToDepth(GraphPass):
