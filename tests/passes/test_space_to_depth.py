@@ -125,3 +125,20 @@ def test_a_symbolic_batch():
     graphs = [entry.graph for fn in capture.compiled for entry in fn.graphs.values()]
     assert any(isinstance(g.inputs[0].shape[0], SymSize) for g in graphs)      # one took the batch symbolic
     assert all([c.inputs[1].shape for c in convolutions(g)] == [(8, 4, 4, 16)] for g in graphs)
+
+
+def test_the_stacked_convolution_keeps_the_tf32_permission():
+    """A stem allowed TF32 (`allow_tf32`, on CUDA float32 graphs) stays allowed as the stride-1
+    convolution the pass makes of it."""
+    import kiln
+    from kiln.passes.edit import rebuild
+    from kiln_ops_builtin.passes.space_to_depth import stacked
+    x = kiln.symbol([2, 23, 19, 3])
+    w = kiln.from_torch(torch.nn.functional.pad(torch.randn(8, 7, 7, 3), (0, 5)))
+    for tf32 in ({"allow_tf32": True}, {}):
+        padded = kiln.ops.pad(x, [0, 5])                  # as layout planning pads 3 channels to 8
+        graph = kiln.trace_from(kiln.ops.conv2d_channels_last(padded, w, None, 2, 3, **tf32), [x])
+        rewritten = rebuild(graph, lambda n, inputs: stacked(n, inputs) if n.definition.name == "conv2d_channels_last"
+                            else None)
+        (conv,) = [n for n in rewritten.nodes if n.definition.name == "conv2d_channels_last"]
+        assert conv.attrs["stride"] in (1, (1, 1)) and conv.attrs.get("allow_tf32", False) == bool(tf32)
