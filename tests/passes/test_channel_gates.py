@@ -89,3 +89,13 @@ def test_a_squeeze_excite_block_on_the_gpu_matches_eager():
     got = torch.compile(model, backend="kiln")(x)
     want, exact = model(x), model.double()(x.double())
     assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max() + 1e-3
+
+
+def test_the_product_keeps_the_convolutions_tf32_permission():
+    x, g = kiln.symbol([2, 6, 6, 8]), kiln.symbol([2, 1, 1, 8])
+    weight = kiln.from_torch(torch.randn(4, 1, 1, 8))
+    for tf32 in ({"allow_tf32": True}, {}):
+        graph = kiln.trace_from([ops.conv2d_channels_last(ops.mul(x, g), weight, None, **tf32)], [x, g])
+        out = RewriteSubgraphs([fold_channel_gate]).transform(graph, kiln.passes.PassContext())
+        (product,) = [n for n in out.nodes if n.name == "Matmul"]
+        assert product.attrs.get("allow_tf32", False) == bool(tf32)
