@@ -74,6 +74,9 @@ def graph_memory(function, bound: set[int] | None = None) -> list[GraphMemory]:
     bound = function.static_inputs if bound is None else bound
     out = []
     for run in function.graphs.values():
+        if run.graph is None:
+            raise ValueError(f"graph {function.compile_id} came from the whole-graph cache, which keeps no "
+                             "FlowGraph to count: compile with options={'graph_cache': False}")
         graph, compiled = run.graph, run.graph.compile()
         inputs = {id(t) for t in graph.inputs}
         made = _distinct(t for t in graph.outputs if id(t) not in inputs and t.trace is not None)
