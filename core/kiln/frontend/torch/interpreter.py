@@ -41,7 +41,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate, map_arg
 
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
-from kiln.frontend.torch.complex import ComplexTensor, unsupported_complex
+from kiln.frontend.torch.complex import SUPPORTED, ComplexTensor, unsupported_complex
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
 from kiln.graph import Role, tracing
@@ -346,6 +346,10 @@ class Interpreter:
         except NotImplementedError:
             raise
         except Exception as exc:
+            if any(isinstance(v, ComplexTensor) for v in (*args, *kwargs.values())):
+                raise MappingError(f"no Kiln rule for {node.format_node()} takes its complex arguments "
+                                   f"{_describe(args)} ({SUPPORTED}; the rule tried said "
+                                   f"{type(exc).__name__}: {exc}){FALLBACK_HINT}") from exc
             raise MappingError(f"the Kiln rule for {node.format_node()} failed on "
                                f"{_describe(args)} {_describe(kwargs) if kwargs else ''}: "
                                f"{type(exc).__name__}: {exc}{FALLBACK_HINT}") from exc
