@@ -184,6 +184,14 @@ def absolute(input):
     return magnitude(input)
 
 
+@complex_rule(torch.sgn, methods=("sgn",))
+def sign(input):
+    """z / |z|, and 0 where z is 0."""
+    size = magnitude(input)
+    safe = ops.where(ops.eq(size, 0), ops.full([], 1.0, dtype=input.real_dtype, device=input.device.torch()), size)
+    return ComplexTensor(ops.div(input.pairs, ops.unsqueeze(safe, -1)))
+
+
 @complex_rule(torch.angle, methods=("angle",))
 def angle(input):
     return ops.atan2(part(input, 1), part(input, 0))
