@@ -175,6 +175,37 @@ for _name, _kind in KINDS.items():
         _n_dim(f"{_name}n", _kind, None))
 
 
+def _shift(name: str, sign: int):
+    def rule(input, dim=None):
+        """The zero-frequency bin moved to the middle of each of `dim` (all dims when None), or back."""
+        dims = list(range(input.ndim)) if dim is None else [_dim(d, input.ndim) for d in
+                                                             ([dim] if isinstance(dim, int) else dim)]
+        shifts = [sign * (input.shape[d] // 2) for d in dims]
+        if isinstance(input, ComplexTensor):
+            return ComplexTensor(ops.roll(input.pairs, shifts, dims))
+        return ops.roll(input, shifts, dims)
+    rule.__name__ = rule.__qualname__ = name
+    return register_function(getattr(torch.fft, name))(rule)
+
+
+fftshift, ifftshift = _shift("fftshift", 1), _shift("ifftshift", -1)
+
+
+def _no_tensors(*args, **kwargs) -> bool:
+    return not any(isinstance(a, Tensor) for a in (*args, *kwargs.values()))
+
+
+def _frequencies(function):
+    def rule(n, d=1.0, *, dtype=None, device=None, **kwargs):
+        """The bins' frequencies, which take no tensor: computed by PyTorch when the graph is traced."""
+        return from_torch(function(n, d, dtype=dtype, device=device))
+    rule.__name__ = rule.__qualname__ = function.__name__
+    return register_function(function, check=_no_tensors)(rule)
+
+
+fftfreq, rfftfreq = _frequencies(torch.fft.fftfreq), _frequencies(torch.fft.rfftfreq)
+
+
 def _stft_supported(input, n_fft, hop_length=None, win_length=None, window=None, center=True,
                     pad_mode="reflect", *args, **kwargs) -> bool:
     return (isinstance(input, Tensor) and input.ndim in (1, 2) and _supported(input)

@@ -138,7 +138,8 @@ def test_one_dim_transforms(norm):
                 torch.fft.ifft(z, n=13, dim=1, norm=norm),          # complex input, padded
                 torch.fft.irfft(torch.fft.rfft(x, norm=norm), n=30, norm=norm),   # truncated bins
                 torch.fft.irfft(torch.fft.rfft(x, dim=0, norm=norm), dim=0, norm=norm),
-                torch.fft.hfft(z, n=9, norm=norm), torch.fft.ihfft(x, norm=norm))
+                torch.fft.hfft(z, n=9, norm=norm), torch.fft.ihfft(x, norm=norm),
+                torch.fft.fftshift(z, dim=1), torch.fft.ifftshift(x), torch.fft.rfftfreq(33) * x[0, :17])
     compare(fn, randn(6, 33))
 
 
