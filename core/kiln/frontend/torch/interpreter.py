@@ -5,7 +5,9 @@ into function calls and parameters arrive as inputs, and graphs with call_module
 (torch.fx.symbolic_trace, or dynamo with inlining of built-in modules turned off). Given
 symbolic inputs it records a FlowGraph; given concrete ones it runs each operator at once.
 
-Values between nodes are Kiln tensors or plain Python values (ints, tuples, dtypes). In-place
+Values between nodes are Kiln tensors, complex tensors as their real pairs
+(`kiln.frontend.torch.complex.ComplexTensor`), or plain Python values (ints, tuples, dtypes); a
+complex graph output is a MappingError. In-place
 methods and functions (`x.add_(y)`, `operator.iadd`, `inplace=True`, `x[i] = v`) compute a new
 tensor (of the changed tensor's dtype) and rebind the mutated node and the nodes that alias it through in-place calls, so later
 nodes read the updated value; `mutated_inputs` tells the caller which inputs to write back.

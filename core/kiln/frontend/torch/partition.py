@@ -3,8 +3,10 @@
 `nodes_for_pytorch(gm, example_inputs)` interprets the graph symbolically on the example
 inputs' shapes (nothing is built) and names each node Kiln cannot translate, with why: no
 rule maps it, every rule declines its arguments (bicubic interpolation, training-mode dropout
-or batch_norm), or it reads or makes a tensor of a dtype Kiln does not support (complex64).
-Past such a node the interpretation goes on with a stand-in value made from dynamo's metadata.
+or batch_norm), or it reads or makes a tensor of a dtype Kiln does not support (a complex graph
+input, a complex value PyTorch computes). Past such a node the interpretation goes on with a
+stand-in value made from dynamo's metadata. Kiln's parts take and return real tensors only, so
+the complex values Kiln computes that would cross into PyTorch are computed there too.
 
 `split(gm, for_pytorch, compile_part)` cuts the graph into runs of nodes: each run Kiln can
 do is compiled by `compile_part(submodule)`, each other node runs alone in PyTorch.
