@@ -83,7 +83,9 @@ def multiply(a, b) -> ComplexTensor:
     """a * b, either one complex (the other may be real or a number)."""
     if not isinstance(a, ComplexTensor):
         a, b = b, a
-    if isinstance(b, ComplexTensor) or isinstance(b, complex):
+    if not isinstance(a, ComplexTensor):    # a Python complex number times a real tensor
+        a = _as_complex(a, _complex_dtype_of(b))
+    if isinstance(b, (ComplexTensor, complex)):
         b = _as_complex(b, _complex_dtype_of(a, b))
         a = _as_complex(a, b.real_dtype)
         ar, ai, br, bi = part(a, 0), part(a, 1), part(b, 0), part(b, 1)

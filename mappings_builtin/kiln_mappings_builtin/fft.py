@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from kiln import ops
-from kiln.frontend.torch import register_function, register_method
+from kiln.frontend.torch import MappingError, register_function, register_method
 from kiln.frontend.torch.complex import ComplexTensor
 from kiln.tensor import Tensor, from_torch
 
 
 NORMS = ("backward", "ortho", "forward")
+MAX_BASIS_ELEMENTS = 1 << 26    # 256 MB of float32: a complex transform of length 4096
 DTYPES = (torch.float32, torch.float64)
 
 
@@ -85,6 +86,11 @@ def transform(x, dim: int, n: int, columns: int, inverse: bool, norm: str | None
     if d != ndim - 1:
         data = ops.permute(data, order)
     lead = tuple(data.shape[:ndim - 1])
+    size = rows * (2 if complex_in else 1) * columns * (2 if complex_out else 1)
+    if size > MAX_BASIS_ELEMENTS:
+        raise MappingError(f"fft: a transform of length {n} would multiply by a basis of {size} elements "
+                           f"(at most {MAX_BASIS_ELEMENTS}): Kiln computes DFTs as matrix products, "
+                           "for lengths up to a few thousand")
     basis = _basis(n, rows, columns, complex_in, complex_out, inverse, _scale(norm, n, inverse))
     basis = from_torch(torch.from_numpy(basis).to(data.dtype.torch_dtype).to(data.device.torch()))
     out = ops.dft(ops.reshape(data, [-1, basis.shape[0]]), basis)

@@ -154,6 +154,14 @@ def test_multi_dim_transforms(norm):
     compare(fn, randn(3, 7, 10))
 
 
+def test_dynamic_lengths():
+    """A graph traced with symbolic sizes (dynamic=True) runs at each length with its own basis."""
+    compiled = torch.compile(long_convolution, backend="kiln", dynamic=True)
+    for length in (9, 12, 20):
+        u, k = randn(2, length), randn(length)
+        torch.testing.assert_close(compiled(u, k), long_convolution(u, k), atol=1e-4, rtol=1e-4)
+
+
 def test_integer_input_is_transformed_as_float32():
     compare(lambda x: torch.fft.rfft(x), torch.randint(-5, 5, (3, 8)))
 
@@ -166,7 +174,8 @@ def test_complex_element_wise():
         return ((z * w + z - w).real, (z.conj() * w).imag, (z / w).abs(), (z * 2.5 - 1).angle(),
                 torch.view_as_real(2 - z), torch.view_as_real(-z * 1j + y[..., :5]),
                 (z * y[..., :5]).real, (1 / z).imag, torch.view_as_real(torch.fft.ifft(w * z.conj())),
-                torch.real(z + torch.complex(y[..., :5], x[..., :5])), torch.imag(z - 0.5j))
+                torch.real(z + torch.complex(y[..., :5], x[..., :5])), torch.imag(z - 0.5j),
+                torch.view_as_real(y * 1j + 2j - x / (1 + 1j)))
     compare(fn, randn(4, 8), randn(4, 8))
 
 
@@ -214,6 +223,12 @@ def test_an_unsupported_complex_operator_is_named():
     fn = torch.compile(lambda x: torch.exp(torch.fft.rfft(x)).real, backend="kiln")
     with pytest.raises(Exception, match=r"(?s)no Kiln rule for %exp.*complex64\[3, 5\]"):
         fn(randn(3, 8))
+
+
+def test_a_transform_too_long_for_a_basis_matrix_says_so():
+    fn = torch.compile(lambda x: torch.fft.fft(x).abs(), backend="kiln")
+    with pytest.raises(Exception, match=r"fft: a transform of length 8193 .*matrix products"):
+        fn(randn(8193))
 
 
 def test_fallback_runs_complex_outputs_and_unsupported_operators_in_pytorch():
