@@ -260,6 +260,18 @@ def test_the_dft_runs_on_the_matmul_template_and_is_never_tf32():
         kiln.ops.dft(kiln.from_torch(torch.randn(2, 5)), basis)
 
 
+def test_the_tf32_permission_leaves_the_dft_exact():
+    """On a CUDA graph where torch allows TF32 matmuls, the matmul gets `allow_tf32` and the
+    transform's product does not (planned without a GPU)."""
+    from kiln.passes.tf32 import AllowTF32
+    x, basis = kiln.symbol([8, 33], device="cuda"), kiln.symbol([33, 34], device="cuda")
+    graph = kiln.trace_from([kiln.ops.dft(x, basis), kiln.ops.matmul(x, basis)], [x, basis])
+    with kiln.PassContext(config={"allow_tf32": True}):
+        marked = AllowTF32()(graph)
+    assert [(n.definition.name, bool(n.attrs.get("allow_tf32"))) for n in marked.nodes] == [
+        ("dft", False), ("matmul", True)]
+
+
 # on a GPU --------------------------------------------------------------------------------------
 
 @pytest.mark.cuda
