@@ -49,15 +49,14 @@ def part(z: ComplexTensor, k: int) -> Tensor:
     return ops.squeeze(ops.slice(z.pairs, -1, k, k + 1), -1)
 
 
-def pairs_of(value, like: ComplexTensor) -> Tensor | float:
-    """`value` (complex, real tensor or Python number) as pairs broadcasting against `like`'s."""
+def _pairs(value, dtype: torch.dtype, device) -> Tensor:
+    """`value` (complex, real tensor or Python number) as (real, imaginary) pairs."""
     if isinstance(value, ComplexTensor):
         return value.pairs
     if isinstance(value, (int, float, complex, bool)):
         number = complex(value)
-        pair = torch.tensor([number.real, number.imag], dtype=like.real_dtype, device=like.device.torch())
-        return from_torch(pair)
-    real = value if value.dtype.is_float else ops.cast(value, like.real_dtype)
+        return from_torch(torch.tensor([number.real, number.imag], dtype=dtype, device=device.torch()))
+    real = value if value.dtype.is_float else ops.cast(value, dtype)
     return ops.pad(ops.unsqueeze(real, -1), [0, 1])     # (x, 0)
 
 
@@ -69,9 +68,11 @@ def _complex_dtype_of(*values) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
-def _as_complex(value, dtype) -> ComplexTensor:
-    like = ComplexTensor(from_torch(torch.zeros(2, dtype=dtype)))
-    pairs = pairs_of(value, like)
+def _as_complex(value, *others) -> ComplexTensor:
+    """`value` as a complex tensor of the dtype and on the device a result of it and `others` takes."""
+    dtype = _complex_dtype_of(value, *others)
+    device = next(v.device for v in (value, *others) if isinstance(v, (Tensor, ComplexTensor)))
+    pairs = _pairs(value, dtype, device)
     return ComplexTensor(pairs if pairs.dtype.torch_dtype == dtype else ops.cast(pairs, dtype))
 
 
@@ -84,18 +85,16 @@ def multiply(a, b) -> ComplexTensor:
     if not isinstance(a, ComplexTensor):
         a, b = b, a
     if not isinstance(a, ComplexTensor):    # a Python complex number times a real tensor
-        a = _as_complex(a, _complex_dtype_of(b))
+        a = _as_complex(a, b)
     if isinstance(b, (ComplexTensor, complex)):
-        b = _as_complex(b, _complex_dtype_of(a, b))
-        a = _as_complex(a, b.real_dtype)
+        a, b = _as_complex(a, b), _as_complex(b, a)
         ar, ai, br, bi = part(a, 0), part(a, 1), part(b, 0), part(b, 1)
         return _make(ops.sub(ops.mul(ar, br), ops.mul(ai, bi)), ops.add(ops.mul(ar, bi), ops.mul(ai, br)))
     return ComplexTensor(ops.mul(a.pairs, ops.unsqueeze(b, -1) if isinstance(b, Tensor) else b))
 
 
 def _sum(a, b, sign: int) -> ComplexTensor:
-    dtype = _complex_dtype_of(a, b)
-    a, b = _as_complex(a, dtype), _as_complex(b, dtype)
+    a, b = _as_complex(a, b), _as_complex(b, a)
     return ComplexTensor(ops.add(a.pairs, b.pairs) if sign > 0 else ops.sub(a.pairs, b.pairs))
 
 
@@ -111,7 +110,7 @@ def divide(a, b) -> ComplexTensor:
     """a / b: by a real divisor part by part, by a complex one as a * conj(b) / |b|^2."""
     if not isinstance(b, (ComplexTensor, complex)):
         return ComplexTensor(ops.div(a.pairs, ops.unsqueeze(b, -1) if isinstance(b, Tensor) else b))
-    b = _as_complex(b, _complex_dtype_of(a, b))
+    b = _as_complex(b, a)
     re, im = part(b, 0), part(b, 1)
     square = ops.add(ops.mul(re, re), ops.mul(im, im))
     return ComplexTensor(ops.div(multiply(a, conj(b)).pairs, ops.unsqueeze(square, -1)))
@@ -150,7 +149,7 @@ def div(input, other, *, rounding_mode=None):
         raise NotImplementedError("complex division has no rounding mode")
     if isinstance(input, ComplexTensor):
         return divide(input, other)
-    return divide(_as_complex(input, _complex_dtype_of(input, other)), other)
+    return divide(_as_complex(input, other), other)
 
 
 @complex_rule(methods=("__rtruediv__",))

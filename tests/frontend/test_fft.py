@@ -179,11 +179,13 @@ def test_complex_element_wise():
     compare(fn, randn(4, 8), randn(4, 8))
 
 
-def test_view_as_complex_and_back():
+@pytest.mark.parametrize("dtype", [f32, f64])
+def test_view_as_complex_and_back(dtype):
     def fn(x):
         z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
-        return torch.view_as_real(z * z.conj().resolve_conj()).flatten(-2), z.abs() ** 2
-    compare(fn, randn(3, 10))
+        return (torch.view_as_real(z * z.conj().resolve_conj() / (z + 3j)).flatten(-2), z.abs() ** 2,
+                torch.fft.irfft(z, n=7))
+    compare(fn, randn(3, 10, dtype=dtype))
 
 
 def test_rotary_embedding_in_complex_numbers():
