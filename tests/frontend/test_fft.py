@@ -81,6 +81,21 @@ def test_fnet_non_contiguous_input(fn):
     compare(fn, randn(2, 33, 7).transpose(1, 2))
 
 
+def test_transformers_fnet_model(monkeypatch):
+    """transformers' FNetModel (its Fourier mixing as transformers writes it), whole, fullgraph.
+    (Its other operators' CUDA programs are NVRTC-checked by their own tests, the FFT's above.)"""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
+    config = transformers.FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                                     max_position_embeddings=64, use_tpu_fourier_optimizations=False)
+    model = transformers.FNetModel(config).eval()
+    ids = torch.randint(0, 100, (2, 17))
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+        actual = torch.compile(model, backend="kiln", fullgraph=True)(ids).last_hidden_state
+    torch.testing.assert_close(actual, expected, atol=2e-5, rtol=2e-5)
+
+
 # long convolution ------------------------------------------------------------------------------
 
 def long_convolution(u, k):
