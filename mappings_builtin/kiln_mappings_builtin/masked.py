@@ -90,3 +90,6 @@ for _name in ("hamming", "hann", "bartlett", "blackman", "cosine", "exponential"
               "general_cosine", "general_hamming", "nuttall"):
     _function = getattr(torch.signal.windows, _name)
     register_function(_function, check=_no_tensors)(_window(_function))
+for _function in (torch.hann_window, torch.hamming_window, torch.blackman_window, torch.bartlett_window,
+                  torch.kaiser_window):
+    register_function(_function, check=_no_tensors)(_window(_function))

@@ -81,6 +81,25 @@ def linear(x, weight, bias=None, allow_tf32=False):
     return compute(x.shape[:-1] + (out_features,), element, dtype=x.dtype)
 
 
+@operator("dft")
+def dft(x, basis):
+    """x @ basis for `x` (..., K) and a 2-D `basis` (K, N) of x's dtype, always in that dtype:
+    a discrete Fourier transform as the product with its basis matrix (kiln-mappings-builtin's
+    FFT rules build it). A matmul without the trait `tf32`: PyTorch's FFTs never round to TF32,
+    so neither does this product, whatever `torch.backends.cuda.matmul.allow_tf32` says; the
+    matmul templates take it all the same."""
+    _check_operands("dft", x, basis)
+    if basis.ndim != 2 or x.shape[-1] != basis.shape[0]:
+        raise OperatorError(f"dft: expected x (..., K) and a basis (K, N), got {x.shape} and {basis.shape}")
+    (k, n), acc = basis.shape, accumulator_type(x.dtype)
+
+    def element(*idx):
+        lead, j = idx[:-1], idx[-1]
+        return reduce([k], lambda r: cast(x[lead + (r,)], acc) * cast(basis[r, j], acc), dtype=acc)
+
+    return compute(x.shape[:-1] + (n,), element, dtype=x.dtype)
+
+
 @operator("grouped_matmul")
 def grouped_matmul(x, weight, group):
     """Each row of `x` (S, K) times the (K, N) matrix of its group in `weight` (G, K, N):

@@ -80,3 +80,20 @@ def test_linear_non_contiguous():
 def test_bad_inputs(call, message):
     with pytest.raises(OperatorError, match=message):
         call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("xs, basis", [((7, 5), (5, 9)), ((2, 3, 5), (5, 4)), ((1, 33), (33, 34))])
+def test_dft_is_a_product_with_its_basis(xs, basis, dtype):
+    """dft (kiln-mappings-builtin's FFTs multiply by a basis matrix): x @ basis in x's dtype."""
+    x, b = rand(xs, dtype), rand(basis, dtype)
+    assert_close(kiln.ops.dft(x, b), x @ b)
+    assert_close(kiln.ops.dft(x.transpose(0, -1).contiguous().transpose(0, -1), b[:, :]), x @ b)
+
+
+def test_dft_errors_and_traits():
+    assert not kiln.ops.dft.traits.tf32     # never rounded to TF32, whatever torch allows matmuls
+    with pytest.raises(OperatorError, match=r"dft: expected x \(..., K\) and a basis \(K, N\)"):
+        kiln.ops.dft(rand((2, 5)), rand((4, 3)))
+    with pytest.raises(OperatorError, match="dft: expected inputs of one dtype"):
+        kiln.ops.dft(rand((2, 5)), rand((5, 3), torch.float64))

@@ -144,7 +144,7 @@ def preparation(b_input: int | None, inputs: int) -> Preparation | None:
                        (*KernelArgs.args(inputs), KernelArgs.input(inputs)))
 
 
-MATMUL = Template("gemm_cpu", ("matmul", "linear"), "cpu", render, priority=10, applies=applies,
+MATMUL = Template("gemm_cpu", ("matmul", "linear", "dft"), "cpu", render, priority=10, applies=applies,
                   space=GemmKnobs.settings, symbolic=True)
 CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies,
                 space=GemmKnobs.settings, symbolic=True)

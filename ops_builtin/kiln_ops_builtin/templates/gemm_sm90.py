@@ -208,5 +208,5 @@ def render(task, **knobs) -> CudaProgram:
     return program("kiln_matmul_sm90", problem, producer, k)
 
 
-TEMPLATE = Template("gemm_sm90", ("matmul", "linear"), "cuda", render, priority=30, applies=applies,
+TEMPLATE = Template("gemm_sm90", ("matmul", "linear", "dft"), "cuda", render, priority=30, applies=applies,
                     space=GemmKnobs.settings, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)

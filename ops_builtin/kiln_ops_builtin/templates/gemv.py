@@ -117,5 +117,5 @@ def render(task, **knobs) -> CudaProgram:
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
 
 
-TEMPLATE = Template("gemv", ("matmul", "linear"), "cuda", render, priority=40, applies=applies,
+TEMPLATE = Template("gemv", ("matmul", "linear", "dft"), "cuda", render, priority=40, applies=applies,
                     space=GemvKnobs.settings, suggest=suggest, reads_views=True, symbolic=True)

@@ -270,6 +270,6 @@ def render(task, **knobs) -> CudaProgram:
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=g.sizes.values)
 
 
-TEMPLATE = Template("matmul_simt", ("matmul", "linear", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
+TEMPLATE = Template("matmul_simt", ("matmul", "linear", "dft", "conv1d", "conv2d", "conv_transpose2d"), "cuda",
                     render, priority=10, applies=applies, space=SimtKnobs.settings, suggest=suggest, reads_views=True,
                     symbolic=True)

@@ -149,5 +149,5 @@ def render(task, **knobs) -> CudaProgram:
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
 
 
-TEMPLATE = Template("matmul_tc", ("matmul", "linear"), "cuda", render, priority=10, applies=applies,
+TEMPLATE = Template("matmul_tc", ("matmul", "linear", "dft"), "cuda", render, priority=10, applies=applies,
                     space=TcKnobs.settings, suggest=suggest, reads_views=True, symbolic=True)

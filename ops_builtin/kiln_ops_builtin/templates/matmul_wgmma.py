@@ -131,5 +131,5 @@ def render(task, **knobs) -> CudaProgram:
                        sizes=c.sizes.values)
 
 
-TEMPLATE = Template("matmul_wgmma", ("matmul", "linear"), "cuda", render, priority=20, applies=applies,
+TEMPLATE = Template("matmul_wgmma", ("matmul", "linear", "dft"), "cuda", render, priority=20, applies=applies,
                     space=WgmmaKnobs.settings, min_arch=90, suggest=suggest, reads_views=True, symbolic=True)

@@ -44,12 +44,13 @@ from torch.fx import GraphModule
 from torch.fx.node import map_aggregate
 
 from kiln.frontend.torch import graph_cache
+from kiln.frontend.torch.complex import unsupported_complex
 from kiln.frontend.torch.aliasing import shared_memory, storages, view_mutations
 from kiln.frontend.torch.config import dynamo_config
 from kiln.frontend.torch.dump import dump_compiled
 from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.indices import used_only_as_index
-from kiln.frontend.torch.interpreter import Interpreter, mutates
+from kiln.frontend.torch.interpreter import Interpreter, MappingError, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
@@ -371,6 +372,8 @@ class KilnFunction:
         gpu = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
         moves: dict[int, str] = {}
         for k, (a, constant, size) in enumerate(zip(args, self.constant, sizes)):
+            if isinstance(a, torch.Tensor) and a.is_complex():
+                raise MappingError(self._complex_input(k, a))
             if isinstance(a, torch.Tensor):
                 if constant:
                     v = from_torch(a)
@@ -408,6 +411,13 @@ class KilnFunction:
             graph_cache.store(key, record, args, self._constant_positions,
                               [k for k in self._constant_positions if id(values[k]) in reads])
         return traced, traced_values, graph, run
+
+    def _complex_input(self, k: int, arg: torch.Tensor) -> str:
+        """Why the complex input at position `k` cannot be compiled, naming the nodes reading it."""
+        node = list(self.gm.graph.find_nodes(op="placeholder"))[k]
+        readers = ", ".join(user.format_node() for user in node.users) or "no node"
+        return unsupported_complex(f"the graph input {node.name} (read by {readers})",
+                                   _describe_arg(arg))
 
     def _run(self, compiled: CompiledGraph, record: RunRecord, args,
              graph: FlowGraph | None = None) -> CompiledRun:

@@ -5,7 +5,9 @@ into function calls and parameters arrive as inputs, and graphs with call_module
 (torch.fx.symbolic_trace, or dynamo with inlining of built-in modules turned off). Given
 symbolic inputs it records a FlowGraph; given concrete ones it runs each operator at once.
 
-Values between nodes are Kiln tensors or plain Python values (ints, tuples, dtypes). In-place
+Values between nodes are Kiln tensors, complex tensors as their real pairs
+(`kiln.frontend.torch.complex.ComplexTensor`), or plain Python values (ints, tuples, dtypes); a
+complex graph output is a MappingError. In-place
 methods and functions (`x.add_(y)`, `operator.iadd`, `inplace=True`, `x[i] = v`) compute a new
 tensor (of the changed tensor's dtype) and rebind the mutated node and the nodes that alias it through in-place calls, so later
 nodes read the updated value; `mutated_inputs` tells the caller which inputs to write back.
@@ -41,6 +43,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate, map_arg
 
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
+from kiln.frontend.torch.complex import SUPPORTED, ComplexTensor, unsupported_complex
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
 from kiln.graph import Role, tracing
@@ -116,7 +119,7 @@ class RuleResultError(RuntimeError):
 
 
 def _is_tensor(value) -> bool:
-    return isinstance(value, (Tensor, torch.Tensor))
+    return isinstance(value, (Tensor, ComplexTensor, torch.Tensor))
 
 
 def _has_tensor(args, kwargs) -> bool:
@@ -165,7 +168,7 @@ def _concrete(size, bindings: dict):
 
 
 def _describe(value) -> str:
-    if isinstance(value, Tensor):
+    if isinstance(value, (Tensor, ComplexTensor)):
         return value.signature()
     if isinstance(value, (tuple, list)):
         inner = ", ".join(_describe(v) for v in value)
@@ -247,6 +250,8 @@ class Interpreter:
             elif node.op == "output":
                 positions = {n: k for k, n in enumerate(self.gm.graph.find_nodes(op="placeholder"))}
                 self.mutated_inputs = {positions[n]: env[n] for n in aliases if n in positions}
+                if on_error is None:
+                    _check_real_outputs(node, env)
                 return map_arg(node.args[0], env.__getitem__)
             else:
                 args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
@@ -343,6 +348,10 @@ class Interpreter:
         except NotImplementedError:
             raise
         except Exception as exc:
+            if any(isinstance(v, ComplexTensor) for v in (*args, *kwargs.values())):
+                raise MappingError(f"no Kiln rule for {node.format_node()} takes its complex arguments "
+                                   f"{_describe(args)} ({SUPPORTED}; the rule tried said "
+                                   f"{type(exc).__name__}: {exc}){FALLBACK_HINT}") from exc
             raise MappingError(f"the Kiln rule for {node.format_node()} failed on "
                                f"{_describe(args)} {_describe(kwargs) if kwargs else ''}: "
                                f"{type(exc).__name__}: {exc}{FALLBACK_HINT}") from exc
@@ -365,12 +374,13 @@ class Interpreter:
         map_aggregate(value, got.append)
         map_aggregate(expected, want.append)
         for actual, meta in zip(got, want):
-            if not (isinstance(actual, Tensor) and isinstance(meta, torch.Tensor)):
+            if not (isinstance(actual, (Tensor, ComplexTensor)) and isinstance(meta, torch.Tensor)):
                 continue
             shape = tuple(_concrete(d, self._bindings) for d in meta.shape)
             same_shape = len(shape) == len(actual.shape) and all(
                 e is None or e == a for e, a in zip(shape, actual.shape))
-            if not same_shape or actual.dtype.torch_dtype != meta.dtype:
+            dtype = actual.dtype if isinstance(actual, ComplexTensor) else actual.dtype.torch_dtype
+            if not same_shape or dtype != meta.dtype:
                 source = (f"plugin '{rule.plugin}'" if rule.plugin else
                           f"declared in {getattr(rule.handler, '__module__', '?')}")
                 torch_sig = (f"{str(meta.dtype).replace('torch.', '')}"
@@ -406,6 +416,19 @@ class Interpreter:
         return bound.arguments.get("training") is True
 
 
+def _check_real_outputs(output: Node, env: dict) -> None:
+    """Raise MappingError where a graph output is complex (Kiln returns real tensors only)."""
+    for node in output.all_input_nodes:
+        found = []
+        map_aggregate(env[node], lambda v: found.append(v) if isinstance(v, ComplexTensor) else v)
+        if found:
+            raise MappingError(unsupported_complex(f"the graph output {node.format_node()}",
+                                                   found[0].signature()))
+
+
 def _as_kiln(value):
-    """torch tensors inside arguments (constants) become Kiln tensors sharing their memory."""
+    """torch tensors inside arguments (constants) become Kiln tensors sharing their memory (a
+    complex one a `ComplexTensor` of its real and imaginary parts)."""
+    if isinstance(value, torch.Tensor) and value.is_complex():
+        return ComplexTensor(from_torch(torch.view_as_real(value.resolve_conj())))
     return from_torch(value) if isinstance(value, torch.Tensor) else value

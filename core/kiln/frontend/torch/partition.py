@@ -3,8 +3,10 @@
 `nodes_for_pytorch(gm, example_inputs)` interprets the graph symbolically on the example
 inputs' shapes (nothing is built) and names each node Kiln cannot translate, with why: no
 rule maps it, every rule declines its arguments (bicubic interpolation, training-mode dropout
-or batch_norm), or it reads or makes a tensor of a dtype Kiln does not support (complex64).
-Past such a node the interpretation goes on with a stand-in value made from dynamo's metadata.
+or batch_norm), or it reads or makes a tensor of a dtype Kiln does not support (a complex graph
+input, a complex value PyTorch computes). Past such a node the interpretation goes on with a
+stand-in value made from dynamo's metadata. Kiln's parts take and return real tensors only, so
+the complex values Kiln computes that would cross into PyTorch are computed there too.
 
 `split(gm, for_pytorch, compile_part)` cuts the graph into runs of nodes: each run Kiln can
 do is compiled by `compile_part(submodule)`, each other node runs alone in PyTorch.
@@ -20,6 +22,7 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.split_module import split_module
 
 from kiln.dtypes import data_type
+from kiln.frontend.torch.complex import ComplexTensor
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, Unrepresentable
 from kiln.frontend.torch.sizes import reads_value
 from kiln.tensor import from_torch, symbol
@@ -75,8 +78,37 @@ def nodes_for_pytorch(gm: GraphModule, example_inputs, constants: set[str] = fro
             inputs.append(from_torch(value))
         else:
             inputs.append(stand_in(value))
-    Interpreter(gm).run(inputs, on_error=declined)
-    return found
+    values: dict[Node, object] = {}
+    Interpreter(gm).run(inputs, on_node=values.__setitem__, on_error=declined)
+    _complex_stays_inside(gm, found, values)
+    return {node: found[node] for node in gm.graph.nodes if node in found}
+
+
+def _complex(node: Node, values: dict) -> bool:
+    found = []
+    map_aggregate(values.get(node), lambda v: found.append(v) if isinstance(v, ComplexTensor) else v)
+    meta = node.meta.get("example_value", node.meta.get("val"))
+    map_aggregate(meta, lambda v: found.append(v) if isinstance(v, torch.Tensor) and v.is_complex() else v)
+    return bool(found)
+
+
+def _complex_stays_inside(gm: GraphModule, found: dict[Node, str], values: dict) -> None:
+    """Kiln's parts take and give real tensors only: a node with a complex value that a node
+    run in PyTorch (or the graph's output) reads runs in PyTorch too, and so does a node
+    reading a complex value PyTorch makes, until no complex value crosses a border."""
+    changed = True
+    while changed:
+        changed = False
+        for node in gm.graph.nodes:
+            if node in found or node.op in ("placeholder", "output", "get_attr"):
+                continue
+            if _complex(node, values) and any(u.op == "output" or u in found for u in node.users):
+                found[node] = "its complex value is read outside Kiln (Kiln's parts return real tensors)"
+            elif any(i in found and _complex(i, values) for i in node.all_input_nodes):
+                found[node] = "it reads a complex value computed in PyTorch (Kiln's parts take real tensors)"
+            else:
+                continue
+            changed = True
 
 
 def split(gm: GraphModule, for_pytorch: set[Node], compile_part: Callable) -> GraphModule:
