@@ -116,6 +116,9 @@ MODELS = {
     "raft_small": _raft,
     "ssdlite": _ssdlite,
     "mvit_v2_s": _mvit_v2,
+    # Fourier token mixing (torch.fft through Kiln's dft)
+    "fnet": _transformers("FNetConfig", "FNetModel", vocab_size=1000, hidden_size=32, num_hidden_layers=2,
+                          intermediate_size=64, max_position_embeddings=64),
     "lstm": _recurrent(lambda: torch.nn.LSTM(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
     "gru": _recurrent(lambda: torch.nn.GRU(32, 48, num_layers=2, batch_first=True), 3, 13, 32),
 }
