@@ -2,7 +2,9 @@
 torchvision models that crashed, ran wrong or fell back to PyTorch on CUDA, and PyTorch's own
 recurrent and transformer modules, each compiled whole (graph breaks allowed) and compared with
 eager in float32 with TF32 off. Each has a CPU regression test of the construct that broke it;
-this file checks the models as a user meets them."""
+this file checks the models as a user meets them, in float32 and in 16 bits."""
+import copy
+
 import pytest
 import torch
 
@@ -156,3 +158,51 @@ def test_model_class_matches_eager(name, monkeypatch):
             assert error <= RELATIVE, f"{name}: output {list(w.shape)} is {error:.2e} from eager's (relative)"
         else:
             assert torch.equal(g, w)
+
+
+def _cast(value, dtype):
+    """`value` (a tensor, or a dict / list of them, or anything else) with floating tensors in
+    `dtype`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    return value
+
+
+def _errors(outputs, reference) -> list[float]:
+    """Each floating output's largest difference from `reference`'s, relative to its scale."""
+    errors = []
+    for o, r in zip(outputs, reference):
+        if r.is_floating_point():
+            scale = r.abs().max().clamp_min(1e-6)
+            errors.append(((o.double() - r).abs().max() / scale).item())
+    return errors
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_class_in_16_bits_is_as_near_float64_as_eager(name, dtype):
+    """The same models with 16-bit weights and inputs: against the model run in float64, Kiln's
+    error is at most 3x eager's own (or the type's rounding step, where eager's is below it).
+    A model whose eager 16-bit run raises (FFTs in bfloat16, which torch does not compute) is
+    skipped with eager's error."""
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model = model.cuda().eval()
+    with torch.no_grad():
+        reference = _tensors(copy.deepcopy(model).double()(**_cast(inputs, torch.float64)))
+        low, low_inputs = model.to(dtype), _cast(inputs, dtype)
+        try:
+            eager = _tensors(low(**low_inputs))
+        except RuntimeError as error:
+            pytest.skip(f"eager {dtype} raises: {error}")
+        got = _tensors(torch.compile(low, backend="kiln")(**low_inputs))
+    assert len(got) == len(eager) == len(reference) and reference
+    step = torch.finfo(dtype).eps
+    for k, (kiln_error, eager_error) in enumerate(zip(_errors(got, reference), _errors(eager, reference))):
+        print(f"{name} {dtype}: output {k} Kiln {kiln_error:.2e}, eager {eager_error:.2e}")
+        assert kiln_error <= 3 * max(eager_error, step), (
+            f"{name} {dtype}: output {k} is {kiln_error:.2e} from float64's, eager {eager_error:.2e}")
