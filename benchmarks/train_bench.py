@@ -11,10 +11,15 @@ around each step). Peak memory is `torch.cuda.max_memory_allocated` over all of 
 
     python benchmarks/train_bench.py [--cases gpt2_b8 ...] [--steps 10] [--loss-steps 20]
         [--backends eager inductor kiln] [--json out_train.json] [--profile N] [--kernels N]
+        [--fp32-reference]
 
 `--profile N` prints the N kernels that take the most GPU time in two steps of each backend;
 `--kernels N` times each step of Kiln's forward and backward graphs in place (CUDA graphs off,
 `kernel_times.time_steps`) and prints the N heaviest with their operator and shapes.
+`--fp32-reference` also trains eagerly in float32 (autocast off) from the same weights: under
+16-bit autocast every backend's rounding differs from eager's by about eager's own error (on
+the CPU a small ViT's bf16 logits are 5.3e-3 from float64's for eager and for Kiln, and 4.4e-3
+from each other), so a distance from eager's losses says less than one from float32's.
 """
 from __future__ import annotations
 
@@ -33,13 +38,16 @@ from kernel_times import describe, graph_runs, time_steps
 from models_bench import llama_1b, torchvision_model
 
 
+AUTOCAST = {"enabled": True}     # off for the float32 reference (`--fp32-reference`)
+
+
 def gpt2_case():
     from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config(use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).cuda()
     ids = torch.randint(0, 50257, (8, 512), device="cuda")
 
     def loss_of(m):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, **AUTOCAST):
             return m(input_ids=ids, labels=ids).loss
     return model, loss_of, lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True)
 
@@ -63,7 +71,7 @@ def image_case(name: str, make_optimizer, channels_last: bool):
         labels = torch.randint(0, 1000, (32,), device="cuda")
 
         def loss_of(m):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast("cuda", dtype=torch.bfloat16, **AUTOCAST):
                 return F.cross_entropy(m(images).float(), labels)
         return model, loss_of, make_optimizer
     return case
@@ -112,7 +120,7 @@ def train(model, loss_of, make_optimizer, compiled, loss_steps: int, steps: int,
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    result = {"ms": statistics.median(times), "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+    result = {"ms": statistics.median(times) if times else None, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
               "peak_above_start_gb": (torch.cuda.max_memory_allocated() - allocated_at_start) / 1e9,
               "losses": [x.item() for x in losses]}
     if profile:
@@ -167,6 +175,9 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["eager", "inductor", "kiln"], choices=list(BACKENDS))
     parser.add_argument("--profile", type=int, default=0, help="print this many top kernels per backend")
     parser.add_argument("--kernels", type=int, default=0, help="time Kiln's steps alone, print this many")
+    parser.add_argument("--fp32-reference", action="store_true",
+                        help="also train eagerly in float32 (autocast off, float32 weights) from the same "
+                             "weights and report each backend's largest loss difference from that run")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -195,6 +206,22 @@ def main() -> None:
             print(f"{name:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB "
                   f"({r['peak_above_start_gb']:5.2f} above the start)  "
                   f"losses {r['losses'][0]:.5f} .. {r['losses'][-1]:.5f}", flush=True)
+        if args.fp32_reference:
+            reference = copy.deepcopy(model).float()
+            reference.load_state_dict(initial)
+            AUTOCAST["enabled"] = False
+            try:
+                losses = train(reference, loss_of, make_optimizer, reference, args.loss_steps, 0)["losses"]
+            finally:
+                AUTOCAST["enabled"] = True
+            del reference
+            row["fp32_losses"] = losses
+            for label in args.backends:
+                if f"{label}_losses" in row:
+                    row[f"{label}_max_loss_diff_fp32"] = max(abs(a - b) / abs(b) for a, b in
+                                                             zip(row[f"{label}_losses"], losses))
+                    print(f"  {label}: largest relative loss difference from eager float32 "
+                          f"{row[f'{label}_max_loss_diff_fp32']:.2e}")
         if "eager_losses" in row:
             for label in args.backends[1:]:
                 if f"{label}_losses" in row:
