@@ -10,6 +10,8 @@ import torch
 
 os.environ["KILN_GRAPH_CACHE"] = "0"
 
+from tests.support import cudnn_tf32  # noqa: E402  (after the variable: it imports kiln)
+
 
 def pytest_collection_modifyitems(config, items):
     # Long tests first (a stable sort keeps the order otherwise): the test workers take them
@@ -41,7 +43,5 @@ def float32_convolutions():
     test, as torch's matmul flag is by default: float32 convolutions on a GPU, eager's and
     Kiln's (which follows the flag), compute in float32, as the tests' tolerances against eager
     assume. The tests of TF32 (tests/cuda/test_conv_tf32_cuda.py) set it themselves."""
-    previous = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = previous
+    with cudnn_tf32(False):
+        yield

@@ -1,6 +1,8 @@
 """Helpers shared by the tests: random inputs and comparison with PyTorch."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 import kiln
@@ -66,3 +68,14 @@ def run_sanitized(folder, kernel_source: str, main_source: str, args, isa=()) ->
     run = subprocess.run([str(folder / "run"), *map(str, args)], capture_output=True, text=True, timeout=300,
                          env={"ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
     assert run.returncode == 0 and "AddressSanitizer" not in run.stderr, run.stderr
+
+
+@contextlib.contextmanager
+def cudnn_tf32(allowed: bool):
+    """cuDNN's TF32 flag (`torch.backends.cudnn.allow_tf32`) set to `allowed` inside the block,
+    its other flags kept. Through `cudnn.flags`, since PyTorch's test modules (which the OpInfo
+    test imports) forbid setting the flags directly for the rest of the process."""
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                     allow_tf32=allowed):
+        yield

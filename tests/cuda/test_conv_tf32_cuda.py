@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from kiln.frontend.torch.backend import KilnFunction
 from kiln.runtime import cuda as rt
+from tests.support import cudnn_tf32
 
 pytestmark = pytest.mark.cuda
 
@@ -37,10 +38,10 @@ RATIO = 4.0
 
 @pytest.fixture(autouse=True)
 def _flags():
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    previous = torch.backends.cuda.matmul.allow_tf32
     torch._dynamo.reset()
     yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    torch.backends.cuda.matmul.allow_tf32 = previous
     torch._dynamo.reset()
 
 
@@ -78,10 +79,10 @@ def _errors(conv, x):
     expected = F.conv2d(x.double(), w.double(), b, **kwargs)
     err = lambda out: ((out.double() - expected).norm() / expected.norm()).item()
     with torch.no_grad():
-        torch.backends.cudnn.allow_tf32 = False
-        float32 = err(conv(x))
-        torch.backends.cudnn.allow_tf32 = True
-        eager_tf32 = err(conv(x))
+        with cudnn_tf32(False):
+            float32 = err(conv(x))
+        with cudnn_tf32(True):
+            eager_tf32 = err(conv(x))
     rounded = err(F.conv2d(_tf32(x).double(), _tf32(w).double(), b, **kwargs))
     return err, float32, eager_tf32, rounded
 
@@ -106,19 +107,19 @@ def test_tf32_with_cudnns_flag(name, channels_last):
     _needs_sm90()
     conv, x = _conv(name, channels_last)
     err, float32, eager_tf32, rounded = _errors(conv, x)
-    torch.backends.cudnn.allow_tf32 = True
-    _check_tf32(err, _compiled(conv, x), float32, eager_tf32, rounded)
+    with cudnn_tf32(True):
+        _check_tf32(err, _compiled(conv, x), float32, eager_tf32, rounded)
 
 
 @pytest.mark.parametrize("name", FLOAT32)
 def test_float32_without_it(name):
     conv, x = _conv(name)
     err, float32, _, _ = _errors(conv, x)
-    torch.backends.cudnn.allow_tf32 = False
-    assert err(_compiled(conv, x)) < 2e-5, float32
+    with cudnn_tf32(False):
+        assert err(_compiled(conv, x)) < 2e-5, float32
     torch._dynamo.reset()
-    torch.backends.cudnn.allow_tf32 = True    # the option overrides the flag
-    assert err(_compiled(conv, x, allow_tf32_convolution=False)) < 2e-5
+    with cudnn_tf32(True):    # the option overrides the flag
+        assert err(_compiled(conv, x, allow_tf32_convolution=False)) < 2e-5
 
 
 def test_a_flip_after_compiling_takes_effect_at_the_next_call():
@@ -127,15 +128,15 @@ def test_a_flip_after_compiling_takes_effect_at_the_next_call():
     _needs_sm90()
     conv, x = _conv("3x3_s2_b8")
     err, float32, eager_tf32, rounded = _errors(conv, x)
-    torch.backends.cudnn.allow_tf32 = True
     compiled = torch.compile(conv, backend="kiln")
     before = set(KilnFunction.live())      # held: no new function takes the id of one of them
     with torch.no_grad():
-        _check_tf32(err, compiled(x), float32, eager_tf32, rounded)
+        with cudnn_tf32(True):
+            _check_tf32(err, compiled(x), float32, eager_tf32, rounded)
         (fn,) = [f for f in KilnFunction.live() if f not in before]
         assert fn.follows == ("allow_tf32_convolution",) and len(fn.graphs) == 1
-        torch.backends.cudnn.allow_tf32 = False
-        assert err(compiled(x)) < 2e-5 and len(fn.graphs) == 2
-        torch.backends.cudnn.allow_tf32 = True
-        _check_tf32(err, compiled(x), float32, eager_tf32, rounded)
+        with cudnn_tf32(False):
+            assert err(compiled(x)) < 2e-5 and len(fn.graphs) == 2
+        with cudnn_tf32(True):
+            _check_tf32(err, compiled(x), float32, eager_tf32, rounded)
         assert len(fn.graphs) == 2

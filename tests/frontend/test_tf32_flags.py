@@ -11,22 +11,23 @@ import torch.nn.functional as F
 
 from kiln.frontend.torch.backend import KilnFunction, kiln_backend
 from kiln.frontend.torch.config import FROM_TORCH, UNGUARDED, dynamo_config
+from tests.support import cudnn_tf32
 
 
 @pytest.fixture
 def flags():
-    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    previous = torch.backends.cuda.matmul.allow_tf32
     yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
+    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def test_both_flags_are_copied_unless_the_options_set_them(flags):
     for value in (True, False):
-        torch.backends.cudnn.allow_tf32 = value
         torch.backends.cuda.matmul.allow_tf32 = not value
-        settings = dynamo_config.resolve()
-        assert (settings.allow_tf32_convolution, settings.allow_tf32) == (value, not value)
-        assert dynamo_config.resolve({"allow_tf32_convolution": not value}).allow_tf32_convolution is (not value)
+        with cudnn_tf32(value):
+            settings = dynamo_config.resolve()
+            assert (settings.allow_tf32_convolution, settings.allow_tf32) == (value, not value)
+            assert dynamo_config.resolve({"allow_tf32_convolution": not value}).allow_tf32_convolution is (not value)
     assert set(FROM_TORCH) == {"allow_tf32", "allow_tf32_convolution"} and UNGUARDED == ("allow_tf32_convolution",)
 
 
@@ -98,8 +99,20 @@ def test_a_cpu_convolution_depends_on_no_flag(flags):
             return F.conv2d(x, w, padding=1)
 
     x, w = torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3)
-    torch.backends.cudnn.allow_tf32 = True
-    fn = kiln_backend(torch.fx.symbolic_trace(Conv()), [x, w])
-    torch.testing.assert_close(fn(x, w), F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
+    with cudnn_tf32(True):
+        fn = kiln_backend(torch.fx.symbolic_trace(Conv()), [x, w])
+        torch.testing.assert_close(fn(x, w), F.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
     (run,) = fn.graphs.values()
     assert run.record.permissions == () and fn.follows == () and "allow_tf32_convolution" in fn.followed
+
+
+def test_the_tests_set_cudnns_flag_after_pytorchs_test_modules_froze_the_flags():
+    """Before: the suite's fixture set `torch.backends.cudnn.allow_tf32` directly, which raises in
+    every test once the OpInfo test has imported PyTorch's test modules (they call
+    `torch.backends.disable_global_flags()`): 4,212 errors in a whole run. `cudnn_tf32` goes
+    through `cudnn.flags`, which is allowed then."""
+    torch.backends.disable_global_flags()       # as importing torch.testing._internal does
+    for value in (True, False):
+        with cudnn_tf32(value):
+            assert torch.backends.cudnn.allow_tf32 is value
+            assert dynamo_config.resolve().allow_tf32_convolution is value
