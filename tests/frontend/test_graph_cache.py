@@ -460,3 +460,21 @@ def test_the_read_constants_hashed_at_once_on_threads_hash_as_one_by_one(monkeyp
     monkeypatch.setattr(threads, "AT_ONCE", 0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert graph_cache._values_digest(args, [3, 0, 2]) == one_by_one
+
+
+def test_memory_of_a_graph_the_cache_served_names_it(graph_cache, caplog):
+    """Before: `kiln.frontend.torch.memory.graph_memory` of a function whose plan came from this
+    cache failed with "'NoneType' object has no attribute 'compile'" (train_memory.py on a GPU,
+    after another run had filled the cache); now it says which graph and how to count it."""
+    from kiln.frontend.torch import KilnFunction
+    from kiln.frontend.torch.memory import graph_memory
+    model, x = nn.Linear(8, 4), torch.randn(3, 8)
+    compiled(model, x)                                  # stores the plan
+    before = set(KilnFunction.live())
+    compiled(model, x)                                  # served by the cache
+    assert events(caplog) == ["miss", "hit"]
+    served = [f for f in KilnFunction.live() if f not in before]
+    assert served
+    with pytest.raises(ValueError, match="whole-graph cache"):
+        for function in served:
+            graph_memory(function)
