@@ -205,6 +205,40 @@ def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
     assert_close(out, F.linear(x, w, b).expand(2, m, n), atol=1e-4, rtol=1e-4)
 
 
+_ASAN_MATMUL_MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+void kiln_kernel(const float*, const float*, float*);
+int main(int argc, char** argv) {
+    long m = atol(argv[1]), k = atol(argv[2]), n = atol(argv[3]);
+    float *x = malloc(m * k * 4), *y = malloc(k * n * 4), *o = malloc(m * n * 4);
+    for (long i = 0; i < m * k; ++i) x[i] = (float)(i % 13) * 0.1f - 0.6f;
+    for (long i = 0; i < k * n; ++i) y[i] = (float)(i % 7) * 0.1f - 0.3f;
+    kiln_kernel(x, y, o);
+    FILE* f = fopen(argv[4], "wb");
+    fwrite(o, 4, m * n, f);
+    fclose(f);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("isa", [[], ["-mno-avx512f"], ["-mno-avx"]])
+@pytest.mark.parametrize("m, k, n, knobs", [(7, 33, 100, {}), (33, 257, 257, dict(NC=64, KC=96, WHOLE_K=0)),
+                                            (100, 7, 1100, dict(NC=512))])
+def test_b_along_n_packed_by_rows_under_address_sanitizer(tmp_path, m, k, n, knobs, isa):
+    """B read along n (a row-major matmul operand) is packed a block of rows at a time and dealt
+    out to the panels: N in several NC blocks, the last panel part padding, K in several blocks,
+    on each vector width."""
+    x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
+    y = ((torch.arange(k * n) % 7).float() * 0.1 - 0.3).reshape(k, n)
+    program = gemm_cpu.render(_task("matmul", kiln.from_torch(x), kiln.from_torch(y)), **knobs)
+    assert "#define B_BY_K 0" in program.source
+    run_sanitized(tmp_path, program.source, _ASAN_MATMUL_MAIN, [m, k, n, tmp_path / "out.bin"], isa)
+    out = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=torch.float32).reshape(m, n)
+    assert_close(out, x @ y, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("m,n", [(5, 10), (1, 3)])
 def test_an_empty_sum_gives_zeros(m, n):
     """K = 0: every output element is an empty sum (the template declines; the result is 0)."""

@@ -2,18 +2,19 @@
 convolution (implicit GEMM), float32 accumulation of float32/float16/bfloat16 operands.
 
 The task is seen as batched GEMMs through the C hooks of `cpu_hooks` (so any operand strides,
-transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split
-N (or M, where N has too few panels) in whole panels and never wait on each other: each cuts
-its share into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide
-k-major panels (row by row along n, or, where B is contiguous in k, in runs along k transposed
-VW x VW in registers) and an MC x KC block of A into MR-tall panels, both zero-padded to whole
-panels, and runs the
-register-blocked micro-kernel over the block's MR x NR tiles (B panels outer, so a B panel
-stays in L1 while A's panels stream from L2). The micro-kernel uses GCC vector extensions on
-the host's widest vectors (`cpu/simd.h`; AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2:
-6 x 16, else 128-bit 8 x 8). A tile is added into a float32 workspace (K blocks before the
-last; K up to WHOLE_K is one block) or handed to the epilogue hook, which applies whatever
-fusion put there (bias, activation, residual, cast) and stores.
+transposes, 16-bit inputs and convolution windows are the hooks' business). The threads split N (or
+M, where N has too few panels) in whole panels and never wait on each other: each cuts its share
+into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wide k-major panels
+(along n a row of the whole block at a time, dealt out to the panels, or, where B is contiguous in
+k, in runs along k transposed VW x VW in registers) and an MC x KC block of A into MR-tall panels,
+both zero-padded to whole panels, and runs the register-blocked micro-kernel over the block's MR x
+NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2). The
+micro-kernel, a function of its own (inlined into the block's loops, GCC runs out of registers for
+the 14-row tile and spills), uses GCC vector extensions on the host's widest vectors (`cpu/simd.h`;
+AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
+into a float32 workspace (K blocks before the last; K up to WHOLE_K is one block) or handed to the
+epilogue hook, which applies whatever fusion put there (bias, activation, residual, cast) and
+stores.
 
 A B that is one input, the same for every batch (a weight), may be laid out once when it is a
 constant of the graph (`kiln.runtime.cpu.Preparation`): `kiln_prepare` packs all of its panels,

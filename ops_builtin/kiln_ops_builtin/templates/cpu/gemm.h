@@ -46,6 +46,29 @@ static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0,
 #endif
 }
 
+/* B's columns n0 .. n0 + cols - 1 (zeros past them, up to whole panels) for k0 .. k0 + kc - 1,
+   as k-major NR-wide panels, panel p at dst + p * NR * kc. Along n (not B_BY_K), a row of all
+   the columns is read at once into `row` (long runs that the hardware prefetches; panel by
+   panel, each row's 32 columns would be a short run of another page) and dealt out to the
+   panels. */
+static void kiln_pack_b_block(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
+                              float* __restrict__ dst) {
+    const int64_t panels = KILN_PANELS(cols, NR);
+#if B_BY_K
+    for (int64_t p = 0; p < panels; ++p)
+        kiln_pack_b(ARGS, b, n0 + p * NR, KILN_MIN(NR, cols - p * NR), k0, kc, dst + p * NR * kc);
+#else
+    float row[KILN_PANELS(NC, NR) * NR] __attribute__((aligned(64)));
+    for (int64_t j = cols; j < panels * NR; ++j) row[j] = 0.f;
+    for (int64_t k = 0; k < kc; ++k) {
+        kiln_b_row(ARGS, b, k0 + k, n0, cols, row);
+        for (int64_t p = 0; p < panels; ++p)
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) *(kiln_vf*)(dst + (p * kc + k) * NR + j * VW) = *(const kiln_vf*)(row + p * NR + j * VW);
+    }
+#endif
+}
+
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
 static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
@@ -55,8 +78,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
         const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
         const int64_t npanels = KILN_PANELS(nc, NR);
         const int first = pc == 0, last = pc + kc >= K;
-        for (int64_t p = 0; p < npanels && !bpre; ++p)
-            kiln_pack_b(ARGS, b, jc + p * NR, KILN_MIN(NR, N - jc - p * NR), pc, kc, bpack + p * NR * kc);
+        if (!bpre) kiln_pack_b_block(ARGS, b, jc, nc, pc, kc, bpack);
         /* B's panels: packed here (panel p at p * NR * kc) or laid out once (jc is whole panels) */
         const float* const bpanels = bpre ? bpre + b % B_GROUPS * KILN_PANELS(N, NR) * NR * K + jc * K + pc * NR : bpack;
         const int64_t bstride = bpre ? NR * K : NR * kc;

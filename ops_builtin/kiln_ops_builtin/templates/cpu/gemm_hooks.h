@@ -12,8 +12,15 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
             dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
 }
 
-/* a finished tile: its rows through the epilogue hook */
+/* a finished tile: its rows through the epilogue hook (full rows a vector at a time, a constant
+   count, which the hook's loop then takes in one vector: not a call of memcpy, nor GCC's inline
+   `rep movs` for a constant 32 floats) */
 static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
                                    const float* __restrict__ tile) {
-    for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
+    if (cols == NR)
+        for (int64_t i = 0; i < rows; ++i)
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) kiln_epilogue_row(ARGS, b, m0 + i, n0 + j * VW, VW, tile + i * NR + j * VW);
+    else
+        for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
 }

@@ -27,8 +27,9 @@ enum {
 
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
    k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place) times b-panel (kc x NR,
-   k-major) */
-static inline void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
+   k-major). Never inlined: in the loops of its caller GCC keeps one of the 14-row tile's
+   accumulators on the stack, a store and a load every k. */
+static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
                               const float* __restrict__ b,
                               const float* cin, int64_t ldin, float* cout, int64_t ldout) {
     kiln_vf acc[MR][NV];
