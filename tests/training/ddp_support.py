@@ -155,6 +155,11 @@ def _worker(rank: int, world: int, folder: str, device: str, backend: str | None
         os._exit(1)
     faulthandler.cancel_dump_traceback_later()
     dist.destroy_process_group()
+    report.close()
+    # leave without freeing the rest: DDP's reducer freed after the process group can deadlock in
+    # torch's gloo teardown (~ProcessGroupGloo, holding the GIL, waits for gloo's worker thread,
+    # which waits for the GIL to free a finished all-reduce's tensors); a CI run hung there
+    os._exit(0)
 
 
 def _reports(folder: str, world: int) -> str:
