@@ -96,15 +96,16 @@ def _complex_stays_inside(gm: GraphModule, found: dict[Node, str], values: dict)
     """Kiln's parts take and give real tensors only: a node with a complex value that a node
     run in PyTorch (or the graph's output) reads runs in PyTorch too, and so does a node
     reading a complex value PyTorch makes, until no complex value crosses a border."""
+    complex_nodes = {node for node in gm.graph.nodes if _complex(node, values)}
     changed = True
     while changed:
         changed = False
         for node in gm.graph.nodes:
             if node in found or node.op in ("placeholder", "output", "get_attr"):
                 continue
-            if _complex(node, values) and any(u.op == "output" or u in found for u in node.users):
+            if node in complex_nodes and any(u.op == "output" or u in found for u in node.users):
                 found[node] = "its complex value is read outside Kiln (Kiln's parts return real tensors)"
-            elif any(i in found and _complex(i, values) for i in node.all_input_nodes):
+            elif any(i in found and i in complex_nodes for i in node.all_input_nodes):
                 found[node] = "it reads a complex value computed in PyTorch (Kiln's parts take real tensors)"
             else:
                 continue
