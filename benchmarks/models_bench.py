@@ -9,10 +9,11 @@ is timed. Times are medians of CUDA-event timings of single forward passes after
 rounds (the machine's speed drifts over a run: single runs at batch 1 differed by 20%). Kiln replays CUDA graphs by
 default; torch.compile's default backend (inductor) is timed in its default mode, which launches
 kernels one by one, and in mode="reduce-overhead", which replays CUDA graphs too. TF32 is off
-everywhere, so float32 means float32.
+everywhere, so float32 means float32; `--tf32` turns it on for every backend (torch's matmul and
+cuDNN flags, which Kiln follows), for float32 matmuls and convolutions on TF32 tensor cores.
 
     python benchmarks/models_bench.py [--models resnet50 bert gpt2 ...] [--dtype float32 float16 bfloat16]
-        [--rounds N] [--json out.json]
+        [--rounds N] [--tf32] [--json out.json]
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ def run_case(name: str, dtype: torch.dtype, rounds: int = 1) -> dict:
     randomize_batch_norm(model)
     model = model.to("cuda", dtype).eval()
     inputs = tuple(x.cuda() for x in make_inputs(dtype))
-    row = {"model": name, "dtype": str(dtype).replace("torch.", ""), "rounds": rounds}
+    row = {"model": name, "dtype": str(dtype).replace("torch.", ""), "rounds": rounds,
+           "tf32": torch.backends.cudnn.allow_tf32}
     with torch.no_grad():
         want = model(*inputs)
         runs = {"eager": model}
@@ -163,10 +165,11 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--rounds", type=int, default=1, help="time every backend this many times, in turn "
                         "(medians reported)")
+    parser.add_argument("--tf32", action="store_true", help="allow TF32 in float32 matmuls and convolutions")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, TF32 {'on' if args.tf32 else 'off'}")
     head = (f"{'model':<9} {'dtype':<8} {'eager ms':>9} {'inductor ms':>12} {'ind. graphs ms':>15} "
             f"{'kiln ms':>8} {'vs eager':>9} {'vs inductor':>12} {'vs ind. graphs':>15} "
             f"{'kiln compile s':>15} {'kiln rel err':>13}")

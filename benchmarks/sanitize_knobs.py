@@ -1,6 +1,7 @@
 """The Hopper engine's kernels for compute-sanitizer: every level-1 knob setting of gemm_sm90 (a
 linear with a bias, a residual its epilogue stages by TMA, and a ReLU) and of conv_sm90 (a 3x3
-convolution with a bias), launched once each on small odd shapes and checked against torch.
+convolution with a bias, in float16 and in float32 on TF32), launched once each on small odd
+shapes and checked against torch.
 Exits non-zero where a setting gives a wrong result. Run from the repository root:
 
     compute-sanitizer --tool racecheck --racecheck-report hazard python3 benchmarks/sanitize_knobs.py
@@ -29,14 +30,15 @@ for knobs in gemm_sm90.TEMPLATE.space(1):
     bad += err > 1e-2
     print("gemm_sm90", knobs, f"err {err:.1e}", flush=True)
 xs, ws, kw = (2, 13, 11, 16), (40, 3, 3, 16), {"stride": 1, "padding": 1}
-xc, wc, bc = torch.randn(*xs).half(), torch.randn(*ws).half(), torch.randn(ws[0]).half()
-task = channels_last_task((xc, wc, bc), kw)
-want = reference(xc, wc, bc, kw).cuda()
-for knobs in conv_sm90.TEMPLATE.space(1):
-    out = torch.empty(want.shape, device="cuda", dtype=torch.float16)
-    backend_for(dev).load(conv_sm90.render(task, **knobs), dev)([xc.cuda(), wc.cuda(), bc.cuda()], [out])
-    err = ((out.double() - want).norm() / want.norm()).item()
-    bad += err > 1e-2
-    print("conv_sm90", knobs, f"err {err:.1e}", flush=True)
+for dtype, tf32 in ((torch.float16, {}), (torch.float32, {"allow_tf32": True})):
+    xc, wc, bc = (torch.randn(*s).to(dtype) for s in (xs, ws, ws[:1]))
+    task = channels_last_task((xc, wc, bc), {**kw, **tf32})
+    want = reference(xc, wc, bc, kw).cuda()
+    for knobs in conv_sm90.TEMPLATE.space(1):
+        out = torch.empty(want.shape, device="cuda", dtype=dtype)
+        backend_for(dev).load(conv_sm90.render(task, **knobs), dev)([xc.cuda(), wc.cuda(), bc.cuda()], [out])
+        err = ((out.double() - want).norm() / want.norm()).item()
+        bad += err > 1e-2
+        print("conv_sm90", str(dtype)[6:], knobs, f"err {err:.1e}", flush=True)
 print("settings with wrong results:", bad)
 sys.exit(1 if bad else 0)
