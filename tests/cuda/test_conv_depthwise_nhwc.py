@@ -135,3 +135,18 @@ def test_fused_bias_activation_residual_in_a_compiled_graph(name, activation, dt
     assert not x_strided.is_contiguous()
     (out,) = graph.run([x_strided, res])
     _check(out.torch(), theirs(_reference(x, w, b, kwargs)) + res.double())
+
+
+@pytest.mark.parametrize("name", ["5x5_c40", "3x3_c20_packs_of_4"])
+def test_a_float32_output_of_float16_channels(name):
+    """conv + bias cast to float32: the epilogue stores each pack of 8 float16 channels as 8
+    floats, 32 bytes in two 16-byte stores (it once rendered a 32-byte store NVRTC rejects)."""
+    x, w, b, kwargs = _tensors(name, torch.float16, "cuda")
+    sx = kiln.symbol(tuple(x.shape), "float16", "cuda")
+    y = kiln.ops.cast(kiln.ops.conv2d_channels_last(sx, kiln.from_torch(w), kiln.from_torch(b), **kwargs), "float32")
+    graph = optimize(kiln.trace_from(y, [sx]))
+    (node,) = graph.nodes
+    assert schedules_for(node.task, "cuda", rt.arch_number(rt.device_info(0)["arch"]))[0].name == "conv_depthwise_nhwc"
+    (out,) = graph.run([x])
+    assert out.torch().dtype == torch.float32
+    _check(out.torch().half(), _reference(x, w, b, kwargs))

@@ -146,11 +146,12 @@ def test_knobs_are_fitted_to_the_convolution():
 
 
 def _fused(extra, dtype="float16", channels=40):
-    """conv2d_channels_last (depthwise 5x5, bias) and `extra(y, operand)` fused by optimize."""
+    """conv2d_channels_last (depthwise 5x5, bias) and `extra(y)`, a pair (operand or None,
+    result), fused by optimize."""
     x, w, b = _symbols([(2, 9, 7, channels), (channels, 5, 5, 1), (channels,)], dtype)
     y = ops.conv2d_channels_last(x, w, b, padding=2, groups=channels)
     operand, result = extra(y)
-    (node,) = optimize(trace_from(result, [x, w, b, operand])).nodes
+    (node,) = optimize(trace_from(result, [x, w, b] + ([operand] if operand is not None else []))).nodes
     return node.task
 
 
@@ -170,6 +171,8 @@ def test_vector_epilogue_loads_packs_and_stores_one():
     float32 = dw.render(_fused(lambda y: (r := _symbols([y.shape], "float32")[0], ops.add(y, r)), "float32"),
                         **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert "__stwb((uint4*)&out0[" in float32 and "__float_as_uint(" in float32
+    widened = dw.render(_fused(lambda y: (None, ops.cast(y, "float32"))), **dw.DepthwiseNHWCKnobs().as_dict()).source
+    assert widened.count("__stwb((uint4*)&out0[") == 2 and "make_uint8" not in widened     # 8 floats: two stores
     narrow = dw.render(_fused(lambda y: (r := _symbols([y.shape])[0], ops.add(y, r)), channels=6),
                        **dw.DepthwiseNHWCKnobs().as_dict()).source
     assert "__stwb((unsigned*)&out0[" in narrow
@@ -208,5 +211,7 @@ def test_every_shape_and_dtype_compiles_for_sm80_and_sm90():
 
 @needs_nvrtc
 def test_fused_candidates_compile():
-    """Every program Kiln may build (level 1) for a fused depthwise convolution with a residual."""
+    """Every program Kiln may build (level 1) for a fused depthwise convolution with a residual,
+    and with a float32 output (16-byte packs of the float16 input, two stores per pack)."""
     check_nvrtc(_fused(lambda y: (r := _symbols([y.shape])[0], ops.add(ops.silu(y), r))), ("sm_80", "sm_90"))
+    check_nvrtc(_fused(lambda y: (None, ops.cast(y, "float32"))), ("sm_80", "sm_90"))

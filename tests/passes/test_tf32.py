@@ -3,6 +3,7 @@
 `torch.backends.cuda.matmul.allow_tf32`, and float32 convolutions when `allow_tf32_convolution`
 does (from `torch.backends.cudnn.allow_tf32`), which also lets layout planning run them
 channels-last; nothing else changes."""
+import pytest
 import torch
 
 import kiln
@@ -103,3 +104,41 @@ def test_float32_convolutions_run_channels_last_on_tf32_only_when_allowed():
     assert _planned({"allow_tf32_convolution": True}) == [("conv2d_channels_last", True)]
     assert _planned({"allow_tf32_convolution": False}) == [("conv2d", False)]
     assert _planned({"allow_tf32": True}) == [("conv2d", False)]
+
+
+def test_rounding_to_tf32_is_to_nearest_ties_away_and_keeps_specials():
+    from kiln.passes.tf32 import rounded_to_tf32
+    step = 2.0 ** -10                                   # TF32's spacing in [1, 2)
+    values = torch.tensor([1.0, 1 + step / 2, 1 + step / 2 - 2 ** -23, 1 + 0.75 * step, -(1 + step / 2), 0.0,
+                           float("inf"), -float("inf"), float("nan"), 3.4028234e38])
+    got = rounded_to_tf32(values)
+    assert got[:6].tolist() == [1.0, 1 + step, 1.0, 1 + step, -(1 + step), 0.0]
+    assert got[6] == float("inf") and got[7] == -float("inf") and got[8].isnan() and got[9] == float("inf")
+    x = torch.randn(10000, dtype=torch.float64).float()
+    r = rounded_to_tf32(x)
+    assert ((r.view(torch.int32) & 0x1FFF) == 0).all()
+    assert ((r - x).abs() <= x.abs() * 2 ** -11).all()
+    assert abs(((r.double() - x.double()) / x.double()).mean().item()) < 2e-5    # no bias: truncation has 3.5e-4
+
+
+@pytest.mark.cuda
+def test_constant_factors_are_rounded_to_tf32_and_the_rest_left_alone():
+    """Where a product runs on TF32, its constant factors (a weight) are replaced by copies
+    rounded to nearest, so that the tensor cores' truncation of the low bits changes nothing;
+    a constant that is no factor (a bias) and the graph's own constant stay as they were.
+    (A CUDA graph's constants live on the GPU.)"""
+    from kiln.passes.tf32 import rounded_to_tf32
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
+    x = kiln.symbol([5, 8], "float32", "cuda")
+    w, b = w.cuda(), b.cuda()
+    wc, bc = kiln.from_torch(w), kiln.from_torch(b)
+    graph = kiln.trace_from([ops.linear(x, wc, bc)], [x])
+    with PassContext(required_passes=["allow_tf32"], config={"allow_tf32": True}):
+        (node,) = AllowTF32()(graph).nodes
+    assert node.attrs["allow_tf32"]
+    assert torch.equal(node.inputs[1].torch(), rounded_to_tf32(w)) and not torch.equal(rounded_to_tf32(w), w)
+    assert node.inputs[2] is bc and torch.equal(wc.torch(), w)
+    with PassContext(required_passes=["allow_tf32"], config={"allow_tf32": False}):
+        (node,) = AllowTF32()(graph).nodes
+    assert node.inputs[1] is wc

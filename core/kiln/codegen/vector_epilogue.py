@@ -56,9 +56,10 @@ def vector_stores(out, index_of, vector: int, extents=(1 << 62,) * 3) -> bool:
 
 
 def _store(base: str, offset: str, values: list[str], dtype) -> str:
-    """The statement storing `values` (of `dtype`, at most 16 bytes) at `base[offset]` and after:
-    as one store of 32-bit words by intrinsic where they make whole words of 2- or 4-byte
-    elements (NVVM splits some plain vector-typed stores into words), else one by one."""
+    """The statements storing `values` (of `dtype`) at `base[offset]` and after: as stores of up
+    to four 32-bit words by intrinsic (16 bytes each; a pack of wider elements than the template's
+    inputs, a float32 cast of float16 channels, takes several) where they make whole words of 2-
+    or 4-byte elements (NVVM splits some plain vector-typed stores into words), else one by one."""
     size = dtype.nbytes
     if size not in (2, 4) or len(values) * size < 4:
         return " ".join(f"{base}[{offset} + {k}] = {v};" for k, v in enumerate(values))
@@ -67,10 +68,13 @@ def _store(base: str, offset: str, values: list[str], dtype) -> str:
                  for lo, hi in zip(values[::2], values[1::2])]
     else:
         words = [f"__float_as_uint({v})" if dtype.is_float else f"(uint32_t)({v})" for v in values]
-    ref = f"{base}[{offset}]"
-    if len(words) == 1:
-        return f"__stwb((unsigned*)&{ref}, {words[0]});"
-    return f"__stwb((uint{len(words)}*)&{ref}, make_uint{len(words)}({', '.join(words)}));"
+    per_word = 4 // size
+    stores = []
+    for first in range(0, len(words), 4):
+        chunk, ref = words[first:first + 4], f"{base}[{offset} + {first * per_word}]" if first else f"{base}[{offset}]"
+        stores.append(f"__stwb((unsigned*)&{ref}, {chunk[0]});" if len(chunk) == 1 else
+                      f"__stwb((uint{len(chunk)}*)&{ref}, make_uint{len(chunk)}({', '.join(chunk)}));")
+    return " ".join(stores)
 
 
 def render_vector_epilogue(lowered, out, decl, index_of, vector: int, extents=(1 << 62,) * 3, sizes=None,

@@ -10,13 +10,25 @@ is set, every such operator of float32 inputs on a CUDA device is made again wit
 values are those of the definition; only how a GPU rounds the operands may change, as
 PyTorch's own products do under the same flags.
 
+Tensor cores read float32 operands by dropping their low 13 bits, which makes every product
+smaller (by about 2^-11 per operand on average); cuBLAS and cuDNN round to nearest instead. So
+the factors of such a product (its first two tensor arguments) that are constants (weights,
+folded batch norms) are replaced by copies rounded to TF32 to nearest (`rounded_to_tf32`); a
+template rounds the factors it reads at run time (conv_sm90 does as it gathers x).
+
 `permissions(graph)` names the settings that decide some operator of a graph: a compiled graph
 depends on those, and on no other of them.
 """
+import torch
+
 from kiln import dtypes
 from kiln.graph import TF32
 from kiln.passes.edit import rebuild, remake
 from kiln.passes.graph_pass import GraphPass
+from kiln.tensor import from_torch
+
+FACTORS = 2
+"""A product's factors are its first two tensor arguments (x and the weight, or x and y)."""
 
 
 def permission(node) -> TF32 | None:
@@ -33,9 +45,22 @@ def permissions(graph) -> frozenset[str]:
     return frozenset(p.value for p in map(permission, graph.nodes) if p is not None)
 
 
+def rounded_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """Float32 `t` rounded to TF32 (10 mantissa bits) to nearest, ties away from zero, as the
+    GPU's `cvt.rna.tf32.f32`: its low 13 bits cleared; NaNs are kept, overflow gives infinity."""
+    bits = t.contiguous().view(torch.int32)
+    rounded = ((bits + 0x1000) & -0x2000).view(torch.float32)
+    return torch.where(t.isnan(), t, rounded)
+
+
+def _round_constant_factors(inputs):
+    return [from_torch(rounded_to_tf32(t.torch())) if k < FACTORS and not t.is_symbolic else t
+            for k, t in enumerate(inputs)]
+
+
 class AllowTF32(GraphPass):
     """Mark float32 operators of the trait `tf32` on CUDA `allow_tf32` where the setting their
-    permission names allows TF32."""
+    permission names allows TF32, their constant factors rounded to TF32."""
 
     name = "allow_tf32"
     opt_level = 0
@@ -49,6 +74,6 @@ class AllowTF32(GraphPass):
         def allow(node, inputs):
             if permission(node) not in allowed or node.attrs.get("allow_tf32"):
                 return None
-            return remake(node, inputs, allow_tf32=True)
+            return remake(node, _round_constant_factors(inputs), allow_tf32=True)
 
         return rebuild(graph, allow)

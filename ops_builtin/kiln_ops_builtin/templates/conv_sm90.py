@@ -16,11 +16,16 @@ with `cp.async.mbarrier.arrive.noinc`. Thread t copies 16-byte column t % 8 of r
 eight neighbouring threads read one pixel's 128 contiguous bytes of a tap. Each thread works
 out its rows' window corners once per tile (registers: the pixel offset, and the corner's y and
 x packed in one word), so a k-slice costs a few adds and compares per copy. A 1x1, stride-1,
-unpadded convolution is a plain GEMM: x viewed as [pixels, channels] comes by TMA too.
+unpadded convolution of 16-bit x is a plain GEMM: x viewed as [pixels, channels] comes by TMA too.
 
 In float32 a stage's row of 128 bytes holds 32 elements of K, which wgmma's k8 TF32 products
-read (`sm90_engine.k_block`): the tensor cores drop the operands' low 13 bits. A float32
-convolution without `allow_tf32` is declined and computed in float32 elsewhere.
+read (`sm90_engine.k_block`). The tensor cores would read float32 operands by dropping their low
+13 bits, which makes each product smaller by about 2^-11 on average: through the 50 layers of
+ResNet-50 the outputs drifted by 2e-2 where eager's TF32 is 8e-4 from float64. So float32 x is
+always gathered, and each producer thread rounds its copies to TF32 (to nearest) once they land,
+before it arrives on the slot (`cuda/conv_sm90.cuh`); constant weights come rounded by the
+`allow_tf32` pass (`kiln.passes.tf32`). A float32 convolution without `allow_tf32` is declined
+and computed in float32 elsewhere.
 
 Declines (conv_tc takes over): groups other than 1 (conv_depthwise_nhwc's), channels not a
 multiple of 8 (4 in float32), operands that are not plain loads (a fused prologue),
@@ -92,16 +97,22 @@ def _producer(conv: ConvNHWC, bm: int, bn: int) -> Producer:
     K, kb = conv.kh * conv.kw * conv.channels, k_block(conv.dtype)
     weight = TensorMapArg(conv.weight, conv.dtype, (K, conv.out_channels), (1, K), (kb, bn))
     load_b = TmaLoad("B", weight, bn)
-    if conv.is_gemm:
+    if not _gathers(conv):
         x = TensorMapArg(conv.x, conv.dtype, (conv.channels, int(conv.gemm.M)), (1, conv.channels), (kb, bm))
         return Producer((TmaLoad("A", x, bm), load_b), (bm + bn) * BK * 2)
     geometry = {"H": conv.height, "W": conv.width, "C": conv.channels, "KW": conv.kw, "OH": conv.out_h,
                 "OW": conv.out_w, "SH": conv.stride[0], "SW": conv.stride[1], "PH": conv.padding[0],
                 "PW": conv.padding[1], "DH": conv.dilation[0], "DW": conv.dilation[1], "RPT": bm // 16,
-                "EPC": _per_copy(conv.dtype)}
+                "EPC": _per_copy(conv.dtype), "TF32": int(conv.dtype == dtypes.float32)}
     members = GATHER.format(x=conv.x, t=CudaDialect().storage_type(conv.dtype))
     return Producer((load_b,), bn * BK * 2, threads=128, regs=PRODUCER_REGS[bm // 16], enums=geometry,
                     members=members, source=device_code(__package__, "cuda/conv_sm90.cuh"))
+
+
+def _gathers(conv: ConvNHWC) -> bool:
+    """Whether the producer threads gather x: for every window but a 1x1, stride-1, unpadded one
+    (a GEMM, whose x comes by TMA), and for float32 x, which they round to TF32 as it lands."""
+    return not conv.is_gemm or conv.dtype == dtypes.float32
 
 
 def _per_copy(dtype) -> int:
@@ -137,7 +148,7 @@ def suggest(task, sm_count: int) -> list[dict]:
     tiles = lambda bm, bn: -(-M // bm) * -(-N // bn)
     k_tiles = -(-K // k_block(conv.dtype))
     wide_split = min(sm_count // tiles(128, 256), k_tiles // 8)
-    gathered = not conv.is_gemm
+    gathered = _gathers(conv)
     first = None
     if N <= 64:
         if tiles(256, 64) >= sm_count:

@@ -3,6 +3,9 @@
 // whose 128 producer threads copy the im2col of x into the ring's 128-byte-swizzled K-major A
 // stages with cp.async. Thread tid copies 16-byte column tid % 8 of rows tid / 8 + 16 i: EPC
 // channels of one tap (8 of 16-bit x, 4 of float32 x, which the consumers read as TF32).
+// Float32 x (TF32 = 1) is rounded to TF32 in the stage once it lands, by the thread that copied
+// it, a slot later: the tensor cores would read it by dropping the low 13 bits, which makes
+// every product smaller and, over the layers of a network, its outputs (cuDNN rounds to nearest).
 //
 // Needs, ahead of it, the PTX wrappers CP_ASYNC and MBARRIER, the macros K, M, PARAMS and KERNEL_ARGS,
 // and, ahead of a use, these members of P (conv_sm90.py renders them):
@@ -11,6 +14,7 @@
 //   H, W, C, KW, OH, OW        x's height, width and channels, the kernel's width, the output's size
 //   SH, SW, PH, PW, DH, DW     stride, padding and dilation
 //   RPT                        rows gathered per producer thread
+//   TF32                       1 where x is float32, rounded to TF32 as it lands
 //   x(KERNEL_ARGS)             x, the input read (a pointer to 16-bit units or to floats)
 
 namespace kiln::conv_sm90 {
@@ -45,19 +49,57 @@ static __device__ __forceinline__ void gather(const T* x, uint16_t* as, int k0, 
     }
 }
 
-// A producer thread's rows of the tile at m0, and its copies of each slot
+// The four floats at shared address `addr` rounded to TF32 in place, to nearest (ties away)
+static __device__ __forceinline__ void round_tf32(uint32_t addr) {
+    uint32_t v[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr) : "memory");
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(v[i]) : "f"(__uint_as_float(v[i])));
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
+
+// A producer thread's rows of the tile at m0, and its copies of each slot. With TF32 its copies
+// into a slot are committed as one group, waited for at its next slot's call (so that two slots'
+// copies are in flight), rounded and only then arrived on; finish() does so for the last.
 template <class P>
 struct Gather {
     int j, r0, at, pix[P::RPT], yx[P::RPT];   // its column, first row, their place in a stage, rows_at's
+    uint32_t held = 0;                         // TF32: the shared address of its copies not yet rounded,
+    uint64_t* held_bar = nullptr;              // and their slot's barrier
 
     __device__ __forceinline__ Gather(int tid, int64_t m0, PARAMS) : j(tid % 8), r0(tid / 8) {
         rows_at<P>(m0, M, r0, pix, yx);
         at = r0 * P::BK + (j ^ (r0 & 7)) * 8;
     }
 
-    __device__ __forceinline__ void operator()(uint16_t* as, int k0, uint64_t* bar, PARAMS) const {
+    __device__ __forceinline__ void operator()(uint16_t* as, int k0, uint64_t* bar, PARAMS) {
         gather<P>(P::x(KERNEL_ARGS), as, k0, j, at, pix, yx);
-        kiln_bar_arrive_cp_async(bar);
+        if constexpr (P::TF32) {
+            kiln_cp_async_commit();
+            if (held_bar) round_and_arrive<1>();
+            held = (uint32_t)__cvta_generic_to_shared(as + at);
+            held_bar = bar;
+        } else {
+            kiln_bar_arrive_cp_async(bar);
+        }
+    }
+
+    __device__ __forceinline__ void finish() {
+        if constexpr (P::TF32) {
+            if (held_bar) round_and_arrive<0>();
+            held_bar = nullptr;
+        }
+    }
+
+    // the held copies rounded once all but the last `pending` groups of copies have landed, then arrived on
+    template <int pending>
+    __device__ __forceinline__ void round_and_arrive() {
+        kiln_cp_async_wait<pending>();
+#pragma unroll
+        for (int i = 0; i < P::RPT; ++i) round_tf32(held + i * 16 * P::BK * 2);
+        kiln_bar_arrive(held_bar);
     }
 };
 

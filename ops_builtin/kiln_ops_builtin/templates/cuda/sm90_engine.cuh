@@ -20,9 +20,11 @@
 //   FETCHES, VEC, TMA_STORE   whether the epilogue fetches what it reads ahead of its stores, the
 //                          vector hook's width (0: pairs), whether outputs are stored by TMA
 //   Maps                   the kernel's tensor maps (pointers to its __grid_constant__ parameters)
-//   Gather(tid, m0, KERNEL_ARGS)  a producer thread's state for the tile at row m0, and its call
+//   Gather(tid, m0, KERNEL_ARGS)  a producer thread's state for the tile at row m0, its call
 //                          (as, k0, bar, KERNEL_ARGS) filling slot `as` at k0 and arriving on bar
-//                          (NoGather where thread 0 loads by TMA alone)
+//                          (then or later), and finish(), after the tile's last call, by which
+//                          it has arrived on every slot it filled (NoGather where thread 0
+//                          loads by TMA alone)
 //   load(as, bs, bar, k0, m0, n0, bz, rank, maps, KERNEL_ARGS)   thread 0's TMA copies of a slot
 //                          (load_operand's, one per operand that TMA loads)
 //   load_sources(tiles, bar, m0, n0, maps)                thread 0's copies of the source tiles
@@ -39,7 +41,8 @@ namespace kiln::sm90 {
 // Where thread 0 loads every operand by TMA: no producer thread gathers.
 struct NoGather {
     __device__ __forceinline__ NoGather(int, int64_t, PARAMS) {}
-    __device__ __forceinline__ void operator()(uint16_t*, int, uint64_t*, PARAMS) const {}
+    __device__ __forceinline__ void operator()(uint16_t*, int, uint64_t*, PARAMS) {}
+    __device__ __forceinline__ void finish() {}
 };
 
 // One TMA box copy at coordinates (c0, c1, batch..) into `dst`, completing on `bar`; with CTAS
@@ -178,7 +181,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
             const Unit u = unit_at<P>(unit, tiles_m, tiles_n, per_batch, k_tiles, KT_SPLIT, rank);
             const int bz = u.bz;
             const int64_t m0 = u.m0, n0 = u.n0;
-            const typename P::Gather gather(tid, m0, KERNEL_ARGS);
+            typename P::Gather gather(tid, m0, KERNEL_ARGS);
             for (int kt = u.kt0; kt < u.kt1; ++kt) {
                 kiln_bar_wait(&empty[stage], parity ^ 1);
                 uint16_t* as = As + stage * BM * BK;
@@ -191,6 +194,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
                 gather(as, k0, &full[stage], KERNEL_ARGS);
                 if (++stage == STAGES) { stage = 0; parity ^= 1; }
             }
+            gather.finish();
             if constexpr (P::NSRC) {
                 // the tile's epilogue sources, into buffer local % 2 once its previous tile's epilogue is done
                 if (tid == 0) {
