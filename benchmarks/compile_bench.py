@@ -1,4 +1,4 @@
-"""Compile time on the CPU: a model's first compiled call, each in a fresh process.
+"""Compile time: a model's first compiled call, each in a fresh process.
 
 For each model, the time of the first call of `torch.compile(model, backend=...)` (dynamo's
 trace, the backend's compile, one run), each measured in a new Python process:
@@ -29,9 +29,13 @@ machine touches all alike. `--warm-only` times `kiln-warm` alone: each tree's ca
 once (a cold compile, untimed), then its warm hits alternate with the other trees' in each repeat.
 Models, with random weights, inference: a small BERT (transformers' BertModel, hidden 128,
 2 layers, 32 tokens, batch 2), a GPT-2-shaped model (transformers' GPT2Model, width 128,
-2 layers, 32 tokens, batch 1) and ResNet-18 (batch 1, 224x224, defined in cpu_bench.py).
+2 layers, 32 tokens, batch 1) and ResNet-18 (batch 1, 224x224, defined in cpu_bench.py), on the
+CPU in float32 by default; with `--suite`, models_bench's cases instead (`resnet50_b32`,
+`bert_b8`, `gpt2`, `llama_1b`, ...), e.g. with `--device cuda --dtype float16` as issue 35
+measures them on a GPU (Inductor in its default mode; the first call waits for the GPU).
 
     python benchmarks/compile_bench.py [--models bert gpt2 resnet18] [--repeats 3] [--inductor]
+        [--suite] [--device cpu|cuda] [--dtype float32|float16|bfloat16]
         [--trees before=PATH after=PATH] [--warm-only] [--json out.json]
 """
 from __future__ import annotations
@@ -60,12 +64,22 @@ PARTS = {
 """Parts of Kiln's compile timed in the child: label -> where its function may be, as (module,
 attribute path), the first found timed (code before and after a change names some otherwise)."""
 
+SMALL = ("bert", "gpt2", "resnet18")
+"""The small CPU models, defined in CHILD (`--suite`: models_bench's cases instead)."""
+
 CHILD = """
 import importlib, json, sys, time, torch
 sys.path.insert(0, {here!r})
 torch.manual_seed(0)
-name, backend, parts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-if name == "bert":
+name, backend, parts, device, dtype, suite = sys.argv[1:7]
+parts, dtype, suite = json.loads(parts), getattr(torch, dtype), suite == "suite"
+if not suite and dtype != torch.float32:
+    raise SystemExit("the small models run in float32 only")
+if suite:
+    from models_bench import CASES
+    model, make_inputs = CASES[name]()
+    model, inputs = model.eval().to(device, dtype), tuple(x.to(device) for x in make_inputs(dtype))
+elif name == "bert":
     from transformers import BertConfig, BertModel
     model = BertModel(BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=512, attn_implementation="eager")).eval()
@@ -82,6 +96,8 @@ else:
     model = resnet18().eval()
     randomize_batch_norm(model)
     inputs = (torch.randn(1, 3, 224, 224),)
+if not suite:
+    model, inputs = model.to(device), tuple(x.to(device) for x in inputs)
 spent = {{}}
 
 
@@ -119,15 +135,22 @@ compiled = torch.compile(model, backend=backend)
 start = time.perf_counter()
 with torch.no_grad():
     compiled(*inputs)
+if device == "cuda":
+    torch.cuda.synchronize()
 spent["call"] = time.perf_counter() - start
 print(json.dumps(spent))
 """
 
 
+DEVICE = ("cpu", "float32", "small")
+"""The device, dtype and models ("small" or "suite") of the children (`--device`, `--dtype`, `--suite`)."""
+
+
 def first_call(model: str, backend: str, env: dict) -> dict[str, float]:
     """Seconds of the first compiled call of `model` with `backend` in a fresh process
     (`call`), and for Kiln of its compile (`compile`) and of each of its PARTS that ran."""
-    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE)), model, backend, json.dumps(PARTS)],
+    out = subprocess.run([sys.executable, "-c", CHILD.format(here=str(HERE)), model, backend,
+                          json.dumps(PARTS), *DEVICE],
                          capture_output=True, text=True, env={**os.environ, **env}, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{model} with {backend} failed:\n{out.stderr}")
@@ -215,7 +238,12 @@ def _medians(times: dict[str, dict[str, list[float]]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet18"], choices=["bert", "gpt2", "resnet18"])
+    from models_bench import CASES
+    parser.add_argument("--models", nargs="+", default=list(SMALL), choices=sorted({*SMALL, *CASES}),
+                        help="the small CPU models, or with --suite models_bench's cases")
+    parser.add_argument("--suite", action="store_true", help="models_bench's cases, not the small models")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--inductor", action="store_true", help="also time Inductor, cold and warm")
     parser.add_argument("--trees", nargs="+", metavar="LABEL=PYTHONPATH",
@@ -224,7 +252,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees) if args.trees else {"kiln": None}
-    result = {"load average before": os.getloadavg()[0],
+    global DEVICE
+    wrong = [m for m in args.models if m not in (CASES if args.suite else SMALL)]
+    if wrong:
+        parser.error(f"{wrong}: not " + ("models_bench's cases" if args.suite else f"small models {SMALL} (--suite?)"))
+    DEVICE = (args.device, args.dtype, "suite" if args.suite else "small")
+    result = {"load average before": os.getloadavg()[0], "device": args.device, "dtype": args.dtype,
               "models": {m: measure(m, args.repeats, args.inductor, trees, args.warm_only) for m in args.models},
               "load average after": os.getloadavg()[0]}
     print(json.dumps(result, indent=1))
