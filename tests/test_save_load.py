@@ -21,11 +21,13 @@ from kiln.runtime.cpu import architecture
 SAVE = """
 import sys, torch, kiln
 from torch import nn
+torch.backends.cudnn.allow_tf32 = False
 torch.manual_seed(0)
+device = sys.argv[3]
 model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 5, 6),
-                      nn.LayerNorm(6)).eval()
+                      nn.LayerNorm(6)).eval().to(device)
 compiled = torch.compile(model, backend="kiln")
-x, y = torch.randn(2, 3, 6, 7), torch.randn(5, 3, 6, 7)
+x, y = torch.randn(2, 3, 6, 7, device=device), torch.randn(5, 3, 6, 7, device=device)
 with torch.no_grad():
     outs = [compiled(x), compiled(y)]
 kiln.save(compiled, sys.argv[1])
@@ -34,15 +36,16 @@ torch.save({"inputs": [x, y], "expected": [model(x).detach(), model(y).detach()]
 
 LOAD = """
 import sys, torch, kiln
-import kiln.runtime.cpu
+import kiln.runtime.cpu, kiln.runtime.cuda
 def no_build(*args, **kwargs):
     raise AssertionError("kiln.load built a kernel")
-kiln.runtime.cpu.build_shared_library = no_build
+kiln.runtime.cpu.build_shared_library = kiln.runtime.cuda.compile_cubin = no_build
 loaded = kiln.load(sys.argv[1])
 io = torch.load(sys.argv[2])
 for x, expected in zip(io["inputs"], io["expected"]):
-    torch.testing.assert_close(loaded(x), expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(loaded(input=x), expected, atol=1e-4, rtol=1e-4)
+    for _ in range(3):      # on a GPU: the CUDA graph's capture, then its replays
+        torch.testing.assert_close(loaded(x), expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(loaded(input=x), expected, atol=1e-4, rtol=1e-4)
 print("loaded ok")
 """
 
@@ -53,9 +56,12 @@ def _python(script, *args, cache, **env):
                           env={**os.environ, "KILN_CACHE_DIR": str(cache), **env})
 
 
-def test_a_saved_model_runs_in_a_fresh_process_with_zero_kernel_builds(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_saved_model_runs_in_a_fresh_process_with_zero_kernel_builds(tmp_path, device):
+    """On the CPU its shared objects, on a GPU its cubins come from the file: neither the C
+    compiler nor NVRTC runs, and the load leaves no kernel cache behind."""
     model, io = tmp_path / "model.kiln", tmp_path / "io.pt"
-    saved = _python(SAVE, model, io, cache=tmp_path / "cache-save")
+    saved = _python(SAVE, model, io, device, cache=tmp_path / "cache-save")
     assert saved.returncode == 0, saved.stderr
     loaded = _python(LOAD, model, io, cache=tmp_path / "cache-load", KILN_LOG="info")
     assert loaded.returncode == 0, loaded.stderr
@@ -127,7 +133,7 @@ def nothing_loaded(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("kiln.load read the records or loaded a kernel of a refused file")
     monkeypatch.setattr(persist, "loads", refuse)
-    monkeypatch.setattr(persist, "CpuKernel", refuse)
+    monkeypatch.setattr(persist, "_loaded_kernel", refuse)
 
 
 def test_the_manifest_names_the_format_versions_architecture_and_every_parts_hash(saved):
@@ -177,6 +183,20 @@ def test_a_file_for_another_processor_is_refused(saved, nothing_loaded):
     rewrite(path, with_manifest(parts_of(path), architecture={"cpu": "riscv64 Some CPU/0123"}))
     with pytest.raises(persist.LoadError, match=r"holds cpu kernels for 'riscv64 Some CPU/0123' "
                                                 r"\(written by Kiln .* with torch .*\); this machine's cpu is"):
+        kiln.load(path)
+
+
+def test_a_file_for_a_gpu_this_machine_lacks_or_another_gpu_is_refused(saved, nothing_loaded, monkeypatch):
+    """A file of GPU kernels names the GPU's architecture (sm_90): a machine without that device,
+    or whose device is another architecture, refuses it before reading anything else."""
+    path, _, _ = saved
+    gpu = {"cpu": architecture(), "cuda:0": "sm_90"}
+    rewrite(path, with_manifest(parts_of(path), architecture=gpu))
+    monkeypatch.setattr(persist, "_architecture_here", lambda device: {"cpu": architecture()}.get(device))
+    with pytest.raises(persist.LoadError, match=r"holds cuda:0 kernels for 'sm_90' .*this machine's cuda:0 is None"):
+        kiln.load(path)
+    monkeypatch.setattr(persist, "_architecture_here", lambda device: {"cpu": architecture(), "cuda:0": "sm_80"}[device])
+    with pytest.raises(persist.LoadError, match=r"holds cuda:0 kernels for 'sm_90' .*this machine's cuda:0 is 'sm_80'"):
         kiln.load(path)
 
 

@@ -13,6 +13,7 @@ import copy
 import threading
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -83,6 +84,12 @@ class Backend:
     architecture as a number (90 for sm_90, 100 for sm_100), None where templates do not
     depend on one. A loaded kernel stays in the backend's table while it is referenced
     elsewhere, and no longer (the table holds it weakly).
+
+    For saved models (`kiln.save`): `architecture(device)` names what its kernels are built for
+    (a saved file records it, and loads only where it is the same), `binary(kernel)` is a
+    loaded kernel's built artifact (its bytes and file suffix; None for a program that builds
+    nothing), and `from_binary(program, device, path)` loads `program` from such an artifact
+    written to `path` (None: it builds nothing) without compiling it.
     """
 
     kind: str
@@ -91,6 +98,9 @@ class Backend:
     unavailable: Callable[[], str | None] = lambda: None
     arch: Callable[[Device], int | None] = lambda device: None
     error: type = RuntimeError
+    architecture: Callable[[Device], str] = lambda device: ""
+    binary: Callable = lambda kernel: None
+    from_binary: Callable = lambda program, device, path: None
     _loaded: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -117,10 +127,15 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "cpu": Backend("cpu", cpu.CpuProgram, lambda program, device: cpu.CpuKernel(program)),
+    "cpu": Backend("cpu", cpu.CpuProgram, lambda program, device: cpu.CpuKernel(program),
+                   architecture=lambda device: cpu.architecture(),
+                   binary=lambda kernel: (Path(kernel.path).read_bytes(), ".so"),
+                   from_binary=lambda program, device, path: cpu.CpuKernel(program, path)),
     "cuda": Backend("cuda", cuda.CudaProgram, lambda program, device: cuda.CudaRunner(program, device.index),
                     cuda.unavailable_reason, lambda device: cuda.arch_number(cuda.device_info(device.index)["arch"]),
-                    cuda.CudaError),
+                    cuda.CudaError, architecture=lambda device: cuda.device_info(device.index)["arch"],
+                    binary=lambda kernel: None if kernel.cubin is None else (Path(kernel.cubin).read_bytes(), ".cubin"),
+                    from_binary=lambda program, device, path: cuda.CudaRunner(program, device.index, path)),
 }
 
 

@@ -362,19 +362,21 @@ class CudaKernel:
 class CudaRunner:
     """A CudaProgram compiled (through the kernel cache) and loaded on one device: call it with
     input and output tensors. Launches with no work (`Launch.empty`) are not made, and a
-    program left with none compiles and loads nothing."""
+    program left with none compiles and loads nothing (its `cubin` is None)."""
 
-    def __init__(self, program: CudaProgram, device_index: int):
+    def __init__(self, program: CudaProgram, device_index: int, cubin: Path | None = None):
+        """Compile `program` for the device's architecture through the kernel cache, or load
+        `cubin`, built from it before for that architecture (`kiln.load` passes one it saved)."""
         info = device_info(device_index)
         self.program = program
         self.device_index = device_index
         self.sm_count = info["sm_count"]
         self.launches = [launch for launch in program.launches if not launch.empty]
-        self.kernels, self.shapes = {}, []
+        self.kernels, self.shapes, self.cubin = {}, [], None
         if not self.launches:
             return
         arch = program.arch_for(info["arch"])
-        cubin = compile_cubin(launch_source(program, arch), self.launches[0].kernel, arch)
+        self.cubin = cubin = cubin or compile_cubin(launch_source(program, arch), self.launches[0].kernel, arch)
         dependent = dependent_launch.enabled(arch_number(arch))
         smem, cluster = {}, {}
         for launch in self.launches:

@@ -423,11 +423,17 @@ class KilnFunction:
              graph: FlowGraph | None = None) -> CompiledRun:
         """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
         CUDA graph where the settings say so and its inputs are on CUDA."""
-        examples = [args[p].to(record.moves[j]) if j in record.moves else args[p]
-                    for j, p in enumerate(record.positions)]
-        on_cuda = bool(examples) and all(t.is_cuda for t in examples)
-        return CompiledRun(compiled, record, examples if self.settings.use_cuda_graph and on_cuda else None,
-                           graph, self.static_inputs)
+        return compiled_run(compiled, record, args, self.settings.use_cuda_graph, graph, self.static_inputs)
+
+
+def compiled_run(compiled: CompiledGraph, record: RunRecord, args, use_cuda_graph: bool,
+                 graph: FlowGraph | None = None, static_inputs=frozenset()) -> CompiledRun:
+    """The CompiledRun of `compiled` for calls like `args` (the graph's arguments), captured as
+    a CUDA graph on them where `use_cuda_graph` and its inputs are on CUDA."""
+    examples = [args[p].to(record.moves[j]) if j in record.moves else args[p]
+                for j, p in enumerate(record.positions)]
+    on_cuda = bool(examples) and all(t.is_cuda for t in examples)
+    return CompiledRun(compiled, record, examples if use_cuda_graph and on_cuda else None, graph, static_inputs)
 
 
 class CompiledRun:

@@ -4,19 +4,22 @@ without compiling again.
 `save` takes a model compiled with `torch.compile(model, backend="kiln")` that has run: for
 each input signature Kiln compiled, the file holds its run (`kiln.frontend.torch.run_record`:
 the plan with the kernels' programs, the buffers and the constants, parameters and folded
-tensors alike), the built kernels (the shared objects themselves) and how the model's
-arguments reach the graph. `load` returns a `LoadedModel`, called like the model's forward,
-that runs those kernels: no tracing, no graph passes, no compiler.
+tensors alike), the built kernels (the CPU's shared objects, the GPU's cubins) and how the
+model's arguments reach the graph. `load` returns a `LoadedModel`, called like the model's
+forward, that runs those kernels: no tracing, no graph passes, no compiler. On a GPU, a loaded
+graph is captured as a CUDA graph at its first call (where the setting `use_cuda_graph` is on),
+as a compiled one is.
 
 The file is a zip archive of parts, one of which describes the others:
 
 - `manifest.json`: the format (FORMAT) and its version (FORMAT_VERSION), the versions of Kiln
-  and torch that wrote it, the architecture of each device kind its kernels run on (the CPU's:
-  `kiln.runtime.cpu.architecture()`), and the SHA-256 of every other part;
+  and torch that wrote it, the architecture of each device its kernels run on (the CPU's:
+  `kiln.runtime.cpu.architecture()`; a GPU's: `sm_90`, ...), and the SHA-256 of every other part;
 - `model.pt`: the runs and the forward's parameter names, in torch's serialization, read with
   its weights-only unpickler (tensors, plain values and Kiln's own data classes: nothing in it
   runs code);
-- `kernels/SHA.so`: each kernel's shared object, named by its hash (a view step has none).
+- `kernels/SHA.so`, `kernels/SHA.cubin`: each kernel's shared object or cubin, named by its
+  hash (a view step, and a GPU program that launches nothing, have none).
 
 `load` checks the manifest before it reads anything else: the format and its version, the
 architectures against this machine's, and every part against its hash, with no part unlisted;
@@ -28,9 +31,9 @@ manifest as well: the kernels are machine code, so load only files you trust.
 
 Limits, each an error where it applies: the model must be an nn.Module with parameters (they
 identify its graphs) captured as one graph (no graph breaks, no fallback_to_eager split; the
-graphs of recompilations for new shapes are all kept), on the CPU. A loaded model runs only
-the input signatures that were compiled, and returns what the graph returns: its one output,
-or a tuple of them.
+graphs of recompilations for new shapes are all kept). A loaded model runs only the input
+signatures that were compiled, and returns what the graph returns: its one output, or a tuple
+of them.
 """
 from __future__ import annotations
 
@@ -47,20 +50,19 @@ from pathlib import Path
 
 import torch
 
-from kiln.device import Device
-from kiln.frontend.torch.backend import CompiledRun, KilnFunction
+from kiln.device import Device, device as as_device
+from kiln.frontend.torch.backend import KilnFunction, compiled_run
 from kiln.frontend.torch.run_record import dumps, loads
 from kiln.runtime.backend import DeviceKernel, backend_for
 from kiln.runtime.compiled_graph import View, ViewKernel
-from kiln.runtime.cpu import CpuKernel, architecture
 from kiln.runtime.plan import owned
+from kiln.settings import current
 from kiln.version import VERSION
 
 FORMAT = "kiln-compiled-model"
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 RUNS = "model.pt"
-_ARCHITECTURES = {"cpu": architecture}
 _SOURCES = [(re.compile(r"L\['args'\]\[(\d+)\]$"), "position"),
             (re.compile(r"L\['kwargs'\]\['(\w+)'\]$"), "name"),
             (re.compile(r"L\['(\w+)'\]$"), "name")]
@@ -123,23 +125,31 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str:
-    """The name of the part holding the shared object of `program` (added to `parts`)."""
-    kernel = backend_for(device).load(program, device)
-    if not isinstance(kernel, CpuKernel):
-        raise SaveError(f"kiln.save supports CPU kernels only; this graph runs {device.kind} kernels")
-    binary = Path(kernel.path).read_bytes()
-    name = f"kernels/{_sha256(binary)}.so"
+def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str | None:
+    """The name of the part holding the built kernel of `program` (added to `parts`), None for
+    a program that builds nothing."""
+    backend = backend_for(device)
+    built = backend.binary(backend.load(program, device))
+    if built is None:
+        return None
+    binary, suffix = built
+    name = f"kernels/{_sha256(binary)}{suffix}"
     parts[name] = binary
     return name
 
 
-def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
+def _graph_record(run, sources: list, parts: dict[str, bytes]) -> dict:
     plan = run.record.plan
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
                for program, device in plan.kernels]
     stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
     return {"run": replace(run.record, plan=stored), "kernels": kernels, "sources": sources}
+
+
+def _architectures(graphs: list[dict]) -> dict[str, str]:
+    """The architecture of the CPU and of each device the graphs' kernels run on, by device."""
+    devices = {as_device("cpu")} | {device for g in graphs for _, device in g["run"].plan.kernels}
+    return {str(d): backend_for(d).architecture(d) for d in sorted(devices, key=str)}
 
 
 def save(compiled_model, path) -> None:
@@ -156,8 +166,7 @@ def save(compiled_model, path) -> None:
               for function in _graphs_of(module) for run in function.graphs.values()]
     parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
-                "torch": torch.__version__,
-                "architecture": {kind: _ARCHITECTURES[kind]() for kind in ("cpu",)},
+                "torch": torch.__version__, "architecture": _architectures(graphs),
                 "parts": {name: _sha256(data) for name, data in sorted(parts.items())}}
     path = Path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -201,11 +210,11 @@ def _checked_parts(path) -> dict[str, bytes]:
             raise LoadError(f"{path} is in version {manifest.get('format_version')!r} of Kiln's "
                             f"compiled-model format ({_written_by(manifest)}); this Kiln ({VERSION}) "
                             f"reads version {FORMAT_VERSION}: compile and save the model again")
-        for kind, saved in architectures.items():
-            here = _ARCHITECTURES[kind]() if kind in _ARCHITECTURES else None
+        for device, saved in architectures.items():
+            here = _architecture_here(device)
             if saved != here:
-                raise LoadError(f"{path} holds {kind} kernels for {saved!r} ({_written_by(manifest)}); "
-                                f"this machine's {kind} is {here!r}: compile and save the model on a "
+                raise LoadError(f"{path} holds {device} kernels for {saved!r} ({_written_by(manifest)}); "
+                                f"this machine's {device} is {here!r}: compile and save the model on a "
                                 "machine like this one")
         unlisted = sorted(names - set(listed) - {MANIFEST})
         missing = sorted(set(listed) - names)
@@ -226,27 +235,50 @@ def _checked_parts(path) -> dict[str, bytes]:
     return parts
 
 
-def _loaded_kernel(program, device: Device, binary: bytes, folder: str) -> DeviceKernel:
-    """A saved CPU kernel, loaded from its shared object (nothing is left on disk)."""
-    fd, so = tempfile.mkstemp(suffix=".so", dir=folder)
+def _architecture_here(device: str) -> str | None:
+    """The architecture of this machine's `device` ('cpu', 'cuda:0'), None where it has none."""
+    try:
+        found = as_device(device)
+        backend = backend_for(found)
+    except ValueError:
+        return None
+    if backend.unavailable():
+        return None
+    return backend.architecture(found)
+
+
+def _loaded_kernel(program, device: Device, binary: bytes | None, suffix: str, folder: str) -> DeviceKernel:
+    """A saved kernel, loaded from its built artifact (nothing is left on disk)."""
+    backend = backend_for(device)
+    if binary is None:
+        return DeviceKernel(device, backend.from_binary(program, device, None))
+    fd, name = tempfile.mkstemp(suffix=suffix, dir=folder)
     with os.fdopen(fd, "wb") as f:
         f.write(binary)
     try:
-        return DeviceKernel(device, CpuKernel(program, Path(so)))
+        return DeviceKernel(device, backend.from_binary(program, device, Path(name)))
     finally:
-        os.unlink(so)      # the mapping stays loaded
+        os.unlink(name)      # the kernel stays loaded
 
 
 class _LoadedGraph:
     def __init__(self, record: dict, parts: dict[str, bytes], folder: str):
-        run = record["run"]
+        self.record = run = record["run"]
         plan = run.plan
-        kernels = [DeviceKernel(device, ViewKernel()) if name is None else
-                   _loaded_kernel(program, device, parts[name], folder)
+        kernels = [DeviceKernel(device, ViewKernel()) if isinstance(program, View) else
+                   _loaded_kernel(program, device, parts.get(name), Path(name or "").suffix, folder)
                    for (program, device), name in zip(plan.kernels, record["kernels"])]
-        self.run = CompiledRun(plan.assemble(kernels), run)
+        self.compiled = plan.assemble(kernels)
         self.sources = record["sources"]
         self.signature = tuple((tuple(plan.buffers[s].shape), plan.buffers[s].dtype) for s in plan.inputs)
+        self._run = None
+
+    def run(self, values: list):
+        """The graph's outputs for the arguments `values`; the first call makes its CompiledRun
+        (a CUDA graph captured on these arguments, where they are on a GPU)."""
+        if self._run is None:
+            self._run = compiled_run(self.compiled, self.record, values, current().use_cuda_graph)
+        return self._run(values)
 
 
 class LoadedModel:
@@ -283,7 +315,7 @@ class LoadedModel:
     def __call__(self, *args, **kwargs):
         for graph in self.graphs:
             values = [None if s is None else self._argument(s, args, kwargs) for s in graph.sources]
-            inputs = [values[p] for p in graph.run.positions]
+            inputs = [values[p] for p in graph.record.positions]
             if tuple((tuple(t.shape), t.dtype) for t in inputs) == graph.signature:
                 result = graph.run(values)
                 return result[0] if isinstance(result, tuple) and len(result) == 1 else result
