@@ -122,23 +122,24 @@ def test_rounding_to_tf32_is_to_nearest_ties_away_and_keeps_specials():
 
 
 @pytest.mark.cuda
-def test_constant_factors_are_rounded_to_tf32_and_the_rest_left_alone():
-    """Where a product runs on TF32, its constant factors (a weight) are replaced by copies
-    rounded to nearest, so that the tensor cores' truncation of the low bits changes nothing;
-    a constant that is no factor (a bias) and the graph's own constant stay as they were.
-    (A CUDA graph's constants live on the GPU.)"""
+def test_a_convolutions_constant_factors_are_rounded_to_tf32_and_the_rest_left_alone():
+    """Where a convolution runs on TF32, its constant factors (the weight) are replaced by
+    copies rounded to nearest, so that the tensor cores' truncation of the low bits changes
+    nothing; a constant that is no factor (the bias) stays as it was, and so do a matrix
+    product's weights (a rounded copy would hold every weight twice). (A CUDA graph's
+    constants live on the GPU.)"""
     from kiln.passes.tf32 import rounded_to_tf32
     g = torch.Generator().manual_seed(3)
-    w, b = torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
-    x = kiln.symbol([5, 8], "float32", "cuda")
-    w, b = w.cuda(), b.cuda()
-    wc, bc = kiln.from_torch(w), kiln.from_torch(b)
-    graph = kiln.trace_from([ops.linear(x, wc, bc)], [x])
-    with PassContext(required_passes=["allow_tf32"], config={"allow_tf32": True}):
-        (node,) = AllowTF32()(graph).nodes
-    assert node.attrs["allow_tf32"]
-    assert torch.equal(node.inputs[1].torch(), rounded_to_tf32(w)) and not torch.equal(rounded_to_tf32(w), w)
-    assert node.inputs[2] is bc and torch.equal(wc.torch(), w)
-    with PassContext(required_passes=["allow_tf32"], config={"allow_tf32": False}):
-        (node,) = AllowTF32()(graph).nodes
-    assert node.inputs[1] is wc
+    w, b, lw = (torch.randn(*s, generator=g).cuda() for s in ((6, 8, 3, 3), (6,), (6, 8)))
+    x, v = kiln.symbol([2, 8, 5, 5], "float32", "cuda"), kiln.symbol([5, 8], "float32", "cuda")
+    wc, bc, lc = kiln.from_torch(w), kiln.from_torch(b), kiln.from_torch(lw)
+    graph = kiln.trace_from([ops.conv2d(x, wc, bc, 1, 1), ops.linear(v, lc)], [x, v])
+    config = {"allow_tf32": True, "allow_tf32_convolution": True}
+    with PassContext(required_passes=["allow_tf32"], config=config):
+        conv, linear = AllowTF32()(graph).nodes
+    assert conv.attrs["allow_tf32"] and linear.attrs["allow_tf32"]
+    assert torch.equal(conv.inputs[1].torch(), rounded_to_tf32(w)) and not torch.equal(rounded_to_tf32(w), w)
+    assert conv.inputs[2] is bc and torch.equal(wc.torch(), w) and linear.inputs[1] is lc
+    with PassContext(required_passes=["allow_tf32"], config={"allow_tf32_convolution": False}):
+        conv, _ = AllowTF32()(graph).nodes
+    assert conv.inputs[1] is wc

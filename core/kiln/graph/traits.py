@@ -73,7 +73,7 @@ class Traits:
     two, is `TF32.MATMUL`): the definition takes an `allow_tf32` attribute, which the
     `allow_tf32` pass sets and a template may read (the definition's values do not change).
     Its first two tensor arguments are the factors of its products, which the pass rounds to
-    TF32 where they are constants."""
+    TF32 where they are constants of a convolution (`kiln.passes.tf32`)."""
     implements: Role | Callable | None = None
     """The job it does for the core: a `Role`, or a function of Python's `operator` module
     (`operator.add`: kiln Tensors' `a + b` and `b + a` apply this operator to `(a, b)` and

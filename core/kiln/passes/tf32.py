@@ -12,9 +12,12 @@ PyTorch's own products do under the same flags.
 
 Tensor cores read float32 operands by dropping their low 13 bits, which makes every product
 smaller (by about 2^-11 per operand on average); cuBLAS and cuDNN round to nearest instead. So
-the factors of such a product (its first two tensor arguments) that are constants (weights,
-folded batch norms) are replaced by copies rounded to TF32 to nearest (`rounded_to_tf32`); a
-template rounds the factors it reads at run time (conv_sm90 does as it gathers x).
+the factors of a convolution (its first two tensor arguments) that are constants (weights,
+folded batch norms) are replaced by copies rounded to TF32 to nearest (`rounded_to_tf32`),
+which layout planning then turns into the channels-last weights the GPU reads (a copy it makes
+anyway); a template rounds the factors it reads at run time (conv_sm90 does as it gathers x).
+A matrix product's constant weights are left as they are: a rounded copy would hold a second
+copy of every weight a model multiplies by (its x is truncated too, gemm_sm90 reading it by TMA).
 
 `permissions(graph)` names the settings that decide some operator of a graph: a compiled graph
 depends on those, and on no other of them.
@@ -60,7 +63,7 @@ def _round_constant_factors(inputs):
 
 class AllowTF32(GraphPass):
     """Mark float32 operators of the trait `tf32` on CUDA `allow_tf32` where the setting their
-    permission names allows TF32, their constant factors rounded to TF32."""
+    permission names allows TF32, a convolution's constant factors rounded to TF32."""
 
     name = "allow_tf32"
     opt_level = 0
@@ -72,8 +75,11 @@ class AllowTF32(GraphPass):
             return graph
 
         def allow(node, inputs):
-            if permission(node) not in allowed or node.attrs.get("allow_tf32"):
+            granted = permission(node)
+            if granted not in allowed or node.attrs.get("allow_tf32"):
                 return None
-            return remake(node, _round_constant_factors(inputs), allow_tf32=True)
+            if granted is TF32.CONVOLUTION:
+                inputs = _round_constant_factors(inputs)
+            return remake(node, inputs, allow_tf32=True)
 
         return rebuild(graph, allow)
