@@ -1,5 +1,7 @@
-"""transformers' `generate()` with a static cache, the recipe users follow: eager, Inductor with
-CUDA graphs and Kiln compiling `model.forward`, in one process.
+"""transformers' `generate()` with a static cache, the recipe users follow: eager, Kiln and
+Inductor with CUDA graphs compiling `model.forward`, in one process, in that order (Inductor's
+CUDA graphs crashed the process on the Llama-style 1B under torch 2.11; Kiln's row comes first).
+The rows are written to `--json` as each completes.
 
 The models are decode_bench's (random weights, bfloat16 by default; `--models tiny` is a 2-layer
 Llama for a check on the CPU). Each backend runs `model.generate(prompt, max_new_tokens=--tokens,
@@ -89,8 +91,8 @@ def main() -> None:
             prompt = torch.randint(0, config.vocab_size, (batch, args.prompt), device=args.device)
             reference = clear = None
             with torch.no_grad():
-                for label, backend, mode in [("eager", None, None), ("inductor_cg", "inductor", "reduce-overhead"),
-                                             ("kiln", "kiln", None)]:
+                for label, backend, mode in [("eager", None, None), ("kiln", "kiln", None),
+                                             ("inductor_cg", "inductor", "reduce-overhead")]:
                     if label != "eager" and label not in args.backends:
                         continue
                     torch._dynamo.reset()
@@ -105,6 +107,7 @@ def main() -> None:
                     except Exception as exc:   # report the failure and go on
                         print(f"{name} b{batch} {label:<12} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                         rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
+                        _write(args, rows)
                         continue
                     if reference is None:
                         reference, clear = tokens, clear_steps(logits, args.margin)
@@ -115,7 +118,12 @@ def main() -> None:
                     rows.append(row)
                     print(f"{name} b{batch} {label:<12} {row['ms_per_token']:8.3f} ms/token  tokens equal to eager's "
                           f"in {equal} of {clear} clear steps ({row['equal_steps']} of {args.tokens} in all)", flush=True)
+                    _write(args, rows)
             model.forward = eager_forward
+
+
+def _write(args, rows: list[dict]) -> None:
+    """The rows so far, to `--json` (where given)."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
