@@ -209,6 +209,26 @@ def test_a_file_of_another_format_version_is_refused(saved, version, nothing_loa
         kiln.load(path)
 
 
+def test_a_run_naming_no_built_kernel_for_a_step_is_refused_without_compiling_it(saved, monkeypatch):
+    """A file whose records (and manifest, rewritten to match) leave out a step's built kernel
+    would have the loader compile the program's source from the file: it is refused instead."""
+    path, _, _ = saved
+    parts = parts_of(path)
+    runs = persist.loads(parts[persist.RUNS])
+    runs["graphs"][0]["kernels"] = [None] * len(runs["graphs"][0]["kernels"])
+    parts[persist.RUNS] = persist.dumps(runs)
+    manifest = json.loads(parts[persist.MANIFEST])
+    manifest["parts"] = {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()
+                         if name != persist.MANIFEST}
+    rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("kiln.load compiled a kernel from the file")
+    monkeypatch.setattr(kiln.runtime.cpu, "build_shared_library", no_build)
+    with pytest.raises(persist.LoadError, match="no built kernel for a step that needs one"):
+        kiln.load(path)
+
+
 def test_a_file_from_before_manifests_is_refused(tmp_path, nothing_loaded):
     torch.save({"format": "kiln-compiled-model/1", "graphs": []}, tmp_path / "old.kiln")
     with pytest.raises(persist.LoadError, match="it has no manifest .*format 1.* must be saved again"):

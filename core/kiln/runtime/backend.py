@@ -89,7 +89,8 @@ class Backend:
     (a saved file records it, and loads only where it is the same), `binary(kernel)` is a
     loaded kernel's built artifact (its bytes and file suffix; None for a program that builds
     nothing), and `from_binary(program, device, path)` loads `program` from such an artifact
-    written to `path` (None: it builds nothing) without compiling it.
+    written to `path` without compiling anything (path None: a program that builds nothing; for
+    any other, a ValueError).
     """
 
     kind: str
@@ -130,13 +131,19 @@ BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", cpu.CpuProgram, lambda program, device: cpu.CpuKernel(program),
                    architecture=lambda device: cpu.architecture(),
                    binary=lambda kernel: (Path(kernel.path).read_bytes(), ".so"),
-                   from_binary=lambda program, device, path: cpu.CpuKernel(program, path)),
+                   from_binary=lambda program, device, path: cpu.CpuKernel(program, _given(path))),
     "cuda": Backend("cuda", cuda.CudaProgram, lambda program, device: cuda.CudaRunner(program, device.index),
                     cuda.unavailable_reason, lambda device: cuda.arch_number(cuda.device_info(device.index)["arch"]),
                     cuda.CudaError, architecture=lambda device: cuda.device_info(device.index)["arch"],
                     binary=lambda kernel: None if kernel.cubin is None else (Path(kernel.cubin).read_bytes(), ".cubin"),
-                    from_binary=lambda program, device, path: cuda.CudaRunner(program, device.index, path)),
+                    from_binary=lambda program, device, path: cuda.CudaRunner(program, device.index, path, build=False)),
 }
+
+
+def _given(path: Path | None) -> Path:
+    if path is None:
+        raise ValueError("no shared object given for a CPU program")
+    return path
 
 
 def backend_for(device: Device) -> Backend:

@@ -364,9 +364,11 @@ class CudaRunner:
     input and output tensors. Launches with no work (`Launch.empty`) are not made, and a
     program left with none compiles and loads nothing (its `cubin` is None)."""
 
-    def __init__(self, program: CudaProgram, device_index: int, cubin: Path | None = None):
+    def __init__(self, program: CudaProgram, device_index: int, cubin: Path | None = None, build: bool = True):
         """Compile `program` for the device's architecture through the kernel cache, or load
-        `cubin`, built from it before for that architecture (`kiln.load` passes one it saved)."""
+        `cubin`, built from it before for that architecture (`kiln.load` passes one it saved);
+        without `build`, a program that launches kernels and comes without its cubin is a
+        ValueError (nothing is compiled)."""
         info = device_info(device_index)
         self.program = program
         self.device_index = device_index
@@ -375,6 +377,8 @@ class CudaRunner:
         self.kernels, self.shapes, self.cubin = {}, [], None
         if not self.launches:
             return
+        if cubin is None and not build:
+            raise ValueError(f"no cubin given for a program launching {self.launches[0].kernel}")
         arch = program.arch_for(info["arch"])
         self.cubin = cubin = cubin or compile_cubin(launch_source(program, arch), self.launches[0].kernel, arch)
         dependent = dependent_launch.enabled(arch_number(arch))

@@ -248,10 +248,14 @@ def _architecture_here(device: str) -> str | None:
 
 
 def _loaded_kernel(program, device: Device, binary: bytes | None, suffix: str, folder: str) -> DeviceKernel:
-    """A saved kernel, loaded from its built artifact (nothing is left on disk)."""
+    """A saved kernel, loaded from its built artifact (nothing is left on disk); a step with
+    none must be a program that builds nothing: the file's sources are never compiled."""
     backend = backend_for(device)
     if binary is None:
-        return DeviceKernel(device, backend.from_binary(program, device, None))
+        try:
+            return DeviceKernel(device, backend.from_binary(program, device, None))
+        except ValueError as error:
+            raise LoadError(f"the file's runs name no built kernel for a step that needs one ({error})") from None
     fd, name = tempfile.mkstemp(suffix=suffix, dir=folder)
     with os.fdopen(fd, "wb") as f:
         f.write(binary)
