@@ -1,7 +1,9 @@
 // Tensor maps whose dims past columns and rows are batch dims of a flat batch index (the
-// operands of kiln_ops_builtin.templates.attention_sm90): kiln::tma::Batch<N>, the N batch dims of
-// a map as a program renders them (sizes may be expressions of the kernel's size parameters),
-// and kiln::tma::load, one TMA box copy at a flat batch's coordinates along them.
+// operands of kiln_ops_builtin.templates.attention_sm90 and of the sm90 engine):
+// kiln::tma::Batch<Rank>, the batch dims of a map as a program renders them (sizes may be
+// expressions of the kernel's size parameters), kiln::tma::with_coordinates, which calls a
+// function with a flat batch's coordinates along them, and kiln::tma::load, one TMA box copy at
+// those coordinates.
 //
 // Needs, ahead of it, the PTX wrappers MBARRIER and TMA.
 
@@ -14,24 +16,30 @@ struct BatchDim {
     __device__ __forceinline__ int of(int64_t bh) const { return (int)(bh / inner % size / divisor); }
 };
 
-template <int N>
+template <int Rank>
 struct Batch {
-    BatchDim dim[N];
+    BatchDim dim[Rank];
 };
 
 template <>
 struct Batch<0> {};
 
-// The TMA copy of the box at column col, row row and flat batch bh's coordinates along `batch`
-// (the coordinates c.. of the first dims taken) from the tensor map `map` into `dst`, completing
-// on mbarrier bar
-template <int N, typename... Coordinates>
-static __device__ __forceinline__ void load(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int row,
-                                            const Batch<N>& batch, int64_t bh, Coordinates... c) {
-    if constexpr (sizeof...(Coordinates) == N)
-        kiln_tma(dst, map, bar, col, row, c...);
+// f(c0, c1, ..) with flat batch bh's coordinates along `batch` (the coordinates c.. of the first
+// dims taken)
+template <int Rank, class F, class... Coordinates>
+static __device__ __forceinline__ void with_coordinates(const Batch<Rank>& batch, int64_t bh, F&& f, Coordinates... c) {
+    if constexpr (sizeof...(Coordinates) == Rank)
+        f(c...);
     else
-        load(dst, map, bar, col, row, batch, bh, c..., batch.dim[sizeof...(Coordinates)].of(bh));
+        with_coordinates(batch, bh, f, c..., batch.dim[sizeof...(Coordinates)].of(bh));
+}
+
+// The TMA copy of the box at column col, row row and flat batch bh's coordinates along `batch`
+// from the tensor map `map` into `dst`, completing on mbarrier bar
+template <int Rank>
+static __device__ __forceinline__ void load(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int row,
+                                            const Batch<Rank>& batch, int64_t bh) {
+    with_coordinates(batch, bh, [&](auto... c) { kiln_tma(dst, map, bar, col, row, c...); });
 }
 
 }  // namespace kiln::tma
