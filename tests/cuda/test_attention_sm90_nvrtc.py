@@ -57,7 +57,7 @@ def test_tensor_maps_read_operands_in_place():
     assert (q.dims, q.strides) == ((96, 150, 8, 2), (1, 8 * 96, 96, 150 * 8 * 96))
     assert (k.dims, k.strides) == ((96, 150, 2, 2), (1, 2 * 96, 96, 150 * 2 * 96))
     source = attention_sm90.render(blhd_task(2, 150, 8, 2, 96, f16, True), **attention_sm90.TEMPLATE.space(0)[0]).source
-    assert "kiln_tma(dst, map, bar, col, row, (int)(((bh) / 1 % 8) / 4), (int)((bh) / 8 % 2))" in source
+    assert "Batch<2> k_batch(PARAMS) { return {{{1, 8, 4}, {8, 2, 1}}}; }" in source   # key/value head h // 4, b
     # the queries of a packed [B, L, 3 * H * D] projection: the map starts at the queries' offset
     src, k_in, v_in = TensorInput("qkv", (2, 70, 768), f16), *(TensorInput(n, (2, 4, 70, 64), f16) for n in "kv")
     q_view = compute((2, 4, 70, 64), lambda b, h, i, e: src[b, i, 256 + h * 64 + e])

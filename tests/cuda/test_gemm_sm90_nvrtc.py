@@ -91,11 +91,13 @@ def test_clusters_share_b_by_multicast():
     program = gemm_sm90.render(_task("linear", (1000, 776), (4104, 776)), **knobs)
     a, b = [arg for arg in program.launches[0].args if isinstance(arg, TensorMapArg)]
     assert (a.box, b.box) == ((64, 128), (64, 128))            # each CTA of a pair loads half of the 256 B rows
-    assert "kiln::sm90::load_operand<0, 128, 2>(bs, maps.B, bar, k0, (int)n0, rank);" in program.source
+    assert ("kiln::sm90::load_operand<0, 128, 2>(bs, maps.B, bar, k0, (int)n0, rank, kiln::tma::Batch<0>{}, bz);"
+            in program.source)
     launch = program.launches[0]
     assert (launch.cluster, launch.items) == (2, 4 * 17 * 2)    # pairs of 128-row tiles: 4 of M x 17 of N
     program = gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **knobs)
-    assert "kiln::sm90::load_operand<1, 2, 2>(bs, maps.B, bar, k0, (int)n0, rank);" in program.source
+    assert ("kiln::sm90::load_operand<1, 2, 2>(bs, maps.B, bar, k0, (int)n0, rank, kiln::tma::Batch<0>{}, bz);"
+            in program.source)
     with pytest.raises(ValueError, match="clusters of 2 at BN=64"):    # one 64-column box: nothing to split
         gemm_sm90.render(_task("matmul", (1000, 776), (776, 4104)), **dict(COOPERATIVE, BN=64, CW=1, STAGES=8, CLUSTER=2))
 

@@ -70,19 +70,28 @@ class Strided:
     row_stride: int
     offset: int
 
-    def batch_dims(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> list:
-        """(C expression of the coordinate, stride, extent) of each batch dimension the operand
-        moves along (innermost first; a dim of extent 1 or stride 0 has none) for the flat batch
-        index `flat`, sizes written by `text` (`Attention.text` for symbolic ones): the batch
-        dims b_k, and for grouped-query heads the key/value head b_last // group."""
-        dims, inner = [], 1
+    def batch_axes(self, batch: tuple[int, ...], group: int, text=lambda size: str(int(size))) -> list:
+        """(inner, size, divisor, stride, extent) of each batch dimension the operand moves along
+        (innermost first; a dim of extent 1 or stride 0 has none), its coordinate for a flat batch
+        index f being f / inner % size / divisor, sizes written by `text` (`Attention.text` for
+        symbolic ones): the batch dims b_k (divisor 1), and for grouped-query heads the key/value
+        head b_last // group (divisor group)."""
+        axes, inner = [], 1
         for k in reversed(range(len(batch))):
-            coordinate = f"(({flat}) / {text(inner)} % {text(batch[k])})"
             if self.coef.get(f"b{k}") and batch[k] > 1:
-                dims.append((coordinate, self.coef[f"b{k}"], batch[k]))
+                axes.append((text(inner), text(batch[k]), 1, self.coef[f"b{k}"], batch[k]))
             if k == len(batch) - 1 and self.coef.get("hkv") and batch[k] > 1:
-                dims.append((f"({coordinate} / {group})", self.coef["hkv"], batch[k] // group))
+                axes.append((text(inner), text(batch[k]), group, self.coef["hkv"], batch[k] // group))
             inner *= batch[k]
+        return axes
+
+    def batch_dims(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> list:
+        """(C expression of the coordinate, stride, extent) of each of `batch_axes` for the flat
+        batch index `flat`."""
+        dims = []
+        for inner, size, divisor, stride, extent in self.batch_axes(batch, group, text):
+            coordinate = f"(({flat}) / {inner} % {size})"
+            dims.append((coordinate if divisor == 1 else f"({coordinate} / {divisor})", stride, extent))
         return dims
 
     def base(self, batch: tuple[int, ...], group: int, flat: str, text=lambda size: str(int(size))) -> str:
@@ -132,9 +141,9 @@ class Attention:
         """`operand`'s `Strided.base` for the flat batch index `flat`."""
         return operand.base(self.batch, self.group, flat, self.text)
 
-    def batch_dims(self, operand: Strided, flat: str) -> list:
-        """`operand`'s `Strided.batch_dims` for the flat batch index `flat`."""
-        return operand.batch_dims(self.batch, self.group, flat, self.text)
+    def batch_axes(self, operand: Strided) -> list:
+        """`operand`'s `Strided.batch_axes`."""
+        return operand.batch_axes(self.batch, self.group, self.text)
 
     def device_defines(self) -> dict:
         """The #defines a cuda/attention*.cuh kernel reads besides its program: the kernel's

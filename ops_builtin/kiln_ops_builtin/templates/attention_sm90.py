@@ -37,12 +37,12 @@ launch from each run's sizes); `suggest` buckets them, so the lengths of a bucke
 source.
 
 The device code is `cuda/attention_sm90.cuh` (the kernel), on `cuda/attention_softmax.cuh`'s
-online softmax, with the core's wgmma products for the shapes (`WGMMA_QK`, `WGMMA_PV`); this
-module renders `kiln_attention_sm90_program` between them: the knobs and head dims as
-enumerators, `pack` (two floats to one register of the element type), the tensor-map copies
-`load_q`, `load_k`, `load_v` (each operand's batch coordinates of a flat batch) and the
-softmax's members (`attention_softmax.members`). Knobs: `AttentionSm90Knobs`, whose fields'
-defaults are the level-0 setting.
+online softmax and `cuda/tma_batch.cuh`'s copies at a flat batch's coordinates, with the core's
+wgmma products for the shapes (`WGMMA_QK`, `WGMMA_PV`); this module renders
+`kiln_attention_sm90_program` between them: the knobs and head dims as enumerators, `pack` (two
+floats to one register of the element type), each operand's batch dims `q_batch`, `k_batch`,
+`v_batch` (`kiln::tma::Batch`) and the softmax's members (`attention_softmax.members`). Knobs:
+`AttentionSm90Knobs`, whose fields' defaults are the level-0 setting.
 
 Ranked above `attention_flash` (below `attention_decode`): on an H200 it is 1.25-1.8x torch's
 flash backend on 2k-4k tokens, where `attention_flash` is 0.85-0.98x.
@@ -69,15 +69,12 @@ PROGRAM = """
 struct kiln_attention_sm90_program {{
     enum : int {{ {enums} }};
     static __device__ __forceinline__ unsigned pack(float lo, float hi) {{ return {pack}(lo, hi); }}
-{loads}{members}}};
+{batches}{members}}};
 """
 
-# A member load_q, load_k or load_v of the program: one TMA box copy of the operand
-LOAD = """\
-    static __device__ __forceinline__ void load_{name}(void* dst, uint64_t* bar, int col, int row, int64_t bh,
-                                                  const CUtensorMap* map, PARAMS) {{
-        kiln_tma(dst, map, bar, col, row{coords});
-    }}
+# A member q_batch, k_batch or v_batch of the program: the operand's batch dims (kiln::tma::Batch)
+BATCH = """\
+    static __device__ __forceinline__ kiln::tma::Batch<{rank}> {name}_batch(PARAMS) {{ return {{{dims}}}; }}
 """
 
 
@@ -129,28 +126,34 @@ class AttentionSm90Knobs(Knobs):
         return [k for k in cls.grid(BN=(64, 128, 176), CW=(1, 2), STAGES=(2, 3)) if k.fits()]
 
 
-def _tensor_map(a: Attention, x: Strided, rows, box_rows: int) -> tuple[TensorMapArg, str]:
+def _tensor_map(a: Attention, x: Strided, rows, box_rows: int) -> tuple[TensorMapArg, list]:
     """The tensor map of operand `x` (columns, `rows` rows, its batch dims) with boxes of 64
-    columns by `box_rows` rows, and the C of its batch coordinates for flat batch index bh
-    (", c2, c3 .."); raises ValueError where TMA cannot describe it."""
-    dims = a.batch_dims(x, "bh")
-    if len(dims) > 3:
-        raise ValueError(f"{len(dims)} batch dims (TMA takes ranks up to 5)")
+    columns by `box_rows` rows, and its `batch_axes`; raises ValueError where TMA cannot
+    describe it."""
+    axes = a.batch_axes(x)
+    if len(axes) > 3:
+        raise ValueError(f"{len(axes)} batch dims (TMA takes ranks up to 5)")
     if not x.row_stride:
         raise ValueError("rows at stride 0 (a single key, or keys broadcast along the sequence)")
-    arg = TensorMapArg(x.param, x.dtype, (a.D, int(rows)) + tuple(int(e) for _, _, e in dims),
-                       (1, int(x.row_stride)) + tuple(int(s) for _, s, _ in dims), (BOX, box_rows) + (1,) * len(dims),
-                       offset=int(x.offset))
-    return arg, "".join(f", (int){c}" for c, _, _ in dims)
+    strides, extents = (tuple(int(axis[k]) for axis in axes) for k in (3, 4))
+    arg = TensorMapArg(x.param, x.dtype, (a.D, int(rows)) + extents, (1, int(x.row_stride)) + strides,
+                       (BOX, box_rows) + (1,) * len(axes), offset=int(x.offset))
+    return arg, axes
 
 
 def _maps(a: Attention, bm: int, bn: int):
-    """(name, tensor map, C coordinates) of q, k and v, or None where TMA cannot take one."""
+    """(name, tensor map, batch axes) of q, k and v, or None where TMA cannot take one."""
     try:
         return [(name, *_tensor_map(a, x, rows, box)) for name, x, rows, box in
                 (("Q", a.q, a.Lq, bm), ("K", a.k, a.Lk, bn), ("V", a.v, a.Lk, bn))]
     except ValueError:
         return None
+
+
+def _batch(name: str, axes: list) -> str:
+    """The program's member `{name}_batch`: the operand's batch dims, {inner, size, divisor} each."""
+    dims = ", ".join(f"{{{inner}, {size}, {divisor}}}" for inner, size, divisor, _, _ in axes)
+    return BATCH.format(name=name.lower(), rank=len(axes), dims=f"{{{dims}}}" if axes else "")
 
 
 def applies(task) -> bool:
@@ -192,10 +195,11 @@ def render(task, **knobs) -> CudaProgram:
     enums = {"D": a.D, "DP": dp, "BM": k.BM, "BN": k.BN, "CW": k.CW, "STAGES": k.STAGES, "SWIZZLE_ATOM": SWIZZLE_ATOM,
              "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_registers(k.CW, PRODUCER_REGS, CONSUMER_REGS)}
     program = PROGRAM.format(enums=", ".join(f"{name} = {v}" for name, v in enums.items()), pack=ptx.pack_16x2(a.dtype),
-                             loads="".join(LOAD.format(name=name.lower(), coords=coords) for name, _, coords in maps),
+                             batches="".join(_batch(name, axes) for name, _, axes in maps),
                              members=attention_softmax.members(a))
     kernels = [ptx.wgmma_m64k16(k.BN, a.dtype, 0, 0, "WGMMA_QK", scale_d=True),
-               ptx.wgmma_m64k16_rs(dp, a.dtype, 1, "WGMMA_PV"), attention_softmax.CODE, program,
+               ptx.wgmma_m64k16_rs(dp, a.dtype, 1, "WGMMA_PV"), attention_softmax.CODE,
+               device_code(__package__, "cuda/tma_batch.cuh"), program,
                device_code(__package__, "cuda/attention_sm90.cuh")]
     defines = {**a.device_defines(), "M_BLOCKS": a.int_text(m_blocks)}
     source = template_source(kernels, defines, a.hooks, (ptx.MBARRIER, ptx.TMA, ptx.WGMMA, ptx.CVT_EX2))

@@ -95,18 +95,18 @@ def _operand_load(c: Contraction, operand: Operand, rows: int, extent: int, name
     batch = _batch_dims(c, operand)
     if batch is None:
         return None
-    coords = tuple(f"(int)(((int64_t)bz / {c.text(d)}) % {c.text(s)})" for d, s, _ in batch)
+    dims = tuple((c.text(d), c.text(s)) for d, s, _ in batch)
     bdims, bstrides = tuple(int(s) for _, s, _ in batch), tuple(int(st) for _, _, st in batch)
     K, extent = int(c.K), int(extent)
     if operand.k_stride == 1:
         part = rows // parts
         arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
                            (k_block(operand.dtype), part) + (1,) * len(batch))
-        return TmaLoad(name, arg, part, 0, parts, coords)
+        return TmaLoad(name, arg, part, 0, parts, dims)
     if operand.x_stride == 1 and operand.dtype.is_16bit_float and rows // 64 % parts == 0:
         arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
-        return TmaLoad(name, arg, rows // 64 // parts, 1, parts, coords)
+        return TmaLoad(name, arg, rows // 64 // parts, 1, parts, dims)
     return None
 
 

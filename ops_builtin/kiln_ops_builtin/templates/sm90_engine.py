@@ -43,9 +43,9 @@ The device code is `cuda/sm90_engine.cuh`: `kiln::sm90::run<P>`, the kernel's bo
 program struct P that `program` renders (`kiln_sm90_program`): the knobs and what derives from
 them as enumerators, the tensor maps, and the hooks of this instantiation as member functions
 (the producer's copies, each operand's a call of `kiln::sm90::load_operand` that `TmaLoad`
-renders; the epilogue sources' copies and reads; the vector hook's stores and the TMA stores'
-packing), then the `extern "C"` kernel of a line that calls `run` with its arguments and tensor
-maps. Knobs:
+renders, its tensor map's batch dims a `kiln::tma::Batch` of `cuda/tma_batch.cuh`; the epilogue
+sources' copies and reads; the vector hook's stores and the TMA stores' packing), then the
+`extern "C"` kernel of a line that calls `run` with its arguments and tensor maps. Knobs:
 `EngineKnobs`, which each template subclasses (`gemm_sm90.GemmKnobs`: its level-0 defaults;
 `conv_sm90.ConvKnobs`: no clusters or TMA stores, its producer's registers).
 """
@@ -204,20 +204,23 @@ class TmaLoad:
     """Thread 0's TMA copy of operand `operand`'s ("A" or "B") tile into its stage through tensor
     map `map` (`kiln::sm90::load_operand`): K-major, one box of `part` rows; MN-major (`trans`,
     wgmma's transpose bit), `part` boxes of 64 rows. Where a cluster of `parts` CTAs shares the
-    tile, each copies its part into every CTA's stage by multicast. `batch`: the C of the map's
-    batch coordinates, from the tile's flat batch `bz`."""
+    tile, each copies its part into every CTA's stage by multicast. `batch`: the map's batch
+    dimensions (`kiln::tma::Batch`), each (divisor, size) in C: the coordinate of the tile's flat
+    batch bz is bz / divisor % size."""
 
     operand: str
     map: TensorMapArg
     part: int
     trans: int = 0
     parts: int = 1
-    batch: tuple[str, ...] = ()
+    batch: tuple[tuple[str, str], ...] = ()
 
     def call(self) -> str:
         """The C of the copy in the program's member `load`."""
         stage, x0 = ("as", "m0") if self.operand == "A" else ("bs", "n0")
-        args = ", ".join((stage, f"maps.{self.operand}", "bar", "k0", f"(int){x0}", "rank") + self.batch)
+        dims = ", ".join(f"{{{divisor}, {size}, 1}}" for divisor, size in self.batch)
+        batch = f"kiln::tma::Batch<{len(self.batch)}>{{{{{dims}}}}}" if dims else "kiln::tma::Batch<0>{}"
+        args = ", ".join((stage, f"maps.{self.operand}", "bar", "k0", f"(int){x0}", "rank", batch, "bz"))
         return f"kiln::sm90::load_operand<{self.trans}, {self.part}, {self.parts}>({args});"
 
 
@@ -344,7 +347,8 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
     defines = {"M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args, **sk.defines}
     groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA, ptx.CLUSTER]
     source = template_source([wgmma(ring.BN, p.dtype, producer.trans("A"), producer.trans("B")), producer.source,
-                              sk.stores, device_code(__package__, "cuda/sm90_engine.cuh"), rendered, sk.source],
+                              sk.stores, device_code(__package__, "cuda/tma_batch.cuh", "cuda/sm90_engine.cuh"),
+                              rendered, sk.source],
                              defines, p.epilogue + vector_hook, ptx=groups)
     units = int(-(-p.M // (ring.BM * ring.CLUSTER)) * -(-p.N // ring.BN) * p.batch * ring.SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (ring.CW + 1), 1, 1),

@@ -26,7 +26,11 @@ kthvalue and the medians sort whole rows (no radix selection).
 
 The device code is `cuda/sort_bitonic.cuh`: `kiln::sort::Sort`, a class template over the element
 type, the rows (`kiln::sort::Rows`), the knobs (`SortKnobs`) and the outputs, whose functions the
-kernels rendered here call. Sizes are compiled in: the launches (merge steps) depend on them.
+kernels call: `cuda/sort_bitonic_rows.cuh`'s for rows of at most TILE items; for longer ones
+`cuda/sort_bitonic_chunks.cuh`'s, the merge steps' (instances of `Sort::merge_step` and
+`merge_chunk`, one per merge size and stride, rendered here) and `cuda/sort_bitonic_emit.cuh`'s.
+This module renders `kiln_sort_program` ahead of the kernels: its `Rows` and `Sort`, and where its
+operands are. Sizes are compiled in: the launches (merge steps) depend on them.
 """
 from __future__ import annotations
 
@@ -48,56 +52,31 @@ ELEMENTS = {dtypes.float32: "F32", dtypes.float16: "F16", dtypes.bfloat16: "BF16
             dtypes.int64: "I64", dtypes.int32: "I32", dtypes.int16: "I16", dtypes.int8: "I8", dtypes.uint8: "U8",
             dtypes.boolean: "Bool"}   # kiln::sort's element types
 
-# The program's types: cuda/sort_bitonic.cuh's kiln::sort::Rows (the task's rows) and Sort (the
-# element type, knobs and outputs), which the kernels below use.
-SORT = """
-using kiln_rows = kiln::sort::Rows<{n}, {rows}, {inner}, {np}, {kout}, {emits}, {kth}>;
-using kiln_sort = kiln::sort::Sort<kiln::sort::{elem}, kiln_rows, {tile}, {threads}, {descending},
-                                   kiln::sort::Statistic::{statistic}, {values}>;
+# What the kernels (cuda/sort_bitonic_*.cuh) read of a program: its rows and sort (kiln::sort::Rows,
+# kiln::sort::Sort) and where its operands are
+PROGRAM = """
+struct kiln_sort_program {{
+    using rows = kiln::sort::Rows<{n}, {rows}, {inner}, {np}, {kout}, {emits}, {kth}>;
+    using sort = kiln::sort::Sort<kiln::sort::{elem}, rows, {tile}, {threads}, {descending},
+                                  kiln::sort::Statistic::{statistic}, {values}>;
+    static __device__ __forceinline__ auto x(PARAMS) {{ return {x}; }}
+    static __device__ __forceinline__ auto values(PARAMS) {{ return {values_arg}; }}
+    static __device__ __forceinline__ auto indices(PARAMS) {{ return {indices}; }}
+{items}}};
 """
-KERNEL = """
-extern "C" __global__ void __launch_bounds__({threads}) {name}({params}) {{{body}
+ITEMS = "    static __device__ __forceinline__ auto items(PARAMS) {{ return {}; }}\n"
+# The kernels of a long row's merge steps, instances of Sort's merge_step and merge_chunk:
+# one a step of merge size k and stride j >= TILE, one a merge size's steps below TILE
+STEP = """
+extern "C" __global__ void __launch_bounds__(kiln_sort_program::sort::THREADS) kiln_sort_step_{k}_{j}(PARAMS) {{
+    kiln_sort_program::sort::merge_step<{k}, {j}>(kiln_sort_program::items(ARGS));
 }}
 """
-# The kernels' bodies. A kernel's loops are written in the kernel itself, not in a function that
-# it calls: NVRTC's optimizer treats a function boundary differently, and the machine code would
-# change. `outputs`: in0, the values (or nullptr), the indices; `tmp`: the sorted rows of long ones.
-SHARED = """
-    extern __shared__ uint4 kiln_smem[];
-    kiln_sort::item* s = (kiln_sort::item*)kiln_smem;"""
-BODIES = {
-    # rows of np <= TILE items: TILE / np rows per block, sorted in shared memory, outputs written
-    "kiln_sort_rows": SHARED + """
-    const int64_t row0 = (int64_t)blockIdx.x * ({tile} / kiln_rows::np);
-    for (int t = threadIdx.x; t < {tile}; t += {threads})
-        s[t] = kiln_sort::load(in0, row0 + t / kiln_rows::np, t % kiln_rows::np);
-    __syncthreads();
-    kiln_sort::tile(s, 0, 2, kiln_rows::np);
-    for (int e = threadIdx.x; e < {tile} / kiln_rows::np * kiln_rows::emits; e += {threads}) {{
-        const int64_t row = row0 + e / kiln_rows::emits;
-        if (row < kiln_rows::rows)
-            kiln_sort::emit({outputs}, s + (int64_t)(e / kiln_rows::emits) * kiln_rows::np, row, e % kiln_rows::emits);
-    }}""",
-    # rows longer than TILE: chunk `blockIdx.x % chunks` of row `blockIdx.x / chunks` sorted (in
-    # the direction of a bitonic network's merge size TILE) into the temporary
-    "kiln_sort_chunks": SHARED + """
-    const int64_t row = blockIdx.x / {chunks}, base = (int64_t)(blockIdx.x % {chunks}) * {tile};
-    kiln_sort::item* g = {tmp} + row * kiln_rows::np + base;
-    for (int t = threadIdx.x; t < {tile}; t += {threads}) s[t] = kiln_sort::load(in0, row, base + t);
-    __syncthreads();
-    kiln_sort::tile(s, base, 2, {tile});
-    for (int t = threadIdx.x; t < {tile}; t += {threads}) g[t] = s[t];""",
-    "kiln_sort_step": """
-    kiln_sort::merge_step<{k}, {j}>({tmp});""",
-    "kiln_sort_merge": SHARED + """
-    kiln_sort::merge_chunk<{k}>({tmp}, s);""",
-    # the outputs, from the sorted rows in the temporary
-    "kiln_sort_emit": """
-    for (int64_t e = (int64_t)blockIdx.x * {threads} + threadIdx.x; e < kiln_rows::rows * kiln_rows::emits;
-         e += (int64_t)gridDim.x * {threads})
-        kiln_sort::emit({outputs}, {tmp} + e / kiln_rows::emits * kiln_rows::np, e / kiln_rows::emits,
-                        e % kiln_rows::emits);""",
-}
+MERGE = """
+extern "C" __global__ void __launch_bounds__(kiln_sort_program::sort::THREADS) kiln_sort_merge_{k}(PARAMS) {{
+    kiln_sort_program::sort::merge_chunk<{k}>(kiln_sort_program::items(ARGS));
+}}
+"""
 
 
 @dataclass(frozen=True)
@@ -187,49 +166,45 @@ def render(task, **knobs) -> CudaProgram:
     args = KernelArgs.args(1, len(task.outputs))
     temporaries = []
     if long_rows:
-        decl.append(f"kiln_sort::item* __restrict__ {KernelArgs.temporary(0)}")
+        decl.append(f"kiln_sort_program::sort::item* __restrict__ {KernelArgs.temporary(0)}")
         args.append(KernelArgs.temporary(0))
         temporaries.append(((r.rows * np_ * item_bytes // 8,), dtypes.int64))
     statistic = STATISTICS.get(r.op, "Rank")
     emits = 1 if r.op in STATISTICS else r.kout
     values = r.op != "argsort"
-    sort = SORT.format(n=r.n, rows=r.rows, inner=r.inner, np=np_, kout=r.kout, emits=emits, kth=r.kth,
-                       elem=ELEMENTS[r.dtype], tile=tile, threads=threads, descending=str(r.descending).lower(),
-                       statistic=statistic, values=str(values).lower())
-    outputs = f"in0, {'out0' if values else 'nullptr'}, {KernelArgs.output(len(task.outputs) - 1)}"
-
-    def kernel(body: str, name: str = "", **merge) -> str:
-        """The kernel `name` (else `body`) of BODIES[body], with the merge size k and stride j of a step."""
-        text = BODIES[body].format(tile=tile, threads=threads, outputs=outputs, tmp=KernelArgs.temporary(0),
-                                   chunks=np_ // tile, **merge)
-        return KERNEL.format(threads=threads, name=name or body, params=", ".join(decl), body=text)
-
+    program = PROGRAM.format(
+        n=r.n, rows=r.rows, inner=r.inner, np=np_, kout=r.kout, emits=emits, kth=r.kth, elem=ELEMENTS[r.dtype],
+        tile=tile, threads=threads, descending=str(r.descending).lower(), statistic=statistic,
+        values=str(values).lower(), x=KernelArgs.input(0), values_arg=KernelArgs.output(0) if values else "nullptr",
+        indices=KernelArgs.output(len(task.outputs) - 1), items=ITEMS.format(KernelArgs.temporary(0)) * long_rows)
+    defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
     smem = tile * item_bytes
     block = (threads, 1, 1)
     names = tuple(args)
     if not long_rows:
         launches = [Launch("kiln_sort_rows", names, block, (-(-r.rows // (tile // np_)), 1, 1), smem=smem)]
-        return CudaProgram(_source(sort, [kernel("kiln_sort_rows")]), launches)
-    kernels = [kernel("kiln_sort_chunks")]
+        return CudaProgram(_source(program, defines, [device_code(__package__, "cuda/sort_bitonic_rows.cuh")]),
+                           launches)
+    kernels = [device_code(__package__, "cuda/sort_bitonic_chunks.cuh")]
     launches = [Launch("kiln_sort_chunks", names, block, (r.rows * (np_ // tile), 1, 1), smem=smem)]
     size = 2 * tile
     while size <= np_:
         j = size // 2
         while j >= tile:
-            kernels.append(kernel("kiln_sort_step", f"kiln_sort_step_{size}_{j}", k=size, j=j))
+            kernels.append(STEP.format(k=size, j=j))
             launches.append(Launch(f"kiln_sort_step_{size}_{j}", names, block, items=r.rows * np_ // 2,
                                    per_block=threads))
             j //= 2
-        kernels.append(kernel("kiln_sort_merge", f"kiln_sort_merge_{size}", k=size))
+        kernels.append(MERGE.format(k=size))
         launches.append(Launch(f"kiln_sort_merge_{size}", names, block, (r.rows * (np_ // tile), 1, 1), smem=smem))
         size *= 2
-    kernels.append(kernel("kiln_sort_emit"))
+    kernels.append(device_code(__package__, "cuda/sort_bitonic_emit.cuh"))
     launches.append(Launch("kiln_sort_emit", names, block, items=r.rows * emits, per_block=threads))
-    return CudaProgram(_source(sort, kernels), launches, temporaries)
+    return CudaProgram(_source(program, defines, kernels), launches, temporaries)
 
 
-def _source(sort: str, kernels: list[str]) -> str:
-    return template_source([device_code(__package__, "cuda/sort_bitonic.cuh") + sort, *kernels], {})
+def _source(program: str, defines: dict, kernels: list[str]) -> str:
+    return template_source([device_code(__package__, "cuda/sort_bitonic.cuh"), program, *kernels], defines)
 
 
 TEMPLATE = Template("sort_bitonic", tuple(DEFINITIONS), "cuda", render, priority=10, applies=applies,

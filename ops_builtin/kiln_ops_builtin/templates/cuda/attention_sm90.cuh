@@ -5,19 +5,19 @@
 // attention_softmax.cuh's online softmax between them, and hand each normalized output pair to
 // the epilogue hook kiln_epilogue2(ARGS, bh, i, d, v0, v1).
 //
-// Needs, ahead of it, attention_softmax.cuh (and what it needs), the PTX wrappers MBARRIER, TMA
-// and WGMMA, the wgmma products WGMMA_QK(s, da, db, sd) (m64n{BN}k16, both operands K-major in
-// shared memory; sd 0 overwrites s) and WGMMA_PV(o, p, db) (m64n{DP}k16, A in registers, B
-// MN-major), and the program's kiln_attention_sm90_program (attention_sm90.py renders it): what
-// attention_softmax.cuh reads, and
+// Needs, ahead of it, attention_softmax.cuh (and what it needs), tma_batch.cuh, the PTX wrappers
+// MBARRIER, TMA and WGMMA, the wgmma products WGMMA_QK(s, da, db, sd) (m64n{BN}k16, both operands
+// K-major in shared memory; sd 0 overwrites s) and WGMMA_PV(o, p, db) (m64n{DP}k16, A in
+// registers, B MN-major), and the program's kiln_attention_sm90_program (attention_sm90.py
+// renders it): what attention_softmax.cuh reads, and
 //   D, DP                    the head dim; as the tiles hold it (whole 64-column boxes)
 //   BM, BN, CW, STAGES       queries a CTA, keys a tile, consumer warpgroups, slots of each ring
 //   SWIZZLE_ATOM             the byte stride of 8 rows of a 128-byte-swizzled tile
 //   PRODUCER_REGS, CONSUMER_REGS   the warpgroups' registers (setmaxnreg)
 //   pack(lo, hi)             two floats as one register of two 16-bit elements
-//   load_q, load_k, load_v(dst, bar, col, row, bh, map, ARGS)
-//                            the TMA copy of the box of 64 columns from col, rows from row of
-//                            flat batch bh from the tensor map `map`, completing on mbarrier bar
+//   q_batch(ARGS), k_batch(ARGS), v_batch(ARGS)
+//                            the operands' batch dims (tma_batch.cuh's kiln::tma::Batch each: the
+//                            tensor maps' dims after columns and rows)
 // and, besides the macros attention_softmax.cuh reads (PARAMS, ARGS, LQ, LK), M_BLOCKS (query
 // blocks of a flat batch, of the parameters where symbolic).
 
@@ -63,19 +63,22 @@ extern "C" __global__ void __launch_bounds__(128 * (kiln_attention_sm90_program:
         if (tid == 0) {
             kiln_bar_expect(q_full, BM * DP * 2);
 #pragma unroll
-            for (int c = 0; c < DP / 64; ++c) P::load_q(Qs + c * BM * 64, q_full, c * 64, m0, bh, &tmQ, ARGS);
+            for (int c = 0; c < DP / 64; ++c)
+                kiln::tma::load(Qs + c * BM * 64, &tmQ, q_full, c * 64, m0, P::q_batch(ARGS), bh);
             for (int t = 0; t < tiles; ++t) {
                 const int s = t % STAGES, phase = ((t / STAGES) & 1) ^ 1;
                 kiln_bar_wait(&empty[s], phase);
                 kiln_bar_expect(&full[s], BN * DP * 2);
 #pragma unroll
                 for (int c = 0; c < DP / 64; ++c)
-                    P::load_k(Ks + (s * DP / 64 + c) * BN * 64, &full[s], c * 64, t * BN, bh, &tmK, ARGS);
+                    kiln::tma::load(Ks + (s * DP / 64 + c) * BN * 64, &tmK, &full[s], c * 64, t * BN, P::k_batch(ARGS),
+                                    bh);
                 kiln_bar_wait(&empty[STAGES + s], phase);
                 kiln_bar_expect(&full[STAGES + s], BN * DP * 2);
 #pragma unroll
                 for (int c = 0; c < DP / 64; ++c)
-                    P::load_v(Vs + (s * DP / 64 + c) * BN * 64, &full[STAGES + s], c * 64, t * BN, bh, &tmV, ARGS);
+                    kiln::tma::load(Vs + (s * DP / 64 + c) * BN * 64, &tmV, &full[STAGES + s], c * 64, t * BN,
+                                    P::v_batch(ARGS), bh);
             }
         }
         return;

@@ -5,9 +5,9 @@
 // to the epilogue hooks through split_k's stores, the vector hook (VEC) or TMA stores (TMA_STORE).
 // A program's rendered kernel calls it with its arguments and its tensor maps.
 //
-// Needs, ahead of it, the PTX wrappers MBARRIER, TMA and CLUSTER, the wgmma product
-// WGMMA(acc, da, db) (m64n{BN}k16, or m64n{BN}k8 for TF32), split_k's stores and the macros M, N,
-// K, KT_SPLIT, BATCH, PARAMS, ARGS, KERNEL_ARGS; and, ahead of a call, the program P
+// Needs, ahead of it, the PTX wrappers MBARRIER, TMA and CLUSTER, tma_batch.cuh, the wgmma
+// product WGMMA(acc, da, db) (m64n{BN}k16, or m64n{BN}k8 for TF32), split_k's stores and the
+// macros M, N, K, KT_SPLIT, BATCH, PARAMS, ARGS, KERNEL_ARGS; and, ahead of a call, the program P
 // (sm90_engine.py renders it):
 //   BM, BN, BK, KB, CW, MI, PP, STAGES, GROUP, FETCH, CLUSTER, EPI_LD   tile, ring, consumers,
 //                  rasterization, epilogue fetch depth, cluster size, staging block row stride
@@ -59,20 +59,23 @@ static __device__ __forceinline__ void tma_box(void* dst, const CUtensorMap* map
 // Thread 0's TMA copies of an operand's tile at row x0 (of M or N) and k0 into its stage `dst`,
 // completing on `bar`: K-major (TRANS = 0), one box of the k-slice and PART rows; MN-major
 // (TRANS = 1), PART boxes of 64 rows (MN_LBO bytes apart). In a cluster of PARTS CTAs sharing the
-// tile, CTA `rank` copies part `rank` into every CTA's stage by multicast. `batch`: the
-// coordinates of the map's batch dimensions.
-template <int TRANS, int PART, int PARTS, class... Batch>
+// tile, CTA `rank` copies part `rank` into every CTA's stage by multicast. `batch`: the map's
+// batch dimensions, at flat batch bz.
+template <int TRANS, int PART, int PARTS, int RANK>
 static __device__ __forceinline__ void load_operand(uint16_t* dst, const CUtensorMap* map, uint64_t* bar, int k0,
-                                                    int x0, int rank, Batch... batch) {
+                                                    int x0, int rank, const kiln::tma::Batch<RANK>& batch, int64_t bz) {
     constexpr int CTAS = PARTS == 1 ? 0 : (1 << PARTS) - 1, ROW = 64;   // ROW: 16-bit units of a stage's row
-    if constexpr (TRANS) {
-        const int first = PARTS == 1 ? 0 : rank * PART;
-        for (int j = first; j < first + PART; ++j) tma_box<CTAS>(dst + j * 64 * ROW, map, bar, x0 + j * 64, k0, batch...);
-    } else if constexpr (PARTS == 1) {
-        tma_box<CTAS>(dst, map, bar, k0, x0, batch...);
-    } else {
-        tma_box<CTAS>(dst + rank * PART * ROW, map, bar, k0, x0 + rank * PART, batch...);
-    }
+    kiln::tma::with_coordinates(batch, bz, [&](auto... c) {
+        if constexpr (TRANS) {
+            const int first = PARTS == 1 ? 0 : rank * PART;
+            for (int j = first; j < first + PART; ++j)
+                tma_box<CTAS>(dst + j * 64 * ROW, map, bar, x0 + j * 64, k0, c...);
+        } else if constexpr (PARTS == 1) {
+            tma_box<CTAS>(dst, map, bar, k0, x0, c...);
+        } else {
+            tma_box<CTAS>(dst + rank * PART * ROW, map, bar, k0, x0 + rank * PART, c...);
+        }
+    });
 }
 
 // The TMA store of a warp's 16 x 64 output block `tile` at column x, row y (of flat batch bz where

@@ -7,11 +7,25 @@
 // ... Bool below: its storage, the items of its key width, its key, NaN's key), the rows
 // (kiln::sort::Rows: the sizes, on which the launches depend), the knobs Tile (items sorted in
 // shared memory at once) and Threads (per block), the order, what each row outputs (Statistic)
-// and whether values go out with the indices. Sort's functions are what the rendered kernels
-// call: loading items, the network's steps over a tile, merge steps over rows in global memory,
-// the outputs.
+// and whether values go out with the indices. Sort's functions are what the kernels call
+// (sort_bitonic_rows.cuh for rows of at most Tile items; for longer ones sort_bitonic_chunks.cuh,
+// the merge kernels sort_bitonic.py renders, sort_bitonic_emit.cuh): loading items, the
+// network's steps over a tile, merge steps over rows in global memory, the outputs.
+// A kernel's own loops are written in the kernel, not in a Sort function it calls: NVRTC
+// optimizes a loop in an inlined function otherwise, and the machine code would change.
+//
+// The kernels read the program's kiln_sort_program (sort_bitonic.py renders it after this file):
+//   rows, sort                    the kiln::sort::Rows and kiln::sort::Sort of the task and knobs
+//   x(ARGS)                       the input
+//   values(ARGS), indices(ARGS)   the outputs (values nullptr for argsort)
+//   items(ARGS)                   long rows' sorted items (a temporary of rows * np items)
+// and PARAMS and ARGS.
 //
 // Needs the CUDA prelude (fixed-width integers) ahead of it.
+
+// The block's dynamic shared memory, where the kernels hold a tile of items (declared out of
+// the namespace: its PTX name is then unmangled)
+extern __shared__ uint4 kiln_smem[];
 
 namespace kiln::sort {
 
@@ -130,6 +144,7 @@ struct Sort {
     using key = typename I::key;
     using item = typename I::item;
     using T = typename E::storage;
+    enum : int { TILE = Tile, THREADS = Threads };
 
     // The item of position j of row `row`: past the row's end (or the last row), one after every real item
     static __device__ __forceinline__ item load(const T* __restrict__ x, int64_t row, int64_t j) {
@@ -199,9 +214,10 @@ struct Sort {
     }
 
     // The steps of merge size K and strides below Tile over one chunk of `items`, through the
-    // Tile items `s` in shared memory
+    // Tile items of the block's shared memory
     template <int64_t K>
-    static __device__ __forceinline__ void merge_chunk(item* __restrict__ items, item* s) {
+    static __device__ __forceinline__ void merge_chunk(item* __restrict__ items) {
+        item* s = (item*)kiln_smem;
         const int chunks = P::np / Tile;
         const int64_t row = blockIdx.x / chunks, base = (int64_t)(blockIdx.x % chunks) * Tile;
         item* g = items + row * P::np + base;
