@@ -145,3 +145,24 @@ def test_a_single_row_or_column_is_still_a_contraction(a, b):
     c = match_contraction(_task("matmul", x, y))
     assert c is not None and (c.M, c.N, c.K) == (a[-2], b[-1], a[-1])
     assert c.a.k_stride == 1 and c.b.k_stride == (1 if b[-1] == 1 else b[-1])
+
+
+def test_cpu_kernels_with_and_without_a_status_buffer():
+    """A CPU kernel whose program checks nothing is called without a status buffer (the
+    common case, every step of a model), one that checks its indices with one: both compute,
+    and the second still raises on a bad index, before and after the first has run."""
+    from kiln.runtime.cpu import CpuKernel
+    from kiln.schedule.choose import choose
+    x, w, ids = torch.randn(5, 7), torch.randn(7, 3), torch.tensor([2, 0, 4])
+    plain = CpuKernel(choose(_task("matmul", kiln.from_torch(x), kiln.from_torch(w)), "cpu"))
+    checked = CpuKernel(choose(_task("embedding", kiln.from_torch(ids), kiln.from_torch(x)), "cpu"))
+    assert KernelArgs.STATUS not in plain.program.args and KernelArgs.STATUS in checked.program.args
+    for _ in range(2):
+        out = torch.empty(5, 3)
+        plain([x, w], [out])
+        torch.testing.assert_close(out, x @ w)
+        rows = torch.empty(3, 7)
+        checked([ids, x], [rows])
+        torch.testing.assert_close(rows, x[ids])
+        with pytest.raises(IndexError, match="out of range"):
+            checked([torch.tensor([1, 9, 0]), x], [rows])

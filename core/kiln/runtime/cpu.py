@@ -152,6 +152,7 @@ class CpuKernel:
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
         self._positions: dict[tuple[int, int], tuple[int, ...]] = {}    # by (inputs, outputs) given
+        self._reports = KernelArgs.STATUS in program.args
 
     def prepare(self, constants: list[torch.Tensor | None],
                 threads: int | None = None) -> tuple[CpuKernel, torch.Tensor] | None:
@@ -203,8 +204,11 @@ class CpuKernel:
         positions = self._positions.get(arity)
         if positions is None:
             positions = self._positions[arity] = KernelArgs.positions(self.program.args, *arity)
-        status = (ctypes.c_int64 * 2)()
         tensors = [*inputs, *outputs]
+        if not self._reports:     # the common case, a step of every model: no status buffer to make
+            self._fn(*[tensors[k].data_ptr() for k in positions], *self.program.sizes)
+            return
+        status = (ctypes.c_int64 * 2)()
         self._fn(*[tensors[k].data_ptr() if k >= 0 else ctypes.addressof(status) for k in positions],
                  *self.program.sizes)
         if status[0]:

@@ -108,7 +108,7 @@ def same_addresses(tensors: list[torch.Tensor], addresses: list[int]) -> bool:
     """Whether each of `tensors` starts at the address of the same position in `addresses`."""
     if _addresses_equal is not None:
         return _addresses_equal(tensors, addresses, list(range(len(tensors))))
-    return [t.data_ptr() for t in tensors] == addresses
+    return list(map(torch.Tensor.data_ptr, tensors)) == addresses
 
 
 class CapturedGraph:
