@@ -88,9 +88,47 @@ def test_conv2d(xs, ws, kw):
     assert gemm_cpu.CONV.applies(task)
     want = F.conv2d(x, w, b, **kw)
     out = torch.empty_like(want)
-    CpuKernel(gemm_cpu.render(task))([x, w, b], [out])
+    CpuKernel(gemm_cpu.CONV.render(task))([x, w, b], [out])
     assert_close(out, want, atol=1e-4, rtol=1e-4)
     assert_close(kiln.ops.conv2d(x, w, b, **kw), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("knobs", [{}, dict(KC=96, NC=256, WHOLE_K=0, MR=12)])
+def test_conv_planes_written_with_a_panels_outer(knobs):
+    """gemm_cpu.CONV on planes of ROWS_OUTER_PIXELS or more: A's panels outer (ROWS_OUTER), B's
+    blocks cut to stay in L2 (several along the pixels, and along K with the float32 workspace
+    between K blocks), output channels that MR does not divide; the same result as B's panels
+    outer. Smaller planes keep B's panels outer."""
+    from kiln.runtime.cpu import CpuKernel
+    x, w, b = rand((2, 800, 23, 57)), rand((45, 800, 1, 1)), rand((45,))
+    task = _task("conv2d", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
+    program = gemm_cpu.CONV.render(task, **knobs)
+    assert "#define ROWS_OUTER 1" in program.source
+    assert int(next(ln.split()[2] for ln in program.source.splitlines() if ln.startswith("#define NC "))) < 23 * 57
+    out, panels_outer = torch.empty(2, 45, 23, 57), torch.empty(2, 45, 23, 57)
+    CpuKernel(program)([x, w, b], [out])
+    CpuKernel(gemm_cpu.render(task, **knobs))([x, w, b], [panels_outer])
+    assert_close(out, F.conv2d(x, w, b), atol=1e-3, rtol=1e-4)
+    assert_close(out, panels_outer, atol=0, rtol=0)
+    small = _task("conv2d", kiln.from_torch(rand((1, 16, 14, 14))), kiln.from_torch(rand((8, 16, 1, 1))))
+    assert "#define ROWS_OUTER 0" in gemm_cpu.CONV.render(small).source
+
+
+def test_residual_block_on_large_planes_fuses_into_the_conv():
+    """A 1x1 convolution with a residual add and ReLU fused, planes written with A's panels
+    outer, through torch.compile."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(70, 200, 1)
+
+        def forward(self, x, skip):
+            return torch.relu(self.conv(x) + skip)
+
+    capture, _ = compile_and_compare(Block().eval(), rand((1, 70, 36, 36)), rand((1, 200, 36, 36)))
+    fused = _fused_nodes(capture)
+    assert len(fused) == 1 and gemm_cpu.CONV.applies(fused[0].task)
+    assert "#define ROWS_OUTER 1" in gemm_cpu.CONV.render(fused[0].task).source
 
 
 def test_conv1d():

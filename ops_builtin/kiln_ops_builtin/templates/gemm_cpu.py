@@ -8,7 +8,8 @@ into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wid
 (along n a row of the whole block at a time, dealt out to the panels, or, where B is contiguous in
 k, in runs along k transposed VW x VW in registers) and an MC x KC block of A into MR-tall panels,
 both zero-padded to whole panels, and runs the register-blocked micro-kernel over the block's MR x
-NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2). The
+NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2; A's panels
+outer for a convolution's large planes: `render_conv`). The
 micro-kernel, a function of its own (inlined into the block's loops, GCC runs out of registers for
 the 14-row tile and spills), uses GCC vector extensions on the host's widest vectors (`cpu/simd.h`;
 AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
@@ -94,17 +95,38 @@ def applies(task) -> bool:
 def render(task, **knobs) -> CpuProgram:
     """The program `kiln_kernel(inputs..., output)` for `task` at the setting `knobs`
     (`GemmKnobs`' fields)."""
+    return _render(task, GemmKnobs(**knobs), rows_outer=False)
+
+
+ROWS_OUTER_PIXELS = 512     # the least plane (output pixels) that `render_conv` writes with A's panels outer
+ROWS_OUTER_BLOCK = 1 << 18  # B's block then: 1 MiB of float32, half a 2 MiB L2
+
+
+def render_conv(task, **knobs) -> CpuProgram:
+    """`render` for a convolution, whose rows are output channels (NCHW), each a plane of pixels
+    along the columns: where the planes have at least ROWS_OUTER_PIXELS pixels, A's panels outer
+    (`cpu/gemm.h`'s ROWS_OUTER), so that a tile's channels are written as long runs along their
+    planes (B's panels outer write a short piece of every channel's plane per panel: more
+    streams than the hardware prefetches), with B's blocks cut to ROWS_OUTER_BLOCK floats to stay
+    in L2 while A's panels sweep them."""
+    g = match_cpu_gemm(task)
+    large = g is not None and not isinstance(g.N, SymSize) and g.N >= ROWS_OUTER_PIXELS
+    return _render(task, GemmKnobs(**knobs), rows_outer=large)
+
+
+def _render(task, k: GemmKnobs, rows_outer: bool) -> CpuProgram:
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
-    k = GemmKnobs(**knobs)
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
     fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
     args, sizes, size_args = KernelArgs.args(len(task.inputs)), g.sizes.declarations(), g.sizes.names
+    blocks = block_knobs(k, g.K if fixed(g.K) else None)
+    if rows_outer:
+        blocks["NC"] = max(32, min(k.NC, ROWS_OUTER_BLOCK // blocks["KC"] // 32 * 32))
     defines = {"PARAMS": ", ".join(g.buffers + [BPRE] + sizes), "ARGS": ", ".join(args + ["bpre"] + size_args),
-               **extents, **block_knobs(k, g.K if fixed(g.K) else None),
-               "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0], "A_DIRECT": 0, "B_BY_K": int(g.b_by_k),
-               "B_GROUPS": 1}
+               **extents, **blocks, "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0], "A_DIRECT": 0,
+               "B_BY_K": int(g.b_by_k), "B_GROUPS": 1, "ROWS_OUTER": int(rows_outer)}
     entries = entry_points(g.buffers, args, sizes, size_args, "kiln_main", "kiln_pack_panels")
     return CpuProgram(c_template_source([device_code(__package__, *KERNEL), entries], defines, g.hooks),
                       "kiln_kernel", tuple(args), sizes=g.sizes.values,
@@ -147,5 +169,5 @@ def preparation(b_input: int | None, inputs: int) -> Preparation | None:
 
 MATMUL = Template("gemm_cpu", ("matmul", "linear", "dft"), "cpu", render, priority=10, applies=applies,
                   space=GemmKnobs.settings, symbolic=True)
-CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render, priority=10, applies=applies,
+CONV = Template("conv_gemm_cpu", ("conv1d", "conv2d"), "cpu", render_conv, priority=10, applies=applies,
                 space=GemmKnobs.settings, symbolic=True)

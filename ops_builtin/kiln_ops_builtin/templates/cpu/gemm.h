@@ -5,10 +5,13 @@
    Compile-time knobs, macros of the rendered program: KC and NC (the blocks' depth and width;
    NC whole panels), B_BY_K (1: B is packed from runs along k, kiln_b_col; 0: along n,
    kiln_b_row), B_GROUPS (the different Bs of the batches: batch b reads the (b % B_GROUPS)-th),
-   A_DIRECT (micro.h). The problem: BATCH, M, N and K, written in the kernel's size parameters
-   where they are symbolic. PARAMS is the parameter list of the hooks and of these functions
-   (ARGS passes it on): the task's buffers, `bpre` (B's panels laid out once, or NULL to pack
-   them here), what the template adds, and the sizes.
+   A_DIRECT (micro.h), ROWS_OUTER (1: a block's A panels outer, each sweeping all of the block's
+   B panels, so that C's rows are written MR at a time in long runs, B's block staying in L2;
+   0 or undefined: B panels outer, a B panel staying in L1 while A's stream from L2, which
+   writes a short piece of every row of the block per B panel). The problem: BATCH, M, N and
+   K, written in the kernel's size parameters where they are symbolic. PARAMS is the parameter
+   list of the hooks and of these functions (ARGS passes it on): the task's buffers, `bpre` (B's
+   panels laid out once, or NULL to pack them here), what the template adds, and the sizes.
 
    Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
    hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
@@ -86,8 +89,13 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
             const int64_t mc = KILN_MIN(MCB, m_hi - ic), mpanels = KILN_PANELS(mc, MR);
             for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
+#if ROWS_OUTER
+            for (int64_t ip = 0; ip < mpanels; ++ip)
+                for (int64_t jp = 0; jp < npanels; ++jp) {
+#else
             for (int64_t jp = 0; jp < npanels; ++jp)
                 for (int64_t ip = 0; ip < mpanels; ++ip) {
+#endif
                     float tile[MR * NR] __attribute__((aligned(64)));
                     const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
                     const int64_t rows = KILN_MIN(MR, M - m0), cols = KILN_MIN(NR, N - n0);
