@@ -173,9 +173,6 @@ def applies(task) -> bool:
     return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or c.groups > 1 or one_by_one_pays(c))
 
 
-L2_BYTES = 2 << 20
-
-
 def one_by_one_pays(c: ConvCpu) -> bool:
     """Whether a 1x1 convolution goes here rather than to the plain GEMM, whose columns are its
     pixels in panels of 32 (AVX-512's): where it has at least 192 input channels (the tile's
@@ -184,11 +181,12 @@ def one_by_one_pays(c: ConvCpu) -> bool:
     Measured on MobileNetV2's layers with their fused epilogues: its projections to 7 x 7 and
     14 x 14 (K of 192 to 960) 1.25-1.6x faster here, its expansions (K of 64 to 160) 1.15-1.6x
     slower. Not where the plain GEMM writes its planes with A's panels outer (at stride 1, planes
-    of at least `gemm_cpu.ROWS_OUTER_PIXELS`) from an input larger than L2_BYTES, which this
-    template would copy into its planes first (ResNet-50 b8's 512 -> 128 at 28 x 28)."""
+    of at least `gemm_cpu.ROWS_OUTER_PIXELS`) from an input larger than L2 (`gemm_cpu.L2_BYTES`),
+    which this template would copy into its planes first (ResNet-50 b8's 512 -> 128 at 28 x 28)."""
     padded = lambda n: -(-n // 32) * 32 / n
     plane = c.out_shape[2] * c.out_shape[3]
-    if c.stride == (1, 1) and plane >= gemm_cpu.ROWS_OUTER_PIXELS and math.prod(c.x.shape) * 4 > L2_BYTES:
+    large = plane >= gemm_cpu.ROWS_OUTER_PIXELS and math.prod(c.x.shape) * 4 > gemm_cpu.L2_BYTES
+    if c.stride == (1, 1) and large:
         return False
     return c.x.shape[1] // c.groups >= 192 and padded(c.out_shape[1] // c.groups) < padded(plane)
 

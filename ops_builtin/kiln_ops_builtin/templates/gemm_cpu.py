@@ -95,11 +95,12 @@ def applies(task) -> bool:
 def render(task, **knobs) -> CpuProgram:
     """The program `kiln_kernel(inputs..., output)` for `task` at the setting `knobs`
     (`GemmKnobs`' fields)."""
-    return _render(task, GemmKnobs(**knobs), rows_outer=False)
+    return _render(task, GemmKnobs(**knobs), planes=False)
 
 
+L2_BYTES = 2 << 20          # the L2 cache the blocking below assumes (this project's CPUs': 2 MiB)
 ROWS_OUTER_PIXELS = 512     # the least plane (output pixels) that `render_conv` writes with A's panels outer
-ROWS_OUTER_BLOCK = 1 << 18  # B's block then: 1 MiB of float32, half a 2 MiB L2
+ROWS_OUTER_BLOCK = L2_BYTES // 8  # B's block then, in floats: half of L2
 
 
 def render_conv(task, **knobs) -> CpuProgram:
@@ -109,17 +110,18 @@ def render_conv(task, **knobs) -> CpuProgram:
     planes (B's panels outer write a short piece of every channel's plane per panel: more
     streams than the hardware prefetches), with B's blocks cut to ROWS_OUTER_BLOCK floats to stay
     in L2 while A's panels sweep them."""
-    g = match_cpu_gemm(task)
-    large = g is not None and not isinstance(g.N, SymSize) and g.N >= ROWS_OUTER_PIXELS
-    return _render(task, GemmKnobs(**knobs), rows_outer=large)
+    return _render(task, GemmKnobs(**knobs), planes=True)
 
 
-def _render(task, k: GemmKnobs, rows_outer: bool) -> CpuProgram:
+def _render(task, k: GemmKnobs, planes: bool) -> CpuProgram:
+    """The program of `task` at `k`; with `planes` (a convolution's), A's panels outer where its
+    planes are large (`render_conv`)."""
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
     fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
+    rows_outer = planes and fixed(g.N) and g.N >= ROWS_OUTER_PIXELS
     args, sizes, size_args = KernelArgs.args(len(task.inputs)), g.sizes.declarations(), g.sizes.names
     blocks = block_knobs(k, g.K if fixed(g.K) else None)
     if rows_outer:
