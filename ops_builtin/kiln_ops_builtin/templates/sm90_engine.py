@@ -205,8 +205,8 @@ class TmaLoad:
     map `map` (`kiln::sm90::load_operand`): K-major, one box of `part` rows; MN-major (`trans`,
     wgmma's transpose bit), `part` boxes of 64 rows. Where a cluster of `parts` CTAs shares the
     tile, each copies its part into every CTA's stage by multicast. `batch`: the map's batch
-    dimensions (`kiln::tma::Batch`), each (divisor, size) in C: the coordinate of the tile's flat
-    batch bz is bz / divisor % size."""
+    dimensions (`kiln::tma::Batch`), each (inner, size) in C: the coordinate of the tile's flat
+    batch bz is bz / inner % size."""
 
     operand: str
     map: TensorMapArg
@@ -218,7 +218,7 @@ class TmaLoad:
     def call(self) -> str:
         """The C of the copy in the program's member `load`."""
         stage, x0 = ("as", "m0") if self.operand == "A" else ("bs", "n0")
-        dims = ", ".join(f"{{{divisor}, {size}, 1}}" for divisor, size in self.batch)
+        dims = ", ".join(f"{{{inner}, {size}, 1}}" for inner, size in self.batch)
         batch = f"kiln::tma::Batch<{len(self.batch)}>{{{{{dims}}}}}" if dims else "kiln::tma::Batch<0>{}"
         args = ", ".join((stage, f"maps.{self.operand}", "bar", "k0", f"(int){x0}", "rank", batch, "bz"))
         return f"kiln::sm90::load_operand<{self.trans}, {self.part}, {self.parts}>({args});"
