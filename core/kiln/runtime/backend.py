@@ -103,7 +103,7 @@ class Backend:
     error: type = RuntimeError
     architecture: Callable[[Device], str] = lambda device: ""
     binary: Callable = lambda kernel: None
-    from_binary: Callable = lambda program, device, path: None
+    from_binary: Callable = lambda program, device, path: _cannot_load(program)
     _loaded: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -140,6 +140,10 @@ BACKENDS: dict[str, Backend] = {
                     binary=lambda kernel: None if kernel.cubin is None else (Path(kernel.cubin).read_bytes(), ".cubin"),
                     from_binary=lambda program, device, path: cuda.CudaRunner(program, device.index, path, build=False)),
 }
+
+
+def _cannot_load(program):
+    raise ValueError(f"no runtime loads a saved {type(program).__name__}")
 
 
 def _given(path: Path | None) -> Path:

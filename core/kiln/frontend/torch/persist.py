@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from kiln.device import Device, device as as_device
-from kiln.frontend.torch.backend import KilnFunction, compiled_run
+from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run
 from kiln.frontend.torch.run_record import dumps, loads
 from kiln.runtime.backend import DeviceKernel, backend_for
 from kiln.runtime.compiled_graph import View, ViewKernel
@@ -138,7 +138,7 @@ def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str | None
     return name
 
 
-def _graph_record(run, sources: list, parts: dict[str, bytes]) -> dict:
+def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
     plan = run.record.plan
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
                for program, device in plan.kernels]
