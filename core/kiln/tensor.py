@@ -18,6 +18,7 @@ from kiln import dtypes
 from kiln.device import Device, device as as_device
 from kiln.dtypes import DataType
 from kiln.ir.size import as_dim
+from kiln.runtime import folds
 
 
 class Tensor:
@@ -57,8 +58,10 @@ class Tensor:
         """The torch tensor holding this tensor's values (shares memory)."""
         if self.storage is None:
             raise ValueError("a symbolic tensor has no values; run the graph it belongs to")
-        for reads in _recorders:
-            reads.add(id(self))
+        if _recorders:
+            read = {id(self.storage), *map(id, folds.sources(self.storage))}
+            for reads in _recorders:
+                reads |= read
         return self.storage
 
     def numpy(self) -> np.ndarray:
@@ -128,8 +131,11 @@ _recorders_lock = threading.Lock()
 
 @contextmanager
 def recording_reads() -> Iterator[set[int]]:
-    """A set that collects the ids of the Tensors whose values (`Tensor.torch()`, and so
-    `numpy()`) are asked for, in any thread, until the block ends."""
+    """A set that collects, until the block ends, the ids of the torch tensors whose values are
+    asked for (`Tensor.torch()`, and so `numpy()`) in any thread: a Tensor's storage, and where
+    a kernel run at compile time computed it, the tensors it was computed from
+    (`kiln.runtime.folds.sources`). A kernel's own run reads no values: `kiln.runtime.folds`
+    records how it computed its outputs instead."""
     global _recorders
     reads: set[int] = set()
     with _recorders_lock:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import graph_key, registry as mapping_rules
+from kiln.frontend.torch import graph_key, packed_entry, registry as mapping_rules
 from kiln.passes import PassContext, PassTiming
 from kiln import plugins
 from kiln.plugins import PluginInfo, registry
@@ -165,6 +165,33 @@ def test_constants_folded_at_compile_time_are_keyed_by_their_values(graph_cache,
     torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
     compiled(model, x)
     assert events(caplog)[-1] == "hit"       # the entry now holds the new values' plan
+
+
+class Projections(nn.Module):
+    """Three linear layers reading one input: the passes merge them into one over their
+    weights concatenated at compile time."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.q(x) * torch.cat([self.k(x), self.v(x)], -1)
+
+
+def test_weights_concatenated_at_compile_time_are_computed_again_from_the_callers_on_a_hit(graph_cache, caplog):
+    torch.manual_seed(0)
+    model, other, x = Projections().eval(), Projections().eval(), torch.randn(3, 8)
+    compiled(model, x)
+    out = compiled(other, x)
+    assert events(caplog) == ["miss", "hit"]
+    torch.testing.assert_close(out, other(x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, model(x))
+    (path,) = (graph_cache / "graphs").rglob("*.plan")
+    entry, packed = packed_entry.loads(path.read_bytes())
+    assert entry["read"] == [] and entry["folds"] is not None
+    stored = [*packed.values(), *entry["run"].plan.constants.values()]
+    assert not [t for t in stored if t.shape[0] == 16]         # the concatenated weight is not stored
 
 
 class ScaledAttention(nn.Module):

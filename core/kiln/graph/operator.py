@@ -32,6 +32,7 @@ from kiln.graph.traits import Traits
 from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir.size import size_key
 from kiln.log import current_record
+from kiln.runtime import folds
 from kiln.schedule import build_task
 from kiln.settings import Settings
 from kiln.tensor import Tensor, from_torch
@@ -241,7 +242,9 @@ class Operator:
             self.outputs = [Tensor(o.shape, o.dtype, device, trace=(self, k), generated=generated)
                             for k, o in enumerate(task.outputs)]
         else:
-            results = run_task(task, device, [t.torch() for t in inputs])
+            # not a read of the inputs' values: run_task records how it computed its outputs
+            # (kiln.runtime.folds), so a cached plan computes them again from the caller's tensors
+            results = run_task(task, device, [t.storage for t in inputs])
             self.outputs = [Tensor(o.shape, o.dtype, device, storage=r, generated=generated)
                             for o, r in zip(task.outputs, results)]
 
@@ -273,10 +276,13 @@ def compiled_task(task: Task, device: Device, settings: Settings | None = None):
 
 
 def run_task(task: Task, device: Device, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Run `task` on `device` with torch tensors; return its outputs."""
+    """Run `task` on `device` with torch tensors; return its outputs, recorded as computed by
+    its kernel from `inputs` (`kiln.runtime.folds.record`)."""
     for t, spec in zip(inputs, task.inputs):
         if tuple(t.shape) != spec.shape:
             raise OperatorError(f"{task.name}: input '{spec.name}' has shape {tuple(t.shape)}, "
                                 f"the compiled task expects {spec.shape}")
-    inputs = [t.contiguous() for t in inputs]
-    return compiled_task(task, device)(inputs)
+    kernel = compiled_task(task, device)
+    outputs = kernel([t.contiguous() for t in inputs])
+    folds.record(kernel.program, device, inputs, outputs)
+    return outputs

@@ -409,7 +409,7 @@ class KilnFunction:
         run = self._run(compiled, record, args, graph)
         if key is not None:
             graph_cache.store(key, record, args, self._constant_positions,
-                              [k for k in self._constant_positions if id(values[k]) in reads])
+                              [k for k in self._constant_positions if id(args[k]) in reads])
         return traced, traced_values, graph, run
 
     def _complex_input(self, k: int, arg: torch.Tensor) -> str:

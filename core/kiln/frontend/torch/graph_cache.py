@@ -5,17 +5,20 @@ and the same code (`kiln.frontend.torch.graph_key`), skips mapping, graph passes
 and rendering: it loads the stored `kiln.runtime.plan.Plan`, whose kernels come from the kernel
 cache (built again only where that lost them). An entry holds:
 
-- the plan, whose constants are either the caller's own tensors (parameters the compiled graph
-  reads as they are: each hit binds the caller's, sharing memory) or tensors computed while
-  compiling (folded batch norms, merged weights), stored (those on the CPU as raw bytes beside
-  the pickled record, `kiln.frontend.torch.packed_entry`, read back as views of the entry's
-  bytes, copying nothing);
+- the plan, whose constants are the caller's own tensors (parameters the compiled graph reads
+  as they are: each hit binds the caller's, sharing memory), tensors that kernels computed
+  from those while compiling (folded batch norms, merged weights: the entry holds the plan of
+  those kernel runs, `kiln.runtime.folds.fold_plan`, and each hit runs it on the caller's
+  parameters), or others, stored (those on the CPU as raw bytes beside the pickled record,
+  `kiln.frontend.torch.packed_entry`, read back as views of the entry's bytes, copying
+  nothing);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
-  folded, or read by a rule or a pass), with a hash of those values: a hit needs the caller's
-  to hash the same, so what was computed from them is the caller's own. The other constants'
-  values are not keyed: a model with other weights finds the same entry.
+  read by a rule or a pass, or the sources of a folded constant stored as it is), with a hash
+  of those values: a hit needs the caller's to hash the same, so what was computed from them is
+  the caller's own. The other constants' values are not keyed: a model with other weights finds
+  the same entry.
 
 Entries are the kind `graphs` of the kernel cache's root (`kiln.runtime.cache`): written
 atomically under the entry's lock, verified when read (a damaged or foreign entry is a miss),
@@ -43,12 +46,15 @@ from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
 from kiln.frontend.torch.run_record import RunRecord
 from kiln.log import logger
 from kiln.runtime import cache
-from kiln.runtime.plan import owned
+from kiln.runtime.folds import FoldPlan, fold_plan, sources
+from kiln.runtime.plan import Plan, owned
 from kiln.runtime.threads import threads_for
 from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
+_FOLD = "fold "
+"""The prefix of the names of a fold plan's constants among an entry's raw tensors."""
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
@@ -95,7 +101,14 @@ def lookup(key: str, args) -> RunRecord | None:
     logger.info("graph cache hit: %s", key)
     run = entry["run"]
     bound = {slot: args[k] for slot, k in entry["arguments"].items()}
-    run.plan = replace(run.plan, constants={**run.plan.constants, **packed, **bound})
+    computed = {}
+    if entry.get("folds") is not None:
+        folds = FoldPlan(**entry["folds"])
+        held = {int(name[len(_FOLD):]): t for name, t in packed.items() if isinstance(name, str)}
+        folds.plan = replace(folds.plan, constants={**folds.plan.constants, **held})
+        computed = folds.computed(args)
+    own = {slot: t for slot, t in packed.items() if not isinstance(slot, str)}
+    run.plan = replace(run.plan, constants={**run.plan.constants, **own, **bound, **computed})
     return run
 
 
@@ -104,18 +117,35 @@ def store(key: str, run: RunRecord, args, constant_positions: list[int], read: l
     as references to them, the others stored; `read` lists the constants whose values the
     compile read."""
     arguments = {id(args[k]): k for k in constant_positions}
-    references = {slot: arguments[id(t)] for slot, t in run.plan.constants.items() if id(t) in arguments}
-    stored = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in references}
-    packed = {slot: t for slot, t in stored.items() if packed_entry.packable(t)}
-    pickled = {slot: t for slot, t in stored.items() if slot not in packed}
-    entry = {"run": replace(run, plan=replace(run.plan, constants=pickled)), "arguments": references,
-             "read": read, "values": _values_digest(args, read)}
+    constants = run.plan.constants
+    references = {slot: arguments[id(t)] for slot, t in constants.items() if id(t) in arguments}
+    folds = fold_plan({slot: t for slot, t in constants.items() if slot not in references}, arguments)
+    recomputed = set(folds.slots) if folds else set()
+    stored = {slot: t for slot, t in constants.items() if slot not in references and slot not in recomputed}
+    # a folded constant stored as it is holds the values of the arguments it was computed from
+    read = sorted({*read, *(arguments[id(s)] for t in stored.values() for s in sources(t) if id(s) in arguments)})
+    run_plan, packed = _packed(replace(run.plan, constants=stored), "")
+    entry = {"run": replace(run, plan=run_plan), "arguments": references, "read": read,
+             "values": _values_digest(args, read), "folds": None}
+    if folds is not None:
+        folds_plan, held = _packed(folds.plan, _FOLD)
+        entry["folds"] = {"plan": folds_plan, "arguments": folds.arguments, "slots": folds.slots}
+        packed.update(held)
     try:
         cache.write_entry(KIND, key, SUFFIX, packed_entry.dumps(entry, packed))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
                       stacklevel=3)
+
+
+def _packed(plan: Plan, prefix: str) -> tuple[Plan, dict]:
+    """`plan` holding only its constants that are not written as raw bytes, and those, by their
+    slot (with `prefix`, a string, where it is not empty)."""
+    stored = {slot: owned(t) for slot, t in plan.constants.items()}
+    packed = {f"{prefix}{slot}" if prefix else slot: t for slot, t in stored.items() if packed_entry.packable(t)}
+    pickled = {slot: t for slot, t in stored.items() if not packed_entry.packable(t)}
+    return replace(plan, constants=pickled), packed
 
 
 def limit() -> int:
