@@ -387,6 +387,12 @@ def test_kiln_cache_shows_and_clears_the_graph_cache(graph_cache, capsys):
     assert cache.status()["kinds"] == {"cpu": kernels}      # the folder of graphs removed too
 
 
+def test_the_key_names_a_pybind11_function_a_graph_calls():
+    # a Llama-style model on CUDA calls one (autocast's); its record was taken for an argument
+    text = graph_key._callable_text(torch._C._accelerator_getAccelerator)
+    assert text == f"torch._C.{torch._C._accelerator_getAccelerator.__qualname__}"
+
+
 def test_the_key_tells_functions_of_one_name_apart_by_code_and_captured_values():
     def scaled(a):
         return lambda x: x * a

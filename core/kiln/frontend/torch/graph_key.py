@@ -138,7 +138,9 @@ def _callable_text(fn, seen: frozenset = frozenset()) -> str:
                 f"{_value_text(fn.keywords, seen)})")
     text = _qualified(fn)
     bound = getattr(fn, "__self__", None)
-    if bound is not None and not inspect.ismodule(bound) and not isinstance(bound, type):
+    # a pybind11 function's __self__ is its own record (of type module pybind11_builtins), no object
+    if (bound is not None and not inspect.ismodule(bound) and not isinstance(bound, type)
+            and type(bound).__module__ != "pybind11_builtins"):
         text += f" of {_value_text(bound, seen)}"
     if inspect.isfunction(fn) and id(fn) not in seen:
         seen = seen | {id(fn)}
