@@ -1,6 +1,5 @@
 """kiln.save / kiln.load: a compiled model restored in a fresh process builds no kernel, and a
 file is checked against its manifest before anything in it is loaded."""
-import hashlib
 import io
 import json
 import os
@@ -16,6 +15,7 @@ from torch import nn
 import kiln
 from kiln.frontend.torch import persist
 from kiln.frontend.torch.persist import SaveError
+from kiln.runtime.cache import checksum
 from kiln.runtime.cpu import architecture
 
 SAVE = """
@@ -115,9 +115,9 @@ def parts_of(path) -> dict[str, bytes]:
         return {name: archive.read(name) for name in archive.namelist()}
 
 
-def rewrite(path, parts: dict[str, bytes]) -> None:
+def rewrite(path, parts: dict[str, bytes], compression=zipfile.ZIP_STORED) -> None:
     """Write `parts` as the zip archive at `path` (a file changed after kiln.save wrote it)."""
-    with zipfile.ZipFile(path, "w") as archive:
+    with zipfile.ZipFile(path, "w", compression) as archive:
         for name, data in parts.items():
             archive.writestr(name, data)
 
@@ -140,10 +140,10 @@ def test_the_manifest_names_the_format_versions_architecture_and_every_parts_has
     path, eager, x = saved
     parts = parts_of(path)
     manifest = json.loads(parts.pop(persist.MANIFEST))
-    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 2
+    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 3
     assert manifest["kiln"] == kiln.__version__ and manifest["torch"] == torch.__version__
     assert manifest["architecture"] == {"cpu": architecture()}
-    assert manifest["parts"] == {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()}
+    assert manifest["parts"] == {name: checksum(data) for name, data in parts.items()}
     assert "model.pt" in parts and any(name.startswith("kernels/") for name in parts)
     torch.testing.assert_close(kiln.load(path)(x), eager(x).detach())
 
@@ -157,7 +157,7 @@ def test_a_changed_part_is_refused_before_anything_is_loaded(saved, part, nothin
     data[len(data) // 2] ^= 0xFF
     rewrite(path, {**parts, name: bytes(data)})
     with pytest.raises(persist.LoadError, match=f"was changed after kiln.save wrote it: part {name} "
-                                                "does not have the hash its manifest lists"):
+                                                "does not have the checksum its manifest lists"):
         kiln.load(path)
 
 
@@ -168,6 +168,21 @@ def test_a_damaged_file_is_refused(saved, nothing_loaded):
     data[start + 4096] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(persist.LoadError, match="damaged|was changed"):
+        kiln.load(path)
+
+
+def test_a_file_whose_parts_were_compressed_is_refused(saved, nothing_loaded):
+    path, _, _ = saved
+    rewrite(path, parts_of(path), zipfile.ZIP_DEFLATED)
+    with pytest.raises(persist.LoadError, match="was changed after kiln.save wrote it: part .* is compressed"):
+        kiln.load(path)
+
+
+def test_a_file_cut_short_is_refused(saved, nothing_loaded):
+    path, _, _ = saved
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(persist.LoadError, match="not a zip archive"):
         kiln.load(path)
 
 
@@ -200,12 +215,12 @@ def test_a_file_for_a_gpu_this_machine_lacks_or_another_gpu_is_refused(saved, no
         kiln.load(path)
 
 
-@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize("version", [2, 4])
 def test_a_file_of_another_format_version_is_refused(saved, version, nothing_loaded):
     path, _, _ = saved
     rewrite(path, with_manifest(parts_of(path), format_version=version))
     with pytest.raises(persist.LoadError, match=f"is in version {version} of Kiln's compiled-model "
-                                                r"format .*; this Kiln .* reads version 2"):
+                                                r"format .*; this Kiln .* reads version 3"):
         kiln.load(path)
 
 
@@ -218,8 +233,7 @@ def test_a_run_naming_no_built_kernel_for_a_step_is_refused_without_compiling_it
     runs["graphs"][0]["kernels"] = [None] * len(runs["graphs"][0]["kernels"])
     parts[persist.RUNS] = persist.dumps(runs)
     manifest = json.loads(parts[persist.MANIFEST])
-    manifest["parts"] = {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()
-                         if name != persist.MANIFEST}
+    manifest["parts"] = {name: checksum(data) for name, data in parts.items() if name != persist.MANIFEST}
     rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
 
     def no_build(*args, **kwargs):
@@ -252,7 +266,7 @@ def test_records_that_would_run_code_are_refused_without_running_it(saved):
     torch.save({"forward": ["input"], "graphs": [_Runs(marker)]}, records)
     parts = {**parts_of(path), "model.pt": records.getvalue()}
     manifest = json.loads(parts[persist.MANIFEST])
-    manifest["parts"]["model.pt"] = hashlib.sha256(records.getvalue()).hexdigest()
+    manifest["parts"]["model.pt"] = checksum(records.getvalue())
     rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
     with pytest.raises(persist.LoadError, match="its model.pt holds what a compiled model does not"):
         kiln.load(path)

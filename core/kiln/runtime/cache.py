@@ -211,7 +211,7 @@ def content_key(*parts: str) -> str:
 _PART = 1 << 22
 
 
-def _checksum(data) -> str:
+def checksum(data) -> str:
     """The hex sha256 of `data`; for more than `_PART` bytes, "parts " and the sha256 of the
     sha256 digests of its `_PART`-byte parts, hashed at once on torch's threads
     (`kiln.runtime.threads`)."""
@@ -255,7 +255,7 @@ def _verified(dir_fd: int, key: str, suffix: str) -> memoryview | None:
         return None
     try:
         fields = json.loads(bytes(record))
-        ok = fields["key"] == key and fields["sha256"] == _checksum(data)
+        ok = fields["key"] == key and fields["sha256"] == checksum(data)
     except (ValueError, KeyError, TypeError):
         return None
     return data if ok else None
@@ -470,7 +470,7 @@ def _warn_read_only(exc: ReadOnlyCacheError) -> None:
 
 def _publish(dir_fd: int, folder: Path, key: str, suffix: str, data: bytes) -> None:
     """Store the entry `key` and its record, each atomically."""
-    record = json.dumps({"key": key, "sha256": _checksum(data)}).encode()
+    record = json.dumps({"key": key, "sha256": checksum(data)}).encode()
     for name, content in ((key + suffix, data), (key + ".json", record)):
         try:
             _write_new(dir_fd, name, content)

@@ -14,7 +14,9 @@ The file is a zip archive of parts, one of which describes the others:
 
 - `manifest.json`: the format (FORMAT) and its version (FORMAT_VERSION), the versions of Kiln
   and torch that wrote it, the architecture of each device its kernels run on (the CPU's:
-  `kiln.runtime.cpu.architecture()`; a GPU's: `sm_90`, ...), and the SHA-256 of every other part;
+  `kiln.runtime.cpu.architecture()`; a GPU's: `sm_90`, ...), and the checksum of every other
+  part (`kiln.runtime.cache.checksum`: its SHA-256, or for a part over 4 MiB the SHA-256 of its
+  4 MiB pieces' SHA-256s, hashed on several threads);
 - `model.pt`: the runs and the forward's parameter names, in torch's serialization, read with
   its weights-only unpickler (tensors, plain values and Kiln's own data classes: nothing in it
   runs code);
@@ -22,7 +24,7 @@ The file is a zip archive of parts, one of which describes the others:
   hash (a view step, and a GPU program that launches nothing, have none).
 
 `load` checks the manifest before it reads anything else: the format and its version, the
-architectures against this machine's, and every part against its hash, with no part unlisted;
+architectures against this machine's, and every part against its checksum, with no part unlisted;
 then it reads the runs and loads the kernels the manifest lists, and those only. A changed or
 damaged file, a file of another format version or for another processor is a `LoadError`
 saying which (it names the Kiln and torch versions that wrote the file; these need not match
@@ -39,10 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import json
 import os
 import pickle
 import re
+import struct
 import tempfile
 import zipfile
 from dataclasses import replace
@@ -54,14 +58,16 @@ from kiln.device import Device, device as as_device
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run
 from kiln.frontend.torch.run_record import dumps, loads
 from kiln.runtime.backend import DeviceKernel, backend_for
+from kiln.runtime.cache import checksum
 from kiln.runtime.compiled_graph import View, ViewKernel
 from kiln.runtime.plan import owned
 from kiln.settings import current
 from kiln.version import VERSION
 
 FORMAT = "kiln-compiled-model"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")     # a zip member's local file header
 RUNS = "model.pt"
 _SOURCES = [(re.compile(r"L\['args'\]\[(\d+)\]$"), "position"),
             (re.compile(r"L\['kwargs'\]\['(\w+)'\]$"), "name"),
@@ -167,7 +173,7 @@ def save(compiled_model, path) -> None:
     parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
                 "torch": torch.__version__, "architecture": _architectures(graphs),
-                "parts": {name: _sha256(data) for name, data in sorted(parts.items())}}
+                "parts": {name: checksum(data) for name, data in sorted(parts.items())}}
     path = Path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -185,12 +191,30 @@ def _written_by(manifest: dict) -> str:
     return f"written by Kiln {manifest.get('kiln', '?')} with torch {manifest.get('torch', '?')}"
 
 
-def _checked_parts(path) -> dict[str, bytes]:
+def _stored(contents: memoryview, info: zipfile.ZipInfo, path) -> memoryview:
+    """The bytes of the archive member `info` within the archive's `contents`, uncompressed as
+    `save` writes them, read in place: their checksum checks them, not zipfile's CRC as well."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise LoadError(f"{path} was changed after kiln.save wrote it: part {info.filename} is compressed")
+    start = info.header_offset
+    header = bytes(contents[start:start + _LOCAL_HEADER.size])
+    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise LoadError(f"{path} is damaged: part {info.filename} has no local header")
+    name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
+    begin = start + _LOCAL_HEADER.size + name_length + extra_length
+    if begin + info.file_size > len(contents):
+        raise LoadError(f"{path} is damaged: part {info.filename} is cut short")
+    return contents[begin:begin + info.file_size]
+
+
+def _checked_parts(path) -> dict[str, memoryview]:
     """The parts of the file at `path`, once its manifest is found to describe this format
-    version and this machine, and every part to have the hash it lists (else LoadError)."""
+    version and this machine, and every part to have the checksum it lists (else LoadError)."""
     not_ours = f"{path} is not a compiled model saved by kiln.save"
+    data = Path(path).read_bytes()
+    contents = memoryview(data)
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(io.BytesIO(data))     # over bytes, a BytesIO copies nothing
     except zipfile.BadZipFile:
         raise LoadError(f"{not_ours} (not a zip archive)") from None
     with archive:
@@ -224,14 +248,11 @@ def _checked_parts(path) -> dict[str, bytes]:
             raise LoadError(f"{path} was changed after kiln.save wrote it: {'; '.join(problems)}")
         parts = {}
         for name, digest in listed.items():
-            try:
-                data = archive.read(name)
-            except zipfile.BadZipFile as error:
-                raise LoadError(f"{path} is damaged: part {name}: {error}") from None
-            if _sha256(data) != digest:
+            part = _stored(contents, archive.getinfo(name), path)
+            if checksum(part) != digest:
                 raise LoadError(f"{path} was changed after kiln.save wrote it: part {name} does not "
-                                "have the hash its manifest lists")
-            parts[name] = data
+                                "have the checksum its manifest lists")
+            parts[name] = part
     return parts
 
 
