@@ -468,6 +468,18 @@ def test_an_entrys_tensors_come_back_as_written():
         packed_entry.loads(packed_entry.dumps(record, tensors) + bytes(64))
 
 
+@pytest.mark.cuda
+def test_an_entrys_gpu_tensors_come_back_on_their_gpu():
+    from kiln.frontend.torch import packed_entry
+
+    tensors = {0: torch.randn(3, 5, device="cuda").t(), 1: torch.tensor(2.5, device="cuda"),
+               2: torch.randn(4)}
+    assert all(packed_entry.packable(t) for t in tensors.values())
+    _, found = packed_entry.loads(packed_entry.dumps({"plan": "a record"}, tensors))
+    for k, t in tensors.items():
+        assert found[k].device == t.device and found[k].stride() == t.stride() and torch.equal(found[k], t)
+
+
 def test_an_entrys_tensors_are_views_of_its_memory_where_that_is_aligned_and_writable():
     from kiln.frontend.torch import packed_entry
 

@@ -1,17 +1,18 @@
-"""The graph cache's entry as bytes: a small record, then its large CPU tensors as raw bytes.
+"""The graph cache's entry as bytes: a small record, then its tensors as raw bytes.
 
 `dumps(record, tensors)` writes `record` (plain containers holding RunRecords, see
 `kiln.frontend.torch.run_record.dumps`) and the tensors of `tensors` (by plain keys), whose bytes
 follow the record unpickled: `loads` reads the record back with torch's weights-only
 unpickler, and each tensor as a view of the entry's own bytes (its dtype, sizes and strides as
 written) where those are writable memory aligned as torch's allocator aligns (as
-`kiln.runtime.cache.read_entry` returns them), else of one copy of them. Reading a tensor so
-costs nothing, where unpickling it costs the unpickler's work per tensor and copies; the
-tensors share the entry's memory, which lives as long as any of them.
+`kiln.runtime.cache.read_entry` returns them), else of one copy of them. Reading a CPU tensor
+so costs nothing, where unpickling it costs the unpickler's work per tensor and copies; the
+tensors share the entry's memory, which lives as long as any of them. A GPU tensor's bytes are
+written from the host and copied to its device when read.
 
 Layout: the record's length (8 bytes, little-endian), the record, padding to a multiple of
 `ALIGNMENT` bytes, then each tensor's bytes at an offset (from there, a multiple of
-`ALIGNMENT`) that the record lists with its dtype, sizes and strides.
+`ALIGNMENT`) that the record lists with its dtype, sizes, strides and device.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ kernels' vector loads and stores may assume it)."""
 
 
 def packable(t: torch.Tensor) -> bool:
-    """Whether `dumps` writes `t` as raw bytes: a dense CPU tensor that owns its whole storage
+    """Whether `dumps` writes `t` as raw bytes: a dense tensor that owns its whole storage
     (`kiln.runtime.plan.owned`) from its start."""
-    return (t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized and not t.requires_grad
+    return (t.layout == torch.strided and not t.is_quantized and not t.requires_grad
             and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes)
 
 
@@ -40,7 +41,7 @@ def dumps(record, tensors: dict) -> bytes:
         if not packable(t):
             raise ValueError(f"tensor {name!r} cannot be written as raw bytes")
         data = _storage_bytes(t)
-        described[name] = (t.dtype, tuple(t.shape), tuple(t.stride()), offset, len(data))
+        described[name] = (t.dtype, tuple(t.shape), tuple(t.stride()), offset, len(data), str(t.device))
         parts += [data, bytes(_padding(len(data)))]
         offset += len(data) + _padding(len(data))
     head = dumps_record({"record": record, "tensors": described})
@@ -56,15 +57,15 @@ def loads(data) -> tuple[object, dict]:
         raise ValueError("the entry is shorter than its record")
     head = loads_record(view[_LENGTH:_LENGTH + length])
     start = _LENGTH + length + _padding(_LENGTH + length)
-    end = max((start + offset + nbytes + _padding(nbytes) for _, _, _, offset, nbytes in head["tensors"].values()),
+    end = max((start + offset + nbytes + _padding(nbytes) for _, _, _, offset, nbytes, _ in head["tensors"].values()),
               default=start)
     if len(view) != end:
         raise ValueError(f"the entry has {len(view)} bytes, its record describes {end}")
     whole = _aligned(view) if head["tensors"] else None
     tensors = {}
-    for name, (dtype, shape, stride, offset, nbytes) in head["tensors"].items():
+    for name, (dtype, shape, stride, offset, nbytes, device) in head["tensors"].items():
         flat = whole[start + offset:start + offset + nbytes].view(dtype)
-        tensors[name] = flat.as_strided(shape, stride)
+        tensors[name] = flat.as_strided(shape, stride).to(device)
     return head["record"], tensors
 
 
@@ -86,6 +87,6 @@ def _aligned(view: memoryview) -> torch.Tensor:
 
 
 def _storage_bytes(t: torch.Tensor) -> bytes:
-    """The bytes of `t`'s whole storage."""
-    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    """The bytes of `t`'s whole storage (copied to the host from a GPU's)."""
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu()
     return raw.numpy().tobytes()
