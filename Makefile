@@ -25,7 +25,11 @@ demo: $(VENV)/.installed
 # (no GPU) proves that every CUDA kernel Kiln generates for them compiles.
 export KILN_NVRTC_CHECK ?= sm_80,sm_90
 
+# Kiln's modules compiled to bytecode first, as pip compiles an installed wheel's (an editable
+# install does not, and where PYTHONDONTWRITEBYTECODE is set every test process that starts
+# would compile them again: some 0.6 s each).
 test: $(VENV)/.installed-test
+	$(PY) -m compileall -q -j 0 core ops_builtin mappings_builtin mappings_aten plugins
 	$(PY) -m pytest -n $(JOBS) --dist worksteal -q --durations=10 $(PYTEST_ARGS)
 
 install: $(VENV)/.installed
