@@ -17,6 +17,9 @@ cache (built again only where that lost them). An entry holds:
   to hash the same, so what was computed from them is the caller's own. The other constants'
   values are not keyed: a model with other weights finds the same entry.
 
+`entry` makes an entry and `bound` binds one to a call; `kiln.save` writes entries too, for a
+model captured as several graphs, which `kiln.load(path, model=...)` serves from the file.
+
 Entries are the kind `graphs` of the kernel cache's root (`kiln.runtime.cache`): written
 atomically under the entry's lock, verified when read (a damaged or foreign entry is a miss),
 read back with torch's weights-only unpickler, and kept within KILN_GRAPH_CACHE_MB megabytes
@@ -28,8 +31,9 @@ over a graph, and skips the unmapped-operator check (which loads the plugins) fo
 
 The cache is on unless KILN_GRAPH_CACHE=0, `dynamo_config.graph_cache(False)` or torch.compile's
 `options={"graph_cache": False}`. A compile that prints a correctness report or dumps its
-stages (KILN_DUMP_DIR) does the whole work and is not cached; so is a graph that cannot be
-keyed (`graph_key.Uncacheable`, logged).
+stages (KILN_DUMP_DIR) does the whole work and is not cached (`used`); so is a graph that
+cannot be keyed (`graph_key.Uncacheable`, logged). A compile's `key` is found either way, for
+`kiln.save`.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+
+import torch
 
 from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
@@ -52,29 +58,30 @@ SUFFIX = ".plan"
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
-    """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
-    off or cannot serve it (the reason logged)."""
+    """The key of this compile (see `graph_key.graph_key`), whether or not the cache is `used`
+    (`kiln.save` keeps it), or None where the graph cannot be keyed (the reason logged)."""
     try:
-        return _key(gm, args, sizes, constant, reads, settings)
+        return graph_key(gm, args, sizes, constant, reads, settings)
     except Uncacheable as why:
-        logger.info("graph cache not used: %s", why)
+        logger.info("graph not keyed (not cached, nor saved by kiln.save with graph breaks): %s", why)
         return None
+
+
+def used(settings: Settings) -> bool:
+    """Whether compiles under `settings` are served by the cache and stored in it."""
+    return settings.graph_cache and not settings.correctness_report and not settings.dump_dir
 
 
 def holds(gm, args, sizes, constant, reads, settings: Settings) -> bool:
     """Whether an entry is stored under this compile's `key` (neither read nor checked: `lookup`
     does that), asked without logging."""
+    if not used(settings):
+        return False
     try:
-        found = _key(gm, args, sizes, constant, reads, settings)
+        found = graph_key(gm, args, sizes, constant, reads, settings)
     except Uncacheable:
         return False
-    return found is not None and cache.has_entry(KIND, found, SUFFIX)
-
-
-def _key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
-    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
-        return None
-    return graph_key(gm, args, sizes, constant, reads, settings)
+    return cache.has_entry(KIND, found, SUFFIX)
 
 
 def lookup(key: str, args) -> RunRecord | None:
@@ -85,33 +92,55 @@ def lookup(key: str, args) -> RunRecord | None:
         logger.info("graph cache miss: %s", key)
         return None
     try:
-        entry, packed = packed_entry.loads(data)
+        stored, packed = packed_entry.loads(data)
     except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
-    if _values_digest(args, entry["read"]) != entry["values"]:
-        logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, entry["read"])
+    run = stored["run"]
+    run = replace(run, plan=replace(run.plan, constants={**run.plan.constants, **packed}))
+    found = bound({**stored, "run": run}, args)
+    if found is None:
+        logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, run.read)
+    else:
+        logger.info("graph cache hit: %s", key)
+    return found
+
+
+def entry(run: RunRecord, constants: dict[int, torch.Tensor]) -> dict:
+    """What is kept of `run`, compiled for a call whose constants are `constants` (by position
+    among the graph's arguments): "run", the run with its plan's constants that are not among
+    `constants` (tensors computed while compiling), compact; "arguments", the plan's constant
+    slots that are among `constants`, with their positions; "values", the hashes of the constants
+    whose values the compile read (`run.read`). The graph cache stores entries, and `kiln.save`
+    writes them for a model with graph breaks."""
+    positions = {id(t): k for k, t in constants.items()}
+    arguments = {slot: positions[id(t)] for slot, t in run.plan.constants.items() if id(t) in positions}
+    kept = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in arguments}
+    return {"run": replace(run, plan=replace(run.plan, constants=kept)), "arguments": arguments,
+            "values": _values_digest(constants, run.read)}
+
+
+def bound(kept: dict, args) -> RunRecord | None:
+    """The run of the `entry` `kept`, its constant slots that are arguments bound to `args`'
+    tensors (sharing memory), where the constants its compile read have the values of `args`'
+    (else None)."""
+    run = kept["run"]
+    if _values_digest(args, run.read) != kept["values"]:
         return None
-    logger.info("graph cache hit: %s", key)
-    run = entry["run"]
-    bound = {slot: args[k] for slot, k in entry["arguments"].items()}
-    run.plan = replace(run.plan, constants={**run.plan.constants, **packed, **bound})
-    return run
+    arguments = {slot: args[k] for slot, k in kept["arguments"].items()}
+    return replace(run, plan=replace(run.plan, constants={**run.plan.constants, **arguments}))
 
 
-def store(key: str, run: RunRecord, args, constant_positions: list[int], read: list[int]) -> None:
-    """Keep `run` under `key`: its plan's constants that are arguments at `constant_positions`
-    as references to them, the others stored; `read` lists the constants whose values the
-    compile read."""
-    arguments = {id(args[k]): k for k in constant_positions}
-    references = {slot: arguments[id(t)] for slot, t in run.plan.constants.items() if id(t) in arguments}
-    stored = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in references}
-    packed = {slot: t for slot, t in stored.items() if packed_entry.packable(t)}
-    pickled = {slot: t for slot, t in stored.items() if slot not in packed}
-    entry = {"run": replace(run, plan=replace(run.plan, constants=pickled)), "arguments": references,
-             "read": read, "values": _values_digest(args, read)}
+def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
+    """Keep `run` under its key as the `entry` of a call whose constants are `constants`, the
+    CPU tensors it keeps as raw bytes (`packed_entry`)."""
+    kept = entry(run, constants)
+    plan = kept["run"].plan
+    packed = {slot: t for slot, t in plan.constants.items() if packed_entry.packable(t)}
+    pickled = {slot: t for slot, t in plan.constants.items() if slot not in packed}
+    kept["run"] = replace(kept["run"], plan=replace(plan, constants=pickled))
     try:
-        cache.write_entry(KIND, key, SUFFIX, packed_entry.dumps(entry, packed))
+        cache.write_entry(KIND, run.key, SUFFIX, packed_entry.dumps(kept, packed))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
@@ -125,8 +154,9 @@ def limit() -> int:
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:
-    """The hashes of the constants at `positions`, several at once on torch's threads where
-    they hold enough bytes (`kiln.runtime.threads`; hashing lets other threads run)."""
+    """The hashes of the constants at `positions` of `args` (a list, or a dict by position),
+    several at once on torch's threads where they hold enough bytes (`kiln.runtime.threads`;
+    hashing lets other threads run)."""
     workers = threads_for(len(positions), sum(args[k].nbytes for k in positions))
     if workers <= 1:
         return [tensor_digest(args[k]) for k in positions]
