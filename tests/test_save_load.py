@@ -218,6 +218,21 @@ def test_a_model_with_graph_breaks_whose_graphs_cannot_be_keyed_is_not_saved(tmp
     torch._dynamo.reset()
 
 
+def test_a_model_whose_folded_parameters_changed_since_it_compiled_is_not_saved(tmp_path):
+    """The plan holds the batch norm folded from the old statistics: saved with the new ones, it
+    would compute neither model."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        compiled(torch.randn(1, 3, 6, 6))
+        kiln.save(compiled, tmp_path / "m.kiln")
+        model[1].running_mean.add_(1)
+    with pytest.raises(SaveError, match="changed since: call the model once"):
+        kiln.save(compiled, tmp_path / "m.kiln")
+    torch._dynamo.reset()
+
+
 def test_load_refuses_other_files(tmp_path):
     torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a compiled model saved by kiln.save"):

@@ -482,7 +482,8 @@ class CompiledRun:
     made after that, which then replay, instead of one capture a call. The inputs at positions
     `moves` (CPU scalars of a graph on a GPU) are copied to their device first. `constants` holds
     the graph's constant arguments it was compiled for, by position (the parameters and buffers
-    that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`)."""
+    that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`; see
+    also `read_unchanged`)."""
 
     CAPTURES_KEPT = 4
     CAPTURES_MAX = 64
@@ -494,6 +495,7 @@ class CompiledRun:
         self.graph = graph
         self.record = record
         self.constants = constants or {}
+        self._read_state = _constants_state(self._read())
         self.positions = record.positions
         self.structure = record.structure
         self.writeback = record.writeback
@@ -515,6 +517,15 @@ class CompiledRun:
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
+
+    def read_unchanged(self) -> bool:
+        """Whether the constants whose values its compile read (`RunRecord.read`) have the
+        memory and versions they had then (else its plan holds what was computed from other
+        values)."""
+        return _unchanged(self._read(), self._read_state)
+
+    def _read(self) -> list[torch.Tensor]:
+        return [self.constants[k] for k in self.record.read if k in self.constants]
 
     def _capture(self, inputs: list[torch.Tensor]):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:

@@ -53,8 +53,10 @@ to the graphs saved: its code, the torch.compile arguments (`load`'s `compile_op
 Kiln, its plugins, torch, the settings (TF32 flags included) and the machine as they were, and
 calls with the inputs (shapes, dtypes; the sequence of shapes that made dynamo's sizes
 dynamic) the saved model had run; a graph the file does not hold is a LoadError at its first
-call, naming its inputs. Parameters the saved compile read (batch norms folded into
-convolutions, merged weights) must have the saved values; the others are the model's own.
+call, naming its inputs. Parameters a saved compile read (batch norms folded into
+convolutions, merged weights) must not have changed between that compile and `save` (call the
+model once after changing them), and must have the saved values when the model loads; the
+others are the model's own.
 """
 from __future__ import annotations
 
@@ -176,6 +178,10 @@ def _graph_record(run: CompiledRun, sources: list | None, parts: dict[str, bytes
     `parts`) and `sources`, how the model's arguments reach it (None for a graph of a model
     captured as several); a graph with sources keeps the parameters too, to run without the
     model."""
+    if not run.read_unchanged():
+        raise SaveError("kiln.save: parameters whose values the compile of a graph read (batch norms "
+                        "folded into convolutions, merged weights) changed since: call the model once "
+                        "(it compiles again), then save it")
     entry = graph_cache.entry(run.record, run.constants)
     plan = (run.record if sources is not None else entry["run"]).plan
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
