@@ -101,7 +101,8 @@ class SaveError(RuntimeError):
 
 class LoadError(ValueError):
     """A file `kiln.load` refuses: not a compiled model, of another format version, for another
-    machine, or changed since it was saved (which is said)."""
+    machine, or changed since it was saved (which is said); or, loaded with the model, a graph
+    it does not hold (raised at that graph's first call)."""
 
 
 def _graphs_of(module: torch.nn.Module) -> tuple[list[KilnFunction], bool]:
