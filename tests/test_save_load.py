@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import persist
+from kiln.frontend.torch import graph_cache, persist, registry as mapping_rules
+from kiln.frontend.torch.graph_key import Uncacheable
 from kiln.frontend.torch.persist import SaveError
 from kiln.runtime.cache import checksum
 from kiln.runtime.cpu import architecture
@@ -70,6 +71,86 @@ def test_a_saved_model_runs_in_a_fresh_process_with_zero_kernel_builds(tmp_path,
     assert not (tmp_path / "cache-load").exists()       # nothing built, nothing cached
 
 
+BREAKS = """
+import sys, torch, kiln
+from torch import nn
+torch.backends.cudnn.allow_tf32 = False
+device = sys.argv[-1]
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        # merged into one linear over their weights concatenated while compiling: the loaded
+        # graph computes that weight again from the loading model's
+        self.gate, self.up, self.norm = nn.Linear(16, 4), nn.Linear(16, 4), nn.LayerNorm(4)
+
+    def forward(self, x):
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        h = torch.tanh(h) * 2           # a graph that reads no parameter
+        if h.sum().item() > -1e9:       # data-dependent: Python decides, between two graphs
+            h = h + 1
+        return self.norm(self.gate(h) * self.up(h))
+"""
+
+SAVE_BREAKS = BREAKS + """
+torch.manual_seed(0)
+compiled = torch.compile(Model().eval().to(device), backend="kiln")
+with torch.no_grad():
+    for n in (2, 5, 2):     # 5: dynamo makes the batch size dynamic; 2 again: the dynamic graphs' run for 2
+        compiled(torch.randn(n, 8, device=device))
+kiln.save(compiled, sys.argv[1])
+"""
+
+LOAD_BREAKS = BREAKS + """
+import kiln.runtime.cpu, kiln.runtime.cuda
+from kiln.frontend.torch.persist import LoadError
+def no_build(*args, **kwargs):
+    raise AssertionError("kiln.load built a kernel")
+kiln.runtime.cpu.build_shared_library = kiln.runtime.cuda.compile_cubin = no_build
+torch.manual_seed(1)        # other weights than the saved model's: the loaded graphs run the model's own
+model = Model().eval().to(device)
+try:
+    kiln.load(sys.argv[1])
+    raise AssertionError("a file of several graphs loaded without the model")
+except LoadError as error:
+    assert "pass the model: kiln.load(path, model=model)" in str(error), error
+loaded = kiln.load(sys.argv[1], model=model)
+with torch.no_grad():
+    for n in (2, 5, 2, 5):
+        x = torch.randn(n, 8, device=device)
+        for _ in range(2):      # on a GPU: the CUDA graphs' capture, then their replays
+            torch.testing.assert_close(loaded(x), model(x), atol=1e-4, rtol=1e-4)
+    try:
+        loaded(torch.randn(3, 8, device=device))
+        raise AssertionError("a graph the file does not hold ran")
+    except LoadError as error:
+        print("refused:", error)
+print("loaded ok")
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_model_with_graph_breaks_runs_in_a_fresh_process_from_its_saved_graphs(tmp_path, device):
+    """dynamo traces the model again, and each of its graphs (one of them reads no parameter)
+    is served from the file with the loading model's parameters, building no kernel; a graph
+    the file does not hold (a batch size the saved model never ran) is a LoadError naming its
+    inputs, and so is loading the file without the model."""
+    model = tmp_path / "model.kiln"
+    saved = _python(SAVE_BREAKS, model, device, cache=tmp_path / "cache-save")
+    assert saved.returncode == 0, saved.stderr
+    loaded = _python(LOAD_BREAKS, model, device, cache=tmp_path / "cache-load", KILN_LOG="info")
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded ok" in loaded.stdout
+    assert ("refused: " + f"{model} holds no graph like the one dynamo traced for inputs 3, float32[3, 8]: "
+            "the file was saved from another model") in loaded.stdout
+    assert loaded.stderr.count("graph served from") >= 3      # the three graphs' runs at least
+    assert "kernel cache miss" not in loaded.stderr and "stage build" not in loaded.stderr
+    assert not (tmp_path / "cache-load").exists()       # nothing built, nothing cached
+
+
 @pytest.fixture
 def compiled():
     torch._dynamo.reset()
@@ -91,6 +172,87 @@ def test_a_loaded_model_refuses_inputs_it_was_not_compiled_for(saved):
     torch.testing.assert_close(loaded(x), eager(x).detach())
     with pytest.raises(ValueError, match=r"compiled for inputs float32\[2, 4\], not float32\[3, 4\]"):
         loaded(torch.randn(3, 4))
+
+
+@pytest.fixture
+def plugins_rules_only(monkeypatch):
+    """The mapping rules the plugins' alone: rules other test modules declared leave graphs
+    unkeyed, and `kiln.load(path, model=...)` finds graphs by their keys."""
+    monkeypatch.setattr(mapping_rules, "_declared", [])
+    monkeypatch.setattr(mapping_rules, "_live", None)
+
+
+def test_a_file_of_one_graph_loads_with_the_model_too_and_runs_its_parameters(plugins_rules_only, saved,
+                                                                               monkeypatch):
+    path, eager, x = saved
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("kiln.load built a kernel")
+    monkeypatch.setattr(kiln.runtime.cpu, "build_shared_library", no_build)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager[0].weight.mul_(2)         # the model's own parameters, not the saved ones
+        torch.testing.assert_close(kiln.load(path, model=eager)(x), eager(x))
+
+
+class _Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.linear(x)
+        torch._dynamo.graph_break()
+        return h.relu()
+
+
+def test_a_model_with_graph_breaks_whose_graphs_cannot_be_keyed_is_not_saved(tmp_path, monkeypatch):
+    """Its graphs are found by their keys when it loads: without them the file would be useless."""
+    def unkeyable(*args):
+        raise Uncacheable("a test's reason")
+    monkeypatch.setattr(graph_cache, "graph_key", unkeyable)
+    torch._dynamo.reset()
+    model = torch.compile(_Broken().eval(), backend="kiln")
+    with torch.no_grad():
+        model(torch.randn(2, 4))
+    with pytest.raises(SaveError, match="captured as several graphs .* could not be keyed when they compiled"):
+        kiln.save(model, tmp_path / "m.kiln")
+    torch._dynamo.reset()
+
+
+def test_a_model_whose_folded_parameters_changed_since_it_compiled_is_not_saved(tmp_path):
+    """The plan holds the batch norm folded from the old statistics: saved with the new ones, it
+    would compute neither model."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        compiled(torch.randn(1, 3, 6, 6))
+        kiln.save(compiled, tmp_path / "m.kiln")
+        model[1].running_mean.add_(1)
+    with pytest.raises(SaveError, match="parameters changed since its graphs compiled .*: call the model once"):
+        kiln.save(compiled, tmp_path / "m.kiln")
+    torch._dynamo.reset()
+
+
+def test_graphs_compiled_before_the_parameters_changed_are_left_out(tmp_path):
+    """The graph compiled for one batch before the statistics changed is left out; the one
+    compiled for another batch since computes the model as it is."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    compiled = torch.compile(model, backend="kiln")
+    old, new = torch.randn(1, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        compiled(old)
+        model[1].running_mean.add_(1)
+        compiled(new)
+    kiln.save(compiled, tmp_path / "m.kiln")
+    loaded = kiln.load(tmp_path / "m.kiln")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(new), model(new), atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="compiled for inputs"):
+            loaded(old)
+    torch._dynamo.reset()
 
 
 def test_load_refuses_other_files(tmp_path):

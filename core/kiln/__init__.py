@@ -2,7 +2,8 @@
 
 `import kiln` loads no plugin; the first use of `kiln.ops`, of the torch mapping registry or of
 the torch.compile backend discovers them. `kiln.save(compiled_model, path)` and
-`kiln.load(path)` keep a compiled model for another process; `kiln.log` is the logger `kiln`;
+`kiln.load(path)` keep a compiled model for another process (`kiln.load(path, model=model)` for
+one with graph breaks); `kiln.log` is the logger `kiln`;
 `kiln.settings` holds every setting (environment variables as defaults, `kiln.settings.patch`).
 """
 

@@ -42,12 +42,14 @@ def graph_cache(tmp_path, monkeypatch, caplog):
 
 
 def events(caplog) -> list[str]:
-    """'hit', 'miss' or 'not used' for each compile that asked the graph cache, in order."""
+    """'hit', 'miss' or 'not keyed' for each compile that asked the graph cache or could not,
+    in order."""
     found = []
     for record in caplog.records:
         message = record.getMessage()
-        for event in ("hit", "miss", "not used"):
-            if message.startswith(f"graph cache {event}"):
+        for event, prefix in (("hit", "graph cache hit"), ("miss", "graph cache miss"),
+                              ("not keyed", "graph not keyed")):
+            if message.startswith(prefix):
                 found.append(event)
     return found
 
@@ -189,7 +191,7 @@ def test_weights_concatenated_at_compile_time_are_computed_again_from_the_caller
     assert not torch.allclose(out, model(x))
     (path,) = (graph_cache / "graphs").rglob("*.plan")
     entry, packed = packed_entry.loads(path.read_bytes())
-    assert entry["read"] == [] and entry["folds"] is not None
+    assert entry["run"].read == [] and entry["folds"] is not None
     stored = [*packed.values(), *entry["run"].plan.constants.values()]
     assert not [t for t in stored if t.shape[0] == 16]         # the concatenated weight is not stored
 
@@ -260,8 +262,8 @@ def test_what_the_key_cannot_describe_compiles_uncached(graph_cache, caplog):
         return x * kiln.ops.sigmoid(x)
 
     compiled(model, x)
-    reasons = messages(caplog, "graph cache not used")
-    assert events(caplog) == ["not used", "not used"]
+    reasons = messages(caplog, "graph not keyed")
+    assert events(caplog) == ["not keyed", "not keyed"]
     assert "instruments" in reasons[0] and "mapping rules declared outside a plugin" in reasons[1]
 
 

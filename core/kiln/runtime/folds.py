@@ -96,9 +96,10 @@ class FoldPlan:
     arguments: list[int]
     slots: list[int]
 
-    def computed(self, args) -> dict[int, torch.Tensor]:
-        """The constants by slot, computed from `args` (the compiled graph's arguments)."""
-        outputs = self.plan.assemble().run([args[k] for k in self.arguments])
+    def computed(self, args, kernels=None) -> dict[int, torch.Tensor]:
+        """The constants by slot, computed from `args` (the compiled graph's arguments) by
+        `kernels` (`Plan.assemble`'s: the plan's own by default)."""
+        outputs = self.plan.assemble(kernels).run([args[k] for k in self.arguments])
         return dict(zip(self.slots, outputs))
 
 

@@ -22,7 +22,9 @@ Before it traces a graph for an input signature, a KilnFunction asks the whole-g
 (`kiln.frontend.torch.graph_cache`) for the plan compiled before for the same graph, inputs,
 settings and code: a hit skips mapping, graph passes, scheduling and rendering. A graph the
 cache holds is not checked for unmapped operators when dynamo hands it over (it compiled
-before), so a process whose graphs all hit never loads the plugins.
+before), so a process whose graphs all hit never loads the plugins. `kiln.load(path,
+model=...)` compiles a model with a backend whose KilnFunctions take every plan from a file
+`kiln.save` wrote, found by the same key (`KilnFunction`'s `saved`).
 
 A graph is compiled under torch's TF32 flags as they are when dynamo hands it over
 (`kiln.frontend.torch.config.FROM_TORCH`). Dynamo compiles again when the matmul flag changes,
@@ -73,25 +75,28 @@ _warned: set[str] = set()
 
 
 def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
-                 mode: str | None = None):
-    """Compile a dynamo graph with Kiln under torch.compile's `mode` and `options`."""
+                 mode: str | None = None, saved=None):
+    """Compile a dynamo graph with Kiln under torch.compile's `mode` and `options`; with `saved`
+    (see `KilnFunction`), its plans come from a file `kiln.save` wrote instead."""
     settings = dynamo_config.resolve(options, mode)
     followed = dynamo_config.followed(options)
     if settings.print_input_graph:
         print(input_graph_table(gm))
     mutations = view_mutations(gm)
     if mutations:
-        return _functionalized(gm, example_inputs, settings, mutations, followed)
+        return _functionalized(gm, example_inputs, settings, mutations, followed, saved)
     if needs_autograd(gm, example_inputs) or draws_random_numbers(gm):
         return compile_for_training(
             gm, example_inputs,
             lambda graph, examples, lent_from=None, static_inputs=(): compile_graph(
-                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs, followed=followed))
-    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs), followed=followed)
+                graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs, followed=followed,
+                saved=saved))
+    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs),
+                         followed=followed, saved=saved)
 
 
 def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str],
-                    followed: dict | None = None):
+                    followed: dict | None = None, saved=None):
     """`gm`, which changes tensors in place through views (`mutations`), compiled through
     AOTAutograd, whose functionalization rewrites views and in-place changes into pure
     operations and copies the new values into the caller's inputs after each call (without
@@ -105,7 +110,7 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
         return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
-                             static_inputs, followed)
+                             static_inputs, followed, saved)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
@@ -135,20 +140,22 @@ def _aten_constants(graph: GraphModule, gm: GraphModule, constants: set[str]) ->
 
 def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
                   constants: set[str] = frozenset(), lent_from: int | None = None, static_inputs=(),
-                  followed: dict | None = None):
+                  followed: dict | None = None, saved=None):
     """`gm` (a dynamo graph, or one of AOTAutograd's ATen graphs) compiled by Kiln, or, with
     fallback_to_eager, split between Kiln and PyTorch; `constants` names the placeholders
     holding parameters and buffers; the outputs from position `lent_from` on (a training
     forward's values saved for the backward, a backward's gradients) are lent by CUDA graphs
     instead of copied; the inputs at positions `static_inputs` (parameters) keep their memory
     from call to call, and CUDA graphs read them in place; the settings `followed` (name ->
-    reader of torch's flag: `DynamoConfig.followed`) are read again at each call."""
+    reader of torch's flag: `DynamoConfig.followed`) are read again at each call; the plans come
+    from `saved` where given (see `KilnFunction`)."""
     if not settings.fallback_to_eager:
         function = KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs,
-                                followed=followed)
+                                followed=followed, saved=saved)
         # a graph the whole-graph cache holds compiled before had every node mapped: its hit
-        # needs no mapping rule, and the plugins are not loaded for it
-        if not function.cached(example_inputs):
+        # needs no mapping rule, and the plugins are not loaded for it; nor for a graph served
+        # from a saved file (the file holds its plan, or its first call is an error)
+        if saved is None and not function.cached(example_inputs):
             unmapped = Interpreter(gm).unmapped()
             if unmapped:
                 raise UnmappedOperatorError(unmapped)
@@ -159,11 +166,12 @@ def compile_graph(gm: GraphModule, example_inputs, settings: Settings,
         for_pytorch = nodes_for_pytorch(gm, example_inputs, constants)
     if not for_pytorch:
         return KilnFunction(gm, settings, constants, lent_from=lent_from, static_inputs=static_inputs,
-                            followed=followed)
+                            followed=followed, saved=saved)
     reasons = "\n  ".join(f"{n.name}: {why}" for n, why in for_pytorch.items())
     _warn_once(f"Kiln runs these nodes in PyTorch:\n  {reasons}")
     left = left_to_pytorch(gm, for_pytorch)
-    return split(gm, set(for_pytorch), lambda part: KilnFunction(part, settings, constants, left, followed=followed))
+    return split(gm, set(for_pytorch),
+                 lambda part: KilnFunction(part, settings, constants, left, followed=followed, saved=saved))
 
 
 def _warn_once(message: str) -> None:
@@ -216,15 +224,21 @@ class KilnFunction:
     flag: `DynamoConfig.followed`) to their flags' readers; each compile reads them. `follows`
     lists those that some plan of the graph depends on (`RunRecord.permissions`, learned as
     plans are made): from then on each call reads their flags, and their values join the key
-    of `graphs`, so that a call after a flag changed gets the plan made for the new value."""
+    of `graphs`, so that a call after a flag changed gets the plan made for the new value.
+
+    With `saved` (`kiln.frontend.torch.persist.SavedGraphs`: the graphs of a file `kiln.save`
+    wrote), each signature's plan comes from the file, found by its whole-graph key: nothing is
+    mapped, optimized or built (`saved.served(key, args, inputs)` gives the CompiledGraph and
+    RunRecord, or raises LoadError)."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, gm: GraphModule, settings: Settings, constants: set[str] = frozenset(),
                  left_to_pytorch: list[dict] | None = None, lent_from: int | None = None, static_inputs=(),
-                 followed: dict | None = None):
+                 followed: dict | None = None, saved=None):
         self.gm = gm
         self.settings = settings
+        self.saved = saved
         self.followed = dict(followed or {})
         self.follows: tuple[str, ...] = ()
         self.left_to_pytorch = left_to_pytorch or []
@@ -333,19 +347,23 @@ class KilnFunction:
 
     def _compile(self, args) -> CompiledRun:
         """A new CompiledRun for the call `args`, compiled under the graph's settings (or served
-        by the whole-graph cache)."""
+        by the whole-graph cache, or by `saved`)."""
         settings = self.settings_now()
         with applied(settings):
             return self._compile_now(args, settings)
 
     def _compile_now(self, args, settings: Settings) -> CompiledRun:
         described = [_describe_arg(a) for a in args]
-        logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
-                    ", ".join(described))
-        self.constant_ids |= {id(a) for a, c in zip(args, self.constant) if c}
+        self.constant_ids |= {id(args[k]) for k in self._constant_positions}
         sizes = input_sizes(self.gm, args)
         key = graph_cache.key(self.gm, args, sizes, self.constant, self._read_positions, settings)
-        if key is not None:
+        if self.saved is not None:
+            inputs = ", ".join(described[k] for k in self._input_positions) or "none"
+            return self._run(*self.saved.served(key, args, inputs), args)
+        logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
+                    ", ".join(described))
+        cached = key is not None and graph_cache.used(settings)
+        if cached:
             with stage("graph cache"):
                 record = graph_cache.lookup(key, args)
                 if record is not None:
@@ -353,6 +371,8 @@ class KilnFunction:
         folder = dump_folder()
         with recording() as record:
             traced, traced_values, graph, run = self._trace_and_build(args, sizes, key, folder, settings)
+        if cached:
+            graph_cache.store(run.record, run.constants)
         publish(compile_summary(self.gm, self.compile_id, described, self.left_to_pytorch, traced,
                                 graph, record, folder), self.compile_id)
         if folder is not None:
@@ -363,9 +383,8 @@ class KilnFunction:
 
     def _trace_and_build(self, args, sizes, key, folder, settings: Settings):
         """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
-        CompiledRun, for the call `args` of input `sizes` under `settings`; the run's record
-        stored in the graph cache under `key` (when not None); each pass's graph written to
-        `folder`."""
+        CompiledRun, for the call `args` of input `sizes` under `settings` (the compile's
+        whole-graph `key` kept in its record); each pass's graph written to `folder`."""
         values, inputs, positions = [], [], []
         # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them, and
         # so is a CPU tensor that only indexes others, as PyTorch's indexing copies it there
@@ -405,12 +424,17 @@ class KilnFunction:
             compiled = graph.compile(settings)
         structure = map_aggregate(result, lambda v: Output() if isinstance(v, Tensor) else _plain(v))
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
-                           _leaves_from(result, self.lent_from), tuple(sorted(permissions(traced))))
-        run = self._run(compiled, record, args, graph)
-        if key is not None:
-            graph_cache.store(key, record, args, self._constant_positions,
-                              [k for k in self._constant_positions if id(args[k]) in reads])
-        return traced, traced_values, graph, run
+                           _leaves_from(result, self.lent_from), tuple(sorted(permissions(traced))), key,
+                           self._values_read(compiled.plan, args, reads))
+        return traced, traced_values, graph, self._run(compiled, record, args, graph)
+
+    def _values_read(self, plan, args, reads: set[int]) -> list[int]:
+        """The positions of the constants whose values a compile of `args` read (`reads`: see
+        `kiln.tensor.recording_reads`) or that a constant of its `plan` computed from them holds
+        (one that no fold plan computes again: `graph_cache.folded`)."""
+        constants = {k: args[k] for k in self._constant_positions}
+        _, held = graph_cache.folded(plan, constants)
+        return sorted({k for k, t in constants.items() if id(t) in reads} | set(held))
 
     def _complex_input(self, k: int, arg: torch.Tensor) -> str:
         """Why the complex input at position `k` cannot be compiled, naming the nodes reading it."""
@@ -423,17 +447,21 @@ class KilnFunction:
              graph: FlowGraph | None = None) -> CompiledRun:
         """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
         CUDA graph where the settings say so and its inputs are on CUDA."""
-        return compiled_run(compiled, record, args, self.settings.use_cuda_graph, graph, self.static_inputs)
+        return compiled_run(compiled, record, args, self.settings.use_cuda_graph, graph, self.static_inputs,
+                            self._constant_positions)
 
 
 def compiled_run(compiled: CompiledGraph, record: RunRecord, args, use_cuda_graph: bool,
-                 graph: FlowGraph | None = None, static_inputs=frozenset()) -> CompiledRun:
-    """The CompiledRun of `compiled` for calls like `args` (the graph's arguments), captured as
-    a CUDA graph on them where `use_cuda_graph` and its inputs are on CUDA."""
+                 graph: FlowGraph | None = None, static_inputs=frozenset(),
+                 constant_positions=()) -> CompiledRun:
+    """The CompiledRun of `compiled` for calls like `args` (the graph's arguments, of which those
+    at `constant_positions` are its constants), captured as a CUDA graph on them where
+    `use_cuda_graph` and its inputs are on CUDA."""
     examples = [args[p].to(record.moves[j]) if j in record.moves else args[p]
                 for j, p in enumerate(record.positions)]
     on_cuda = bool(examples) and all(t.is_cuda for t in examples)
-    return CompiledRun(compiled, record, examples if use_cuda_graph and on_cuda else None, graph, static_inputs)
+    return CompiledRun(compiled, record, examples if use_cuda_graph and on_cuda else None, graph, static_inputs,
+                       {k: args[k] for k in constant_positions})
 
 
 class CompiledRun:
@@ -460,17 +488,22 @@ class CompiledRun:
     a CUDA graph. An input that came at new memory MOVES_BEFORE_COPY times
     (FSDP's parameters, gathered into new memory at every step) is copied in by the captures
     made after that, which then replay, instead of one capture a call. The inputs at positions
-    `moves` (CPU scalars of a graph on a GPU) are copied to their device first."""
+    `moves` (CPU scalars of a graph on a GPU) are copied to their device first. `constants` holds
+    the graph's constant arguments it was compiled for, by position (the parameters and buffers
+    that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`; see
+    also `constants_unchanged`)."""
 
     CAPTURES_KEPT = 4
     CAPTURES_MAX = 64
     MOVES_BEFORE_COPY = 2
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
-                 graph: FlowGraph | None = None, static_inputs=frozenset()):
+                 graph: FlowGraph | None = None, static_inputs=frozenset(), constants: dict | None = None):
         self.compiled = compiled
         self.graph = graph
         self.record = record
+        self.constants = constants or {}
+        self._constants_state = _constants_state(list(self.constants.values()))
         self.positions = record.positions
         self.structure = record.structure
         self.writeback = record.writeback
@@ -492,6 +525,12 @@ class CompiledRun:
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
+
+    def constants_unchanged(self) -> bool:
+        """Whether its constant arguments have the memory and versions they had when it was
+        compiled (else its plan may hold what was computed from other values: folded batch
+        norms, merged weights)."""
+        return _unchanged(list(self.constants.values()), self._constants_state)
 
     def _capture(self, inputs: list[torch.Tensor]):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:

@@ -9,9 +9,8 @@ cache (built again only where that lost them). An entry holds:
   as they are: each hit binds the caller's, sharing memory), tensors that kernels computed
   from those while compiling (folded batch norms, merged weights: the entry holds the plan of
   those kernel runs, `kiln.runtime.folds.fold_plan`, and each hit runs it on the caller's
-  parameters), or others, stored (those on the CPU as raw bytes beside the pickled record,
-  `kiln.frontend.torch.packed_entry`, read back as views of the entry's bytes, copying
-  nothing);
+  parameters), or others, stored (as raw bytes beside the pickled record,
+  `kiln.frontend.torch.packed_entry`, CPU tensors read back as views of the entry's bytes);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
@@ -19,6 +18,9 @@ cache (built again only where that lost them). An entry holds:
   of those values: a hit needs the caller's to hash the same, so what was computed from them is
   the caller's own. The other constants' values are not keyed: a model with other weights finds
   the same entry.
+
+`entry` makes an entry and `bound` binds one to a call; `kiln.save` writes entries too, for a
+model captured as several graphs, which `kiln.load(path, model=...)` serves from the file.
 
 Entries are the kind `graphs` of the kernel cache's root (`kiln.runtime.cache`): written
 atomically under the entry's lock, verified when read (a damaged or foreign entry is a miss),
@@ -31,8 +33,9 @@ over a graph, and skips the unmapped-operator check (which loads the plugins) fo
 
 The cache is on unless KILN_GRAPH_CACHE=0, `dynamo_config.graph_cache(False)` or torch.compile's
 `options={"graph_cache": False}`. A compile that prints a correctness report or dumps its
-stages (KILN_DUMP_DIR) does the whole work and is not cached; so is a graph that cannot be
-keyed (`graph_key.Uncacheable`, logged).
+stages (KILN_DUMP_DIR) does the whole work and is not cached (`used`); so is a graph that
+cannot be keyed (`graph_key.Uncacheable`, logged). A compile's `key` is found either way, for
+`kiln.save`.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ import pickle
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+
+import torch
 
 from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
@@ -58,29 +63,30 @@ _FOLD = "fold "
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
-    """The cache key of this compile (see `graph_key.graph_key`), or None where the cache is
-    off or cannot serve it (the reason logged)."""
+    """The key of this compile (see `graph_key.graph_key`), whether or not the cache is `used`
+    (`kiln.save` keeps it), or None where the graph cannot be keyed (the reason logged)."""
     try:
-        return _key(gm, args, sizes, constant, reads, settings)
+        return graph_key(gm, args, sizes, constant, reads, settings)
     except Uncacheable as why:
-        logger.info("graph cache not used: %s", why)
+        logger.info("graph not keyed (not cached, nor saved by kiln.save with graph breaks): %s", why)
         return None
+
+
+def used(settings: Settings) -> bool:
+    """Whether compiles under `settings` are served by the cache and stored in it."""
+    return settings.graph_cache and not settings.correctness_report and not settings.dump_dir
 
 
 def holds(gm, args, sizes, constant, reads, settings: Settings) -> bool:
     """Whether an entry is stored under this compile's `key` (neither read nor checked: `lookup`
     does that), asked without logging."""
+    if not used(settings):
+        return False
     try:
-        found = _key(gm, args, sizes, constant, reads, settings)
+        found = graph_key(gm, args, sizes, constant, reads, settings)
     except Uncacheable:
         return False
-    return found is not None and cache.has_entry(KIND, found, SUFFIX)
-
-
-def _key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
-    if not settings.graph_cache or settings.correctness_report or settings.dump_dir:
-        return None
-    return graph_key(gm, args, sizes, constant, reads, settings)
+    return cache.has_entry(KIND, found, SUFFIX)
 
 
 def lookup(key: str, args) -> RunRecord | None:
@@ -91,48 +97,81 @@ def lookup(key: str, args) -> RunRecord | None:
         logger.info("graph cache miss: %s", key)
         return None
     try:
-        entry, packed = packed_entry.loads(data)
+        stored, packed = packed_entry.loads(data)
     except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
-    if _values_digest(args, entry["read"]) != entry["values"]:
-        logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, entry["read"])
-        return None
-    logger.info("graph cache hit: %s", key)
-    run = entry["run"]
-    bound = {slot: args[k] for slot, k in entry["arguments"].items()}
-    computed = {}
-    if entry.get("folds") is not None:
-        folds = FoldPlan(**entry["folds"])
-        held = {int(name[len(_FOLD):]): t for name, t in packed.items() if isinstance(name, str)}
-        folds.plan = replace(folds.plan, constants={**folds.plan.constants, **held})
-        computed = folds.computed(args)
-    own = {slot: t for slot, t in packed.items() if not isinstance(slot, str)}
-    run.plan = replace(run.plan, constants={**run.plan.constants, **own, **bound, **computed})
-    return run
+    stored["run"] = replace(stored["run"], plan=_unpacked(stored["run"].plan, packed, ""))
+    if stored.get("folds") is not None:
+        stored["folds"] = {**stored["folds"], "plan": _unpacked(stored["folds"]["plan"], packed, _FOLD)}
+    found = bound(stored, args)
+    if found is None:
+        logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, stored["run"].read)
+    else:
+        logger.info("graph cache hit: %s", key)
+    return found
 
 
-def store(key: str, run: RunRecord, args, constant_positions: list[int], read: list[int]) -> None:
-    """Keep `run` under `key`: its plan's constants that are arguments at `constant_positions`
-    as references to them, the others stored; `read` lists the constants whose values the
-    compile read."""
-    arguments = {id(args[k]): k for k in constant_positions}
-    constants = run.plan.constants
-    references = {slot: arguments[id(t)] for slot, t in constants.items() if id(t) in arguments}
-    folds = fold_plan({slot: t for slot, t in constants.items() if slot not in references}, arguments)
-    recomputed = set(folds.slots) if folds else set()
-    stored = {slot: t for slot, t in constants.items() if slot not in references and slot not in recomputed}
-    # a folded constant stored as it is holds the values of the arguments it was computed from
-    read = sorted({*read, *(arguments[id(s)] for t in stored.values() for s in sources(t) if id(s) in arguments)})
-    run_plan, packed = _packed(replace(run.plan, constants=stored), "")
-    entry = {"run": replace(run, plan=run_plan), "arguments": references, "read": read,
-             "values": _values_digest(args, read), "folds": None}
+def folded(plan: Plan, constants: dict[int, torch.Tensor]) -> tuple[FoldPlan | None, list[int]]:
+    """The plan of the kernel runs that computed some of `plan`'s constants from `constants` (by
+    position among the graph's arguments) while compiling (`kiln.runtime.folds.fold_plan`), and
+    the positions of the constants that its other constants were computed from (those hold
+    their values: a call with other values of them needs another plan)."""
+    positions = {id(t): k for k, t in constants.items()}
+    computed = {slot: t for slot, t in plan.constants.items() if id(t) not in positions}
+    folds = fold_plan(computed, positions)
+    again = set(folds.slots) if folds else set()
+    held = {positions[id(s)] for slot, t in computed.items() if slot not in again for s in sources(t)
+            if id(s) in positions}
+    return folds, sorted(held)
+
+
+def entry(run: RunRecord, constants: dict[int, torch.Tensor]) -> dict:
+    """What is kept of `run`, compiled for a call whose constants are `constants` (by position
+    among the graph's arguments): "run", the run with its plan's constants that are neither among
+    `constants` nor computed again by "folds" (the `folded` plan: "plan", and its "arguments"
+    and the "slots" it computes), compact; "arguments", the plan's constant slots that are among
+    `constants`, with their positions; "values", the hashes of the constants whose values the
+    compile read (`run.read`). The graph cache stores entries, and `kiln.save` writes them for a
+    model with graph breaks."""
+    positions = {id(t): k for k, t in constants.items()}
+    arguments = {slot: positions[id(t)] for slot, t in run.plan.constants.items() if id(t) in positions}
+    folds, _ = folded(run.plan, constants)
+    again = set(folds.slots) if folds else set()
+    kept = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in arguments and slot not in again}
+    found = {"run": replace(run, plan=replace(run.plan, constants=kept)), "arguments": arguments,
+             "values": _values_digest(constants, run.read), "folds": None}
     if folds is not None:
-        folds_plan, held = _packed(folds.plan, _FOLD)
-        entry["folds"] = {"plan": folds_plan, "arguments": folds.arguments, "slots": folds.slots}
+        plan = replace(folds.plan, constants={slot: owned(t) for slot, t in folds.plan.constants.items()})
+        found["folds"] = {"plan": plan, "arguments": folds.arguments, "slots": folds.slots}
+    return found
+
+
+def bound(kept: dict, args, fold_kernels=None) -> RunRecord | None:
+    """The run of the `entry` `kept`, its constant slots that are arguments bound to `args`'
+    tensors (sharing memory) and those its fold plan computes computed from `args` (by
+    `fold_kernels`, its plan's own by default), where the constants its compile read have the
+    values of `args`' (else None)."""
+    run = kept["run"]
+    if _values_digest(args, run.read) != kept["values"]:
+        return None
+    arguments = {slot: args[k] for slot, k in kept["arguments"].items()}
+    computed = FoldPlan(**kept["folds"]).computed(args, fold_kernels) if kept.get("folds") else {}
+    return replace(run, plan=replace(run.plan, constants={**run.plan.constants, **arguments, **computed}))
+
+
+def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
+    """Keep `run` under its key as the `entry` of a call whose constants are `constants`, the
+    tensors it keeps as raw bytes (`packed_entry`) where they can be."""
+    kept = entry(run, constants)
+    plan, packed = _packed(kept["run"].plan, "")
+    kept["run"] = replace(kept["run"], plan=plan)
+    if kept["folds"] is not None:
+        plan, held = _packed(kept["folds"]["plan"], _FOLD)
+        kept["folds"] = {**kept["folds"], "plan": plan}
         packed.update(held)
     try:
-        cache.write_entry(KIND, key, SUFFIX, packed_entry.dumps(entry, packed))
+        cache.write_entry(KIND, run.key, SUFFIX, packed_entry.dumps(kept, packed))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
@@ -141,11 +180,21 @@ def store(key: str, run: RunRecord, args, constant_positions: list[int], read: l
 
 def _packed(plan: Plan, prefix: str) -> tuple[Plan, dict]:
     """`plan` holding only its constants that are not written as raw bytes, and those, by their
-    slot (with `prefix`, a string, where it is not empty)."""
-    stored = {slot: owned(t) for slot, t in plan.constants.items()}
-    packed = {f"{prefix}{slot}" if prefix else slot: t for slot, t in stored.items() if packed_entry.packable(t)}
-    pickled = {slot: t for slot, t in stored.items() if not packed_entry.packable(t)}
+    slot (named with `prefix` where it is not empty)."""
+    packed = {f"{prefix}{slot}" if prefix else slot: t for slot, t in plan.constants.items() if packed_entry.packable(t)}
+    pickled = {slot: t for slot, t in plan.constants.items() if not packed_entry.packable(t)}
     return replace(plan, constants=pickled), packed
+
+
+def _unpacked(plan: Plan, packed: dict, prefix: str) -> Plan:
+    """`plan` holding its constants of `packed` again (named with `prefix` where it is not
+    empty, else by their slots)."""
+    if prefix:
+        mine = {int(name[len(prefix):]): t for name, t in packed.items()
+                if isinstance(name, str) and name.startswith(prefix)}
+    else:
+        mine = {slot: t for slot, t in packed.items() if not isinstance(slot, str)}
+    return replace(plan, constants={**plan.constants, **mine})
 
 
 def limit() -> int:
@@ -155,8 +204,9 @@ def limit() -> int:
 
 
 def _values_digest(args, positions: list[int]) -> list[str]:
-    """The hashes of the constants at `positions`, several at once on torch's threads where
-    they hold enough bytes (`kiln.runtime.threads`; hashing lets other threads run)."""
+    """The hashes of the constants at `positions` of `args` (a list, or a dict by position),
+    several at once on torch's threads where they hold enough bytes (`kiln.runtime.threads`;
+    hashing lets other threads run)."""
     workers = threads_for(len(positions), sum(args[k].nbytes for k in positions))
     if workers <= 1:
         return [tensor_digest(args[k]) for k in positions]

@@ -2,13 +2,24 @@
 without compiling again.
 
 `save` takes a model compiled with `torch.compile(model, backend="kiln")` that has run: for
-each input signature Kiln compiled, the file holds its run (`kiln.frontend.torch.run_record`:
-the plan with the kernels' programs, the buffers and the constants, parameters and folded
-tensors alike), the built kernels (the CPU's shared objects, the GPU's cubins) and how the
-model's arguments reach the graph. `load` returns a `LoadedModel`, called like the model's
-forward, that runs those kernels: no tracing, no graph passes, no compiler. On a GPU, a loaded
-graph is captured as a CUDA graph at its first call (where the setting `use_cuda_graph` is on),
-as a compiled one is.
+each graph and input signature Kiln compiled, the file holds its run as the whole-graph cache
+keeps it (`kiln.frontend.torch.graph_cache.entry`: the `run_record` with the plan's kernel
+programs, buffers and the constants computed while compiling, which parameters its other
+constants are, the hashes of the parameters the compile read, and the compile's whole-graph
+key) and the built kernels (the CPU's shared objects, the GPU's cubins).
+
+A model captured as one graph (no graph break, no fallback_to_eager split) is saved with its
+parameters and with how the model's arguments reach the graph: `load(path)` returns a
+`LoadedModel`, called like the model's forward, that runs those kernels: no tracing, no graph
+passes, no compiler. A model captured as several graphs runs Python between them (its own
+code), which no file holds: `load(path, model=model)` returns `model` compiled by torch.compile
+with a backend (`SavedGraphs`) that serves each graph dynamo traces, as `torch.compiler`'s
+`save_cache_artifacts` / `load_cache_artifacts` do: dynamo traces the model again, and Kiln
+finds each graph's run in the file by its whole-graph key (`kiln.frontend.torch.graph_key`:
+the graph, its inputs' shapes, dtypes and devices, the settings, Kiln's, the plugins' and
+torch's code) and runs it with the model's parameters, mapping, optimizing and building
+nothing. Either works for a file of one graph. On a GPU, a loaded graph is captured as a CUDA
+graph at its first call (where the setting `use_cuda_graph` is on), as a compiled one is.
 
 The file is a zip archive of parts, one of which describes the others:
 
@@ -17,9 +28,9 @@ The file is a zip archive of parts, one of which describes the others:
   `kiln.runtime.cpu.architecture()`; a GPU's: `sm_90`, ...), and the checksum of every other
   part (`kiln.runtime.cache.checksum`: its SHA-256, or for a part over 4 MiB the SHA-256 of its
   4 MiB pieces' SHA-256s, hashed on several threads);
-- `model.pt`: the runs and the forward's parameter names, in torch's serialization, read with
-  its weights-only unpickler (tensors, plain values and Kiln's own data classes: nothing in it
-  runs code);
+- `model.pt`: the runs (for a model of one graph, with how the model's arguments reach it) and
+  the forward's parameter names, in torch's serialization, read with its weights-only unpickler
+  (tensors, plain values and Kiln's own data classes: nothing in it runs code);
 - `kernels/SHA.so`, `kernels/SHA.cubin`: each kernel's shared object or cubin, named by its
   hash (a view step, and a GPU program that launches nothing, have none).
 
@@ -28,14 +39,26 @@ architectures against this machine's, and every part against its checksum, with 
 then it reads the runs and loads the kernels the manifest lists, and those only. A changed or
 damaged file, a file of another format version or for another processor is a `LoadError`
 saying which (it names the Kiln and torch versions that wrote the file; these need not match
-the reader's). The hashes catch a damaged or altered part, not a forger who rewrites the
+the reader's for `load(path)`, while the keys `load(path, model=...)` finds graphs by cover
+them). The hashes catch a damaged or altered part, not a forger who rewrites the
 manifest as well: the kernels are machine code, so load only files you trust.
 
 Limits, each an error where it applies: the model must be an nn.Module with parameters (they
-identify its graphs) captured as one graph (no graph breaks, no fallback_to_eager split; the
-graphs of recompilations for new shapes are all kept). A loaded model runs only the input
-signatures that were compiled, and returns what the graph returns: its one output, or a tuple
-of them.
+identify its graphs; the graphs of recompilations for new shapes are all kept). A model of one
+graph loaded by `load(path)` runs only the input signatures that were compiled, with the saved
+parameters, and returns what the graph returns: its one output, or a tuple of them. A model of
+several graphs is saved only where every graph could be keyed, and loads only with the model:
+its graphs between graph breaks may read none of its parameters, so the file holds, besides
+the graphs reading the model's parameters, every graph this process compiled that reads no
+parameter. The model loaded must trace
+to the graphs saved: its code, the torch.compile arguments (`load`'s `compile_options`),
+Kiln, its plugins, torch, the settings (TF32 flags included) and the machine as they were, and
+calls with the inputs (shapes, dtypes; the sequence of shapes that made dynamo's sizes
+dynamic) the saved model had run; a graph the file does not hold is a LoadError at its first
+call, naming its inputs. Parameters a saved compile read (batch norms folded into
+convolutions, merged weights) must not have changed between that compile and `save` (call the
+model once after changing them), and must have the saved values when the model loads; the
+others are the model's own.
 """
 from __future__ import annotations
 
@@ -53,13 +76,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch._dynamo.resume_execution import TORCH_DYNAMO_RESUME_IN_PREFIX
 
 from kiln.device import Device, device as as_device
-from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run
-from kiln.frontend.torch.run_record import dumps, loads
+from kiln.frontend.torch import graph_cache
+from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run, kiln_backend
+from kiln.frontend.torch.run_record import RunRecord, dumps, loads
+from kiln.log import logger
 from kiln.runtime.backend import DeviceKernel, backend_for
 from kiln.runtime.cache import checksum
-from kiln.runtime.compiled_graph import View, ViewKernel
+from kiln.runtime.compiled_graph import CompiledGraph, View, ViewKernel
 from kiln.runtime.plan import owned
 from kiln.settings import current
 from kiln.version import VERSION
@@ -81,24 +107,34 @@ class SaveError(RuntimeError):
 
 class LoadError(ValueError):
     """A file `kiln.load` refuses: not a compiled model, of another format version, for another
-    machine, or changed since it was saved (which is said)."""
+    machine, or changed since it was saved (which is said); or, loaded with the model, a graph
+    it does not hold (raised at that graph's first call)."""
 
 
-def _graphs_of(module: torch.nn.Module) -> list[KilnFunction]:
+def _graphs_of(module: torch.nn.Module) -> tuple[list[KilnFunction], bool]:
+    """The KilnFunctions holding the graphs of `module`, and whether it is captured as several
+    graphs (see the module's docstring)."""
     owned_ids = {id(t) for t in (*module.parameters(), *module.buffers())}
     if not owned_ids:
         raise SaveError("kiln.save finds a model's compiled graph by its parameters; this model "
                         "has none")
-    found = [f for f in KilnFunction.live() if f.constant_ids & owned_ids]
+    live = KilnFunction.live()
+    found = [f for f in live if f.constant_ids & owned_ids]
     if not found or not any(f.graphs for f in found):
         raise SaveError("kiln.save: the model has not been compiled by Kiln yet: call it once "
                         "(torch.compile(model, backend='kiln')(*inputs)) before saving")
-    frames = {f.frame for f in found}
-    if len(frames) > 1 or any(not f.sources or not any(f.sources) for f in found):
-        raise SaveError("kiln.save supports models captured as one graph; this one has "
-                        "several (graph breaks or fallback_to_eager): compile with "
-                        "fullgraph=True to see why")
-    return found     # one per recompilation of the frame (new shapes)
+    if len({f.frame for f in found}) == 1 and all(f.sources and any(f.sources) and not _at_a_break(f)
+                                                  for f in found):
+        return found, False     # one per recompilation of the frame (new shapes)
+    return found + [f for f in live if f.graphs and not f.constant_ids], True
+
+
+def _at_a_break(function: KilnFunction) -> bool:
+    """Whether dynamo cut the frame of `function`'s graph at a graph break: the graph ends at
+    one, or begins the rest of a frame resumed after one."""
+    reason = getattr(function.gm, "compile_subgraph_reason", None)
+    return reason is not None and (reason.graph_break or any(
+        frame.name.startswith(TORCH_DYNAMO_RESUME_IN_PREFIX) for frame in reason.user_stack))
 
 
 def _argument_sources(function: KilnFunction) -> list:
@@ -144,12 +180,44 @@ def _kernel_part(program, device: Device, parts: dict[str, bytes]) -> str | None
     return name
 
 
-def _graph_record(run: CompiledRun, sources: list, parts: dict[str, bytes]) -> dict:
-    plan = run.record.plan
+def _graph_record(run: CompiledRun, sources: list | None, parts: dict[str, bytes]) -> dict:
+    """`run` as the file holds it: its `graph_cache.entry`, the parts of its kernels (added to
+    `parts`) and `sources`, how the model's arguments reach it (None for a graph of a model
+    captured as several); a graph with sources keeps the parameters too, to run without the
+    model."""
+    entry = graph_cache.entry(run.record, run.constants)
+    plan = (run.record if sources is not None else entry["run"]).plan
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
                for program, device in plan.kernels]
+    folds = entry["folds"]["plan"].kernels if entry["folds"] else []
     stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
-    return {"run": replace(run.record, plan=stored), "kernels": kernels, "sources": sources}
+    return {**entry, "run": replace(entry["run"], plan=stored), "kernels": kernels, "sources": sources,
+            "fold_kernels": [_kernel_part(program, device, parts) for program, device in folds]}
+
+
+def _keyed(functions: list[KilnFunction]) -> list[CompiledRun]:
+    """The runs of `functions`, graphs of a model captured as several, one for each key."""
+    runs = [run for function in functions for run in function.graphs.values()]
+    unkeyed = sum(run.record.key is None for run in runs)
+    if unkeyed:
+        raise SaveError(f"kiln.save: this model is captured as several graphs (graph breaks or "
+                        f"fallback_to_eager), saved under their whole-graph keys, and {unkeyed} of "
+                        "them could not be keyed when they compiled (KILN_LOG=info logs why: mapping "
+                        "rules declared outside a plugin, a PassContext with instruments, ...)")
+    return list({run.record.key: run for run in runs}.values())
+
+
+def _current(runs: list[CompiledRun]) -> list[CompiledRun]:
+    """The runs whose parameters have not changed since they compiled (the others' plans may
+    hold values computed from the old ones: folded batch norms, merged weights; the model's next
+    call would compile them again); SaveError where none is left."""
+    current = [run for run in runs if run.constants_unchanged()]
+    if runs and not current:
+        raise SaveError("kiln.save: the model's parameters changed since its graphs compiled (their "
+                        "plans may hold values computed from the old ones: batch norms folded into "
+                        "convolutions, merged weights): call the model once (it compiles again), then "
+                        "save it")
+    return current
 
 
 def _architectures(graphs: list[dict]) -> dict[str, str]:
@@ -160,7 +228,8 @@ def _architectures(graphs: list[dict]) -> dict[str, str]:
 
 def save(compiled_model, path) -> None:
     """Write the Kiln-compiled graphs of `compiled_model` (a torch.compile'd nn.Module that has
-    run) to `path`, to be restored by `kiln.load` in any process on a machine like this one."""
+    run) to `path`, to be restored by `kiln.load` in any process on a machine like this one (a
+    model captured as several graphs: `kiln.load(path, model=model)`)."""
     module = getattr(compiled_model, "_orig_mod", compiled_model)
     if not isinstance(module, torch.nn.Module):
         raise SaveError("kiln.save takes an nn.Module compiled with torch.compile(..., "
@@ -168,8 +237,14 @@ def save(compiled_model, path) -> None:
     parameters = [p.name for p in inspect.signature(module.forward).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     parts: dict[str, bytes] = {}
-    graphs = [_graph_record(run, _argument_sources(function), parts)
-              for function in _graphs_of(module) for run in function.graphs.values()]
+    functions, several = _graphs_of(module)
+    if several:
+        graphs = [_graph_record(run, None, parts) for run in _current(_keyed(functions))]
+    else:
+        runs = [(run, function) for function in functions for run in function.graphs.values()]
+        current = {id(run) for run in _current([run for run, _ in runs])}
+        graphs = [_graph_record(run, _argument_sources(function), parts) for run, function in runs
+                  if id(run) in current]
     parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
                 "torch": torch.__version__, "architecture": _architectures(graphs),
@@ -286,13 +361,30 @@ def _loaded_kernel(program, device: Device, binary: bytes | None, suffix: str, f
         os.unlink(name)      # the kernel stays loaded
 
 
+def _loaded_kernels(graphs: list[dict], parts: dict[str, bytes]) -> list[tuple[list, list]]:
+    """Each saved graph's kernels and its fold plan's (see `graph_cache.entry`), loaded from the
+    file's parts."""
+    kernels = {name for g in graphs for name in (*g["kernels"], *g["fold_kernels"]) if name is not None}
+    if not kernels <= set(parts):
+        raise LoadError(f"the file's runs name kernels its manifest does not list: "
+                        f"{', '.join(sorted(kernels - set(parts)))}")
+    folder = tempfile.mkdtemp(prefix="kiln-load-")
+
+    def loaded(programs, names) -> list[DeviceKernel]:
+        return [DeviceKernel(device, ViewKernel()) if isinstance(program, View) else
+                _loaded_kernel(program, device, parts.get(name), Path(name or "").suffix, folder)
+                for (program, device), name in zip(programs, names)]
+    try:
+        return [(loaded(g["run"].plan.kernels, g["kernels"]),
+                 loaded(g["folds"]["plan"].kernels if g["folds"] else [], g["fold_kernels"])) for g in graphs]
+    finally:
+        os.rmdir(folder)
+
+
 class _LoadedGraph:
-    def __init__(self, record: dict, parts: dict[str, bytes], folder: str):
+    def __init__(self, record: dict, kernels: list[DeviceKernel]):
         self.record = run = record["run"]
         plan = run.plan
-        kernels = [DeviceKernel(device, ViewKernel()) if isinstance(program, View) else
-                   _loaded_kernel(program, device, parts.get(name), Path(name or "").suffix, folder)
-                   for (program, device), name in zip(plan.kernels, record["kernels"])]
         self.compiled = plan.assemble(kernels)
         self.sources = record["sources"]
         self.signature = tuple((tuple(plan.buffers[s].shape), plan.buffers[s].dtype) for s in plan.inputs)
@@ -309,16 +401,9 @@ class _LoadedGraph:
 class LoadedModel:
     """A model restored by `kiln.load`: call it with the arguments of the model's forward."""
 
-    def __init__(self, saved: dict, parts: dict[str, bytes]):
-        kernels = {name for g in saved["graphs"] for name in g["kernels"] if name is not None}
-        if not kernels <= set(parts):
-            raise LoadError(f"the file's runs name kernels its manifest does not list: "
-                            f"{', '.join(sorted(kernels - set(parts)))}")
-        folder = tempfile.mkdtemp(prefix="kiln-load-")
-        try:
-            self.graphs = [_LoadedGraph(g, parts, folder) for g in saved["graphs"]]
-        finally:
-            os.rmdir(folder)
+    def __init__(self, saved: dict, kernels: list[tuple[list, list]]):
+        # a graph of a model saved as one holds every constant: its fold plan is not run
+        self.graphs = [_LoadedGraph(g, k) for g, (k, _) in zip(saved["graphs"], kernels)]
         self.forward_names = saved["forward"]
 
     def _argument(self, source, args, kwargs):
@@ -351,12 +436,60 @@ class LoadedModel:
         raise ValueError(f"the loaded model was compiled for inputs {saved}, not {given}")
 
 
-def load(path) -> LoadedModel:
+class SavedGraphs:
+    """The torch.compile backend of `kiln.load(path, model=...)`: Kiln's backend, each graph's
+    plan served from the graphs of the file at `path` (records and their loaded kernels), found
+    by its whole-graph key (see `kiln.frontend.torch.backend.KilnFunction`)."""
+
+    def __init__(self, path, graphs: list[dict], kernels: list[tuple[list, list]]):
+        self.path = path
+        self.graphs = {g["run"].key: (g, k) for g, k in zip(graphs, kernels) if g["run"].key is not None}
+
+    def __call__(self, gm, example_inputs, options: dict | None = None, mode: str | None = None):
+        return kiln_backend(gm, example_inputs, options, mode, saved=self)
+
+    def served(self, key: str | None, args, inputs: str) -> tuple[CompiledGraph, RunRecord]:
+        """The CompiledGraph and RunRecord of the saved graph of whole-graph `key` for the call
+        `args` (its inputs described by `inputs`), bound to its parameters; LoadError where the
+        file holds none."""
+        if key is None:
+            raise LoadError(f"{self.path}: Kiln cannot key the graph dynamo traced for inputs {inputs} "
+                            "(KILN_LOG=info logs why), so no saved graph serves it")
+        if key not in self.graphs:
+            raise LoadError(f"{self.path} holds no graph like the one dynamo traced for inputs {inputs}: "
+                            "the file was saved from another model, by another Kiln, plugins or torch, "
+                            "under other settings (dynamo_config, torch.compile's mode, options and "
+                            "dynamic, KILN_ variables, torch's TF32 flags) or on another machine, or the "
+                            "saved model never ran on such inputs: run it on them before kiln.save")
+        record, (kernels, fold_kernels) = self.graphs[key]
+        logger.info("graph served from %s: %s", self.path, key)
+        run = graph_cache.bound(record, args, fold_kernels)
+        if run is None:
+            raise LoadError(f"{self.path}: the graph for inputs {inputs} was saved with other values of "
+                            f"the parameters its compile read (positions {record['run'].read} among the "
+                            "graph's arguments: folded batch norms, merged weights): load the weights "
+                            "the model was saved with")
+        return run.plan.assemble(kernels), run
+
+
+def load(path, model=None, **compile_options):
     """The compiled model `kiln.save` wrote to `path`, ready to run without compiling; its
-    manifest is checked first (see the module's docstring)."""
+    manifest is checked first (see the module's docstring). Without `model`: a `LoadedModel`
+    (a model saved as one graph only). With `model` (the nn.Module saved, or one like it): `model`
+    compiled by torch.compile with `compile_options` (torch.compile's keywords: `dynamic`,
+    `mode`, `options`, as the saved model was compiled with) and a backend that serves each
+    graph from the file (`SavedGraphs`)."""
     parts = _checked_parts(path)
     try:
         saved = loads(parts[RUNS])
     except pickle.UnpicklingError as error:
         raise LoadError(f"{path}: its {RUNS} holds what a compiled model does not ({error})") from None
-    return LoadedModel(saved, parts)
+    if model is None and any(g["sources"] is None for g in saved["graphs"]):
+        raise LoadError(f"{path} holds a model captured as several graphs (graph breaks or "
+                        "fallback_to_eager): the Python between them is the model's own code, so "
+                        "pass the model: kiln.load(path, model=model)")
+    kernels = _loaded_kernels(saved["graphs"], parts)
+    if model is None:
+        return LoadedModel(saved, kernels)
+    return torch.compile(getattr(model, "_orig_mod", model), backend=SavedGraphs(path, saved["graphs"], kernels),
+                         **compile_options)
