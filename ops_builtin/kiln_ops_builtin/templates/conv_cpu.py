@@ -4,7 +4,9 @@ group (its batches), each reading its group's planes and weight and writing its 
 
 The input is first copied, once per call, into zero-padded *phase planes*: for strides
 (SH, SW), plane (c, ph, pw) holds the padded input's rows ph, ph + SH, ... and columns pw,
-pw + SW, ..., as float32 (16-bit inputs converted). An output pixel (oh, ow) then reads, for
+pw + SW, ..., as float32 (16-bit inputs converted); only the phases that some tap reads (a
+window one tap wide reads the first alone: a strided 1x1 convolution copies a quarter of its
+input at stride 2, not all of it). An output pixel (oh, ow) then reads, for
 kernel tap (i, j) of channel c, the plane (c, i*DH % SH, j*DW % SW) at row oh + i*DH / SH,
 column ow + j*DW / SW: with pixels numbered oh * WQ + ow over the planes' width WQ ("virtual"
 pixels: the columns ow >= OW are computed and dropped), each tap's values for consecutive
@@ -14,12 +16,14 @@ packing and no bounds test (`A_DIRECT` of `gemm_cpu`), and B (taps x output chan
 weight, read along k and packed by `gemm_cpu`'s register transposes. Where the register
 tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 14 and 7),
 the rows are the real pixels, each panel within one output row, read in place too: no extra
-columns. Otherwise, where the planes' extra columns would add a quarter or more, the rows are
-real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
-are any; the output's (pixel, channel) tile is transposed in registers and handed to the
-epilogue hook a channel at a time, along consecutive pixels (bias, batch norm folded by the
-passes, activations, residual adds: whatever fusion put there), so NCHW stores run along a row
-of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
+columns; and where the input is laid out as its planes would be (float32, stride 1, no
+padding, the planes its size: a 1x1 convolution's), the planes are the input itself, not a
+copy (`ConvCpu.input_is_planes`). Otherwise, where the planes' extra columns would add a
+quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
+stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
+handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
+folded by the passes, activations, residual adds: whatever fusion put there), so NCHW stores
+run along a row of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
 (`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
@@ -44,10 +48,10 @@ from kiln_ops_builtin.templates import gemm_cpu
 from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.own_task import same_reduction
 
-# The device code (`cpu/*.h`): which pixels the rows are, `gemm_cpu`'s micro-kernel, A's panels
-# and tiles from the planes, `gemm_cpu`'s blocking, the planes, the kernel.
-KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h") + gemm_cpu.BLOCK
-          + ("cpu/planes.h", "cpu/conv_main.h"))
+# The device code (`cpu/*.h`): the planes, which pixels the rows are, `gemm_cpu`'s micro-kernel,
+# A's panels and tiles from the planes, `gemm_cpu`'s blocking, the kernel.
+KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/planes.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h")
+          + gemm_cpu.BLOCK + ("cpu/conv_main.h",))
 
 
 @dataclass
@@ -77,6 +81,19 @@ class ConvCpu:
     def weight_input(self) -> int:
         """The weight's index among the task's inputs."""
         return next(k for k, t in enumerate(self.lowered.inputs) if t is self.weight)
+
+    @property
+    def x_input(self) -> int:
+        """The input's index among the task's inputs."""
+        return next(k for k, t in enumerate(self.lowered.inputs) if t is self.x)
+
+    @property
+    def input_is_planes(self) -> bool:
+        """Whether the input is laid out as its phase planes would be (float32, one phase of
+        stride 1, no padding, the planes its size: a 1x1 convolution's of stride 1), so that
+        they may be the input itself (`cpu/conv_rows.h`'s IN_PLACE)."""
+        return (self.x.dtype == dtypes.float32 and self.stride == (1, 1) and self.before == (0, 0)
+                and self.planes == tuple(self.x.shape[2:]))
 
     @property
     def gather(self) -> bool:
@@ -273,14 +290,14 @@ def render(task, **knobs) -> CpuProgram:
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
     knob = gemm_cpu.GemmKnobs(**knobs)
-    hq, wq = c.planes
-    cin, (cout, group_cin, kh, kw) = c.x.shape[1], c.weight.shape
+    cout, group_cin, kh, kw = c.weight.shape
     k = group_cin * kh * kw
     defines = {"GROUPS": c.groups, "GROUP_COUT": cout // c.groups, "BATCH": c.x.shape[0] * c.groups,
                "B_GROUPS": c.groups, "PARAMS": f"TASK_PARAMS, {gemm_cpu.BPRE}, const float* __restrict__ planes, "
                          "const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
-               "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
+               "PLANE_TAIL": (kw - 1) * c.dilation[1] // c.stride[1] + 16, "INPUT_PLANES": KernelArgs.input(c.x_input),
+               "INPUT_PLANES_OK": int(c.input_is_planes),
                "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
                **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
     return prepared_program(c, defines, KERNEL, "kiln_conv", "kiln_conv_prepare")
