@@ -106,10 +106,11 @@ def test_non_contiguous_input_and_weight():
 
 
 @pytest.mark.parametrize("knobs", [dict(MC=28, KC=40, NC=64, WHOLE_K=0, MR=14), dict(MC=96, KC=64, WHOLE_K=0, MR=8),
-                                   {}])
+                                   dict(KC=40, WHOLE_K=0, PREFETCH=0), dict(KC=40, WHOLE_K=0, PREFETCH=39), {}])
 @pytest.mark.parametrize("xs, ws", [((1, 11, 13, 15), (37, 11, 3, 3)), ((1, 30, 6, 5), (70, 30, 3, 3))])
 def test_blockings(knobs, xs, ws):
-    """K in several blocks (the float32 workspace), N in several blocks, MR not dividing MC."""
+    """K in several blocks (the float32 workspace), N in several blocks, MR not dividing MC, rows of
+    A prefetched from none to all but the first of a K block ahead."""
     x, w, b = rand(xs), rand(ws), rand((ws[0],))
     task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), padding=1)
     want = F.conv2d(x, w, b, padding=1)
