@@ -139,10 +139,12 @@ def test_declines_what_it_does_not_compute():
     assert not conv_cpu.TEMPLATE.applies(wide)        # its pixels fill panels better than its channels
     shallow = _task(kiln.from_torch(rand((1, 96, 7, 7))), kiln.from_torch(rand((64, 96, 1, 1))))
     assert not conv_cpu.TEMPLATE.applies(shallow)     # K too small to pay for the transposed tiles
-    projection = lambda n, stride: _task(kiln.from_torch(rand((n, 512, 28, 28))), kiln.from_torch(rand((128, 512, 1, 1))),
-                                         None, stride=stride)
+    projection = lambda n, stride, side=28, dtype=torch.float32: _task(
+        kiln.from_torch(rand((n, 512, side, side), dtype)), kiln.from_torch(rand((128, 512, 1, 1), dtype)), None, stride=stride)
     assert conv_cpu.TEMPLATE.applies(projection(1, 1))      # its input fits L2: copied into planes here
-    assert not conv_cpu.TEMPLATE.applies(projection(2, 1))  # larger: planes written by the plain GEMM
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place, channels under a page apart
+    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 56))    # a page apart or more: the plain GEMM's
+    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 28, torch.float16))   # 16-bit: copied, the plain GEMM's
     assert conv_cpu.TEMPLATE.applies(projection(2, 2))      # a strided one stays
     # a task named conv2d whose sum is not the convolution its attributes describe
     task = _task(x, kiln.from_torch(rand((4, 6, 3, 3))), None, stride=2)
