@@ -289,14 +289,23 @@ def row_height(c: ConvCpu) -> int:
 SHORT_K = 512
 
 
+@dataclass(frozen=True)
+class ConvKnobs(gemm_cpu.GemmKnobs):
+    """`gemm_cpu.GemmKnobs` with A's blocks half as tall by default, 168 rows (12 panels of 14
+    pixels): measured on ResNet-50 b8's 1x1 layers of 1024 input channels at 14 x 14 (four K
+    blocks) about 7% faster than 336 rows, its other layers here unchanged."""
+
+    MC: int = 168
+
+
 def render(task, **knobs) -> CpuProgram:
     """The program `kiln_kernel(inputs..., output)` for `task` at the setting `knobs`
-    (`gemm_cpu.GemmKnobs`' fields). The rows are real pixels where MR divides the output's width
+    (`ConvKnobs`' fields). The rows are real pixels where MR divides the output's width
     (`cpu/conv_rows.h`'s ALIGNED), else as `gather` says."""
     c = match_conv(task)
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
-    knob = gemm_cpu.GemmKnobs(**knobs)
+    knob = ConvKnobs(**knobs)
     cout, group_cin, kh, kw = c.weight.shape
     k = group_cin * kh * kw
     defines = {"GROUPS": c.groups, "GROUP_COUT": cout // c.groups, "BATCH": c.x.shape[0] * c.groups,
@@ -311,4 +320,4 @@ def render(task, **knobs) -> CpuProgram:
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies,
-                    space=gemm_cpu.GemmKnobs.settings, fixed_sizes_only=True)
+                    space=ConvKnobs.settings, fixed_sizes_only=True)
