@@ -43,6 +43,7 @@ CASES = [
     ((1, 5, 1, 1), (9, 5, 3, 3), dict(padding=1)),                             # a 1x1 input
     ((2, 200, 14, 14), (64, 200, 1, 1), {}),                                   # 1x1 read in place
     ((1, 5, 16, 15), (9, 5, 3, 2), {}),                                        # valid, read in place
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}),                                          # gathered from the input
     ((1, 6, 11, 20), (10, 6, 1, 3), dict(stride=2, padding=(0, 1))),           # one phase along h
     ((1, 6, 20, 11), (10, 6, 3, 1), dict(stride=(2, 3), padding=(2, 0), dilation=(2, 1))),
 ]
@@ -68,6 +69,7 @@ def test_every_row_numbering_is_tested():
 @pytest.mark.parametrize("xs, ws, kw, in_place", [
     ((2, 200, 14, 14), (64, 200, 1, 1), {}, True),
     ((1, 5, 16, 15), (9, 5, 3, 2), {}, True),
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}, True),
     ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), True),
     ((2, 200, 14, 14), (64, 200, 1, 1), dict(padding=1), False),               # padded
     ((2, 200, 14, 14), (64, 200, 1, 1), dict(stride=2), False),
@@ -319,6 +321,7 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((2, 200, 14, 14), (64, 200, 1, 1), {}, []),                                             # read in place
     ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), []),
     ((1, 5, 16, 15), (9, 5, 3, 2), {}, []),
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}, []),
     ((1, 6, 11, 20), (10, 6, 1, 3), dict(stride=2, padding=(0, 1)), []),                     # one phase along h
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
