@@ -41,6 +41,11 @@ CASES = [
     ((1, 200, 7, 7), (96, 200, 1, 1), {}),                                     # 1x1, channels fill panels
     ((2, 193, 13, 13), (90, 193, 1, 1), dict(stride=2)),
     ((1, 5, 1, 1), (9, 5, 3, 3), dict(padding=1)),                             # a 1x1 input
+    ((2, 200, 14, 14), (64, 200, 1, 1), {}),                                   # 1x1 read in place
+    ((1, 5, 16, 15), (9, 5, 3, 2), {}),                                        # valid, read in place
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}),                                          # gathered from the input
+    ((1, 6, 11, 20), (10, 6, 1, 3), dict(stride=2, padding=(0, 1))),           # one phase along h
+    ((1, 6, 20, 11), (10, 6, 3, 1), dict(stride=(2, 3), padding=(2, 0), dilation=(2, 1))),
 ]
 
 
@@ -59,6 +64,29 @@ def test_every_row_numbering_is_tested():
         c = conv_cpu.match_conv(_task(kiln.from_torch(rand(xs)), kiln.from_torch(rand(ws)), None, **kw))
         modes.add("aligned" if c.out_shape[3] % conv_cpu.row_height(c) == 0 else "gathered" if c.gather else "virtual")
     assert modes == {"aligned", "gathered", "virtual"}
+
+
+@pytest.mark.parametrize("xs, ws, kw, in_place", [
+    ((2, 200, 14, 14), (64, 200, 1, 1), {}, True),
+    ((1, 5, 16, 15), (9, 5, 3, 2), {}, True),
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}, True),
+    ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), True),
+    ((2, 200, 14, 14), (64, 200, 1, 1), dict(padding=1), False),               # padded
+    ((2, 200, 14, 14), (64, 200, 1, 1), dict(stride=2), False),
+    ((1, 200, 15, 15), (64, 200, 1, 1), dict(dilation=2, padding=1), False),
+])
+def test_input_read_in_place_as_its_planes(xs, ws, kw, in_place):
+    """A float32 input laid out as its planes is read in place (its planes are not copied), also
+    where it is not contiguous in the caller's hands; a 16-bit one never is."""
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
+    assert conv_cpu.match_conv(task).input_is_planes == in_place
+    assert ("#define INPUT_PLANES_OK 1" in conv_cpu.render(task).source) == in_place
+    half = _task(kiln.from_torch(x.half()), kiln.from_torch(w.half()), None, **kw)
+    assert not conv_cpu.match_conv(half).input_is_planes
+    strided = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert not strided.is_contiguous()
+    assert_close(kiln.ops.conv2d(strided, w, b, **kw), F.conv2d(x, w, b, **kw), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -80,10 +108,11 @@ def test_non_contiguous_input_and_weight():
 
 
 @pytest.mark.parametrize("knobs", [dict(MC=28, KC=40, NC=64, WHOLE_K=0, MR=14), dict(MC=96, KC=64, WHOLE_K=0, MR=8),
-                                   {}])
+                                   dict(KC=40, WHOLE_K=0, PREFETCH=0), dict(KC=40, WHOLE_K=0, PREFETCH=39), {}])
 @pytest.mark.parametrize("xs, ws", [((1, 11, 13, 15), (37, 11, 3, 3)), ((1, 30, 6, 5), (70, 30, 3, 3))])
 def test_blockings(knobs, xs, ws):
-    """K in several blocks (the float32 workspace), N in several blocks, MR not dividing MC."""
+    """K in several blocks (the float32 workspace), N in several blocks, MR not dividing MC, rows of
+    A prefetched from none to all but the first of a K block ahead."""
     x, w, b = rand(xs), rand(ws), rand((ws[0],))
     task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), padding=1)
     want = F.conv2d(x, w, b, padding=1)
@@ -112,10 +141,12 @@ def test_declines_what_it_does_not_compute():
     assert not conv_cpu.TEMPLATE.applies(wide)        # its pixels fill panels better than its channels
     shallow = _task(kiln.from_torch(rand((1, 96, 7, 7))), kiln.from_torch(rand((64, 96, 1, 1))))
     assert not conv_cpu.TEMPLATE.applies(shallow)     # K too small to pay for the transposed tiles
-    projection = lambda n, stride: _task(kiln.from_torch(rand((n, 512, 28, 28))), kiln.from_torch(rand((128, 512, 1, 1))),
-                                         None, stride=stride)
+    projection = lambda n, stride, side=28, dtype=torch.float32: _task(
+        kiln.from_torch(rand((n, 512, side, side), dtype)), kiln.from_torch(rand((128, 512, 1, 1), dtype)), None, stride=stride)
     assert conv_cpu.TEMPLATE.applies(projection(1, 1))      # its input fits L2: copied into planes here
-    assert not conv_cpu.TEMPLATE.applies(projection(2, 1))  # larger: planes written by the plain GEMM
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place, channels under a page apart
+    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 56))    # a page apart or more: the plain GEMM's
+    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 28, torch.float16))   # 16-bit: copied, the plain GEMM's
     assert conv_cpu.TEMPLATE.applies(projection(2, 2))      # a strided one stays
     # a task named conv2d whose sum is not the convolution its attributes describe
     task = _task(x, kiln.from_torch(rand((4, 6, 3, 3))), None, stride=2)
@@ -131,6 +162,7 @@ DEPTHWISE = [
     ((1, 7, 6, 71), (7, 1, 3, 2), dict(padding="same")),
     ((1, 3, 10, 8), (3, 1, 2, 3), dict(stride=3)),
     ((1, 6, 9, 21), (6, 1, 1, 1), {}),                                       # a per-channel scale
+    ((1, 4, 9, 20), (4, 1, 1, 3), dict(stride=2, padding=(0, 1))),           # one phase along h
 ]
 
 
@@ -165,6 +197,7 @@ GROUPED = [
     ((2, 8, 13, 11), (16, 1, 3, 3), dict(groups=8, stride=2, padding=1)),        # a channel multiplier of 2
     ((1, 12, 10, 14), (45, 4, 3, 3), dict(groups=3, padding=1)),                   # 15 channels a group
     ((1, 36, 7, 9), (42, 12, 1, 1), dict(groups=3)),                               # grouped 1x1
+    ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2)),                               # read in place
     ((2, 64, 9, 9), (96, 2, 3, 3), dict(groups=32, padding=1, dilation=(1, 2))),
 ]
 
@@ -285,6 +318,12 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((1, 200, 7, 7), (96, 200, 1, 1), {}, ["-mno-avx512f"]),                               # 1x1
     ((2, 12, 10, 14), (45, 4, 3, 3), dict(groups=3, padding=1), []),                         # grouped
     ((1, 36, 7, 9), (42, 12, 1, 1), dict(groups=3), ["-mno-avx512f"]),
+    ((2, 200, 14, 14), (64, 200, 1, 1), {}, []),                                             # read in place
+    ((1, 200, 12, 12), (64, 200, 1, 1), {}, ["-mno-avx512f"]),                               # AVX2's 6 rows
+    ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), []),
+    ((1, 5, 16, 15), (9, 5, 3, 2), {}, []),
+    ((2, 5, 9, 6), (7, 5, 3, 3), {}, []),
+    ((1, 6, 11, 20), (10, 6, 1, 3), dict(stride=2, padding=(0, 1)), []),                     # one phase along h
 ])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     _sanitized(tmp_path, conv_cpu, xs, ws, kw, isa)

@@ -4,7 +4,9 @@ group (its batches), each reading its group's planes and weight and writing its 
 
 The input is first copied, once per call, into zero-padded *phase planes*: for strides
 (SH, SW), plane (c, ph, pw) holds the padded input's rows ph, ph + SH, ... and columns pw,
-pw + SW, ..., as float32 (16-bit inputs converted). An output pixel (oh, ow) then reads, for
+pw + SW, ..., as float32 (16-bit inputs converted); only the phases that some tap reads (a
+window one tap wide reads the first alone: a strided 1x1 convolution copies a quarter of its
+input at stride 2, not all of it). An output pixel (oh, ow) then reads, for
 kernel tap (i, j) of channel c, the plane (c, i*DH % SH, j*DW % SW) at row oh + i*DH / SH,
 column ow + j*DW / SW: with pixels numbered oh * WQ + ow over the planes' width WQ ("virtual"
 pixels: the columns ow >= OW are computed and dropped), each tap's values for consecutive
@@ -14,12 +16,14 @@ packing and no bounds test (`A_DIRECT` of `gemm_cpu`), and B (taps x output chan
 weight, read along k and packed by `gemm_cpu`'s register transposes. Where the register
 tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 14 and 7),
 the rows are the real pixels, each panel within one output row, read in place too: no extra
-columns. Otherwise, where the planes' extra columns would add a quarter or more, the rows are
-real pixels and A's panels are gathered tap by tap. Padding, stride and dilation
-are any; the output's (pixel, channel) tile is transposed in registers and handed to the
-epilogue hook a channel at a time, along consecutive pixels (bias, batch norm folded by the
-passes, activations, residual adds: whatever fusion put there), so NCHW stores run along a row
-of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
+columns; and where the input is laid out as its planes would be (float32, stride 1, no
+padding, the planes its size: a 1x1 convolution's), the planes are the input itself, not a
+copy (`ConvCpu.input_is_planes`). Otherwise, where the planes' extra columns would add a
+quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
+stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
+handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
+folded by the passes, activations, residual adds: whatever fusion put there), so NCHW stores
+run along a row of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
 (`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
@@ -44,10 +48,10 @@ from kiln_ops_builtin.templates import gemm_cpu
 from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.own_task import same_reduction
 
-# The device code (`cpu/*.h`): which pixels the rows are, `gemm_cpu`'s micro-kernel, A's panels
-# and tiles from the planes, `gemm_cpu`'s blocking, the planes, the kernel.
-KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h") + gemm_cpu.BLOCK
-          + ("cpu/planes.h", "cpu/conv_main.h"))
+# The device code (`cpu/*.h`): the planes, which pixels the rows are, `gemm_cpu`'s micro-kernel,
+# A's panels and tiles from the planes, `gemm_cpu`'s blocking, the kernel.
+KERNEL = (("cpu/simd.h", "cpu/common.h", "cpu/planes.h", "cpu/conv_rows.h", "cpu/micro.h", "cpu/conv.h")
+          + gemm_cpu.BLOCK + ("cpu/conv_main.h",))
 
 
 @dataclass
@@ -77,6 +81,19 @@ class ConvCpu:
     def weight_input(self) -> int:
         """The weight's index among the task's inputs."""
         return next(k for k, t in enumerate(self.lowered.inputs) if t is self.weight)
+
+    @property
+    def x_input(self) -> int:
+        """The input's index among the task's inputs."""
+        return next(k for k, t in enumerate(self.lowered.inputs) if t is self.x)
+
+    @property
+    def input_is_planes(self) -> bool:
+        """Whether the input is laid out as its phase planes would be (float32, one phase of
+        stride 1, no padding, the planes its size: a 1x1 convolution's of stride 1), so that
+        they may be the input itself (`cpu/conv_rows.h`'s IN_PLACE)."""
+        return (self.x.dtype == dtypes.float32 and self.stride == (1, 1) and self.before == (0, 0)
+                and self.planes == tuple(self.x.shape[2:]))
 
     @property
     def gather(self) -> bool:
@@ -173,6 +190,9 @@ def applies(task) -> bool:
     return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or c.groups > 1 or one_by_one_pays(c))
 
 
+PAGE_BYTES = 4096       # the memory pages the CPU's TLB maps
+
+
 def one_by_one_pays(c: ConvCpu) -> bool:
     """Whether a 1x1 convolution goes here rather than to the plain GEMM, whose columns are its
     pixels in panels of 32 (AVX-512's): where it has at least 192 input channels (the tile's
@@ -182,11 +202,15 @@ def one_by_one_pays(c: ConvCpu) -> bool:
     14 x 14 (K of 192 to 960) 1.25-1.6x faster here, its expansions (K of 64 to 160) 1.15-1.6x
     slower. Not where the plain GEMM writes its planes with A's panels outer (at stride 1, planes
     of at least `gemm_cpu.ROWS_OUTER_PIXELS`) from an input larger than L2 (`gemm_cpu.L2_BYTES`),
-    which this template would copy into its planes first (ResNet-50 b8's 512 -> 128 at 28 x 28)."""
+    unless this template reads that input in place (`ConvCpu.input_is_planes`) with its channels
+    less than a page (PAGE_BYTES) apart: A's consecutive rows of k are consecutive channels, and
+    a page apart or more each is a page of its own (ResNet-50 b8's 512 -> 128 at 28 x 28 goes
+    here, its 256 -> 64 at 56 x 56 to the plain GEMM)."""
     padded = lambda n: -(-n // 32) * 32 / n
     plane = c.out_shape[2] * c.out_shape[3]
     large = plane >= gemm_cpu.ROWS_OUTER_PIXELS and math.prod(c.x.shape) * 4 > gemm_cpu.L2_BYTES
-    if c.stride == (1, 1) and large:
+    near = c.input_is_planes and c.x.shape[2] * c.x.shape[3] * 4 < PAGE_BYTES
+    if c.stride == (1, 1) and large and not near:
         return False
     return c.x.shape[1] // c.groups >= 192 and padded(c.out_shape[1] // c.groups) < padded(plane)
 
@@ -265,26 +289,35 @@ def row_height(c: ConvCpu) -> int:
 SHORT_K = 512
 
 
+@dataclass(frozen=True)
+class ConvKnobs(gemm_cpu.GemmKnobs):
+    """`gemm_cpu.GemmKnobs` with A's blocks half as tall by default, 168 rows (12 panels of 14
+    pixels): measured on ResNet-50 b8's 1x1 layers of 1024 input channels at 14 x 14 (four K
+    blocks) about 7% faster than 336 rows, its other layers here unchanged."""
+
+    MC: int = 168
+
+
 def render(task, **knobs) -> CpuProgram:
     """The program `kiln_kernel(inputs..., output)` for `task` at the setting `knobs`
-    (`gemm_cpu.GemmKnobs`' fields). The rows are real pixels where MR divides the output's width
+    (`ConvKnobs`' fields). The rows are real pixels where MR divides the output's width
     (`cpu/conv_rows.h`'s ALIGNED), else as `gather` says."""
     c = match_conv(task)
     if c is None or c.depthwise:
         raise ValueError(f"conv_cpu does not apply to task '{task.name}'")
-    knob = gemm_cpu.GemmKnobs(**knobs)
-    hq, wq = c.planes
-    cin, (cout, group_cin, kh, kw) = c.x.shape[1], c.weight.shape
+    knob = ConvKnobs(**knobs)
+    cout, group_cin, kh, kw = c.weight.shape
     k = group_cin * kh * kw
     defines = {"GROUPS": c.groups, "GROUP_COUT": cout // c.groups, "BATCH": c.x.shape[0] * c.groups,
                "B_GROUPS": c.groups, "PARAMS": f"TASK_PARAMS, {gemm_cpu.BPRE}, const float* __restrict__ planes, "
                          "const int64_t* __restrict__ koffs",
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
-               "PLANE": cin * c.stride[0] * c.stride[1] * hq * wq + (kw - 1) * c.dilation[1] // c.stride[1] + 16,
+               "PLANE_TAIL": (kw - 1) * c.dilation[1] // c.stride[1] + 16, "INPUT_PLANES": KernelArgs.input(c.x_input),
+               "INPUT_PLANES_OK": int(c.input_is_planes),
                "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
                **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
     return prepared_program(c, defines, KERNEL, "kiln_conv", "kiln_conv_prepare")
 
 
 TEMPLATE = Template("conv_cpu", ("conv2d",), "cpu", render, priority=20, applies=applies,
-                    space=gemm_cpu.GemmKnobs.settings, fixed_sizes_only=True)
+                    space=ConvKnobs.settings, fixed_sizes_only=True)

@@ -59,17 +59,21 @@ class GemmKnobs(Knobs):
     """The blocking: A's blocks MC rows tall, B's NC columns wide (whole panels of the widest
     vectors' 32), both KC deep, and K up to WHOLE_K one block (no float32 workspace between K
     blocks, which costs most where M x N outgrows the L2 cache); the register tile MR rows tall
-    (at most 16; 0 takes the ISA's: `row_tile` of M with 16-float vectors, 6 with 8, 8 with 4)."""
+    (at most 16; 0 takes the ISA's: `row_tile` of M with 16-float vectors, 6 with 8, 8 with 4); where A
+    is read in place (`cpu/micro.h`'s A_DIRECT: a convolution's planes, whose consecutive rows of
+    k lie a channel's plane apart, farther than the hardware prefetches), its row PREFETCH k ahead
+    prefetched (0: none)."""
 
     MC: int = 336
     KC: int = 256
     NC: int = 4096
     WHOLE_K: int = 768
     MR: int = 0
+    PREFETCH: int = 16
 
     def valid(self) -> bool:
         return (self.MC >= 16 and self.KC > 0 and self.NC > 0 and self.NC % 32 == 0 and self.WHOLE_K >= 0
-                and 0 <= self.MR <= 16)
+                and 0 <= self.MR <= 16 and self.PREFETCH >= 0)
 
     @classmethod
     def space(cls, level: int) -> list[GemmKnobs]:
@@ -136,10 +140,10 @@ def _render(task, k: GemmKnobs, planes: bool) -> CpuProgram:
 
 
 def block_knobs(k: GemmKnobs, depth: int | None) -> dict:
-    """`k` as the macros of `cpu/micro.h` and `cpu/gemm.h` (MC, KC, NC, MR_KNOB) for a GEMM of
+    """`k` as the macros of `cpu/micro.h` and `cpu/gemm.h` (MC, KC, NC, MR_KNOB, A_PREFETCH) for a GEMM of
     reduction length `depth` (None where it is symbolic: KC then stays the knob's)."""
     return {"MC": k.MC, "KC": depth if depth is not None and depth <= k.WHOLE_K else k.KC, "NC": k.NC,
-            "MR_KNOB": k.MR}
+            "MR_KNOB": k.MR, "A_PREFETCH": k.PREFETCH}
 
 
 BPRE = "const float* __restrict__ bpre"

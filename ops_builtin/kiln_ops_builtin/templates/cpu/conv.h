@@ -14,12 +14,12 @@
 /* planes offset of tap k = (c, i, j) */
 static inline int64_t kiln_koff(int64_t k) {
     const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
-    return ((c * SH + i * DH % SH) * SW + j * DW % SW) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
+    return (c * PSH * PSW + kiln_phase(i, j)) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
 }
 
 /* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
 static inline const float* kiln_group_planes(const float* planes, int64_t b) {
-    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * SH * SW * HQ * WQ;
+    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * PSH * PSW * HQ * WQ;
 }
 
 /* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel

@@ -21,7 +21,7 @@ void kiln_kernel(TASK_PARAMS) {
 #pragma omp parallel num_threads(threads)
     {
         float* planes = kiln_alloc(PLANE);
-        for (int64_t e = SH * SW * HQ * WQ; e < PLANE; ++e) planes[e] = 0.f;
+        for (int64_t e = PSH * PSW * HQ * WQ; e < PLANE; ++e) planes[e] = 0.f;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < BATCH * CIN; ++u) {
             const int64_t b = u / CIN, c = u % CIN;
@@ -38,7 +38,7 @@ void kiln_kernel(TASK_PARAMS) {
                     for (int v = 0; v < DW_BLOCK; ++v) acc[v] = kiln_dw_init();
                     for (int64_t i = 0; i < KH; ++i)
                         for (int64_t j = 0; j < KW; ++j) {
-                            const float* src = planes + (i * DH % SH * SW + j * DW % SW) * (HQ * WQ)
+                            const float* src = planes + kiln_phase(i, j) * (HQ * WQ)
                                                + (oh + i * DH / SH) * WQ + j * DW / SW + ow0;
                             const float wv = w[i * KW + j];
 #pragma GCC unroll 8

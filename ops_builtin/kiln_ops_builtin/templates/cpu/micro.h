@@ -4,7 +4,8 @@
    Compile-time knobs, macros of the rendered program: MR_KNOB (the tile's rows; 0 takes the
    ISA's: MR_WIDE with 16-float vectors, 6 with 8, 8 with 4), MC (A's block rows, cut down to
    whole panels: MCB), A_DIRECT (1: A is read in place, row k of a panel at a + aoff[k]; 0: A is
-   packed k-major).
+   packed k-major), A_PREFETCH (where A_DIRECT: row k + A_PREFETCH is prefetched at row k, its
+   first and last float, two cache lines at most; 0: none).
 
    Needs simd.h ahead of it. */
 
@@ -26,9 +27,9 @@ enum {
 };
 
 /* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
-   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place) times b-panel (kc x NR,
-   k-major). Never inlined: in the loops of its caller GCC keeps one of the 14-row tile's
-   accumulators on the stack, a store and a load every k. */
+   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place, A_PREFETCH rows ahead
+   prefetched) times b-panel (kc x NR, k-major). Never inlined: in the loops of its caller GCC
+   keeps one of the 14-row tile's accumulators on the stack, a store and a load every k. */
 static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
                               const float* __restrict__ b,
                               const float* cin, int64_t ldin, float* cout, int64_t ldout) {
@@ -38,6 +39,12 @@ static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __rest
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) acc[i][j] = cin ? *(const kiln_vfu*)(cin + i * ldin + j * VW) : (kiln_vf){0};
     for (int64_t k = 0; k < kc; ++k) {
+#if A_DIRECT && A_PREFETCH
+        if (k + A_PREFETCH < kc) {
+            __builtin_prefetch(a + aoff[k + A_PREFETCH]);
+            __builtin_prefetch(a + aoff[k + A_PREFETCH] + MR - 1);
+        }
+#endif
         kiln_vf bv[NV];
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(b + k * NR + j * VW);
