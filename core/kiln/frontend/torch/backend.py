@@ -336,6 +336,13 @@ class KilnFunction:
                 return self._run_in_pytorch(args, shared)
         return compiled(args)
 
+    def unchanged_runs(self) -> list[CompiledRun]:
+        """Its runs whose constants still have the memory and versions they had when compiled
+        (the others' plans may hold what was computed from other values, folded batch norms or
+        merged weights: a call compiles them again)."""
+        return [run for key, run in self.graphs.items()
+                if _unchanged(list(run.constants.values()), self._constants_state[key])]
+
     def _run_in_pytorch(self, args, shared: list[tuple[int, int]]):
         """Run `self.gm` in PyTorch on `args`, where the inputs of each pair in `shared` may
         share memory and the first of it is changed in place: eager's values (or errors)."""
@@ -491,7 +498,7 @@ class CompiledRun:
     `moves` (CPU scalars of a graph on a GPU) are copied to their device first. `constants` holds
     the graph's constant arguments it was compiled for, by position (the parameters and buffers
     that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`; see
-    also `constants_unchanged`)."""
+    also `KilnFunction.unchanged_runs`)."""
 
     CAPTURES_KEPT = 4
     CAPTURES_MAX = 64
@@ -503,7 +510,6 @@ class CompiledRun:
         self.graph = graph
         self.record = record
         self.constants = constants or {}
-        self._constants_state = _constants_state(list(self.constants.values()))
         self.positions = record.positions
         self.structure = record.structure
         self.writeback = record.writeback
@@ -525,12 +531,6 @@ class CompiledRun:
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
             self._capture(cuda_examples)
-
-    def constants_unchanged(self) -> bool:
-        """Whether its constant arguments have the memory and versions they had when it was
-        compiled (else its plan may hold what was computed from other values: folded batch
-        norms, merged weights)."""
-        return _unchanged(list(self.constants.values()), self._constants_state)
 
     def _capture(self, inputs: list[torch.Tensor]):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:

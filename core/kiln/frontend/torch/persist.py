@@ -195,9 +195,8 @@ def _graph_record(run: CompiledRun, sources: list | None, parts: dict[str, bytes
             "fold_kernels": [_kernel_part(program, device, parts) for program, device in folds]}
 
 
-def _keyed(functions: list[KilnFunction]) -> list[CompiledRun]:
-    """The runs of `functions`, graphs of a model captured as several, one for each key."""
-    runs = [run for function in functions for run in function.graphs.values()]
+def _keyed(runs: list[CompiledRun]) -> list[CompiledRun]:
+    """`runs`, graphs of a model captured as several, one for each key."""
     unkeyed = sum(run.record.key is None for run in runs)
     if unkeyed:
         raise SaveError(f"kiln.save: this model is captured as several graphs (graph breaks or "
@@ -207,12 +206,12 @@ def _keyed(functions: list[KilnFunction]) -> list[CompiledRun]:
     return list({run.record.key: run for run in runs}.values())
 
 
-def _current(runs: list[CompiledRun]) -> list[CompiledRun]:
-    """The runs whose parameters have not changed since they compiled (the others' plans may
-    hold values computed from the old ones: folded batch norms, merged weights; the model's next
-    call would compile them again); SaveError where none is left."""
-    current = [run for run in runs if run.constants_unchanged()]
-    if runs and not current:
+def _current(functions: list[KilnFunction]) -> list[tuple[KilnFunction, CompiledRun]]:
+    """The runs of `functions` whose parameters have not changed since they compiled, each with
+    its function (`KilnFunction.unchanged_runs`: the model's next call would compile the others
+    again); SaveError where none is left."""
+    current = [(function, run) for function in functions for run in function.unchanged_runs()]
+    if any(function.graphs for function in functions) and not current:
         raise SaveError("kiln.save: the model's parameters changed since its graphs compiled (their "
                         "plans may hold values computed from the old ones: batch norms folded into "
                         "convolutions, merged weights): call the model once (it compiles again), then "
@@ -238,13 +237,13 @@ def save(compiled_model, path) -> None:
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     parts: dict[str, bytes] = {}
     functions, several = _graphs_of(module)
+    current = _current(functions)
     if several:
-        graphs = [_graph_record(run, None, parts) for run in _current(_keyed(functions))]
+        kept = {id(run) for _, run in current}
+        graphs = [_graph_record(run, None, parts) for run in
+                  _keyed([run for function in functions for run in function.graphs.values()]) if id(run) in kept]
     else:
-        runs = [(run, function) for function in functions for run in function.graphs.values()]
-        current = {id(run) for run in _current([run for run, _ in runs])}
-        graphs = [_graph_record(run, _argument_sources(function), parts) for run, function in runs
-                  if id(run) in current]
+        graphs = [_graph_record(run, _argument_sources(function), parts) for function, run in current]
     parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
                 "torch": torch.__version__, "architecture": _architectures(graphs),
