@@ -58,8 +58,6 @@ from kiln.settings import Settings, current
 
 KIND = "graphs"
 SUFFIX = ".plan"
-_FOLD = "fold "
-"""The prefix of the names of a fold plan's constants among an entry's raw tensors."""
 
 
 def key(gm, args, sizes, constant, reads, settings: Settings) -> str | None:
@@ -101,9 +99,9 @@ def lookup(key: str, args) -> RunRecord | None:
     except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
-    stored["run"] = replace(stored["run"], plan=_unpacked(stored["run"].plan, packed, ""))
+    stored["run"] = replace(stored["run"], plan=_unpacked(stored["run"].plan, packed, "run"))
     if stored.get("folds") is not None:
-        stored["folds"] = {**stored["folds"], "plan": _unpacked(stored["folds"]["plan"], packed, _FOLD)}
+        stored["folds"] = {**stored["folds"], "plan": _unpacked(stored["folds"]["plan"], packed, "folds")}
     found = bound(stored, args)
     if found is None:
         logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, stored["run"].read)
@@ -164,10 +162,10 @@ def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
     """Keep `run` under its key as the `entry` of a call whose constants are `constants`, the
     tensors it keeps as raw bytes (`packed_entry`) where they can be."""
     kept = entry(run, constants)
-    plan, packed = _packed(kept["run"].plan, "")
+    plan, packed = _packed(kept["run"].plan, "run")
     kept["run"] = replace(kept["run"], plan=plan)
     if kept["folds"] is not None:
-        plan, held = _packed(kept["folds"]["plan"], _FOLD)
+        plan, held = _packed(kept["folds"]["plan"], "folds")
         kept["folds"] = {**kept["folds"], "plan": plan}
         packed.update(held)
     try:
@@ -178,22 +176,17 @@ def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
                       stacklevel=3)
 
 
-def _packed(plan: Plan, prefix: str) -> tuple[Plan, dict]:
-    """`plan` holding only its constants that are not written as raw bytes, and those, by their
-    slot (named with `prefix` where it is not empty)."""
-    packed = {f"{prefix}{slot}" if prefix else slot: t for slot, t in plan.constants.items() if packed_entry.packable(t)}
+def _packed(plan: Plan, owner: str) -> tuple[Plan, dict]:
+    """`plan` holding only its constants that are not written as raw bytes, and those, named
+    (`owner`, slot): `owner` is the entry's part whose plan holds them."""
+    packed = {(owner, slot): t for slot, t in plan.constants.items() if packed_entry.packable(t)}
     pickled = {slot: t for slot, t in plan.constants.items() if not packed_entry.packable(t)}
     return replace(plan, constants=pickled), packed
 
 
-def _unpacked(plan: Plan, packed: dict, prefix: str) -> Plan:
-    """`plan` holding its constants of `packed` again (named with `prefix` where it is not
-    empty, else by their slots)."""
-    if prefix:
-        mine = {int(name[len(prefix):]): t for name, t in packed.items()
-                if isinstance(name, str) and name.startswith(prefix)}
-    else:
-        mine = {slot: t for slot, t in packed.items() if not isinstance(slot, str)}
+def _unpacked(plan: Plan, packed: dict, owner: str) -> Plan:
+    """`plan` holding its constants of `packed` (named by `_packed`'s `owner`) again."""
+    mine = {slot: t for (part, slot), t in packed.items() if part == owner}
     return replace(plan, constants={**plan.constants, **mine})
 
 
