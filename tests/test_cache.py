@@ -323,6 +323,24 @@ def test_a_large_entry_is_checked_in_parts_and_a_change_in_any_part_is_found(cac
     assert cache.read_entry("graphs", key, ".plan") is None
 
 
+@pytest.mark.parametrize("size", [1, cache._PART, 3 * cache._PART + 1000])
+def test_read_file_reads_a_whole_file_into_page_aligned_memory_in_pieces_at_once(tmp_path, size):
+    path = tmp_path / "file"
+    payload = os.urandom(size)
+    path.write_bytes(payload)
+    data = cache.read_file(path)
+    assert data[:] == payload and memoryview(data)[-1] == payload[-1]
+    assert torch.frombuffer(data, dtype=torch.uint8).data_ptr() % mmap.PAGESIZE == 0
+    data.seek(-1, os.SEEK_END)
+    assert data.seekable() and data.read() == payload[-1:]
+
+
+def test_read_file_refuses_an_empty_file(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        cache.read_file(tmp_path / "empty")
+
+
 def test_evict_removes_the_least_recently_used_entries_beyond_a_size(cache_root):
     keys = [f"{k:02d}" * 32 for k in range(4)]
     for age, key in enumerate(keys):

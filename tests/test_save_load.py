@@ -1,6 +1,5 @@
 """kiln.save / kiln.load: a compiled model restored in a fresh process builds no kernel, and a
 file is checked against its manifest before anything in it is loaded."""
-import io
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import graph_cache, persist, registry as mapping_rules
+from kiln.frontend.torch import graph_cache, packed_entry, persist, registry as mapping_rules
 from kiln.frontend.torch.graph_key import Uncacheable
 from kiln.frontend.torch.persist import SaveError
 from kiln.runtime.cache import checksum
@@ -294,7 +293,7 @@ def nothing_loaded(monkeypatch):
     """Fail the test if the records are read or a kernel loaded."""
     def refuse(*args, **kwargs):
         raise AssertionError("kiln.load read the records or loaded a kernel of a refused file")
-    monkeypatch.setattr(persist, "loads", refuse)
+    monkeypatch.setattr(persist.packed_entry, "loads", refuse)
     monkeypatch.setattr(persist, "_loaded_kernel", refuse)
 
 
@@ -302,19 +301,40 @@ def test_the_manifest_names_the_format_versions_architecture_and_every_parts_has
     path, eager, x = saved
     parts = parts_of(path)
     manifest = json.loads(parts.pop(persist.MANIFEST))
-    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 3
+    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 4
     assert manifest["kiln"] == kiln.__version__ and manifest["torch"] == torch.__version__
     assert manifest["architecture"] == {"cpu": architecture()}
     assert manifest["parts"] == {name: checksum(data) for name, data in parts.items()}
-    assert "model.pt" in parts and any(name.startswith("kernels/") for name in parts)
+    assert persist.RUNS in parts and any(name.startswith("kernels/") for name in parts)
     torch.testing.assert_close(kiln.load(path)(x), eager(x).detach())
 
 
-@pytest.mark.parametrize("part", ["model.pt", "a kernel"])
+def test_every_part_begins_aligned_and_a_loaded_models_tensors_lie_in_the_files_memory(saved, monkeypatch):
+    """Each part's bytes begin at a multiple of packed_entry.ALIGNMENT in the file, so that load
+    reads the runs' CPU tensors where the file's bytes lie, copying none."""
+    path, eager, x = saved
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name_length, extra_length = persist._LOCAL_HEADER.unpack_from(data, info.header_offset)[-2:]
+            begin = info.header_offset + persist._LOCAL_HEADER.size + name_length + extra_length
+            assert begin % packed_entry.ALIGNMENT == 0, info.filename
+            assert data[begin:begin + info.file_size] == archive.read(info)
+    memory = []
+    read = persist.read_file
+    monkeypatch.setattr(persist, "read_file", lambda p: memory.append(read(p)) or memory[-1])
+    loaded = kiln.load(path)
+    start = torch.frombuffer(memory[0], dtype=torch.uint8).data_ptr()
+    constants = [t for g in loaded.graphs for t in g.record.plan.constants.values()]
+    assert constants and all(start <= t.data_ptr() < start + len(memory[0]) for t in constants)
+    torch.testing.assert_close(loaded(x), eager(x).detach())
+
+
+@pytest.mark.parametrize("part", ["the runs", "a kernel"])
 def test_a_changed_part_is_refused_before_anything_is_loaded(saved, part, nothing_loaded):
     path, _, _ = saved
     parts = parts_of(path)
-    name = part if part == "model.pt" else next(n for n in parts if n.startswith("kernels/"))
+    name = persist.RUNS if part == "the runs" else next(n for n in parts if n.startswith("kernels/"))
     data = bytearray(parts[name])
     data[len(data) // 2] ^= 0xFF
     rewrite(path, {**parts, name: bytes(data)})
@@ -377,12 +397,12 @@ def test_a_file_for_a_gpu_this_machine_lacks_or_another_gpu_is_refused(saved, no
         kiln.load(path)
 
 
-@pytest.mark.parametrize("version", [2, 4])
+@pytest.mark.parametrize("version", [3, 5])
 def test_a_file_of_another_format_version_is_refused(saved, version, nothing_loaded):
     path, _, _ = saved
     rewrite(path, with_manifest(parts_of(path), format_version=version))
     with pytest.raises(persist.LoadError, match=f"is in version {version} of Kiln's compiled-model "
-                                                r"format .*; this Kiln .* reads version 3"):
+                                                r"format .*; this Kiln .* reads version 4"):
         kiln.load(path)
 
 
@@ -391,9 +411,9 @@ def test_a_run_naming_no_built_kernel_for_a_step_is_refused_without_compiling_it
     would have the loader compile the program's source from the file: it is refused instead."""
     path, _, _ = saved
     parts = parts_of(path)
-    runs = persist.loads(parts[persist.RUNS])
+    runs, tensors = packed_entry.loads(parts[persist.RUNS])
     runs["graphs"][0]["kernels"] = [None] * len(runs["graphs"][0]["kernels"])
-    parts[persist.RUNS] = persist.dumps(runs)
+    parts[persist.RUNS] = packed_entry.dumps(runs, {k: t.clone() for k, t in tensors.items()})
     manifest = json.loads(parts[persist.MANIFEST])
     manifest["parts"] = {name: checksum(data) for name, data in parts.items() if name != persist.MANIFEST}
     rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
@@ -424,12 +444,11 @@ class _Runs:
 def test_records_that_would_run_code_are_refused_without_running_it(saved):
     path, _, _ = saved
     marker = path.parent / "ran"
-    records = io.BytesIO()
-    torch.save({"forward": ["input"], "graphs": [_Runs(marker)]}, records)
-    parts = {**parts_of(path), "model.pt": records.getvalue()}
+    records = packed_entry.dumps({"forward": ["input"], "graphs": [_Runs(marker)]}, {})
+    parts = {**parts_of(path), persist.RUNS: records}
     manifest = json.loads(parts[persist.MANIFEST])
-    manifest["parts"]["model.pt"] = checksum(records.getvalue())
+    manifest["parts"][persist.RUNS] = checksum(records)
     rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
-    with pytest.raises(persist.LoadError, match="its model.pt holds what a compiled model does not"):
+    with pytest.raises(persist.LoadError, match=f"its {persist.RUNS} holds what a compiled model does not"):
         kiln.load(path)
     assert not marker.exists()

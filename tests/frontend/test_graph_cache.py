@@ -525,3 +525,27 @@ def test_memory_of_a_graph_the_cache_served_names_it(graph_cache, caplog):
     with pytest.raises(ValueError, match="whole-graph cache"):
         for function in served:
             graph_memory(function)
+
+
+def test_reading_an_entry_back_sets_off_no_garbage_collection():
+    """Unpickling makes many objects and no garbage: the full collections they would set off walk
+    every object of a process that has traced a model."""
+    from kiln.runtime import plan
+    record = {"rows": [list(range(20)) for _ in range(3000)], "x": torch.randn(3)}
+    data = plan.dumps(record)
+    started = []
+
+    def count(phase, info):
+        if phase == "start":
+            started.append(info["generation"])
+    threshold = gc.get_threshold()
+    gc.callbacks.append(count)
+    gc.set_threshold(10)
+    try:
+        plan.loads(data)
+        assert started == [] and gc.isenabled()
+        [list(range(20)) for _ in range(3000)]
+        assert started, "the collector ran without the pause"
+    finally:
+        gc.callbacks.remove(count)
+        gc.set_threshold(*threshold)

@@ -224,6 +224,36 @@ def checksum(data) -> str:
     return "parts " + hashlib.sha256(b"".join(digests)).hexdigest()
 
 
+class FileBytes(mmap.mmap):
+    """A file's bytes in private memory (`read_file`): a buffer, and a file object reading them."""
+
+    def seekable(self) -> bool:
+        return True
+
+
+def read_file(path) -> FileBytes:
+    """The bytes of the file at `path` in new private memory, read in `_PART`-byte pieces at once on torch's threads (`threads_for`); OSError where it
+    cannot be read whole, ValueError where it is empty."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ValueError(f"{path} is empty")
+        memory = FileBytes(-1, size, flags=_ANONYMOUS)
+        view = memoryview(memory)
+
+        def read(start: int) -> None:
+            piece = view[start:start + _PART]
+            while len(piece):
+                got = os.preadv(f.fileno(), [piece], start)
+                if got == 0:
+                    raise OSError(f"{path} became shorter while it was read")
+                piece, start = piece[got:], start + got
+        starts = range(0, size, _PART)
+        with ThreadPoolExecutor(threads_for(len(starts), size)) as pool:
+            list(pool.map(read, starts))
+    return memory
+
+
 def _read_own_file(dir_fd: int, name: str) -> memoryview | None:
     """The bytes of regular file `name` in `dir_fd`, read through one descriptor into new
     page-aligned memory, if it is the user's own and writable by no one else; else None

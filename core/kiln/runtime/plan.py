@@ -15,6 +15,7 @@ runtime's own data classes only, nothing that runs code while it is read.
 """
 from __future__ import annotations
 
+import gc
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -120,6 +121,15 @@ def dumps(record) -> bytes:
 
 def loads(data: bytes, classes: Sequence[type] = ()):
     """The record `dumps` wrote, read with torch's weights-only unpickler: besides tensors and
-    plain values it builds only instances of SAFE_CLASSES and of `classes`."""
-    with torch.serialization.safe_globals([*SAFE_CLASSES, *classes]):
-        return torch.load(io.BytesIO(data), weights_only=True)
+    plain values it builds only instances of SAFE_CLASSES and of `classes`. Python's cyclic
+    garbage collector is off meanwhile: the unpickler makes no garbage, but its many new objects
+    would set off full collections, each a walk over every object of a process that has traced
+    a model."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.serialization.safe_globals([*SAFE_CLASSES, *classes]):
+            return torch.load(io.BytesIO(data), weights_only=True)
+    finally:
+        if collecting:
+            gc.enable()

@@ -99,9 +99,7 @@ def lookup(key: str, args) -> RunRecord | None:
     except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
-    stored["run"] = replace(stored["run"], plan=_unpacked(stored["run"].plan, packed, "run"))
-    if stored.get("folds") is not None:
-        stored["folds"] = {**stored["folds"], "plan": _unpacked(stored["folds"]["plan"], packed, "folds")}
+    stored = unpacked(stored, packed)
     found = bound(stored, args)
     if found is None:
         logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, stored["run"].read)
@@ -161,33 +159,39 @@ def bound(kept: dict, args, fold_kernels=None) -> RunRecord | None:
 def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
     """Keep `run` under its key as the `entry` of a call whose constants are `constants`, the
     tensors it keeps as raw bytes (`packed_entry`) where they can be."""
-    kept = entry(run, constants)
-    plan, packed = _packed(kept["run"].plan, "run")
-    kept["run"] = replace(kept["run"], plan=plan)
-    if kept["folds"] is not None:
-        plan, held = _packed(kept["folds"]["plan"], "folds")
-        kept["folds"] = {**kept["folds"], "plan": plan}
-        packed.update(held)
+    kept, tensors = packed(entry(run, constants))
     try:
-        cache.write_entry(KIND, run.key, SUFFIX, packed_entry.dumps(kept, packed))
+        cache.write_entry(KIND, run.key, SUFFIX, packed_entry.dumps(kept, tensors))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
                       stacklevel=3)
 
 
-def _packed(plan: Plan, owner: str) -> tuple[Plan, dict]:
-    """`plan` holding only its constants that are not written as raw bytes, and those, named
-    (`owner`, slot): `owner` is the entry's part whose plan holds them."""
-    packed = {(owner, slot): t for slot, t in plan.constants.items() if packed_entry.packable(t)}
-    pickled = {slot: t for slot, t in plan.constants.items() if not packed_entry.packable(t)}
-    return replace(plan, constants=pickled), packed
+def packed(kept: dict, name: tuple = ()) -> tuple[dict, dict]:
+    """The `entry` `kept` without its plans' constants that `packed_entry` writes as raw bytes,
+    and those, named (*`name`, part, slot): part "run" or "folds", the plan holding them."""
+    tensors = {}
+
+    def split(plan: Plan, part: str) -> Plan:
+        raw = {slot for slot, t in plan.constants.items() if packed_entry.packable(t)}
+        tensors.update({(*name, part, slot): plan.constants[slot] for slot in raw})
+        return replace(plan, constants={s: t for s, t in plan.constants.items() if s not in raw})
+    kept = {**kept, "run": replace(kept["run"], plan=split(kept["run"].plan, "run"))}
+    if kept["folds"] is not None:
+        kept["folds"] = {**kept["folds"], "plan": split(kept["folds"]["plan"], "folds")}
+    return kept, tensors
 
 
-def _unpacked(plan: Plan, packed: dict, owner: str) -> Plan:
-    """`plan` holding its constants of `packed` (named by `_packed`'s `owner`) again."""
-    mine = {slot: t for (part, slot), t in packed.items() if part == owner}
-    return replace(plan, constants={**plan.constants, **mine})
+def unpacked(kept: dict, tensors: dict, name: tuple = ()) -> dict:
+    """The entry `kept` holding again its constants of `tensors` (as `packed` names them)."""
+    def joined(plan: Plan, part: str) -> Plan:
+        mine = {key[-1]: t for key, t in tensors.items() if key[:-1] == (*name, part)}
+        return replace(plan, constants={**plan.constants, **mine})
+    kept = {**kept, "run": replace(kept["run"], plan=joined(kept["run"].plan, "run"))}
+    if kept.get("folds") is not None:
+        kept["folds"] = {**kept["folds"], "plan": joined(kept["folds"]["plan"], "folds")}
+    return kept
 
 
 def limit() -> int:

@@ -28,9 +28,11 @@ The file is a zip archive of parts, one of which describes the others:
   `kiln.runtime.cpu.architecture()`; a GPU's: `sm_90`, ...), and the checksum of every other
   part (`kiln.runtime.cache.checksum`: its SHA-256, or for a part over 4 MiB the SHA-256 of its
   4 MiB pieces' SHA-256s, hashed on several threads);
-- `model.pt`: the runs (for a model of one graph, with how the model's arguments reach it) and
-  the forward's parameter names, in torch's serialization, read with its weights-only unpickler
-  (tensors, plain values and Kiln's own data classes: nothing in it runs code);
+- `graphs.bin`: the runs (for a model of one graph, with how the model's arguments reach it) and
+  the forward's parameter names, written by `kiln.frontend.torch.packed_entry` as the graph
+  cache writes its entries: a record in torch's serialization, read with its weights-only
+  unpickler (plain values and Kiln's own data classes: nothing in it runs code), then the
+  constants' bytes, which a load copies to their devices as they lie in memory;
 - `kernels/SHA.so`, `kernels/SHA.cubin`: each kernel's shared object or cubin, named by its
   hash (a view step, and a GPU program that launches nothing, have none).
 
@@ -64,7 +66,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import io
 import json
 import os
 import pickle
@@ -79,22 +80,24 @@ import torch
 from torch._dynamo.resume_execution import TORCH_DYNAMO_RESUME_IN_PREFIX
 
 from kiln.device import Device, device as as_device
-from kiln.frontend.torch import graph_cache
+from kiln.frontend.torch import graph_cache, packed_entry
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run, kiln_backend
-from kiln.frontend.torch.run_record import RunRecord, dumps, loads
+from kiln.frontend.torch.run_record import RunRecord
 from kiln.log import logger
 from kiln.runtime.backend import DeviceKernel, backend_for
-from kiln.runtime.cache import checksum
+from kiln.runtime.cache import checksum, read_file
 from kiln.runtime.compiled_graph import CompiledGraph, View, ViewKernel
 from kiln.runtime.plan import owned
 from kiln.settings import current
 from kiln.version import VERSION
 
 FORMAT = "kiln-compiled-model"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")     # a zip member's local file header
-RUNS = "model.pt"
+_PADDING = struct.Struct("<HH")                 # an extra field's header: its tag and length
+_PADDING_TAG = 0xD935                           # zipalign's tag for padding
+RUNS = "graphs.bin"
 _SOURCES = [(re.compile(r"L\['args'\]\[(\d+)\]$"), "position"),
             (re.compile(r"L\['kwargs'\]\['(\w+)'\]$"), "name"),
             (re.compile(r"L\['(\w+)'\]$"), "name")]
@@ -190,7 +193,7 @@ def _graph_record(run: CompiledRun, sources: list | None, parts: dict[str, bytes
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
                for program, device in plan.kernels]
     folds = entry["folds"]["plan"].kernels if entry["folds"] else []
-    stored = replace(plan, constants={s: owned(t) for s, t in plan.constants.items()})
+    stored = replace(plan, constants={s: owned(t.detach()) for s, t in plan.constants.items()})
     return {**entry, "run": replace(entry["run"], plan=stored), "kernels": kernels, "sources": sources,
             "fold_kernels": [_kernel_part(program, device, parts) for program, device in folds]}
 
@@ -244,7 +247,11 @@ def save(compiled_model, path) -> None:
                   _keyed([run for function in functions for run in function.graphs.values()]) if id(run) in kept]
     else:
         graphs = [_graph_record(run, _argument_sources(function), parts) for function, run in current]
-    parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
+    tensors = {}
+    for i, graph in enumerate(graphs):
+        graphs[i], held = graph_cache.packed(graph, (i,))
+        tensors.update(held)
+    parts[RUNS] = packed_entry.dumps({"forward": parameters, "graphs": graphs}, tensors)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
                 "torch": torch.__version__, "architecture": _architectures(graphs),
                 "parts": {name: checksum(data) for name, data in sorted(parts.items())}}
@@ -252,13 +259,25 @@ def save(compiled_model, path) -> None:
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
-            archive.writestr(MANIFEST, json.dumps(manifest, indent=1))
-            for name, data in sorted(parts.items()):
-                archive.writestr(name, data)
+            for name, data in [(MANIFEST, json.dumps(manifest, indent=1).encode()), *sorted(parts.items())]:
+                archive.writestr(_aligned_member(name, f.tell(), len(data)), data)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _aligned_member(name: str, offset: int, size: int) -> zipfile.ZipInfo:
+    """A member `name` of `size` bytes whose local header, written at `offset`, is padded by an
+    extra field (as Android's zipalign pads them) for its bytes to begin at a multiple of
+    `packed_entry.ALIGNMENT`: `load` then reads the tensors of `RUNS` where they lie."""
+    header = zipfile.sizeFileHeader + len(name.encode()) + _PADDING.size
+    if size > zipfile.ZIP64_LIMIT:
+        header += 20        # zipfile adds a ZIP64 extra field of 20 bytes
+    padding = -(offset + header) % packed_entry.ALIGNMENT
+    info = zipfile.ZipInfo(name)
+    info.extra = _PADDING.pack(_PADDING_TAG, padding) + bytes(padding)
+    return info
 
 
 def _written_by(manifest: dict) -> str:
@@ -285,12 +304,12 @@ def _checked_parts(path) -> dict[str, memoryview]:
     """The parts of the file at `path`, once its manifest is found to describe this format
     version and this machine, and every part to have the checksum it lists (else LoadError)."""
     not_ours = f"{path} is not a compiled model saved by kiln.save"
-    data = Path(path).read_bytes()
-    contents = memoryview(data)
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))     # over bytes, a BytesIO copies nothing
-    except zipfile.BadZipFile:
+        data = read_file(path)
+        archive = zipfile.ZipFile(data)
+    except (ValueError, zipfile.BadZipFile):
         raise LoadError(f"{not_ours} (not a zip archive)") from None
+    contents = memoryview(data)
     with archive:
         names = set(archive.namelist())
         if MANIFEST not in names:
@@ -480,9 +499,10 @@ def load(path, model=None, **compile_options):
     graph from the file (`SavedGraphs`)."""
     parts = _checked_parts(path)
     try:
-        saved = loads(parts[RUNS])
-    except pickle.UnpicklingError as error:
+        saved, tensors = packed_entry.loads(parts[RUNS])
+    except (pickle.UnpicklingError, ValueError) as error:
         raise LoadError(f"{path}: its {RUNS} holds what a compiled model does not ({error})") from None
+    saved["graphs"] = [graph_cache.unpacked(g, tensors, (i,)) for i, g in enumerate(saved["graphs"])]
     if model is None and any(g["sources"] is None for g in saved["graphs"]):
         raise LoadError(f"{path} holds a model captured as several graphs (graph breaks or "
                         "fallback_to_eager): the Python between them is the model's own code, so "
