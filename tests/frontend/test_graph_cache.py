@@ -470,6 +470,24 @@ def test_an_entrys_tensors_come_back_as_written():
         packed_entry.loads(packed_entry.dumps(record, tensors) + bytes(64))
 
 
+@pytest.mark.parametrize("shape, stride", [((3, 5), (5, 1)), ((2, 3), (-1, 1)), ((4,), (1, 1))])
+def test_an_entry_whose_tensor_reaches_beyond_its_bytes_is_refused(shape, stride):
+    """A record describing a tensor larger than its bytes would view the bytes after them (as
+    torch checks a view against its whole storage, the entry's): the entry is refused."""
+    from kiln.frontend.torch import packed_entry, run_record
+
+    data = packed_entry.dumps({"plan": "a record"}, {0: torch.randn(2, 3), 1: torch.randn(64)})
+    length = int.from_bytes(data[:8], "little")
+    head = run_record.loads(data[8:8 + length])
+    dtype, _, _, offset, nbytes, device = head["tensors"][0]
+    head["tensors"][0] = (dtype, shape, stride, offset, nbytes, device)
+    changed = run_record.dumps(head)
+    assert len(changed) <= length
+    padded = changed + bytes(length - len(changed))     # the same length: the tensors stay where they were
+    with pytest.raises(ValueError, match="reach beyond its bytes"):
+        packed_entry.loads(data[:8] + padded + data[8 + length:])
+
+
 @pytest.mark.cuda
 def test_an_entrys_gpu_tensors_come_back_on_their_gpu():
     from kiln.frontend.torch import packed_entry

@@ -65,8 +65,17 @@ def loads(data) -> tuple[object, dict]:
     tensors = {}
     for name, (dtype, shape, stride, offset, nbytes, device) in head["tensors"].items():
         flat = whole[start + offset:start + offset + nbytes].view(dtype)
+        if len(shape) != len(stride) or _extent(shape, stride) > flat.numel():
+            raise ValueError(f"tensor {name!r}: sizes {shape} and strides {stride} reach beyond its bytes")
         tensors[name] = flat.as_strided(shape, stride).to(device)
     return head["record"], tensors
+
+
+def _extent(shape, stride) -> float:
+    """The elements a tensor of sizes `shape` and non-negative strides `stride` spans."""
+    if any(d < 0 for d in (*shape, *stride)):
+        return float("inf")
+    return 0 if 0 in shape else 1 + sum((d - 1) * s for d, s in zip(shape, stride))
 
 
 def _padding(size: int) -> int:
