@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import graph_cache, packed_entry, persist, registry as mapping_rules
+from kiln.frontend.torch import graph_cache, persist, registry as mapping_rules
 from kiln.frontend.torch.graph_key import Uncacheable
 from kiln.frontend.torch.persist import SaveError
+from kiln.runtime import serialize
 from kiln.runtime.cache import checksum
 from kiln.runtime.cpu import architecture
 
@@ -293,7 +294,7 @@ def nothing_loaded(monkeypatch):
     """Fail the test if the records are read or a kernel loaded."""
     def refuse(*args, **kwargs):
         raise AssertionError("kiln.load read the records or loaded a kernel of a refused file")
-    monkeypatch.setattr(persist.packed_entry, "loads", refuse)
+    monkeypatch.setattr(persist, "loads", refuse)
     monkeypatch.setattr(persist, "_loaded_kernel", refuse)
 
 
@@ -301,7 +302,7 @@ def test_the_manifest_names_the_format_versions_architecture_and_every_parts_has
     path, eager, x = saved
     parts = parts_of(path)
     manifest = json.loads(parts.pop(persist.MANIFEST))
-    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == 4
+    assert manifest["format"] == "kiln-compiled-model" and manifest["format_version"] == persist.FORMAT_VERSION == 5
     assert manifest["kiln"] == kiln.__version__ and manifest["torch"] == torch.__version__
     assert manifest["architecture"] == {"cpu": architecture()}
     assert manifest["parts"] == {name: checksum(data) for name, data in parts.items()}
@@ -310,7 +311,7 @@ def test_the_manifest_names_the_format_versions_architecture_and_every_parts_has
 
 
 def test_every_part_begins_aligned_and_a_loaded_models_tensors_lie_in_the_files_memory(saved, monkeypatch):
-    """Each part's bytes begin at a multiple of packed_entry.ALIGNMENT in the file, so that load
+    """Each part's bytes begin at a multiple of serialize.ALIGNMENT in the file, so that load
     reads the runs' CPU tensors where the file's bytes lie, copying none."""
     path, eager, x = saved
     data = path.read_bytes()
@@ -318,7 +319,7 @@ def test_every_part_begins_aligned_and_a_loaded_models_tensors_lie_in_the_files_
         for info in archive.infolist():
             name_length, extra_length = persist._LOCAL_HEADER.unpack_from(data, info.header_offset)[-2:]
             begin = info.header_offset + persist._LOCAL_HEADER.size + name_length + extra_length
-            assert begin % packed_entry.ALIGNMENT == 0, info.filename
+            assert begin % serialize.ALIGNMENT == 0, info.filename
             assert data[begin:begin + info.file_size] == archive.read(info)
     memory = []
     read = persist.read_file
@@ -397,12 +398,12 @@ def test_a_file_for_a_gpu_this_machine_lacks_or_another_gpu_is_refused(saved, no
         kiln.load(path)
 
 
-@pytest.mark.parametrize("version", [3, 5])
+@pytest.mark.parametrize("version", [4, 6])
 def test_a_file_of_another_format_version_is_refused(saved, version, nothing_loaded):
     path, _, _ = saved
     rewrite(path, with_manifest(parts_of(path), format_version=version))
     with pytest.raises(persist.LoadError, match=f"is in version {version} of Kiln's compiled-model "
-                                                r"format .*; this Kiln .* reads version 4"):
+                                                r"format .*; this Kiln .* reads version 5"):
         kiln.load(path)
 
 
@@ -411,9 +412,9 @@ def test_a_run_naming_no_built_kernel_for_a_step_is_refused_without_compiling_it
     would have the loader compile the program's source from the file: it is refused instead."""
     path, _, _ = saved
     parts = parts_of(path)
-    runs, tensors = packed_entry.loads(parts[persist.RUNS])
+    runs = persist.loads(parts[persist.RUNS])
     runs["graphs"][0]["kernels"] = [None] * len(runs["graphs"][0]["kernels"])
-    parts[persist.RUNS] = packed_entry.dumps(runs, {k: t.clone() for k, t in tensors.items()})
+    parts[persist.RUNS] = persist.dumps(runs)
     manifest = json.loads(parts[persist.MANIFEST])
     manifest["parts"] = {name: checksum(data) for name, data in parts.items() if name != persist.MANIFEST}
     rewrite(path, {**parts, persist.MANIFEST: json.dumps(manifest).encode()})
@@ -444,7 +445,7 @@ class _Runs:
 def test_records_that_would_run_code_are_refused_without_running_it(saved):
     path, _, _ = saved
     marker = path.parent / "ran"
-    records = packed_entry.dumps({"forward": ["input"], "graphs": [_Runs(marker)]}, {})
+    records = persist.dumps({"forward": ["input"], "graphs": [_Runs(marker)]})
     parts = {**parts_of(path), persist.RUNS: records}
     manifest = json.loads(parts[persist.MANIFEST])
     manifest["parts"][persist.RUNS] = checksum(records)

@@ -3,9 +3,7 @@ and never serves a plan compiled for another graph, other inputs, settings, code
 compile read them) constant values."""
 from __future__ import annotations
 
-import gc
 import logging
-import mmap
 import os
 import subprocess
 import sys
@@ -16,7 +14,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.frontend.torch import graph_key, packed_entry, registry as mapping_rules
+from kiln.frontend.torch import graph_key, registry as mapping_rules, run_record
 from kiln.passes import PassContext, PassTiming
 from kiln import plugins
 from kiln.plugins import PluginInfo, registry
@@ -190,9 +188,9 @@ def test_weights_concatenated_at_compile_time_are_computed_again_from_the_caller
     torch.testing.assert_close(out, other(x), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out, model(x))
     (path,) = (graph_cache / "graphs").rglob("*.plan")
-    entry, packed = packed_entry.loads(path.read_bytes())
+    entry = run_record.loads(path.read_bytes())
     assert entry["run"].read == [] and entry["folds"] is not None
-    stored = [*packed.values(), *entry["run"].plan.constants.values()]
+    stored = [*entry["run"].plan.constants.values()]
     assert not [t for t in stored if t.shape[0] == 16]         # the concatenated weight is not stored
 
 
@@ -451,71 +449,6 @@ def test_a_training_step_on_cuda_from_the_cache(graph_cache, caplog):
     assert events(caplog).count("hit") >= 2
 
 
-def test_an_entrys_tensors_come_back_as_written():
-    from kiln.frontend.torch import packed_entry
-
-    tensors = {0: torch.randn(3, 5).t(), 1: torch.randn(4).to(torch.bfloat16), 2: torch.tensor(True),
-               3: torch.empty(0, 7), 4: torch.arange(6, dtype=torch.int64).reshape(2, 3)}
-    record = {"plan": "a record", "read": [1, 2]}
-    back, found = packed_entry.loads(packed_entry.dumps(record, tensors))
-    assert back == record and found.keys() == tensors.keys()
-    for k, t in tensors.items():
-        assert found[k].dtype == t.dtype and found[k].stride() == t.stride() and torch.equal(found[k], t)
-        assert found[k].data_ptr() % 64 == 0
-    view = torch.randn(8)[2:5]
-    assert not packed_entry.packable(view) and packed_entry.packable(view.clone())
-    with pytest.raises(ValueError):
-        packed_entry.loads(packed_entry.dumps(record, tensors)[:-4])
-    with pytest.raises(ValueError):
-        packed_entry.loads(packed_entry.dumps(record, tensors) + bytes(64))
-
-
-@pytest.mark.parametrize("shape, stride", [((3, 5), (5, 1)), ((2, 3), (-1, 1)), ((4,), (1, 1))])
-def test_an_entry_whose_tensor_reaches_beyond_its_bytes_is_refused(shape, stride):
-    """A record describing a tensor larger than its bytes would view the bytes after them (as
-    torch checks a view against its whole storage, the entry's): the entry is refused."""
-    from kiln.frontend.torch import packed_entry, run_record
-
-    data = packed_entry.dumps({"plan": "a record"}, {0: torch.randn(2, 3), 1: torch.randn(64)})
-    length = int.from_bytes(data[:8], "little")
-    head = run_record.loads(data[8:8 + length])
-    dtype, _, _, offset, nbytes, device = head["tensors"][0]
-    head["tensors"][0] = (dtype, shape, stride, offset, nbytes, device)
-    changed = run_record.dumps(head)
-    assert len(changed) <= length
-    padded = changed + bytes(length - len(changed))     # the same length: the tensors stay where they were
-    with pytest.raises(ValueError, match="reach beyond its bytes"):
-        packed_entry.loads(data[:8] + padded + data[8 + length:])
-
-
-@pytest.mark.cuda
-def test_an_entrys_gpu_tensors_come_back_on_their_gpu():
-    from kiln.frontend.torch import packed_entry
-
-    tensors = {0: torch.randn(3, 5, device="cuda").t(), 1: torch.tensor(2.5, device="cuda"),
-               2: torch.randn(4)}
-    assert all(packed_entry.packable(t) for t in tensors.values())
-    _, found = packed_entry.loads(packed_entry.dumps({"plan": "a record"}, tensors))
-    for k, t in tensors.items():
-        assert found[k].device == t.device and found[k].stride() == t.stride() and torch.equal(found[k], t)
-
-
-def test_an_entrys_tensors_are_views_of_its_memory_where_that_is_aligned_and_writable():
-    from kiln.frontend.torch import packed_entry
-
-    tensors = {0: torch.randn(5, 3), 1: torch.arange(9, dtype=torch.int32)}
-    data = packed_entry.dumps({"plan": "a record"}, tensors)
-    memory = mmap.mmap(-1, len(data))
-    memory[:] = data
-    _, found = packed_entry.loads(memoryview(memory))
-    start = torch.frombuffer(memory, dtype=torch.uint8).data_ptr()
-    for k, t in tensors.items():
-        assert start <= found[k].data_ptr() < start + len(data) and torch.equal(found[k], t)
-    del memory
-    gc.collect()
-    assert all(torch.equal(found[k], t) for k, t in tensors.items())     # the tensors keep the memory
-
-
 def test_the_read_constants_hashed_at_once_on_threads_hash_as_one_by_one(monkeypatch):
     from kiln.frontend.torch import graph_cache
     from kiln.runtime import threads
@@ -544,26 +477,3 @@ def test_memory_of_a_graph_the_cache_served_names_it(graph_cache, caplog):
         for function in served:
             graph_memory(function)
 
-
-def test_reading_an_entry_back_sets_off_no_garbage_collection():
-    """Unpickling makes many objects and no garbage: the full collections they would set off walk
-    every object of a process that has traced a model."""
-    from kiln.runtime import plan
-    record = {"rows": [list(range(20)) for _ in range(3000)], "x": torch.randn(3)}
-    data = plan.dumps(record)
-    started = []
-
-    def count(phase, info):
-        if phase == "start":
-            started.append(info["generation"])
-    threshold = gc.get_threshold()
-    gc.callbacks.append(count)
-    gc.set_threshold(10)
-    try:
-        plan.loads(data)
-        assert started == [] and gc.isenabled()
-        [list(range(20)) for _ in range(3000)]
-        assert started, "the collector ran without the pause"
-    finally:
-        gc.callbacks.remove(count)
-        gc.set_threshold(*threshold)

@@ -9,14 +9,12 @@ constants again, from the tensors the plan holds then, so a plan whose constants
 by other tensors of the same shapes (the caller's parameters, in another process) prepares
 theirs.
 
-`dumps` and `loads` write and read plans (and plain records holding them) with torch's
-serialization, read back with `weights_only=True`: tensors, plain containers and the
-runtime's own data classes only, nothing that runs code while it is read.
+`dumps` and `loads` write and read plans (and plain records holding them) as
+`kiln.runtime.serialize` does: tensors as raw bytes, read back building tensors, plain
+containers and the runtime's own data classes only, nothing that runs code while it is read.
 """
 from __future__ import annotations
 
-import gc
-import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
@@ -29,6 +27,7 @@ from kiln.runtime.backend import DeviceKernel, backend_for
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, Step, View, ViewKernel
 from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
+from kiln.runtime import serialize
 from kiln.runtime.kernel_errors import KernelCheck
 from kiln.runtime.threads import threads_for
 
@@ -106,30 +105,14 @@ SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelC
 """The classes a serialized plan may hold besides tensors and plain Python values."""
 
 
-def owned(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a compact copy where it views part of a larger storage (torch's serialization
-    writes a view's whole storage)."""
-    return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
-
-
 def dumps(record) -> bytes:
-    """`record` (a Plan, or plain containers holding plans, tensors and plain values) as bytes."""
-    buffer = io.BytesIO()
-    torch.save(record, buffer)
-    return buffer.getvalue()
+    """`record` (a Plan, or plain containers holding plans, tensors and plain values) as bytes
+    (`kiln.runtime.serialize`: its tensors as raw bytes)."""
+    return serialize.dumps(record)
 
 
-def loads(data: bytes, classes: Sequence[type] = ()):
-    """The record `dumps` wrote, read with torch's weights-only unpickler: besides tensors and
-    plain values it builds only instances of SAFE_CLASSES and of `classes`. Python's cyclic
-    garbage collector is off meanwhile: the unpickler makes no garbage, but its many new objects
-    would set off full collections, each a walk over every object of a process that has traced
-    a model."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.serialization.safe_globals([*SAFE_CLASSES, *classes]):
-            return torch.load(io.BytesIO(data), weights_only=True)
-    finally:
-        if collecting:
-            gc.enable()
+def loads(data, classes: Sequence[type] = ()):
+    """The record `dumps` wrote into `data` (bytes, or any buffer): besides tensors, torch's
+    dtypes and devices and plain values it builds only instances of SAFE_CLASSES and of
+    `classes` (pickle.UnpicklingError for anything else)."""
+    return serialize.loads(data, (*SAFE_CLASSES, *classes))

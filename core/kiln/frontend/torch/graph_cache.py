@@ -10,7 +10,7 @@ cache (built again only where that lost them). An entry holds:
   from those while compiling (folded batch norms, merged weights: the entry holds the plan of
   those kernel runs, `kiln.runtime.folds.fold_plan`, and each hit runs it on the caller's
   parameters), or others, stored (as raw bytes beside the pickled record,
-  `kiln.frontend.torch.packed_entry`, CPU tensors read back as views of the entry's bytes);
+  `kiln.runtime.serialize`: CPU tensors read back as views of the entry's bytes);
 - how the call's arguments reach the plan and its outputs the caller (a
   `kiln.frontend.torch.run_record.RunRecord`);
 - the positions of the constants whose values the compile read (`kiln.tensor.recording_reads`:
@@ -24,7 +24,7 @@ model captured as several graphs, which `kiln.load(path, model=...)` serves from
 
 Entries are the kind `graphs` of the kernel cache's root (`kiln.runtime.cache`): written
 atomically under the entry's lock, verified when read (a damaged or foreign entry is a miss),
-read back with torch's weights-only unpickler, and kept within KILN_GRAPH_CACHE_MB megabytes
+read back building only the runtime's own classes, and kept within KILN_GRAPH_CACHE_MB megabytes
 (1024 by default) by removing the least recently used. A cache that cannot be written is
 warned about once and the compile goes on.
 
@@ -46,13 +46,12 @@ from dataclasses import replace
 
 import torch
 
-from kiln.frontend.torch import packed_entry
 from kiln.frontend.torch.graph_key import Uncacheable, graph_key, tensor_digest
-from kiln.frontend.torch.run_record import RunRecord
+from kiln.frontend.torch.run_record import RunRecord, dumps, loads
 from kiln.log import logger
 from kiln.runtime import cache
 from kiln.runtime.folds import FoldPlan, fold_plan, sources
-from kiln.runtime.plan import Plan, owned
+from kiln.runtime.plan import Plan
 from kiln.runtime.threads import threads_for
 from kiln.settings import Settings, current
 
@@ -95,11 +94,10 @@ def lookup(key: str, args) -> RunRecord | None:
         logger.info("graph cache miss: %s", key)
         return None
     try:
-        stored, packed = packed_entry.loads(data)
-    except (pickle.UnpicklingError, ValueError) as error:     # a value the unpickler refuses, or no entry
+        stored = loads(data)
+    except pickle.UnpicklingError as error:     # a value the unpickler refuses, or no entry
         logger.info("graph cache miss: %s cannot be read back (%s)", key, error)
         return None
-    stored = unpacked(stored, packed)
     found = bound(stored, args)
     if found is None:
         logger.info("graph cache miss: %s holds a plan for other values of constants %s", key, stored["run"].read)
@@ -126,7 +124,7 @@ def entry(run: RunRecord, constants: dict[int, torch.Tensor]) -> dict:
     """What is kept of `run`, compiled for a call whose constants are `constants` (by position
     among the graph's arguments): "run", the run with its plan's constants that are neither among
     `constants` nor computed again by "folds" (the `folded` plan: "plan", and its "arguments"
-    and the "slots" it computes), compact; "arguments", the plan's constant slots that are among
+    and the "slots" it computes); "arguments", the plan's constant slots that are among
     `constants`, with their positions; "values", the hashes of the constants whose values the
     compile read (`run.read`). The graph cache stores entries, and `kiln.save` writes them for a
     model with graph breaks."""
@@ -134,12 +132,11 @@ def entry(run: RunRecord, constants: dict[int, torch.Tensor]) -> dict:
     arguments = {slot: positions[id(t)] for slot, t in run.plan.constants.items() if id(t) in positions}
     folds, _ = folded(run.plan, constants)
     again = set(folds.slots) if folds else set()
-    kept = {slot: owned(t) for slot, t in run.plan.constants.items() if slot not in arguments and slot not in again}
+    kept = {slot: t for slot, t in run.plan.constants.items() if slot not in arguments and slot not in again}
     found = {"run": replace(run, plan=replace(run.plan, constants=kept)), "arguments": arguments,
              "values": _values_digest(constants, run.read), "folds": None}
     if folds is not None:
-        plan = replace(folds.plan, constants={slot: owned(t) for slot, t in folds.plan.constants.items()})
-        found["folds"] = {"plan": plan, "arguments": folds.arguments, "slots": folds.slots}
+        found["folds"] = {"plan": folds.plan, "arguments": folds.arguments, "slots": folds.slots}
     return found
 
 
@@ -157,41 +154,13 @@ def bound(kept: dict, args, fold_kernels=None) -> RunRecord | None:
 
 
 def store(run: RunRecord, constants: dict[int, torch.Tensor]) -> None:
-    """Keep `run` under its key as the `entry` of a call whose constants are `constants`, the
-    tensors it keeps as raw bytes (`packed_entry`) where they can be."""
-    kept, tensors = packed(entry(run, constants))
+    """Keep `run` under its key as the `entry` of a call whose constants are `constants`."""
     try:
-        cache.write_entry(KIND, run.key, SUFFIX, packed_entry.dumps(kept, tensors))
+        cache.write_entry(KIND, run.key, SUFFIX, dumps(entry(run, constants)))
         cache.evict(KIND, limit())
     except cache.CacheError as error:
         warnings.warn(f"Kiln's graph cache could not store a compiled graph (the compile goes on): {error}",
                       stacklevel=3)
-
-
-def packed(kept: dict, name: tuple = ()) -> tuple[dict, dict]:
-    """The `entry` `kept` without its plans' constants that `packed_entry` writes as raw bytes,
-    and those, named (*`name`, part, slot): part "run" or "folds", the plan holding them."""
-    tensors = {}
-
-    def split(plan: Plan, part: str) -> Plan:
-        raw = {slot for slot, t in plan.constants.items() if packed_entry.packable(t)}
-        tensors.update({(*name, part, slot): plan.constants[slot] for slot in raw})
-        return replace(plan, constants={s: t for s, t in plan.constants.items() if s not in raw})
-    kept = {**kept, "run": replace(kept["run"], plan=split(kept["run"].plan, "run"))}
-    if kept["folds"] is not None:
-        kept["folds"] = {**kept["folds"], "plan": split(kept["folds"]["plan"], "folds")}
-    return kept, tensors
-
-
-def unpacked(kept: dict, tensors: dict, name: tuple = ()) -> dict:
-    """The entry `kept` holding again its constants of `tensors` (as `packed` names them)."""
-    def joined(plan: Plan, part: str) -> Plan:
-        mine = {key[-1]: t for key, t in tensors.items() if key[:-1] == (*name, part)}
-        return replace(plan, constants={**plan.constants, **mine})
-    kept = {**kept, "run": replace(kept["run"], plan=joined(kept["run"].plan, "run"))}
-    if kept.get("folds") is not None:
-        kept["folds"] = {**kept["folds"], "plan": joined(kept["folds"]["plan"], "folds")}
-    return kept
 
 
 def limit() -> int:

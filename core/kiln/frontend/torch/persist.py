@@ -29,10 +29,10 @@ The file is a zip archive of parts, one of which describes the others:
   part (`kiln.runtime.cache.checksum`: its SHA-256, or for a part over 4 MiB the SHA-256 of its
   4 MiB pieces' SHA-256s, hashed on several threads);
 - `graphs.bin`: the runs (for a model of one graph, with how the model's arguments reach it) and
-  the forward's parameter names, written by `kiln.frontend.torch.packed_entry` as the graph
-  cache writes its entries: a record in torch's serialization, read with its weights-only
-  unpickler (plain values and Kiln's own data classes: nothing in it runs code), then the
-  constants' bytes, which a load copies to their devices as they lie in memory;
+  the forward's parameter names, written as the graph cache writes its entries
+  (`kiln.runtime.serialize`): a pickle read back building plain values and Kiln's own data
+  classes only (nothing in it runs code), then the constants' raw bytes, which a load uses
+  where they lie in memory (copied to their GPU);
 - `kernels/SHA.so`, `kernels/SHA.cubin`: each kernel's shared object or cubin, named by its
   hash (a view step, and a GPU program that launches nothing, have none).
 
@@ -80,19 +80,19 @@ import torch
 from torch._dynamo.resume_execution import TORCH_DYNAMO_RESUME_IN_PREFIX
 
 from kiln.device import Device, device as as_device
-from kiln.frontend.torch import graph_cache, packed_entry
+from kiln.frontend.torch import graph_cache
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction, compiled_run, kiln_backend
-from kiln.frontend.torch.run_record import RunRecord
+from kiln.frontend.torch.run_record import RunRecord, dumps, loads
 from kiln.log import logger
 from kiln.runtime.backend import DeviceKernel, backend_for
+from kiln.runtime import serialize
 from kiln.runtime.cache import checksum, read_file
 from kiln.runtime.compiled_graph import CompiledGraph, View, ViewKernel
-from kiln.runtime.plan import owned
 from kiln.settings import current
 from kiln.version import VERSION
 
 FORMAT = "kiln-compiled-model"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")     # a zip member's local file header
 _PADDING = struct.Struct("<HH")                 # an extra field's header: its tag and length
@@ -193,8 +193,7 @@ def _graph_record(run: CompiledRun, sources: list | None, parts: dict[str, bytes
     kernels = [None if isinstance(program, View) else _kernel_part(program, device, parts)
                for program, device in plan.kernels]
     folds = entry["folds"]["plan"].kernels if entry["folds"] else []
-    stored = replace(plan, constants={s: owned(t.detach()) for s, t in plan.constants.items()})
-    return {**entry, "run": replace(entry["run"], plan=stored), "kernels": kernels, "sources": sources,
+    return {**entry, "run": replace(entry["run"], plan=plan), "kernels": kernels, "sources": sources,
             "fold_kernels": [_kernel_part(program, device, parts) for program, device in folds]}
 
 
@@ -247,11 +246,7 @@ def save(compiled_model, path) -> None:
                   _keyed([run for function in functions for run in function.graphs.values()]) if id(run) in kept]
     else:
         graphs = [_graph_record(run, _argument_sources(function), parts) for function, run in current]
-    tensors = {}
-    for i, graph in enumerate(graphs):
-        graphs[i], held = graph_cache.packed(graph, (i,))
-        tensors.update(held)
-    parts[RUNS] = packed_entry.dumps({"forward": parameters, "graphs": graphs}, tensors)
+    parts[RUNS] = dumps({"forward": parameters, "graphs": graphs})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kiln": VERSION,
                 "torch": torch.__version__, "architecture": _architectures(graphs),
                 "parts": {name: checksum(data) for name, data in sorted(parts.items())}}
@@ -270,11 +265,11 @@ def save(compiled_model, path) -> None:
 def _aligned_member(name: str, offset: int, size: int) -> zipfile.ZipInfo:
     """A member `name` of `size` bytes whose local header, written at `offset`, is padded by an
     extra field (as Android's zipalign pads them) for its bytes to begin at a multiple of
-    `packed_entry.ALIGNMENT`: `load` then reads the tensors of `RUNS` where they lie."""
+    `serialize.ALIGNMENT`: `load` then reads the tensors of `RUNS` where they lie."""
     header = zipfile.sizeFileHeader + len(name.encode()) + _PADDING.size
     if size > zipfile.ZIP64_LIMIT:
         header += 20        # zipfile adds a ZIP64 extra field of 20 bytes
-    padding = -(offset + header) % packed_entry.ALIGNMENT
+    padding = -(offset + header) % serialize.ALIGNMENT
     info = zipfile.ZipInfo(name)
     info.extra = _PADDING.pack(_PADDING_TAG, padding) + bytes(padding)
     return info
@@ -499,10 +494,9 @@ def load(path, model=None, **compile_options):
     graph from the file (`SavedGraphs`)."""
     parts = _checked_parts(path)
     try:
-        saved, tensors = packed_entry.loads(parts[RUNS])
-    except (pickle.UnpicklingError, ValueError) as error:
+        saved = loads(parts[RUNS])
+    except pickle.UnpicklingError as error:
         raise LoadError(f"{path}: its {RUNS} holds what a compiled model does not ({error})") from None
-    saved["graphs"] = [graph_cache.unpacked(g, tensors, (i,)) for i, g in enumerate(saved["graphs"])]
     if model is None and any(g["sources"] is None for g in saved["graphs"]):
         raise LoadError(f"{path} holds a model captured as several graphs (graph breaks or "
                         "fallback_to_eager): the Python between them is the model's own code, so "

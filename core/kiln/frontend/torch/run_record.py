@@ -47,6 +47,7 @@ def dumps(record) -> bytes:
     return plan.dumps(record)
 
 
-def loads(data: bytes):
-    """What `dumps` wrote, read with torch's weights-only unpickler (see `kiln.runtime.plan`)."""
+def loads(data):
+    """What `dumps` wrote into `data` (bytes, or any buffer), building only plain values,
+    tensors and the runtime's and these classes (see `kiln.runtime.plan`)."""
     return plan.loads(data, classes=(RunRecord, Output))
