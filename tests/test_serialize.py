@@ -1,5 +1,6 @@
 """kiln.runtime.serialize: records as bytes, their tensors as raw bytes, read back building only
 the classes allowed."""
+import collections
 import gc
 import mmap
 import pickle
@@ -24,7 +25,9 @@ def test_a_records_values_and_tensors_come_back_as_written():
                3: torch.empty(0, 7), 4: torch.arange(6, dtype=torch.int64).reshape(2, 3), 5: base[2:5],
                6: torch.nn.Parameter(torch.randn(2, 2))}
     record = {"steps": [Step("a", (2, 3)), Step("b", ())], "dtype": torch.float16, "device": torch.device("cpu"),
-              "size": torch.Size([4, 5]), "where": slice(1, 9, 2), "tensors": tensors, "again": tensors[0]}
+              "size": torch.Size([4, 5]), "where": slice(1, 9, 2), "tensors": tensors, "again": tensors[0],
+              "plain": [..., range(3), 2j, {1, 2}, frozenset({3}), b"\x00", bytearray(b"x"), None, True, 1.5],
+              "ordered": collections.OrderedDict(a=1), "formats": [torch.channels_last, torch.strided, torch.bfloat16]}
     back = serialize.loads(serialize.dumps(record), classes=(Step,))
     assert {k: v for k, v in back.items() if k not in ("tensors", "again")} == \
         {k: v for k, v in record.items() if k not in ("tensors", "again")}

@@ -1,7 +1,7 @@
 """Records as bytes: what the whole-graph cache stores and `kiln.save` writes.
 
-`dumps(record)` pickles `record` (plain containers, plain values, torch's dtypes, devices and
-sizes, tensors, and instances of the data classes its reader names) with every tensor taken out
+`dumps(record)` pickles `record` (plain containers, plain values, torch's dtypes, devices,
+sizes, layouts and memory formats, tensors, and instances of the data classes its reader names) with every tensor taken out
 of the pickle: each is written as its raw bytes after it, and the pickle holds where they lie
 with the tensor's dtype, sizes, strides and device. `loads(data, classes)` reads it back with
 Python's own unpickler restricted to those globals: a pickle naming any other class or
@@ -19,6 +19,7 @@ Layout: the pickle's length (8 bytes, little-endian), the pickle, padding to a m
 from __future__ import annotations
 
 import builtins
+import collections
 import gc
 import io
 import pickle
@@ -32,9 +33,15 @@ ALIGNMENT = 64
 """The alignment of each tensor's bytes from the record's start (torch's CPU allocator's: the
 kernels' vector loads and stores may assume it)."""
 
-_TORCH_VALUES = (torch.dtype, torch.memory_format, torch.layout)
-_TORCH_CLASSES = {("torch", "device"): torch.device, ("torch", "Size"): torch.Size}
-_BUILTINS = {("builtins", name): getattr(builtins, name) for name in ("slice", "complex")}
+_PLAIN = {**{("builtins", name): getattr(builtins, name) for name in ("slice", "range", "complex", "Ellipsis")},
+          ("collections", "OrderedDict"): collections.OrderedDict,
+          ("torch", "device"): torch.device, ("torch", "Size"): torch.Size,
+          ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+          **{("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)},
+          **{("torch._utils", f"torch.{name}"): value for name, value in vars(torch).items()
+             if isinstance(value, torch.memory_format)}}
+"""The globals any record may name besides its classes: as pickle names them (a memory format
+by `torch._utils`, a layout through `torch.serialization._get_layout`)."""
 
 
 def dumps(record) -> bytes:
@@ -110,14 +117,12 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, view: memoryview, start: int, classes: Sequence[type]):
         super().__init__(io.BytesIO(view[_LENGTH:start]))
         self.view, self.start, self.end = view, start, start
-        self.allowed = {**_BUILTINS, **_TORCH_CLASSES, **{(c.__module__, c.__qualname__): c for c in classes}}
+        self.allowed = {**_PLAIN, **{(c.__module__, c.__qualname__): c for c in classes}}
         self.whole: torch.Tensor | None = None
         self.read: dict[tuple, torch.Tensor] = {}
 
     def find_class(self, module: str, name: str):
         found = self.allowed.get((module, name))
-        if found is None and module == "torch" and isinstance(getattr(torch, name, None), _TORCH_VALUES):
-            found = getattr(torch, name)
         if found is None:
             raise pickle.UnpicklingError(f"the record names {module}.{name}, which a record may not hold")
         return found
