@@ -30,7 +30,8 @@ enum {
    k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place, A_PREFETCH rows ahead
    prefetched) times b-panel (kc x NR, k-major); meanwhile the `lines` 64-byte cache lines from
    `ahead` on (what the caller reads next: gemm.h's next B panel) prefetched into L2, one every
-   kc / lines k, so that they arrive from memory while the tile computes (none where lines is 0).
+   kc / lines k, so that they arrive from memory while the tile computes (none where lines is 0;
+   at most one a k: the first kc where lines exceed kc, a single A panel's).
    Never inlined: in the loops of its caller GCC keeps one of the 14-row tile's accumulators on
    the stack, a store and a load every k. */
 static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
