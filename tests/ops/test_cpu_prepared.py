@@ -193,3 +193,31 @@ def test_symbolic_rows_share_prepared_weights_which_follow_updates():
             for rows in (37, 2):
                 x = torch.randn(rows, 70)
                 torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_next_b_panel_prefetched_changes_no_bit(threads):
+    """`GemmKnobs.B_PREFETCH` (the laid-out B panel read next prefetched while one computes)
+    over several A blocks (M = 700, MC 336), K blocks and a tail (K = 1000, KC 256) and a part
+    panel (N = 77), on one thread and on two (each prefetching its own panels): the bits of the
+    kernel without it, and float64's values."""
+    from kiln.runtime.cpu import CpuKernel
+    from kiln_ops_builtin.templates import gemm_cpu
+
+    x, w, b = rand((700, 1000)), rand((77, 1000)), rand((77,))
+    op = kiln.ops.linear
+    task, _, _ = op.task(op.bind((kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b)), {}))
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        outs = []
+        for prefetch in (0, 1):
+            program = gemm_cpu.render(task, B_PREFETCH=prefetch)
+            assert f"#define B_PREFETCH {prefetch}" in program.source
+            kernel, form = CpuKernel(program).prepare([None, w, None])
+            outs.append(torch.empty(700, 77))
+            kernel([x, w, b, form], [outs[-1]])
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(outs[0], outs[1])
+    assert_close(outs[1], F.linear(x.double(), w.double(), b.double()).float(), atol=1e-3, rtol=1e-4)

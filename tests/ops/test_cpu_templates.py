@@ -225,12 +225,13 @@ int main(int argc, char** argv) {
 
 
 @pytest.mark.parametrize("m, k, n, isa", [(3, 130, 50, []), (37, 300, 70, []), (37, 333, 70, ["-mno-avx512f"]),
-                                         (37, 333, 70, ["-mno-avx"]), (37, 1000, 70, []),
+                                         (37, 333, 70, ["-mno-avx"]), (37, 1000, 70, []), (700, 1000, 77, []),
                                          (2, 33, 70, ["-mno-avx512f"])])
 def test_kernels_are_clean_under_address_sanitizer(tmp_path, m, k, n, isa):
     """The kernel packing its weight and the one reading it laid out once (`kiln_prepare`), also
     built for 8- and 4-float vectors (the weight's packing transposes VW x VW blocks); K = 1000
-    in K blocks (WHOLE_K is 768); up to 4 rows on their own path."""
+    in K blocks (WHOLE_K is 768); M = 700 in several A blocks (each sweep's last B panel
+    prefetches the first again, `GemmKnobs.B_PREFETCH`); up to 4 rows on their own path."""
     # regression: the few-row path asked aligned_alloc for sizes that are not multiples of 64
     x = ((torch.arange(m * k) % 13).float() * 0.1 - 0.6).reshape(m, k)
     w = ((torch.arange(n * k) % 7).float() * 0.1 - 0.3).reshape(n, k)

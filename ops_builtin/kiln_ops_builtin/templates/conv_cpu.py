@@ -293,9 +293,11 @@ SHORT_K = 512
 class ConvKnobs(gemm_cpu.GemmKnobs):
     """`gemm_cpu.GemmKnobs` with A's blocks half as tall by default, 168 rows (12 panels of 14
     pixels): measured on ResNet-50 b8's 1x1 layers of 1024 input channels at 14 x 14 (four K
-    blocks) about 7% faster than 336 rows, its other layers here unchanged."""
+    blocks) about 7% faster than 336 rows, its other layers here unchanged; B's panels (the
+    weights) not prefetched ahead (B_PREFETCH, measured on the linear layers only)."""
 
     MC: int = 168
+    B_PREFETCH: int = 0
 
 
 def render(task, **knobs) -> CpuProgram:

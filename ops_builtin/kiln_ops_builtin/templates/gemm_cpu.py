@@ -8,8 +8,9 @@ into NC-wide, KC-deep and MC-tall blocks, packs a KC x NC block of B into NR-wid
 (along n a row of the whole block at a time, dealt out to the panels, or, where B is contiguous in
 k, in runs along k transposed VW x VW in registers) and an MC x KC block of A into MR-tall panels,
 both zero-padded to whole panels, and runs the register-blocked micro-kernel over the block's MR x
-NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2; A's panels
-outer for a convolution's large planes: `render_conv`). The
+NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2, the next B
+panel, where B was laid out once, prefetched into L2 meanwhile; A's panels outer for a
+convolution's large planes: `render_conv`). The
 micro-kernel, a function of its own (inlined into the block's loops, GCC runs out of registers for
 the 14-row tile and spills), uses GCC vector extensions on the host's widest vectors (`cpu/simd.h`;
 AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
@@ -62,7 +63,8 @@ class GemmKnobs(Knobs):
     (at most 16; 0 takes the ISA's: `row_tile` of M with 16-float vectors, 6 with 8, 8 with 4); where A
     is read in place (`cpu/micro.h`'s A_DIRECT: a convolution's planes, whose consecutive rows of
     k lie a channel's plane apart, farther than the hardware prefetches), its row PREFETCH k ahead
-    prefetched (0: none)."""
+    prefetched (0: none); with B_PREFETCH 1, B's next panel prefetched into L2 while a panel
+    computes, where B is laid out once (`cpu/gemm.h`: a weight's panels come from memory)."""
 
     MC: int = 336
     KC: int = 256
@@ -70,10 +72,11 @@ class GemmKnobs(Knobs):
     WHOLE_K: int = 768
     MR: int = 0
     PREFETCH: int = 16
+    B_PREFETCH: int = 1
 
     def valid(self) -> bool:
         return (self.MC >= 16 and self.KC > 0 and self.NC > 0 and self.NC % 32 == 0 and self.WHOLE_K >= 0
-                and 0 <= self.MR <= 16 and self.PREFETCH >= 0)
+                and 0 <= self.MR <= 16 and self.PREFETCH >= 0 and self.B_PREFETCH in (0, 1))
 
     @classmethod
     def space(cls, level: int) -> list[GemmKnobs]:
@@ -140,10 +143,10 @@ def _render(task, k: GemmKnobs, planes: bool) -> CpuProgram:
 
 
 def block_knobs(k: GemmKnobs, depth: int | None) -> dict:
-    """`k` as the macros of `cpu/micro.h` and `cpu/gemm.h` (MC, KC, NC, MR_KNOB, A_PREFETCH) for a GEMM of
-    reduction length `depth` (None where it is symbolic: KC then stays the knob's)."""
+    """`k` as the macros of `cpu/micro.h` and `cpu/gemm.h` (MC, KC, NC, MR_KNOB, A_PREFETCH, B_PREFETCH)
+    for a GEMM of reduction length `depth` (None where it is symbolic: KC then stays the knob's)."""
     return {"MC": k.MC, "KC": depth if depth is not None and depth <= k.WHOLE_K else k.KC, "NC": k.NC,
-            "MR_KNOB": k.MR, "A_PREFETCH": k.PREFETCH}
+            "MR_KNOB": k.MR, "A_PREFETCH": k.PREFETCH, "B_PREFETCH": k.B_PREFETCH}
 
 
 BPRE = "const float* __restrict__ bpre"

