@@ -18,7 +18,6 @@ Layout: the pickle's length (8 bytes, little-endian), the pickle, padding to a m
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import gc
 import io
@@ -33,7 +32,7 @@ ALIGNMENT = 64
 """The alignment of each tensor's bytes from the record's start (torch's CPU allocator's: the
 kernels' vector loads and stores may assume it)."""
 
-_PLAIN = {**{("builtins", name): getattr(builtins, name) for name in ("slice", "range", "complex", "Ellipsis")},
+_PLAIN = {**{("builtins", kind.__name__): kind for kind in (slice, range, complex)}, ("builtins", "Ellipsis"): ...,
           ("collections", "OrderedDict"): collections.OrderedDict,
           ("torch", "device"): torch.device, ("torch", "Size"): torch.Size,
           ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
