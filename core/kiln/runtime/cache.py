@@ -52,14 +52,13 @@ import stat
 import tempfile
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kiln.log import current_record, logger
-from kiln.runtime.threads import threads_for
+from kiln.runtime.threads import each_at_once
 from kiln.settings import current
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -219,45 +218,50 @@ def checksum(data) -> str:
     if len(view) <= _PART:
         return hashlib.sha256(view).hexdigest()
     parts = [view[k:k + _PART] for k in range(0, len(view), _PART)]
-    with ThreadPoolExecutor(threads_for(len(parts), len(view))) as pool:
-        digests = list(pool.map(lambda part: hashlib.sha256(part).digest(), parts))
+    digests = each_at_once(lambda part: hashlib.sha256(part).digest(), parts, len(view))
     return "parts " + hashlib.sha256(b"".join(digests)).hexdigest()
 
 
 class FileBytes(mmap.mmap):
-    """A file's bytes in private memory (`read_file`): a buffer, and a file object reading them."""
+    """A file's bytes in private memory (`read_file`, `_filled`): a buffer, and a file object
+    reading them."""
 
     def seekable(self) -> bool:
         return True
 
 
 def read_file(path) -> FileBytes:
-    """The bytes of the file at `path` in new private memory, read in `_PART`-byte pieces at once on torch's threads (`threads_for`); OSError where it
+    """The bytes of the file at `path` in new private memory (`_filled`); OSError where it
     cannot be read whole, ValueError where it is empty."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise ValueError(f"{path} is empty")
-        memory = FileBytes(-1, size, flags=_ANONYMOUS)
-        view = memoryview(memory)
+        return _filled(f.fileno(), size, path)
 
-        def read(start: int) -> None:
-            piece = view[start:start + _PART]
-            while len(piece):
-                got = os.preadv(f.fileno(), [piece], start)
-                if got == 0:
-                    raise OSError(f"{path} became shorter while it was read")
-                piece, start = piece[got:], start + got
-        starts = range(0, size, _PART)
-        with ThreadPoolExecutor(threads_for(len(starts), size)) as pool:
-            list(pool.map(read, starts))
+
+def _filled(fd: int, size: int, path) -> FileBytes:
+    """The first `size` (> 0) bytes of the open file `fd` (at `path`) in new page-aligned
+    private memory, read in `_PART`-byte pieces, at once on torch's threads where they are
+    enough bytes (`kiln.runtime.threads.each_at_once`); OSError where the file holds fewer."""
+    memory = FileBytes(-1, size, flags=_ANONYMOUS)
+    view = memoryview(memory)
+
+    def read(start: int) -> None:
+        piece = view[start:start + _PART]
+        while len(piece):
+            got = os.preadv(fd, [piece], start)
+            if got == 0:
+                raise OSError(f"{path} became shorter while it was read")
+            piece, start = piece[got:], start + got
+    each_at_once(read, range(0, size, _PART), size)
     return memory
 
 
 def _read_own_file(dir_fd: int, name: str) -> memoryview | None:
     """The bytes of regular file `name` in `dir_fd`, read through one descriptor into new
-    page-aligned memory, if it is the user's own and writable by no one else; else None
-    (missing, a link, a directory, foreign, or shorter than it was when opened)."""
+    page-aligned memory (`_filled`), if it is the user's own and writable by no one else; else
+    None (missing, a link, a directory, foreign, or shorter than it was when opened)."""
     try:
         fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
     except OSError:
@@ -266,13 +270,9 @@ def _read_own_file(dir_fd: int, name: str) -> memoryview | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
             return None
-        if info.st_size == 0:
-            return memoryview(b"")
-        memory = mmap.mmap(-1, info.st_size, flags=_ANONYMOUS)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            if f.readinto(memory) != info.st_size:
-                return None
-        return memoryview(memory)
+        return memoryview(_filled(fd, info.st_size, name) if info.st_size else b"")
+    except OSError:
+        return None
     finally:
         os.close(fd)
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import pickle
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -52,7 +51,7 @@ from kiln.log import logger
 from kiln.runtime import cache
 from kiln.runtime.folds import FoldPlan, fold_plan, sources
 from kiln.runtime.plan import Plan
-from kiln.runtime.threads import threads_for
+from kiln.runtime.threads import each_at_once
 from kiln.settings import Settings, current
 
 KIND = "graphs"
@@ -173,8 +172,4 @@ def _values_digest(args, positions: list[int]) -> list[str]:
     """The hashes of the constants at `positions` of `args` (a list, or a dict by position),
     several at once on torch's threads where they hold enough bytes (`kiln.runtime.threads`;
     hashing lets other threads run)."""
-    workers = threads_for(len(positions), sum(args[k].nbytes for k in positions))
-    if workers <= 1:
-        return [tensor_digest(args[k]) for k in positions]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda k: tensor_digest(args[k]), positions))
+    return each_at_once(lambda k: tensor_digest(args[k]), positions, sum(args[k].nbytes for k in positions))
