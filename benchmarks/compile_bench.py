@@ -25,8 +25,9 @@ Each measurement is repeated (`--repeats`, a fresh cold cache each time); the me
 least of each are reported, with the machine's load average before and after (other processes
 only add time). `--trees LABEL=PYTHONPATH ...` measures several checkouts of Kiln (before and
 after a change) in turn within each repeat, each with caches of its own, so that a drift of the
-machine touches all alike. `--warm-only` times `kiln-warm` alone: each tree's caches are filled
-once (a cold compile, untimed), then its warm hits alternate with the other trees' in each repeat.
+machine touches all alike. `--warm-only` times `eager` and `kiln-warm` alone: each tree's caches
+are filled once (a cold compile, untimed), then each repeat times the eager backend's first call
+and each tree's warm hit in turn.
 Models, with random weights, inference: a small BERT (transformers' BertModel, hidden 128,
 2 layers, 32 tokens, batch 2), a GPT-2-shaped model (transformers' GPT2Model, width 128,
 2 layers, 32 tokens, batch 1) and ResNet-18 (batch 1, 224x224, defined in cpu_bench.py), on the
@@ -174,7 +175,7 @@ def breakdown(spent: dict[str, float]) -> dict[str, float]:
 def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | None], warm_only: bool = False) -> dict:
     """The median and least seconds of each measurement of the module's docstring for `model`,
     for each checkout of Kiln in `trees` (label -> PYTHONPATH, None: this process's); with
-    `warm_only`, those of `kiln-warm` alone."""
+    `warm_only`, those of `measure_warm`."""
     if warm_only:
         return measure_warm(model, repeats, trees)
     times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
@@ -202,18 +203,23 @@ def measure(model: str, repeats: int, inductor: bool, trees: dict[str, str | Non
 
 
 def measure_warm(model: str, repeats: int, trees: dict[str, str | None]) -> dict:
-    """`measure`'s `kiln-warm` rows alone: each tree's caches filled once, then its warm hits in
-    turn with the other trees'."""
+    """`measure`'s `eager`, `kiln-warm` and `kiln-warm beyond eager` rows alone: each tree's
+    caches filled once, then in each repeat the eager backend's first call and each tree's warm
+    hit in turn."""
     times: dict[str, dict[str, list[float]]] = {tree: {} for tree in trees}
     with tempfile.TemporaryDirectory() as folder:
         envs = {tree: _kiln_env(f"{folder}/{tree}", path) for tree, path in trees.items()}
         for env in envs.values():
             first_call(model, "kiln", env)
         for _ in range(repeats):
+            eager = first_call(model, "eager", {})["call"]
             for tree, env in envs.items():
                 spent = first_call(model, "kiln", env)
-                times[tree].setdefault("kiln-warm", []).append(spent["call"])
-                _add_parts(times[tree], spent)
+                found = times[tree]
+                found.setdefault("eager", []).append(eager)
+                found.setdefault("kiln-warm", []).append(spent["call"])
+                found.setdefault("kiln-warm beyond eager", []).append(spent["call"] - eager)
+                _add_parts(found, spent)
     return _medians(times)
 
 
@@ -248,7 +254,7 @@ def main() -> None:
     parser.add_argument("--inductor", action="store_true", help="also time Inductor, cold and warm")
     parser.add_argument("--trees", nargs="+", metavar="LABEL=PYTHONPATH",
                         help="checkouts of Kiln to measure in turn (default: this process's)")
-    parser.add_argument("--warm-only", action="store_true", help="time Kiln's warm hit alone (caches filled once)")
+    parser.add_argument("--warm-only", action="store_true", help="time the eager backend and Kiln's warm hit alone (caches filled once)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.trees) if args.trees else {"kiln": None}
