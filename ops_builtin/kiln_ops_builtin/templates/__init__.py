@@ -2,10 +2,10 @@
 from kiln_ops_builtin.templates import (attention_cpu, attention_decode, attention_flash, attention_simt, attention_sm90,
                                        attention_train,
                                        conv_cpu, conv_depthwise, conv_depthwise_cpu, conv_depthwise_nhwc, conv_sm90,
-                                       conv_tc, conv_winograd_cpu, gemm_cpu, gemm_sm90, gemv, matmul_simt, matmul_tc,
-                                       matmul_wgmma, pool_cpu, scatter_atomic, sort_bitonic)
+                                       conv_tc, conv_winograd_cpu, gemm_cpu, gemm_sm90, gemv, gemv_tc, matmul_simt,
+                                       matmul_tc, matmul_wgmma, pool_cpu, scatter_atomic, sort_bitonic)
 
-TEMPLATES = [gemv.TEMPLATE, gemm_sm90.TEMPLATE, conv_sm90.TEMPLATE, attention_decode.TEMPLATE,
+TEMPLATES = [gemv.TEMPLATE, gemv_tc.TEMPLATE, gemm_sm90.TEMPLATE, conv_sm90.TEMPLATE, attention_decode.TEMPLATE,
              attention_flash.TEMPLATE, attention_sm90.TEMPLATE, attention_train.FORWARD,
              attention_train.BACKWARD, attention_simt.TEMPLATE, matmul_wgmma.TEMPLATE,
              matmul_tc.TEMPLATE, matmul_simt.TEMPLATE,

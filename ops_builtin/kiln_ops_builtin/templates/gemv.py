@@ -10,8 +10,9 @@ splits K over blocks as well (`split_k`: float32 partials, then the sum kernel),
 would not fill the GPU. A warp-shuffle sum ends each column, and the core's epilogue hooks
 write it (bias, activations, casts fused as everywhere).
 
-Declines (the GEMM templates take over): M > 4 (on an H200 at M = 16 this kernel reached
-0.22-0.5 of cuBLAS: the M loads of A per vector of B dominate), an operand whose K is not contiguous, K or a
+Declines: M > 4 (on an H200 at M = 16 this kernel reached 0.22-0.5 of cuBLAS: the M loads of A
+per vector of B dominate; `gemv_tc` takes 5 to 16 rows of 16-bit floats on the tensor cores, the
+GEMM templates the rest), an operand whose K is not contiguous, K or a
 stride not a multiple of one 16-byte vector, dtypes other than float16, bfloat16 and float32.
 
 The device code is `cuda/gemv.cuh`: `kiln::gemv::run`, a C++ template over the element type,

@@ -1,0 +1,113 @@
+"""Skinny matrix products on the tensor cores: matmul and linear with 5 to 16 rows per batch
+(decoding a batch of sequences), float16 and bfloat16.
+
+Like `gemv`'s, such a product is a stream over B (a linear layer's weight): each of its elements
+is used M times, too few for the GEMM templates' 64-row tiles, and `gemv`'s M loads of A per
+vector of B dominate past four rows. Here the roles swap: B's rows are the rows of an
+mma.sync.m16n8k16 and A's (up to 16: one or two n8 tiles) its columns, so each warp owns 16
+columns n of the output and streams their rows of B once in 16-byte vectors, every lane's
+vector a slice of two mma k-steps (the sum over k is order-free, so A's fragments take the same
+k from A's rows). KW warps of a block split K between them and add through shared memory; SPLIT
+> 1 splits K over blocks as well (`split_k`: float32 partials, then the sum kernel), for grids
+that would not fill the GPU. The core's epilogue hooks write each element (bias, activations,
+casts fused as everywhere).
+
+Declines (`gemv` takes M <= 4, the GEMM templates the rest): M outside 5 to 16 or symbolic (a
+source per M would be a build per size), dtypes other than float16 and bfloat16, an operand
+whose K is not contiguous, K or a stride not a multiple of 8.
+
+The device code is `cuda/gemv_tc.cuh`: `kiln::gemv_tc::run`, a C++ template over the element
+type, M and the knobs (`GemvTcKnobs`), taking N, K and the strides as run-time arguments.
+
+Symbolic sizes (`Template.symbolic`): N, K, strides and batch dims are kernel arguments; M sizes
+the fragments, so each M has its own source (a symbolic M is declined). `suggest` buckets symbolic sizes by powers of two.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.template import (Contraction, CudaProgram, Knobs, Launch, SymSize, Template, device_code, dtypes,
+                           match_contraction, ptx, template_source)
+from kiln_ops_builtin.templates import split_k
+
+MIN_M, MAX_M = 5, 16
+WARPS = 8
+COLUMNS = 16            # output columns a warp owns: the mma's rows
+GROUP = 32              # elements of K a lane group takes per step: two mma k-steps
+MAX_GRID_Z = 65535
+ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}     # kiln::gemv_tc's types
+
+KERNEL = """
+extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv_tc(PARAMS) {{
+    const int64_t bz = blockIdx.z;
+    const kiln::gemv_tc::Problem problem = {{{n}, {k}, {a_stride}, {b_stride}, KT_SPLIT}};
+    kiln::gemv_tc::run<kiln::gemv_tc::{elem}, {rows}, {k_warps}, {warps}>(
+        (const uint16_t*){a} + ({a_batch}), (const uint16_t*){b} + ({b_batch}), problem,
+        [&](int m, int64_t n, float v) {{ kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, v); }});
+}}
+"""
+
+
+@dataclass(frozen=True)
+class GemvTcKnobs(Knobs):
+    """K split over KW warps of a block and over SPLIT blocks."""
+
+    KW: int = 4
+    SPLIT: int = 1
+
+    def valid(self) -> bool:
+        return self.KW in (1, 2, 4, 8) and self.SPLIT >= 1
+
+    @classmethod
+    def space(cls, level: int) -> list[GemvTcKnobs]:
+        """Level 0: K split over four warps (where no GPU is asked for `suggest`); 1 every
+        K-warps count; 2 adds split-K over blocks."""
+        if level == 0:
+            return [cls()]
+        return cls.grid(KW=(1, 2, 4, 8)) + (cls.grid(KW=(8,), SPLIT=(2, 4, 8)) if level == 2 else [])
+
+
+def applies(task) -> bool:
+    c = match_contraction(task)
+    if (c is None or c.a.dtype != c.b.dtype or c.a.dtype not in ELEMENTS or isinstance(c.M, SymSize)
+            or not MIN_M <= c.M <= MAX_M):
+        return False
+    return (c.K % 8 == 0 and c.a.k_contiguous and c.b.k_contiguous and c.batch_count <= MAX_GRID_Z
+            and all(s % 8 == 0 for op in (c.a, c.b) for s in (op.x_stride, *op.batch_strides)))
+
+
+def suggest(task, sm_count: int) -> list[dict]:
+    """The fewest K-splitting warps that still give two blocks per SM; split over blocks when
+    even eight do not fill one wave (at least two groups of K per warp and split)."""
+    c = match_contraction(task)
+    N, K, batch = (split_k.bucket(x) for x in (c.N, c.K, c.batch_count))
+    blocks = lambda kw: -(-N // (WARPS // kw * COLUMNS)) * batch
+    kw = next((k for k in (1, 2, 4) if blocks(k) >= 2 * sm_count), 8)
+    split = min(-(-sm_count // blocks(kw)), -(-K // GROUP) // (kw * 2))
+    first = GemvTcKnobs(KW=kw, SPLIT=split if blocks(kw) < sm_count and split > 1 else 1).as_dict()
+    return [first] + [k for k in GemvTcKnobs.settings(1) if k != first]
+
+
+def render(task, **knobs) -> CudaProgram:
+    """The program of `task` at the setting `knobs` (`GemvTcKnobs`' fields)."""
+    c: Contraction = match_contraction(task)
+    k = GemvTcKnobs(**knobs)
+    args, temporaries = tuple(c.args.split(", ")), []
+    groups = (c.K + GROUP - 1) // GROUP
+    split = max(1, min(k.SPLIT, int(groups)))
+    sk = split_k.plan(split, c.M, c.N, groups, 1, c.batch_count, c.params, args, temporaries, text=c.text)
+    kernel = KERNEL.format(
+        threads=32 * WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
+        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=WARPS, a=c.a.param,
+        a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
+    defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
+    columns = WARPS // k.KW * COLUMNS
+    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * WARPS, 1, 1),
+                    grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
+    source = template_source([device_code(__package__, "cuda/gemv_tc.cuh"), sk.stores, kernel, sk.source], defines,
+                             c.epilogue, (ptx.MMA,))
+    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
+
+
+TEMPLATE = Template("gemv_tc", ("matmul", "linear", "dft"), "cuda", render, priority=40, applies=applies,
+                    space=GemvTcKnobs.settings, suggest=suggest, reads_views=True, symbolic=True)
