@@ -1,12 +1,18 @@
-"""The decode-shaped matmul template (`gemv`) without a GPU: which tasks it takes and declines,
-its knobs and level-0 choices, and every knob setting compiled with NVRTC for sm_80 and sm_90."""
+"""The decode-shaped matmul templates without a GPU, `gemv` (M <= 4) and `gemv_tc` (5 to 16 rows
+on the tensor cores): which tasks each takes and declines, their knobs and level-0 choices, and
+every knob setting compiled with NVRTC for sm_80 and sm_90."""
 import pytest
 import torch
 
 import kiln
+from kiln.graph import trace_from
+from kiln.ir import SymSize
 from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
-from kiln_ops_builtin.templates import gemv
+from kiln.schedule import schedules_for
+from kiln.template import match_contraction
+from kiln.tensor import symbol
+from kiln_ops_builtin.templates import gemv, gemv_tc
 
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
@@ -57,5 +63,64 @@ def test_knobs():
 def test_every_knob_setting_compiles(dtype):
     task = _task("linear", _ones(3, 1000, dtype=dtype), _ones(777, 1000, dtype=dtype), _ones(777, dtype=dtype))
     programs = [gemv.render(task, **knobs) for knobs in gemv.TEMPLATE.space(2)]
+    rt.compile_many([(rt.launch_source(p, arch), p.kernel_names[0], arch)
+                     for p in programs for arch in ("sm_80", "sm_90")])
+
+
+def test_takes_batched_decode_shapes_and_declines_the_rest():
+    assert gemv_tc.applies(_task("linear", _ones(8, 2048), _ones(5632, 2048)))
+    assert gemv_tc.applies(_task("linear", _ones(5, 72), _ones(5, 72), _ones(5)))
+    assert gemv_tc.applies(_task("linear", _ones(2, 8, 776, dtype=torch.bfloat16), _ones(7, 776, dtype=torch.bfloat16)))
+    assert gemv_tc.applies(_task("linear", _ones(16, 64), _ones(9, 64)))
+    assert not gemv_tc.applies(_task("linear", _ones(4, 4096), _ones(64, 4096)))        # M <= 4: gemv
+    assert not gemv_tc.applies(_task("linear", _ones(17, 4096), _ones(64, 4096)))       # M > 16: a GEMM
+    assert not gemv_tc.applies(_task("linear", _ones(8, 4100), _ones(64, 4100)))        # K not whole 16-byte vectors
+    assert not gemv_tc.applies(_task("matmul", _ones(8, 4096), _ones(4096, 64)))         # B contiguous along N
+    assert not gemv_tc.applies(_task("linear", _ones(8, 64, dtype=torch.float32), _ones(8, 64, dtype=torch.float32)))
+
+
+def test_declines_a_symbolic_m():
+    """Each M has its own source: a length of 5 to 16 rows goes to the GEMM templates' one."""
+    x, w = symbol((2, SymSize.named("s0", 4), 768), "float16", "cuda"), symbol((512, 768), "float16", "cuda")
+    task = trace_from([kiln.ops.linear(x, w)], [x, w]).nodes[0].task
+    assert match_contraction(task).M == 8 and not gemv_tc.applies(task)
+
+
+@pytest.mark.parametrize("m", [5, 8, 16])
+def test_batched_decode_linears_schedule_here_on_a_gpu_with_tensor_cores(m):
+    """Between gemv (M <= 4) and the GEMM templates, at sm_80 and sm_90 alike."""
+    task = _task("linear", _ones(m, 2048), _ones(2048, 2048))
+    for arch in (80, 90):
+        assert schedules_for(task, "cuda", arch)[0].name == "gemv_tc"
+
+
+@pytest.mark.parametrize("m,k,n,first", [
+    (8, 2048, 32000, {"KW": 2, "SPLIT": 1}),     # 500 blocks: two per SM
+    (8, 2048, 2048, {"KW": 8, "SPLIT": 2}),      # 128 blocks even at eight warps: split in two
+    (16, 1024, 65536, {"KW": 1, "SPLIT": 1}),
+    (16, 5632, 8192, {"KW": 8, "SPLIT": 1}),
+    (8, 65536, 16, {"KW": 8, "SPLIT": 128}),
+])
+def test_level0_choice_tc(m, k, n, first):
+    assert gemv_tc.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
+
+
+def test_knobs_tc():
+    """Level 0 is GemvTcKnobs' defaults; level 1 every K-warps count; level 2 adds split-K over
+    blocks; other values are refused."""
+    assert gemv_tc.TEMPLATE.space(0) == [{"KW": 4, "SPLIT": 1}]
+    assert gemv_tc.TEMPLATE.space(1) == [{"KW": kw, "SPLIT": 1} for kw in (1, 2, 4, 8)]
+    assert gemv_tc.TEMPLATE.space(2)[4:] == [{"KW": 8, "SPLIT": s} for s in (2, 4, 8)]
+    task = _task("linear", _ones(8, 64), _ones(8, 64))
+    with pytest.raises(ValueError, match="GemvTcKnobs: unsupported setting"):
+        gemv_tc.render(task, KW=3)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("m", [5, 16])
+def test_every_knob_setting_compiles_tc(dtype, m):
+    task = _task("linear", _ones(m, 1000, dtype=dtype), _ones(777, 1000, dtype=dtype), _ones(777, dtype=dtype))
+    programs = [gemv_tc.render(task, **knobs) for knobs in gemv_tc.TEMPLATE.space(2)]
     rt.compile_many([(rt.launch_source(p, arch), p.kernel_names[0], arch)
                      for p in programs for arch in ("sm_80", "sm_90")])
