@@ -287,3 +287,23 @@ def test_an_empty_sum_gives_zeros(m, n):
     bias = torch.randn(m, n)
     out = torch.compile(lambda x, y, z: torch.addmm(z, x, y, beta=0.2, alpha=0.6), backend="kiln")(a, b, bias)
     torch.testing.assert_close(out, 0.2 * bias)
+
+
+def test_a_task_is_matched_once_and_rendering_leaves_the_match_as_it_was():
+    """`match_cpu_gemm` is found once per task (fusion, the compile and the rendering all ask):
+    rendering adds the sizes it writes to a copy, so a task rendered again, at other knobs or
+    the same, gives what a fresh match of an equal task gives."""
+    from kiln.ir import SymSize
+    from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+
+    def task():
+        x = kiln.symbol([SymSize.named("s0", 7), 33])
+        return _task("linear", x, kiln.symbol([20, 33]), kiln.symbol([20]))
+    t = task()
+    matched = match_cpu_gemm(t)
+    names = list(matched.sizes.names)
+    assert match_cpu_gemm(t) is matched and gemm_cpu.MATMUL.applies(t)
+    knobs = [gemm_cpu.GemmKnobs.settings(0)[0], gemm_cpu.GemmKnobs.settings(1)[-1]]
+    sources = [gemm_cpu.render(t, **k).source for k in knobs + knobs]
+    assert matched.sizes.names == names and "int64_t" in sources[0]
+    assert sources == [gemm_cpu.render(task(), **k).source for k in knobs + knobs]

@@ -5,10 +5,10 @@ a template produces or reads, and values too costly to recompute stay single."""
 import torch
 
 import kiln
-from kiln.ir import compute
+from kiln.ir import SymSize, compute
 from kiln.passes import PassContext
 from kiln.passes.pipeline import optimize
-from kiln.passes.recompute import RecomputeCheapProducers
+from kiln.passes.recompute import RecomputeCheapProducers, _elements
 from tests.passes.passes_support import apply, names, run_both
 
 ops = kiln.ops
@@ -42,6 +42,17 @@ def test_shared_cheap_values_are_computed_in_each_reader():
     inputs = [kiln.from_torch(torch.randn(2, 3, 5, 7).bfloat16()), kiln.from_torch(torch.randn(2, 3, 5, 7).bfloat16()),
               kiln.from_torch(torch.randn(3))]
     run_both(graph, fused_with, *inputs, atol=1e-2, rtol=1e-2)
+
+
+def test_symbolic_sizes_copy_as_their_values_do():
+    """Element counts are compared by value, as plain ints (`_elements`): a graph of symbolic
+    sizes copies what the same graph of their values copies."""
+    def copied(n):
+        x, g, mean = kiln.symbol([2, 3, n, 7], "bfloat16"), kiln.symbol([2, 3, n, 7], "bfloat16"), kiln.symbol([3])
+        return names(apply(RecomputeCheapProducers(), kiln.trace_from(_bn_backward_shape(x, g, mean), [x, g, mean])))
+    n = SymSize.named("s0", 5)
+    assert type(_elements(kiln.symbol([2, n]))) is int and _elements(kiln.symbol([2, n])) == 10
+    assert copied(n) == copied(5) and copied(n).count("Where") == 3
 
 
 def test_views_random_values_and_costly_values_stay_single():

@@ -90,7 +90,10 @@ class _Groups:
         self.anchors = {k: int(id(n) in self.anchor_nodes) for k, n in enumerate(self.nodes)}
         self.frozen = {self.group[id(n)] for n in self.nodes if isinstance(n, FusedOperator)}
         self._successors: dict[int, set[int]] = {}
-        self.index = {id(n): k for k, n in enumerate(self.nodes)}
+        self._predecessors: dict[int, set[int]] = {}
+        # a topological order of the groups (the nodes' to begin with), kept one through merges
+        # (`_reorder`): a path between two groups visits only groups placed between them
+        self.position = {k: k for k in range(len(self.nodes))}
 
     def reads_views(self, g: int) -> bool:
         """Whether the best template of group g's anchor reads views fused before it."""
@@ -106,43 +109,82 @@ class _Groups:
                                    for u in self.users.get(id(t), ())} - {g}
         return self._successors[g]
 
-    def _merged_successors(self, a: int, b: int) -> None:
-        """The successor sets, group b having joined group a: a's found again, b read as a."""
-        self._successors.pop(a, None)
-        self._successors.pop(b, None)
-        for g, found in self._successors.items():
-            if b in found:
-                found.discard(b)
-                if g != a:
-                    found.add(a)
+    def predecessors(self, g: int) -> set[int]:
+        """The groups producing an input of group g's members (kept until a merge changes them)."""
+        if g not in self._predecessors:
+            self._predecessors[g] = {self.group[id(p)] for n in self.members[g] for t in n.inputs
+                                     if (p := self.producer.get(id(t))) is not None} - {g}
+        return self._predecessors[g]
 
-    def _reaches(self, start: set[int], target: int) -> bool:
-        seen, todo = set(start), deque(start)
+    def _relink(self, a: int, b: int, writers: set[int], readers: set[int]) -> None:
+        """The kept successor and predecessor sets, group b (reading `writers`, read by
+        `readers`) having joined group a: a's found again, b read as a in its neighbours'."""
+        for kept in (self._successors, self._predecessors):
+            kept.pop(a, None)
+            kept.pop(b, None)
+        neighbours = [(g, self._successors.get(g)) for g in writers] + [(g, self._predecessors.get(g)) for g in readers]
+        for g, kept in neighbours:
+            if kept is not None and g != a:
+                kept.discard(b)
+                kept.add(a)
+
+    def _placed_between(self, first: int, last: int) -> set[int] | None:
+        """The groups that group `first` reaches and that are placed before group `last` (placed
+        after `first`), or None where one of them reaches `last`: merging the two would make a
+        cycle through another group."""
+        bound = self.position[last]
+        found = {s for s in self.successors(first) if s != last and self.position[s] < bound}
+        todo = list(found)
         while todo:
-            g = todo.popleft()
-            if g == target:
-                return True
-            for s in self.successors(g) - seen:
-                seen.add(s)
-                todo.append(s)
-        return False
+            for s in self.successors(todo.pop()):
+                if s == last:
+                    return None
+                if s not in found and self.position[s] < bound:
+                    found.add(s)
+                    todo.append(s)
+        return found
+
+    def _reorder(self, first: int, last: int, merged: int, after: set[int]) -> None:
+        """Place the group `merged` that groups `first` and `last` become (`last` placed after
+        `first`; `after` the groups between them that `first` reaches: `_placed_between`) so that
+        the order stays topological: the groups between them that reach `last`, then the merged
+        group, then `after`, each kept in its order, take the places they held (Pearce and
+        Kelly's dynamic topological order)."""
+        bound = self.position[first]
+        before = {p for p in self.predecessors(last) if p != first and self.position[p] > bound}
+        todo = list(before)
+        while todo:
+            for p in self.predecessors(todo.pop()):
+                if p not in before and self.position[p] > bound:
+                    before.add(p)
+                    todo.append(p)
+        places = sorted([self.position[g] for g in before | after] + [bound, self.position[last]])
+        del places[len(before) + 1]
+        moved = sorted(before, key=self.position.get) + [merged] + sorted(after, key=self.position.get)
+        del self.position[first], self.position[last]
+        self.position.update(zip(moved, places))
 
     def merge(self, a: int, b: int, rows: bool = False) -> bool:
         """Merge groups a and b if the result has no cycle and at most one anchor (or, with
         `rows`, is one row task: see `fuse_row_reductions`), and keeps its anchor's template
         where it has one."""
         if (a == b or a in self.frozen or b in self.frozen
-                or (not rows and self.anchors[a] + self.anchors[b] > 1)
-                or self._reaches(self.successors(a) - {b}, b)
-                or self._reaches(self.successors(b) - {a}, a)):
+                or (not rows and self.anchors[a] + self.anchors[b] > 1)):
+            return False
+        # no path leads from the group placed later to the other
+        first, last = sorted((a, b), key=self.position.get)
+        after = self._placed_between(first, last)
+        if after is None:
             return False
         if (a in self.templated or b in self.templated) and self.fused(self.members[a] + self.members[b]) is None:
             return False
         if rows and not self.is_row_task(self.members[a] + self.members[b]):
             return False
+        self._reorder(first, last, a, after)
+        writers, readers = self.predecessors(b), self.successors(b)
         for n in self.members[b]:
             self.group[id(n)] = a
-        self._merged_successors(a, b)
+        self._relink(a, b, writers, readers)
         self.members[a] += self.members.pop(b)
         self.anchors[a] += self.anchors.pop(b)
         if b in self.templated:

@@ -44,10 +44,18 @@ from kiln.schedule import AUTO_RULES, CompileSession
 MAX_COPIES = 4
 
 
+def _elements(t) -> int:
+    """The number of elements of `t` in this trace, a plain int: the pass only compares counts,
+    which for symbolic sizes compare by value (`kiln.ir.size`), and a product of plain ints builds
+    no size expression."""
+    return math.prod(map(int, t.shape))
+
+
 def _bytes_per_element(node: Operator) -> tuple[int, int]:
     """(bytes an output element reads from full-size inputs, bytes it writes)."""
     out = node.outputs[0]
-    reads = sum(t.dtype.nbytes for t in {id(t): t for t in node.inputs}.values() if t.numel() == out.numel())
+    size = _elements(out)
+    reads = sum(t.dtype.nbytes for t in {id(t): t for t in node.inputs}.values() if _elements(t) == size)
     return reads, out.dtype.nbytes
 
 
@@ -63,7 +71,7 @@ def _row_reduction(node: Operator) -> bool:
     once a row (`kiln.schedule.rows`)."""
     if node.task.is_injective or len(node.outputs) != 1 or not node.inputs:
         return False
-    kept, shape = node.outputs[0].numel(), node.inputs[0].shape
+    kept, shape = _elements(node.outputs[0]), tuple(map(int, node.inputs[0].shape))
     return any(math.prod(shape[:j]) == kept for j in range(len(shape)))
 
 
@@ -76,7 +84,7 @@ def _other_reduction(node: Operator) -> bool:
 def _takes_part(reader: Operator, node: Operator) -> bool:
     """Whether `reader` takes part of `node`'s value: it is element-wise and makes fewer
     elements (a gather, a slice), so that it reads only some of them."""
-    return reader.task.is_injective and reader.outputs[0].numel() < node.outputs[0].numel()
+    return reader.task.is_injective and _elements(reader.outputs[0]) < _elements(node.outputs[0])
 
 
 class RecomputeCheapProducers(GraphPass):

@@ -104,7 +104,14 @@ def reports_failures(e: Expr) -> bool:
 
 def match_cpu_gemm(task: Task) -> CpuGemm | None:
     """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
-    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it)."""
+    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it).
+    Found once per task (`Task.derived`: fusion asks of each candidate group, the compile of
+    the chosen one, then its rendering): the CpuGemm is shared, so a renderer adds sizes to a
+    copy of its `sizes`."""
+    return task.derived(_match_cpu_gemm)
+
+
+def _match_cpu_gemm(task: Task) -> CpuGemm | None:
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None

@@ -41,7 +41,8 @@ them, so one build serves every size.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 from kiln.template import CpuProgram, KernelArgs, Knobs, Preparation, SymSize, Template, c_template_source, device_code
 
@@ -126,6 +127,7 @@ def _render(task, k: GemmKnobs, planes: bool) -> CpuProgram:
     g = match_cpu_gemm(task)
     if g is None:
         raise ValueError(f"gemm_cpu does not apply to task '{task.name}'")
+    g = replace(g, sizes=copy.deepcopy(g.sizes))      # the match is shared: `text` may add sizes
     extents = {name: g.text(value) for name, value in (("BATCH", g.batch), ("M", g.M), ("N", g.N), ("K", g.K))}
     fixed = lambda size: not isinstance(size, SymSize)        # a symbolic size's choice would differ by size
     rows_outer = planes and fixed(g.N) and g.N >= ROWS_OUTER_PIXELS
