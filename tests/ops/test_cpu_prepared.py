@@ -221,3 +221,42 @@ def test_next_b_panel_prefetched_changes_no_bit(threads):
         torch.set_num_threads(saved)
     assert torch.equal(outs[0], outs[1])
     assert_close(outs[1], F.linear(x.double(), w.double(), b.double()).float(), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_images_inside_a_laid_out_weights_blocks_give_the_bits_of_one_image_at_a_time(threads):
+    """With the weight laid out once and larger than an image's rows (35 pixels, 40 output
+    channels: a part panel), a convolution's images (its GEMM batches) run inside each block of
+    it (K = 96 x 9 = 864: K blocks, each image's partial sums kept apart); without, one image at
+    a time. The sums are taken in the same order, so both give the same bits, and float64's values."""
+    from kiln.runtime.cpu import CpuKernel
+
+    x, w, b = rand((3, 96, 5, 7)), rand((40, 96, 3, 3)), rand((40,))
+    op = kiln.ops.conv2d
+    task, _, _ = op.task(op.bind((kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b)), {"padding": 1}))
+    assert conv_cpu.TEMPLATE.applies(task)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        program = conv_cpu.TEMPLATE.render(task)
+        kernel, form = CpuKernel(program).prepare([None, w, None])
+        plain, prepared = torch.empty(3, 40, 5, 7), torch.empty(3, 40, 5, 7)
+        CpuKernel(program)([x, w, b], [plain])
+        kernel([x, w, b, form], [prepared])
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(plain, prepared)
+    want = F.conv2d(x.double(), w.double(), b.double(), padding=1).float()
+    assert_close(prepared, want, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv2d_images_inside_the_weights_blocks(groups):
+    """Three images of a 3x3 convolution over 96 channels (K = 864 / groups: K blocks where
+    ungrouped) with 40 output channels (a part panel, more than an image's 35 pixels), its
+    weight laid out once."""
+    x, w, b = rand((3, 96, 5, 7)), rand((40, 96 // groups, 3, 3)), rand((40,))
+    compiled = _compiled(lambda x, w, b: kiln.ops.conv2d(x, w, b, padding=1, groups=groups), x, [w, b])
+    assert _entries(compiled) == ["kiln_kernel_prepared"]
+    want = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=groups).float()
+    assert_close(compiled.run([x])[0], want, atol=1e-3, rtol=1e-4)

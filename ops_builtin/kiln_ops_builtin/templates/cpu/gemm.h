@@ -84,15 +84,20 @@ static void kiln_pack_b_block(PARAMS, int64_t b, int64_t n0, int64_t cols, int64
 #define KILN_B_AHEAD 0
 #endif
 
-/* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batch b, on one thread with its own
-   packing buffers */
-static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
-                       float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws) {
+/* the tiles of panels [m_lo, m_hi) x [n_lo, n_hi) of batches [b_lo, b_hi), on one thread with
+   its own packing buffers; the batches inside each block of B, so that a B laid out once and
+   shared by the batches (a convolution's weight, the images its batches) is read into the
+   caches once per block, not once per batch; ws (where K is cut into blocks) holds M x N floats
+   for each of the batches */
+static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
+                       float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws_all) {
     for (int64_t jc = n_lo; jc < n_hi; jc += NC)
-    for (int64_t pc = 0; pc < K; pc += KC) {
+    for (int64_t pc = 0; pc < K; pc += KC)
+    for (int64_t b = b_lo; b < b_hi; ++b) {
         const int64_t nc = KILN_MIN(NC, n_hi - jc), kc = KILN_MIN(KC, K - pc);
         const int64_t npanels = KILN_PANELS(nc, NR);
         const int first = pc == 0, last = pc + kc >= K;
+        float* const ws = ws_all ? ws_all + (b - b_lo) * M * N : NULL;
         if (!bpre) kiln_pack_b_block(ARGS, b, jc, nc, pc, kc, bpack);
         /* B's panels: packed here (panel p at p * NR * kc) or laid out once (jc is whole panels) */
         const float* const bpanels = bpre ? bpre + b % B_GROUPS * KILN_PANELS(N, NR) * NR * K + jc * K + pc * NR : bpack;
@@ -111,9 +116,9 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
                     float tile[MR * NR] __attribute__((aligned(64)));
                     const int64_t m0 = ic + ip * MR, n0 = jc + jp * NR;
                     /* this A panel's share of the cache lines of the B panel read next (B_PREFETCH): the
-                       block's next panel; after its last, its first again for the next A block, else the
-                       next K block's first (none after the last K block) */
-                    const int more_a = ic + MCB < m_hi;
+                       block's next panel; after its last, its first again for the next A block (or the
+                       next batch's, the same B), else the next K block's first (none after the last K block) */
+                    const int more_a = ic + MCB < m_hi || (b + 1 < b_hi && B_GROUPS == 1);
                     const float* const next = jp + 1 < npanels ? bpanels + (jp + 1) * bstride : more_a ? bpanels : bpanels + kc * NR;
                     const int64_t next_rows = jp + 1 < npanels || more_a ? kc : KILN_MIN(KC, K - pc - kc);
                     const int64_t ahead_lines = KILN_B_AHEAD && bpre ? KILN_PANELS(next_rows * NR, 16) : 0;
@@ -145,10 +150,15 @@ static void kiln_block(PARAMS, int64_t b, int64_t m_lo, int64_t m_hi, int64_t n_
 }
 
 /* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
-   other: each packs its own operand blocks (B's only where bpre, B laid out once, is NULL). */
+   other: each packs its own operand blocks (B's only where bpre, B laid out once, is NULL).
+   Where B is laid out once and larger than a batch's A (M < N: a convolution's late layers,
+   7 x 7 or 14 x 14 pixels against hundreds of channels), the batches go inside each block of B
+   (kiln_block), so that B is read into the caches once, not once per image; otherwise one batch
+   at a time, so that a batch's A (large planes) stays in the caches across B's blocks. */
 static void kiln_gemm(PARAMS) {
     const int64_t kcap = KILN_MIN(KC, K);
-    float* ws = K > KC ? (float*)malloc((size_t)M * N * 4) : NULL;
+    const int64_t together = bpre && M < N ? BATCH : 1;     /* batches in one kiln_block */
+    float* ws = K > KC ? (float*)malloc((size_t)together * M * N * 4) : NULL;
     const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -160,9 +170,10 @@ static void kiln_gemm(PARAMS) {
         float* bpack = bpre ? NULL : kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
         float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         if (lo < hi)
-            for (int64_t b = 0; b < BATCH; ++b) {
-                if (split_n) kiln_block(ARGS, b, 0, M, lo, hi, apack, bpack, ws);
-                else kiln_block(ARGS, b, lo, hi, 0, N, apack, bpack, ws);
+            for (int64_t b = 0; b < BATCH; b += together) {
+                const int64_t b_hi = KILN_MIN(b + together, BATCH);
+                if (split_n) kiln_block(ARGS, b, b_hi, 0, M, lo, hi, apack, bpack, ws);
+                else kiln_block(ARGS, b, b_hi, lo, hi, 0, N, apack, bpack, ws);
             }
         free(apack);
         free(bpack);
