@@ -10,7 +10,9 @@ k, in runs along k transposed VW x VW in registers) and an MC x KC block of A in
 both zero-padded to whole panels, and runs the register-blocked micro-kernel over the block's MR x
 NR tiles (B panels outer, so a B panel stays in L1 while A's panels stream from L2, the next B
 panel, where B was laid out once, prefetched into L2 meanwhile; A's panels outer for a
-convolution's large planes: `render_conv`). The
+convolution's large planes: `render_conv`). Batches run one after another, or, where B was laid
+out once and is larger than a batch's A (M < N: a convolution's small late planes, whose images
+share its weight), inside each block of B, so that B is read into the caches once. The
 micro-kernel, a function of its own (inlined into the block's loops, GCC runs out of registers for
 the 14-row tile and spills), uses GCC vector extensions on the host's widest vectors (`cpu/simd.h`;
 AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
