@@ -75,26 +75,41 @@ def _vec(c: Contraction) -> int:
     return 16 // c.a.dtype.nbytes
 
 
-def applies(task) -> bool:
-    c = match_contraction(task)
-    if c is None or c.a.dtype != c.b.dtype or c.a.dtype not in ELEMENTS or not 0 < c.M <= MAX_M:
-        return False
+def reads_vectors(c: Contraction) -> bool:
+    """Whether both operands of `c` are read in 16-byte vectors along K: contiguous along K,
+    K and every row and batch stride whole vectors, and a batch count the grid's z takes (the
+    layout `gemv` and `gemv_tc` stream)."""
     vec = _vec(c)
     return (c.K % vec == 0 and c.a.k_contiguous and c.b.k_contiguous and c.batch_count <= MAX_GRID_Z
             and all(s % vec == 0 for op in (c.a, c.b) for s in (op.x_stride, *op.batch_strides)))
 
 
+def fit(N: int, steps: int, batch: int, columns: int, sm_count: int) -> tuple[int, int]:
+    """(KW, SPLIT) for a grid of blocks of WARPS warps, each warp owning `columns` of the N
+    columns (times `batch`), whose K takes `steps` steps of one warp: the fewest K-splitting
+    warps that still give two blocks per SM; split over blocks when even eight do not fill one
+    wave, at least two steps per warp and split."""
+    blocks = lambda kw: -(-N // (WARPS // kw * columns)) * batch
+    kw = next((k for k in (1, 2, 4) if blocks(k) >= 2 * sm_count), 8)
+    split = min(-(-sm_count // blocks(kw)), steps // (kw * 2))
+    return kw, split if blocks(kw) < sm_count and split > 1 else 1
+
+
+def applies(task) -> bool:
+    c = match_contraction(task)
+    if c is None or c.a.dtype != c.b.dtype or c.a.dtype not in ELEMENTS or not 0 < c.M <= MAX_M:
+        return False
+    return reads_vectors(c)
+
+
 def suggest(task, sm_count: int) -> list[dict]:
-    """Two columns per warp; the fewest K-splitting warps that still give two blocks per SM;
-    split over blocks when even eight do not fill one wave (at least two vectors per lane and
-    split)."""
+    """Two columns per warp, the warps and split `fit` to the shape (a warp's step: a vector
+    per lane)."""
     c = match_contraction(task)
     N, K, batch = (split_k.bucket(x) for x in (c.N, c.K, c.batch_count))
     r = 2
-    blocks = lambda kw: -(-N // (WARPS // kw * r)) * batch
-    kw = next((k for k in (1, 2, 4) if blocks(k) >= 2 * sm_count), 8)
-    split = min(-(-sm_count // blocks(kw)), K // _vec(c) // (32 * kw * 2))
-    first = GemvKnobs(R=r, KW=kw, SPLIT=split if blocks(kw) < sm_count and split > 1 else 1).as_dict()
+    kw, split = fit(N, K // _vec(c) // 32, batch, r, sm_count)
+    first = GemvKnobs(R=r, KW=kw, SPLIT=split).as_dict()
     return [first] + [k for k in GemvKnobs.settings(1) if k != first]
 
 

@@ -14,7 +14,7 @@ casts fused as everywhere).
 
 Declines (`gemv` takes M <= 4, the GEMM templates the rest): M outside 5 to 16 or symbolic (a
 source per M would be a build per size), dtypes other than float16 and bfloat16, an operand
-whose K is not contiguous, K or a stride not a multiple of 8.
+whose K is not contiguous, K or a stride not a multiple of 8 (`gemv.reads_vectors`).
 
 The device code is `cuda/gemv_tc.cuh`: `kiln::gemv_tc::run`, a C++ template over the element
 type, M and the knobs (`GemvTcKnobs`), taking N, K and the strides as run-time arguments.
@@ -28,13 +28,11 @@ from dataclasses import dataclass
 
 from kiln.template import (Contraction, CudaProgram, Knobs, Launch, SymSize, Template, device_code, dtypes,
                            match_contraction, ptx, template_source)
-from kiln_ops_builtin.templates import split_k
+from kiln_ops_builtin.templates import gemv, split_k
 
 MIN_M, MAX_M = 5, 16
-WARPS = 8
 COLUMNS = 16            # output columns a warp owns: the mma's rows
 GROUP = 32              # elements of K a lane group takes per step: two mma k-steps
-MAX_GRID_Z = 65535
 ELEMENTS = {dtypes.float16: "F16", dtypes.bfloat16: "BF16"}     # kiln::gemv_tc's types
 
 KERNEL = """
@@ -72,19 +70,15 @@ def applies(task) -> bool:
     if (c is None or c.a.dtype != c.b.dtype or c.a.dtype not in ELEMENTS or isinstance(c.M, SymSize)
             or not MIN_M <= c.M <= MAX_M):
         return False
-    return (c.K % 8 == 0 and c.a.k_contiguous and c.b.k_contiguous and c.batch_count <= MAX_GRID_Z
-            and all(s % 8 == 0 for op in (c.a, c.b) for s in (op.x_stride, *op.batch_strides)))
+    return gemv.reads_vectors(c)
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """The fewest K-splitting warps that still give two blocks per SM; split over blocks when
-    even eight do not fill one wave (at least two groups of K per warp and split)."""
+    """The warps and split `gemv.fit` to the shape (a warp's step: a 32-element group of K)."""
     c = match_contraction(task)
     N, K, batch = (split_k.bucket(x) for x in (c.N, c.K, c.batch_count))
-    blocks = lambda kw: -(-N // (WARPS // kw * COLUMNS)) * batch
-    kw = next((k for k in (1, 2, 4) if blocks(k) >= 2 * sm_count), 8)
-    split = min(-(-sm_count // blocks(kw)), -(-K // GROUP) // (kw * 2))
-    first = GemvTcKnobs(KW=kw, SPLIT=split if blocks(kw) < sm_count and split > 1 else 1).as_dict()
+    kw, split = gemv.fit(N, -(-K // GROUP), batch, COLUMNS, sm_count)
+    first = GemvTcKnobs(KW=kw, SPLIT=split).as_dict()
     return [first] + [k for k in GemvTcKnobs.settings(1) if k != first]
 
 
@@ -97,12 +91,12 @@ def render(task, **knobs) -> CudaProgram:
     split = max(1, min(k.SPLIT, int(groups)))
     sk = split_k.plan(split, c.M, c.N, groups, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     kernel = KERNEL.format(
-        threads=32 * WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
-        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=WARPS, a=c.a.param,
+        threads=32 * gemv.WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
+        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=gemv.WARPS, a=c.a.param,
         a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
     defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
-    columns = WARPS // k.KW * COLUMNS
-    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * WARPS, 1, 1),
+    columns = gemv.WARPS // k.KW * COLUMNS
+    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * gemv.WARPS, 1, 1),
                     grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
     source = template_source([device_code(__package__, "cuda/gemv_tc.cuh"), sk.stores, kernel, sk.source], defines,
                              c.epilogue, (ptx.MMA,))
