@@ -1,20 +1,54 @@
 """The auto-scheduler's general rule: any task of injective and reduction computes.
 
 Each materialized compute of the task becomes one kernel (`kiln.schedule.cuda_kernels.
-buffer_kernel`), launched in order; temporaries come from PyTorch's allocator.
+buffer_kernel`), launched in order, except that consecutive injective computes none of which
+reads another (a rotary embedding's rotated rows and the cache positions they go to) share one
+(`injective_kernel`); temporaries come from PyTorch's allocator.
 """
 from __future__ import annotations
 
+from kiln.ir.compute import Compute
+from kiln.ir.expr import Load, top_reduces, walk
 from kiln.ir.inline import Lowered
+from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram
 from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import AutoProgram
 
 
+def _joins(group: list[Compute], buf: Compute, auto: AutoProgram) -> bool:
+    """Whether the injective `buf` can be written by the kernel of `group`: it reads none of
+    them, and its size and theirs are plain ints or one symbolic size."""
+    if not group or top_reduces(buf.value):
+        return False
+    ids = {id(b) for b in group}
+    if any(isinstance(x, Load) and id(x.tensor) in ids for x in walk(buf.value)):
+        return False
+    counts = [numel(b.shape) for b in (*group, buf)]
+    return not any(isinstance(c, SymSize) for c in counts) or len({auto.sizes.text(c) for c in counts}) == 1
+
+
 def schedule(lowered: Lowered) -> CudaProgram:
-    """One kernel per materialized buffer of `lowered` (it takes every task)."""
+    """The kernels of `lowered`'s materialized buffers (it takes every task)."""
     auto = AutoProgram(lowered)
+    group: list[Compute] = []
+    first = 0
+
+    def flush():
+        if len(group) == 1:
+            auto.write(first, group[0])
+        elif group:
+            auto.write_together(first, group)
+
     for n, buf in enumerate(lowered.buffers):
-        if numel(buf.shape):
+        if not numel(buf.shape):
+            continue
+        if _joins(group, buf, auto):
+            group.append(buf)
+            continue
+        flush()
+        group, first = ([] if top_reduces(buf.value) else [buf]), n
+        if not group:
             auto.write(n, buf)
+    flush()
     return auto.program()

@@ -304,6 +304,28 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
     return Kernel(source, launch)
 
 
+def injective_kernel(lowered_names: dict, strides: dict, args: list, bufs: list[Compute], out_names: list[str],
+                     kernel_name: str, sizes: SizeArgs) -> Kernel:
+    """One kernel writing every element of each of `bufs`, injective computes none of which
+    reads another: a thread per element of the largest, each buffer's element under its own
+    bound (their sizes are plain ints, or all the same symbolic size)."""
+    d = CudaDialect()
+    counts = [numel(b.shape) for b in bufs]
+    items = max(counts)
+    parts = []
+    for buf, out_name, count in zip(bufs, out_names, counts):
+        value, names = at_item(buf, buf.value, lowered_names)
+        em = CudaEmitter(d, names, strides, "thread", indent=3, sizes=sizes)
+        v = em.emit(value)
+        lines = "\n".join(em.lines + [f"            {out_name}[o] = {d.store(buf.dtype, v)};"])
+        guard = "" if sizes.text(count) == sizes.text(items) else f"if (o < {sizes.text(count)}) "
+        parts.append(f"        {guard}{{\n{lines}\n        }}")
+    source, used = item_loop_kernel(kernel_name, BLOCK, args, "thread", items, "\n".join(parts), sizes)
+    launch = Launch(kernel_name, tuple(n for n, _, _ in args) + used, (BLOCK, 1, 1), items=int(items),
+                    per_block=BLOCK, waves=2048 // BLOCK * 4)
+    return Kernel(source, launch)
+
+
 class AutoProgram:
     """The kernels of a lowered task as the auto-scheduler writes them, in order.
 
@@ -336,6 +358,15 @@ class AutoProgram:
         self.kernels.append(buffer_kernel(self.names, self.strides, self.available + [(out_name, buf, False)],
                                           buf, out_name, f"kiln_k{n}", self.sizes))
         self.available = self.available + [(out_name, buf, True)]
+
+    def write_together(self, n: int, bufs: list[Compute]) -> None:
+        """Add one kernel writing the injective buffers `bufs` (the task's n-th and those after
+        it), none of which reads another (`injective_kernel`)."""
+        out_names = [self.names[id(b)] for b in bufs]
+        args = self.available + [(name, b, False) for name, b in zip(out_names, bufs)]
+        self.kernels.append(injective_kernel(self.names, self.strides, args, bufs, out_names, f"kiln_k{n}",
+                                             self.sizes))
+        self.available = self.available + [(name, b, True) for name, b in zip(out_names, bufs)]
 
     def program(self) -> CudaProgram:
         source = CudaDialect().prelude + "\n" + "\n".join(k.source for k in self.kernels)

@@ -3,7 +3,8 @@
 Softmax's max and sum, layer_norm's mean and variance, RMSNorm's mean of squares: each
 statistic is read only at its consumers' own leading indices (`kiln.schedule.rows`), so one
 kernel computes a row's statistics into registers and then writes the row (tasks of fewer
-than MIN_ROWS rows get the general kernels instead, which spread one row over a block); a
+than MIN_ROWS rows longer than SHORT_ROW get the general kernels instead, which write the
+output over the whole GPU after the statistics); a
 statistic that is an output of the task too (a layer norm's mean and rstd, saved for the
 backward) is written by the row's first thread as soon as it is known. An element-wise task
 (one injective output) is a row task without statistics: rows of at least ELEMENTWISE_ROW
@@ -58,6 +59,7 @@ ROW_CACHE_BYTES = 256    # registers a thread may give the statistics' streams (
 ROW_KEEP_BYTES = 128     # registers a thread may give values kept for the output (exp(x - max))
 ROW_UNROLL_MAX = 64      # elements per thread at most for that (its loops unroll fully)
 MIN_ROWS = 64            # fewer rows than this would leave most multiprocessors idle
+SHORT_ROW = 8192         # unless each is this short: one block then writes a row faster than a second launch
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 ELEMENTWISE_THREADS = 32768  # an element-wise task of too few rows for this many threads a warp each
                              # gives each row a block
@@ -323,7 +325,7 @@ def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: in
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The one-kernel program of a row task or an element-wise one (see the module doc); None
     for any other task."""
-    found = row_task(lowered, min_rows=MIN_ROWS)
+    found = row_task(lowered, min_rows=MIN_ROWS, short_row=SHORT_ROW)
     if found is None:
         p = elementwise_prefix(lowered, MIN_ROWS, ELEMENTWISE_ROW)
         found = None if p is None else (lowered.outputs[0], p)
@@ -347,7 +349,9 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     pack_bytes = sum(max(4, s.tensor.dtype.nbytes) * vector for s in read_by_stats)
     reduced = max((reduce_extent(r) for value in stats for r in top_reduces(value) if not symbolic_extent(r)),
                   default=0)
-    plan = plan_row(row_len, vector, pack_bytes, 32 if stats else ELEMENTWISE_THREADS // rows, reduced)
+    few = not isinstance(rows, SymSize) and rows < MIN_ROWS         # short rows (SHORT_ROW): a block each
+    plan = plan_row(row_len, vector, pack_bytes, (BLOCK if few else 32) if stats else ELEMENTWISE_THREADS // rows,
+                    reduced)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
     em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
     em.load_cache()

@@ -64,7 +64,7 @@ def _row_axes(shape: tuple[int, ...], rows: int) -> int | None:
     return found
 
 
-def row_task(lowered: Lowered, min_rows: int = 1) -> tuple[Compute, int] | None:
+def row_task(lowered: Lowered, min_rows: int = 1, short_row: int = 0) -> tuple[Compute, int] | None:
     """The row output of `lowered` and the number p of its leading axes that make `lowered` a
     row task, or None.
 
@@ -79,10 +79,10 @@ def row_task(lowered: Lowered, min_rows: int = 1) -> tuple[Compute, int] | None:
     layer_norm(x).transpose(0, 1)). The row output must have further axes (the row), hold no
     reduction itself, be read by no statistic (they are computed before it), and have
     `min_rows` rows at least, unless their number is symbolic (one kernel then serves every
-    size: the row kernel). The row output is the first output, of the most elements first,
+    size: the row kernel) or each row has at most `short_row` elements. The row output is the first output, of the most elements first,
     that makes the task a row task (rows of one element leave the choice open)."""
     for out in sorted(lowered.outputs, key=lambda t: -numel(t.shape)):
-        p = _row_prefix(lowered, out, min_rows)
+        p = _row_prefix(lowered, out, min_rows, short_row)
         if p is not None:
             return out, p
     return None
@@ -93,7 +93,7 @@ def statistics(lowered: Lowered, out: Compute) -> list[Compute]:
     return [b for b in lowered.buffers if b is not out]
 
 
-def _row_prefix(lowered: Lowered, out: Compute, min_rows: int) -> int | None:
+def _row_prefix(lowered: Lowered, out: Compute, min_rows: int, short_row: int) -> int | None:
     """The prefix p that makes `lowered` a row task of row output `out` (see `row_task`), or None."""
     stats = statistics(lowered, out)
     if not any(_top_reduces(t.value) for t in stats) or _top_reduces(out.value):
@@ -103,7 +103,9 @@ def _row_prefix(lowered: Lowered, out: Compute, min_rows: int) -> int | None:
         return None
     rows = counts.pop()
     p = _row_axes(out.shape, rows)
-    if p is None or p == 0 or p >= len(out.shape) or (rows < min_rows and not isinstance(rows, SymSize)):
+    if p is None or p == 0 or p >= len(out.shape):
+        return None
+    if rows < min_rows and not isinstance(rows, SymSize) and not numel(out.shape[p:]) <= short_row:
         return None
     stat_ids = {id(t): _statistic_prefix(t.shape) for t in stats}
     permuted = permuted_rows(lowered, out, p)
