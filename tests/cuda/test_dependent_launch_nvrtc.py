@@ -36,6 +36,37 @@ def test_every_kernel_waits_first():
         dependent_launch.with_prior_grid_wait('extern "C" __global__ void declared(float*);\n')
 
 
+def test_kernels_that_wait_themselves_get_no_second_wait():
+    source = dependent_launch.with_prior_grid_wait(MACRO_KERNELS, waiting=("plain",))
+    assert "float* b) {\n    b[threadIdx.x]" in source
+    assert source.count("{ kiln_wait_prior_grids();") == 1            # the macro's kernels still wait
+    assert dependent_launch.with_prior_grid_wait(MACRO_KERNELS, waiting=("twice_1",)).count(
+        "{ kiln_wait_prior_grids();") == 2    # a name the source does not spell changes nothing
+
+
+@needs_nvrtc
+def test_a_gemv_that_prefetches_before_it_waits_compiles(monkeypatch):
+    """gemv and gemv_tc with PREFETCH: the kernel waits itself (the helper defined by the
+    template and by the runtime, once), the split-K sum kernel after it as every kernel."""
+    from kiln_ops_builtin.templates import gemv, gemv_tc
+    definition = registry().operator("linear")
+    jobs = []
+    for module, rows, knobs in ((gemv, 1, {"KW": 4, "PREFETCH": 2}), (gemv_tc, 8, {"KW": 8, "SPLIT": 2, "PREFETCH": 1})):
+        x, w = torch.randn(rows, 1000).to(torch.bfloat16), torch.randn(777, 1000).to(torch.bfloat16)
+        task = definition.task(definition.bind([x, w], {}))[0]
+        program = module.render(task, **knobs)
+        kernel = program.launches[0].kernel
+        assert program.waiting == (kernel,)
+        for setting in ("0", "1"):
+            monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", setting)
+            source = rt.launch_source(program, "sm_90")
+            inserted = len(program.kernel_names) - 1 if setting == "1" else 0      # the split-K sum's
+            assert source.count("{ kiln_wait_prior_grids();") == inserted
+            assert source.count("kiln_wait_prior_grids();") == inserted + 1       # and the template's own
+            jobs += [(source, kernel, "sm_90"), (rt.launch_source(program, "sm_80"), kernel, "sm_80")]
+    rt.compile_many(jobs)
+
+
 def test_enabled_from_sm90_unless_turned_off(monkeypatch):
     monkeypatch.delenv("KILN_DEPENDENT_LAUNCH", raising=False)
     assert dependent_launch.enabled(90) and dependent_launch.enabled(100) and not dependent_launch.enabled(89)

@@ -38,10 +38,10 @@ def test_takes_decode_shapes_and_declines_the_rest():
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (1, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1}),       # 512 blocks: two per SM
-    (1, 4096, 1024, {"R": 2, "KW": 8, "SPLIT": 1}),
-    (4, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1}),
-    (1, 65536, 16, {"R": 2, "KW": 8, "SPLIT": 16}),
+    (1, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1, "PREFETCH": 0}),       # 512 blocks: two per SM
+    (1, 4096, 1024, {"R": 2, "KW": 8, "SPLIT": 1, "PREFETCH": 0}),
+    (4, 4096, 4096, {"R": 2, "KW": 2, "SPLIT": 1, "PREFETCH": 0}),
+    (1, 65536, 16, {"R": 2, "KW": 8, "SPLIT": 16, "PREFETCH": 0}),
 ])
 def test_level0_choice(m, k, n, first):
     assert gemv.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
@@ -50,9 +50,11 @@ def test_level0_choice(m, k, n, first):
 def test_knobs():
     """Level 0 is GemvKnobs' defaults; level 1 every columns-per-warp and K-warps pair; level 2
     adds split-K over blocks; other values are refused."""
-    assert gemv.TEMPLATE.space(0) == [{"R": 2, "KW": 4, "SPLIT": 1}]
-    assert len(gemv.TEMPLATE.space(1)) == 12 and len(gemv.TEMPLATE.space(2)) == 18
-    assert gemv.TEMPLATE.space(2)[12:] == [{"R": r, "KW": 8, "SPLIT": s} for r in (1, 2) for s in (2, 4, 8)]
+    assert gemv.TEMPLATE.space(0) == [{"R": 2, "KW": 4, "SPLIT": 1, "PREFETCH": 0}]
+    assert len(gemv.TEMPLATE.space(1)) == 12 and len(gemv.TEMPLATE.space(2)) == 20
+    assert gemv.TEMPLATE.space(2)[12:18] == [{"R": r, "KW": 8, "SPLIT": s, "PREFETCH": 0} for r in (1, 2)
+                                             for s in (2, 4, 8)]
+    assert gemv.TEMPLATE.space(2)[18:] == [{"R": 2, "KW": kw, "SPLIT": 1, "PREFETCH": 2} for kw in (4, 8)]
     task = _task("linear", _ones(1, 64), _ones(8, 64))
     with pytest.raises(ValueError, match="GemvKnobs: unsupported setting"):
         gemv.render(task, R=3, KW=4)
@@ -95,11 +97,11 @@ def test_batched_decode_linears_schedule_here_on_a_gpu_with_tensor_cores(m):
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (8, 2048, 32000, {"KW": 2, "SPLIT": 1}),     # 500 blocks: two per SM
-    (8, 2048, 2048, {"KW": 8, "SPLIT": 2}),      # 128 blocks even at eight warps: split in two
-    (16, 1024, 65536, {"KW": 1, "SPLIT": 1}),
-    (16, 5632, 8192, {"KW": 8, "SPLIT": 1}),
-    (8, 65536, 16, {"KW": 8, "SPLIT": 128}),
+    (8, 2048, 32000, {"KW": 2, "SPLIT": 1, "PREFETCH": 0}),     # 500 blocks: two per SM
+    (8, 2048, 2048, {"KW": 8, "SPLIT": 2, "PREFETCH": 0}),      # 128 blocks even at eight warps: split in two
+    (16, 1024, 65536, {"KW": 1, "SPLIT": 1, "PREFETCH": 0}),
+    (16, 5632, 8192, {"KW": 8, "SPLIT": 1, "PREFETCH": 0}),
+    (8, 65536, 16, {"KW": 8, "SPLIT": 128, "PREFETCH": 0}),
 ])
 def test_level0_choice_tc(m, k, n, first):
     assert gemv_tc.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
@@ -108,9 +110,10 @@ def test_level0_choice_tc(m, k, n, first):
 def test_knobs_tc():
     """Level 0 is GemvTcKnobs' defaults; level 1 every K-warps count; level 2 adds split-K over
     blocks; other values are refused."""
-    assert gemv_tc.TEMPLATE.space(0) == [{"KW": 4, "SPLIT": 1}]
-    assert gemv_tc.TEMPLATE.space(1) == [{"KW": kw, "SPLIT": 1} for kw in (1, 2, 4, 8)]
-    assert gemv_tc.TEMPLATE.space(2)[4:] == [{"KW": 8, "SPLIT": s} for s in (2, 4, 8)]
+    assert gemv_tc.TEMPLATE.space(0) == [{"KW": 4, "SPLIT": 1, "PREFETCH": 0}]
+    assert gemv_tc.TEMPLATE.space(1) == [{"KW": kw, "SPLIT": 1, "PREFETCH": 0} for kw in (1, 2, 4, 8)]
+    assert gemv_tc.TEMPLATE.space(2)[4:] == ([{"KW": 8, "SPLIT": s, "PREFETCH": 0} for s in (2, 4, 8)]
+                                             + [{"KW": kw, "SPLIT": 1, "PREFETCH": 1} for kw in (4, 8)])
     task = _task("linear", _ones(8, 64), _ones(8, 64))
     with pytest.raises(ValueError, match="GemvTcKnobs: unsupported setting"):
         gemv_tc.render(task, KW=3)

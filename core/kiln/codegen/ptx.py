@@ -10,6 +10,29 @@ from __future__ import annotations
 from kiln import dtypes
 from kiln.dtypes import DataType
 
+PRIOR_GRIDS = r"""#ifndef KILN_PRIOR_GRIDS
+#define KILN_PRIOR_GRIDS
+static __device__ __forceinline__ void kiln_wait_prior_grids() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+#endif
+"""
+"""`kiln_wait_prior_grids()`: wait until the grids launched before this one have completed and
+their memory is visible, then let the next kernel launch (`kiln.runtime.dependent_launch`);
+compiled out below sm_90, and returns at once in a kernel not launched as a dependent. A
+template calls it itself only for kernels its program names in `CudaProgram.waiting`."""
+
+PREFETCH_L2 = r"""
+static __device__ __forceinline__ void kiln_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+"""
+"""`kiln_prefetch_l2(p)`: bring the line holding p into L2, a hint that reads nothing into the
+thread (safe ahead of `kiln_wait_prior_grids()`: L2 is where every SM's writes meet)."""
+
 CP_ASYNC = r"""
 static __device__ __forceinline__ void kiln_cp_async16(void* smem, const void* gmem, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);

@@ -92,7 +92,11 @@ class CudaProgram:
     `arch_suffix` 'a' asks for sm_90a-only features; `min_arch` is the lowest architecture it
     builds for. Inputs and outputs at addresses that are not multiples of `alignment` (a view at
     an odd offset, say) go through aligned copies. `sizes` are the values of the program's
-    symbolic sizes (`kiln.codegen.sizes`): launch arguments `KernelArgs.size(k)`, int64s."""
+    symbolic sizes (`kiln.codegen.sizes`): launch arguments `KernelArgs.size(k)`, int64s.
+    `waiting` names kernels that wait for the grids before them themselves
+    (`kiln.codegen.ptx.PRIOR_GRIDS`), after work that touches no global memory (L2 prefetches of
+    their weights), where the runtime would otherwise make that wait their first statement
+    (`kiln.runtime.dependent_launch`)."""
 
     source: str
     launches: list[Launch]
@@ -101,6 +105,7 @@ class CudaProgram:
     min_arch: int = 80
     alignment: int = 1       # bytes every input and output pointer must be a multiple of
     sizes: tuple[int, ...] = ()
+    waiting: tuple[str, ...] = ()
 
     @property
     def kernel_names(self) -> list[str]:
@@ -109,7 +114,7 @@ class CudaProgram:
     def key(self) -> tuple:
         """What identifies the loaded program in the runtime's in-memory cache."""
         return (self.source, tuple(self.launches), tuple(self.temporaries), self.arch_suffix, self.alignment,
-                self.sizes)
+                self.sizes, self.waiting)
 
     def arch_for(self, device_arch: str) -> str:
         """The NVRTC architecture to build for on a device of `device_arch` ('sm_90')."""
@@ -227,7 +232,7 @@ def launch_source(program: CudaProgram, arch: str) -> str:
     kernel waiting for the grids before it where they launch as programmatic dependents
     (`kiln.runtime.dependent_launch`)."""
     if dependent_launch.enabled(arch_number(arch)):
-        return dependent_launch.with_prior_grid_wait(program.source)
+        return dependent_launch.with_prior_grid_wait(program.source, program.waiting)
     return program.source
 
 

@@ -7,7 +7,8 @@ blocks start as the earlier kernel's blocks exit, so the gap between two depende
 (launch processing, block scheduling) overlaps the earlier one's tail. CUDA graph capture keeps
 these programmatic edges. Such a kernel must wait for the grids before it (`griddepcontrol.wait`:
 they have completed and their memory is visible) before it reads or writes global memory;
-`with_prior_grid_wait` makes that wait the first statement of every kernel of a source, and the
+`with_prior_grid_wait` makes that wait the first statement of every kernel of a source (but
+those that wait themselves, after L2 prefetches of their weights: `CudaProgram.waiting`), and the
 runtime (`kiln.runtime.cuda.CudaRunner`) launches with the attribute only kernels compiled from
 such a source. Right after its wait, each block lets the next kernel launch
 (`griddepcontrol.launch_dependents`): that kernel starts once every block of this one has, so
@@ -22,21 +23,18 @@ batch 8 0.99-1.00x; float32 ResNet-18 batch 1 1.03x, ResNet-50 batch 1 1.01x.
 from __future__ import annotations
 
 import re
+from typing import Collection
 
+from kiln.codegen import ptx
 from kiln.settings import current
 
 MIN_ARCH = 90
 
-WAIT_HELPER = r"""static __device__ __forceinline__ void kiln_wait_prior_grids() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-"""
+WAIT_HELPER = ptx.PRIOR_GRIDS
 WAIT_CALL = " kiln_wait_prior_grids();"
 _KERNEL = re.compile(r"\b__global__\b")
 _BODY_OR_END = re.compile(r"[{;]")
+_NAME = re.compile(r"(\w+)\s*\(")        # a kernel's name: the first such word but __launch_bounds__
 
 
 def enabled(arch: int) -> bool:
@@ -45,11 +43,13 @@ def enabled(arch: int) -> bool:
     return arch >= MIN_ARCH and current().dependent_launch
 
 
-def with_prior_grid_wait(source: str) -> str:
+def with_prior_grid_wait(source: str, waiting: Collection[str] = ()) -> str:
     """`source` with `kiln_wait_prior_grids()` as the first statement of every kernel (the
     opening brace after each `__global__`, on the same line, so kernels that macros define
-    get it too), and the helper defined ahead of it. Raises ValueError where a `__global__`
-    has no body."""
+    get it too), but the kernels named in `waiting`, which call it themselves after work that
+    reads and writes no global memory (`CudaProgram.waiting`: L2 prefetches of constant
+    weights); and the helper defined ahead of it. Raises ValueError where a `__global__` has no
+    body."""
     pieces, start = [WAIT_HELPER], 0
     for found in _KERNEL.finditer(source):
         if found.start() < start:
@@ -57,6 +57,7 @@ def with_prior_grid_wait(source: str) -> str:
         body = _BODY_OR_END.search(source, found.end())
         if body is None or body.group() != "{":
             raise ValueError(f"a __global__ without a body at character {found.start()} of a kernel source")
-        pieces += [source[start:body.end()], WAIT_CALL]
+        name = next((n for n in _NAME.findall(source, found.end(), body.start()) if n != "__launch_bounds__"), None)
+        pieces += [source[start:body.end()], "" if name in waiting else WAIT_CALL]
         start = body.end()
     return "".join(pieces) + source[start:]

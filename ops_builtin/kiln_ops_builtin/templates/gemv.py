@@ -10,6 +10,13 @@ splits K over blocks as well (`split_k`: float32 partials, then the sum kernel),
 would not fill the GPU. A warp-shuffle sum ends each column, and the core's epilogue hooks
 write it (bias, activations, casts fused as everywhere).
 
+With PREFETCH > 0 each thread first brings the B vectors of its first PREFETCH steps into L2
+and only then waits for the kernels ahead of it (`CudaProgram.waiting`; the runtime's wait is
+otherwise a kernel's first statement, `kiln.runtime.dependent_launch`). A prefetch reads nothing
+into the thread and L2 is where every SM's writes meet, so it is safe whatever B is; and B, a
+linear layer's weight in a decoding step, then streams while the kernel ahead (a norm, an
+attention, which leave the memory idle) still runs.
+
 Declines: M > 4 (on an H200 at M = 16 this kernel reached 0.22-0.5 of cuBLAS: the M loads of A
 per vector of B dominate; `gemv_tc` takes 5 to 16 rows of 16-bit floats on the tensor cores, the
 GEMM templates the rest), an operand whose K is not contiguous, K or a
@@ -28,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, device_code, dtypes, match_contraction,
-                           template_source)
+                           ptx, template_source)
 from kiln_ops_builtin.templates import split_k
 
 MAX_M = 4
@@ -43,7 +50,7 @@ extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv(PARAMS) {{
     const int64_t bz = blockIdx.z;
     using Elem = kiln::gemv::{elem};
     const kiln::gemv::Problem problem = {{{n}, {k}, {a_stride}, {b_stride}, KT_SPLIT}};
-    kiln::gemv::run<Elem, {rows}, {cols}, {k_warps}, {warps}>(
+    kiln::gemv::run<Elem, {rows}, {cols}, {k_warps}, {warps}, {prefetch}>(
         (const Elem::storage*){a} + ({a_batch}), (const Elem::storage*){b} + ({b_batch}), problem,
         [&](int m, int64_t n, float v) {{ kiln_store(KERNEL_ARGS, blockIdx.y, bz, m, n, v); }});
 }}
@@ -52,23 +59,29 @@ extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv(PARAMS) {{
 
 @dataclass(frozen=True)
 class GemvKnobs(Knobs):
-    """R columns per warp, K split over KW warps of a block and over SPLIT blocks."""
+    """R columns per warp, K split over KW warps of a block and over SPLIT blocks; PREFETCH
+    steps of each thread's B brought into L2 before the kernel waits for the kernel ahead of it
+    (see the module doc; 0 by default until measured)."""
 
     R: int = 2
     KW: int = 4
     SPLIT: int = 1
+    PREFETCH: int = 0
 
     def valid(self) -> bool:
-        return self.R in (1, 2, 4) and self.KW in (1, 2, 4, 8) and self.SPLIT >= 1
+        return self.R in (1, 2, 4) and self.KW in (1, 2, 4, 8) and self.SPLIT >= 1 and 0 <= self.PREFETCH <= 8
 
     @classmethod
     def space(cls, level: int) -> list[GemvKnobs]:
         """Level 0: two columns per warp, K split over four warps (where no GPU is asked for
-        `suggest`); 1 and 2 add columns per warp, K split over a block's warps and over blocks."""
+        `suggest`); 1 and 2 add columns per warp, K split over a block's warps and over blocks,
+        and (2) B's first steps prefetched."""
         if level == 0:
             return [cls()]
         out = cls.grid(R=(1, 2, 4), KW=(1, 2, 4, 8))
-        return out + (cls.grid(R=(1, 2), KW=(8,), SPLIT=(2, 4, 8)) if level == 2 else [])
+        if level < 2:
+            return out
+        return out + cls.grid(R=(1, 2), KW=(8,), SPLIT=(2, 4, 8)) + cls.grid(KW=(4, 8), PREFETCH=(2,))
 
 
 def _vec(c: Contraction) -> int:
@@ -123,14 +136,17 @@ def render(task, **knobs) -> CudaProgram:
     sk = split_k.plan(split, c.M, c.N, chunks, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     kernel = KERNEL.format(
         threads=32 * WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
-        b_stride=c.text(c.b.x_stride), rows=int(c.M), cols=k.R, k_warps=k.KW, warps=WARPS, a=c.a.param,
+        b_stride=c.text(c.b.x_stride), rows=int(c.M), cols=k.R, k_warps=k.KW, warps=WARPS, prefetch=k.PREFETCH,
+        a=c.a.param,
         a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
     defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
     columns = WARPS // k.KW * k.R
     launch = Launch("kiln_gemv", args + sk.args, (32 * WARPS, 1, 1),
                     grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
-    source = template_source([device_code(__package__, "cuda/gemv.cuh"), sk.stores, kernel, sk.source], defines, c.epilogue)
-    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
+    source = template_source([device_code(__package__, "cuda/gemv.cuh"), sk.stores, kernel, sk.source], defines,
+                             c.epilogue, (ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
+    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
+                       waiting=("kiln_gemv",) if k.PREFETCH else ())
 
 
 TEMPLATE = Template("gemv", ("matmul", "linear", "dft"), "cuda", render, priority=40, applies=applies,

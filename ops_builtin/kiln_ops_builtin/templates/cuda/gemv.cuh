@@ -2,13 +2,17 @@
 // algorithm): out[m][n] = sum over k of a[m][k] * b[n][k], for Rows <= 4 rows of a.
 //
 // Compile-time knobs, the template parameters of kiln::gemv::run (gemv.py's knobs: R is
-// Cols, KW is KWarps): the element type (F32, F16, BF16), Rows (a's rows: the accumulators),
-// Cols (columns n per warp), KWarps (warps of a block splitting K), Warps (per block).
+// Cols, KW is KWarps, PREFETCH is Prefetch): the element type (F32, F16, BF16), Rows (a's rows:
+// the accumulators), Cols (columns n per warp), KWarps (warps of a block splitting K), Warps
+// (per block), Prefetch (steps of the k loop whose b vectors a thread brings into L2 before it
+// waits for the grids before it with kiln_wait_prior_grids() -- at 0 the runtime's wait comes
+// first).
 // Run-time problem (kiln::gemv::Problem): N, K, the rows' strides, and the 16-byte vectors of
 // K that each blockIdx.y takes (split-K over blocks). Each finished column goes to
 // store(m, n, value), which the rendered kernel makes the core's epilogue hook.
 //
-// Needs the CUDA prelude (fixed-width integers, kiln_h2f, kiln_bf2f) ahead of it.
+// Needs the CUDA prelude (fixed-width integers, kiln_h2f, kiln_bf2f) and the PTX wrappers
+// PRIOR_GRIDS and PREFETCH_L2 ahead of it.
 
 namespace kiln::gemv {
 
@@ -53,20 +57,31 @@ static __device__ __forceinline__ void vector(const typename Elem::storage* p, f
 
 // The block's columns: blockIdx.x picks Cols * Warps / KWarps of them, blockIdx.y the split of
 // K. a and b point at this batch's operands (a: Rows x K, b: N x K, k contiguous).
-template <typename Elem, int Rows, int Cols, int KWarps, int Warps, typename Store>
+template <typename Elem, int Rows, int Cols, int KWarps, int Warps, int Prefetch, typename Store>
 static __device__ __forceinline__ void run(const typename Elem::storage* a, const typename Elem::storage* b,
                                            const Problem& p, Store store) {
     constexpr int vec = 16 / sizeof(typename Elem::storage);
     __shared__ float partial[Warps][Rows][Cols];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp % KWarps;
     const int64_t n0 = ((int64_t)blockIdx.x * (Warps / KWarps) + warp / KWarps) * Cols;
+    const int c1 = min((int)(p.k / vec), (int)(blockIdx.y + 1) * p.chunks_per_split);
+    const int c0 = blockIdx.y * p.chunks_per_split + kw * 32 + lane;
+    if constexpr (Prefetch > 0) {
+#pragma unroll
+        for (int i = 0; i < Prefetch; ++i)
+#pragma unroll
+            for (int r = 0; r < Cols; ++r) {
+                const int c = c0 + i * 32 * KWarps;
+                if (c < c1 && n0 + r < p.n) kiln_prefetch_l2(b + (n0 + r) * p.b_stride + (int64_t)c * vec);
+            }
+        kiln_wait_prior_grids();
+    }
     float acc[Rows][Cols];
 #pragma unroll
     for (int m = 0; m < Rows; ++m)
 #pragma unroll
         for (int r = 0; r < Cols; ++r) acc[m][r] = 0.f;
-    const int c1 = min((int)(p.k / vec), (int)(blockIdx.y + 1) * p.chunks_per_split);
-    for (int c = blockIdx.y * p.chunks_per_split + kw * 32 + lane; c < c1; c += 32 * KWarps) {
+    for (int c = c0; c < c1; c += 32 * KWarps) {
         float w[Cols][vec];
 #pragma unroll
         for (int r = 0; r < Cols; ++r) {

@@ -3,12 +3,15 @@
 // floats, on mma.sync.m16n8k16 with b's rows as the tensor core's rows.
 //
 // Compile-time knobs, the template parameters of kiln::gemv_tc::run (gemv_tc.py's knobs: KW is
-// KWarps): the element type (F16, BF16: its mma), Rows, KWarps (warps of a block splitting K),
-// Warps (per block). Run-time problem (kiln::gemv_tc::Problem): N, K, the rows' strides, and the
-// 32-element groups of K that each blockIdx.y takes (split-K over blocks). Each finished element
+// KWarps, PREFETCH is Prefetch): the element type (F16, BF16: its mma), Rows, KWarps (warps of a
+// block splitting K), Warps (per block), Prefetch (steps of the k loop whose b vectors a thread
+// brings into L2 before it waits for the grids before it with kiln_wait_prior_grids() -- at 0
+// the runtime's wait comes first). Run-time problem (kiln::gemv_tc::Problem): N, K, the rows'
+// strides, and the 32-element groups of K that each blockIdx.y takes (split-K over blocks). Each finished element
 // goes to store(m, n, value), which the rendered kernel makes the core's epilogue hook.
 //
-// Needs the CUDA prelude and the PTX wrappers MMA (kiln_mma_m16n8k16_f16, _bf16) ahead of it.
+// Needs the CUDA prelude and the PTX wrappers MMA (kiln_mma_m16n8k16_f16, _bf16), PRIOR_GRIDS
+// and PREFETCH_L2 ahead of it.
 
 namespace kiln::gemv_tc {
 
@@ -43,7 +46,7 @@ static __device__ __forceinline__ uint4 eight(const uint16_t* row, int64_t k, bo
 // a 32-element group, c = lane % 4) is its slice of two mma k-steps: elements 8c, 8c + 1 and
 // 8c + 2, 8c + 3 are the fragment's k = 2c, 2c + 1 and 2c + 8, 2c + 9 of the first step, the
 // next four those of the second, in a's fragments and b's alike.
-template <typename Elem, int Rows, int KWarps, int Warps, typename Store>
+template <typename Elem, int Rows, int KWarps, int Warps, int Prefetch, typename Store>
 static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b, const Problem& p, Store store) {
     constexpr int Tiles = (Rows + 7) / 8;
     __shared__ float partial[KWarps > 1 ? Warps : 1][Tiles][4][32];
@@ -63,7 +66,19 @@ static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b,
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
     const int64_t groups = (p.k + 31) / 32;
     const int64_t q1 = min(groups, (int64_t)(blockIdx.y + 1) * p.groups_per_split);
-    for (int64_t q = (int64_t)blockIdx.y * p.groups_per_split + kw; q < q1; q += UNROLL * KWarps) {
+    const int64_t q0 = (int64_t)blockIdx.y * p.groups_per_split + kw;
+    if constexpr (Prefetch > 0) {
+#pragma unroll
+        for (int u = 0; u < Prefetch * UNROLL; ++u) {
+            const int64_t k0 = (q0 + u * KWarps) * 32;
+            if (q0 + u * KWarps < q1 && k0 + 8 * c < p.k) {
+                if (has0) kiln_prefetch_l2(b0 + k0);
+                if (has1) kiln_prefetch_l2(b1 + k0);
+            }
+        }
+        kiln_wait_prior_grids();
+    }
+    for (int64_t q = q0; q < q1; q += UNROLL * KWarps) {
         uint4 w0[UNROLL], w1[UNROLL], x[UNROLL][Tiles];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
