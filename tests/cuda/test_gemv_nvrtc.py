@@ -97,11 +97,11 @@ def test_batched_decode_linears_schedule_here_on_a_gpu_with_tensor_cores(m):
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (8, 2048, 32000, {"KW": 2, "SPLIT": 1, "PREFETCH": 0}),     # 500 blocks: two per SM
-    (8, 2048, 2048, {"KW": 8, "SPLIT": 2, "PREFETCH": 0}),      # 128 blocks even at eight warps: split in two
-    (16, 1024, 65536, {"KW": 1, "SPLIT": 1, "PREFETCH": 0}),
-    (16, 5632, 8192, {"KW": 8, "SPLIT": 1, "PREFETCH": 0}),
-    (8, 65536, 16, {"KW": 8, "SPLIT": 128, "PREFETCH": 0}),
+    (8, 2048, 32000, {"KW": 2, "SPLIT": 1, "PREFETCH": 0, "WARPS": 8}),     # 500 blocks: two per SM
+    (8, 2048, 2048, {"KW": 8, "SPLIT": 2, "PREFETCH": 0, "WARPS": 8}),      # 128 blocks even at eight warps: split in two
+    (16, 1024, 65536, {"KW": 1, "SPLIT": 1, "PREFETCH": 0, "WARPS": 8}),
+    (16, 5632, 8192, {"KW": 8, "SPLIT": 1, "PREFETCH": 0, "WARPS": 8}),
+    (8, 65536, 16, {"KW": 8, "SPLIT": 128, "PREFETCH": 0, "WARPS": 8}),
 ])
 def test_level0_choice_tc(m, k, n, first):
     assert gemv_tc.suggest(_task("linear", _ones(m, k), _ones(n, k)), 132)[0] == first
@@ -109,14 +109,17 @@ def test_level0_choice_tc(m, k, n, first):
 
 def test_knobs_tc():
     """Level 0 is GemvTcKnobs' defaults; level 1 every K-warps count; level 2 adds split-K over
-    blocks; other values are refused."""
-    assert gemv_tc.TEMPLATE.space(0) == [{"KW": 4, "SPLIT": 1, "PREFETCH": 0}]
-    assert gemv_tc.TEMPLATE.space(1) == [{"KW": kw, "SPLIT": 1, "PREFETCH": 0} for kw in (1, 2, 4, 8)]
-    assert gemv_tc.TEMPLATE.space(2)[4:] == ([{"KW": 8, "SPLIT": s, "PREFETCH": 0} for s in (2, 4, 8)]
-                                             + [{"KW": kw, "SPLIT": 1, "PREFETCH": 1} for kw in (4, 8)])
+    blocks, sixteen warps a block and prefetching; other values are refused."""
+    assert gemv_tc.TEMPLATE.space(0) == [{"KW": 4, "SPLIT": 1, "PREFETCH": 0, "WARPS": 8}]
+    assert gemv_tc.TEMPLATE.space(1) == [{"KW": kw, "SPLIT": 1, "PREFETCH": 0, "WARPS": 8} for kw in (1, 2, 4, 8)]
+    assert gemv_tc.TEMPLATE.space(2)[4:] == ([{"KW": 8, "SPLIT": s, "PREFETCH": 0, "WARPS": 8} for s in (2, 4, 8)]
+                                             + [{"KW": 16, "SPLIT": 1, "PREFETCH": 0, "WARPS": 16}]
+                                             + [{"KW": kw, "SPLIT": 1, "PREFETCH": 1, "WARPS": 8} for kw in (4, 8)])
     task = _task("linear", _ones(8, 64), _ones(8, 64))
     with pytest.raises(ValueError, match="GemvTcKnobs: unsupported setting"):
         gemv_tc.render(task, KW=3)
+    with pytest.raises(ValueError, match="GemvTcKnobs: unsupported setting"):
+        gemv_tc.render(task, KW=16)                 # more K-warps than the block's eight warps
 
 
 @needs_nvrtc

@@ -48,26 +48,32 @@ extern "C" __global__ void __launch_bounds__({threads}) kiln_gemv_tc(PARAMS) {{
 
 @dataclass(frozen=True)
 class GemvTcKnobs(Knobs):
-    """K split over KW warps of a block and over SPLIT blocks; PREFETCH steps of each thread's
-    B brought into L2 before the kernel waits for the kernel ahead of it (as `gemv`'s, whose
-    module doc says why that is safe; 0 by default until measured)."""
+    """K split over KW of a block's WARPS warps and over SPLIT blocks; PREFETCH steps of each
+    thread's B brought into L2 before the kernel waits for the kernel ahead of it (as `gemv`'s,
+    whose module doc says why that is safe; 0 by default until measured). Sixteen warps
+    splitting K in a block stream as much of B at once as eight in each of two blocks, without
+    split-K's partials and sum kernel."""
 
     KW: int = 4
     SPLIT: int = 1
     PREFETCH: int = 0
+    WARPS: int = gemv.WARPS
 
     def valid(self) -> bool:
-        return self.KW in (1, 2, 4, 8) and self.SPLIT >= 1 and 0 <= self.PREFETCH <= 8
+        return (self.WARPS in (8, 16) and self.KW in (1, 2, 4, 8, 16) and self.KW <= self.WARPS
+                and self.SPLIT >= 1 and 0 <= self.PREFETCH <= 8)
 
     @classmethod
     def space(cls, level: int) -> list[GemvTcKnobs]:
         """Level 0: K split over four warps (where no GPU is asked for `suggest`); 1 every
-        K-warps count; 2 adds split-K over blocks and B's first steps prefetched."""
+        K-warps count; 2 adds split-K over blocks, sixteen warps a block and B's first steps
+        prefetched."""
         if level == 0:
             return [cls()]
         if level < 2:
             return cls.grid(KW=(1, 2, 4, 8))
-        return cls.grid(KW=(1, 2, 4, 8)) + cls.grid(KW=(8,), SPLIT=(2, 4, 8)) + cls.grid(KW=(4, 8), PREFETCH=(1,))
+        return (cls.grid(KW=(1, 2, 4, 8)) + cls.grid(KW=(8,), SPLIT=(2, 4, 8)) + cls.grid(KW=(16,), WARPS=(16,))
+                + cls.grid(KW=(4, 8), PREFETCH=(1,)))
 
 
 def applies(task) -> bool:
@@ -96,13 +102,12 @@ def render(task, **knobs) -> CudaProgram:
     split = max(1, min(k.SPLIT, int(groups)))
     sk = split_k.plan(split, c.M, c.N, groups, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     kernel = KERNEL.format(
-        threads=32 * gemv.WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
-        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=gemv.WARPS, prefetch=k.PREFETCH,
-        a=c.a.param,
-        a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
+        threads=32 * k.WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
+        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=k.WARPS, prefetch=k.PREFETCH,
+        a=c.a.param, a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
     defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
-    columns = gemv.WARPS // k.KW * COLUMNS
-    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * gemv.WARPS, 1, 1),
+    columns = k.WARPS // k.KW * COLUMNS
+    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * k.WARPS, 1, 1),
                     grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
     source = template_source([device_code(__package__, "cuda/gemv_tc.cuh"), sk.stores, kernel, sk.source], defines,
                              c.epilogue, (ptx.MMA, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
