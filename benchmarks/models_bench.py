@@ -13,7 +13,7 @@ everywhere, so float32 means float32; `--tf32` turns it on for every backend (to
 cuDNN flags, which Kiln follows), for float32 matmuls and convolutions on TF32 tensor cores.
 
     python benchmarks/models_bench.py [--models resnet50 bert gpt2 ...] [--dtype float32 float16 bfloat16]
-        [--rounds N] [--tf32] [--json out.json]
+        [--rounds N] [--tf32] [--host] [--json out.json]
 """
 from __future__ import annotations
 
@@ -114,6 +114,24 @@ def timed(fn, inputs, repeats: int = 50) -> float:
     return statistics.median(times)
 
 
+def host_timing(fn, inputs, calls: int = 300) -> dict:
+    """A call's cost on the host and in a loop, without synchronizing between calls: the median
+    microseconds the host spends issuing one call (`host_us`), and the microseconds per call of
+    `calls` calls issued back to back, up to the end of the last one's GPU work (`loop_us`: the
+    larger of the host's and the GPU's time per call)."""
+    for _ in range(5):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    host = []
+    start = time.perf_counter()
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn(*inputs)
+        host.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return {"host_us": statistics.median(host) * 1e6, "loop_us": (time.perf_counter() - start) / calls * 1e6}
+
+
 def max_error(got, want) -> float:
     """Largest absolute difference over the tensors of two outputs, relative to the reference scale."""
     worst = 0.0
@@ -124,10 +142,12 @@ def max_error(got, want) -> float:
     return worst
 
 
-def run_case(name: str, dtype: torch.dtype, rounds: int = 1) -> dict:
+def run_case(name: str, dtype: torch.dtype, rounds: int = 1, host: bool = False) -> dict:
     """Compile the model with each backend (checked against eager), then time eager and every
     backend in turn, `rounds` times over: each backend's time is the median of its rounds, so
-    that a drift of the machine's speed over the run touches all of them alike."""
+    that a drift of the machine's speed over the run touches all of them alike. With `host`,
+    each backend's `host_timing` too (`<label>_host_us`, `<label>_loop_us`), once, after the
+    rounds."""
     torch.manual_seed(0)
     model, make_inputs = CASES[name]()
     randomize_batch_norm(model)
@@ -155,6 +175,8 @@ def run_case(name: str, dtype: torch.dtype, rounds: int = 1) -> dict:
         for label, ms in times.items():
             row[f"{label}_ms"] = statistics.median(ms)
             row[f"{label}_rounds_ms"] = ms
+        for label, fn in runs.items() if host else ():
+            row.update({f"{label}_{key}": value for key, value in host_timing(fn, inputs).items()})
     return row
 
 
@@ -166,6 +188,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="time every backend this many times, in turn "
                         "(medians reported)")
     parser.add_argument("--tf32", action="store_true", help="allow TF32 in float32 matmuls and convolutions")
+    parser.add_argument("--host", action="store_true", help="also the host's microseconds per call and the time "
+                        "per call of calls issued back to back (see host_timing)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
@@ -178,7 +202,7 @@ def main() -> None:
     for name in args.models:
         for dt in args.dtype:
             try:
-                r = run_case(name, getattr(torch, dt), args.rounds)
+                r = run_case(name, getattr(torch, dt), args.rounds, args.host)
             except Exception as exc:  # report the failure in the table and go on
                 print(f"{name:<9} {dt:<8} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 rows.append({"model": name, "dtype": dt, "error": f"{type(exc).__name__}: {exc}"})
@@ -189,6 +213,10 @@ def main() -> None:
                   f"{r['eager_ms'] / r['kiln_ms']:>8.2f}x {r['inductor_ms'] / r['kiln_ms']:>11.2f}x "
                   f"{r['inductor_cg_ms'] / r['kiln_ms']:>14.2f}x {r['kiln_compile_s']:>15.1f} "
                   f"{r['kiln_rel_err']:>13.1e}", flush=True)
+            if args.host:
+                print("    host us / call, loop us / call: " + ", ".join(
+                    f"{label} {r[label + '_host_us']:.0f} / {r[label + '_loop_us']:.0f}"
+                    for label in ("eager", "inductor", "inductor_cg", "kiln")), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
