@@ -79,8 +79,9 @@ def row_task(lowered: Lowered, min_rows: int = 1, short_row: int = 0) -> tuple[C
     layer_norm(x).transpose(0, 1)). The row output must have further axes (the row), hold no
     reduction itself, be read by no statistic (they are computed before it), and have
     `min_rows` rows at least, unless their number is symbolic (one kernel then serves every
-    size: the row kernel) or each row has at most `short_row` elements. The row output is the first output, of the most elements first,
-    that makes the task a row task (rows of one element leave the choice open)."""
+    size: the row kernel) or each row has at most `short_row` elements (and some). The row
+    output is the first output, of the most elements first, that makes the task a row task
+    (rows of one element leave the choice open)."""
     for out in sorted(lowered.outputs, key=lambda t: -numel(t.shape)):
         p = _row_prefix(lowered, out, min_rows, short_row)
         if p is not None:
@@ -105,7 +106,7 @@ def _row_prefix(lowered: Lowered, out: Compute, min_rows: int, short_row: int) -
     p = _row_axes(out.shape, rows)
     if p is None or p == 0 or p >= len(out.shape):
         return None
-    if rows < min_rows and not isinstance(rows, SymSize) and not numel(out.shape[p:]) <= short_row:
+    if rows < min_rows and not isinstance(rows, SymSize) and not 0 < numel(out.shape[p:]) <= short_row:
         return None
     stat_ids = {id(t): _statistic_prefix(t.shape) for t in stats}
     permuted = permuted_rows(lowered, out, p)
