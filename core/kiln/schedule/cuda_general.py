@@ -17,9 +17,9 @@ from kiln.schedule.cuda_kernels import AutoProgram
 
 
 def _joins(group: list[Compute], buf: Compute, auto: AutoProgram) -> bool:
-    """Whether the injective `buf` can be written by the kernel of `group`: it reads none of
-    them, and its size and theirs are plain ints or one symbolic size."""
-    if not group or top_reduces(buf.value):
+    """Whether `buf` can be written by the kernel of `group`: all of them injective, `buf`
+    reading none of the group, and their sizes plain ints or one symbolic size."""
+    if not group or any(top_reduces(b.value) for b in (*group, buf)):
         return False
     ids = {id(b) for b in group}
     if any(isinstance(x, Load) and id(x.tensor) in ids for x in walk(buf.value)):
@@ -28,27 +28,26 @@ def _joins(group: list[Compute], buf: Compute, auto: AutoProgram) -> bool:
     return not any(isinstance(c, SymSize) for c in counts) or len({auto.sizes.text(c) for c in counts}) == 1
 
 
+def _write(auto: AutoProgram, n: int, group: list[Compute]) -> None:
+    """The kernel of `group`, the task's n-th buffer and those after it."""
+    if len(group) > 1:
+        auto.write_together(n, group)
+    elif group:
+        auto.write(n, group[0])
+
+
 def schedule(lowered: Lowered) -> CudaProgram:
     """The kernels of `lowered`'s materialized buffers (it takes every task)."""
     auto = AutoProgram(lowered)
     group: list[Compute] = []
     first = 0
-
-    def flush():
-        if len(group) == 1:
-            auto.write(first, group[0])
-        elif group:
-            auto.write_together(first, group)
-
     for n, buf in enumerate(lowered.buffers):
         if not numel(buf.shape):
             continue
         if _joins(group, buf, auto):
             group.append(buf)
-            continue
-        flush()
-        group, first = ([] if top_reduces(buf.value) else [buf]), n
-        if not group:
-            auto.write(n, buf)
-    flush()
+        else:
+            _write(auto, first, group)
+            group, first = [buf], n
+    _write(auto, first, group)
     return auto.program()

@@ -44,6 +44,7 @@ ITEM_LOOP = {
     "warp": ("((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((int64_t)gridDim.x * blockDim.x) >> 5"),
     "block": ("(int64_t)blockIdx.x", "(int64_t)gridDim.x"),
 }
+THREAD_WAVES = 2048 // BLOCK * 4   # blocks a multiprocessor at most of a grid of a thread per element
 PARTIAL_LENGTH = 256            # a lane's float sum of more values goes through partial sums
 TARGET_BLOCKS = 8 * 132         # blocks of BLOCK threads filling an H100/H200 (132 SMs) once: a
                                 # reduction split into parts aims at this many
@@ -300,7 +301,7 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
         launch = Launch(kernel_name, names, (BLOCK, 1, 1), grid=(int(items), split[0], 1))
     else:
         launch = Launch(kernel_name, names, (BLOCK, 1, 1), items=int(items),
-                        per_block=per_block, waves=2048 // BLOCK * 4 if mode == "thread" else 64)
+                        per_block=per_block, waves=THREAD_WAVES if mode == "thread" else 64)
     return Kernel(source, launch)
 
 
@@ -322,7 +323,7 @@ def injective_kernel(lowered_names: dict, strides: dict, args: list, bufs: list[
         parts.append(f"        {guard}{{\n{lines}\n        }}")
     source, used = item_loop_kernel(kernel_name, BLOCK, args, "thread", items, "\n".join(parts), sizes)
     launch = Launch(kernel_name, tuple(n for n, _, _ in args) + used, (BLOCK, 1, 1), items=int(items),
-                    per_block=BLOCK, waves=2048 // BLOCK * 4)
+                    per_block=BLOCK, waves=THREAD_WAVES)
     return Kernel(source, launch)
 
 

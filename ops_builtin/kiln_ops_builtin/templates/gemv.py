@@ -126,27 +126,41 @@ def suggest(task, sm_count: int) -> list[dict]:
     return [first] + [k for k in GemvKnobs.settings(1) if k != first]
 
 
+def operands(c: Contraction) -> dict:
+    """The fields of a `gemv` or `gemv_tc` kernel's text that place its operands: N, K, the
+    rows' strides, M, and each operand's buffer and batch offset (for the flat batch `bz`)."""
+    return dict(n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride), b_stride=c.text(c.b.x_stride),
+                rows=int(c.M), a=c.a.param, a_batch=c.batch_offset(c.a, "bz"), b=c.b.param,
+                b_batch=c.batch_offset(c.b, "bz"))
+
+
+def stream_program(c: Contraction, name: str, device: str, kernel: str, steps: int, split: int, warps: int,
+                   columns: int, prefetch: int, wrappers: tuple[str, ...] = ()) -> CudaProgram:
+    """The program of `gemv`'s or `gemv_tc`'s kernel `name` (its rendered text `kernel`, after the
+    device code file `device` and the PTX `wrappers` it needs): blocks of `warps` warps, each
+    block owning `columns` of the N columns, K in `steps` steps split `split` ways over blocks
+    (`split_k`); with `prefetch`, the kernel waits for the kernels ahead of it itself
+    (`CudaProgram.waiting`, see the module doc)."""
+    args, temporaries = tuple(c.args.split(", ")), []
+    sk = split_k.plan(split, c.M, c.N, steps, 1, c.batch_count, c.params, args, temporaries, text=c.text)
+    defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
+    launch = Launch(name, args + sk.args, (32 * warps, 1, 1), grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
+    source = template_source([device_code(__package__, device), sk.stores, kernel, sk.source], defines, c.epilogue,
+                             (*wrappers, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
+    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
+                       waiting=(name,) if prefetch else ())
+
+
 def render(task, **knobs) -> CudaProgram:
     """The program of `task` at the setting `knobs` (`GemvKnobs`' fields)."""
     c: Contraction = match_contraction(task)
     k = GemvKnobs(**knobs)
-    vec, args, temporaries = _vec(c), tuple(c.args.split(", ")), []
-    chunks = c.K // vec
+    chunks = c.K // _vec(c)
     split = max(1, min(k.SPLIT, chunks))
-    sk = split_k.plan(split, c.M, c.N, chunks, 1, c.batch_count, c.params, args, temporaries, text=c.text)
-    kernel = KERNEL.format(
-        threads=32 * WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
-        b_stride=c.text(c.b.x_stride), rows=int(c.M), cols=k.R, k_warps=k.KW, warps=WARPS, prefetch=k.PREFETCH,
-        a=c.a.param,
-        a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
-    defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
-    columns = WARPS // k.KW * k.R
-    launch = Launch("kiln_gemv", args + sk.args, (32 * WARPS, 1, 1),
-                    grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
-    source = template_source([device_code(__package__, "cuda/gemv.cuh"), sk.stores, kernel, sk.source], defines,
-                             c.epilogue, (ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
-    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
-                       waiting=("kiln_gemv",) if k.PREFETCH else ())
+    kernel = KERNEL.format(threads=32 * WARPS, elem=ELEMENTS[c.a.dtype], cols=k.R, k_warps=k.KW, warps=WARPS,
+                           prefetch=k.PREFETCH, **operands(c))
+    return stream_program(c, "kiln_gemv", "cuda/gemv.cuh", kernel, chunks, split, WARPS, WARPS // k.KW * k.R,
+                          k.PREFETCH)
 
 
 TEMPLATE = Template("gemv", ("matmul", "linear", "dft"), "cuda", render, priority=40, applies=applies,

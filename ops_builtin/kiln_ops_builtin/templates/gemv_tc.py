@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import (Contraction, CudaProgram, Knobs, Launch, SymSize, Template, device_code, dtypes,
-                           match_contraction, ptx, template_source)
+from kiln.template import Contraction, CudaProgram, Knobs, SymSize, Template, dtypes, match_contraction, ptx
 from kiln_ops_builtin.templates import gemv, split_k
 
 MIN_M, MAX_M = 5, 16
@@ -97,22 +96,12 @@ def render(task, **knobs) -> CudaProgram:
     """The program of `task` at the setting `knobs` (`GemvTcKnobs`' fields)."""
     c: Contraction = match_contraction(task)
     k = GemvTcKnobs(**knobs)
-    args, temporaries = tuple(c.args.split(", ")), []
     groups = (c.K + GROUP - 1) // GROUP
     split = max(1, min(k.SPLIT, int(groups)))
-    sk = split_k.plan(split, c.M, c.N, groups, 1, c.batch_count, c.params, args, temporaries, text=c.text)
-    kernel = KERNEL.format(
-        threads=32 * k.WARPS, elem=ELEMENTS[c.a.dtype], n=c.text(c.N), k=c.text(c.K), a_stride=c.text(c.a.x_stride),
-        b_stride=c.text(c.b.x_stride), rows=int(c.M), k_warps=k.KW, warps=k.WARPS, prefetch=k.PREFETCH,
-        a=c.a.param, a_batch=c.batch_offset(c.a, "bz"), b=c.b.param, b_batch=c.batch_offset(c.b, "bz"))
-    defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
-    columns = k.WARPS // k.KW * COLUMNS
-    launch = Launch("kiln_gemv_tc", args + sk.args, (32 * k.WARPS, 1, 1),
-                    grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
-    source = template_source([device_code(__package__, "cuda/gemv_tc.cuh"), sk.stores, kernel, sk.source], defines,
-                             c.epilogue, (ptx.MMA, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
-    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
-                       waiting=("kiln_gemv_tc",) if k.PREFETCH else ())
+    kernel = KERNEL.format(threads=32 * k.WARPS, elem=ELEMENTS[c.a.dtype], k_warps=k.KW, warps=k.WARPS,
+                           prefetch=k.PREFETCH, **gemv.operands(c))
+    return gemv.stream_program(c, "kiln_gemv_tc", "cuda/gemv_tc.cuh", kernel, groups, split, k.WARPS,
+                               k.WARPS // k.KW * COLUMNS, k.PREFETCH, (ptx.MMA,))
 
 
 TEMPLATE = Template("gemv_tc", ("matmul", "linear", "dft"), "cuda", render, priority=40, applies=applies,
