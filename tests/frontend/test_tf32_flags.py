@@ -116,3 +116,15 @@ def test_the_tests_set_cudnns_flag_after_pytorchs_test_modules_froze_the_flags()
         with cudnn_tf32(value):
             assert torch.backends.cudnn.allow_tf32 is value
             assert dynamo_config.resolve().allow_tf32_convolution is value
+
+
+def test_no_test_sets_cudnns_flags_with_monkeypatch():
+    """Before: the float32 model-class test set cuDNN's TF32 flag with `monkeypatch.setattr`,
+    which raises once the flags are frozen (above): all 22 of its cases failed in a whole
+    `-m cuda` run and passed alone. cuDNN's flags go through `cudnn_tf32` (or the autouse
+    fixture)."""
+    from pathlib import Path
+    tests = Path(__file__).resolve().parents[1]
+    setters = [str(path.relative_to(tests)) for path in tests.rglob("*.py")
+               if "setattr(torch.backends.cudnn," in path.read_text() and path != Path(__file__).resolve()]
+    assert setters == []
