@@ -102,13 +102,21 @@ def adaptive_max_pool3d(input, output_size, return_indices=False):
     return ops.adaptive_max_pool3d(input, output_size)
 
 
-@register_function(torch.addmm, torch.baddbmm, check=no_out)
-@register_method("addmm", "baddbmm")
+@register_function(torch.addmm, check=no_out)
+@register_method("addmm")
 def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
-    """beta * input + alpha * (mat1 @ mat2), `input` broadcast to the product (BLOOM's alibi:
-    (batch * heads, 1, n) or (1, 1, n)); beta 0 ignores input, its NaN and inf too, as PyTorch does."""
+    """beta * input + alpha * (mat1 @ mat2), `input` broadcast to the product; beta 0 ignores
+    input, its NaN and inf too, as PyTorch does."""
     product = ops.matmul(mat1, mat2)
     return plus_scaled(product if alpha == 1 else ops.mul(product, alpha), input, beta)
+
+
+@register_function(torch.baddbmm, check=no_out)
+@register_method("baddbmm")
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    """`addmm` of batches, under PyTorch's argument names (BLOOM passes them by name, its alibi
+    `input` of (batch * heads, 1, n) broadcast to the product)."""
+    return addmm(input, batch1, batch2, beta=beta, alpha=alpha)
 
 
 

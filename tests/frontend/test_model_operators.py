@@ -75,6 +75,18 @@ def test_baddbmm_broadcast_input(input_shape, beta, alpha, dtype):
                         alibi, q, k, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+def test_baddbmm_arguments_by_name():
+    """Before: BLOOM's `alibi.baddbmm(batch1=q, batch2=k, beta=1.0, alpha=...)` failed to map
+    (Kiln's rule took addmm's names, mat1 and mat2)."""
+    alibi, q, k = torch.randn(6, 1, 9), torch.randn(6, 5, 7), torch.randn(6, 9, 7)
+    compile_and_compare(lambda a, q, k: a.baddbmm(batch1=q, batch2=k.transpose(1, 2), beta=1.0, alpha=0.25),
+                        alibi, q, k, atol=1e-5, rtol=1e-5)
+    compile_and_compare(lambda a, q, k: torch.baddbmm(input=a, batch1=q, batch2=k.transpose(1, 2), alpha=0.5),
+                        alibi, q, k, atol=1e-5, rtol=1e-5)
+    compile_and_compare(lambda a, x, y: torch.addmm(input=a, mat1=x, mat2=y, beta=0.5), torch.randn(4, 6),
+                        torch.randn(4, 3), torch.randn(3, 6), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("input_shape", [(1, 6), (6,), (4, 6), (4, 1)], ids=str)
 @pytest.mark.parametrize("beta, alpha", [(1, 1), (0.25, 3), (0, 0.5)], ids=str)
 def test_addmm_broadcast_input(input_shape, beta, alpha):
