@@ -17,9 +17,10 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, layout=None, req
 
 
 def _filled(value):
-    def rule(*size, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False,
+    def rule(*dims, size=None, dtype=None, device=None, layout=None, requires_grad=False, pin_memory=False,
              memory_format=None, out=None):
-        return ops.full(dims_arg(size), value, dtype=dtype or torch.get_default_dtype(), device=device)
+        shape = dims_arg(dims) if size is None else tuple(size)      # torch.ones(2, 3), or size=(2, 3)
+        return ops.full(shape, value, dtype=dtype or torch.get_default_dtype(), device=device)
     return rule
 
 
@@ -49,11 +50,16 @@ full_like = register_function(torch.full_like)(_like(None))
 
 
 def _new(value):
-    def rule(self, *size, dtype=None, device=None, layout=None, requires_grad=False,
-             pin_memory=False):
-        size, fill = (size[0], size[1:]) if value is None else (dims_arg(size), ())
-        return ops.full(tuple(size), fill[0] if fill else value, dtype=dtype or self.dtype,
-                        device=device or self.device)
+    def rule(self, *args, size=None, fill_value=None, dtype=None, device=None, layout=None,
+             requires_grad=False, pin_memory=False):
+        # x.new_ones(2, 3), x.new_ones((2, 3)) or size=(2, 3); new_full's fill value after the size or by name
+        if size is not None:
+            args = (size, *args)
+        if value is None:
+            size, fill = args[0], (args[1] if len(args) > 1 else fill_value)
+        else:
+            size, fill = dims_arg(args), value
+        return ops.full(tuple(size), fill, dtype=dtype or self.dtype, device=device or self.device)
     return rule
 
 

@@ -55,6 +55,29 @@ def test_new_tensor_through_dynamo():
     compile_and_compare(lambda x: x * x.new_tensor(x.shape[0]), torch.randn(5, 3).t())
 
 
+CREATIONS = {
+    "ones(2, 3)": lambda x: torch.ones(2, 3),
+    "ones((2, 3))": lambda x: torch.ones((2, 3)),
+    "ones(size=)": lambda x: torch.ones(size=(2, 3), dtype=torch.float32),
+    "zeros(size=[])": lambda x: torch.zeros(size=[2, 3]) + 0.5,
+    "full(size=, fill_value=)": lambda x: torch.full(size=(2, 3), fill_value=0.5),
+    "new_ones(2, 3)": lambda x: x.new_ones(2, 3),
+    "new_ones((2, 3))": lambda x: x.new_ones((2, 3)),
+    "new_ones(size=)": lambda x: x.new_ones(size=(2, 3)),
+    "new_zeros(size=)": lambda x: x.new_zeros(size=(2, 3)) - 1,
+    "new_full((2, 3), v)": lambda x: x.new_full((2, 3), 0.25),
+    "new_full((2, 3), fill_value=)": lambda x: x.new_full((2, 3), fill_value=0.25),
+    "new_full(size=, fill_value=)": lambda x: x.new_full(size=(2, 3), fill_value=2.0),
+}
+
+
+@pytest.mark.parametrize("make", list(CREATIONS.values()), ids=list(CREATIONS))
+def test_creation_takes_sizes_by_position_or_by_name(make):
+    """Before: `torch.ones(size=(2, 17, 1), ...)` (CANINE's) failed to map: the rules took the
+    sizes as positional arguments only."""
+    compile_and_compare(lambda x: x * make(x) + make(x), torch.randn(2, 3))
+
+
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-4, torch.float64: 1e-7, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
