@@ -91,31 +91,61 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
             lambda graph, examples, lent_from=None, static_inputs=(): compile_graph(
                 graph, examples, settings, lent_from=lent_from, static_inputs=static_inputs, followed=followed,
                 saved=saved))
-    return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs),
-                         followed=followed, saved=saved)
+    try:
+        return compile_graph(gm, example_inputs, settings, constant_placeholders(gm, example_inputs),
+                             followed=followed, saved=saved)
+    except UnmappedOperatorError as unmapped:
+        if not any(map(_left_for_aot, gm.graph.nodes)):
+            raise
+        return _lowered(gm, example_inputs, settings, unmapped, followed)
+
+
+def _left_for_aot(node) -> bool:
+    """Whether `node` is one of what dynamo leaves in its graph for AOTAutograd to lower, which
+    no torch-level rule maps: a call of numpy through `torch._numpy` (dynamo's wrappers),
+    functorch's transforms (vmap's batch dimensions), an ATen overload packet."""
+    target = node.target
+    return node.op == "call_function" and (
+        isinstance(target, torch._ops.OpOverloadPacket)
+        or getattr(target, "__module__", "").startswith("torch._functorch")
+        or (type(target).__module__ == "torch._dynamo.utils" and type(target).__name__.startswith("numpy_")))
+
+
+def _lowered(gm: GraphModule, example_inputs, settings: Settings, unmapped: UnmappedOperatorError,
+             followed: dict | None = None):
+    """`gm`, with nodes `_left_for_aot` and others no torch-level rule maps (`unmapped`),
+    compiled from AOTAutograd's ATen graph instead, where they are ATen operators; where that
+    fails or leaves operators no rule maps, `unmapped` is raised."""
+    try:
+        return _functionalized(gm, example_inputs, settings, [], followed, lowering=True)
+    except Exception as error:
+        raise unmapped from error
 
 
 def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutations: list[str],
-                    followed: dict | None = None, saved=None):
+                    followed: dict | None = None, saved=None, lowering: bool = False):
     """`gm`, which changes tensors in place through views (`mutations`), compiled through
     AOTAutograd, whose functionalization rewrites views and in-place changes into pure
     operations and copies the new values into the caller's inputs after each call (without
     autograd, parameters and buffers the graph leaves unchanged are constants, as on the
     torch-level path); where AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with
-    a warning."""
+    a warning. With `lowering` (see `_lowered`), the ATen graph must map in full: a failure
+    of AOTAutograd, or an unmapped ATen operator, raises."""
     functional = []
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
     def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
+        if lowering and Interpreter(graph).unmapped():
+            raise UnmappedOperatorError(Interpreter(graph).unmapped())
         return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
                              static_inputs, followed, saved)
 
     try:
         return compile_for_training(gm, example_inputs, compile_aten)
     except Exception as error:
-        if functional:      # AOTAutograd succeeded: the error is Kiln's
+        if functional or lowering:      # AOTAutograd succeeded (the error is Kiln's), or lowering failed
             raise
         _warn_once("Kiln runs this graph in PyTorch: it changes tensors in place through views, "
                    f"and AOTAutograd could not functionalize it ({type(error).__name__}: "

@@ -1,0 +1,42 @@
+"""What dynamo leaves in its graph for AOTAutograd to lower, which no torch-level rule maps
+(numpy through `torch._numpy`, functorch's vmap): such a graph compiles from AOTAutograd's ATen
+graph (`kiln.frontend.torch.backend._lowered`), against eager; an unmapped torch-level operator
+in the same graph still raises, naming it."""
+import numpy as np
+import pytest
+import torch
+
+import kiln
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def scores(q, k):
+    """CTRL's attention scores, scaled by numpy's square root of the head size."""
+    return (q @ k.transpose(-1, -2)) / np.sqrt(k.shape[-1])
+
+
+def batched_dot(x, y):
+    """Mamba's per-row products through torch.vmap."""
+    return torch.vmap(lambda a, b: (a * b).sum(-1) + a.amax())(x, y)
+
+
+@pytest.mark.parametrize("fn, shapes", [(scores, [(2, 3, 5, 8), (2, 3, 7, 8)]),
+                                        (batched_dot, [(4, 6, 9), (4, 6, 9)])], ids=["numpy", "vmap"])
+def test_graphs_left_for_aotautograd_compile_from_its_aten_graph(fn, shapes):
+    """Before: CTRL failed with `torch._dynamo.utils.wrapped_sqrt` unmapped, Mamba with
+    functorch's `_add_batch_dim` and `aten.slice` unmapped."""
+    inputs = [torch.randn(s) for s in shapes]
+    with torch.no_grad():
+        got = torch.compile(fn, backend="kiln")(*inputs)
+    torch.testing.assert_close(got, fn(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unmapped_operator_beside_them_still_raises_naming_it():
+    def fn(q, k):
+        return torch.special.bessel_j0(scores(q, k))
+    with pytest.raises(Exception) as info:
+        torch.compile(fn, backend="kiln")(torch.randn(2, 4, 8), torch.randn(2, 5, 8))
+    error = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(error, kiln.UnmappedOperatorError), repr(info.value)
+    assert "torch.special.bessel_j0" in str(error)
