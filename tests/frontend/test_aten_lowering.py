@@ -40,3 +40,20 @@ def test_an_unmapped_operator_beside_them_still_raises_naming_it():
     error = getattr(info.value, "inner_exception", info.value)
     assert isinstance(error, kiln.UnmappedOperatorError), repr(info.value)
     assert "torch.special.bessel_j0" in str(error)
+
+
+def test_functorch_builtins_lower_too():
+    """Before: a graph of MRA's with `torch._C._functorch.set_inplace_requires_grad_allowed`
+    nodes (functorch's builtins, in torch._C) failed as unmapped."""
+    from kiln.frontend.torch.backend import kiln_backend
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(torch._C._functorch.set_inplace_requires_grad_allowed, (False,))
+    y = graph.call_function(torch.mul, (x, 3.0))
+    graph.call_function(torch._C._functorch.set_inplace_requires_grad_allowed, (True,))
+    graph.output((graph.call_function(torch.exp, (y,)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        (got,) = kiln_backend(gm, [x])(x)
+    torch.testing.assert_close(got, torch.exp(x * 3.0))

@@ -400,3 +400,12 @@ def test_transformers_grouped_mm_fallback():
     ends = torch.tensor([4, 4, 9, 11])
     compile_and_compare(lambda a, b, o: fallback(a, b, o), torch.randn(12, 5), torch.randn(4, 5, 7), ends,
                         atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.mean(axis=2, keepdim=True), lambda x: torch.sum(x, axis=1, keepdims=True),
+                                lambda x: x.amax(axis=-1), lambda x: torch.softmax(x, axis=1),
+                                lambda x: torch.cat([x, x], axis=0)], ids=["mean", "sum", "amax", "softmax", "cat"])
+def test_numpy_argument_names(fn):
+    """Before: I-BERT's `x.mean(axis=2, keepdim=True)` failed to map; PyTorch's parser takes
+    numpy's `axis` and `keepdims` for `dim` and `keepdim`, and so do the rules now."""
+    compile_and_compare(fn, torch.randn(2, 5, 7))

@@ -107,7 +107,7 @@ def _left_for_aot(node) -> bool:
     target = node.target
     return node.op == "call_function" and (
         isinstance(target, torch._ops.OpOverloadPacket)
-        or getattr(target, "__module__", "").startswith("torch._functorch")
+        or getattr(target, "__module__", "").startswith(("torch._functorch", "torch._C._functorch"))
         or (type(target).__module__ == "torch._dynamo.utils" and type(target).__name__.startswith("numpy_")))
 
 

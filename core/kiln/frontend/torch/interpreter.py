@@ -122,6 +122,18 @@ def _is_tensor(value) -> bool:
     return isinstance(value, (Tensor, ComplexTensor, torch.Tensor))
 
 
+NUMPY_NAMES = {"axis": "dim", "keepdims": "keepdim"}
+"""Keyword arguments under numpy's names that PyTorch's argument parser takes for its own
+(`x.mean(axis=2, keepdims=True)`, as I-BERT writes it), by the name the rules take."""
+
+
+def _torch_names(kwargs: dict) -> dict:
+    """`kwargs` with NUMPY_NAMES under PyTorch's names (where the call does not name both)."""
+    if not any(k in kwargs for k in NUMPY_NAMES):
+        return kwargs
+    return {(NUMPY_NAMES[k] if k in NUMPY_NAMES and NUMPY_NAMES[k] not in kwargs else k): v for k, v in kwargs.items()}
+
+
 def _has_tensor(args, kwargs) -> bool:
     found = []
     map_aggregate((args, kwargs), lambda v: found.append(v) if _is_tensor(v) else v)
@@ -318,6 +330,7 @@ class Interpreter:
             return _SIZE_QUERIES[target](*args, **kwargs)
         if kind == FUNCTION and target in SHAPE_FUNCTIONS:
             return target(*args, **kwargs)
+        kwargs = _torch_names(kwargs)
         targets = self._method_targets(target) if kind == METHOD else [target]
         for t in targets:
             rule = self.registry.resolve(kind, t, args, kwargs)
