@@ -69,8 +69,18 @@ new_empty = register_method("new_empty")(_new(0))
 new_full = register_method("new_full")(_new(None))
 
 
-@register_function(torch.tensor, torch.as_tensor, torch.scalar_tensor)
+def _data_on_device(data, *, device=None, **_) -> bool:
+    """Python data, or a tensor on the device asked for (moving between devices inside a graph is
+    not mapped)."""
+    return not is_tensor(data) or device is None or as_device(device) == data.device
+
+
+@register_function(torch.tensor, torch.as_tensor, torch.scalar_tensor, check=_data_on_device)
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """A constant from Python data; from a tensor (TAPAS's `torch.as_tensor(ids, device=...)`),
+    its values in `dtype` (as `clone`, the same values)."""
+    if is_tensor(data):
+        return data if dtype is None else ops.cast(data, dtypes.data_type(dtype))
     return asarray(torch.as_tensor(data, dtype=dtype), device=device or "cpu")
 
 

@@ -409,3 +409,12 @@ def test_numpy_argument_names(fn):
     """Before: I-BERT's `x.mean(axis=2, keepdim=True)` failed to map; PyTorch's parser takes
     numpy's `axis` and `keepdims` for `dim` and `keepdim`, and so do the rules now."""
     compile_and_compare(fn, torch.randn(2, 5, 7))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.as_tensor(x, device=x.device) * 2,
+                                lambda x: torch.as_tensor(x, dtype=torch.float64) + 1,
+                                lambda x: torch.tensor(x.int(), dtype=torch.float32) - x],
+                         ids=["as_tensor", "as_tensor_dtype", "tensor"])
+def test_tensor_from_a_tensor(fn):
+    """Before: TAPAS's `torch.as_tensor(ids, device=...)` of a tensor in the graph failed to map."""
+    compile_and_compare(fn, torch.randn(3, 4) * 5)
