@@ -7,7 +7,10 @@ the tuning level of the kernels built by that first run; use_cuda_graph to repla
 graphs), and runs it from then on. Parameters and buffers become constants of the FlowGraph,
 sharing memory.
 
-Unmapped operators raise one `UnmappedOperatorError` listing them all; a node whose rules all
+Unmapped operators raise one `UnmappedOperatorError` listing them all, except where the graph
+holds what dynamo leaves for AOTAutograd to lower (numpy calls, functorch's vmap): such a graph
+is compiled from AOTAutograd's ATen graph, and raises only if that fails or leaves operators
+unmapped. A node whose rules all
 decline its arguments raises a `MappingError` when the graph first runs. With
 `dynamo_config.fallback_to_eager(True)` the backend first finds every node Kiln cannot compile
 (`kiln.frontend.torch.partition`: unmapped, declined, unsupported dtypes) and runs those in
