@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from kiln import ops
+from kiln import dtypes, ops
 from kiln.frontend.torch import register_function
 
 from kiln_mappings_aten.common import aten, same_signature
@@ -51,7 +51,25 @@ def index(x, indices):
 
 
 def _index_put_checked(x, indices, values, accumulate=False) -> bool:
-    return _adjacent(indices)
+    return _adjacent(indices) and not _one_mask(indices)
+
+
+def _one_mask(indices) -> bool:
+    return len(indices) == 1 and indices[0] is not None and indices[0].dtype == dtypes.boolean
+
+
+def _masked_fill_checked(x, indices, values, accumulate=False) -> bool:
+    return _one_mask(indices) and values.numel() == 1
+
+
+@register_function(aten.index_put.default, check=_masked_fill_checked)
+def masked_put(x, indices, values, accumulate=False):
+    """`x[mask] = value` (`+=` with accumulate) for one bool mask over x's leading dims and a
+    single value (Longformer's `x[mask] = -10000.0`, functionalized): a select by the mask."""
+    mask = indices[0]
+    mask = ops.reshape(mask, tuple(mask.shape) + (1,) * (x.ndim - mask.ndim))
+    value = ops.cast(ops.reshape(values, ()), x.dtype)
+    return ops.where(mask, ops.add(x, value) if accumulate else value, x)
 
 
 @register_function(aten.index_put.default, check=_index_put_checked)

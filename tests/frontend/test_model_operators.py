@@ -418,3 +418,23 @@ def test_numpy_argument_names(fn):
 def test_tensor_from_a_tensor(fn):
     """Before: TAPAS's `torch.as_tensor(ids, device=...)` of a tensor in the graph failed to map."""
     compile_and_compare(fn, torch.randn(3, 4) * 5)
+
+
+def _masked_column(x, m):
+    y = x * 1
+    y[:, 0][m] = -10000.0                   # Longformer's global-attention mask, through a view
+    return y
+
+
+def _masked_column_added(x, m):
+    y = x * 1
+    y[:, 1].index_put_((m,), torch.tensor(2.5), accumulate=True)
+    return y
+
+
+@pytest.mark.parametrize("fn", [_masked_column, _masked_column_added], ids=["put", "accumulate"])
+def test_one_mask_and_one_value_written_through_a_view(fn):
+    """Before: Longformer failed: functionalized, `y[:, 0][m] = v` is ATen's index_put with a
+    bool index, which the rule (integer indices) refused."""
+    x = torch.randn(4, 6, 5)
+    compile_and_compare(fn, x, x[:, 0, :2].sum(-1) > 0)
