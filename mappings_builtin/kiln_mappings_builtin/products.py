@@ -323,9 +323,36 @@ GROUPED_MM = (torch._grouped_mm, *GROUPED_MM_FALLBACK) + ((F.grouped_mm,) if has
 """The grouped matmuls of torch (F.grouped_mm where this torch has it) and of transformers."""
 
 
+def _groups(rows_of, offs):
+    """The group of each row of `rows_of` (S, ...): the number of group ends in `offs` at or
+    below it (as many as there are groups for a row past the last end)."""
+    rows = ops.arange(rows_of.shape[0], dtype=offs.dtype, device=rows_of.device)
+    return counted(offs, rows, True, torch.int64)
+
+
 @register_function(*GROUPED_MM, check=row_groups)
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    """Row s of `mat_a` times the matrix of its group: the number of group ends in `offs` at or
-    below s (rows past the last end get zeros, as transformers' fallback leaves them)."""
-    rows = ops.arange(mat_a.shape[0], dtype=offs.dtype, device=mat_a.device)
-    return ops.grouped_matmul(mat_a, mat_b, counted(offs, rows, True, torch.int64))
+    """Row s of `mat_a` times the matrix of its group (rows past the last end get zeros, as
+    transformers' fallback leaves them)."""
+    return ops.grouped_matmul(mat_a, mat_b, _groups(mat_a, offs))
+
+
+GROUPED_MM_FALLBACK_BACKWARD = ("transformers.grouped_mm_fallback_backward",
+                                "transformers.grouped_mm_fallback_backward.default")
+"""The backward of transformers' fallback, an operator of its own (what a training step's
+backward graph calls)."""
+
+
+@register_function(*GROUPED_MM_FALLBACK_BACKWARD)
+def grouped_mm_fallback_backward(input, weight, offs, grad_output):
+    """(grad of input, grad of weight) of `grouped_mm`: each row's gradient times its group's
+    matrix transposed; each group's matrix gradient the product of its rows' inputs and
+    gradients, as a batched matmul over groups of the gradients masked to each group's rows
+    (zeros for an empty group, and for the rows past the last end)."""
+    groups = _groups(input, offs)
+    grad_input = ops.grouped_matmul(grad_output, ops.transpose(weight, 1, 2), groups)
+    ids = ops.arange(weight.shape[0], dtype=groups.dtype, device=input.device)
+    mine = ops.eq(ops.unsqueeze(groups, 0), ops.unsqueeze(ids, 1))                   # (G, S)
+    masked = ops.where(ops.unsqueeze(mine, -1), ops.unsqueeze(grad_output, 0), 0)
+    grad_weight = ops.matmul(ops.unsqueeze(ops.transpose(input, 0, 1), 0), masked)   # (G, K, N)
+    return ops.cast(grad_input, input.dtype), ops.cast(grad_weight, weight.dtype)

@@ -402,6 +402,27 @@ def test_transformers_grouped_mm_fallback():
                         atol=1e-5, rtol=1e-5)
 
 
+def test_transformers_grouped_mm_fallback_backward():
+    """Before: training a mixture-of-experts model in float32 (Mixtral, Qwen2-MoE) failed: the
+    backward graph calls transformers' `grouped_mm_fallback_backward`, which no rule mapped.
+    An empty group and rows past the last end included; both gradients against eager."""
+    pytest.importorskip("transformers.integrations.moe")
+    fallback = torch.ops.transformers.grouped_mm_fallback
+    ends = torch.tensor([4, 4, 9, 11])
+
+    def grads(fn, x, w):
+        x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (fn(x, w, ends) * torch.linspace(-1, 2, 7)).square().sum().backward()
+        return x.grad, w.grad
+
+    x, w = torch.randn(12, 5), torch.randn(4, 5, 7)
+    got = grads(torch.compile(lambda a, b, o: fallback(a, b, o), backend="kiln", fullgraph=True), x, w)
+    want = grads(lambda a, b, o: fallback(a, b, o), x, w)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[0][11:], torch.zeros(1, 5)) and torch.equal(got[1][1], torch.zeros(5, 7))
+
+
 @pytest.mark.parametrize("fn", [lambda x: x.mean(axis=2, keepdim=True), lambda x: torch.sum(x, axis=1, keepdims=True),
                                 lambda x: x.amax(axis=-1), lambda x: torch.softmax(x, axis=1),
                                 lambda x: torch.cat([x, x], axis=0)], ids=["mean", "sum", "amax", "softmax", "cat"])
