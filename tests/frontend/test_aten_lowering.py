@@ -57,3 +57,18 @@ def test_functorch_builtins_lower_too():
     with torch.no_grad():
         (got,) = kiln_backend(gm, [x])(x)
     torch.testing.assert_close(got, torch.exp(x * 3.0))
+
+
+def test_numpy_random_numbers_are_seeded_from_torch():
+    """Before: HuBERT's SpecAugment mask (`np.random.rand`, as dynamo traces it: ATen's
+    `uniform`) failed as unmapped. Its numbers come from torch's generator, as Inductor's do: in
+    [low, high), fresh at each call, the same after `torch.manual_seed`."""
+    def draw(x):
+        return x + torch.from_numpy(np.random.uniform(2.0, 3.0, size=x.shape[0])).to(x.dtype)
+
+    fn, x = torch.compile(draw, backend="kiln"), torch.zeros(4000)
+    torch.manual_seed(0)
+    first, second = fn(x), fn(x)
+    torch.manual_seed(0)
+    assert torch.equal(fn(x), first) and not torch.equal(first, second)
+    assert 2.0 <= first.min() and first.max() < 3.0 and abs(first.mean().item() - 2.5) < 0.02

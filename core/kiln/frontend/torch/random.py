@@ -16,10 +16,11 @@ import torch
 from torch.fx import GraphModule
 
 _aten = torch.ops.aten
-UNIFORM_OPS = (_aten.rand_like.default, _aten.rand.default)
+UNIFORM_OPS = (_aten.rand_like.default, _aten.rand.default, _aten.uniform.default)
 NORMAL_OPS = (_aten.randn_like.default, _aten.randn.default)
 """The ATen ops rewritten into `seeded_uniform` and `seeded_normal`; with PyTorch's generator
-argument they stay."""
+argument they stay. `aten.uniform(x, from, to)` (numpy's `np.random.rand` as dynamo traces it)
+takes x's shape and dtype and is scaled to [from, to)."""
 TORCH_RANDOM_CALLS = frozenset({torch.rand, torch.rand_like, torch.randn, torch.randn_like})
 """The torch-level calls whose graphs go through AOTAutograd, where they are seeded."""
 
@@ -66,6 +67,12 @@ def seed_random_ops(gm: GraphModule) -> tuple[int, torch.device]:
         with gm.graph.inserting_before(node):
             seeded = seeded_normal if node.target in NORMAL_OPS else seeded_uniform
             new = gm.graph.call_function(seeded, (seeds, row, node.args[0], dtype))
+            if node.target is _aten.uniform.default:
+                low, high = (list(node.args[1:3]) + [node.kwargs.get("from", 0.0), node.kwargs.get("to", 1.0)][len(node.args[1:3]):])
+                if (low, high) != (0.0, 1.0):
+                    new.meta = dict(node.meta)
+                    new = gm.graph.call_function(_aten.add.Tensor, (gm.graph.call_function(
+                        _aten.mul.Tensor, (new, high - low)), low))
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
