@@ -7,6 +7,9 @@ backward rather than the log-probabilities (float32 ones, twice the bytes, for b
 logits), and a reader of a few log-probabilities (nll_loss's gather of the target's) computes
 them itself.
 
+`_weight_norm_interface_backward` is the gradient of w = g * v / |v| (the norm over every dim
+of v but `dim`), which autograd records for weight_norm's forward before decompositions apply.
+
 `nll_loss_backward` (and its 2-d form) is the gradient of nll_loss by its input `x`
 (log-probabilities, classes along dim 1, or along the only dim): -grad * weight[target]
 (divided by total_weight for the mean) at each target class, 0 at the other classes and where
@@ -50,3 +53,15 @@ def log_softmax(x, dim, half_to_float):
     wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     out = wide - torch.logsumexp(wide, dim, keepdim=True)
     return out if half_to_float else out.to(x.dtype)
+
+
+@register_decomposition(aten._weight_norm_interface_backward.default)
+def weight_norm_backward(grad_w, v, g, norms, dim):
+    """(grad of v, grad of g) of w = g * v / norms: with s = sum(grad_w * v) over the normed
+    dims, grad_g = s / norms and grad_v = g / norms * (grad_w - v * s / norms**2)."""
+    dims = [d for d in range(v.dim()) if d != dim % v.dim()] if dim != -1 else list(range(v.dim()))
+    wide = torch.promote_types(v.dtype, torch.float32)
+    grad_w, v, g, norms = grad_w.to(wide), v.to(wide), g.to(wide), norms.to(wide)
+    s = (grad_w * v).sum(dims, keepdim=True)
+    grad_v = g / norms * (grad_w - v * (s / (norms * norms)))
+    return grad_v.to(v.dtype), (s / norms).reshape(g.shape).to(g.dtype)

@@ -72,3 +72,13 @@ def test_numpy_random_numbers_are_seeded_from_torch():
     torch.manual_seed(0)
     assert torch.equal(fn(x), first) and not torch.equal(first, second)
     assert 2.0 <= first.min() and first.max() < 3.0 and abs(first.mean().item() - 2.5) < 0.02
+
+
+def test_random_numbers_of_a_graph_without_inputs():
+    """Before: a graph drawing numbers from constant sizes alone (HuBERT's mask, 
+    `np.random.rand(4, 50)`, in a graph of its own) had no placeholder to put its seeds after."""
+    fn = torch.compile(lambda: torch.from_numpy(np.random.rand(4, 50) < 0.5).sum(-1), backend="kiln")
+    torch.manual_seed(1)
+    first = fn()
+    torch.manual_seed(1)
+    assert torch.equal(fn(), first) and first.shape == (4,) and 0 < first.sum() < 200

@@ -146,3 +146,13 @@ def test_cumsum_forward_and_backward():
     (want.cumsum(1) * want).sum().backward()
     torch.testing.assert_close(loss, (want.cumsum(1) * want).sum(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad, want.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [0, 2, -1])
+def test_weight_norm(dim):
+    """Before: training HuBERT failed: its positional convolution's weight_norm records
+    `_weight_norm_interface_backward`, which nothing decomposed or mapped."""
+    torch.manual_seed(0)
+    v, x = torch.randn(6, 3, 5), torch.randn(2, 3, 11)
+    g = torch.rand(*(v.shape[k] if k == dim % v.dim() and dim != -1 else 1 for k in range(v.dim()))) + 0.5
+    check(lambda v, g, x: F.conv1d(x, torch._weight_norm(v, g, dim), padding=2), v, g, x)

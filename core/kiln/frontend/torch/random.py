@@ -58,8 +58,10 @@ def seed_random_ops(gm: GraphModule) -> tuple[int, torch.device]:
         return 0, torch.device("cpu")
     value = nodes[0].meta.get("val")
     device = value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
-    last = list(gm.graph.find_nodes(op="placeholder"))[-1]
-    with gm.graph.inserting_after(last):
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    # after the last placeholder, or first in a graph of none (numbers drawn from sizes alone)
+    with (gm.graph.inserting_after(placeholders[-1]) if placeholders
+          else gm.graph.inserting_before(next(iter(gm.graph.nodes)))):
         seeds = gm.graph.placeholder("kiln_random_seeds")
     seeds.meta["val"] = draw_seeds(len(nodes), device)
     for row, node in enumerate(nodes):
