@@ -50,20 +50,24 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
 def _correlation(a, b, kernel, stride, padding, dilation, groups: int):
     """Per group g, sum over batch and positions of a[n, i, p * stride - padding + k * dilation]
-    * b[n, o, p]: shape (groups * b's channels per group, a's channels per group, *kernel)."""
-    nd = a.ndim - 2
+    * b[n, o, p]: shape (groups * b's channels per group, a's channels per group, *kernel). One
+    convolution of `groups` groups for all of them, the batch as its channels (a's channels as
+    its batch, b's as its filters): one node however many groups (a depthwise convolution's
+    weight gradient was a convolution and a slice per channel, then a cat of them all)."""
+    nd, n = a.ndim - 2, a.shape[0]
     ca, cb = a.shape[1] // groups, b.shape[1] // groups
-    parts = []
-    for g in range(groups):
-        ag = a if groups == 1 else ops.slice(a, 1, g * ca, (g + 1) * ca)
-        bg = b if groups == 1 else ops.slice(b, 1, g * cb, (g + 1) * cb)
-        full = _conv(nd)(ops.transpose(ag, 0, 1), ops.transpose(bg, 0, 1), None, dilation,
-                         padding, stride, 1)
-        for d, k in enumerate(kernel):
-            if full.shape[2 + d] != k:
-                full = ops.slice(full, 2 + d, 0, k)
-        parts.append(ops.transpose(full, 0, 1))
-    return parts[0] if groups == 1 else ops.cat(parts, 0)
+
+    def channels_first(t, per_group, order):
+        grouped = ops.reshape(t, (n, groups, per_group) + tuple(t.shape[2:]))
+        return ops.permute(grouped, order + list(range(3, t.ndim + 1)))
+
+    inputs = ops.reshape(channels_first(a, ca, [2, 1, 0]), (ca, groups * n) + tuple(a.shape[2:]))
+    filters = ops.reshape(channels_first(b, cb, [1, 2, 0]), (groups * cb, n) + tuple(b.shape[2:]))
+    full = _conv(nd)(inputs, filters, None, dilation, padding, stride, groups)
+    for d, k in enumerate(kernel):
+        if full.shape[2 + d] != k:
+            full = ops.slice(full, 2 + d, 0, k)
+    return ops.transpose(full, 0, 1)
 
 
 def _flipped_transpose(weight, groups: int):
