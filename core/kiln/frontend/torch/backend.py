@@ -140,8 +140,9 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
 
     def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
-        if lowering and Interpreter(graph).unmapped():
-            raise UnmappedOperatorError(Interpreter(graph).unmapped())
+        unmapped = Interpreter(graph).unmapped() if lowering else []
+        if unmapped:
+            raise UnmappedOperatorError(unmapped)
         return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
                              static_inputs, followed, saved)
 

@@ -70,11 +70,12 @@ def seed_random_ops(gm: GraphModule) -> tuple[int, torch.device]:
             seeded = seeded_normal if node.target in NORMAL_OPS else seeded_uniform
             new = gm.graph.call_function(seeded, (seeds, row, node.args[0], dtype))
             if node.target is _aten.uniform.default:
-                low, high = (list(node.args[1:3]) + [node.kwargs.get("from", 0.0), node.kwargs.get("to", 1.0)][len(node.args[1:3]):])
+                low = node.args[1] if len(node.args) > 1 else node.kwargs.get("from", 0.0)
+                high = node.args[2] if len(node.args) > 2 else node.kwargs.get("to", 1.0)
                 if (low, high) != (0.0, 1.0):
                     new.meta = dict(node.meta)
-                    new = gm.graph.call_function(_aten.add.Tensor, (gm.graph.call_function(
-                        _aten.mul.Tensor, (new, high - low)), low))
+                    scaled = gm.graph.call_function(_aten.mul.Tensor, (new, high - low))
+                    new = gm.graph.call_function(_aten.add.Tensor, (scaled, low))
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
