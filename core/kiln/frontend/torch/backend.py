@@ -132,17 +132,15 @@ def _functionalized(gm: GraphModule, example_inputs, settings: Settings, mutatio
     operations and copies the new values into the caller's inputs after each call (without
     autograd, parameters and buffers the graph leaves unchanged are constants, as on the
     torch-level path); where AOTAutograd fails on the graph, `gm` itself, run by PyTorch, with
-    a warning. With `lowering` (see `_lowered`), the ATen graph must map in full: a failure
-    of AOTAutograd, or an unmapped ATen operator, raises."""
+    a warning. With `lowering` (see `_lowered`), a failure of AOTAutograd raises too (an
+    unmapped ATen operator raises in `compile_graph`, as `_lowered` is reached only without
+    fallback_to_eager)."""
     functional = []
     constants = (set() if needs_autograd(gm, example_inputs)
                  else constant_placeholders(gm, example_inputs))
 
     def compile_aten(graph: GraphModule, examples, lent_from=None, static_inputs=()):
         functional.append(graph)
-        unmapped = Interpreter(graph).unmapped() if lowering else []
-        if unmapped:
-            raise UnmappedOperatorError(unmapped)
         return compile_graph(graph, examples, settings, _aten_constants(graph, gm, constants), lent_from,
                              static_inputs, followed, saved)
 
