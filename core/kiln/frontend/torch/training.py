@@ -44,7 +44,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kiln.frontend.torch.input_free import recompute_input_free
+from kiln.frontend.torch.input_free import build_where_used, recompute_input_free
 from kiln.frontend.torch.saved_layout import saved_in_memory_order
 from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
 from kiln.frontend.torch.registry import mapping_registry
@@ -149,6 +149,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
         return saved_in_memory_order(*recompute_input_free(forward, backward, num_fwd_outputs), num_fwd_outputs)
 
     def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
+        build_where_used(graph)
         rows, device = seed_random_ops(graph)
         if rows:
             compiled = Seeded(compile_aten(graph, list(examples) + [draw_seeds(rows, device)], lent_from,
