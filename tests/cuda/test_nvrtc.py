@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from kiln.log import recording
 from kiln.plugins.registry import registry
 from kiln.runtime import cuda as rt
 
@@ -82,6 +83,24 @@ def test_compile_error_shows_numbered_source():
         rt.compile_cubin('extern "C" __global__ void k() {\n  undeclared_thing = 1;\n}\n', "broken", "sm_80")
     message = str(info.value)
     assert "undeclared_thing" in message and "\n2 |   undeclared_thing = 1;" in message
+
+
+def test_a_source_compiled_before_is_its_cubin_again(tmp_path, monkeypatch):
+    """A new sequence length's programs are mostly the sources of the last one: the second ask
+    for a source is the first's cubin, counted as a cache hit, with no look into the cache's
+    entries; another cache folder looks into its own."""
+    looked = []
+    lookup = rt.lookup_or_build
+    monkeypatch.setattr(rt, "lookup_or_build", lambda *args: looked.append(args[1]) or lookup(*args))
+    source = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; }\n'
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "a"))
+    with recording() as first:
+        cubin = rt.compile_cubin(source, "k", "sm_80")
+    with recording() as again:
+        assert rt.compile_cubin(source, "k", "sm_80") == cubin and cubin.read_bytes()
+    assert len(looked) == 1 and first.kernel_cache["cuda"]["misses"] == 1 and again.kernel_cache["cuda"]["hits"] == 1
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "b"))
+    assert rt.compile_cubin(source, "k", "sm_80") != cubin and len(looked) == 2
 
 
 def test_compiling_leaves_python_singletons_intact(tmp_path, monkeypatch):

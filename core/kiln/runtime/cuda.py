@@ -25,8 +25,9 @@ from typing import Sequence
 import torch
 
 from kiln.codegen.emitter import KernelArgs
-from kiln import dtypes
+from kiln import dtypes, settings
 from kiln.dtypes import DataType
+from kiln.log import current_record
 from kiln.runtime import dependent_launch
 from kiln.runtime.cache import content_key, lookup_or_build
 from kiln.table import numbered_source
@@ -219,12 +220,24 @@ def _compile(source: str, name: str, arch: str, options: Sequence[str]) -> bytes
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+_cubins: dict[tuple, Path] = {}
+"""(process, kernel cache folder, content key) -> the cubin `compile_cubin` returned for it."""
+
+
 def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> Path:
-    """Compile `source` for `arch` (e.g. 'sm_90') through the kernel cache; return the cubin's path."""
+    """Compile `source` for `arch` (e.g. 'sm_90') through the kernel cache; return the cubin's
+    path. A source this process took from the same cache before is that cubin again, read from
+    no entry (a new sequence length's programs are mostly the sources of the last one)."""
     options = (*BASE_OPTIONS, *options)
     key = content_key("cuda", source, "nvrtc", nvrtc_version(), " ".join(options), arch)
-    return lookup_or_build("cuda", key, ".cubin",
-                           lambda out: out.write_bytes(_compile(source, name, arch, options)))
+    taken = (os.getpid(), settings.current().cache_dir, key)
+    cubin = _cubins.get(taken)
+    if cubin is None or not cubin.exists():
+        cubin = _cubins[taken] = lookup_or_build("cuda", key, ".cubin",
+                                                 lambda out: out.write_bytes(_compile(source, name, arch, options)))
+    else:
+        current_record().add_cache_lookup("cuda", hit=True)
+    return cubin
 
 
 def launch_source(program: CudaProgram, arch: str) -> str:
@@ -289,6 +302,24 @@ def device_info(index: int) -> dict:
             "sm_count": props.multi_processor_count, "max_smem": int(smem)}
 
 
+_modules: dict[tuple[str, int], object] = {}
+"""(cubin path, device index) -> its module, loaded once a process (a cubin's path is its
+content's key in the kernel cache: one path, one binary); guarded by `_lock`."""
+_smem_allowed: dict[tuple[str, str, int], int] = {}
+"""(cubin path, kernel, device index) -> the dynamic shared memory its function is allowed."""
+
+
+def _module(cubin: Path, device_index: int):
+    """The module of `cubin` on a device, loaded now where this process has not (under `_lock`,
+    the device's context current)."""
+    key = (str(cubin), device_index)
+    module = _modules.get(key)
+    if module is None:
+        driver, _ = _bindings()
+        module = _modules[key] = _check(driver.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
+    return module
+
+
 class CudaKernel:
     """A kernel loaded from a cubin on one device; call `launch` with pointers and a grid."""
 
@@ -315,12 +346,15 @@ class CudaKernel:
         self.cluster = cluster
         with _lock:
             _make_current(device_index)
-            self._module = _check(driver.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData")
+            self._module = _module(cubin, device_index)
             self._fn = _check(driver.cuModuleGetFunction(self._module, name.encode()),
                               f"cuModuleGetFunction({name})")
-        if dynamic_smem > 48 * 1024:
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(driver.cuFuncSetAttribute(self._fn, attr, dynamic_smem), "cuFuncSetAttribute")
+            # the kernels of one module share its functions: the largest allowance stays
+            function = (str(cubin), name, device_index)
+            if dynamic_smem > _smem_allowed.get(function, 48 * 1024):
+                attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _check(driver.cuFuncSetAttribute(self._fn, attr, dynamic_smem), "cuFuncSetAttribute")
+                _smem_allowed[function] = dynamic_smem
 
     def launch(self, pointers: Sequence[int], grid: tuple[int, int, int], block: tuple[int, int, int],
                smem: int = 0, stream: int | None = None) -> None:
