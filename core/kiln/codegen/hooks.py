@@ -25,7 +25,9 @@ program. An operand's strides, M, N, K and the batch dims are then `SymSize`s wh
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
 
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import Emitter, KernelArgs, row_major_strides
@@ -82,10 +84,30 @@ class Contraction:
     out_dtype: DataType
     params: str             # the kernel's parameter list: buffers, then sizes
     args: str               # the same names, to pass them on
-    epilogue: str           # source of the kiln_epilogue and kiln_epilogue2 device functions
     sizes: SizeArgs         # the symbolic sizes, the last parameters
-    sources: tuple[EpilogueSource, ...] = ()
-    output: EpilogueOutput | None = None
+    rendered: Callable[[], tuple[str, tuple[EpilogueSource, ...], EpilogueOutput]] = field(repr=False,
+                                                                                          compare=False)
+    """Renders (epilogue, sources, output) when first asked: a template deciding whether it
+    applies reads the operands only, and fusion asks that of many candidate groups."""
+
+    @functools.cached_property
+    def _epilogue(self) -> tuple[str, tuple[EpilogueSource, ...], EpilogueOutput]:
+        return self.rendered()
+
+    @property
+    def epilogue(self) -> str:
+        """Source of the kiln_epilogue and kiln_epilogue2 device functions."""
+        return self._epilogue[0]
+
+    @property
+    def sources(self) -> tuple[EpilogueSource, ...]:
+        """What the epilogue reads per element, which a template may stage (`contraction_epilogue`)."""
+        return self._epilogue[1]
+
+    @property
+    def output(self) -> EpilogueOutput:
+        """What the epilogue's hooks were rendered from."""
+        return self._epilogue[2]
 
     @property
     def batch_count(self) -> int:
@@ -196,12 +218,11 @@ def _match(task: Task) -> Contraction | None:
         return index
 
     n_contiguous = bool(axes) and bool(n_chain) and n_chain[0][0] is axes[-1] and axes[-1] is out.axes[-1]
-    epilogue, sources, output = contraction_epilogue(lowered, out, decl, index_of, n_contiguous,
-                                                     (_prod(v.extent for v in batch), M, N), sizes)
+    extents = (_prod(v.extent for v in batch), M, N)
     return Contraction(tuple(v.extent for v in batch), M, N, K, operand(x, ca, a_stride), operand(y, cb, b_stride),
                        r.dtype, out.dtype, ", ".join(decl),
-                       ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), epilogue, sizes,
-                       sources, output)
+                       ", ".join(KernelArgs.args(len(lowered.inputs)) + sizes.names), sizes,
+                       lambda: contraction_epilogue(lowered, out, decl, index_of, n_contiguous, extents, sizes))
 
 
 def unravel_index(var: Var, axes, extents) -> dict:
