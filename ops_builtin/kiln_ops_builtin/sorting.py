@@ -15,10 +15,14 @@ from __future__ import annotations
 import math
 
 from kiln import dtypes, ir
-from kiln.graph import OperatorError, operator
+from kiln.graph import OperatorError, Traits, operator
 from kiln.ir import TensorNode, cast, compute, reduce, select
 
 from kiln_ops_builtin.common import clamp_index, normalize_dim
+
+
+COMPARED = Traits(compares_elements=True)
+"""Every definition here ranks its input's elements against each other."""
 
 
 def _with(index, d: int, r) -> list:
@@ -97,21 +101,21 @@ def _first_ranks(op: str, x: TensorNode, dim, k: int, descending: bool):
     return _pick(x, d, positions), positions
 
 
-@operator("sort")
+@operator("sort", traits=COMPARED)
 def sort(x, dim=-1, descending=False):
     """(values, int64 indices) of `x` sorted along `dim`; stable (equal elements keep their order)."""
     n = x.shape[normalize_dim("sort", dim, x.ndim)] if x.ndim else 1
     return _first_ranks("sort", x, dim, n, descending)
 
 
-@operator("argsort")
+@operator("argsort", traits=COMPARED)
 def argsort(x, dim=-1, descending=False):
     """The int64 positions that sort `x` along `dim` (stable)."""
     n = x.shape[normalize_dim("argsort", dim, x.ndim)] if x.ndim else 1
     return _first_ranks("argsort", x, dim, n, descending)[1]
 
 
-@operator("topk")
+@operator("topk", traits=COMPARED)
 def topk(x, k, dim=-1, largest=True):
     """(values, int64 indices) of the `k` largest (or smallest) elements along `dim`, in order."""
     n = x.shape[normalize_dim("topk", dim, x.ndim)] if x.ndim else 1
@@ -137,7 +141,7 @@ def _statistic(op: str, x: TensorNode, dim, keepdim: bool, which, nan_first: boo
     return _kept(_pick(x, d, positions), d, keepdim), _kept(positions, d, keepdim)
 
 
-@operator("kthvalue")
+@operator("kthvalue", traits=COMPARED)
 def kthvalue(x, k, dim=-1, keepdim=False):
     """(values, indices) of the `k`-th smallest element (k counted from 1) along `dim`."""
     n = x.shape[normalize_dim("kthvalue", dim, x.ndim)] if x.ndim else 1
@@ -146,14 +150,14 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     return _statistic("kthvalue", x, dim, keepdim, lambda i: k - 1, nan_first=False)
 
 
-@operator("median")
+@operator("median", traits=COMPARED)
 def median(x, dim=-1, keepdim=False):
     """(values, indices) of the lower median along `dim`; a row holding NaN gives its first NaN."""
     n = x.shape[normalize_dim("median", dim, x.ndim)] if x.ndim else 1
     return _statistic("median", x, dim, keepdim, lambda i: (n - 1) // 2, nan_first=True)
 
 
-@operator("nanmedian")
+@operator("nanmedian", traits=COMPARED)
 def nanmedian(x, dim=-1, keepdim=False):
     """(values, indices) of the lower median of the non-NaN elements along `dim` (NaN if all are)."""
     if x.ndim == 0 or not x.dtype.is_float:
@@ -167,7 +171,7 @@ def nanmedian(x, dim=-1, keepdim=False):
                       lambda i: ir.maximum(count[_with(i, d, 0)] - 1, 0) // 2, nan_first=False)
 
 
-@operator("mode")
+@operator("mode", traits=COMPARED)
 def mode(x, dim=-1, keepdim=False):
     """(values, indices) of the most frequent value along `dim` (the smallest among equally
     frequent ones) and the last position holding it."""

@@ -98,6 +98,13 @@ class Traits:
     """Each element costs many instructions (a counter-based random draw): passes that trade
     memory traffic for computation (`kiln.passes.recompute`) never copy a node of it into its
     readers."""
+    compares_elements: bool = False
+    """Its result counts how the elements of its first input compare with each other (ranks:
+    sort, top-k, median): every read of an element must see the same value. Fusion computes
+    that input in a kernel of its own, never inside this operator's, where a fused producer is
+    evaluated once per read (in a vectorized loop and in a scalar one, say, whose last bits can
+    differ: two elements would take one rank, and the positions found from the ranks would be
+    wrong)."""
     updates: Callable | None = None
     """For an operator whose result is one of its tensor arguments with some elements replaced
     (an index copy, a scatter whose last source wins): `updates(**arguments)`, called with the

@@ -178,6 +178,8 @@ class _Groups:
             return False
         if (a in self.templated or b in self.templated) and self.fused(self.members[a] + self.members[b]) is None:
             return False
+        if self.computes_compared(self.members[a] + self.members[b]):
+            return False
         if rows and not self.is_row_task(self.members[a] + self.members[b]):
             return False
         self._reorder(first, last, a, after)
@@ -190,6 +192,23 @@ class _Groups:
         if b in self.templated:
             self.templated.add(a)
         return True
+
+    def computes_compared(self, members: list) -> bool:
+        """Whether one of `members` computes (through views) the first input of another whose
+        operator `compares_elements` (`kiln.graph.Traits`): that input is computed apart."""
+        inside = {id(n) for n in members}
+        for node in members:
+            if isinstance(node, FusedOperator) or not node.definition.traits.compares_elements:
+                continue
+            todo = [self.producer.get(id(node.inputs[0]))] if node.inputs else []
+            while todo:
+                p = todo.pop()
+                if p is None or id(p) not in inside:
+                    continue
+                if not moves_data(p):
+                    return True
+                todo.extend(self.producer.get(id(t)) for t in p.inputs)
+        return False
 
     def fuse_epilogues(self) -> None:
         """Each injective node joins the group producing an input only it reads."""
