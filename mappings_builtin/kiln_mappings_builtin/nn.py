@@ -1,6 +1,6 @@
 """torch.nn.functional and linear algebra: linear, matmul, convolution, pooling, normalization,
-dropout, embedding and embedding_bag, padding, interpolation, grid_sample, affine_grid and
-scaled_dot_product_attention."""
+dropout, embedding and embedding_bag, one_hot, padding, interpolation, grid_sample, affine_grid
+and scaled_dot_product_attention."""
 import math
 
 import torch
@@ -25,6 +25,12 @@ for _name in ("linear", "conv1d", "conv2d", "conv3d", "avg_pool1d", "avg_pool2d"
               "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "interpolate",
               "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
     direct(_name, _torch_and_functional(_name))
+
+
+@register_function(F.one_hot, check=lambda tensor, num_classes=-1: num_classes != -1)
+def one_hot(tensor, num_classes=-1):
+    """With `num_classes` given (without it the size comes from the data: not mapped)."""
+    return ops.one_hot(tensor, num_classes)
 
 
 def _area(input, size=None, scale_factor=None, mode="nearest", *args, **kwargs) -> bool:

@@ -15,7 +15,7 @@ import math
 from kiln import dtypes
 from kiln.ir.size import size_text
 from kiln.graph import Layout, OperatorError, Role, Traits, operator
-from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, maximum, minimum, ne, reduce, select,
+from kiln.ir import (Check, TensorNode, as_expr, cast, check, compute, eq, maximum, minimum, ne, reduce, select,
                      slice_extent, unravel)
 
 from kiln_ops_builtin.common import broadcast_shape, in_bounds, normalize_dim
@@ -179,6 +179,20 @@ def embedding(input, weight):
     rows = weight.shape[0]
     message = f"embedding: index {{value}} is out of range for a weight of {size_text(rows)} rows"
     return compute(shape, lambda *i: weight[checked_index(input[i[:-1]], rows, message), i[-1]])
+
+
+@operator("one_hot")
+def one_hot(input, num_classes: int):
+    """int64 tensor of `input`'s shape and a last dim of `num_classes`: 1 at each element's
+    value, 0 elsewhere (torch.nn.functional.one_hot); values outside [0, num_classes) fail."""
+    if input.dtype != dtypes.int64:
+        raise OperatorError(f"one_hot: input must be int64 (PyTorch's LongTensor), got {input.dtype}")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise OperatorError(f"one_hot: num_classes must be a positive int here, got {num_classes!r} "
+                            "(-1, the largest value plus one, gives a size known only from the data)")
+    message = f"one_hot: class value {{value}} is not in [0, {num_classes})"
+    return compute((*input.shape, num_classes), lambda *i: cast(
+        eq(checked_index(input[i[:-1]], num_classes, message, error="RuntimeError"), i[-1]), dtypes.int64))
 
 
 def _triangle(op: str, x: TensorNode, diagonal: int, keep) -> TensorNode:

@@ -459,3 +459,38 @@ def test_one_mask_and_one_value_written_through_a_view(fn):
     bool index, which the rule (integer indices) refused."""
     x = torch.randn(4, 6, 5)
     compile_and_compare(fn, x, x[:, 0, :2].sum(-1) > 0)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 0), (7,), ()], ids=str)
+def test_one_hot_with_its_number_of_classes(shape):
+    """Before: F.one_hot (mixture-of-experts routing in transformers' eager experts) was not
+    mapped. With num_classes given the size is known; values outside it fail as eager does."""
+    x = torch.randint(0, 6, shape)
+    compile_and_compare(lambda x: F.one_hot(x, num_classes=6) * 3 - 1, x, atol=0, rtol=0)
+    compile_and_compare(lambda x: F.one_hot(x.t() if x.ndim == 2 else x, 6).sum(0), x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("value", [6, -1])
+def test_one_hot_of_a_value_outside_its_classes_raises_as_eager(value):
+    fn = lambda x: F.one_hot(x, num_classes=6)  # noqa: E731
+    x = torch.tensor([1, value, 2])
+    with pytest.raises(RuntimeError):
+        fn(x)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="one_hot: class value"):
+        torch.compile(fn, backend="kiln", fullgraph=True)(x)
+
+
+def test_one_hot_without_its_number_of_classes_is_declined():
+    """Its size would come from the data (dynamo refuses it too; a symbolic_trace graph reaches
+    Kiln, whose rule declines it, naming the call)."""
+    from kiln.frontend.torch.backend import kiln_backend
+    from kiln.frontend.torch.interpreter import MappingError
+
+    class OneHot(nn.Module):
+        def forward(self, x):
+            return F.one_hot(x) + 1
+
+    x = torch.tensor([0, 3, 1])
+    with pytest.raises(MappingError, match="one_hot declined"):
+        kiln_backend(torch.fx.symbolic_trace(OneHot()), [x])(x)
