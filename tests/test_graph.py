@@ -80,6 +80,19 @@ def test_trace_from_rejects_missing_inputs_and_accepts_unused_ones():
     assert_close(graph(va, vb, rand((5,))), va * vb)
 
 
+def test_trace_from_a_chain_deeper_than_pythons_recursion_limit():
+    """Before: XLNet's training graph under bfloat16 autocast crashed tracing with a
+    RecursionError (the walk from the outputs recursed once per operator in a chain)."""
+    import sys
+    x, other = kiln.symbol([3]), kiln.symbol([3])
+    y = x
+    for k in range(sys.getrecursionlimit() + 500):
+        y = y * 1.5 if k % 2 else y - other
+    graph = kiln.trace_from(y)
+    assert graph.inputs == [x, other] and len(graph.nodes) == sys.getrecursionlimit() + 500
+    assert [n.name for n in graph.nodes[:3]] == ["Sub", "Mul", "Sub"]
+
+
 def test_shared_subexpression_is_one_node_and_graph_runs():
     x = kiln.symbol([2, 5], "float32")
     h = kiln.ops.relu(x)

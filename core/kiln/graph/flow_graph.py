@@ -138,22 +138,35 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     nodes, seen, found_inputs = [], set(), []
 
-    def visit(t: Tensor):
+    def enter(t: Tensor):
+        """The operator producing `t` where it is met for the first time, else None (an input
+        met for the first time is recorded)."""
         if t.trace is None:
             if t.is_symbolic and id(t) not in seen:
                 seen.add(id(t))
                 found_inputs.append(t)
-            return
+            return None
         op = t.trace[0]
         if id(op) in seen:
-            return
+            return None
         seen.add(id(op))
-        for x in op.inputs:
-            visit(x)
-        nodes.append(op)
+        return op
 
+    # depth first, each operator after its inputs', with a stack of its own: a graph is deeper
+    # than Python's recursion limit (a thousand operators in a chain)
     for t in outputs:
-        visit(t)
+        op = enter(t)
+        stack = [] if op is None else [(op, iter(op.inputs))]
+        while stack:
+            op, pending = stack[-1]
+            for x in pending:
+                child = enter(x)
+                if child is not None:
+                    stack.append((child, iter(child.inputs)))
+                    break
+            else:
+                stack.pop()
+                nodes.append(op)
     if inputs is None:
         inputs = found_inputs
     else:
