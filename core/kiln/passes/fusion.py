@@ -22,7 +22,8 @@ Which templates would schedule a task the pass asks its compile session
   whose statistics are outputs too, as training saves them; see `_Groups.fuse_row_reductions`);
   then prologues again, for producers whose readers the rows gathered into one group.
 
-A group never gets two anchors (but as one row task) and never a cycle through another group,
+A group never gets two anchors (but as one row task), never a cycle through another group, never
+the computation of the input of an operator that `compares_elements` (`kiln.graph.Traits`),
 and a node does not join a group whose anchor's best schedule template would take the anchor
 alone but not the group (templates read plain inputs and render epilogues through their hooks: see
 `kiln.codegen.hooks`); it may join another group instead (a chunk of a matmul's result, say,
