@@ -111,6 +111,28 @@ def same_addresses(tensors: list[torch.Tensor], addresses: list[int]) -> bool:
     return list(map(torch.Tensor.data_ptr, tensors)) == addresses
 
 
+def layout_check(examples: Sequence[torch.Tensor]) -> Callable[[Sequence], bool]:
+    """A check, run in C, that a sequence of tensors has the sizes, strides, dtypes and devices
+    of `examples`, one for one (dynamo's TensorGuards, which compare the dispatch keys too:
+    requires_grad and the like). It returns False, never raises, for anything else (other
+    lengths, objects that are not tensors), and always where this torch lacks TensorGuards:
+    the caller then checks in Python."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        guards = TensorGuards(*examples, dynamic_dims_sizes=[list(t.shape) for t in examples],
+                              dynamic_dims_strides=[list(t.stride()) for t in examples])
+    except Exception:
+        return lambda tensors: False
+    count = len(examples)
+
+    def check(tensors: Sequence) -> bool:
+        try:
+            return len(tensors) == count and guards.check(*tensors)
+        except Exception:
+            return False
+    return check
+
+
 class CapturedGraph:
     """A captured CUDA graph of `fn(inputs) -> list of torch tensors`. The graph keeps `fn`:
     the buffers it closes over (a workspace) are what the captured kernels read and write.
@@ -136,6 +158,7 @@ class CapturedGraph:
                 raise ValueError(f"a bound input must be contiguous: input {k} has strides "
                                  f"{example_inputs[k].stride()} for shape {list(example_inputs[k].shape)}")
         self._input_types = [(t.shape, t.dtype) for t in example_inputs]
+        self._same_layout = layout_check(example_inputs)
         buffers = buffers or {}
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
@@ -204,15 +227,20 @@ class CapturedGraph:
         replays leave alone; lent outputs as aliases), each passed through `wrap`. None, with
         nothing run, when the bound inputs are not at the memory the graph was captured on or
         the graph is `busy`."""
-        if len(inputs) != len(self._input_types):
-            raise ValueError(f"the captured graph takes {len(self._input_types)} inputs, got {len(inputs)}")
-        sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
-        for (shape, dtype), src in zip(self._input_types, sources):
-            if src.shape != shape or src.dtype != dtype:
-                raise ValueError(f"captured graph input expects {dtype}{list(shape)}, got "
-                                 f"{src.dtype}{list(src.shape)}")
-        if self.bound and not self.binds(sources):
-            return None
+        if self._same_layout(inputs):       # the examples' layouts: bound inputs are contiguous
+            sources = inputs
+            if self.bound and not same_addresses([inputs[k] for k in self.bound], self._bound_addresses):
+                return None
+        else:
+            if len(inputs) != len(self._input_types):
+                raise ValueError(f"the captured graph takes {len(self._input_types)} inputs, got {len(inputs)}")
+            sources = [src.torch() if hasattr(src, "torch") else src for src in inputs]
+            for (shape, dtype), src in zip(self._input_types, sources):
+                if src.shape != shape or src.dtype != dtype:
+                    raise ValueError(f"captured graph input expects {dtype}{list(shape)}, got "
+                                     f"{src.dtype}{list(src.shape)}")
+            if self.bound and not self.binds(sources):
+                return None
         order = self._order
         with order.lock:
             if self.busy():
