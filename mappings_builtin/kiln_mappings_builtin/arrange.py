@@ -2,7 +2,7 @@
 pixel_shuffle/unshuffle, channel_shuffle, atleast_*d, hstack/vstack/dstack/column_stack,
 block_diag, cartesian_prod, meshgrid, diag/diagonal/diag_embed/diagflat, eye, linspace,
 logspace, tril/triu_indices, unflatten, F.unfold (im2col) and F.fold (col2im, the operator `fold`),
-and the in-place fills zero_/fill_/copy_.
+and the in-place fills zero_/fill_/copy_ (and set_ of a like tensor).
 
 Creation functions without tensor arguments (eye, linspace, the triangle indices) build their
 values in PyTorch at trace time and enter the graph as constants.
@@ -276,6 +276,20 @@ def fill_(self, value):
     if is_tensor(value):
         return ops.cast(ops.broadcast_to(value, self.shape), self.dtype)
     return ops.full(self.shape, value, dtype=self.dtype, device=self.device)
+
+
+def _same_kind(self, source=None, *args, **kwargs) -> bool:
+    return (is_tensor(source) and not args and not kwargs and tuple(source.shape) == tuple(self.shape)
+            and source.dtype == self.dtype and source.device == self.device)
+
+
+@register_function(torch.Tensor.set_, check=_same_kind)
+@register_method("set_", check=_same_kind)
+def set_(self, source):
+    """`x.set_(y)` where y has x's shape, dtype and device: x's values become y's (dynamo's
+    `p.data = y`, which `module.to(dtype)` in a forward writes for each parameter). Another
+    shape or dtype would change x's own metadata, which is not mapped."""
+    return source
 
 
 @register_method("copy_", check=lambda self, src, non_blocking=False: is_tensor(src)

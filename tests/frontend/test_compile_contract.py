@@ -353,3 +353,53 @@ def test_buffers_the_model_changes_itself_do_not_retrace(monkeypatch):
             torch.testing.assert_close(compiled(x), eager(x))
     torch.testing.assert_close(model.calls, eager.calls)
     assert len(traces) == 1
+
+
+def _experts(x):
+    """Mixture-of-experts code before a graph break: a zero buffer the caller fills in place."""
+    return torch.zeros_like(x), torch.arange(4.0) * 2, x + 1
+
+
+def test_outputs_known_when_compiling_are_new_tensors_at_each_call():
+    """Before: a graph output Kiln knew when compiling (zeros, a range) was one tensor returned
+    by every call; Switch Transformers' experts add into their `torch.zeros_like` output after
+    a graph break, so every later layer started from the last one's sums (silently wrong)."""
+    compiled = torch.compile(_experts, backend="kiln")
+    x = torch.randn(3, 4)
+    zeros, steps, _ = compiled(x)
+    zeros.add_(5)
+    steps.mul_(0)
+    again, steps_again, _ = compiled(x)
+    assert torch.equal(again, torch.zeros(3, 4)) and torch.equal(steps_again, torch.arange(4.0) * 2)
+    assert again.data_ptr() != zeros.data_ptr()
+
+
+def test_parameters_returned_are_the_callers_own():
+    """A parameter the graph returns is handed out as itself, as eager does (not a copy)."""
+    lin = nn.Linear(3, 2)
+    weight = torch.compile(lambda x: (lin.weight, lin(x)), backend="kiln")(torch.randn(4, 3))[0]
+    assert weight.data_ptr() == lin.weight.data_ptr()
+
+
+class _RouterToItsDtype(nn.Module):
+    """Switch Transformers' router: `self.classifier = self.classifier.to(self.dtype)` in the
+    forward, which dynamo records as `Tensor.set_` of each parameter and a version-counter
+    helper."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(torch.float32)
+        return self.classifier(x).softmax(-1)
+
+
+def test_module_to_its_own_dtype_in_forward_compiles():
+    """Before: unmapped (`torch.Tensor.set_`, `_lower_version_count_by_1`)."""
+    torch.manual_seed(0)
+    model, x = _RouterToItsDtype(), torch.randn(5, 4)
+    with torch.no_grad():
+        got = torch.compile(model, backend="kiln", fullgraph=True)(x)
+        torch.testing.assert_close(got, model(x))
+    assert model.classifier.weight.dtype == torch.float32

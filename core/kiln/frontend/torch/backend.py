@@ -552,6 +552,12 @@ class CompiledRun:
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
         self.flat_tensors = (type(self.structure) in (tuple, list) and not self.writeback and
                              all(isinstance(v, Output) for v in self.structure))
+        # outputs in memory the graph holds from call to call (a value known when compiling,
+        # zeros or a range, or a view of one) are copied at each call, as eager makes them anew:
+        # a caller writing into one would change later calls' results (the caller's own
+        # constants, parameters, are handed out as they are, as eager does)
+        theirs = {t.untyped_storage().data_ptr() for t in self.constants.values()}
+        self.held_outputs = [k for k, slot in enumerate(compiled.outputs) if _held(compiled, slot, theirs)]
         self.captures: OrderedDict | None = None
         # a graph whose steps all have no elements launches nothing: no CUDA graph to capture
         if cuda_examples is not None and any(compiled.buffers[s].nbytes
@@ -633,6 +639,8 @@ class CompiledRun:
         outs = self._replay(inputs) if self.captures is not None else None
         if outs is None:
             outs = self.compiled.run(inputs)
+            for k in self.held_outputs:
+                outs[k] = outs[k].clone()
             if self.writeback:
                 changed, outs = outs[-len(self.writeback):], outs[:-len(self.writeback)]
                 # an output that is an input written back (`old = x.clone()` before `x.add_(1)`,
@@ -647,6 +655,15 @@ class CompiledRun:
             return type(self.structure)(outs)
         outs = iter(outs)
         return map_aggregate(self.structure, lambda v: next(outs) if isinstance(v, Output) else v)
+
+
+def _held(compiled: CompiledGraph, slot: int, theirs: set[int]) -> bool:
+    """Whether output `slot` of `compiled` is (a view of) a constant the graph holds itself: one
+    whose memory is none of the caller's constants' (`theirs`, their storages' addresses)."""
+    while slot in compiled.views:
+        slot = compiled.views[slot]
+    held = compiled.constants.get(slot)
+    return held is not None and held.untyped_storage().data_ptr() not in theirs
 
 
 def _leaves_from(structure, first: int | None) -> list[int]:

@@ -62,6 +62,13 @@ NO_EFFECT_CALLS = frozenset({
 })
 """Calls that never change a value: the interpreter drops them and they are never unmapped."""
 
+
+def _no_effect(target) -> bool:
+    """A call in NO_EFFECT_CALLS, or dynamo's helper that lowers a tensor's version counter
+    after `p.data = ...` (a function made anew at each trace)."""
+    return target in NO_EFFECT_CALLS or (getattr(target, "__name__", None) == "_lower_version_count_by_1"
+                                         and getattr(target, "__module__", "").startswith("torch._dynamo"))
+
 SHAPE_FUNCTIONS = frozenset({
     torch.Size, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not,
     torch.sym_ite, torch.sym_sum, torch._sym_sqrt, torch._check, torch._check_is_size,
@@ -153,12 +160,18 @@ def _python_function(target) -> bool:
 
 def mutates(node: Node) -> bool:
     """Whether the node changes its first argument in place (`add_`, `+=`, `inplace=True`,
-    `x[i] = v`)."""
+    `x[i] = v`, `torch.Tensor.set_(x, y)` as dynamo writes `p.data = y`)."""
     if node.op == "call_method":
-        return node.target.endswith("_") and not node.target.endswith("__")
+        return _in_place_name(node.target)
     return node.op == "call_function" and (node.target in _INPLACE_OPERATORS or
                                            node.target is operator.setitem or
-                                           node.kwargs.get("inplace") is True)
+                                           node.kwargs.get("inplace") is True or
+                                           (getattr(node.target, "__objclass__", None) is torch._C.TensorBase
+                                            and _in_place_name(node.target.__name__)))
+
+
+def _in_place_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _expected_meta(node: Node):
@@ -205,15 +218,14 @@ class Interpreter:
         return (METHOD if node.op == "call_method" else FUNCTION), node.target
 
     def _method_targets(self, name: str) -> list[str]:
-        inplace = name.endswith("_") and not name.endswith("__")
-        return [name, name[:-1]] if inplace else [name]
+        return [name, name[:-1]] if _in_place_name(name) else [name]
 
     def is_mapped(self, node: Node) -> bool:
         """Whether a rule (or plain Python, for operator/math/builtins on non-tensors) handles it."""
         if node.op not in ("call_function", "call_method", "call_module"):
             return True
         kind, target = self.kind_and_target(node)
-        if kind == FUNCTION and (target in NO_EFFECT_CALLS or target in SHAPE_FUNCTIONS or
+        if kind == FUNCTION and (_no_effect(target) or target in SHAPE_FUNCTIONS or
                                  target in _SIZE_QUERIES or target in REGION_CALLS):
             return True
         if kind == METHOD:
@@ -322,7 +334,7 @@ class Interpreter:
         kind, target = self.kind_and_target(node)
         if kind == MODULE:
             return self._call_module(node, args, kwargs)
-        if kind == FUNCTION and target in NO_EFFECT_CALLS:
+        if kind == FUNCTION and _no_effect(target):
             return None
         if kind == FUNCTION and target in REGION_CALLS:
             return self._autocast.call(target, args)
