@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.frontend.test_aten_lowering import batched_dot, scores
+
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
 DEVICE = "cuda"
@@ -52,16 +54,8 @@ def test_one_mask_and_one_value_written_through_a_view(fn, shape, dtype):
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def _scores(q, k):
-    return (q @ k.transpose(-1, -2)) / np.sqrt(k.shape[-1])
-
-
-def _batched_dot(x, y):
-    return torch.vmap(lambda a, b: (a * b).sum(-1) + a.amax())(x, y)
-
-
-@pytest.mark.parametrize("fn, shapes", [(_scores, [(2, 3, 5, 8), (2, 3, 7, 8)]),
-                                        (_batched_dot, [(4, 6, 9), (4, 6, 9)])], ids=["numpy", "vmap"])
+@pytest.mark.parametrize("fn, shapes", [(scores, [(2, 3, 5, 8), (2, 3, 7, 8)]),
+                                        (batched_dot, [(4, 6, 9), (4, 6, 9)])], ids=["numpy", "vmap"])
 def test_graphs_lowered_through_aotautograd(fn, shapes):
     inputs = [torch.randn(s, device=DEVICE) for s in shapes]
     with torch.no_grad():
