@@ -5,7 +5,8 @@ The issue-12 shapes: (batch 8, 12 heads, seq 128, dim 64); (1, 32, 2048, 128, ca
 (4, 32 query heads / 8 KV heads, 4096, 128, causal); decoding (8, 32 / 8 heads, 1 query, 4096
 keys, 128); long sequences at head dims 64 and 96; and more decoding (`attention_decode`'s
 shapes): multi-head, 16 queries (speculative decoding), a 16k-key cache at head dim 64; the
-models' own: ViT-B/16's 197 tokens and GPT-2's causal 1024. Each side
+models' own: ViT-B/16's 197 tokens, GPT-2's causal 1024 and the Llama-style 1B's causal 512
+(32 query heads on 8 KV heads, batch 1). Each side
 runs as a CUDA graph of REPS calls (launch gaps out of the numbers), timed with CUDA events,
 median of several replays (`gemm_bench`'s timing). `--sweep` also times every knob setting of
 the template's tuning level 2; `--shapes` picks shapes by name, `--template` times another
@@ -39,6 +40,7 @@ SHAPES = [  # name, batch, query heads, kv heads, Lq, Lk, dim, causal
     ("decode-d64-16k", 4, 16, 4, 1, 16384, 64, False),
     ("vit", 8, 12, 12, 197, 197, 64, False),              # ViT-B/16: just past one key tile
     ("gpt2-1k", 1, 12, 12, 1024, 1024, 64, True),
+    ("llama-512", 1, 32, 8, 512, 512, 64, True),          # the Llama-style 1B's batch-1 prefill (issue 31)
 ]
 
 

@@ -44,6 +44,16 @@ def test_kernels_that_wait_themselves_get_no_second_wait():
         "{ kiln_wait_prior_grids();") == 2    # a name the source does not spell changes nothing
 
 
+def test_streaming_kernels_release_the_next_one_whatever_their_grid():
+    """The helper lets the next kernel launch early only in grids of at most one block per
+    multiprocessor, or where the kernel asks with `release` (the runtime's wait in `streaming`
+    kernels)."""
+    source = dependent_launch.with_prior_grid_wait(MACRO_KERNELS, streaming=("plain",))
+    assert "float* b) { kiln_wait_prior_grids(true);\n    b[threadIdx.x]" in source
+    assert source.count("{ kiln_wait_prior_grids();") == 1            # the macro's kernels: by their grid
+    assert "if (release || gridDim.x * gridDim.y * gridDim.z <= sms)" in dependent_launch.WAIT_HELPER
+
+
 @needs_nvrtc
 def test_a_gemv_that_prefetches_before_it_waits_compiles(monkeypatch):
     """gemv and gemv_tc with PREFETCH: the kernel waits itself (the helper defined by the
@@ -61,8 +71,9 @@ def test_a_gemv_that_prefetches_before_it_waits_compiles(monkeypatch):
             monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", setting)
             source = rt.launch_source(program, "sm_90")
             inserted = len(program.kernel_names) - 1 if setting == "1" else 0      # the split-K sum's
-            assert source.count("{ kiln_wait_prior_grids();") == inserted
-            assert source.count("kiln_wait_prior_grids();") == inserted + 1       # and the template's own
+            # streaming kernels: the next kernel launches right after their wait, whatever their grid
+            assert source.count("{ kiln_wait_prior_grids(true);") == inserted
+            assert source.count("kiln_wait_prior_grids(true);") == inserted + 1    # and the template's own
             jobs += [(source, kernel, "sm_90"), (rt.launch_source(program, "sm_80"), kernel, "sm_80")]
     rt.compile_many(jobs)
 

@@ -12,18 +12,22 @@ from kiln.dtypes import DataType
 
 PRIOR_GRIDS = r"""#ifndef KILN_PRIOR_GRIDS
 #define KILN_PRIOR_GRIDS
-static __device__ __forceinline__ void kiln_wait_prior_grids() {
+static __device__ __forceinline__ void kiln_wait_prior_grids(bool release = false) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
+    unsigned sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    if (release || gridDim.x * gridDim.y * gridDim.z <= sms) asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
 #endif
 """
-"""`kiln_wait_prior_grids()`: wait until the grids launched before this one have completed and
-their memory is visible, then let the next kernel launch (`kiln.runtime.dependent_launch`);
-compiled out below sm_90, and returns at once in a kernel not launched as a dependent. A
-template calls it itself only for kernels its program names in `CudaProgram.waiting`."""
+"""`kiln_wait_prior_grids(release = false)`: wait until the grids launched before this one have
+completed and their memory is visible, then, with `release` or in a grid of at most one block
+per multiprocessor, let the next kernel launch (`kiln.runtime.dependent_launch` tells why not
+otherwise); compiled out below sm_90, and returns at once in a kernel not launched as a
+dependent. A template calls it itself only for kernels its program names in
+`CudaProgram.waiting`."""
 
 PREFETCH_L2 = r"""
 static __device__ __forceinline__ void kiln_prefetch_l2(const void* p) {

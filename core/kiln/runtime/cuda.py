@@ -97,7 +97,9 @@ class CudaProgram:
     `waiting` names kernels that wait for the grids before them themselves
     (`kiln.codegen.ptx.PRIOR_GRIDS`), after work that touches no global memory (L2 prefetches of
     their weights), where the runtime would otherwise make that wait their first statement
-    (`kiln.runtime.dependent_launch`)."""
+    (`kiln.runtime.dependent_launch`). `streaming` names kernels that let the next kernel launch
+    right after their wait whatever their grid (memory-bound ones followed by memory-bound ones:
+    see `kiln.runtime.dependent_launch`)."""
 
     source: str
     launches: list[Launch]
@@ -107,6 +109,7 @@ class CudaProgram:
     alignment: int = 1       # bytes every input and output pointer must be a multiple of
     sizes: tuple[int, ...] = ()
     waiting: tuple[str, ...] = ()
+    streaming: tuple[str, ...] = ()
 
     @property
     def kernel_names(self) -> list[str]:
@@ -115,7 +118,7 @@ class CudaProgram:
     def key(self) -> tuple:
         """What identifies the loaded program in the runtime's in-memory cache."""
         return (self.source, tuple(self.launches), tuple(self.temporaries), self.arch_suffix, self.alignment,
-                self.sizes, self.waiting)
+                self.sizes, self.waiting, self.streaming)
 
     def arch_for(self, device_arch: str) -> str:
         """The NVRTC architecture to build for on a device of `device_arch` ('sm_90')."""
@@ -245,7 +248,7 @@ def launch_source(program: CudaProgram, arch: str) -> str:
     kernel waiting for the grids before it where they launch as programmatic dependents
     (`kiln.runtime.dependent_launch`)."""
     if dependent_launch.enabled(arch_number(arch)):
-        return dependent_launch.with_prior_grid_wait(program.source, program.waiting)
+        return dependent_launch.with_prior_grid_wait(program.source, program.waiting, program.streaming)
     return program.source
 
 

@@ -172,7 +172,8 @@ def render(task, **knobs) -> CudaProgram:
     blocks = int(k.SPLIT * row_blocks * (a.batch_count // a.group))
     launches.insert(0, Launch("kiln_attention_decode", args, (k.NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=k.smem_bytes(a.D)))
-    return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values)
+    return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values,
+                       streaming=tuple(launch.kernel for launch in launches))
 
 
 TEMPLATE = Template("attention_decode", ("attention",), "cuda", render, priority=20, applies=applies,

@@ -167,14 +167,15 @@ def applies(task) -> bool:
 
 
 def suggest(task, sm_count: int) -> list[dict]:
-    """128 queries on two consumers, or 64 on one where 128-query blocks would not fill the GPU;
+    """128 queries on two consumers, or 64 on one where 128-query blocks would fill less than
+    three quarters of the GPU's multiprocessors;
     176-key tiles for long keys at head dim 128 without causal edge or mask (FlashAttention-3's
     choice; with either, the index arithmetic of the edges spills at 176), else 128; two
     stages; then level 1. Symbolic sizes count as their bucket (`split_k.bucket`),
     so that the lengths of a bucket share one source."""
     a = match_attention(task)
     Lq, Lk, batch = (bucket(x) for x in (a.Lq, a.Lk, a.batch_count))
-    cw = 2 if -(-Lq // 128) * batch >= sm_count else 1
+    cw = 2 if 4 * -(-Lq // 128) * batch >= 3 * sm_count else 1
     bn = 176 if padded(a.D) == 128 and not a.causal and a.mask is None and Lk >= 1024 else 128
     first = AttentionSm90Knobs(BN=bn, CW=cw)
     return [k.as_dict() for k in [first] + [k for k in AttentionSm90Knobs.space(1) if k != first]]

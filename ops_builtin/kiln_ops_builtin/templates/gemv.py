@@ -140,7 +140,8 @@ def stream_program(c: Contraction, name: str, device: str, kernel: str, steps: i
     device code file `device` and the PTX `wrappers` it needs): blocks of `warps` warps, each
     block owning `columns` of the N columns, K in `steps` steps split `split` ways over blocks
     (`split_k`); with `prefetch`, the kernel waits for the kernels ahead of it itself
-    (`CudaProgram.waiting`, see the module doc)."""
+    (`CudaProgram.waiting`, see the module doc). Its kernels (and split-K's sum) are `streaming`: the
+    next kernel launches right after their wait (`kiln.runtime.dependent_launch`)."""
     args, temporaries = tuple(c.args.split(", ")), []
     sk = split_k.plan(split, c.M, c.N, steps, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
@@ -148,7 +149,7 @@ def stream_program(c: Contraction, name: str, device: str, kernel: str, steps: i
     source = template_source([device_code(__package__, device), sk.stores, kernel, sk.source], defines, c.epilogue,
                              (*wrappers, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
-                       waiting=(name,) if prefetch else ())
+                       waiting=(name,) if prefetch else (), streaming=(name, *(l.kernel for l in sk.launches)))
 
 
 def render(task, **knobs) -> CudaProgram:

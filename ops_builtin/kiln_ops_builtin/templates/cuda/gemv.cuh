@@ -74,7 +74,7 @@ static __device__ __forceinline__ void run(const typename Elem::storage* a, cons
                 const int c = c0 + i * 32 * KWarps;
                 if (c < c1 && n0 + r < p.n) kiln_prefetch_l2(b + (n0 + r) * p.b_stride + (int64_t)c * vec);
             }
-        kiln_wait_prior_grids();
+        kiln_wait_prior_grids(true);
     }
     float acc[Rows][Cols];
 #pragma unroll

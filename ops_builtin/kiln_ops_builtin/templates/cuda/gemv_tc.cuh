@@ -76,7 +76,7 @@ static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b,
                 if (has1) kiln_prefetch_l2(b1 + k0);
             }
         }
-        kiln_wait_prior_grids();
+        kiln_wait_prior_grids(true);
     }
     for (int64_t q = q0; q < q1; q += UNROLL * KWarps) {
         uint4 w0[UNROLL], w1[UNROLL], x[UNROLL][Tiles];
