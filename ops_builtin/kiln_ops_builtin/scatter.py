@@ -12,6 +12,9 @@ CPU, a trap on CUDA) instead of matching nothing.
 A `Scattered` describes each scatter from both sides: the candidates of an output element for
 these compute definitions, and where each source element goes, for schedules that add every
 source into its target once (`reduction`; the CUDA template `scatter_atomic`).
+
+Each reads x only at the output element's own index (`own`), and declares `Traits(in_place="x")`:
+where x is an intermediate nothing reads afterwards, the result takes its buffer.
 """
 from __future__ import annotations
 
@@ -166,7 +169,7 @@ def _scatter_update(x, dim, index, src):
     return _update(x, _along_dim("scatter", x, dim, index, src))
 
 
-@operator("scatter", traits=Traits(updates=_scatter_update))
+@operator("scatter", traits=Traits(updates=_scatter_update, in_place="x"))
 def scatter(x, dim, index, src):
     """x with src[j] (a tensor, or one Python scalar) written at x[j with dim replaced by index[j]]."""
     return _gathered(x, _along_dim("scatter", x, dim, index, src), "last")
@@ -178,7 +181,7 @@ def _scatter_reduce(x, dim, index, src, reduce, include_self=True):
     return _along_dim("scatter_reduce", x, dim, index, src), reduce, include_self
 
 
-@operator("scatter_reduce")
+@operator("scatter_reduce", traits=Traits(in_place="x"))
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     """x with src[j] combined into x[j with dim replaced by index[j]] by `reduce` ('sum', 'prod',
     'mean', 'amax' or 'amin'); without `include_self` x's own value joins only untouched elements."""
@@ -189,7 +192,7 @@ def _scatter_add(x, dim, index, src):
     return _along_dim("scatter_add", x, dim, index, src), "sum", True
 
 
-@operator("scatter_add")
+@operator("scatter_add", traits=Traits(in_place="x"))
 def scatter_add(x, dim, index, src):
     """x with src[j] added into x[j with dim replaced by index[j]]."""
     return _gathered(x, *_scatter_add(x, dim, index, src))
@@ -229,7 +232,7 @@ def _index_add(x, dim, index, source, alpha=1):
     return _index_along("index_add", x, dim, index, source).scaled(alpha), "sum", True
 
 
-@operator("index_add")
+@operator("index_add", traits=Traits(in_place="x"))
 def index_add(x, dim, index, source, alpha=1):
     """x with alpha * source[.., j, ..] added into x[.., index[j], ..] along `dim`."""
     return _gathered(x, *_index_add(x, dim, index, source, alpha))
@@ -239,13 +242,13 @@ def _index_copy_update(x, dim, index, source):
     return _update(x, _index_along("index_copy", x, dim, index, source))
 
 
-@operator("index_copy", traits=Traits(updates=_index_copy_update))
+@operator("index_copy", traits=Traits(updates=_index_copy_update, in_place="x"))
 def index_copy(x, dim, index, source):
     """x with source[.., j, ..] written at x[.., index[j], ..] along `dim`."""
     return _gathered(x, _index_along("index_copy", x, dim, index, source), "last")
 
 
-@operator("index_fill")
+@operator("index_fill", traits=Traits(in_place="x"))
 def index_fill(x, dim, index, value):
     """x with every slice x[.., index[j], ..] along `dim` set to `value` (a Python scalar or a
     0-d tensor)."""
@@ -292,7 +295,7 @@ def _index_put_update(x, indices, values, accumulate=False):
     return _update(x, scattered) if how == "last" else None
 
 
-@operator("index_put", traits=Traits(updates=_index_put_update))
+@operator("index_put", traits=Traits(updates=_index_put_update, in_place="x"))
 def index_put(x, indices, values, accumulate=False):
     """x with `values` written (or added, with `accumulate`) at the positions the integer index
     tensors `indices` give for x's leading dims; indices broadcast together, values broadcast
@@ -327,7 +330,7 @@ def _index_reduce(x, dim, index, source, reduce, include_self=True):
     return _index_along("index_reduce", x, dim, index, source), reduce, include_self
 
 
-@operator("index_reduce")
+@operator("index_reduce", traits=Traits(in_place="x"))
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     """x with source[.., j, ..] combined into x[.., index[j], ..] along `dim` by `reduce`
     ('prod', 'mean', 'amax' or 'amin')."""

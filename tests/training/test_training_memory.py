@@ -10,6 +10,7 @@ from torch import nn
 
 from kiln.frontend.torch import KilnFunction
 from kiln.frontend.torch.memory import graph_memory
+from kiln.passes import PassContext
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -166,3 +167,65 @@ def test_a_capture_holds_what_it_copies_in_and_out_in_its_workspace():
     assert m.captured_workspace < m.workspace + m.copied_in + m.copied_out, m
     assert m.captured_workspace == m.workspace, m
 
+
+
+class TiedLM(nn.Module):
+    """An embedding whose table is also the LM head (GPT-2's): the backward adds the
+    embedding's scattered gradient to the head's."""
+
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.embed, self.hidden = nn.Embedding(vocab, dim), nn.Linear(dim, dim)
+
+    def forward(self, ids):
+        return (torch.tanh(self.hidden(self.embed(ids))) @ self.embed.weight.t()).square().mean()
+
+
+class EmbedOnly(nn.Module):
+    """An embedding and a linear layer: the scattered gradient is the backward's output."""
+
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.embed, self.hidden = nn.Embedding(vocab, dim), nn.Linear(dim, dim)
+
+    def forward(self, ids):
+        return torch.tanh(self.hidden(self.embed(ids))).square().mean()
+
+
+def _backward_memory(model, ids):
+    """The loss and gradients of a compiled step and its backward's GraphMemory, compiled as
+    on a GPU: there the scatter template takes the index_put alone, and the zero fill is a node
+    of its own (on the CPU, fusion would compute the fill inside the scatter's kernel)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
+    got = {}
+    with PassContext(disabled_passes={"fuse_operators"}):
+        _, backward = compiled_memory(lambda: got.update(result=loss_and_grads(compiled, ids)))
+    return got["result"], backward
+
+
+@pytest.mark.parametrize("model_class", [EmbedOnly, TiedLM])
+def test_the_embedding_gradient_is_scattered_into_its_zero_fill(model_class, monkeypatch):
+    """Issue 32: GPT-2's backward on a GPU held the float32 embedding gradient twice, the zero
+    fill (Full) and the index_put(accumulate=True) result scattered from it (154 MB each for a
+    50257 x 768 table), where eager scatters into one zeroed tensor. index_put declares
+    `Traits(in_place="x")`, and its result now takes the fill's buffer: the backward's
+    workspace is smaller by the gradient's bytes, whether the gradient is the backward's
+    output (an untied embedding) or is added to the LM head's (tied, as GPT-2). Repeated
+    indices: the accumulation matters."""
+    import kiln.graph.compile as compile_module
+    vocab, dim = 2000, 32
+    grad_bytes = vocab * dim * 4
+    torch.manual_seed(0)
+    model = model_class(vocab, dim)
+    ids = torch.randint(0, 40, (2, 8))
+    assert ids.unique().numel() < ids.numel()
+    (loss, grads), after = _backward_memory(model, ids)
+    want_loss, want_grads = loss_and_grads(model, ids)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads, want_grads, rtol=1e-4, atol=1e-6)
+    monkeypatch.setattr(compile_module, "in_place_input", lambda *args: None)
+    (loss, grads), before = _backward_memory(model, ids)
+    torch.testing.assert_close(grads, want_grads, rtol=1e-4, atol=1e-6)
+    assert before.workspace - after.workspace == grad_bytes, (before, after)
+    assert before.outputs == after.outputs

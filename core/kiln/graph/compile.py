@@ -5,7 +5,9 @@ operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the Compile
 kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
 reads). A StoreRows node (in-place updates, `kiln.graph.in_place`) writes into its inputs'
-buffers: each output takes its input's slot. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
+buffers: each output takes its input's slot. A node of an operator declaring the trait
+`in_place` (`kiln.graph.Traits`) takes the slot of that argument where nothing reads it
+afterwards (`in_place_input`): a scatter into a zero fill updates the fill. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kiln.graph.in_place import is_store
 from kiln.graph.operator import Operator, compiled_task
 from kiln.ir import Compute, Const, Load
+from kiln.ir.expr import walk
 from kiln.runtime.backend import DeviceKernel
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, ViewKernel
 from kiln.runtime.plan import Plan
@@ -48,6 +51,57 @@ def copies_input(task) -> bool:
                     for i, axis in zip(value.indices, out.axes)))
 
 
+def in_place_input(graph, step: int, last_read: dict[int, int], aliased: set[int]) -> int | None:
+    """The position of the input of `node` (`graph.nodes[step]`) whose buffer its output may
+    take, or None. It may where `node` is a plain node (not a fused group) of an operator
+    declaring `Traits.in_place`, whose one output has that argument's shape, dtype and device;
+    its task loads the argument only at the output's own index (`loads_own_elements`); and the
+    argument is an intermediate of `graph` (computed by a node, not by a store into an input;
+    not a graph output) that `node` reads once, that no node after `node` reads (`last_read`:
+    by tensor id, the position in `graph.nodes` of the last node reading it) and whose memory
+    no view shares (`aliased`: the ids of the tensors that are views or have views). Which
+    memory is that argument's is the compiled graph's business: `compile_graph` also declines
+    an argument whose slot is an input's or a constant's."""
+    node = graph.nodes[step]
+    name = node.definition.traits.in_place if type(node) is Operator else None
+    if name is None or len(node.outputs) != 1:
+        return None
+    position = next((k for k, spec in enumerate(node.task.inputs) if spec.name == name), None)
+    if position is None or position >= len(node.inputs):
+        return None
+    t, out = node.inputs[position], node.outputs[0]
+    if (tuple(t.shape) != tuple(out.shape) or t.dtype != out.dtype or t.device != out.device
+            or t.trace is None or is_store(t.trace[0])):
+        return None
+    if (last_read[id(t)] != step or id(t) in aliased or sum(x is t for x in node.inputs) != 1
+            or any(x is t for x in graph.outputs)):
+        return None
+    return position if loads_own_elements(node.task, position) else None
+
+
+def loads_own_elements(task, position: int) -> bool:
+    """Whether `task`'s one output, a compute, loads its input at `position` only at its own
+    element (the output's index: `x[p]` for output element p), and no other compute of the task
+    loads that input: element p of the result may then overwrite the input's element p."""
+    if len(task.outputs) != 1 or not isinstance(task.outputs[0], Compute):
+        return False
+    out, x = task.outputs[0], task.inputs[position]
+    seen, stack = set(), [out]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not isinstance(node, Compute):
+            continue
+        seen.add(id(node))
+        for e in walk(node.value):
+            if not isinstance(e, Load):
+                continue
+            if e.tensor is x and (node is not out or len(e.indices) != len(out.axes)
+                                  or any(i is not axis for i, axis in zip(e.indices, out.axes))):
+                return False
+            stack.append(e.tensor)
+    return True
+
+
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
     """The built kernel of each node of `graph` (a FlowGraph), in node order, built by `workers`
     threads (ThreadPoolExecutor's default number when None) with `settings`
@@ -64,8 +118,19 @@ def build_kernels(graph, workers: int | None = None, settings=None) -> list:
 
 def compile_graph(graph, settings=None) -> CompiledGraph:
     """`graph` (a FlowGraph: `FlowGraph.compile` calls this) as a CompiledGraph: its inputs,
-    constants, outputs and intermediates as buffer slots, its nodes as steps in order, its
-    kernels built with `settings` (see `build_kernels`); its `plan` says all that as data."""
+    constants, outputs and intermediates as buffer slots, its nodes as steps in order
+    (`graph_slots`), its kernels built with `settings` (see `build_kernels`); its `plan` says
+    all that as data."""
+    steps, buffers, inputs, outputs, constants = graph_slots(graph)
+    kernels = build_kernels(graph, settings=settings)
+    plan = Plan([(k.program, k.device) for k in kernels], steps, buffers, inputs, outputs, constants)
+    return plan.assemble(kernels)
+
+
+def graph_slots(graph) -> tuple[list, list[Buffer], list[int], list[int], dict]:
+    """The buffer slots of `graph`'s tensors, without building anything: each node's (input
+    slots, output slots) in order, the slots' `Buffer`s, the input slots, the output slots and
+    the constants by slot."""
     slots: dict[int, int] = {}
     buffers: list[Buffer] = []
     constants = {}
@@ -86,9 +151,18 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
 
     inputs = [new_slot(t) for t in graph.inputs]
     steps = []
-    for node in graph.nodes:
+    # for `in_place_input`: the last node reading each tensor, and the tensors whose memory a
+    # view shares
+    last_read = {id(t): k for k, node in enumerate(graph.nodes) for t in node.inputs}
+    aliased = {id(t) for node in graph.nodes if is_view(node, graph) for t in (*node.inputs, *node.outputs)}
+    for k, node in enumerate(graph.nodes):
         ins = tuple(existing(t) for t in node.inputs)
-        if is_store(node):
+        updated = in_place_input(graph, k, last_read, aliased)
+        if updated is not None and ins[updated] not in inputs and ins[updated] not in constants:
+            # the output updates its argument's buffer (Traits.in_place)
+            slots[id(node.outputs[0])] = ins[updated]
+            steps.append((ins, (ins[updated],)))
+        elif is_store(node):
             # in-place updates (kiln.passes.in_place): each output is its input's buffer
             stored = ins[:len(node.outputs)]
             if not set(stored) <= set(inputs):
@@ -98,6 +172,4 @@ def compile_graph(graph, settings=None) -> CompiledGraph:
         else:
             steps.append((ins, tuple(new_slot(t) for t in node.outputs)))
     outputs = [existing(t) for t in graph.outputs]
-    kernels = build_kernels(graph, settings=settings)
-    plan = Plan([(k.program, k.device) for k in kernels], steps, buffers, inputs, outputs, constants)
-    return plan.assemble(kernels)
+    return steps, buffers, inputs, outputs, constants

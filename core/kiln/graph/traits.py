@@ -113,6 +113,18 @@ class Traits:
     (one that accumulates). Where such a result is written back into a graph input that nothing
     reads afterwards, the graph updates that input in place, writing only those elements
     (`kiln.passes.in_place`)."""
+    in_place: str | None = None
+    """The name of a tensor argument whose memory the result may take: the result has that
+    argument's shape and dtype, and every kernel computing it (the definition's, and those of
+    the templates taking its task) reads that argument's element p only where it computes the
+    result's element p, before writing it, and reads it through no other argument (a scatter
+    that starts from `x` and adds the sources into it: read x[p], write out[p], then combine;
+    as a separate launch, or within each element). Where that argument is an intermediate that
+    nothing reads after the node (no other node, no view, not a graph output), the compiled
+    graph gives the result the argument's buffer (`kiln.graph.compile.in_place_input`): an
+    embedding's gradient is scattered into its zero fill rather than into a second buffer of
+    the table's size. The core checks the definition's side (its compute loads the argument at
+    the result's own index only); a template taking the task must keep the promise itself."""
 
     def __post_init__(self):
         if isinstance(self.tf32, bool):

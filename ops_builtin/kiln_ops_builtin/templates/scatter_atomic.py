@@ -20,6 +20,12 @@ means and round 16-bit accumulators into the output. The order in which sources 
 fixed, so float sums and means may differ from the definitions' in the last bits, as
 PyTorch's CUDA scatters do.
 
+The operators declare `Traits(in_place="x")`, and the compiled graph may give the output x's
+own buffer (an embedding's gradient scattered into its zero fill): the kernels keep that
+promise, since x is read only by the initializing launch, element p where it writes
+accumulator (or output) element p, and the launches after it (which combine, divide, round)
+never read x.
+
 Takes the operators' own tasks (`own_task`) of x of float32, float64, float16, bfloat16, int32
 and int64; 8- and 16-bit integers, bool and 0-d x keep the gathering definitions.
 
