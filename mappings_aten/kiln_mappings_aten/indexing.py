@@ -6,6 +6,7 @@ import torch
 
 from kiln import dtypes, ops
 from kiln.frontend.torch import register_function
+from kiln_mappings_builtin import scatter
 
 from kiln_mappings_aten.common import aten, same_signature
 
@@ -70,6 +71,17 @@ def masked_put(x, indices, values, accumulate=False):
     mask = ops.reshape(mask, tuple(mask.shape) + (1,) * (x.ndim - mask.ndim))
     value = ops.cast(ops.reshape(values, ()), x.dtype)
     return ops.where(mask, ops.add(x, value) if accumulate else value, x)
+
+
+def _masked_rows_checked(x, indices, values, accumulate=False) -> bool:
+    return _one_mask(indices) and values.numel() != 1
+
+
+@register_function(aten.index_put.default, check=_masked_rows_checked)
+def masked_put_rows(x, indices, values, accumulate=False):
+    """`x[mask] = values` with one value or row per selected position, or none (VITS): the
+    torch-level rule, which checks that the mask selects as many."""
+    return scatter.index_put_mask(x, indices, values, accumulate)
 
 
 @register_function(aten.index_put.default, check=_index_put_checked)

@@ -1,4 +1,4 @@
-"""ATen reductions: sums, means, extremes, logical reductions and variance, over dim lists
+"""ATen reductions: sums, products, means, extremes, logical reductions and variance, over dim lists
 (an empty list meaning every dim, as in ATen); sort and topk; histc (the torch-level rule's)."""
 from kiln import ops
 from kiln.frontend.torch import register_function
@@ -15,6 +15,16 @@ def sum_(x, dim, keepdim=False, dtype=None):
 @register_function(aten.sum.default)
 def sum_all(x, dtype=None):
     return ops.sum(x, None, False, dtype)
+
+
+@register_function(aten.prod.dim_int)
+def prod(x, dim, keepdim=False, dtype=None):
+    return ops.prod(x, dim, keepdim, dtype)
+
+
+@register_function(aten.prod.default)
+def prod_all(x, dtype=None):
+    return ops.prod(x, None, False, dtype)
 
 
 @register_function(aten.cumsum.default)

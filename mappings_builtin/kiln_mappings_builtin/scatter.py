@@ -86,10 +86,11 @@ def _one_mask(input, indices, values, accumulate=False) -> bool:
 @register_method("index_put", check=_one_mask)
 def index_put_mask(input, indices, values, accumulate=False):
     """x[mask] = values (or +=): one value (or row) for every selected position, or one per
-    selected position in row-major order."""
-    mask = indices[0]
-    rest = input.ndim - mask.ndim
-    mask = ops.broadcast_to(ops.reshape(mask, tuple(mask.shape) + (1,) * rest), input.shape)
+    selected position in row-major order; the kernel checks that the mask selects as many as
+    there are (none for empty `values`), failing where eager raises."""
+    selects = indices[0]
+    rest = input.ndim - selects.ndim
+    mask = ops.broadcast_to(ops.reshape(selects, tuple(selects.shape) + (1,) * rest), input.shape)
     values = ops.cast(values, input.dtype) if is_tensor(values) else values
     base = ops.full(input.shape, 0, dtype=input.dtype, device=input.device) if accumulate else input
     if not is_tensor(values) or values.ndim <= rest or values.shape[0] == 1:
@@ -97,16 +98,21 @@ def index_put_mask(input, indices, values, accumulate=False):
             values = ops.reshape(values, tuple(values.shape[1:]))
         placed = ops.where(mask, values, base)
     else:
-        placed = ops.masked_scatter(base, mask, values)
+        result = "".join(f", {n}" for n in input.shape[selects.ndim:])
+        placed = ops.checked_count(ops.masked_scatter(base, mask, values), ops.sum(selects), values.shape[0],
+                                   f"index_put (x[mask] = values): shape mismatch: value tensor of shape "
+                                   f"{list(values.shape)} cannot be broadcast to indexing result of shape "
+                                   f"[{{value}}{result}]")
     return ops.add(input, placed) if accumulate else ops.cast(placed, input.dtype)
 
 
 def _mask_with_values(x, index, value) -> bool:
-    return is_tensor(index) and index.dtype.is_bool and is_tensor(value) and value.numel() > 1
+    return is_tensor(index) and index.dtype.is_bool and is_tensor(value) and value.numel() != 1
 
 
 @register_function(operator.setitem, priority=1, check=_mask_with_values)
 @register_method("__setitem__", priority=1, check=_mask_with_values)
 def setitem_mask(x, index, value):
-    """x[mask] = values with several values: index_put with the mask."""
+    """x[mask] = values with several values, or none (VITS: then the mask must select nothing):
+    index_put with the mask."""
     return index_put_mask(x, [index], value)

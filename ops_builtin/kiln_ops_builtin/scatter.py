@@ -1,5 +1,6 @@
 """Scatter operators: scatter, scatter_reduce (and scatter_add), index_add, index_copy,
-index_fill, index_put and masked_scatter.
+index_fill, index_put and masked_scatter; checked_count, which fails where a mask selects
+other than the number of positions a scatter expects.
 
 Each is written from the output's side, so it is one parallel compute with no atomics and a
 deterministic result: output element p gathers the candidates (source elements whose index
@@ -322,6 +323,17 @@ def masked_scatter(x, mask, source):
         return select(broadcast_load(mask, p, x.shape), cast(taken, x.dtype), x[p])
 
     return compute(x.shape, element)
+
+
+@operator("checked_count")
+def checked_count(x, count, expected, message: str):
+    """`x` unchanged where the 0-d integer `count`, known only from the data (the positions a
+    mask selects), is `expected`; where it is not, a kernel computing it fails (RuntimeError on
+    the CPU, with `message`, in which `{value}` shows `count`), as eager PyTorch raises."""
+    if count.ndim != 0 or count.dtype not in INDEX_TYPES:
+        raise OperatorError(f"checked_count: count must be a 0-d int64 or int32, got {count.dtype}{count.shape}")
+    return compute(x.shape, lambda *i: ir.check(ir.eq(count[()], expected), x[i], "RuntimeError", message,
+                                                count[()]))
 
 
 def _index_reduce(x, dim, index, source, reduce, include_self=True):

@@ -32,6 +32,32 @@ def test_graphs_left_for_aotautograd_compile_from_its_aten_graph(fn, shapes):
     torch.testing.assert_close(got, fn(*inputs), rtol=1e-5, atol=1e-5)
 
 
+def vits_lengths(x, mask, y):
+    """VITS: a product of numpy's (its upsampling rates), and values written by a mask, where
+    the values may be none (then the mask must select nothing)."""
+    x = x.clone()
+    x[mask] = y
+    return x * np.prod([8, 8, 2, 2]) + x.prod(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("values", [0, 3])
+def test_products_and_masked_values_in_a_lowered_graph(values):
+    """Before: VITS's `np.prod` left `aten.prod` unmapped in the ATen graph, and `x[mask] = y`
+    with y empty or of several values (ATen's index_put with a bool mask) was declined."""
+    x, mask = torch.randn(2, 1, 17), torch.zeros(2, 1, 17, dtype=torch.bool)
+    mask.view(-1)[[2, 20, 33]] = values > 0
+    compiled = torch.compile(vits_lengths, backend="kiln")
+    with torch.no_grad():
+        y = torch.randn(values)
+        torch.testing.assert_close(compiled(x, mask, y), vits_lengths(x, mask, y), rtol=1e-5, atol=1e-5)
+        mask.view(-1)[5] = True         # one more than there are values: eager raises
+        with pytest.raises(RuntimeError):
+            vits_lengths(x, mask, y)
+        with pytest.raises(RuntimeError, match=rf"value tensor of shape \[{values}\] cannot be broadcast to indexing "
+                                               rf"result of shape \[{values + 1}\]"):
+            compiled(x, mask, y)
+
+
 def test_an_unmapped_operator_beside_them_still_raises_naming_it():
     def fn(q, k):
         return torch.special.bessel_j0(scores(q, k))

@@ -461,6 +461,69 @@ def test_one_mask_and_one_value_written_through_a_view(fn):
     compile_and_compare(fn, x, x[:, 0, :2].sum(-1) > 0)
 
 
+def _assign_masked(x, m, y):
+    x = x.clone()
+    x[m] = y
+    return x
+
+
+def _assign_masked_in_place(x, m, y):
+    x[m] = y                                # the graph's input itself
+    return x + 1
+
+
+# x's shape, the mask's, the values' (none, or a row of 5 each)
+EMPTY_ASSIGNMENTS = [((2, 1, 17), (2, 1, 17), (0,)), ((2, 3, 5), (2, 3), (0, 5))]
+
+
+@pytest.mark.parametrize("fn", [_assign_masked, _assign_masked_in_place], ids=["clone", "in_place"])
+@pytest.mark.parametrize("shapes", EMPTY_ASSIGNMENTS, ids=str)
+def test_empty_values_written_where_the_mask_selects_nothing(shapes, fn):
+    """Before: VITS failed to compile: `x[mask] = y` with an empty y (eager: valid where the mask
+    selects nothing, then nothing changes) had no rule (MappingError: every rule for
+    operator.setitem declined)."""
+    x_shape, mask_shape, y_shape = shapes
+    compiled = torch.compile(fn, backend="kiln", fullgraph=True)
+    mask, y = torch.zeros(mask_shape, dtype=torch.bool), torch.empty(y_shape)
+    torch._dynamo.reset()
+    for _ in range(2):                      # fresh x each call
+        x = torch.randn(x_shape)
+        before = x.clone()
+        expected = fn(x.clone(), mask, y)
+        assert torch.equal(compiled(x, mask, y), expected) and torch.equal(x, before)
+
+
+@pytest.mark.parametrize("fn", [_assign_masked, _assign_masked_in_place], ids=["clone", "in_place"])
+@pytest.mark.parametrize("shapes", EMPTY_ASSIGNMENTS, ids=str)
+def test_empty_values_written_where_the_mask_selects_something_raises_as_eager(shapes, fn):
+    x_shape, mask_shape, y_shape = shapes
+    mask, y = torch.zeros(mask_shape, dtype=torch.bool), torch.empty(y_shape)
+    mask.view(-1)[[1, 4, 5]] = True
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[0"):
+        fn(torch.randn(x_shape), mask, y)
+    torch._dynamo.reset()
+    rows = ", 5" if len(x_shape) > len(mask_shape) else ""
+    with pytest.raises(RuntimeError, match=rf"index_put \(x\[mask\] = values\): shape mismatch: value tensor of "
+                                           rf"shape \[0.*indexing result of shape \[3{rows}\]"):
+        torch.compile(fn, backend="kiln", fullgraph=True)(torch.randn(x_shape), mask, y)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_values_for_a_mask_must_be_as_many_as_it_selects(count):
+    """Several values for a mask: eager raises unless there is one for each selected position
+    (Kiln's masked_scatter repeated the last value, or left values out, silently)."""
+    x, mask, y = torch.randn(4, 5), torch.zeros(4, 5, dtype=torch.bool), torch.randn(count)
+    mask[[0, 2, 3], [1, 4, 0]] = True
+    if count == 3:
+        compile_and_compare(_assign_masked, x, mask, y, atol=0, rtol=0)
+        return
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        _assign_masked(x, mask, y)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=rf"shape \[{count}\] cannot be broadcast to indexing result of shape \[3\]"):
+        torch.compile(_assign_masked, backend="kiln", fullgraph=True)(x, mask, y)
+
+
 @pytest.mark.parametrize("shape", [(3, 5), (2, 0), (7,), ()], ids=str)
 def test_one_hot_with_its_number_of_classes(shape):
     """Before: F.one_hot (mixture-of-experts routing in transformers' eager experts) was not
