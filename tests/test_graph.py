@@ -140,3 +140,27 @@ def test_imperative_and_traced_results_agree():
     traced = kiln.trace_from(scale_shift(x, 2.0, 1.0) * b)(a)
     assert_close(traced, eager.torch())
     assert_close(eager, (a.torch() * 2.0 + 1.0) * b.torch())
+
+
+def test_a_fill_runs_just_before_its_reader_and_is_not_held_meanwhile():
+    """An operator reading no tensor (a fill recorded while tracing, as AOTAutograd's backward
+    makes an embedding gradient's zeros first) comes right before its first reader in the
+    traced order, not ahead of the reader's other inputs: its buffer is not live while they are
+    computed, and the plan's workspace is smaller than with the fill first."""
+    from kiln.graph import FlowGraph, tracing
+    x = kiln.symbol([64, 4096])
+    with tracing():
+        fill = kiln.ops.full([64, 4096], 0.5)           # 1 MiB: recorded, not computed now
+        chain = x
+        for _ in range(4):                               # intermediates live one after another
+            chain = kiln.ops.exp(kiln.ops.neg(chain))
+        y = kiln.ops.add(fill, chain)
+    graph = kiln.trace_from(y, [x])
+    names = [n.definition.name for n in graph.nodes]
+    assert names[-2:] == ["full", "add"], names
+    fill_first = FlowGraph(graph.outputs, graph.inputs, [graph.nodes[-2], *graph.nodes[:-2], graph.nodes[-1]])
+    assert graph.compile().workspace_bytes < fill_first.compile().workspace_bytes
+    a = torch.randn(64, 4096)
+    want = 0.5 + torch.exp(-torch.exp(-torch.exp(-torch.exp(-a))))
+    assert_close(graph(a), want)
+    assert_close(fill_first(a), want)

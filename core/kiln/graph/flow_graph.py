@@ -133,7 +133,11 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
     """The FlowGraph computing the symbolic tensor(s) `outputs` from `inputs`.
 
     Without `inputs`, the graph's inputs are the symbolic tensors the outputs depend on, in the
-    order a depth-first walk from the outputs meets them.
+    order a depth-first walk from the outputs meets them. The walk takes an operator's inputs in
+    order, but those made by operators that read no tensor (a fill, a range) last: such an
+    operator runs just before its first reader, and its buffer is not held while the reader's
+    other inputs are computed (AOTAutograd's backward makes an embedding gradient's zero fill
+    first, and it was held through the whole backward).
     """
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     nodes, seen, found_inputs = [], set(), []
@@ -154,15 +158,18 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
 
     # depth first, each operator after its inputs', with a stack of its own: a graph is deeper
     # than Python's recursion limit (a thousand operators in a chain)
+    def in_walk_order(op):
+        return iter(sorted(op.inputs, key=lambda x: x.trace is not None and not x.trace[0].inputs))
+
     for t in outputs:
         op = enter(t)
-        stack = [] if op is None else [(op, iter(op.inputs))]
+        stack = [] if op is None else [(op, in_walk_order(op))]
         while stack:
             op, pending = stack[-1]
             for x in pending:
                 child = enter(x)
                 if child is not None:
-                    stack.append((child, iter(child.inputs)))
+                    stack.append((child, in_walk_order(child)))
                     break
             else:
                 stack.pop()
