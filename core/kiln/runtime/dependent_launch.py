@@ -16,12 +16,12 @@ starts once every block of this one has, so its blocks take only the places this
 free, and wait there. A larger grid lets it launch only as its blocks exit: its blocks fill
 every multiprocessor until the last wave, and a next kernel launched at their start would land
 wherever they free up first, two blocks on one multiprocessor and none on another, which
-halves the speed of a GEMM sized to fill the GPU in one wave (H200, BERT-base b1 float32, its
-split-K GEMMs after their sums: a replay took 2,043 us so, against 1,465 us). The kernels a
-program names `streaming` (`CudaProgram.streaming`: GEMVs, whose next kernel is another
-memory-bound one that loses nothing to where it lands) let it launch right after their wait
-whatever their grid: a decoding step is a chain of short kernels, each started as soon as the
-one ahead ends (Qwen2-0.5B's step at batch 1: 0.96 ms without that, 0.77 with it).
+halves the speed of a GEMM sized to fill the GPU in one wave (BERT's split-K GEMMs after their
+sums; benchmarks/RESULTS.md has the A/B). The kernels a program names `streaming`
+(`CudaProgram.streaming`: GEMVs and decode attention, whose next kernel is another memory-bound
+one that loses nothing to where it lands) let it launch right after their wait whatever their
+grid: a decoding step is a chain of short kernels, each best started as soon as the one ahead
+ends.
 Kernels that PyTorch launches between Kiln's are ordinary launches, ordered as always.
 
 On by default from sm_90; `KILN_DEPENDENT_LAUNCH=0` turns it off. On an H100 (two sessions of
