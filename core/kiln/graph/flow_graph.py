@@ -156,11 +156,11 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
         seen.add(id(op))
         return op
 
-    # depth first, each operator after its inputs', with a stack of its own: a graph is deeper
-    # than Python's recursion limit (a thousand operators in a chain)
     def in_walk_order(op):
         return iter(sorted(op.inputs, key=lambda x: x.trace is not None and not x.trace[0].inputs))
 
+    # depth first, each operator after its inputs', with a stack of its own: a graph is deeper
+    # than Python's recursion limit (a thousand operators in a chain)
     for t in outputs:
         op = enter(t)
         stack = [] if op is None else [(op, in_walk_order(op))]

@@ -148,8 +148,9 @@ def stream_program(c: Contraction, name: str, device: str, kernel: str, steps: i
     launch = Launch(name, args + sk.args, (32 * warps, 1, 1), grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
     source = template_source([device_code(__package__, device), sk.stores, kernel, sk.source], defines, c.epilogue,
                              (*wrappers, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
-    return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values,
-                       waiting=(name,) if prefetch else (), streaming=(name, *(l.kernel for l in sk.launches)))
+    launches = [launch, *sk.launches]
+    return CudaProgram(source, launches, temporaries, alignment=16, sizes=c.sizes.values,
+                       waiting=(name,) if prefetch else (), streaming=tuple(l.kernel for l in launches))
 
 
 def render(task, **knobs) -> CudaProgram:

@@ -69,6 +69,7 @@ def _no_effect(target) -> bool:
     return target in NO_EFFECT_CALLS or (getattr(target, "__name__", None) == "_lower_version_count_by_1"
                                          and getattr(target, "__module__", "").startswith("torch._dynamo"))
 
+
 SHAPE_FUNCTIONS = frozenset({
     torch.Size, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not,
     torch.sym_ite, torch.sym_sum, torch._sym_sqrt, torch._check, torch._check_is_size,
