@@ -527,7 +527,15 @@ class CompiledRun:
     a CUDA graph. An input that came at new memory MOVES_BEFORE_COPY times
     (FSDP's parameters, gathered into new memory at every step) is copied in by the captures
     made after that, which then replay, instead of one capture a call. The inputs at positions
-    `moves` (CPU scalars of a graph on a GPU) are copied to their device first. `constants` holds
+    `moves` (CPU scalars of a graph on a GPU) are copied to their device first.
+
+    Where no output is at `lent` (inference: a training graph's captures would each hold its
+    saved values), the first LENDING_CAPTURES captures lend the caller every output the graph
+    allocates: a call hands out the CUDA graph's own output memory, with no copy, and
+    the next call replays another capture while the caller still holds those outputs (the usual
+    `out = model(x)` loop alternates between two captures). Captures made while those are busy
+    copy their outputs out, so that a caller keeping every call's outputs (a list of
+    predictions) holds copies, not a capture each. `constants` holds
     the graph's constant arguments it was compiled for, by position (the parameters and buffers
     that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`; see
     also `KilnFunction.unchanged_runs`)."""
@@ -535,6 +543,7 @@ class CompiledRun:
     CAPTURES_KEPT = 4
     CAPTURES_MAX = 64
     MOVES_BEFORE_COPY = 2
+    LENDING_CAPTURES = 2
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
                  graph: FlowGraph | None = None, static_inputs=frozenset(), constants: dict | None = None):
@@ -547,6 +556,8 @@ class CompiledRun:
         self.writeback = record.writeback
         self.moves = {j: torch.device(d) for j, d in record.moves.items()}
         self.lent = list(record.lent)
+        # every returned output (those written back to inputs are not returned)
+        self.returned = list(range(len(compiled.outputs) - len(self.writeback)))
         self.static = {j for j, p in enumerate(self.positions) if p in static_inputs}
         self.relocations = Counter()    # input position -> calls that found it at new memory
         # a tuple or list of tensors (dynamo's usual output) is rebuilt without map_aggregate
@@ -577,8 +588,10 @@ class CompiledRun:
             return None
         bound = [j for j, t in enumerate(inputs) if j not in self.written and t.is_contiguous()
                  and (j in self.static or stays_put(t)) and self.relocations[j] < self.MOVES_BEFORE_COPY]
-        captured = capture(self.compiled, inputs, write_back=self.write_back, lent=self.lent, bound=bound,
-                           copied_out=True)
+        with self._captures_lock:
+            lending = not self.lent and sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES
+        captured = capture(self.compiled, inputs, write_back=self.write_back,
+                           lent=self.returned if lending else self.lent, bound=bound, copied_out=True)
         with self._captures_lock:
             idle = [key for key, c in self.captures.items() if not c.busy()]
             spare = [key for key in idle if not self.captures[key].borrowed]
@@ -590,6 +603,10 @@ class CompiledRun:
                 del self.captures[key]
             self.captures[id(captured)] = captured
         return captured
+
+    def _lends_results(self, captured) -> bool:
+        """Whether `captured` lends outputs beyond `lent` (one of the LENDING_CAPTURES)."""
+        return not set(captured.lent) <= set(self.lent)
 
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
