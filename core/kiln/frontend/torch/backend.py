@@ -535,7 +535,10 @@ class CompiledRun:
     the next call replays another capture while the caller still holds those outputs (the usual
     `out = model(x)` loop alternates between two captures). Captures made while those are busy
     copy their outputs out, so that a caller keeping every call's outputs (a list of
-    predictions) holds copies, not a capture each. `constants` holds
+    predictions) holds copies, not a capture each. The first call makes the lending captures
+    and one copying capture at once: a capture while another thread draws CUDA random numbers
+    fails in torch (the capture puts torch's CUDA generator in capture mode for every thread),
+    so calls from several threads find a capture to replay instead of capturing. `constants` holds
     the graph's constant arguments it was compiled for, by position (the parameters and buffers
     that `graph_cache.entry` tells from tensors computed while compiling, for `kiln.save`; see
     also `KilnFunction.unchanged_runs`)."""
@@ -579,7 +582,9 @@ class CompiledRun:
             self.written = {j for _, j in self.write_back}     # always bound: captured in place
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
-            self._capture(cuda_examples)
+            for _ in range(self.LENDING_CAPTURES + 1):
+                if self._capture(cuda_examples) is None or self.lent:
+                    break
 
     def _capture(self, inputs: list[torch.Tensor]):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:
@@ -617,7 +622,8 @@ class CompiledRun:
         newest = next(reversed(self.captures.values()), None)
         self._drop(lambda c: c.stale())
         captures = list(self.captures.items())
-        for key, captured in sorted(reversed(captures), key=lambda kc: not kc[1].bound):
+        for key, captured in sorted(reversed(captures), key=lambda kc: (not kc[1].bound,
+                                                                         not self._lends_results(kc[1]))):
             outs = captured.run(inputs, copy=True)
             if outs is not None:
                 if len(self.captures) > 1:
