@@ -582,21 +582,25 @@ class CompiledRun:
             self.written = {j for _, j in self.write_back}     # always bound: captured in place
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
-            for _ in range(self.LENDING_CAPTURES + 1):
-                if self._capture(cuda_examples) is None or self.lent:
+            # the copying capture first: its workspace, which holds its outputs too, serves the
+            # lending ones (a larger one made after would leave it stale)
+            for lend in [False] + [True] * (0 if self.lent else self.LENDING_CAPTURES):
+                if self._capture(cuda_examples, lend) is None:
                     break
 
-    def _capture(self, inputs: list[torch.Tensor]):
+    def _capture(self, inputs: list[torch.Tensor], lend: bool | None = None):
         """A capture for `inputs`' memory (None when an input written back is not contiguous:
-        such calls run without a CUDA graph)."""
+        such calls run without a CUDA graph), lending its outputs where `lend` says, or by
+        default where fewer than LENDING_CAPTURES captures lend."""
         if not all(inputs[j].is_contiguous() for j in self.written):
             return None
         bound = [j for j, t in enumerate(inputs) if j not in self.written and t.is_contiguous()
                  and (j in self.static or stays_put(t)) and self.relocations[j] < self.MOVES_BEFORE_COPY]
-        with self._captures_lock:
-            lending = not self.lent and sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES
+        if lend is None:
+            with self._captures_lock:
+                lend = not self.lent and sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES
         captured = capture(self.compiled, inputs, write_back=self.write_back,
-                           lent=self.returned if lending else self.lent, bound=bound, copied_out=True)
+                           lent=self.returned if lend else self.lent, bound=bound, copied_out=True)
         with self._captures_lock:
             idle = [key for key, c in self.captures.items() if not c.busy()]
             spare = [key for key in idle if not self.captures[key].borrowed]
