@@ -164,15 +164,19 @@ def _attention_nodes(block, x):
     return nodes, _relative_errors(got, want), _relative_errors(eager, want)
 
 
-@pytest.mark.parametrize("shift, hidden, causal", [(0, 0, True), (1000, 0, False), (1, 0, None), (0, 2, None)])
-def test_a_constant_causal_mask_becomes_the_causal_flag(monkeypatch, shift, hidden, causal):
-    """The mask folds to a constant in both graphs (the backward recomputes it instead of taking
-    it saved); one equal to the causal pattern becomes `is_causal` and one keeping every key goes
-    (shift 1000), while any other (a shifted diagonal, hidden keys) stays a mask. Errors against
-    float64 at most twice eager's bfloat16 errors (plus 1e-2) either way."""
+@pytest.mark.parametrize("shift, hidden, causal, n", [(0, 0, True, 7), (1000, 0, False, 7), (1, 0, None, 7),
+                                                       (0, 2, None, 7), (0, 0, True, 190), (1, 0, None, 190)])
+def test_a_constant_causal_mask_becomes_the_causal_flag(monkeypatch, shift, hidden, causal, n):
+    """The mask is known in both graphs (the backward recomputes it instead of taking it
+    saved): a constant, or at 190 tokens (72,200 bytes, past GENERATED_BYTES_HELD) a generated
+    value computed where it is used; one equal to the causal pattern becomes `is_causal` and one
+    keeping every key goes (shift 1000), while any other (a shifted diagonal, hidden keys) stays
+    a mask. Errors against float64 at most twice eager's bfloat16 errors (plus 1e-2) either way."""
+    from kiln.graph import GENERATED_BYTES_HELD
+    assert n < 100 or 2 * n * n > GENERATED_BYTES_HELD
     monkeypatch.setattr(attention, "FUSED_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
-    nodes, errors, eager = _attention_nodes(PositionMasked(shift, hidden), torch.randn(2, 7, 128))
+    nodes, errors, eager = _attention_nodes(PositionMasked(shift, hidden), torch.randn(2, n, 128))
     assert sorted(n.definition.name for n in nodes) == ["attention_backward", "attention_forward"]
     for n in nodes:
         n = n.attrs["fused_graph"].nodes[n.attrs["anchor"]] if "fused_graph" in n.attrs else n
