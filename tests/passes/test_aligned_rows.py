@@ -78,7 +78,8 @@ def test_the_whole_pipeline_on_the_cpu_gives_the_same_values(on_the_cpu):
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("case", ["aligned", "one reader", "another reader", "float32", "on the GPU only"])
+@pytest.mark.parametrize("case", ["aligned", "one reader", "another reader", "read twice", "float32",
+                                  "on the GPU only"])
 def test_what_is_left_alone(monkeypatch, case):
     if case != "on the GPU only":
         monkeypatch.setattr(aligned_rows, "DEVICES", ("cpu",))
@@ -91,5 +92,7 @@ def test_what_is_left_alone(monkeypatch, case):
         outputs.append(ops.matmul(ops.transpose(dlogits, -1, -2), hidden))
     if case == "another reader":
         outputs.append(ops.exp(dlogits))
+    if case == "read twice":            # a Gram matrix: one matmul reads both ways
+        outputs.append(ops.matmul(dlogits, ops.transpose(dlogits, -1, -2)))
     graph = kiln.trace_from(outputs, [dlogits, weight, hidden])
     assert "Pad" not in names(apply(AlignedRows(), graph))

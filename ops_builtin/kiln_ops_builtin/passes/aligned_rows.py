@@ -68,7 +68,8 @@ def _candidate(t: Tensor, readers: dict) -> list[tuple] | None:
             or type(t.shape[-1]) is not int or t.shape[-1] % ALIGN == 0):
         return None
     found = _reads(t, readers)
-    if not found or len({id(m) for m, _, _ in found}) < 2:
+    matmuls = {id(m) for m, _, _ in found or ()}
+    if len(matmuls) < 2 or len(matmuls) < len(found):      # a matmul reading t twice is left alone
         return None
     return found if all(m.inputs[1 - k].ndim >= 2 for m, k, _ in found) else None
 
@@ -87,10 +88,13 @@ class AlignedRows(GraphPass):
             return graph
         readers = users(graph)
         tensors = {id(t): t for n in graph.nodes for t in n.inputs}
-        chosen = {i: reads for i, t in tensors.items() if (reads := _candidate(t, readers)) is not None}
-        if not chosen:
+        rewrites = {}           # matmul id -> (tensor id, operand position, through a transpose)
+        for t_id, t in tensors.items():
+            reads = _candidate(t, readers)
+            if reads is not None and not any(id(m) in rewrites for m, _, _ in reads):
+                rewrites.update({id(m): (t_id, k, through) for m, k, through in reads})
+        if not rewrites:
             return graph
-        rewrites = {id(m): (t_id, k, through) for t_id, reads in chosen.items() for m, k, through in reads}
         padded: dict[int, Tensor] = {}
 
         def rewrite(node, inputs):
