@@ -187,7 +187,9 @@ def plugin_packages() -> frozenset[str]:
     return _installed()[1]
 
 
-def _installed() -> tuple[list[metadata.EntryPoint], frozenset[str]]:
+def _installed() -> tuple[list[metadata.EntryPoint], frozenset[str], list[tuple[str, str]]]:
+    """The entry points, the plugins' top-level packages and each entry point's distribution
+    name and version, read from the installed metadata once per discovery."""
     global _found
     with _lock:
         if _found is None:
@@ -197,7 +199,8 @@ def _installed() -> tuple[list[metadata.EntryPoint], frozenset[str]]:
                 names.add(ep.module.split(".")[0])
                 top_level = ep.dist.read_text("top_level.txt") if ep.dist else None
                 names.update(line.strip() for line in (top_level or "").splitlines() if line.strip())
-            _found = (eps, frozenset(names))
+            dists = [(ep.dist.name, ep.dist.version) if ep.dist else (ep.name, "") for ep in eps]
+            _found = (eps, frozenset(names), dists)
         return _found
 
 
@@ -212,9 +215,8 @@ def installed() -> list[tuple[metadata.EntryPoint, PluginInfo]]:
     nothing is imported."""
     disabled = disabled_names()
     found = []
-    for ep in entry_points():
-        dist = ep.dist.name if ep.dist else ep.name
-        version = ep.dist.version if ep.dist else ""
+    eps, _, dists = _installed()
+    for ep, (dist, version) in zip(eps, dists):
         off = normalized(ep.name) in disabled or normalized(dist) in disabled
         found.append((ep, PluginInfo(ep.name, dist, version, disabled=off)))
     return found
@@ -237,7 +239,7 @@ def discover() -> Registry:
 
 _lock = threading.RLock()
 _registry: Registry | None = None
-_found: tuple[list[metadata.EntryPoint], frozenset[str]] | None = None
+_found: tuple[list[metadata.EntryPoint], frozenset[str], list[tuple[str, str]]] | None = None
 
 
 def registry() -> Registry:
