@@ -131,6 +131,25 @@ _prepared = WeakIdKeyDictionary()
 _prepared_lock = threading.Lock()
 
 
+_libraries: dict[tuple[str, str], tuple[Path, ctypes.CDLL]] = {}
+_libraries_lock = threading.Lock()
+
+
+def _library(source: str, name: str) -> tuple[Path, ctypes.CDLL]:
+    """The shared library of C `source`, built or found through the kernel cache and loaded at
+    its first use in this process; later kernels of the same source (a symbolic kernel's other
+    sizes) share it without reading the cache again."""
+    key = (source, name)
+    with _libraries_lock:
+        found = _libraries.get(key)
+    if found is None:
+        path = build_shared_library(source, name)
+        found = (path, ctypes.CDLL(str(path)))
+        with _libraries_lock:
+            found = _libraries.setdefault(key, found)
+    return found
+
+
 @functools.lru_cache(maxsize=None)
 def _libgomp() -> ctypes.CDLL:
     """The OpenMP runtime the kernels link (-fopenmp), loaded by its soname: the same instance."""
@@ -146,8 +165,10 @@ class CpuKernel:
         """Build `program` through the kernel cache, or load it from `library`, a shared object
         built from it before (`kiln.load` passes one it saved; it may be deleted once loaded)."""
         self.program = program
-        self.path = library or build_shared_library(program.source, program.entry)
-        self._lib = ctypes.CDLL(str(self.path))
+        if library is None:
+            self.path, self._lib = _library(program.source, program.entry)
+        else:
+            self.path, self._lib = library, ctypes.CDLL(str(library))
         self._fn = getattr(self._lib, program.entry)
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int64] * len(program.sizes)
