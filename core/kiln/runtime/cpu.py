@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kiln.codegen.emitter import KernelArgs
+from kiln.log import current_record
 from kiln.runtime.cache import content_key, lookup_or_build
 from kiln.runtime.kernel_errors import KernelCheck, raise_failed
 from kiln.settings import current
@@ -131,23 +133,26 @@ _prepared = WeakIdKeyDictionary()
 _prepared_lock = threading.Lock()
 
 
-_libraries: dict[tuple[str, str], tuple[Path, ctypes.CDLL]] = {}
+_libraries: dict[tuple, tuple[Path, ctypes.CDLL]] = {}
+"""(process, kernel cache folder, C source) -> the library `_library` loaded for it."""
 _libraries_lock = threading.Lock()
 
 
 def _library(source: str, name: str) -> tuple[Path, ctypes.CDLL]:
     """The shared library of C `source`, built or found through the kernel cache and loaded at
-    its first use in this process; later kernels of the same source (a symbolic kernel's other
-    sizes) share it without reading the cache again."""
-    key = (source, name)
+    its first use in this process with this cache; later kernels of the same source (a
+    symbolic kernel's other sizes) share it without reading the cache again (as
+    `kiln.runtime.cuda.compile_cubin` takes a cubin once)."""
+    key = (os.getpid(), current().cache_dir, source)
     with _libraries_lock:
         found = _libraries.get(key)
-    if found is None:
-        path = build_shared_library(source, name)
-        found = (path, ctypes.CDLL(str(path)))
-        with _libraries_lock:
-            found = _libraries.setdefault(key, found)
-    return found
+    if found is not None:
+        current_record().add_cache_lookup("cpu", hit=True)
+        return found
+    path = build_shared_library(source, name)
+    found = (path, ctypes.CDLL(str(path)))
+    with _libraries_lock:
+        return _libraries.setdefault(key, found)
 
 
 @functools.lru_cache(maxsize=None)
