@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from kiln import dtypes
 from kiln.graph import Operator
-from kiln.passes.edit import rebuild, users
+from kiln.passes.edit import rebuild, remake, users
 from kiln.passes.graph_pass import GraphPass
 from kiln.passes.provided import provided
 from kiln.tensor import Tensor
@@ -83,8 +83,8 @@ class AlignedRows(GraphPass):
     stage = "layout"        # the types are final; before fusion, which joins the views to the GEMMs
 
     def transform(self, graph, ctx):
-        pad, slice_, transpose, matmul = (provided(n) for n in ("pad", "slice", "transpose", "matmul"))
-        if None in (pad, slice_, transpose, matmul):
+        pad, slice_, transpose = (provided(n) for n in ("pad", "slice", "transpose"))
+        if None in (pad, slice_, transpose):
             return graph
         readers = users(graph)
         tensors = {id(t): t for n in graph.nodes for t in n.inputs}
@@ -108,19 +108,12 @@ class AlignedRows(GraphPass):
                 padded[t_id] = pad(t, [0, extra])
             wide = padded[t_id]
             contracts = (k == 0) != through        # C is the reduction dim of this matmul
-            if not contracts:
-                narrow = slice_(wide, -1, 0, c)
-                operand = transpose(narrow, -1, -2) if through else narrow
-                return [matmul(*(operand if j == k else x for j, x in enumerate(inputs)), **_attrs(node))]
-            other = inputs[1 - k]
-            # the other operand's contraction dim: its second-to-last (right) or last (left)
-            other = pad(other, [0, 0, 0, extra]) if k == 0 else pad(other, [0, extra])
-            operand = transpose(wide, -1, -2) if through else wide
-            args = (operand, other) if k == 0 else (other, operand)
-            return [matmul(*args, **_attrs(node))]
+            source = wide if contracts else slice_(wide, -1, 0, c)
+            operands = list(inputs)
+            operands[k] = transpose(source, -1, -2) if through else source
+            if contracts:
+                # the other operand's contraction dim: its second-to-last (right) or last (left)
+                operands[1 - k] = pad(inputs[1 - k], [0, 0, 0, extra] if k == 0 else [0, extra])
+            return remake(node, operands)
 
         return rebuild(graph, rewrite)
-
-
-def _attrs(node) -> dict:
-    return {name: value for name, value in node.attrs.items() if name in node.definition.signature.parameters}

@@ -614,8 +614,9 @@ class CompiledRun:
         return captured
 
     def _lends_results(self, captured) -> bool:
-        """Whether `captured` lends outputs beyond `lent` (one of the LENDING_CAPTURES)."""
-        return not set(captured.lent) <= set(self.lent)
+        """Whether `captured` lends outputs beyond `lent` (one of the LENDING_CAPTURES: only an
+        inference graph, whose `lent` is empty, has them)."""
+        return not self.lent and bool(captured.lent)
 
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
