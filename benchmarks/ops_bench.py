@@ -10,8 +10,10 @@ rotated over enough copies to exceed the L2 cache. It prints a table of times an
 
 `--suite skinny` times BERT-base/GPT-2 at batch 1 x 128 tokens: the linear layers (with bias,
 weight [N, K] as nn.Linear keeps it) and the per-head attention products; `--suite conv16`
-times ResNet-50's convolutions in float16/bfloat16 and depthwise convolutions; `--level` sets the
-tuning level of every case (0 is what models get by default).
+times ResNet-50's convolutions in float16/bfloat16 and depthwise convolutions; `--suite columns`
+the column reductions of GPT-2 training (`column_cases`, also part of `norm`); `--level` sets
+the tuning level of every case (0 is what models get by default). Kiln is imported from the
+environment, so that one script times two checkouts, each on its own PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -95,6 +97,39 @@ def _bn_sum(x):
     return kiln.ops.sum(kiln.ops.permute(x, [0, 3, 1, 2]), [0, 2, 3])
 
 
+def _widened_sum(x):
+    """A 16-bit tensor summed over its rows in float32, as `x.float().sum(0)`."""
+    import kiln
+    return kiln.ops.sum(kiln.ops.cast(x, torch.float32), [0])
+
+
+def _product_sum(x, y):
+    """sum(x * y) over rows: a layer norm's weight gradient, sum(dy * xhat)."""
+    import kiln
+    return kiln.ops.sum(kiln.ops.mul(x, y), [0])
+
+
+def column_cases():
+    """Column reductions of a GPT-2 small training step (8 x 512 tokens): bias gradients, sums
+    over the 4096 rows of [4096, 768 / 2304 / 3072], also of 16-bit data summed in float32; a
+    layer norm's weight gradient over [4096, 768] in float32. Bytes: what is read and written."""
+    cases = []
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        size = torch.tensor([], dtype=dt).element_size()
+        for rows, cols in ((4096, 768), (4096, 2304), (4096, 3072)):
+            make = lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [])
+            cases.append((f"column sum {rows}x{cols}", "sum",
+                          lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [[0]]),
+                          lambda x, d: torch.sum(x, d), None, (rows + 1) * cols * size, dt, 0))
+            if size == 2:
+                cases.append((f"column float sum {rows}x{cols}", _widened_sum, make, lambda x: x.float().sum(0),
+                              None, rows * cols * size + cols * 4, dt, 0))
+    make = lambda dt: ([torch.randn(4096, 768, device="cuda").to(dt) for _ in range(2)], [])
+    cases.append(("column product sum 4096x768", _product_sum, make, lambda x, y: (x * y).sum(0), None,
+                  (2 * 4096 + 1) * 768 * 4, torch.float32, 0))
+    return cases
+
+
 def case_list(suite: str, quick: bool, tune_level: int | None = None):
     """(name, kiln op (or a function of Kiln symbols building a graph), make(dtype) -> (tensor args,
     extra args), torch fn, flops(args), bytes(args), dtype, level);
@@ -112,6 +147,8 @@ def case_list(suite: str, quick: bool, tune_level: int | None = None):
                               lambda dt, m=m, k=k, n=n: ([torch.randn(m, k, device="cuda").to(dt),
                                                           torch.randn(k, n, device="cuda").to(dt)], []),
                               torch.matmul, 2 * m * n * k, None, dt, level))
+    if suite in ("norm", "columns", "all"):
+        cases += column_cases()
     if suite in ("norm", "all"):
         for dt in (torch.float32, torch.float16):
             for rows, cols in ((4096, 768), (4096, 4096)):
@@ -122,12 +159,6 @@ def case_list(suite: str, quick: bool, tune_level: int | None = None):
                 cases.append((f"layer_norm {rows}x{cols}", "layer_norm",
                               lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [(c,)]),
                               lambda x, s: F.layer_norm(x, s), None, nbytes, dt, 0))
-        for dt in (torch.float32, torch.bfloat16):
-            for rows, cols in ((4096, 768), (4096, 2304), (4096, 3072)):     # bias gradients of GPT-2's layers
-                nbytes = (rows + 1) * cols * torch.tensor([], dtype=dt).element_size()
-                cases.append((f"column sum {rows}x{cols}", "sum",
-                              lambda dt, r=rows, c=cols: ([torch.randn(r, c, device="cuda").to(dt)], [[0]]),
-                              lambda x, d: torch.sum(x, d), None, nbytes, dt, 0))
         # batch-norm statistics of ResNet-50 b32 training (issue 32): of channels-last data (NHWC
         # memory, reduced through its NCHW view as a channels-last training graph reads it: Kiln
         # runs the graph, the view fused into the reduction; eager reads the channels_last tensor)
@@ -262,7 +293,8 @@ def launch_overhead(kernels: int = 50, calls: int = 20) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="all", choices=("matmul", "norm", "conv", "conv16", "skinny", "all"))
+    parser.add_argument("--suite", default="all",
+                        choices=("matmul", "norm", "columns", "conv", "conv16", "skinny", "all"))
     parser.add_argument("--json", default="ops_bench.json")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile's default backend")
     parser.add_argument("--quick", action="store_true", help="only the headline shapes")

@@ -3,10 +3,6 @@
 memory. No GPU needed: the programs are planned for CUDA symbols, their grids checked against
 the 132 multiprocessors of an H100/H200, and compiled with NVRTC for sm_80 and sm_90; the GPU
 runs them in the `cuda` tests at the end."""
-import re
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 import torch
@@ -14,6 +10,7 @@ import torch
 import kiln
 from kiln.runtime import cuda as rt
 from kiln.schedule.choose import check_nvrtc, choose
+from tests.cuda.host_threads import kernel_sources, run_on_host_threads
 
 ops = kiln.ops
 SMS = 132
@@ -36,19 +33,13 @@ def _program(make, shape, dtype="bfloat16"):
     return found
 
 
-def _kernels(program) -> dict[str, str]:
-    """Each kernel's source by its name."""
-    parts = program.source.split('extern "C" __global__ void ')[1:]
-    return {re.match(r"(?:__launch_bounds__\(\d+\) )?(\w+)\(", part).group(1): part for part in parts}
-
-
 def _blocks(launch) -> int:
     return launch.grid[0] * launch.grid[1] * launch.grid[2]
 
 
 def _readers(program, name="in0") -> list[str]:
     """The kernels of `program` that load from the buffer `name` (the task's first input)."""
-    return [k for k, source in _kernels(program).items() if f"{name}[" in source]
+    return [k for k, source in kernel_sources(program).items() if f"{name}[" in source]
 
 
 def _bn_var(x):
@@ -115,68 +106,18 @@ def test_a_spread_around_a_center_that_varies_along_the_reduction_is_no_moment()
         assert not any(name.endswith("_moments") for name in program.kernel_names)
 
 
-HOST_CUDA = r"""
-#include <algorithm>
-#include <barrier>
-#include <cstdint>
-#include <cstdio>
-#include <thread>
-#include <vector>
-using std::min;
-struct D3 { unsigned x, y, z; };
-thread_local D3 threadIdx;
-D3 blockIdx;
-std::barrier<>* block_barrier;
-#define __global__
-#define __launch_bounds__(threads)
-#define __restrict__
-#define __shared__ static
-#define __syncthreads() block_barrier->arrive_and_wait()
-"""
-
-HOST_MAIN = r"""
-int main(int argc, char** argv) {
-    const long n = atol(argv[1]), t = atol(argv[2]); const unsigned gx = atoi(argv[3]), gy = atoi(argv[4]);
-    std::vector<float> x(n), out(4 * t);
-    FILE* f = fopen(argv[5], "rb"); if (fread(x.data(), 4, n, f) != (size_t)n) return 1; fclose(f);
-    for (unsigned by = 0; by < gy; ++by) for (unsigned bx = 0; bx < gx; ++bx) {
-        blockIdx = {bx, by, 0};
-        std::barrier<> b(256); block_barrier = &b;
-        std::vector<std::thread> threads;
-        for (unsigned k = 0; k < 256; ++k) threads.emplace_back([&, k] {
-            threadIdx = {k, 0, 0}; KERNEL(x.data(), &out[0], &out[t], &out[2 * t], &out[3 * t]); });
-        for (auto& th : threads) th.join();
-    }
-    f = fopen(argv[6], "wb"); fwrite(out.data(), 4, 4 * t, f); fclose(f);
-}
-"""
-
-
 @pytest.mark.parametrize("shape, offset", [((3, 17, 23, 40), 0.0), ((4, 31, 29, 257), 1000.0)])
 def test_moments_kernel_on_cpu_threads(shape, offset, tmp_path):
     """The moments kernel's own source, built for the host (a thread per CUDA thread, a barrier
     for __syncthreads): each output's parts count every row once, and the second pass's sums
     over them (as the next kernels compute them) give the mean and variance of float64."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("needs g++")
     _, program = _program(_bn_var, shape, "float32")
     (launch,) = [launch for launch in program.launches if launch.kernel.endswith("_moments")]
     assert launch.args[0] == "in0" and len(launch.args) == 5
     outputs, parts = program.temporaries[-1][0]
-    (tmp_path / "k.cpp").write_text(HOST_CUDA + 'extern "C" __global__ void ' + _kernels(program)[launch.kernel]
-                                    + HOST_MAIN.replace("KERNEL", launch.kernel))
-    build = subprocess.run([gxx, "-O1", "-std=c++20", "-pthread", str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k")],
-                           capture_output=True, text=True)
-    if build.returncode and "barrier" in build.stderr:
-        pytest.skip("g++ without C++20 <barrier>")
-    assert build.returncode == 0, build.stderr
     x = torch.randn(shape) * 2 + offset
-    x.numpy().tofile(tmp_path / "x.bin")
-    subprocess.run([str(tmp_path / "k"), str(x.numel()), str(outputs * parts), str(launch.grid[0]),
-                    str(launch.grid[1]), str(tmp_path / "x.bin"), str(tmp_path / "t.bin")], check=True, timeout=120)
-    partials = np.fromfile(tmp_path / "t.bin", dtype=np.float32).reshape(4, outputs, parts)
-    count, total, mean, m2 = partials.astype(np.float64)
+    buffers = [x.numpy()] + [np.zeros((outputs, parts), np.float32) for _ in range(4)]
+    count, total, mean, m2 = [b.astype(np.float64) for b in run_on_host_threads(program, launch, buffers, tmp_path)[1:]]
     rows = shape[0] * shape[1] * shape[2]
     assert (count.sum(1) == rows).all()
     ref = x.double().reshape(rows, shape[3]).numpy()

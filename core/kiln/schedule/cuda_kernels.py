@@ -229,10 +229,12 @@ class CudaEmitter(Emitter):
 
 @dataclass
 class Kernel:
-    """One kernel's source and its launch."""
+    """One kernel's source and its launch; `alignment`: the bytes its pointers must be a
+    multiple of (packed accesses, `kiln.schedule.cuda_streams`)."""
 
     source: str
     launch: Launch
+    alignment: int = 1
 
 
 def signature(d: CudaDialect, args: list[tuple[str, object, bool]]) -> str:
@@ -371,4 +373,5 @@ class AutoProgram:
 
     def program(self) -> CudaProgram:
         source = CudaDialect().prelude + "\n" + "\n".join(k.source for k in self.kernels)
-        return CudaProgram(source, [k.launch for k in self.kernels], self.temporaries, sizes=self.sizes.values)
+        return CudaProgram(source, [k.launch for k in self.kernels], self.temporaries,
+                           alignment=max((k.alignment for k in self.kernels), default=1), sizes=self.sizes.values)

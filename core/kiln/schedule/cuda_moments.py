@@ -48,16 +48,15 @@ def squared_deviation(body: Expr) -> tuple[Expr, Expr] | None:
 
 
 def moment_pairs(buffers: list[Compute], plans: list) -> dict[int, Moments]:
-    """The pairs of `buffers` (each with its column plan, (reduction, parts) or None) whose
-    second reduces the squared deviations of the first's values from a center constant along
-    the reduction (a variance around its mean), in float32 or float64, by the index of each
-    buffer of a pair."""
+    """The pairs of `buffers` (each with its column plan or None) whose second reduces the
+    squared deviations of the first's values from a center constant along the reduction (a
+    variance around its mean), in float32 or float64, by the index of each buffer of a pair."""
     pairs: dict[int, Moments] = {}
     for second, buf in enumerate(buffers):
-        if (not plans[second] or plans[second][0].op != "sum" or not plans[second][0].dtype.is_float
-                or plans[second][0].dtype.is_16bit_float):
+        if (not plans[second] or plans[second].reduce.op != "sum" or not plans[second].reduce.dtype.is_float
+                or plans[second].reduce.dtype.is_16bit_float):
             continue
-        spread = plans[second][0]
+        spread = plans[second].reduce
         found = squared_deviation(spread.body)
         if found is None:
             continue
@@ -67,9 +66,9 @@ def moment_pairs(buffers: list[Compute], plans: list) -> dict[int, Moments]:
             continue
         for first in range(second):
             other = buffers[first]
-            if first in pairs or not plans[first] or plans[first][1] != plans[second][1]:
+            if first in pairs or not plans[first]:
                 continue
-            total = plans[first][0]
+            total = plans[first].reduce
             if (total.op != "sum" or total.dtype != spread.dtype or tuple(other.shape) != tuple(buf.shape)
                     or [a.extent for a in total.axes] != [a.extent for a in spread.axes]):
                 continue

@@ -16,12 +16,12 @@ row would give fewer than ELEMENTWISE_THREADS threads.
 Every phase (each statistic's reduction, then the output) walks the same elements of the row
 per thread: chunks `c` of `V` consecutive elements at `(c * lanes + lane) * V`. A load that
 reads element `b + e` of its tensor (`e` the element of the row, `b` a multiple of V, in bounds
-for every row) is a *stream*, read as one aligned pack of V values (16 bytes for the narrowest
-type); the output is written the same way. Streams the statistics read are loaded once, at the
-start of the row, into registers when they fit in ROW_CACHE_BYTES a thread, so the input comes
-from DRAM once; other loads (broadcasts, transposed reads) stay scalar. V is 1 where the row
-length or an offset is not a multiple of the vector width; vector kernels ask the runtime for
-aligned pointers (`CudaProgram.alignment`).
+for every row) is a *stream* (`kiln.schedule.cuda_streams`), read as one aligned pack of V
+values (16 bytes for the narrowest type); the output is written the same way. Streams the
+statistics read are loaded once, at the start of the row, into registers when they fit in
+ROW_CACHE_BYTES a thread, so the input comes from DRAM once; other loads (broadcasts,
+transposed reads) stay scalar. V is 1 where the row length or an offset is not a multiple of
+the vector width; vector kernels ask the runtime for aligned pointers (`CudaProgram.alignment`).
 
 The output phase does as little arithmetic as it can (16-bit rows stay memory-bound): what is
 the same for the whole row is computed once a row (a division by a statistic becomes a
@@ -34,25 +34,20 @@ to the run-time length, no registers kept; sizes are kernel arguments (`kiln.cod
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kiln import dtypes
 from kiln.codegen.cuda import CudaDialect
 from kiln.codegen.emitter import reduce_init
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, top_reduces, walk
-from kiln.ir.inline import Lowered, substitute
-from kiln.ir.simplify import bounds, linear_terms, simplify
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, top_reduces, walk
+from kiln.ir.inline import Lowered
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.codegen.emitter import numel
 from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
                                        reduce_extent, symbolic_extent)
+from kiln.schedule.cuda_streams import MAX_VECTOR, find_streams, pack_alignment, pack_type, read_pack
 from kiln.schedule.rows import (elementwise_prefix, reciprocals, row_form, row_task, row_uniform_parts,
                                shared_parts)
 
-PACK_BYTES = 16          # the widest access: a pack of the narrowest type is this many bytes
-MAX_VECTOR = 8           # elements in a pack at most
 ROW_WARP_PACKS = 8       # a warp takes rows of up to 32 * this many packs, a block longer ones
 ROW_BLOCK_PACKS = 2      # a block per row has about this many packs per thread (<= 1024 threads)
 ROW_CACHE_BYTES = 256    # registers a thread may give the statistics' streams (values, 4 bytes each at least)
@@ -63,14 +58,6 @@ SHORT_ROW = 8192         # unless each is this short: one block then writes a ro
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 ELEMENTWISE_THREADS = 32768  # an element-wise task of too few rows for this many threads a warp each
                              # gives each row a block
-
-
-@dataclass(eq=False)
-class Stream:
-    """Loads of elements `base + e` of `tensor` (e: the element of the row), read as packs."""
-
-    tensor: object
-    base: Expr
 
 
 @dataclass(frozen=True)
@@ -125,28 +112,6 @@ def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, 
     return RowPlan(row_len, vector, lanes, chunks, cached)
 
 
-def _stream_offset(load: Load, strides: dict, o: Var, e: Var) -> tuple[Expr, int] | None:
-    """(b, g) when `load` reads element b + e of its tensor, b a function of the row `o` only
-    and a multiple of g, in bounds for every row and element; else None."""
-    if id(load.tensor) not in strides or not load.indices:
-        return None
-    flat = None
-    for idx, stride in zip(load.indices, strides[id(load.tensor)]):
-        term = idx * stride if stride != 1 else idx
-        flat = term if flat is None else flat + term
-    flat = simplify(flat)
-    span = bounds(flat)
-    if span is None or span[0] < 0 or span[1] >= numel(load.tensor.shape):
-        return None
-    terms, const = linear_terms(flat)
-    unit = sum(k for t, k in terms if t is e)
-    rest = [(t, k) for t, k in terms if t is not e]
-    if unit != 1 or any(isinstance(x, Var) and x is not o for t, _ in rest for x in walk(t)):
-        return None
-    base = simplify(substitute(flat, {id(e): as_expr(0, dtypes.int64)}))
-    return base, math.gcd(const, *(k for _, k in rest))
-
-
 class RowEmitter(CudaEmitter):
     """Emits a row kernel's phases over the thread's elements of the row (see the module doc).
 
@@ -163,12 +128,12 @@ class RowEmitter(CudaEmitter):
         self.reuse = False          # whether emitting the output (which reads `kept`)
 
     def pack_type(self, t) -> str:
-        return f"kiln_pack<{self.dialect.storage_type(t)}, {self.plan.vector}>"
+        return pack_type(self.dialect, t, self.plan.vector)
 
     def pack_at(self, stream, eb: str) -> str:
         """The pack of `stream` starting at row element `eb`, read from memory."""
-        return (f"*reinterpret_cast<const {self.pack_type(stream.tensor.dtype)}*>("
-                f"{self.names[id(stream.tensor)]} + {self.emit(stream.base)} + {eb})")
+        return read_pack(self.dialect, stream, self.names[id(stream.tensor)], self.emit(stream.base), eb,
+                         self.plan.vector)
 
     def load_cache(self) -> None:
         """Read every cached stream of this row into its register array, as values."""
@@ -301,27 +266,6 @@ class RowEmitter(CudaEmitter):
         self.close_chunk()
 
 
-def _streams(values: list[Expr], strides: dict, o: Var, e: Var, out, row_len: int) -> tuple[int, dict]:
-    """The pack width and the streams (load key -> Stream) of a row kernel's values."""
-    found = {}
-    for value in values:
-        for x in walk(value):
-            if isinstance(x, Load) and x.key() not in found:
-                offset = _stream_offset(x, strides, o, e)
-                if offset is not None:
-                    found[x.key()] = (x, offset)
-    narrowest = min([x.tensor.dtype.nbytes for x, _ in found.values()] + [out.dtype.nbytes])
-    vector = 1 if isinstance(row_len, SymSize) else min(MAX_VECTOR, max(1, PACK_BYTES // narrowest))
-    while row_len % vector:
-        vector //= 2
-    streams, keys = {}, {}
-    for key, (load, (base, multiple)) in found.items():
-        if multiple % vector == 0:
-            stream = keys.setdefault((id(load.tensor), base.key()), Stream(load.tensor, base))
-            streams[key] = stream
-    return vector, streams
-
-
 def schedule(lowered: Lowered) -> CudaProgram | None:
     """The one-kernel program of a row task or an element-wise one (see the module doc); None
     for any other task."""
@@ -340,7 +284,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     rows, row_len, o, e, stats = form.rows, form.row_len, form.o, form.e, form.stats
     names.update({id(o): "o", id(e): "e"})
     result = reciprocals(form.result, e)
-    vector, streams = _streams(stats + [result], strides, o, e, out, row_len)
+    vector, streams = find_streams(stats + [result], strides, e, (o,), row_len, (out.dtype,))
     read_by_stats = []
     for value in stats:
         for x in walk(value):
@@ -372,5 +316,5 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=int(rows),
                     per_block=threads // 32 if plan.warp else 1, waves=64, narrows=plan.warp)
     tensors = [s.tensor for s in streams.values()] + [out]
-    alignment = max(min(PACK_BYTES, t.dtype.nbytes * vector) for t in tensors) if vector > 1 else 1
-    return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=alignment, sizes=auto.sizes.values)
+    return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=pack_alignment(tensors, vector),
+                       sizes=auto.sizes.values)

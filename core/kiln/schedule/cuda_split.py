@@ -8,7 +8,7 @@ partials (an ordinary reduction buffer). The task's other buffers get the genera
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from kiln.ir.compute import Compute
 from kiln.ir.expr import Expr, Load, Reduce, Var, top_reduces
@@ -24,8 +24,15 @@ MIN_PART = 16 * BLOCK           # values a part reduces, at the least (16 a thre
 SYMBOLIC_ELEMENTS, SYMBOLIC_EXTENT, SYMBOLIC_PARTS = 64, 1 << 16, 512
 
 
-def split_plan(buf: Compute) -> tuple[Reduce, int] | None:
-    """(the reduction, how many parts it splits into) when `buf` has fewer elements than half
+class SplitPlan(NamedTuple):
+    """A buffer's reduction and how many parts its values split into."""
+
+    reduce: Reduce
+    parts: int
+
+
+def split_plan(buf: Compute) -> SplitPlan | None:
+    """The plan of `buf`'s reduction when `buf` has fewer elements than half
     of TARGET_BLOCKS, each reducing at least two parts of MIN_PART values; else None. With
     symbolic sizes, whose one source serves every size of a regime, the parts cannot follow
     the size: SYMBOLIC_PARTS of them, for at most SYMBOLIC_ELEMENTS elements reducing
@@ -39,9 +46,9 @@ def split_plan(buf: Compute) -> tuple[Reduce, int] | None:
         return None
     extent = reduce_extent(r)
     if symbolic_extent(r) or any(isinstance(s, SymSize) for s in buf.shape):
-        return (r, SYMBOLIC_PARTS) if items <= SYMBOLIC_ELEMENTS and extent >= SYMBOLIC_EXTENT else None
+        return SplitPlan(r, SYMBOLIC_PARTS) if items <= SYMBOLIC_ELEMENTS and extent >= SYMBOLIC_EXTENT else None
     parts = min(-(-TARGET_BLOCKS // items), extent // MIN_PART)
-    return (r, parts) if parts >= 2 else None
+    return SplitPlan(r, parts) if parts >= 2 else None
 
 
 def replace_node(e: Expr, target: Expr, replacement: Expr) -> Expr:
@@ -82,13 +89,14 @@ def flat_index(buf: Compute) -> Expr:
     return flat
 
 
-FirstPass = Callable[[AutoProgram, list, Compute, Reduce, int, str, str], Kernel]
-"""(program, kernel arguments, buffer, its reduction, parts, partials' name, kernel name) -> the
-kernel writing the (elements, parts) partial reductions."""
+FirstPass = Callable[[AutoProgram, list, Compute, SplitPlan, str, str], Kernel]
+"""(program, kernel arguments, buffer, its plan, partials' name, kernel name) -> the kernel
+writing the (elements, parts) partial reductions. A rule's plan may carry more than a
+SplitPlan's `reduce` and `parts`, for its own first pass."""
 
 
 def two_pass(lowered: Lowered, plans: list, first_pass: FirstPass, suffix: str) -> CudaProgram | None:
-    """The program of `lowered` where each buffer with a plan (its reduction, parts) is written
+    """The program of `lowered` where each buffer with a plan (a SplitPlan) is written
     in two passes: `first_pass`'s kernel of partial reductions into a temporary, then the
     buffer's ordinary kernel with the reduction replaced by that of its partials. None when no
     buffer has a plan."""
@@ -101,26 +109,25 @@ def two_pass(lowered: Lowered, plans: list, first_pass: FirstPass, suffix: str) 
     return auto.program()
 
 
-def write_split(auto: AutoProgram, n: int, buf: Compute, plan: tuple[Reduce, int] | None, first_pass: FirstPass,
+def write_split(auto: AutoProgram, n: int, buf: Compute, plan: SplitPlan | None, first_pass: FirstPass,
                 suffix: str) -> None:
-    """Add the kernels writing `buf`, the task's n-th buffer: with a plan (its reduction, parts),
+    """Add the kernels writing `buf`, the task's n-th buffer: with a plan (a SplitPlan),
     `first_pass`'s kernel of partial reductions into a temporary, then the buffer's ordinary
     kernel with the reduction replaced by that of its partials; without one, its ordinary kernel."""
     out_name = auto.names[id(buf)]
     if plan:
-        r, parts = plan
-        partial = auto.temporary((numel(buf.shape), parts), r.dtype)
+        partial = auto.temporary((numel(buf.shape), plan.parts), plan.reduce.dtype)
         args = auto.available + [(partial.name, partial, False)]
-        auto.kernels.append(first_pass(auto, args, buf, r, parts, partial.name, f"kiln_k{n}_{suffix}"))
-        buf = replace_reduce(buf, r, partial, parts)
+        auto.kernels.append(first_pass(auto, args, buf, plan, partial.name, f"kiln_k{n}_{suffix}"))
+        buf = replace_reduce(buf, plan.reduce, partial, plan.parts)
         auto.available = auto.available + [(partial.name, partial, True)]
     auto.write(n, buf, out_name)
 
 
-def _split_kernel(auto: AutoProgram, args: list, buf: Compute, r: Reduce, parts: int, out_name: str,
+def _split_kernel(auto: AutoProgram, args: list, buf: Compute, plan: SplitPlan, out_name: str,
                   kernel_name: str) -> Kernel:
     return buffer_kernel(auto.names, auto.strides, args, buf, out_name, kernel_name, auto.sizes,
-                         (parts, reduce_extent(r)))
+                         (plan.parts, reduce_extent(plan.reduce)))
 
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
