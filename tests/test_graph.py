@@ -164,3 +164,24 @@ def test_a_fill_runs_just_before_its_reader_and_is_not_held_meanwhile():
     want = 0.5 + torch.exp(-torch.exp(-torch.exp(-torch.exp(-a))))
     assert_close(graph(a), want)
     assert_close(fill_first(a), want)
+
+
+def test_in_memory_order_reads_each_value_last_as_soon_as_it_can():
+    """Issue 32: a backward returns each layer's weight gradient, made from the gradient flowing
+    through that layer; in `trace_from`'s order (the outputs' order) the walk computed the
+    whole chain first and the weight gradients after it, holding every layer's gradient to the
+    end. `in_memory_order` runs a sum as soon as the value it reads is ready, and takes an
+    operator's deepest input first: each value is freed once the chain moves on, and the
+    workspace is smaller, with the same results."""
+    x = kiln.symbol([64, 4096])
+    chain, grads = x, []
+    for _ in range(4):
+        chain = kiln.ops.exp(kiln.ops.neg(chain))
+        grads.append(kiln.ops.sum(chain, [1]))
+    graph = kiln.trace_from([kiln.ops.sum(chain), *grads], [x])
+    ordered = kiln.graph.in_memory_order(graph)
+    assert sorted(map(id, ordered.nodes)) == sorted(map(id, graph.nodes))
+    assert ordered.compile().workspace_bytes < graph.compile().workspace_bytes
+    a = torch.randn(64, 4096)
+    for got, want in zip(ordered.run([a]), graph.run([a])):
+        torch.testing.assert_close(got.torch(), want.torch())

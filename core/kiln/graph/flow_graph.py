@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Sequence
 
 import torch
@@ -140,6 +141,37 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
     first, and it was held through the whole backward).
     """
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    nodes, found_inputs = _walk(outputs, by_memory=False)
+    if inputs is None:
+        inputs = found_inputs
+    else:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+        missing = [t for t in found_inputs if all(t is not i for i in inputs)]
+        if missing:
+            raise ValueError(f"the outputs depend on {len(missing)} symbolic tensor(s) not given "
+                             f"as inputs: {', '.join(t.signature() for t in missing)}")
+    return FlowGraph(outputs, inputs, nodes)
+
+
+def in_memory_order(graph: FlowGraph) -> FlowGraph:
+    """`graph` with its operators reordered to hold fewer intermediates at once (a smaller
+    workspace), for the graph that is compiled. The walk from the outputs takes an operator's
+    inputs deepest first (the longest chain of operators from the graph's inputs), so that a
+    shallow input runs just before its reader and is not held while the reader's deep inputs
+    are computed; and an operator that an operator just placed makes ready runs at once where
+    the intermediates it makes are no larger than those it reads for the last time (a weight's
+    gradient, freeing the gradient it reads), instead of when the walk reaches its output. A
+    training backward walked in `trace_from`'s order computed each layer's weight gradients
+    when the walk reached them, in the order of the outputs, holding the gradients they read
+    through most of the backward. Fusion depends on the order of a graph's operators: this
+    order is for the compiled graph only, after the passes."""
+    nodes, _ = _walk(graph.outputs, by_memory=True)
+    return FlowGraph(graph.outputs, graph.inputs, nodes)
+
+
+def _walk(outputs: list[Tensor], by_memory: bool) -> tuple[list[Operator], list[Tensor]]:
+    """The operators computing `outputs` in the order of `trace_from` or, `by_memory`, of
+    `in_memory_order`; and the symbolic tensors met that no operator makes."""
     nodes, seen, found_inputs = [], set(), []
 
     def enter(t: Tensor):
@@ -156,8 +188,35 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
         seen.add(id(op))
         return op
 
-    def in_walk_order(op):
-        return iter(sorted(op.inputs, key=lambda x: x.trace is not None and not x.trace[0].inputs))
+    if by_memory:
+        depths, readers = _depths_and_readers(outputs)
+        returned = {id(t) for t in outputs}
+        placed: set[int] = set()
+
+        def in_walk_order(op):
+            return iter(sorted(op.inputs, key=lambda x: -depths[id(x.trace[0])] if x.trace is not None else 0))
+
+        def frees_what_it_makes(op) -> bool:
+            made = sum(_nbytes(t) for t in op.outputs if id(t) not in returned)
+            return made <= sum(_nbytes(x) for x in dict.fromkeys(op.inputs) if x.trace is not None and id(x) not in
+                               returned and all(id(r) in placed or r is op for r in readers[id(x)]))
+
+        def place(op):
+            work = [op]
+            while work:
+                op = work.pop()
+                nodes.append(op)
+                placed.add(id(op))
+                near = [r for x in op.inputs if x.trace is not None for r in readers[id(x)]]
+                for r in dict.fromkeys(readers.get(id(op), []) + near):
+                    if id(r) not in seen and frees_what_it_makes(r) and all(
+                            x.trace is None or id(x.trace[0]) in placed for x in r.inputs):
+                        seen.add(id(r))
+                        work.append(r)
+    else:
+        def in_walk_order(op):
+            return iter(sorted(op.inputs, key=lambda x: x.trace is not None and not x.trace[0].inputs))
+        place = nodes.append
 
     # depth first, each operator after its inputs', with a stack of its own: a graph is deeper
     # than Python's recursion limit (a thousand operators in a chain)
@@ -173,16 +232,43 @@ def trace_from(outputs, inputs=None) -> FlowGraph:
                     break
             else:
                 stack.pop()
-                nodes.append(op)
-    if inputs is None:
-        inputs = found_inputs
-    else:
-        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-        missing = [t for t in found_inputs if all(t is not i for i in inputs)]
-        if missing:
-            raise ValueError(f"the outputs depend on {len(missing)} symbolic tensor(s) not given "
-                             f"as inputs: {', '.join(t.signature() for t in missing)}")
-    return FlowGraph(outputs, inputs, nodes)
+                place(op)
+    return nodes, found_inputs
+
+
+def _depths_and_readers(outputs: list[Tensor]) -> tuple[dict[int, int], dict[int, list[Operator]]]:
+    """For each operator the `outputs` depend on (by id), the longest chain of operators from
+    the graph's inputs to it (0 for one reading no tensor, 1 for one reading only inputs and
+    constants); and the operators reading each operator and each tensor it makes (by id)."""
+    order, done = [], set()
+    for t in outputs:
+        stack = [] if t.trace is None else [t.trace[0]]
+        while stack:
+            op = stack[-1]
+            if id(op) in done:
+                stack.pop()
+                continue
+            pending = [x.trace[0] for x in op.inputs if x.trace is not None and id(x.trace[0]) not in done]
+            if pending:
+                stack.extend(pending)
+            else:
+                stack.pop()
+                done.add(id(op))
+                order.append(op)
+    depths: dict[int, int] = {}
+    readers: dict[int, list[Operator]] = {}
+    for op in order:
+        producers = [x.trace[0] for x in op.inputs if x.trace is not None]
+        depths[id(op)] = 1 + max((depths[id(p)] for p in producers), default=0 if op.inputs else -1)
+        for key in dict.fromkeys([id(p) for p in producers] + [id(x) for x in op.inputs if x.trace is not None]):
+            readers.setdefault(key, []).append(op)
+    return depths, readers
+
+
+def _nbytes(t: Tensor) -> int:
+    """The bytes of `t` in this trace, a plain int (a symbolic size counts by its value: the
+    order only compares sizes, and a product of plain ints builds no size expression)."""
+    return math.prod(int(d) for d in t.shape) * t.dtype.nbytes
 
 
 def known_value(t: Tensor) -> torch.Tensor | None:

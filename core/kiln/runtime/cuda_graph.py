@@ -163,6 +163,9 @@ class CapturedGraph:
         self._copied = [k for k in range(len(example_inputs)) if k not in self.bound]
         self._bound_addresses = [example_inputs[k].data_ptr() for k in self.bound]
         self.bound_addresses = set(self._bound_addresses)
+        # the bound positions and their addresses, for `moved_inputs` (holding them does not
+        # keep the graph alive)
+        self.binding = (tuple(self.bound), tuple(self._bound_addresses))
         # the bound inputs that are other graphs' lent outputs
         self.borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
         stream = torch.cuda.Stream()
@@ -216,10 +219,6 @@ class CapturedGraph:
         mine = [inputs[k] for k in self.bound]
         return same_addresses(mine, self._bound_addresses) and all(t.is_contiguous() for t in mine)
 
-    def moved(self, inputs: Sequence[torch.Tensor]) -> list[int]:
-        """The bound positions of `inputs` (torch tensors) not at the memory the graph was captured on."""
-        return [k for k, address in zip(self.bound, self._bound_addresses) if inputs[k].data_ptr() != address]
-
     def run(self, inputs: Sequence[torch.Tensor], copy: bool = False) -> list | None:
         """Copy `inputs` (torch tensors, or objects with `.torch()`) into the graph's buffers,
         replay it on its device's current stream (after the last replay's work, on whatever
@@ -256,6 +255,13 @@ class CapturedGraph:
             outputs = [sources[self._passed[k]] if k in self._passed else t.detach() if k in lent
                        else t.clone() if copy else t for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]
+
+
+def moved_inputs(binding: tuple[Sequence[int], Sequence[int]], inputs: Sequence[torch.Tensor]) -> list[int]:
+    """The bound positions of `inputs` (torch tensors) not at the memory a graph was captured
+    on, by its `CapturedGraph.binding`."""
+    positions, addresses = binding
+    return [k for k, address in zip(positions, addresses) if inputs[k].data_ptr() != address]
 
 
 def warm_up_inputs(static_inputs: Sequence[torch.Tensor], written: Sequence[int]) -> list[torch.Tensor]:

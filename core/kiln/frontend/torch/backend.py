@@ -63,14 +63,14 @@ from kiln.frontend.torch.run_record import Output, RunRecord
 from kiln.frontend.torch.sizes import input_sizes, reads_value
 from kiln.frontend.torch.summary import compile_summary, left_to_pytorch, publish
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
-from kiln.graph import FlowGraph, trace_from
+from kiln.graph import FlowGraph, in_memory_order, trace_from
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.passes.tf32 import permissions
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.runtime.cuda_graph import capture, same_addresses, stays_put
+from kiln.runtime.cuda_graph import capture, moved_inputs, same_addresses, stays_put
 from kiln.settings import Settings, applied
 from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
@@ -624,11 +624,35 @@ class CompiledRun:
         or CAPTURES_MAX captures are busy. Captures on a superseded shared workspace, and,
         before capturing anew, captures bound to lent values that no graph lends any more, are
         dropped where not busy (`kiln.runtime.cuda_graph`)."""
-        newest = next(reversed(self.captures.values()), None)
+        # no local variable may hold a capture past the drops below: a dropped capture's memory
+        # (its lent outputs, a superseded workspace) must be free before a new capture allocates
+        binding = next((c.binding for c in reversed(self.captures.values())), None)
         self._drop(lambda c: c.stale())
-        captures = list(self.captures.items())
-        for key, captured in sorted(reversed(captures), key=lambda kc: (not kc[1].bound,
-                                                                         not self._lends_results(kc[1]))):
+        outs = self._replay_captured(inputs)
+        if outs is not None:
+            return outs
+        moved = moved_inputs(binding, inputs) if binding is not None else []
+        # another graph's lent values move when it is captured again, and an input written back
+        # is always bound: neither is counted
+        self.relocations.update(j for j in moved
+                                if j not in self.written and (j in self.static or not stays_put(inputs[j])))
+        moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
+        self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
+        if len(self.captures) >= self.CAPTURES_MAX and all(c.busy() for c in list(self.captures.values())):
+            logger.info("a call runs without a CUDA graph: the values its %d captures lent are still alive",
+                        len(self.captures))
+            return None
+        logger.info("capturing a CUDA graph again: %s", f"inputs {moved} at new memory (copied in from now on: "
+                    f"{sorted(moving)})" if moved else "the captures are busy or stale")
+        captured = self._capture(inputs)
+        return None if captured is None else captured.run(inputs, copy=True)
+
+    def _replay_captured(self, inputs: list[torch.Tensor]) -> list | None:
+        """The outputs of the first capture that replays for `inputs` (those reading inputs in
+        place first, then lending ones); None where none does."""
+        captures = sorted(reversed(self.captures.items()), key=lambda kc: (not kc[1].bound,
+                                                                           not self._lends_results(kc[1])))
+        for key, captured in captures:
             outs = captured.run(inputs, copy=True)
             if outs is not None:
                 if len(self.captures) > 1:
@@ -636,22 +660,7 @@ class CompiledRun:
                         if key in self.captures:
                             self.captures.move_to_end(key)
                 return outs
-        moved = newest.moved(inputs) if newest is not None else []
-        # another graph's lent values move when it is captured again, and an input written back
-        # is always bound: neither is counted
-        self.relocations.update(j for j in moved
-                                if j not in self.written and (j in self.static or not stays_put(inputs[j])))
-        moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
-        self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
-        captures = list(self.captures.items())
-        if len(captures) >= self.CAPTURES_MAX and all(c.busy() for _, c in captures):
-            logger.info("a call runs without a CUDA graph: the values its %d captures lent are still alive",
-                        len(captures))
-            return None
-        logger.info("capturing a CUDA graph again: %s", f"inputs {moved} at new memory (copied in from now on: "
-                    f"{sorted(moving)})" if moved else "the captures are busy or stale")
-        captured = self._capture(inputs)
-        return None if captured is None else captured.run(inputs, copy=True)
+        return None
 
     def _drop(self, useless) -> None:
         """Forget the captures that are `useless` and not busy."""
@@ -764,4 +773,5 @@ def _optimize(graph: FlowGraph, folder=None, written: dict[int, int] | None = No
     instruments = [*PassContext.current().instruments, *([DumpGraph(str(folder / "passes"))] if folder else [])]
     with PassContext(instruments=instruments):
         graph = optimize(graph)
-        return UpdateInPlace(written)(graph) if written else graph
+        # an in-place update is placed by the order it is decided on: such graphs keep theirs
+        return UpdateInPlace(written)(graph) if written else in_memory_order(graph)
