@@ -13,7 +13,7 @@ import pytest
 
 from kiln import dtypes
 from kiln.ir import (
-    Binary, BinaryOp, Cast, Const, Load, Reduce, ReduceOp, Select, Task, TensorInput, UnaryOp, Var, binary,
+    Binary, BinaryOp, Cast, Compute, Const, Load, Reduce, ReduceOp, Select, Task, TensorInput, UnaryOp, Var, binary,
     bounds, cast, compute, exp, inline_task, maximum, minimum, reduce, rewrite, select, simplify,
     substitute, unary, unravel,
 )
@@ -179,6 +179,20 @@ def test_float_expressions_are_left_alone():
     assert s.dtype == dtypes.float32
     assert s.a.indices[0] is i
     assert s.b.value == 2.5
+
+
+def test_a_tasks_nodes_are_found_once_and_handed_out_as_copies(monkeypatch):
+    """Fusion composes every candidate group from its members' `Task.nodes()`: the walk is made
+    once per task (a task does not change once built), and each caller gets a list of its own."""
+    x = TensorInput("x", (3, 4), "float32")
+    y = compute([3, 4], lambda i, j: x[i, j] * 2.0)
+    task = Task("double", [x], [compute([3, 4], lambda i, j: y[i, j] + 1.0)])
+    walked = []
+    producers = Compute.producers
+    monkeypatch.setattr(Compute, "producers", lambda self: walked.append(self) or producers(self))
+    first = task.nodes()
+    first.clear()
+    assert task.nodes() == [x, y, task.outputs[0]] and not walked
 
 
 def test_compute_reduce_and_task():

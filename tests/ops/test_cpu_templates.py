@@ -307,3 +307,27 @@ def test_a_task_is_matched_once_and_rendering_leaves_the_match_as_it_was():
     sources = [gemm_cpu.render(t, **k).source for k in knobs + knobs]
     assert matched.sizes.names == names and "int64_t" in sources[0]
     assert sources == [gemm_cpu.render(task(), **k).source for k in knobs + knobs]
+
+
+def test_applies_decides_without_rendering_the_hooks(monkeypatch):
+    """Fusion asks `applies` of every candidate group, and most never render: the answer comes
+    from the task's GEMM form (`gemm_form`), not from writing its C hooks, and is the one the
+    full match gives (a match where the form is found, at K > 0; none where it is not)."""
+    from kiln.ir import SymSize
+    from kiln_ops_builtin.templates import cpu_hooks
+
+    def tasks():
+        x = kiln.symbol([SymSize.named("s0", 7), 33])
+        return [_task("linear", x, kiln.symbol([20, 33]), kiln.symbol([20])),
+                _task("matmul", kiln.symbol([5, 8]), kiln.symbol([8, 3])),
+                _task("matmul", kiln.symbol([5, 0]), kiln.symbol([0, 3])),
+                _task("matmul", kiln.symbol([5, 8], "int32"), kiln.symbol([8, 3], "int32"))]
+
+    def no_hooks(*args, **kwargs):
+        raise AssertionError("applies rendered a hook")
+    with monkeypatch.context() as patched:
+        patched.setattr(cpu_hooks, "render_epilogue_row", no_hooks)
+        answers = [gemm_cpu.MATMUL.applies(t) for t in tasks()]
+    assert answers == [True, True, False, False]
+    matches = [cpu_hooks.match_cpu_gemm(t) for t in tasks()]
+    assert answers == [g is not None and g.K > 0 for g in matches]

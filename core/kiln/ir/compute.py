@@ -100,21 +100,9 @@ class Task:
                 raise ValueError(f"task '{name}' reads tensor '{node.name}' that is not one of its inputs")
 
     def nodes(self) -> list[TensorNode]:
-        """All tensor nodes reachable from the outputs, producers before consumers."""
-        order, seen = [], set()
-
-        def visit(node):
-            if id(node) in seen:
-                return
-            seen.add(id(node))
-            if isinstance(node, Compute):
-                for p in node.producers():
-                    visit(p)
-            order.append(node)
-
-        for out in self.outputs:
-            visit(out)
-        return order
+        """All tensor nodes reachable from the outputs, producers before consumers (found once:
+        fusion composes each candidate group from its members' nodes)."""
+        return list(self.derived(_nodes))
 
     def derived(self, compute: Callable[..., object], *args):
         """`compute(self, *args)`, computed once: what schedules derive from a task (its
@@ -134,6 +122,23 @@ class Task:
         ins = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
         outs = ", ".join(f"{t.dtype}{list(t.shape)}" for t in self.outputs)
         return f"Task {self.name}({ins}) -> {outs}"
+
+
+def _nodes(task: Task) -> tuple[TensorNode, ...]:
+    order, seen = [], set()
+
+    def visit(node):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, Compute):
+            for p in node.producers():
+                visit(p)
+        order.append(node)
+
+    for out in task.outputs:
+        visit(out)
+    return tuple(order)
 
 
 def _is_injective(task: Task) -> bool:

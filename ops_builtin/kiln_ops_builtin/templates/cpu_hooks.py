@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln.template import (CDialect, Check, Const, Emitter, Expr, KernelArgs, Load, Reduce, SizeArgs, SizeVar, SymSize,
-                           Task, Var, cast, dtypes, gemm_factors, inline_task, row_major_strides, simplify, strip_cast,
+from kiln.template import (CDialect, Check, Compute, Const, Emitter, Expr, KernelArgs, Load, Reduce, SizeArgs, SizeVar,
+                           SymSize, Task, Var, cast, dtypes, gemm_factors, inline_task, row_major_strides, simplify, strip_cast,
                            substitute, top_reduces, unravel_index, variables_of, walk)
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -102,16 +102,33 @@ def reports_failures(e: Expr) -> bool:
     return any(isinstance(x, Check) for x in walk(e))
 
 
-def match_cpu_gemm(task: Task) -> CpuGemm | None:
-    """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
-    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it).
-    Found once per task (`Task.derived`: fusion asks of each candidate group, the compile of
-    the chosen one, then its rendering): the CpuGemm is shared, so a renderer adds sizes to a
-    copy of its `sizes`."""
-    return task.derived(_match_cpu_gemm)
+@dataclass
+class GemmForm:
+    """How a task is a batch of GEMMs, before any C is written: the lowered task, its output and
+    the output's one reduction `r`, the factors `fa` and `fb` of its product, the output axes
+    grouped as b, m and n with their extents, the reduction's extents, and the GEMMs' sizes."""
+
+    lowered: object                         # `inline_task`'s Lowered
+    out: Compute
+    r: Reduce
+    fa: Expr
+    fb: Expr
+    axes: tuple[list, list, list]           # the b, m and n axes
+    extents: tuple[list, list, list, list]  # the b, m, n and k extents
+    batch: int
+    M: int
+    N: int
+    K: int
 
 
-def _match_cpu_gemm(task: Task) -> CpuGemm | None:
+def gemm_form(task: Task) -> GemmForm | None:
+    """`task` as batched GEMMs (see `match_cpu_gemm`, which declines exactly the tasks this
+    does), without rendering the hooks: what a template's `applies` needs, found once per task.
+    Fusion asks it of every candidate group, most of which never render."""
+    return task.derived(_gemm_form)
+
+
+def _gemm_form(task: Task) -> GemmForm | None:
     lowered = inline_task(task)
     if len(lowered.buffers) != 1 or len(lowered.outputs) != 1:
         return None
@@ -145,7 +162,26 @@ def _match_cpu_gemm(task: Task) -> CpuGemm | None:
     extent = dict(zip(map(id, axes), out.shape))
     b_ext, m_ext, n_ext = ([extent[id(a)] for a in group] for group in (b_axes, m_axes, n_axes))
     k_ext = [a.extent for a in r.axes]
-    B, M, N, K = math.prod(b_ext), math.prod(m_ext), math.prod(n_ext), math.prod(k_ext)
+    return GemmForm(lowered, out, r, fa, fb, (b_axes, m_axes, n_axes), (b_ext, m_ext, n_ext, k_ext),
+                    math.prod(b_ext), math.prod(m_ext), math.prod(n_ext), math.prod(k_ext))
+
+
+def match_cpu_gemm(task: Task) -> CpuGemm | None:
+    """`task` as batched GEMMs with C hooks, or None when it is not one float32-accumulated
+    sum of a product of float32/float16/bfloat16 factors (then the auto-scheduler takes it).
+    Found once per task (`Task.derived`: the compile of a task and its renderings all ask): the
+    CpuGemm is shared, so a renderer adds sizes to a copy of its `sizes`."""
+    return task.derived(_match_cpu_gemm)
+
+
+def _match_cpu_gemm(task: Task) -> CpuGemm | None:
+    form = gemm_form(task)
+    if form is None:
+        return None
+    lowered, out, r, fa, fb = form.lowered, form.out, form.r, form.fa, form.fb
+    b_axes, m_axes, n_axes = form.axes
+    b_ext, m_ext, n_ext, k_ext = form.extents
+    B, M, N, K = form.batch, form.M, form.N, form.K
     d = CDialect()
     sizes = SizeArgs()
     names = KernelArgs.names(lowered.inputs)

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 from kiln.template import CpuProgram, KernelArgs, Knobs, Preparation, SymSize, Template, c_template_source, device_code
 
-from kiln_ops_builtin.templates.cpu_hooks import match_cpu_gemm
+from kiln_ops_builtin.templates.cpu_hooks import gemm_form, match_cpu_gemm
 
 # The device code (`cpu/*.h`) of the GEMM-shaped CPU templates, in its order: vectors, shared
 # helpers and the micro-kernel; then A's side (the plain GEMM's `gemm_hooks.h`, or a template's
@@ -97,8 +97,9 @@ def row_tile(m: int, heights=WIDE_ROWS) -> int:
 
 
 def applies(task) -> bool:
-    """Sums of products with at least one term (an empty sum, K = 0, is the auto-scheduler's)."""
-    g = match_cpu_gemm(task)
+    """Sums of products with at least one term (an empty sum, K = 0, is the auto-scheduler's);
+    decided without rendering the hooks (`gemm_form`)."""
+    g = gemm_form(task)
     return g is not None and g.K > 0
 
 
