@@ -187,10 +187,13 @@ class CapturedGraph:
             self._order.last_stream = stream        # the stream of the last work on the static buffers
         torch.cuda.current_stream().wait_stream(stream)
         self.static_inputs = [None if k in self.bound else t for k, t in enumerate(static_inputs)]
-        # an output that is a bound input the graph does not write (a parameter a training
-        # forward saves for its backward) is that input, handed out as the caller's tensor
-        unwritten = set(self.bound) - written
+        # an output that is an input the graph does not write (a parameter a training forward
+        # saves for its backward, or the logits a loss graph saves) is handed out as the caller's
+        # tensor: a bound one always, a copied one where the caller's is contiguous (as the copy
+        # would be), instead of a copy of the static buffer
+        unwritten = set(range(len(static_inputs))) - written
         self._passed = {k: j for k, t in enumerate(self.static_outputs) for j in unwritten if t is static_inputs[j]}
+        self._bound_set = frozenset(self.bound)
         self.lent = sorted(set(lent))
         storages = [self.static_outputs[k].untyped_storage() for k in self.lent]
         # what the graph's own tensors count, before any alias is handed out
@@ -252,8 +255,10 @@ class CapturedGraph:
                 self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
             lent = set(self.lent)
-            outputs = [sources[self._passed[k]] if k in self._passed else t.detach() if k in lent
-                       else t.clone() if copy else t for k, t in enumerate(self.static_outputs)]
+            passed, bound = self._passed, self._bound_set
+            outputs = [sources[j] if (j := passed.get(k)) is not None and (j in bound or sources[j].is_contiguous())
+                       else t.detach() if k in lent else t.clone() if copy else t
+                       for k, t in enumerate(self.static_outputs)]
         return [self.wrap(t) for t in outputs]
 
 
