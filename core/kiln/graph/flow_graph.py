@@ -160,7 +160,9 @@ def in_memory_order(graph: FlowGraph) -> FlowGraph:
     shallow input runs just before its reader and is not held while the reader's deep inputs
     are computed; and an operator that an operator just placed makes ready runs at once where
     the intermediates it makes are no larger than those it reads for the last time (a weight's
-    gradient, freeing the gradient it reads), instead of when the walk reaches its output. A
+    gradient, freeing the gradient it reads), instead of when the walk reaches its output, with
+    those of its producers that read only graph inputs (the transposed saved activation a
+    convolution's weight gradient reads). A
     training backward walked in `trace_from`'s order computed each layer's weight gradients
     when the walk reached them, in the order of the outputs, holding the gradients they read
     through most of the backward. Fusion depends on the order of a graph's operators: this
@@ -196,10 +198,19 @@ def _walk(outputs: list[Tensor], by_memory: bool) -> tuple[list[Operator], list[
         def in_walk_order(op):
             return iter(sorted(op.inputs, key=lambda x: -depths[id(x.trace[0])] if x.trace is not None else 0))
 
-        def frees_what_it_makes(op) -> bool:
-            made = sum(_nbytes(t) for t in op.outputs if id(t) not in returned)
-            return made <= sum(_nbytes(x) for x in dict.fromkeys(op.inputs) if x.trace is not None and id(x) not in
-                               returned and all(id(r) in placed or r is op for r in readers[id(x)]))
+        def runnable_with(op) -> list[Operator] | None:
+            """The operators to run with `op` now, before it, where it can run and holds no more
+            memory once run: its unplaced producers that read only graph inputs and constants
+            (a saved activation's transpose for a weight's gradient), where the intermediates
+            they and `op` make are no larger than those `op` reads last. None otherwise."""
+            producers = [x.trace[0] for x in op.inputs if x.trace is not None and id(x.trace[0]) not in placed]
+            if any(id(p) in seen or any(i.trace is not None for i in p.inputs) for p in producers):
+                return None
+            pulled = list({id(p): p for p in producers}.values())
+            made = sum(_nbytes(t) for p in (*pulled, op) for t in p.outputs if id(t) not in returned)
+            freed = sum(_nbytes(x) for x in dict.fromkeys(op.inputs) if x.trace is not None and id(x) not in returned
+                        and all(id(r) in placed or r is op for r in readers[id(x)]))
+            return pulled if made <= freed else None
 
         def place(op):
             work = [op]
@@ -209,10 +220,10 @@ def _walk(outputs: list[Tensor], by_memory: bool) -> tuple[list[Operator], list[
                 placed.add(id(op))
                 near = [r for x in op.inputs if x.trace is not None for r in readers[id(x)]]
                 for r in dict.fromkeys(readers.get(id(op), []) + near):
-                    if id(r) not in seen and frees_what_it_makes(r) and all(
-                            x.trace is None or id(x.trace[0]) in placed for x in r.inputs):
-                        seen.add(id(r))
-                        work.append(r)
+                    pulled = None if id(r) in seen else runnable_with(r)
+                    if pulled is not None:
+                        seen.update(id(p) for p in (r, *pulled))
+                        work += [r, *pulled]        # the producers first
     else:
         def in_walk_order(op):
             return iter(sorted(op.inputs, key=lambda x: x.trace is not None and not x.trace[0].inputs))
