@@ -9,7 +9,8 @@ that mapping rules declared with `decompose=False` take whole) and splits them w
 partitioner Inductor uses, which saves for the backward the values that cost least memory and
 lets the backward recompute cheap element-wise ones from them (a log-softmax from the logits
 and a per-row statistic, rather than the log-probabilities themselves, in float32 where the
-logits are bfloat16). It never saves a view: Kiln's views are copies, so a saved view would
+logits are bfloat16). A parameter's autocast copy that it would save, the backward casts again
+from the parameter (`recompute_parameter_casts`). It never saves a view: Kiln's views are copies, so a saved view would
 cost a kernel and the bytes of its base; the base is saved and the backward takes the view
 (the forward's linear layers then read their weights untransposed). Both ATen graphs are
 compiled by `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping
@@ -45,6 +46,7 @@ from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.frontend.torch.input_free import build_where_used, recompute_input_free
+from kiln.frontend.torch.parameter_casts import recompute_parameter_casts
 from kiln.frontend.torch.saved_layout import saved_in_memory_order
 from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
 from kiln.frontend.torch.registry import mapping_registry
@@ -140,13 +142,21 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
     memory that the forward's captures read in place too; the other values it saves, a batch
     among them, come at new memory each step and are copied)."""
     saved_from: list[int] = []
+    # the forward's inputs that are parameters, in AOTAutograd's order (the module's own
+    # parameters and buffers lifted first): AOTAutograd's metadata names them only after the
+    # partition
+    lifted = [t for _, t in (*gm.named_parameters(remove_duplicate=False),
+                             *gm.named_buffers(remove_duplicate=False))]
+    parameters = [k for k, t in enumerate([*lifted, *example_inputs]) if isinstance(t, torch.nn.Parameter)]
 
     def partition(joint: GraphModule, joint_inputs, *, num_fwd_outputs: int, **options):
         saved_from.append(num_fwd_outputs)
         with functorch_config.patch(recompute_views=True):
             forward, backward = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor",
                                                                     num_fwd_outputs=num_fwd_outputs, **options)
-        return saved_in_memory_order(*recompute_input_free(forward, backward, num_fwd_outputs), num_fwd_outputs)
+        forward, backward = recompute_parameter_casts(*recompute_input_free(forward, backward, num_fwd_outputs),
+                                                      num_fwd_outputs, parameters)
+        return saved_in_memory_order(forward, backward, num_fwd_outputs)
 
     def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
         build_where_used(graph)
