@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
+from kiln.frontend.torch.saved_values import saved_boundary
+
 
 def _deterministic(node: Node) -> bool:
     target = node.target
@@ -42,10 +44,8 @@ def recompute_input_free(forward: GraphModule, backward: GraphModule, num_fwd_ou
     from `num_fwd_outputs` on are the saved values, which the backward's leading placeholders
     take in order) with each saved tensor that depends on no input of the forward computed in
     the backward instead. Both graphs are changed in place and returned."""
-    output = next(iter(forward.graph.find_nodes(op="output")))
-    outputs = list(output.args[0])
+    output, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
     saved = outputs[num_fwd_outputs:]
-    placeholders = list(backward.graph.find_nodes(op="placeholder"))[:len(saved)]
     free = _input_free(forward.graph)
     moved = [(value, ph) for value, ph in zip(saved, placeholders)
              if value in free and isinstance(value.meta.get("val"), torch.Tensor) and value.name == ph.name]

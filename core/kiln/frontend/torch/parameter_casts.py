@@ -16,6 +16,8 @@ from typing import Sequence
 import torch
 from torch.fx import GraphModule, Node
 
+from kiln.frontend.torch.saved_values import saved_boundary
+
 _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
@@ -41,10 +43,8 @@ def recompute_parameter_casts(forward: GraphModule, backward: GraphModule, num_f
     in place and returned."""
     inputs = list(forward.graph.find_nodes(op="placeholder"))
     params = {inputs[k] for k in parameters if k < len(inputs)}
-    output = next(iter(forward.graph.find_nodes(op="output")))
-    outputs = list(output.args[0])
+    output, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
     saved = outputs[num_fwd_outputs:]
-    placeholders = list(backward.graph.find_nodes(op="placeholder"))[:len(saved)]
     changed = False
     for k, (value, ph) in enumerate(zip(saved, placeholders)):
         parameter = _narrowing_cast_of(value, params)

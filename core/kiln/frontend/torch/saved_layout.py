@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
+from kiln.frontend.torch.saved_values import saved_boundary
+
 _TO_MEMORY = (0, 2, 3, 1)
 _TO_LOGICAL = (0, 3, 1, 2)
 
@@ -29,10 +31,8 @@ def saved_in_memory_order(forward: GraphModule, backward: GraphModule, num_fwd_o
     from `num_fwd_outputs` on are the saved values, which the backward's leading placeholders
     take in order) with each saved channels-last 4-d tensor passed in (N, H, W, C) order. Both
     graphs are changed in place and returned."""
-    output = next(iter(forward.graph.find_nodes(op="output")))
-    outputs = list(output.args[0])
+    output, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
     saved = outputs[num_fwd_outputs:]
-    placeholders = list(backward.graph.find_nodes(op="placeholder"))[:len(saved)]
     changed = False
     for k, (value, ph) in enumerate(zip(saved, placeholders)):
         example = value.meta.get("val") if hasattr(value, "meta") else None
