@@ -162,11 +162,11 @@ def in_memory_order(graph: FlowGraph) -> FlowGraph:
     the intermediates it makes are no larger than those it reads for the last time (a weight's
     gradient, freeing the gradient it reads), instead of when the walk reaches its output, with
     those of its producers that read only graph inputs (the transposed saved activation a
-    convolution's weight gradient reads). A
-    training backward walked in `trace_from`'s order computed each layer's weight gradients
-    when the walk reached them, in the order of the outputs, holding the gradients they read
-    through most of the backward. Fusion depends on the order of a graph's operators: this
-    order is for the compiled graph only, after the passes."""
+    convolution's weight gradient reads). A training backward walked in `trace_from`'s order
+    computed each layer's weight gradients when the walk reached them, in the order of the
+    outputs, holding the gradients they read through most of the backward. Fusion depends on
+    the order of a graph's operators: this order is for the compiled graph only, after the
+    passes."""
     nodes, _ = _walk(graph.outputs, by_memory=True)
     return FlowGraph(graph.outputs, graph.inputs, nodes)
 
@@ -191,7 +191,7 @@ def _walk(outputs: list[Tensor], by_memory: bool) -> tuple[list[Operator], list[
         return op
 
     if by_memory:
-        depths, readers = _depths_and_readers(outputs)
+        depths, readers = _depths_and_readers(_walk(outputs, by_memory=False)[0])
         returned = {id(t) for t in outputs}
         placed: set[int] = set()
 
@@ -247,25 +247,10 @@ def _walk(outputs: list[Tensor], by_memory: bool) -> tuple[list[Operator], list[
     return nodes, found_inputs
 
 
-def _depths_and_readers(outputs: list[Tensor]) -> tuple[dict[int, int], dict[int, list[Operator]]]:
-    """For each operator the `outputs` depend on (by id), the longest chain of operators from
-    the graph's inputs to it (0 for one reading no tensor, 1 for one reading only inputs and
-    constants); and the operators reading each operator and each tensor it makes (by id)."""
-    order, done = [], set()
-    for t in outputs:
-        stack = [] if t.trace is None else [t.trace[0]]
-        while stack:
-            op = stack[-1]
-            if id(op) in done:
-                stack.pop()
-                continue
-            pending = [x.trace[0] for x in op.inputs if x.trace is not None and id(x.trace[0]) not in done]
-            if pending:
-                stack.extend(pending)
-            else:
-                stack.pop()
-                done.add(id(op))
-                order.append(op)
+def _depths_and_readers(order: list[Operator]) -> tuple[dict[int, int], dict[int, list[Operator]]]:
+    """For each operator of `order` (each after its producers), by id: the longest chain of
+    operators from the graph's inputs to it (0 for one reading no tensor, 1 for one reading only
+    inputs and constants); and the operators reading each operator and each tensor it makes."""
     depths: dict[int, int] = {}
     readers: dict[int, list[Operator]] = {}
     for op in order:

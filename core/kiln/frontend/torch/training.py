@@ -12,9 +12,10 @@ and a per-row statistic, rather than the log-probabilities themselves, in float3
 logits are bfloat16). A parameter's autocast copy that it would save, the backward casts again
 from the parameter (`recompute_parameter_casts`). It never saves a view: Kiln's views are
 copies, so a saved view would cost a kernel and the bytes of its base; the base is saved and the
-backward takes the view (the forward's linear layers then read their weights untransposed). Both ATen graphs are
-compiled by `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping
-rules, the unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`).
+backward takes the view (the forward's linear layers then read their weights untransposed).
+Both ATen graphs are compiled by `compile_aten(graph, example_inputs)` (the backend's own path:
+ATen-level mapping rules, the unmapped-operator error, fallback_to_eager), random ops seeded per
+call (`random`).
 The backend sends graphs that change tensors in place through views here too, with or without
 grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
 values into the caller's inputs after each call.
