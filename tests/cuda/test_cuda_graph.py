@@ -1,4 +1,6 @@
 """CUDA graph capture of a FlowGraph: replays give the plain run's values."""
+import weakref
+
 import pytest
 import torch
 
@@ -50,10 +52,30 @@ def test_an_input_returned_as_is_is_the_callers_tensor():
     for _ in range(2):
         a = torch.randn(64, 96, device="cuda")
         y, same = captured.run([a], copy=True)
-        assert same is a
+        assert same.torch() is a
         assert_close(y, torch.exp(a))
         b = torch.randn(96, 64, device="cuda").t()
         y, copied = captured.run([b], copy=True)
-        assert copied is not b and copied.is_contiguous()
+        assert copied.torch() is not b and copied.torch().is_contiguous()
         assert_close(copied, b)
         assert_close(y, torch.exp(b))
+
+
+def test_a_larger_workspace_frees_the_smaller_one_first():
+    """Issue 32: a capture that needed a larger shared workspace allocated it while the graphs
+    on the smaller one kept theirs until their next call (GPT-2's training step held 501 and
+    616 MB at once). Those graphs are retired first: the smaller workspace is gone before the
+    larger one is allocated, a retired graph never replays, and its owner captures anew."""
+    x = kiln.symbol((512, 512), "float32", "cuda")
+    small_graph = kiln.trace_from(kiln.ops.exp(kiln.ops.matmul(x, x)), [x])
+    small = small_graph.cuda_graph()
+    a = torch.randn(512, 512, device="cuda") * 0.05
+    assert_close(small.run([a], copy=True)[0], torch.exp(a @ a), atol=1e-4, rtol=1e-4)
+    old = weakref.ref(small._order)
+    y = kiln.symbol((8192, 8192), "float32", "cuda")
+    big = kiln.trace_from(kiln.ops.tanh(kiln.ops.matmul(y, y)), [y]).cuda_graph()
+    assert old() is None and small.stale() and small.run([a]) is None
+    b = torch.randn(8192, 8192, device="cuda") * 0.01
+    assert_close(big.run([b], copy=True)[0], torch.tanh(b @ b), atol=1e-4, rtol=1e-4)
+    again = small_graph.cuda_graph()
+    assert_close(again.run([a], copy=True)[0], torch.exp(a @ a), atol=1e-4, rtol=1e-4)

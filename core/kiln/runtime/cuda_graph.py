@@ -27,7 +27,9 @@ nor into the backward, and keeps no second copy of the parameters.
 and the torch backend's runs use), over a `SharedWorkspace`: the captures of a device keep their
 intermediates in one buffer, as large as the largest workspace among them, since their replays
 never overlap. A new capture that needs more starts a larger buffer, which later captures share;
-the captures on the smaller one are then `stale`, and their owner captures them again (a
+the captures on the smaller one are retired first (they let go of it, so that it is freed before
+the larger one is allocated, and never replay again) and are then `stale`: their owner captures
+them again (a
 training step's forward, captured before its backward needed more, moves to the backward's
 workspace at the next step; the backward's capture reading the old forward's lent values is then
 `orphaned`: no live graph lends them any more). The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are
@@ -82,6 +84,14 @@ class SharedWorkspace(Ordering):
         super().__init__(torch.cuda.current_stream(device))
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.superseded = False         # a larger one serves the device's new captures
+        self.users: weakref.WeakSet = weakref.WeakSet()     # the live graphs captured on it
+
+    def supersede(self) -> None:
+        """Retire the graphs captured on this workspace, which a larger one replaces: once the
+        caller drops its own reference, the buffer is freed (before the larger one is allocated)."""
+        self.superseded = True
+        for graph in list(self.users):
+            graph.retire()
 
 
 _workspaces: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # device -> SharedWorkspace
@@ -95,7 +105,8 @@ def shared_workspace(device: torch.device, nbytes: int) -> SharedWorkspace:
         current = _workspaces.get(device)
         if current is None or current.buffer.numel() < nbytes:
             if current is not None:
-                current.superseded = True
+                current.supersede()
+                del current
             current = _workspaces[device] = SharedWorkspace(nbytes, device)
         return current
 
@@ -170,6 +181,9 @@ class CapturedGraph:
         self.borrowed = {a for a in self.bound_addresses if any(a in g.lent_addresses for g in list(_holders))}
         stream = torch.cuda.Stream()
         self._order = ordering or Ordering(stream)
+        self.retired = False
+        if isinstance(ordering, SharedWorkspace):
+            ordering.users.add(self)
         with self._order.lock:
             current = torch.cuda.current_stream()
             current.wait_stream(self._order.last_stream)
@@ -208,7 +222,18 @@ class CapturedGraph:
 
     def stale(self) -> bool:
         """Whether the shared workspace it was captured on serves no new captures any more."""
-        return getattr(self._order, "superseded", False)
+        return self.retired or getattr(self._order, "superseded", False)
+
+    def retire(self) -> None:
+        """Never replay again, and let go of the graph and of every buffer but the lent outputs
+        (which callers may still hold): what its captured kernels read and write is freed once
+        nothing else holds it."""
+        with self._order.lock:
+            self.retired = True
+            lent = set(self.lent)
+            self.fn = self.graph = self.static_inputs = None
+            self.static_outputs = [t if k in lent else None for k, t in enumerate(self.static_outputs)]
+            self._order = Ordering(self._order.last_stream)
 
     def orphaned(self) -> bool:
         """Whether a bound input it read from another graph's lent output is lent by no live
@@ -245,7 +270,7 @@ class CapturedGraph:
                 return None
         order = self._order
         with order.lock:
-            if self.busy():
+            if self.retired or self.busy():
                 return None
             stream = torch.cuda.current_stream(order.last_stream.device)
             if stream != order.last_stream:
