@@ -251,3 +251,41 @@ def test_parameters_at_new_memory_every_step_are_copied_in(monkeypatch):
     assert len(forward) == 1 and len(backward) == 1
     params = {p.data_ptr() for p in model.parameters()}
     assert not params & (forward[0].bound_addresses | backward[0].bound_addresses), "parameters are copied in"
+
+
+def _forward_run() -> CompiledRun:
+    gc.collect()
+    [run] = [run for f in KilnFunction.live() if f not in _EARLIER and f.lent_from != 0
+             for run in f.graphs.values() if run.captures]
+    return run
+
+
+def test_outputs_are_lent_until_a_caller_keeps_them_into_the_next_step():
+    """Issue 32: a training forward copied its outputs out of its capture at every step (GPT-2's
+    412 MB of logits, which the loss graph then copied in again). They are lent now, as its saved
+    values are; a caller keeping one step's outputs into the next (`out = model(x)` at loop scope)
+    finds them unchanged, and gets copies from the capture made then (the lending one retired)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    kept = []
+    for step in range(5):
+        x = torch.randn(48, 64, device="cuda")
+        model.zero_grad()
+        reference.zero_grad()
+        out, want = compiled(x), reference(x)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+        lent = set().union(*(c.lent_addresses for c in _forward_run().captures.values()))
+        assert (out.data_ptr() in lent) == (step < 3), f"step {step}: lent until a caller kept outputs"
+        if step == 2:
+            kept.append((out, out.detach().clone()))
+        out.square().mean().backward()
+        want.square().mean().backward()
+        _assert_same_gradients(model, reference)
+        for old, value in kept:
+            torch.testing.assert_close(old, value, atol=0, rtol=0)
+        del out, want
+    run = _forward_run()
+    assert not run.lends_user_outputs
+    assert len(run.captures) == 1, "the lending capture was retired"

@@ -225,14 +225,15 @@ class CapturedGraph:
         return self.retired or getattr(self._order, "superseded", False)
 
     def retire(self) -> None:
-        """Never replay again, and let go of the graph and of every buffer but the lent outputs
-        (which callers may still hold): what its captured kernels read and write is freed once
-        nothing else holds it."""
+        """Never replay again, and let go of the graph and every buffer: what its captured
+        kernels read and write is freed once nothing else holds it (a caller's alias of a lent
+        output keeps that output's memory). A retired graph is never `busy`."""
         with self._order.lock:
+            if self.retired:
+                return
             self.retired = True
-            lent = set(self.lent)
-            self.fn = self.graph = self.static_inputs = None
-            self.static_outputs = [t if k in lent else None for k, t in enumerate(self.static_outputs)]
+            self.fn = self.graph = self.static_inputs = self.static_outputs = None
+            self._lent_storages = []
             self._order = Ordering(self._order.last_stream)
 
     def orphaned(self) -> bool:

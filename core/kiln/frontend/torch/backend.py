@@ -529,6 +529,12 @@ class CompiledRun:
     made after that, which then replay, instead of one capture a call. The inputs at positions
     `moves` (CPU scalars of a graph on a GPU) are copied to their device first.
 
+    A training forward's captures lend its other outputs too (a language model's logits, which
+    the loss graph then reads in place), until a call finds such a capture busy (a caller keeping
+    the outputs of one step into the next): from then on its captures copy them out, and those
+    that lent them are retired (`CapturedGraph.retire`: their memory is freed but for what the
+    callers hold) before the next capture allocates a second set of saved values.
+
     Where no output is at `lent` (inference: a training graph's captures would each hold its
     saved values), the first LENDING_CAPTURES captures lend the caller every output the graph
     allocates: a call hands out the CUDA graph's own output memory, with no copy, and
@@ -572,6 +578,12 @@ class CompiledRun:
         # constants, parameters, are handed out as they are, as eager does)
         theirs = {t.untyped_storage().data_ptr() for t in self.constants.values()}
         self.held_outputs = [k for k, slot in enumerate(compiled.outputs) if _held(compiled, slot, theirs)]
+        # a training forward lends its user outputs as well as its saved values (the logits of a
+        # language model: no copy out, and the loss graph reading them binds them in place) until
+        # a call finds a capture that lends them busy: a caller keeping outputs across calls then
+        # gets copies, from captures made after that, and the lending ones go once idle
+        self.lends_user_outputs = bool(self.lent) and len(self.lent) < len(self.returned)
+        self._lending: weakref.WeakSet = weakref.WeakSet()    # captures lending outputs beyond `lent`
         self.captures: OrderedDict | None = None
         # a graph whose steps all have no elements launches nothing: no CUDA graph to capture
         if cuda_examples is not None and any(compiled.buffers[s].nbytes
@@ -584,7 +596,7 @@ class CompiledRun:
             self._captures_lock = threading.Lock()
             # the copying capture first: its workspace, which holds its outputs too, serves the
             # lending ones (a larger one made after would leave it stale)
-            for lend in [False] + [True] * (0 if self.lent else self.LENDING_CAPTURES):
+            for lend in [self.lends_user_outputs] if self.lent else [False] + [True] * self.LENDING_CAPTURES:
                 if self._capture(cuda_examples, lend) is None:
                     break
 
@@ -598,9 +610,12 @@ class CompiledRun:
                  and (j in self.static or stays_put(t)) and self.relocations[j] < self.MOVES_BEFORE_COPY]
         if lend is None:
             with self._captures_lock:
-                lend = not self.lent and sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES
+                lend = (self.lends_user_outputs if self.lent else
+                        sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES)
         captured = capture(self.compiled, inputs, write_back=self.write_back,
                            lent=self.returned if lend else self.lent, bound=bound, copied_out=True)
+        if set(captured.lent) - set(self.lent):
+            self._lending.add(captured)
         with self._captures_lock:
             idle = [key for key, c in self.captures.items() if not c.busy()]
             spare = [key for key in idle if not self.captures[key].borrowed]
@@ -614,9 +629,9 @@ class CompiledRun:
         return captured
 
     def _lends_results(self, captured) -> bool:
-        """Whether `captured` lends outputs beyond `lent` (one of the LENDING_CAPTURES: only an
-        inference graph, whose `lent` is empty, has them)."""
-        return not self.lent and bool(captured.lent)
+        """Whether `captured` lends outputs beyond `lent` (an inference graph's LENDING_CAPTURES,
+        a training forward's captures lending its user outputs)."""
+        return captured in self._lending
 
     def _replay(self, inputs: list[torch.Tensor]) -> list | None:
         """The outputs of a replay for `inputs` (a capture reading inputs in place first),
@@ -637,6 +652,15 @@ class CompiledRun:
         self.relocations.update(j for j in moved
                                 if j not in self.written and (j in self.static or not stays_put(inputs[j])))
         moving = {j for j, n in self.relocations.items() if n >= self.MOVES_BEFORE_COPY}
+        if self.lends_user_outputs and any(self._lends_results(c) and c.busy() for c in list(self.captures.values())):
+            # what the lending captures hold but their callers' aliases is freed before the new
+            # capture allocates its own
+            self.lends_user_outputs = False
+            for captured in list(self._lending):
+                captured.retire()
+            self._drop(lambda c: c.retired)
+            logger.info("a training forward's lent outputs are still alive at its next call: its captures "
+                        "copy its outputs out from now on")
         self._drop(lambda c: c.orphaned() or not moving.isdisjoint(c.bound))
         if len(self.captures) >= self.CAPTURES_MAX and all(c.busy() for c in list(self.captures.values())):
             logger.info("a call runs without a CUDA graph: the values its %d captures lent are still alive",
