@@ -79,3 +79,19 @@ def test_a_larger_workspace_frees_the_smaller_one_first():
     assert_close(big.run([b], copy=True)[0], torch.tanh(b @ b), atol=1e-4, rtol=1e-4)
     again = small_graph.cuda_graph()
     assert_close(again.run([a], copy=True)[0], torch.exp(a @ a), atol=1e-4, rtol=1e-4)
+
+
+def test_a_bound_input_returned_is_not_held_by_the_graph():
+    """Issue 32: a loss graph reading the logits that the model's capture lends binds them in
+    place and returns them (saved for its backward); its capture held the example's tensor as a
+    static output, which kept the model's capture busy for good (its outputs were copied from then
+    on). The graph keeps no reference to a bound input it returns."""
+    x = kiln.symbol((64, 96), "float32", "cuda")
+    a = torch.randn(64, 96, device="cuda")
+    captured = kiln.trace_from([kiln.ops.exp(x), x], [x]).cuda_graph([a], bound=[0])
+    example = weakref.ref(a)
+    y, same = captured.run([a], copy=True)
+    assert same.torch() is a
+    assert_close(y, torch.exp(a))
+    del a, same
+    assert example() is None

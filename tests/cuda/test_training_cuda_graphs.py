@@ -142,7 +142,8 @@ def test_forwards_whose_saved_values_stay_alive(monkeypatch, most):
     xs = [torch.randn(48, 64, device="cuda") for _ in range(5)]
     losses = [compiled(x).square().mean() for x in xs]
     [forward] = _captures(False)
-    assert len(forward) == min(5, most)
+    # the first capture, lending the outputs too, was retired when the second call found it busy
+    assert len(forward) == min(4, most)
     for x, loss in reversed(list(zip(xs, losses))):
         model.zero_grad()
         reference.zero_grad()

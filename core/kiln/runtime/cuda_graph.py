@@ -208,11 +208,17 @@ class CapturedGraph:
         unwritten = set(range(len(static_inputs))) - written
         self._passed = {k: j for k, t in enumerate(self.static_outputs) for j in unwritten if t is static_inputs[j]}
         self._bound_set = frozenset(self.bound)
+        # a bound input returned is the caller's tensor at every replay: the graph holds no
+        # reference to the example's (another graph's lent output, which would stay busy)
+        for k, j in self._passed.items():
+            if j in self._bound_set:
+                self.static_outputs[k] = None
         self.lent = sorted(set(lent))
-        storages = [self.static_outputs[k].untyped_storage() for k in self.lent]
+        held = [self.static_outputs[k] for k in self.lent if self.static_outputs[k] is not None]
+        storages = [t.untyped_storage() for t in held]
         # what the graph's own tensors count, before any alias is handed out
         self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
-        self.lent_addresses = {self.static_outputs[k].data_ptr() for k in self.lent}
+        self.lent_addresses = {t.data_ptr() for t in held}
         if self.lent or self.bound:
             _holders.add(self)
 
