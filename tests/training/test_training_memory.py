@@ -264,3 +264,47 @@ def test_the_forward_saves_parameters_not_their_autocast_copies():
     torch.testing.assert_close(loss, want_loss, rtol=2e-2, atol=1e-3)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
+
+
+class _HeadsToRows(nn.Module):
+    """A softmax (whose backward reads its output) and that output permuted into the next
+    linear layer's rows: as an attention's output is saved for its backward and its permuted
+    copy for the output projection's weight gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        y = torch.softmax(self.a(x), -1)
+        return self.b(y.permute(1, 0, 2).contiguous().view(-1, 64)).square().mean()
+
+
+@pytest.mark.parametrize("shape", [(6, 10, 64), (1, 7, 64)])
+def test_a_saved_values_copy_in_another_layout_is_made_again_by_the_backward(shape):
+    """Issue 32: the partitioner saved both a value and its permuted copy (ViT-B/16 at batch 32:
+    116 MB of [197, 32, 768] attention outputs beside the outputs themselves). The forward now
+    saves the value alone and the backward makes the copy again (`recompute_layout_copies`);
+    gradients match eager's."""
+    torch.manual_seed(0)
+    model = _HeadsToRows()
+    x = torch.randn(*shape)
+
+    def step(m):
+        model.zero_grad()
+        loss = m(x)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
+    got = {}
+    forward, *_ = compiled_memory(lambda: got.update(result=step(compiled)))
+    saved = [(v.made_by, v.signature) for v in forward.largest_saved]
+    b, t, _ = shape
+    assert not [s for s in saved if f"[{t}, {b}, 64]" in s[1]], saved
+    assert ("Softmax", f"float32[{b}, {t}, 64][cpu]") in saved, saved
+    loss, grads = got["result"]
+    want_loss, want_grads = step(model)
+    torch.testing.assert_close(loss, want_loss)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w)

@@ -10,7 +10,9 @@ partitioner Inductor uses, which saves for the backward the values that cost lea
 lets the backward recompute cheap element-wise ones from them (a log-softmax from the logits
 and a per-row statistic, rather than the log-probabilities themselves, in float32 where the
 logits are bfloat16). A parameter's autocast copy that it would save, the backward casts again
-from the parameter (`recompute_parameter_casts`). It never saves a view: Kiln's views are
+from the parameter (`recompute_parameter_casts`), and a copy of a saved value in another
+layout (an attention's output permuted for its output projection) it makes again from that
+value (`recompute_layout_copies`). It never saves a view: Kiln's views are
 copies, so a saved view would cost a kernel and the bytes of its base; the base is saved and the
 backward takes the view (the forward's linear layers then read their weights untransposed).
 Both ATen graphs are compiled by `compile_aten(graph, example_inputs)` (the backend's own path:
@@ -47,6 +49,7 @@ from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kiln.frontend.torch.input_free import build_where_used, recompute_input_free
+from kiln.frontend.torch.layout_copies import recompute_layout_copies
 from kiln.frontend.torch.parameter_casts import recompute_parameter_casts
 from kiln.frontend.torch.saved_layout import saved_in_memory_order
 from kiln.frontend.torch.random import Seeded, draw_seeds, seed_random_ops
@@ -157,6 +160,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
                                                                     num_fwd_outputs=num_fwd_outputs, **options)
         forward, backward = recompute_parameter_casts(*recompute_input_free(forward, backward, num_fwd_outputs),
                                                       num_fwd_outputs, parameters)
+        forward, backward = recompute_layout_copies(forward, backward, num_fwd_outputs)
         return saved_in_memory_order(forward, backward, num_fwd_outputs)
 
     def compile_half(graph: GraphModule, examples, lent_from: int | None, static_inputs: list[int]):
