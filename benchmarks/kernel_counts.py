@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 import kiln
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.runtime.backend import CompiledTask
+from kiln.runtime.backend import DeviceKernel
 
 
 class Bottleneck(nn.Module):
@@ -84,19 +84,20 @@ def randomize_batch_norm(model: nn.Module) -> None:
 
 @contextlib.contextmanager
 def counting_launches():
-    """Count every kernel launch (every call of a built kernel) inside the block."""
+    """Count every kernel launch (every call of a loaded kernel, built now or loaded from the
+    graph cache) inside the block."""
     count = [0]
-    original = CompiledTask.__call__
+    original = DeviceKernel.__call__
 
     def call(self, *args, **kwargs):
         count[0] += 1
         return original(self, *args, **kwargs)
 
-    CompiledTask.__call__ = call
+    DeviceKernel.__call__ = call
     try:
         yield count
     finally:
-        CompiledTask.__call__ = original
+        DeviceKernel.__call__ = original
 
 
 @contextlib.contextmanager
