@@ -7,8 +7,8 @@ holds a graph input (bound at each run), a constant (a fixed tensor), a graph ou
 
 Intermediates live in a workspace per device: a uint8 buffer carved into views at
 256-byte-aligned offsets by a memory plan, so that buffers whose lifetimes do not overlap share
-memory and a run allocates nothing but its outputs. The plan is greedy first-fit: buffers in
-order of first use, each at the lowest offset where it overlaps no buffer live at the same time.
+memory and a run allocates nothing but its outputs. The plan is greedy by size: the largest
+buffers first, each at the lowest offset where it overlaps no buffer live at the same time.
 A step whose program is a `View` runs nothing: its output slot is its input slot's tensor in
 another shape (a reshape), and that memory stays live as long as either is used.
 
@@ -101,11 +101,14 @@ def _align(n: int, alignment: int) -> int:
 def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
                 alignment: int = ALIGNMENT) -> MemoryPlan:
     """Offsets for buffers of `sizes` bytes live over the (first, last) step ranges `live`
-    (inclusive): two buffers whose ranges intersect never overlap in memory. Greedy first-fit,
-    buffers taken in order of first use (larger first among those starting together)."""
+    (inclusive): two buffers whose ranges intersect never overlap in memory. Greedy by size:
+    the largest buffer first, each at the lowest offset where it overlaps no buffer placed
+    already that is live at the same time (taken in order of first use, a training backward's
+    small early buffers left holes too small for the large later ones: ResNet-50's workspace
+    was 376 MB for 310 MB live at once at most, which this order reaches)."""
     placed: list[tuple[int, int, int]] = []          # (offset, end, slot)
     offsets, size = {}, 0
-    for slot in sorted(sizes, key=lambda s: (live[s][0], -sizes[s], s)):
+    for slot in sorted(sizes, key=lambda s: (-sizes[s], live[s][0], s)):
         first, last = live[slot]
         need = _align(sizes[slot], alignment)
         busy = sorted((o, e) for o, e, other in placed
