@@ -121,6 +121,23 @@ def test_blockings(knobs, xs, ws):
     assert_close(out, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("xs, ws, kw", [((1, 11, 13, 15), (37, 11, 3, 3), dict(padding=1)),
+                                        ((2, 7, 19, 17), (20, 7, 5, 5), dict(stride=2, padding=2, dilation=(1, 2))),
+                                        ((1, 40, 9, 9), (24, 40, 1, 1), dict(stride=2))])
+def test_k_blocks_are_whole_input_channels(xs, ws, kw):
+    """The micro-kernel reads a channel's taps at fixed offsets from one pointer (cpu/micro.h's
+    A_TAPS): a K block of 40 rows is cut down to whole channels (36 of 3x3, 25 of 5x5 taps)."""
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
+    program = conv_cpu.render(task, KC=40, WHOLE_K=0)
+    taps = ws[2] * ws[3]
+    assert f"#define KC {40 // taps * taps}\n" in program.source
+    want = F.conv2d(x, w, b, **kw)
+    out = torch.empty_like(want)
+    CpuKernel(program)([x, w, b], [out])
+    assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
 def test_one_thread_gives_the_same_result():
     x, w = rand((2, 16, 20, 19)), rand((24, 16, 3, 3))
     threads = torch.get_num_threads()

@@ -19,7 +19,8 @@
    to pack them here), what the template adds, and the sizes.
 
    Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
-   hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
+   hooks, and kiln_a_rows where A_DIRECT (A's rows from k0 on, a whole number of micro.h's
+   A_TAPS; KC then a multiple of them), ahead of it. */
 
 /* B's columns n0 .. n0 + cols - 1 (zeros past them) for k0 .. k0 + kc - 1, as one k-major NR-wide panel */
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
@@ -134,9 +135,9 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
 #if A_DIRECT
-                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpanels + jp * bstride, cin, full ? N : NR,
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0, pc), bpanels + jp * bstride, cin, full ? N : NR,
 #else
-                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpanels + jp * bstride, cin, full ? N : NR,
+                    kiln_micro(kc, apack + ip * MR * kc, bpanels + jp * bstride, cin, full ? N : NR,
 #endif
                                to_ws ? w : tile, to_ws ? N : NR, ahead, lines);
                     if (last)
