@@ -149,6 +149,31 @@ def test_one_thread_gives_the_same_result():
     assert_close(kiln.ops.conv2d(x, w, None, 1, 1), one, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("knobs", [{}, dict(KC=36, WHOLE_K=0)])
+@pytest.mark.parametrize("xs, ws", [((4, 16, 20, 19), (24, 16, 3, 3)), ((6, 8, 9, 9), (40, 8, 1, 1))])
+def test_threads_split_the_images(threads, knobs, xs, ws):
+    """Where an image's pixels outnumber the channels, the threads take whole images (cpu/gemm.h:
+    each reads only its own planes; with K in blocks each keeps its own workspace), else the
+    channels; either way the bits of one thread. 3 threads split 6 images two each; 4 images
+    among 3 threads go by channels (pixels)."""
+    x, w = rand(xs), rand(ws)
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), None, padding=ws[2] // 2)
+    kernel = CpuKernel(conv_cpu.render(task, **knobs))
+    want = F.conv2d(x, w, None, padding=ws[2] // 2)
+    outs = []
+    previous = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            outs.append(torch.empty_like(want))
+            kernel([x, w], [outs[-1]])
+    finally:
+        torch.set_num_threads(previous)
+    assert_close(outs[0], want, atol=1e-4, rtol=1e-4)
+    assert_close(outs[1], outs[0], atol=0, rtol=0)
+
+
 def test_declines_what_it_does_not_compute():
     x = kiln.from_torch(rand((1, 6, 9, 9)))
     assert not conv_cpu.TEMPLATE.applies(_task(x, kiln.from_torch(rand((6, 1, 3, 3))), None, groups=6))   # depthwise
