@@ -151,12 +151,15 @@ def test_one_thread_gives_the_same_result():
 
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("knobs", [{}, dict(KC=36, WHOLE_K=0)])
-@pytest.mark.parametrize("xs, ws", [((4, 16, 20, 19), (24, 16, 3, 3)), ((6, 8, 9, 9), (40, 8, 1, 1))])
-def test_threads_split_the_images(threads, knobs, xs, ws):
-    """Where an image's pixels outnumber the channels, the threads take whole images (cpu/gemm.h:
-    each reads only its own planes; with K in blocks each keeps its own workspace), else the
-    channels; either way the bits of one thread. 3 threads split 6 images two each; 4 images
-    among 3 threads go by channels (pixels)."""
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("xs, ws", [((4, 16, 20, 19), (24, 16, 3, 3)), ((6, 8, 9, 9), (40, 8, 1, 1)),
+                                    ((3, 20, 6, 6), (200, 20, 3, 3))])
+def test_threads_split_the_work(threads, knobs, prepared, xs, ws):
+    """Whatever the split (cpu/gemm.h: whole images where an image's pixels outnumber the
+    channels, each thread with its own workspace where K is in blocks; else channels or pixels,
+    images inside the weight's blocks where it is laid out once and larger), in chunks the
+    threads take as they go: the bits of one thread. 3 threads split 6 images two each; 4
+    images among 3 threads, and 3 among 2, go by channels or pixels."""
     x, w = rand(xs), rand(ws)
     task = _task(kiln.from_torch(x), kiln.from_torch(w), None, padding=ws[2] // 2)
     kernel = CpuKernel(conv_cpu.render(task, **knobs))
@@ -167,7 +170,11 @@ def test_threads_split_the_images(threads, knobs, xs, ws):
         for n in (1, threads):
             torch.set_num_threads(n)
             outs.append(torch.empty_like(want))
-            kernel([x, w], [outs[-1]])
+            if prepared:
+                call, form = kernel.prepare([None, w])
+                call([x, w, form], [outs[-1]])
+            else:
+                kernel([x, w], [outs[-1]])
     finally:
         torch.set_num_threads(previous)
     assert_close(outs[0], want, atol=1e-4, rtol=1e-4)
