@@ -157,9 +157,9 @@ def test_one_thread_gives_the_same_result():
 def test_threads_split_the_work(threads, knobs, prepared, xs, ws):
     """Whatever the split (cpu/gemm.h: whole images where an image's pixels outnumber the
     channels, each thread with its own workspace where K is in blocks; else channels or pixels,
-    images inside the weight's blocks where it is laid out once and larger), in chunks the
-    threads take as they go: the bits of one thread. 3 threads split 6 images two each; 4
-    images among 3 threads, and 3 among 2, go by channels or pixels."""
+    images inside the weight's blocks where it is laid out once and larger): the bits of one
+    thread. 3 threads split 6 images two each; 4 images among 3 threads, and 3 among 2, go by
+    channels or pixels."""
     x, w = rand(xs), rand(ws)
     task = _task(kiln.from_torch(x), kiln.from_torch(w), None, padding=ws[2] // 2)
     kernel = CpuKernel(conv_cpu.render(task, **knobs))

@@ -167,9 +167,9 @@ def test_one_thread_gives_the_same_result():
 
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("xs, ys", [((130, 1000), (1000, 300)), ((6, 50, 257), (6, 257, 40)), ((3, 90, 800), (3, 800, 70))])
-def test_threads_take_chunks_with_the_bits_of_one(threads, xs, ys):
-    """cpu/gemm.h's threads take batches or panels in chunks as they go (K in one block and in
-    several; batches split where they divide among the threads): one thread's bits."""
+def test_threads_give_the_bits_of_one(threads, xs, ys):
+    """cpu/gemm.h's threads split batches or panels (K in one block and in several; batches
+    split where they divide among the threads): one thread's bits."""
     x, y = rand(xs), rand(ys)
     previous = torch.get_num_threads()
     try:

@@ -150,31 +150,11 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
     }
 }
 
-/* The next chunk of `units` units of work for one of T threads, [*lo, return value), from the
-   shared counter `next`, or 0 units where none are left: chunks shrinking as the work runs out
-   (a 2T-th of what is left, at least a 4T-th of all, as each chunk reads the other operand
-   again; all of it for one thread), so that a thread that runs slower (a core shared with
-   another process, or more of the work's cache misses) takes fewer, and the threads finish
-   together. */
-static int64_t kiln_claim(int64_t* next, int64_t units, int64_t T, int64_t* lo) {
-    int64_t cur = __atomic_load_n(next, __ATOMIC_RELAXED);
-    for (;;) {
-        if (cur >= units) return *lo = units;
-        const int64_t share = (units - cur + 2 * T - 1) / (2 * T), least = (units + 4 * T - 1) / (4 * T);
-        const int64_t size = T == 1 ? units : share > least ? share : least;
-        if (__atomic_compare_exchange_n(next, &cur, cur + size, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-            *lo = cur;
-            return KILN_MIN(cur + size, units);
-        }
-    }
-}
-
 /* Threads split the batches where each batch runs alone (see below) and its A is larger than
    B (BATCH x M > N: a convolution's large planes against its weight, which every thread then
    reads whole), so that each thread reads only its own images' planes; else N (or M, where N
-   has too few panels) in whole panels. They take the batches or panels in chunks as they go
-   (kiln_claim), never waiting on each other: each packs its own operand blocks (B's only where
-   bpre, B laid out once, is NULL).
+   has too few panels) in whole panels. They never wait on each other: each packs its own
+   operand blocks (B's only where bpre, B laid out once, is NULL).
    Where B is laid out once and larger than a batch's A (M < N: a convolution's late layers,
    7 x 7 or 14 x 14 pixels against hundreds of channels), the batches go inside each block of B
    (kiln_block), so that B is read into the caches once, not once per image; otherwise one batch
@@ -184,28 +164,26 @@ static void kiln_gemm(PARAMS) {
     const int64_t together = bpre && M < N ? BATCH : 1;     /* batches in one kiln_block */
     float* ws = K > KC ? (float*)malloc((size_t)together * M * N * 4) : NULL;
     const int threads = (double)BATCH * M * N * K > 65536.0 ? omp_get_max_threads() : 1;
-    int64_t next = 0;       /* the first unit of work no thread has taken */
 #pragma omp parallel num_threads(threads)
     {
-        const int64_t T = omp_get_num_threads();
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
         const int split_b = together == 1 && T > 1 && (BATCH % T == 0 || BATCH >= 4 * T) && BATCH * M > N;
         const int split_n = !split_b && (KILN_PANELS(N, NR) >= 4 * T || N >= M);
-        const int64_t units = split_b ? BATCH : split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
+        const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
+        const int64_t lo = split_b ? 0 : KILN_MIN(panels * t / T * width, extent);
+        const int64_t hi = split_b ? M : KILN_MIN(panels * (t + 1) / T * width, extent);
+        const int64_t b_lo = split_b ? BATCH * t / T : 0, b_end = split_b ? BATCH * (t + 1) / T : BATCH;
         float* bpack = bpre ? NULL : kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
         float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
         /* each thread its own workspace where K is cut into blocks and the batches split */
         float* own = split_b && ws ? (float*)malloc((size_t)M * N * 4) : NULL;
-        int64_t u_lo, u_hi;
-        while ((u_hi = kiln_claim(&next, units, T, &u_lo)) > u_lo) {
-            const int64_t lo = split_b ? 0 : KILN_MIN(u_lo * width, extent), hi = split_b ? M : KILN_MIN(u_hi * width, extent);
-            const int64_t b_lo = split_b ? u_lo : 0, b_end = split_b ? u_hi : BATCH;
+        if (lo < hi)
             for (int64_t b = b_lo; b < b_end; b += together) {
                 const int64_t b_hi = KILN_MIN(b + together, b_end);
                 if (split_n) kiln_block(ARGS, b, b_hi, 0, M, lo, hi, apack, bpack, ws);
                 else kiln_block(ARGS, b, b_hi, lo, hi, 0, N, apack, bpack, own ? own : ws);
             }
-        }
         free(own);
         free(apack);
         free(bpack);

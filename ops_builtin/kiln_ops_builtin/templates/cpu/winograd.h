@@ -158,9 +158,7 @@ static void kiln_wino(PARAMS, const float* __restrict__ bpre) {
         float* y = kiln_alloc(4 * MRP * NR);
         float* by_channel = kiln_alloc(4 * NR * MRP);
         for (int64_t e = 0; e < 4 * MRP * NR; ++e) y[e] = 0.f;    /* rows past MR: transposed, never stored */
-        /* blocks taken as the threads go: one that runs slower (a core shared with another
-           process) takes fewer */
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
         for (int64_t blk = 0; blk < BATCH * TILES_H * (TWQ / MR); ++blk) {
             const int64_t b = blk / (TILES_H * (TWQ / MR)), th = blk / (TWQ / MR) % TILES_H, tw0 = blk % (TWQ / MR) * MR;
             kiln_wino_input(planes + b * PLANE, th, tw0, v);
