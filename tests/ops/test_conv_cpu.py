@@ -121,6 +121,23 @@ def test_blockings(knobs, xs, ws):
     assert_close(out, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("xs, ws, kw", [((1, 11, 13, 15), (37, 11, 3, 3), dict(padding=1)),
+                                        ((2, 7, 19, 17), (20, 7, 5, 5), dict(stride=2, padding=2, dilation=(1, 2))),
+                                        ((1, 40, 9, 9), (24, 40, 1, 1), dict(stride=2))])
+def test_k_blocks_are_whole_input_channels(xs, ws, kw):
+    """The micro-kernel reads a channel's taps at fixed offsets from one pointer (cpu/micro.h's
+    A_TAPS): a K block of 40 rows is cut down to whole channels (36 of 3x3, 25 of 5x5 taps)."""
+    x, w, b = rand(xs), rand(ws), rand((ws[0],))
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b), **kw)
+    program = conv_cpu.render(task, KC=40, WHOLE_K=0)
+    taps = ws[2] * ws[3]
+    assert f"#define KC {40 // taps * taps}\n" in program.source
+    want = F.conv2d(x, w, b, **kw)
+    out = torch.empty_like(want)
+    CpuKernel(program)([x, w, b], [out])
+    assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
 def test_one_thread_gives_the_same_result():
     x, w = rand((2, 16, 20, 19)), rand((24, 16, 3, 3))
     threads = torch.get_num_threads()
@@ -130,6 +147,38 @@ def test_one_thread_gives_the_same_result():
     finally:
         torch.set_num_threads(threads)
     assert_close(kiln.ops.conv2d(x, w, None, 1, 1), one, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("knobs", [{}, dict(KC=36, WHOLE_K=0)])
+@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("xs, ws", [((4, 16, 20, 19), (24, 16, 3, 3)), ((6, 8, 9, 9), (40, 8, 1, 1)),
+                                    ((3, 20, 6, 6), (200, 20, 3, 3))])
+def test_threads_split_the_work(threads, knobs, prepared, xs, ws):
+    """Whatever the split (cpu/gemm.h: whole images where an image's pixels outnumber the
+    channels, each thread with its own workspace where K is in blocks; else channels or pixels,
+    images inside the weight's blocks where it is laid out once and larger): the bits of one
+    thread. 3 threads split 6 images two each; 4 images among 3 threads, and 3 among 2, go by
+    channels or pixels."""
+    x, w = rand(xs), rand(ws)
+    task = _task(kiln.from_torch(x), kiln.from_torch(w), None, padding=ws[2] // 2)
+    kernel = CpuKernel(conv_cpu.render(task, **knobs))
+    want = F.conv2d(x, w, None, padding=ws[2] // 2)
+    outs = []
+    previous = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            outs.append(torch.empty_like(want))
+            if prepared:
+                call, form = kernel.prepare([None, w])
+                call([x, w, form], [outs[-1]])
+            else:
+                kernel([x, w], [outs[-1]])
+    finally:
+        torch.set_num_threads(previous)
+    assert_close(outs[0], want, atol=1e-4, rtol=1e-4)
+    assert_close(outs[1], outs[0], atol=0, rtol=0)
 
 
 def test_declines_what_it_does_not_compute():

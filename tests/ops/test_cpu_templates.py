@@ -165,6 +165,24 @@ def test_one_thread_gives_the_same_result():
     assert_close(one, x @ y, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("xs, ys", [((130, 1000), (1000, 300)), ((6, 50, 257), (6, 257, 40)), ((3, 90, 800), (3, 800, 70))])
+def test_threads_give_the_bits_of_one(threads, xs, ys):
+    """cpu/gemm.h's threads split batches or panels (K in one block and in several; batches
+    split where they divide among the threads): one thread's bits."""
+    x, y = rand(xs), rand(ys)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kiln.ops.matmul(x, y).torch()
+        torch.set_num_threads(threads)
+        many = kiln.ops.matmul(x, y).torch()
+    finally:
+        torch.set_num_threads(previous)
+    assert_close(many, one, atol=0, rtol=0)
+    assert_close(one, x @ y, atol=1e-3, rtol=1e-4)
+
+
 def _fused_nodes(capture):
     graph = next(iter(capture.compiled[0].graphs.values())).graph
     return [n for n in graph.nodes if type(n).__name__ == "FusedOperator"]

@@ -318,6 +318,8 @@ def render(task, **knobs) -> CpuProgram:
                "INPUT_PLANES_OK": int(c.input_is_planes),
                "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
                **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
+    # K blocks of whole input channels: `cpu/micro.h` reads a channel's taps at fixed offsets
+    defines["KC"] = max(kh * kw, defines["KC"] // (kh * kw) * (kh * kw))
     return prepared_program(c, defines, KERNEL, "kiln_conv", "kiln_conv_prepare")
 
 

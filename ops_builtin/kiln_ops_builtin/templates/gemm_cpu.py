@@ -31,8 +31,8 @@ B's panels laid out once are streamed once.
 The device code is in `cpu/*.h`, C over compile-time knobs that the rendered program defines
 as macros (`GemmKnobs`, the task's layout), in pieces that the convolution templates reuse
 (`MICRO`, `BLOCK`): `simd.h` (vectors), `common.h`, `micro.h` (the micro-kernel; with A_DIRECT
-1 it reads row k of an A panel in place at a + aoff[k], through the template's `kiln_a_rows`
-and `kiln_a_offsets`), `gemm_hooks.h` (A's panels and finished tiles through the core's hooks,
+1 it reads A in place as a convolution's taps, from the template's `kiln_a_rows`, each tap at a
+fixed offset of the program), `gemm_hooks.h` (A's panels and finished tiles through the core's hooks,
 where a convolution has its own), `gemm.h` (B's packing, the blocks of one thread, `kiln_gemm`:
 the threads' split, reading B's panels from `bpre` where they were laid out once;
 `kiln_pack_panels`, the layout) and `matmul.h` (the few-rows kernels and `kiln_main`); this

@@ -6,28 +6,26 @@
    strides SH, SW, dilation DH, DW and padding PH, PW, the output's OH, OW, the planes' HQ, WQ
    and PLANE (an image's floats), GROUPS (a GEMM batch per image and group) and IMAGES; with
    conv_rows.h's rows. PARAMS (gemm.h's) ends with `planes` and `koffs`, the planes and each
-   tap's offset in them (kiln_koff). TASK_PARAMS are the task's buffers (TASK_ARGS passes them).
+   tap's offset in them (kiln_koff: what kiln_pack_a gathers; micro.h reads A in place at conv_rows.h's
+   A_TAP offsets). TASK_PARAMS are the task's buffers (TASK_ARGS passes them).
 
    Defines gemm.h's kiln_pack_a and kiln_store_tile, so it comes ahead of gemm.h; needs
    conv_rows.h, micro.h and the hooks ahead of it. */
 
 /* planes offset of tap k = (c, i, j) */
-static inline int64_t kiln_koff(int64_t k) {
-    const int64_t c = k / (KH * KW), r = k % (KH * KW), i = r / KW, j = r % KW;
-    return (c * PSH * PSW + kiln_phase(i, j)) * (HQ * WQ) + i * DH / SH * WQ + j * DW / SW;
-}
+static inline int64_t kiln_koff(int64_t k) { return k / A_TAPS * A_CHANNEL + A_TAP(k % A_TAPS); }
 
 /* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
 static inline const float* kiln_group_planes(const float* planes, int64_t b) {
     return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * PSH * PSW * HQ * WQ;
 }
 
-/* A_DIRECT: A read in place, row k of the panel at m0 at planes + koffs[k] (m0 a real pixel
-   where ALIGNED, its panel within one output row; else a virtual one) */
-static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0) {
-    return kiln_group_planes(planes, b) + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+/* A_DIRECT: A read in place from row k0 on (k0 a whole number of channels), the panel at m0 at
+   the planes' pixel m0 (a real pixel where ALIGNED, its panel within one output row; else a
+   virtual one); micro.h adds each tap's offset */
+static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0, int64_t k0) {
+    return kiln_group_planes(planes, b) + k0 / A_TAPS * A_CHANNEL + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
 }
-static inline const int64_t* kiln_a_offsets(PARAMS, int64_t k0) { return koffs + k0; }
 
 /* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
    repeat pixel 0: computed, never stored) */

@@ -8,7 +8,8 @@
    IN_PLACE: the planes are the input INPUT_PLANES itself, where it is laid out as they are
    (INPUT_PLANES_OK: float32, no padding, one phase, the planes its size) and no row reads past
    its output row (real pixels: ALIGNED or GATHER; the last panel of virtual pixels reads past
-   the planes' end, into their tail of PLANE_TAIL floats). PLANE: an image's floats. */
+   the planes' end, into their tail of PLANE_TAIL floats). PLANE: an image's floats. Needs
+   planes.h ahead of it. */
 
 #define ALIGNED (OW % MR == 0)
 #define A_DIRECT (ALIGNED || !GATHER)
@@ -16,3 +17,9 @@
 #define M (OH * ROW)
 #define IN_PLACE (INPUT_PLANES_OK && (ALIGNED || GATHER))
 #define PLANE (CIN * PSH * PSW * HQ * WQ + (IN_PLACE ? 0 : PLANE_TAIL))
+/* A's rows of k as micro.h reads them in place (A_DIRECT): an input channel's KH x KW taps, a
+   channel's PSH x PSW planes apart; tap t = (i, j) at row i * DH / SH, column j * DW / SW of
+   plane kiln_phase(i, j) */
+#define A_TAPS (KH * KW)
+#define A_CHANNEL (PSH * PSW * HQ * WQ)
+#define A_TAP(t) (kiln_phase((t) / KW, (t) % KW) * (HQ * WQ) + (t) / KW * DH / SH * WQ + (t) % KW * DW / SW)

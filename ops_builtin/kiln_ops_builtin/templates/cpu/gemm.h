@@ -19,7 +19,8 @@
    to pack them here), what the template adds, and the sizes.
 
    Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
-   hooks, and kiln_a_rows and kiln_a_offsets where A_DIRECT, ahead of it. */
+   hooks, and kiln_a_rows where A_DIRECT (A's rows from k0 on, a whole number of micro.h's
+   A_TAPS; KC then a multiple of them), ahead of it. */
 
 /* B's columns n0 .. n0 + cols - 1 (zeros past them) for k0 .. k0 + kc - 1, as one k-major NR-wide panel */
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
@@ -134,9 +135,9 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
 #if A_DIRECT
-                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0), kiln_a_offsets(ARGS, pc), bpanels + jp * bstride, cin, full ? N : NR,
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0, pc), bpanels + jp * bstride, cin, full ? N : NR,
 #else
-                    kiln_micro(kc, apack + ip * MR * kc, NULL, bpanels + jp * bstride, cin, full ? N : NR,
+                    kiln_micro(kc, apack + ip * MR * kc, bpanels + jp * bstride, cin, full ? N : NR,
 #endif
                                to_ws ? w : tile, to_ws ? N : NR, ahead, lines);
                     if (last)
@@ -149,8 +150,11 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
     }
 }
 
-/* Threads split N (or M, where N has too few panels) in whole panels and never wait on each
-   other: each packs its own operand blocks (B's only where bpre, B laid out once, is NULL).
+/* Threads split the batches where each batch runs alone (see below) and its A is larger than
+   B (BATCH x M > N: a convolution's large planes against its weight, which every thread then
+   reads whole), so that each thread reads only its own images' planes; else N (or M, where N
+   has too few panels) in whole panels. They never wait on each other: each packs its own
+   operand blocks (B's only where bpre, B laid out once, is NULL).
    Where B is laid out once and larger than a batch's A (M < N: a convolution's late layers,
    7 x 7 or 14 x 14 pixels against hundreds of channels), the batches go inside each block of B
    (kiln_block), so that B is read into the caches once, not once per image; otherwise one batch
@@ -163,18 +167,24 @@ static void kiln_gemm(PARAMS) {
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-        const int split_n = KILN_PANELS(N, NR) >= 4 * T || N >= M;
+        const int split_b = together == 1 && T > 1 && (BATCH % T == 0 || BATCH >= 4 * T) && BATCH * M > N;
+        const int split_n = !split_b && (KILN_PANELS(N, NR) >= 4 * T || N >= M);
         const int64_t panels = split_n ? KILN_PANELS(N, NR) : KILN_PANELS(M, MR);
         const int64_t width = split_n ? NR : MR, extent = split_n ? N : M;
-        const int64_t lo = KILN_MIN(panels * t / T * width, extent), hi = KILN_MIN(panels * (t + 1) / T * width, extent);
+        const int64_t lo = split_b ? 0 : KILN_MIN(panels * t / T * width, extent);
+        const int64_t hi = split_b ? M : KILN_MIN(panels * (t + 1) / T * width, extent);
+        const int64_t b_lo = split_b ? BATCH * t / T : 0, b_end = split_b ? BATCH * (t + 1) / T : BATCH;
         float* bpack = bpre ? NULL : kiln_alloc(KILN_PANELS(KILN_MIN(NC, N), NR) * NR * kcap);
         float* apack = kiln_alloc(KILN_PANELS(KILN_MIN(MCB, M), MR) * MR * kcap);
+        /* each thread its own workspace where K is cut into blocks and the batches split */
+        float* own = split_b && ws ? (float*)malloc((size_t)M * N * 4) : NULL;
         if (lo < hi)
-            for (int64_t b = 0; b < BATCH; b += together) {
-                const int64_t b_hi = KILN_MIN(b + together, BATCH);
+            for (int64_t b = b_lo; b < b_end; b += together) {
+                const int64_t b_hi = KILN_MIN(b + together, b_end);
                 if (split_n) kiln_block(ARGS, b, b_hi, 0, M, lo, hi, apack, bpack, ws);
-                else kiln_block(ARGS, b, b_hi, lo, hi, 0, N, apack, bpack, ws);
+                else kiln_block(ARGS, b, b_hi, lo, hi, 0, N, apack, bpack, own ? own : ws);
             }
+        free(own);
         free(apack);
         free(bpack);
     }

@@ -3,9 +3,10 @@
 
    Compile-time knobs, macros of the rendered program: MR_KNOB (the tile's rows; 0 takes the
    ISA's: MR_WIDE with 16-float vectors, 6 with 8, 8 with 4), MC (A's block rows, cut down to
-   whole panels: MCB), A_DIRECT (1: A is read in place, row k of a panel at a + aoff[k]; 0: A is
-   packed k-major), A_PREFETCH (where A_DIRECT: row k + A_PREFETCH is prefetched at row k, its
-   first and last float, two cache lines at most; 0: none).
+   whole panels: MCB), A_DIRECT (1: A is read in place, as a convolution's taps: A_TAPS, A_CHANNEL
+   and A_TAP(t) below; 0: A is packed k-major), A_PREFETCH (where A_DIRECT: the rows A_PREFETCH
+   ahead, rounded up to whole channels, prefetched, each row's first and last float, two cache
+   lines at most; 0: none).
 
    Needs simd.h ahead of it. */
 
@@ -26,46 +27,88 @@ enum {
     MCB = MC / MR * MR,  /* A's blocks in whole panels */
 };
 
-/* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel (kc x MR,
-   k-major; or, where A_DIRECT, row k at a + aoff[k]: A read in place, A_PREFETCH rows ahead
-   prefetched) times b-panel (kc x NR, k-major); meanwhile the `lines` 64-byte cache lines from
-   `ahead` on (what the caller reads next: gemm.h's next B panel) prefetched into L2, one every
-   kc / lines k, so that they arrive from memory while the tile computes (none where lines is 0;
-   at most one a k: the first kc where lines exceed kc, a single A panel's).
+/* cout[MR][NR] (row stride ldout) = cin (row stride ldin; zeros where NULL) + a-panel times
+   b-panel (kc x NR, k-major); meanwhile the `lines` 64-byte cache lines from `ahead` on (what
+   the caller reads next: gemm.h's next B panel) prefetched into L2, one every kc / lines k, so
+   that they arrive from memory while the tile computes (none where lines is 0; at most one a k:
+   the first kc where lines exceed kc, a single A panel's).
+   The a-panel: kc x MR, k-major; or, where A_DIRECT, A read in place, as a convolution's taps
+   (A_TAPS rows of k to an input channel, kc a whole number of channels): row k = c * A_TAPS + t
+   at a + c * A_CHANNEL + A_TAP(t), the taps' offsets constants of the program, so that the
+   loop over a channel's taps, unrolled, reads A at fixed offsets from one pointer (a table of
+   offsets cost a load a k, and the loads, not the multiply-adds, bounded the loop: AVX2's 6 x 16
+   tile ran at 60% of the FMA peak); each row's first and last float prefetched A_PREFETCH rows
+   ahead (in whole channels; 0: none).
+   The k run in stretches between two prefetches of `ahead`, each stretch a loop of its own with
+   no test in it (a test a k cost AVX2's 6 x 16 tile about a sixth of its speed).
    Never inlined: in the loops of its caller GCC keeps one of the 14-row tile's accumulators on
    the stack, a store and a load every k. */
-static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __restrict__ a, const int64_t* __restrict__ aoff,
-                              const float* __restrict__ b,
+#if A_DIRECT
+enum {
+    KILN_A_AHEAD = (A_PREFETCH + A_TAPS - 1) / A_TAPS,     /* channels ahead prefetched */
+    KILN_A_UNROLL = A_TAPS >= 4 ? 1 : 4,                    /* channels a loop body (the taps unrolled) */
+};
+#endif
+static __attribute__((noinline)) void kiln_micro(int64_t kc, const float* __restrict__ a, const float* __restrict__ b,
                               const float* cin, int64_t ldin, float* cout, int64_t ldout,
                               const float* ahead, int64_t lines) {
-    const int64_t every = lines ? (kc / lines > 0 ? kc / lines : 1) : 0;
-    int64_t due = lines ? 0 : kc;        /* the k of the next prefetch (kc: none left) */
+#if A_DIRECT
+    const int64_t rows = kc / A_TAPS;     /* the loops below count channels */
+#else
+    const int64_t rows = kc;
+#endif
+    const int64_t every = lines ? (rows / lines > 0 ? rows / lines : 1) : rows;
     kiln_vf acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) acc[i][j] = cin ? *(const kiln_vfu*)(cin + i * ldin + j * VW) : (kiln_vf){0};
-    for (int64_t k = 0; k < kc; ++k) {
-        if (k == due) {
+    for (int64_t r0 = 0; r0 < rows; r0 += every) {
+        if (lines > 0) {
             __builtin_prefetch(ahead, 0, 2);
             ahead += 16;
-            due = --lines ? due + every : kc;
+            --lines;
         }
-#if A_DIRECT && A_PREFETCH
-        if (k + A_PREFETCH < kc) {
-            __builtin_prefetch(a + aoff[k + A_PREFETCH]);
-            __builtin_prefetch(a + aoff[k + A_PREFETCH] + MR - 1);
+        const int64_t r1 = KILN_MIN(rows, r0 + every);
+#if A_DIRECT
+#pragma GCC unroll KILN_A_UNROLL
+        for (int64_t c = r0; c < r1; ++c) {
+            const float* __restrict__ ac = a + c * A_CHANNEL;
+            const float* __restrict__ bc = b + c * A_TAPS * NR;
+#pragma GCC unroll 64
+            for (int t = 0; t < A_TAPS; ++t) {
+                /* no value carried from one tap to the next: where taps overlap (a stride of 1),
+                   GCC would keep A's floats for the next tap in registers, and spill the tile */
+                __asm__ volatile("" ::: "memory");
+                if (KILN_A_AHEAD) {     /* past the block's end too: a prefetch never faults */
+                    __builtin_prefetch(ac + KILN_A_AHEAD * A_CHANNEL + A_TAP(t));
+                    __builtin_prefetch(ac + KILN_A_AHEAD * A_CHANNEL + A_TAP(t) + MR - 1);
+                }
+                kiln_vf bv[NV];
+#pragma GCC unroll 4
+                for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(bc + t * NR + j * VW);
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; ++i) {
+                    const float av = ac[A_TAP(t) + i];
+#pragma GCC unroll 4
+                    for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+                }
+            }
+        }
+#else
+#pragma GCC unroll 4
+        for (int64_t k = r0; k < r1; ++k) {
+            kiln_vf bv[NV];
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(b + k * NR + j * VW);
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; ++i) {
+                const float av = a[k * MR + i];
+#pragma GCC unroll 4
+                for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+            }
         }
 #endif
-        kiln_vf bv[NV];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) bv[j] = *(const kiln_vfu*)(b + k * NR + j * VW);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const float av = A_DIRECT ? a[aoff[k] + i] : a[k * MR + i];
-#pragma GCC unroll 4
-            for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
-        }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)

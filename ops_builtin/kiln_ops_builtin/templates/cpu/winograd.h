@@ -164,7 +164,7 @@ static void kiln_wino(PARAMS, const float* __restrict__ bpre) {
             kiln_wino_input(planes + b * PLANE, th, tw0, v);
             for (int64_t q = 0; q < COUT_PANELS; ++q) {
                 for (int p = 0; p < 16; ++p)
-                    kiln_micro(CIN, v + p * VSTRIDE, NULL, u + (p * COUT_PANELS + q) * CIN * NR, NULL, 0, m + p * MR * NR, NR, NULL, 0);
+                    kiln_micro(CIN, v + p * VSTRIDE, u + (p * COUT_PANELS + q) * CIN * NR, NULL, 0, m + p * MR * NR, NR, NULL, 0);
                 kiln_wino_output(ARGS, b, th, tw0, q, m, y, by_channel);
             }
         }
