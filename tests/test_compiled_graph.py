@@ -141,14 +141,22 @@ def test_workspace_is_smaller_than_the_intermediates_on_a_chain():
     assert compiled.workspace_bytes == 2 * one       # a chain needs two live buffers at a time
 
 
-def test_the_largest_buffers_are_placed_first():
+def test_the_largest_buffers_first_where_that_needs_less():
     """A plan taking buffers in order of first use put the early ones at the low offsets and left
     a hole too small for a large later one (2,048 bytes here, and ResNet-50's backward workspace
-    376 MB for 310 MB live at once); by size it needs what is live at once at most."""
+    376 MB for 310 MB live at once); largest first, it needs what is live at once at most."""
     sizes = {0: 256, 1: 768, 2: 512, 3: 512}
     live = {0: (2, 5), 1: (4, 4), 2: (0, 5), 3: (1, 3)}
     plan = plan_memory(sizes, live)
     assert plan.size == max(sum(n for s, n in sizes.items() if live[s][0] <= t <= live[s][1]) for t in range(6))
+
+
+def test_the_order_of_first_use_where_that_needs_less():
+    """Largest first needs 1,792 bytes here (the 768-byte buffer, placed first, splits the space
+    the three buffers live together need); in order of first use, what is live at once at most."""
+    sizes = {0: 768, 1: 512, 2: 512, 3: 512}
+    live = {0: (3, 5), 1: (0, 5), 2: (1, 2), 3: (1, 1)}
+    assert plan_memory(sizes, live).size == 1536
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -7,8 +7,9 @@ holds a graph input (bound at each run), a constant (a fixed tensor), a graph ou
 
 Intermediates live in a workspace per device: a uint8 buffer carved into views at
 256-byte-aligned offsets by a memory plan, so that buffers whose lifetimes do not overlap share
-memory and a run allocates nothing but its outputs. The plan is greedy by size: the largest
-buffers first, each at the lowest offset where it overlaps no buffer live at the same time.
+memory and a run allocates nothing but its outputs. The plan is greedy: buffers in order of
+first use, or largest first, whichever needs less, each at the lowest offset where it overlaps
+no buffer live at the same time.
 A step whose program is a `View` runs nothing: its output slot is its input slot's tensor in
 another shape (a reshape), and that memory stays live as long as either is used.
 
@@ -33,6 +34,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 ALIGNMENT = 256
@@ -101,27 +103,40 @@ def _align(n: int, alignment: int) -> int:
 def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
                 alignment: int = ALIGNMENT) -> MemoryPlan:
     """Offsets for buffers of `sizes` bytes live over the (first, last) step ranges `live`
-    (inclusive): two buffers whose ranges intersect never overlap in memory. Greedy by size:
-    the largest buffer first, each at the lowest offset where it overlaps no buffer placed
-    already that is live at the same time (taken in order of first use, a training backward's
-    small early buffers left holes too small for the large later ones: ResNet-50's workspace
-    was 376 MB for 310 MB live at once at most, which this order reaches)."""
-    placed: list[tuple[int, int, int]] = []          # (offset, end, slot)
-    offsets, size = {}, 0
-    for slot in sorted(sizes, key=lambda s: (-sizes[s], live[s][0], s)):
-        first, last = live[slot]
-        need = _align(sizes[slot], alignment)
-        busy = sorted((o, e) for o, e, other in placed
-                      if live[other][0] <= last and first <= live[other][1])
-        offset = 0
-        for o, e in busy:
+    (inclusive): two buffers whose ranges intersect never overlap in memory. The smaller of two
+    greedy plans, each buffer at the lowest offset where it overlaps no buffer placed already
+    that is live at the same time: buffers in order of first use (larger first among those
+    starting together), and largest first. The first alone left a training backward's large
+    late buffers no hole among its small early ones (ResNet-50's workspace was 376 MB for 310 MB
+    live at once at most, which the second reaches); the second alone is worse on some small
+    graphs."""
+    by_first_use = sorted(sizes, key=lambda s: (live[s][0], -sizes[s], s))
+    by_size = sorted(sizes, key=lambda s: (-sizes[s], live[s][0], s))
+    return min((_greedy_plan(order, sizes, live, alignment) for order in (by_first_use, by_size)),
+               key=lambda plan: plan.size)
+
+
+def _greedy_plan(order: list[int], sizes: dict[int, int], live: dict[int, tuple[int, int]],
+                 alignment: int) -> MemoryPlan:
+    """Each buffer of `order` in turn at the lowest offset where it overlaps no buffer placed
+    before it that is live at the same time."""
+    firsts = np.array([live[s][0] for s in order], dtype=np.int64)
+    lasts = np.array([live[s][1] for s in order], dtype=np.int64)
+    needs = np.array([_align(sizes[s], alignment) for s in order], dtype=np.int64)
+    offsets = np.zeros(len(order), dtype=np.int64)
+    for k in range(len(order)):
+        together = (firsts[:k] <= lasts[k]) & (firsts[k] <= lasts[:k])
+        starts = offsets[:k][together]
+        ends = starts + needs[:k][together]
+        at = np.argsort(starts, kind="stable")
+        offset, need = 0, int(needs[k])
+        for o, e in zip(starts[at].tolist(), ends[at].tolist()):
             if offset + need <= o:
                 break
             offset = max(offset, e)
-        offsets[slot] = offset
-        placed.append((offset, offset + need, slot))
-        size = max(size, offset + need)
-    return MemoryPlan(offsets, size)
+        offsets[k] = offset
+    size = int((offsets + needs).max()) if len(order) else 0
+    return MemoryPlan({slot: int(o) for slot, o in zip(order, offsets)}, size)
 
 
 @dataclass(frozen=True)
