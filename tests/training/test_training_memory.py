@@ -44,6 +44,16 @@ def loss_and_grads(model, *inputs):
     return loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+def saved_in_a_compiled_step(model, step) -> tuple[list, object]:
+    """The largest values the forward saves in `step(compiled)`, `model` compiled by Kiln, as
+    (producer, signature), and what the step returned."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
+    got = {}
+    forward, *_ = compiled_memory(lambda: got.update(result=step(compiled)))
+    return [(v.made_by, v.signature) for v in forward.largest_saved], got["result"]
+
+
 def test_training_graphs_hold_no_large_constants():
     """Before: the embedding's backward scattered into zeros of the table's size, which Kiln
     held as a constant of the backward graph (128 KB here, 154 MB for GPT-2); now that fill is
@@ -252,15 +262,10 @@ def test_the_forward_saves_parameters_not_their_autocast_copies():
             loss = m(x).float().square().mean()
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in model.parameters()]
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
-    got = {}
-    forward, *_ = compiled_memory(lambda: got.update(result=step(compiled)))
-    saved = [(v.made_by, v.signature) for v in forward.largest_saved]
+    saved, (loss, grads) = saved_in_a_compiled_step(model, step)
     weights = ("[96, 48]", "[24, 96]")
     assert not [(by, sig) for by, sig in saved if by == "Cast" and any(w in sig for w in weights)], saved
     assert ("input", "float32[24, 96][cpu]") in saved, saved      # the first layer's is not needed
-    loss, grads = got["result"]
     want_loss, want_grads = step(model)
     torch.testing.assert_close(loss, want_loss, rtol=2e-2, atol=1e-3)
     for g, w in zip(grads, want_grads):
@@ -290,22 +295,11 @@ def test_a_saved_values_copy_in_another_layout_is_made_again_by_the_backward(sha
     torch.manual_seed(0)
     model = _HeadsToRows()
     x = torch.randn(*shape)
-
-    def step(m):
-        model.zero_grad()
-        loss = m(x)
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
-    got = {}
-    forward, *_ = compiled_memory(lambda: got.update(result=step(compiled)))
-    saved = [(v.made_by, v.signature) for v in forward.largest_saved]
+    saved, (loss, grads) = saved_in_a_compiled_step(model, lambda m: loss_and_grads(m, x))
     b, t, _ = shape
     assert not [s for s in saved if f"[{t}, {b}, 64]" in s[1]], saved
     assert ("Softmax", f"float32[{b}, {t}, 64][cpu]") in saved, saved
-    loss, grads = got["result"]
-    want_loss, want_grads = step(model)
+    want_loss, want_grads = loss_and_grads(model, x)
     torch.testing.assert_close(loss, want_loss)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w)
