@@ -23,19 +23,19 @@ backward, on the forward's saved values: lent outputs, and the parameters the fo
 place) reads it in place, so a training step copies neither its saved values out of the forward
 nor into the backward, and keeps no second copy of the parameters.
 
-`capture(compiled, example_inputs)` captures a CompiledGraph this way (what `FlowGraph.cuda_graph`
-and the torch backend's runs use), over a `SharedWorkspace`: the captures of a device keep their
-intermediates in one buffer, as large as the largest workspace among them, since their replays
-never overlap. A new capture that needs more starts a larger buffer, which later captures share;
-the captures on the smaller one are retired first (they let go of it, so that it is freed before
-the larger one is allocated, and never replay again) and are then `stale`: their owner captures
-them again (a
-training step's forward, captured before its backward needed more, moves to the backward's
-workspace at the next step; the backward's capture reading the old forward's lent values is then
-`orphaned`: no live graph lends them any more). The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are
-planned in that workspace too, by lifetime (`kiln.runtime.compiled_graph`): a training step's
-forward, backward and the graphs between them hold one workspace, not one each beside a static
-buffer for every value passed from one graph to the next.
+`capture(compiled, example_inputs)` captures a CompiledGraph this way (what
+`FlowGraph.cuda_graph` and the torch backend's runs use), over a `SharedWorkspace`: the captures
+of a device keep their intermediates in one buffer, as large as the largest workspace among
+them, since their replays never overlap. A new capture that needs more starts a larger buffer,
+which later captures share; the captures on the smaller one are retired first (they let go of
+it, so that it is freed before the larger one is allocated, and never replay again) and are then
+`stale`: their owner captures them again (a training step's forward, captured before its
+backward needed more, moves to the backward's workspace at the next step; the backward's capture
+reading the old forward's lent values is then `orphaned`: no live graph lends them any more).
+The inputs a capture copies in, and the outputs it copies out (with `copied_out`), are planned
+in that workspace too, by lifetime (`kiln.runtime.compiled_graph`): a training step's forward,
+backward and the graphs between them hold one workspace, not one each beside a static buffer for
+every value passed from one graph to the next.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);

@@ -578,10 +578,7 @@ class CompiledRun:
         # constants, parameters, are handed out as they are, as eager does)
         theirs = {t.untyped_storage().data_ptr() for t in self.constants.values()}
         self.held_outputs = [k for k, slot in enumerate(compiled.outputs) if _held(compiled, slot, theirs)]
-        # a training forward lends its user outputs as well as its saved values (the logits of a
-        # language model: no copy out, and the loss graph reading them binds them in place) until
-        # a call finds a capture that lends them busy: a caller keeping outputs across calls then
-        # gets copies, from captures made after that, and the lending ones go once idle
+        # a training forward lends its user outputs too, until a call finds them alive (class doc)
         self.lends_user_outputs = bool(self.lent) and len(self.lent) < len(self.returned)
         self._lending: weakref.WeakSet = weakref.WeakSet()    # captures lending outputs beyond `lent`
         self.captures: OrderedDict | None = None

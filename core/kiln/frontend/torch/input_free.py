@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from kiln.frontend.torch.saved_values import saved_boundary
+from kiln.frontend.torch.saved_values import saved_boundary, stop_saving
 
 
 def _deterministic(node: Node) -> bool:
@@ -44,7 +44,7 @@ def recompute_input_free(forward: GraphModule, backward: GraphModule, num_fwd_ou
     from `num_fwd_outputs` on are the saved values, which the backward's leading placeholders
     take in order) with each saved tensor that depends on no input of the forward computed in
     the backward instead. Both graphs are changed in place and returned."""
-    output, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
+    _, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
     saved = outputs[num_fwd_outputs:]
     free = _input_free(forward.graph)
     moved = [(value, ph) for value, ph in zip(saved, placeholders)
@@ -61,12 +61,7 @@ def recompute_input_free(forward: GraphModule, backward: GraphModule, num_fwd_ou
     for value, ph in moved:
         ph.replace_all_uses_with(copies[value])
         backward.graph.erase_node(ph)
-    gone = {v for v, _ in moved}
-    output.args = (tuple(outputs[:num_fwd_outputs]) + tuple(v for v in saved if v not in gone),)
-    forward.graph.eliminate_dead_code()
-    forward.recompile()
-    backward.recompile()
-    return forward, backward
+    return stop_saving(forward, backward, num_fwd_outputs, {v for v, _ in moved})
 
 
 def build_where_used(gm: GraphModule) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from kiln.frontend.torch.saved_values import saved_boundary
+from kiln.frontend.torch.saved_values import saved_boundary, stop_saving
 
 aten = torch.ops.aten
 
@@ -33,7 +33,7 @@ def _layout_chain(value: Node, leaves: set[Node]) -> list[Node] | None:
     while node not in leaves:
         if node.op != "call_function" or node.target not in _VIEWS | _COPIES:
             return None
-        if node.all_input_nodes[:1] != [node.args[0]] or len(node.all_input_nodes) != 1:
+        if node.all_input_nodes != [node.args[0]]:
             return None       # one tensor input, and sizes that are numbers (no symbolic size)
         chain.append(node)
         node = node.args[0]
@@ -49,7 +49,7 @@ def recompute_layout_copies(forward: GraphModule, backward: GraphModule, num_fwd
     take in order) with each saved value that is a copy of another saved value in another layout
     recomputed by the backward, before its first use, from that value. Both graphs are changed
     in place and returned."""
-    output, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
+    _, outputs, placeholders = saved_boundary(forward, backward, num_fwd_outputs)
     saved = outputs[num_fwd_outputs:]
     held = {value: ph for value, ph in zip(saved, placeholders) if value.name == ph.name and saved.count(value) == 1}
     sources: set[Node] = set()          # saved values another one is now made from: kept
@@ -70,10 +70,4 @@ def recompute_layout_copies(forward: GraphModule, backward: GraphModule, num_fwd
         backward.graph.erase_node(ph)
         sources.add(source)
         gone.add(value)
-    if not gone:
-        return forward, backward
-    output.args = (tuple(outputs[:num_fwd_outputs]) + tuple(v for v in saved if v not in gone),)
-    forward.graph.eliminate_dead_code()
-    forward.recompile()
-    backward.recompile()
-    return forward, backward
+    return stop_saving(forward, backward, num_fwd_outputs, gone) if gone else (forward, backward)

@@ -2,22 +2,21 @@
 
 `needs_autograd(gm, example_inputs)` says whether outputs must carry gradients: grad mode is on
 and an input or a parameter requires grad. `compile_for_training` then hands the graph to
-torch's AOTAutograd, which traces forward and backward to core ATen (`decompositions()`:
-torch's core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps
-more simply than the op itself, and the plugins' own (`register_decomposition`), less the ops
-that mapping rules declared with `decompose=False` take whole) and splits them with the min-cut
+torch's AOTAutograd, which traces forward and backward to core ATen (`decompositions()`: torch's
+core-ATen table and the decompositions of `ALSO_DECOMPOSED`, ops whose parts Kiln maps more
+simply than the op itself, and the plugins' own (`register_decomposition`), less the ops that
+mapping rules declared with `decompose=False` take whole) and splits them with the min-cut
 partitioner Inductor uses, which saves for the backward the values that cost least memory and
-lets the backward recompute cheap element-wise ones from them (a log-softmax from the logits
-and a per-row statistic, rather than the log-probabilities themselves, in float32 where the
-logits are bfloat16). A parameter's autocast copy that it would save, the backward casts again
-from the parameter (`recompute_parameter_casts`), and a copy of a saved value in another
-layout (an attention's output permuted for its output projection) it makes again from that
-value (`recompute_layout_copies`). It never saves a view: Kiln's views are
-copies, so a saved view would cost a kernel and the bytes of its base; the base is saved and the
-backward takes the view (the forward's linear layers then read their weights untransposed).
-Both ATen graphs are compiled by `compile_aten(graph, example_inputs)` (the backend's own path:
-ATen-level mapping rules, the unmapped-operator error, fallback_to_eager), random ops seeded per
-call (`random`).
+lets the backward recompute cheap element-wise ones from them (a log-softmax from the logits and
+a per-row statistic, rather than the log-probabilities themselves, in float32 where the logits
+are bfloat16). A parameter's autocast copy that it would save, the backward casts again from the
+parameter (`recompute_parameter_casts`), and a copy of a saved value in another layout (an
+attention's output permuted for its output projection) it makes again from that value
+(`recompute_layout_copies`). It never saves a view: Kiln's views are copies, so a saved view
+would cost a kernel and the bytes of its base; the base is saved and the backward takes the view
+(the forward's linear layers then read their weights untransposed). Both ATen graphs are
+compiled by `compile_aten(graph, example_inputs)` (the backend's own path: ATen-level mapping
+rules, the unmapped-operator error, fallback_to_eager), random ops seeded per call (`random`).
 The backend sends graphs that change tensors in place through views here too, with or without
 grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
 values into the caller's inputs after each call.
