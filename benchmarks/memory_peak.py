@@ -8,7 +8,7 @@ where they were allocated: the innermost Python frame in `--package` (Kiln's own
 or else in torch, with the number of blocks and the largest.
 
     python benchmarks/memory_peak.py [--cases vit_b16_b32 ...] [--backends inductor kiln]
-        [--steps 3] [--top 15] [--json out.json]
+        [--steps 3] [--top 15] [--depth 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ STEP_MARK = 7919 * 512     # the bytes of a tensor allocated at each step's star
 
 
 def live_at_peak(trace: list[dict], packages: tuple[str, ...], from_step: int = 0,
-                 to_step: int | None = None) -> tuple[int, list[dict]]:
+                 to_step: int | None = None, depth: int = 2) -> tuple[int, list[dict]]:
     """The most bytes allocated at once over `trace` (one device's events) from the start of step
     `from_step` to the end of step `to_step` (steps counted by `STEP_MARK` allocations) and the
     blocks live then."""
@@ -55,7 +55,7 @@ def live_at_peak(trace: list[dict], packages: tuple[str, ...], from_step: int = 
                 peak, at_peak = allocated, dict(live)
         elif action == "free_completed" and event["addr"] in live:
             allocated -= live.pop(event["addr"])["size"]
-    return peak, [{"size": e["size"], "where": where(e.get("frames", []), packages)} for e in at_peak.values()]
+    return peak, [{"size": e["size"], "where": where(e.get("frames", []), packages, depth)} for e in at_peak.values()]
 
 
 def summary(blocks: list[dict], top: int) -> list[dict]:
@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--package", nargs="+", default=["/kiln/", "torch/"],
                         help="path fragments naming the code a block is charged to, in order of preference")
+    parser.add_argument("--depth", type=int, default=2, help="frames in a block's place (more tell callers apart)")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
@@ -107,7 +108,7 @@ def main() -> None:
             row["step_peaks"] = [live_at_peak(trace, (), k, k)[0] for k in range(args.steps)]
             print(f"{name} {label}: each step's peak, MB: {' '.join(f'{b / MB:.0f}' for b in row['step_peaks'])}")
             for when, from_step in (("every step", 0), ("the last step", args.steps - 1)):
-                peak, blocks = live_at_peak(trace, tuple(args.package), from_step)
+                peak, blocks = live_at_peak(trace, tuple(args.package), from_step, depth=args.depth)
                 row[when] = {"peak": peak, "groups": summary(blocks, args.top)}
                 print(f"{name} {label}: peak above the start {reported / MB:.0f} MB; over {when} "
                       f"{peak / MB:.0f} MB in {len(blocks)} blocks")
