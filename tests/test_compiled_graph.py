@@ -8,7 +8,7 @@ import torch
 import kiln
 from kiln.graph import optimize, run_task
 from kiln.graph.compile import copies_input
-from kiln.runtime.compiled_graph import ALIGNMENT, plan_memory
+from kiln.runtime.compiled_graph import ALIGNMENT, plan_memory, plan_with_regions
 from tests.support import assert_close
 
 
@@ -257,3 +257,52 @@ def test_captures_of_a_device_share_one_workspace():
         assert_close(replayed[0], large.run([a])[0].torch())
         assert_close(replayed[1], small.run([b])[0].torch())
         assert_close(replayed[2], replayed[0])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_buffers_in_freed_inputs_never_overlap_live_memory(seed):
+    """`plan_with_regions`: a buffer goes into an input's memory only after the input's last read,
+    inside it, never where a buffer live at the same time is; outputs go into inputs or nowhere."""
+    rng = random.Random(seed)
+    sizes = {s: rng.randrange(1, 4000) for s in range(rng.randrange(1, 40))}
+    live = {}
+    for s in sizes:
+        first = rng.randrange(30)
+        live[s] = (first, first + rng.randrange(10))
+    regions = [(rng.randrange(100, 9000), rng.randrange(30)) for _ in range(rng.randrange(1, 6))]
+    outputs = [s for s in sizes if rng.random() < 0.3]
+    for s in outputs:
+        live[s] = (live[s][0], 40)
+    plan, placed = plan_with_regions(sizes, live, regions, outputs)
+    assert not set(outputs) & set(plan.offsets)
+    assert set(plan.offsets) | set(placed) == set(sizes) - (set(outputs) - set(placed))
+    where = {s: ("workspace", o) for s, o in plan.offsets.items()} | {s: r for s, r in placed.items()}
+    for s, (region, offset) in placed.items():
+        nbytes, last = regions[region]
+        assert live[s][0] > last and offset % ALIGNMENT == 0 and offset + sizes[s] <= nbytes
+    for a in sizes:
+        for b in sizes:
+            if a < b and a in where and b in where and where[a][0] == where[b][0] and \
+                    live[a][0] <= live[b][1] and live[b][0] <= live[a][1]:
+                oa, ob = where[a][1], where[b][1]
+                assert oa + sizes[a] <= ob or ob + sizes[b] <= oa
+
+
+def test_a_run_puts_values_in_an_input_it_has_read():
+    """Given an input's memory after its last read (a consuming backward's saved values), a run
+    puts intermediates and outputs there: the results are unchanged, the output needs no
+    allocation of its own, and the workspace and outputs take less memory."""
+    compiled = chain(n=6).compile()
+    x = torch.randn(64, 64)
+    expected = compiled.run([x.clone()])[0]
+    slot, cpu = compiled.inputs[0], torch.device("cpu")
+    placed = compiled.placed_in_inputs(frozenset(), frozenset({slot}))
+    assert compiled.outputs[0] in placed and len(placed) >= 2
+    out_bytes = 64 * 64 * 4
+    assert compiled.plans_with(frozenset(), frozenset({slot}))[cpu].size < compiled.plans[cpu].size + out_bytes
+    workspace = compiled.workspace_set(reused={slot: x})
+    out = compiled.run([x], workspace)[0]
+    assert_close(out, expected)
+    assert x.data_ptr() <= out.data_ptr() < x.data_ptr() + x.nbytes
+    x.copy_(torch.randn(64, 64))
+    assert_close(compiled.run([x.clone()])[0], compiled.run([x], workspace)[0])

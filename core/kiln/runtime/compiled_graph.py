@@ -20,6 +20,10 @@ last read, an output from its first write to the run's end), so that they share 
 intermediates that are not live at the same time (`workspace_set(transient=...)`), and the
 workspace may be memory the caller provides (shared by captures that never run at once).
 
+A run may also be given inputs whose memory it may take after their last read (a consuming
+training backward's saved values, `workspace_set(reused=...)`): intermediates and outputs go
+there where they fit (`plan_with_regions`), the rest into the workspace.
+
 Steps run in order (on a GPU, on the current stream). Runs that overlap in time never share a
 workspace: each run checks a set of workspaces out of a pool and returns it when it ends. The
 pool is keyed by the current stream of each CUDA device the graph uses, so that a workspace
@@ -117,14 +121,16 @@ def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
 
 
 def _greedy_plan(order: list[int], sizes: dict[int, int], live: dict[int, tuple[int, int]],
-                 alignment: int) -> MemoryPlan:
+                 alignment: int, fixed: dict[int, int] | None = None) -> MemoryPlan:
     """Each buffer of `order` in turn at the lowest offset where it overlaps no buffer placed
-    before it that is live at the same time."""
-    firsts = np.array([live[s][0] for s in order], dtype=np.int64)
-    lasts = np.array([live[s][1] for s in order], dtype=np.int64)
-    needs = np.array([_align(sizes[s], alignment) for s in order], dtype=np.int64)
-    offsets = np.zeros(len(order), dtype=np.int64)
-    for k in range(len(order)):
+    before it that is live at the same time, the buffers `fixed` (slot -> offset) placed first."""
+    fixed = fixed or {}
+    slots = list(fixed) + list(order)
+    firsts = np.array([live[s][0] for s in slots], dtype=np.int64)
+    lasts = np.array([live[s][1] for s in slots], dtype=np.int64)
+    needs = np.array([_align(sizes[s], alignment) for s in slots], dtype=np.int64)
+    offsets = np.array([fixed[s] for s in fixed] + [0] * len(order), dtype=np.int64)
+    for k in range(len(fixed), len(slots)):
         together = (firsts[:k] <= lasts[k]) & (firsts[k] <= lasts[:k])
         starts = offsets[:k][together]
         ends = starts + needs[:k][together]
@@ -135,8 +141,52 @@ def _greedy_plan(order: list[int], sizes: dict[int, int], live: dict[int, tuple[
                 break
             offset = max(offset, e)
         offsets[k] = offset
-    size = int((offsets + needs).max()) if len(order) else 0
-    return MemoryPlan({slot: int(o) for slot, o in zip(order, offsets)}, size)
+    size = int((offsets + needs).max()) if len(slots) else 0
+    return MemoryPlan({slot: int(o) for slot, o in zip(slots, offsets)}, size)
+
+
+def plan_with_regions(sizes: dict[int, int], live: dict[int, tuple[int, int]], regions: Sequence[tuple[int, int]],
+                      outputs: Sequence[int] = (), alignment: int = ALIGNMENT) -> tuple[MemoryPlan, dict]:
+    """`plan_memory` where some buffers may take memory that a run no longer needs: `regions`
+    lists (bytes, last step) of memory that is the run's from after that step on (an input
+    nobody reads afterwards). The buffers `outputs` (live to the run's end) go into regions or
+    nowhere, largest first; the others into regions or the workspace. Returns the workspace's
+    plan (of the buffers not in regions, and of no output) and, for each buffer in a region,
+    (the region's position in `regions`, its byte offset there)."""
+    # the regions side by side, each followed by a wall live at every step that no buffer can
+    # straddle; the workspace after the last wall
+    end = max([b for _, b in live.values()] + [last for _, last in regions] + [0])
+    fixed, starts, at = {}, [], 0
+    sizes, live = dict(sizes), dict(live)
+    for k, (nbytes, last) in enumerate(regions):
+        usable = nbytes // alignment * alignment
+        starts.append(at)
+        sizes[-1 - 2 * k], live[-1 - 2 * k], fixed[-1 - 2 * k] = usable, (0, last), at
+        sizes[-2 - 2 * k], live[-2 - 2 * k], fixed[-2 - 2 * k] = alignment, (0, end), at + usable
+        at += usable + alignment
+    span = at
+
+    def region_of(offset: int) -> tuple[int, int]:
+        k = int(np.searchsorted(starts, offset, side="right")) - 1
+        return k, offset - starts[k]
+
+    in_regions: dict[int, int] = {}
+    for slot in sorted(outputs, key=lambda s: (-sizes[s], live[s][0], s)):
+        offset = _greedy_plan([slot], sizes, live, alignment, {**fixed, **in_regions}).offsets[slot]
+        if offset + _align(sizes[slot], alignment) <= span:
+            in_regions[slot] = offset
+    fixed.update(in_regions)
+    rest = [s for s in sizes if s >= 0 and s not in set(outputs)]
+    best = None
+    for order in (sorted(rest, key=lambda s: (live[s][0], -sizes[s], s)), sorted(rest, key=lambda s: (-sizes[s], live[s][0], s))):
+        plan = _greedy_plan(order, sizes, live, alignment, fixed)
+        beyond = {s: plan.offsets[s] - span for s in order if plan.offsets[s] >= span}
+        size = max([o + _align(sizes[s], alignment) for s, o in beyond.items()] + [0])
+        if best is None or size < best[0].size:
+            best = (MemoryPlan(beyond, size), {s: plan.offsets[s] for s in order if s not in beyond})
+    workspace, placed = best if best is not None else (MemoryPlan({}, 0), {})
+    placed.update(in_regions)
+    return workspace, {s: region_of(o) for s, o in placed.items()}
 
 
 @dataclass(frozen=True)
@@ -171,7 +221,8 @@ class CompiledGraph:
             self.lifetimes[base] = (min(first, self.lifetimes[base][0]), max(last, self.lifetimes[base][1]))
         external = set(self.inputs) | set(self.outputs) | set(constants) | set(self.views)
         self._intermediates = [s for s in range(len(self.buffers)) if s not in external]
-        self._plans: dict[frozenset, dict[torch.device, MemoryPlan]] = {}
+        self._plans: dict[tuple, dict[torch.device, MemoryPlan]] = {}
+        self._placements: dict[tuple, dict[int, tuple[int, int]]] = {}
         self.plans = self.plans_with(frozenset())
         self.constants = dict(constants)
         # non-contiguous constants are made contiguous at each run, so they follow their source
@@ -186,6 +237,7 @@ class CompiledGraph:
                 self._run_views.append(view)
                 per_run.add(view)
         self._lock = threading.Lock()
+        self.loaded = False     # a CUDA graph capture built and loaded its kernels (`kiln.runtime.cuda_graph`)
         self._free: dict[tuple, list[WorkspaceSet]] = {}
         self._first: WorkspaceSet | None = None
 
@@ -197,10 +249,12 @@ class CompiledGraph:
             self._checkin(*self._checkout())
         return self._first.workspaces
 
-    def plans_with(self, transient: frozenset) -> dict[torch.device, MemoryPlan]:
+    def plans_with(self, transient: frozenset, reused: frozenset = frozenset()) -> dict[torch.device, MemoryPlan]:
         """The memory plan of each device's workspace holding the intermediates and the
-        `transient` input and output slots (see the module doc)."""
-        if transient not in self._plans:
+        `transient` input and output slots (see the module doc), less what goes into the memory
+        of the `reused` input slots after their last read (`placed_in_inputs`)."""
+        key = (transient, reused)
+        if key not in self._plans:
             end = len(self.steps) - 1
             live = dict(self.lifetimes)
             for slot in transient:
@@ -209,12 +263,31 @@ class CompiledGraph:
                 if slot in self.inputs and slot in self.outputs:
                     live[slot] = (0, end)
             placed = self._intermediates + sorted(transient)
-            plans = {}
-            for device in dict.fromkeys(self.buffers[s].device for s in placed):
-                mine = [s for s in placed if self.buffers[s].device == device]
-                plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine}, live)
-            self._plans[transient] = plans
-        return self._plans[transient]
+            regions = [s for s in self.inputs if s in reused and s in self.lifetimes]
+            outputs = [s for s in self.allocated_outputs
+                       if s not in transient and s not in self.views and s in live] if regions else []
+            for slot in outputs:
+                live[slot] = (live[slot][0], end)
+            plans, self._placements[key] = {}, {}
+            for device in dict.fromkeys(self.buffers[s].device for s in placed + outputs):
+                mine = [s for s in placed + outputs if self.buffers[s].device == device]
+                theirs = [s for s in regions if self.buffers[s].device == device]
+                sizes = {s: self.buffers[s].nbytes for s in mine}
+                if theirs:
+                    plans[device], where = plan_with_regions(
+                        sizes, live, [(self.buffers[s].nbytes, live[s][1]) for s in theirs], outputs, ALIGNMENT)
+                    self._placements[key].update({s: (theirs[k], offset) for s, (k, offset) in where.items()})
+                else:
+                    plans[device] = plan_memory({s: n for s, n in sizes.items() if s not in outputs}, live)
+            self._plans[key] = plans
+        return self._plans[key]
+
+    def placed_in_inputs(self, transient: frozenset, reused: frozenset) -> dict[int, tuple[int, int]]:
+        """The slots that a run planned with `plans_with(transient, reused)` puts in the memory
+        of a `reused` input after the last step reading it, each as (the input's slot, byte
+        offset there): intermediates, and outputs (which then need no allocation of their own)."""
+        self.plans_with(transient, reused)
+        return self._placements[(transient, reused)]
 
     def transient_slots(self, inputs: Sequence[int] = (), outputs: Sequence[int] = ()) -> frozenset:
         """The slots of the inputs at positions `inputs` and of the outputs at positions `outputs`
@@ -225,14 +298,19 @@ class CompiledGraph:
                                                      if self.outputs[k] not in self.inputs}
         return frozenset(s for s in slots if s not in fixed)
 
-    def workspace_set(self, transient: frozenset = frozenset(), buffers: dict | None = None) -> "WorkspaceSet":
+    def workspace_set(self, transient: frozenset = frozenset(), buffers: dict | None = None,
+                      reused: dict[int, torch.Tensor] | None = None,
+                      hosted: Callable[[torch.Tensor], torch.Tensor] = lambda piece: piece) -> "WorkspaceSet":
         """A new set of workspaces (one per device) and the slot tensors viewing into them,
         owned by whoever asked: `run(inputs, workspace=...)` uses it instead of the pool (a
         captured CUDA graph keeps one for its replays). The workspaces hold the `transient`
         slots too (`transient_slots`: the caller copies into those inputs and out of those
         outputs itself), and are `buffers` (uint8 tensors by device, of at least
-        `plans_with(transient)`'s sizes) where given."""
-        plans = self.plans_with(frozenset(transient))
+        `plans_with(transient)`'s sizes) where given. With `reused` (input slot -> the
+        contiguous tensor every run binds there), slots go into those inputs' memory after their
+        last read (`placed_in_inputs`), each a view of `hosted(bytes of the input)`."""
+        reused = reused or {}
+        plans = self.plans_with(frozenset(transient), frozenset(reused))
         if buffers is None:
             workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
                           for device, plan in plans.items()}
@@ -243,12 +321,22 @@ class CompiledGraph:
             for slot, offset in plan.offsets.items():
                 b = self.buffers[slot]
                 slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
+        placed = self.placed_in_inputs(frozenset(transient), frozenset(reused)) if reused else {}
+        for slot, (region, offset) in placed.items():
+            b, lender = self.buffers[slot], reused[region]
+            # the bytes as a tensor of the input's storage that is no view (a view would keep
+            # its base, the caller's tensor, alive too)
+            start = lender.storage_offset() * lender.element_size() + offset
+            piece = torch.empty(0, dtype=torch.uint8, device=lender.device).set_(
+                lender.untyped_storage(), start, (b.nbytes,))
+            slots[slot] = hosted(piece).view(b.dtype).view(b.shape)
         for slot, tensor in self.constants.items():
             slots[slot] = tensor
         for view, base in self.views.items():
             if slots[base] is not None:
                 slots[view] = slots[base].view(self.buffers[view].shape)
-        return WorkspaceSet(workspaces, slots, frozenset(transient))
+        # outputs in reused memory are the set's, as transient ones are: the run allocates neither
+        return WorkspaceSet(workspaces, slots, frozenset(transient) | {s for s in placed if s in self.outputs})
 
     def _pool_key(self) -> tuple:
         """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""

@@ -37,6 +37,15 @@ in that workspace too, by lifetime (`kiln.runtime.compiled_graph`): a training s
 backward and the graphs between them hold one workspace, not one each beside a static buffer for
 every value passed from one graph to the next.
 
+A consuming backward (`capture(..., reused=...)`, with the `reuse_saved_memory` setting) also
+puts its intermediates and gradients in the memory of the forward's saved values once it has
+read them: the forward marks those lent outputs `private` (only autograd sees them), and the
+backward's views of that memory have storages of their own (`hosted_view`), so that the forward
+tells their holds from a caller's. It replays only where autograd keeps no graph and no
+saved_tensors_hooks saw the values (`CapturedGraph.consumable`); its gradients there keep the
+forward `busy` while a caller holds them. Its warm-up runs on a workspace of its own, or not at
+all where an earlier capture of the graph loaded its kernels.
+
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
 a replay on another stream than the last replay's first makes its stream wait for that one.
@@ -115,6 +124,58 @@ def _use_count(storage) -> int:
     return torch._C._storage_Use_Count(storage._cdata)
 
 
+_hosted: dict[int, list] = {}       # a lent storage's address -> weak references to the storages hosted in it
+_hosted_lock = threading.Lock()
+
+
+def hosted_view(piece: torch.Tensor) -> torch.Tensor:
+    """`piece` (bytes of a graph's lent output) as a tensor with a storage of its own, which keeps
+    the lent output's memory alive: the lender's `busy` counts aliases of its lent outputs by
+    their storages' use counts, and tells this storage's holds on its memory from a caller's."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    view = torch.from_dlpack(piece)
+    with _hosted_lock:
+        _hosted.setdefault(piece.untyped_storage().data_ptr(), []).append(StorageWeakRef(view.untyped_storage()))
+    return view
+
+
+def _hosting(storage) -> int:
+    """How many storages of `hosted_view`s over `storage` are alive (each holds it once)."""
+    address = storage.data_ptr()
+    with _hosted_lock:
+        refs = _hosted.get(address)
+        if not refs:
+            return 0
+        live = [ref for ref in refs if not ref.expired()]
+        if live:
+            _hosted[address] = live
+        else:
+            del _hosted[address]
+        return len(live)
+
+
+def keeps_graph() -> bool:
+    """Whether autograd keeps the graph after the backward running now (`retain_graph`, a
+    backward of a backward; True outside a backward): then a backward must not reuse the
+    memory of the values saved for it."""
+    keeps = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keeps is None else keeps()
+
+
+def _saving_through_hooks() -> bool:
+    """Whether autograd passes saved values through `saved_tensors_hooks` now (a hook may keep
+    them: a backward must then not reuse their memory)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
+def private_lender(tensor: torch.Tensor) -> "CapturedGraph | None":
+    """The live graph that lent `tensor` as one of its `private` outputs (a value saved for the
+    backward, which only autograd sees), if any."""
+    address = tensor.data_ptr()
+    return next((g for g in list(_holders) if address in g.private_addresses), None)
+
+
 def same_addresses(tensors: list[torch.Tensor], addresses: list[int]) -> bool:
     """Whether each of `tensors` starts at the address of the same position in `addresses`."""
     if _addresses_equal is not None:
@@ -159,7 +220,8 @@ class CapturedGraph:
     def __init__(self, fn: Callable[[list[torch.Tensor]], list], example_inputs: Sequence[torch.Tensor],
                  wrap: Callable = lambda t: t, bound: Sequence[int] = (), lent: Sequence[int] = (),
                  written: Sequence[int] | None = None, buffers: dict[int, torch.Tensor] | None = None,
-                 ordering: Ordering | None = None):
+                 ordering: Ordering | None = None, private: Sequence[int] = (), lenders: Sequence = (),
+                 warm_up: Callable[[list[torch.Tensor]], list] | None = None):
         self.wrap = wrap
         self.fn = fn
         self.bound = sorted(set(bound))
@@ -192,7 +254,7 @@ class CapturedGraph:
             stream.wait_stream(current)
             with torch.cuda.stream(stream):
                 # builds and loads every kernel before capture
-                fn(warm_up_inputs(static_inputs, written))
+                (warm_up or fn)(warm_up_inputs(static_inputs, written))
                 self.graph = torch.cuda.CUDAGraph()
                 # thread_local: CUDA calls of other threads (eager work, another model's run) stay
                 # legal during the capture; one capture at a time in the process
@@ -219,12 +281,43 @@ class CapturedGraph:
         # what the graph's own tensors count, before any alias is handed out
         self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
         self.lent_addresses = {t.data_ptr() for t in held}
+        # lent outputs no caller but autograd sees (sharing no memory with another output), whose
+        # memory a consuming backward may reuse after reading them
+        private = {k for k in private if k in self.lent and self.static_outputs[k] is not None}
+        shared = {t.untyped_storage().data_ptr() for k, t in enumerate(self.static_outputs)
+                  if k not in private and t is not None}
+        self.private_addresses = {self.static_outputs[k].data_ptr() for k in private
+                                  if self.static_outputs[k].untyped_storage().data_ptr() not in shared}
+        self.saved_under_hooks = False      # the last replay's private outputs went through saved_tensors_hooks
+        # a consuming backward: it reuses memory of the lenders' private outputs, so it replays
+        # only where autograd is done with them (`consumable`); its lent outputs there (`_guest`)
+        # keep each lender busy while a caller holds them, even once this graph is retired
+        self.consumes = bool(lenders)
+        # a lender retired while this one was captured (its workspace superseded) never lends
+        # again: this graph serves the one replay under way, then lets go of the lender's memory
+        self._last = any(lender.retired for lender in lenders)
+        self.lenders = weakref.WeakSet(lenders)
+        self.guests: weakref.WeakSet = weakref.WeakSet()
+        for lender in lenders:
+            lender.guests.add(self)
+        self._guest = (held, list(self._lent_storages)) if lenders else ([], [])
         if self.lent or self.bound:
             _holders.add(self)
 
     def busy(self) -> bool:
-        """Whether an alias of a lent output of an earlier replay is still alive."""
-        return any(_use_count(storage) > own for storage, own in self._lent_storages)
+        """Whether an alias of a lent output of an earlier replay is still alive (a consuming
+        backward's outputs in this graph's memory count too)."""
+        return (any(_use_count(storage) > own + _hosting(storage) for storage, own in self._lent_storages)
+                or any(guest.guest_busy() for guest in list(self.guests)))
+
+    def guest_busy(self) -> bool:
+        """Whether a caller holds an output of a replay of this consuming backward, which may be
+        in its lenders' memory (retired or not: the outputs stay where they are). A retired one
+        found idle lets go of them."""
+        busy = any(_use_count(storage) > own for storage, own in self._guest[1])
+        if not busy and self.retired:
+            self._guest = ([], [])
+        return busy
 
     def stale(self) -> bool:
         """Whether the shared workspace it was captured on serves no new captures any more."""
@@ -239,8 +332,17 @@ class CapturedGraph:
                 return
             self.retired = True
             self.fn = self.graph = self.static_inputs = self.static_outputs = None
-            self._lent_storages = []
+            self._lent_storages = []    # (`_guest` keeps its tensors while a caller holds them)
             self._order = Ordering(self._order.last_stream)
+            guests = list(self.guests)
+        self.guest_busy()
+        for guest in guests:            # their captures read this one's memory: they never bind again
+            guest.retire()
+
+    def consumable(self) -> bool:
+        """Whether this replay may reuse the memory of the values its lenders saved: autograd
+        keeps no graph, and no hook saw those values."""
+        return not keeps_graph() and not any(lender.saved_under_hooks for lender in list(self.lenders))
 
     def orphaned(self) -> bool:
         """Whether a bound input it read from another graph's lent output is lent by no live
@@ -277,7 +379,7 @@ class CapturedGraph:
                 return None
         order = self._order
         with order.lock:
-            if self.retired or self.busy():
+            if self.retired or self.busy() or (self.consumes and not self.consumable()):
                 return None
             stream = torch.cuda.current_stream(order.last_stream.device)
             if stream != order.last_stream:
@@ -286,11 +388,15 @@ class CapturedGraph:
             for k in self._copied:
                 self.static_inputs[k].copy_(sources[k], non_blocking=True)
             self.graph.replay()
+            if self.private_addresses:
+                self.saved_under_hooks = _saving_through_hooks()
             lent = set(self.lent)
             passed, bound = self._passed, self._bound_set
             outputs = [sources[j] if (j := passed.get(k)) is not None and (j in bound or sources[j].is_contiguous())
                        else t.detach() if k in lent else t.clone() if copy else t
                        for k, t in enumerate(self.static_outputs)]
+        if self._last:
+            self.retire()
         return [self.wrap(t) for t in outputs]
 
 
@@ -311,7 +417,7 @@ def warm_up_inputs(static_inputs: Sequence[torch.Tensor], written: Sequence[int]
 
 def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequence[tuple[int, int]] = (),
             wrap: Callable = lambda t: t, lent: Sequence[int] = (), bound: Sequence[int] = (),
-            copied_out: bool = False) -> CapturedGraph:
+            copied_out: bool = False, private: Sequence[int] = (), reused: Sequence[int] = ()) -> CapturedGraph:
     """`compiled` (a `kiln.runtime.compiled_graph.CompiledGraph` on CUDA) captured in a CUDA
     graph over the device's shared workspace (see the module doc; a workspace of its own where
     the graph's intermediates are on several devices), on `example_inputs` (torch
@@ -319,9 +425,14 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
     replay copy that output into that input, which the graph then takes in place (bound at the
     example's memory): replays update the caller's tensor and return the other outputs only,
     each passed through `wrap`. Of those, the positions `lent` that the graph allocates itself
-    (not inputs or constants) are lent rather than copied; the inputs at positions `bound` are
-    read in place, the others copied into the workspace. With `copied_out` (the caller always
-    runs with `copy=True`), the outputs neither lent nor written back are in the workspace too."""
+    (not inputs or constants) are lent rather than copied, and those of them at `private` are
+    values only autograd sees (a training forward's saved values); the inputs at positions
+    `bound` are read in place, the others copied into the workspace. With `copied_out` (the
+    caller always runs with `copy=True`), the outputs neither lent nor written back are in the
+    workspace too. The bound inputs at positions `reused` that are private outputs of live
+    graphs (a backward's saved values) lend the graph their memory after its last read of them:
+    its intermediates and outputs go there where they fit (a consuming backward, which then
+    replays only where autograd is done with those values: `CapturedGraph.consumable`)."""
     written = {out for out, _ in write_back}
     returned = [k for k in range(len(compiled.outputs)) if k not in written]
     allocated = set(compiled.allocated_outputs)
@@ -337,17 +448,19 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
             slot = compiled.views[slot]
             kept.add(slot)
     transient = frozenset(compiled.transient_slots(inputs=copied, outputs=transient_outputs) - kept)
-    plans = compiled.plans_with(transient)
+    regions, lenders = _lent_memory(compiled, example_inputs, [k for k in reused if k in bound[len(write_back):]])
+    plans = compiled.plans_with(transient, frozenset(regions))
     ordering = None
     if len(plans) == 1 and next(iter(plans)).type == "cuda":
         [(device, plan)] = plans.items()
         ordering = shared_workspace(device, plan.size)
-        workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer})
+        workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer}, reused=regions,
+                                           hosted=hosted_view)
     else:
-        workspace = compiled.workspace_set(transient)
+        workspace = compiled.workspace_set(transient, reused=regions, hosted=hosted_view)
     buffers = {k: workspace.slots[compiled.inputs[k]] for k in copied if compiled.inputs[k] in transient}
 
-    def replay_body(inputs):
+    def body(inputs, workspace):
         outs = compiled.run(inputs, workspace)
         # an output that is an input written back keeps the value from before the write-back
         # (one the graph updated in place is its final value: nothing is copied back into it)
@@ -358,5 +471,33 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
                 inputs[position].copy_(outs[out])
         return [t for k, t in enumerate(outs) if k not in written]
 
-    return CapturedGraph(replay_body, example_inputs, wrap=wrap, bound=bound, lent=lent,
-                         written=[position for _, position in write_back], buffers=buffers, ordering=ordering)
+    def warm_up(inputs):
+        # the run that loads the kernels must leave the lent memory alone (the replay after the
+        # capture reads it) and the shared workspace too (it holds the static inputs); kernels
+        # an earlier capture of the graph loaded need no run
+        if not compiled.loaded:
+            body(inputs, compiled.workspace_set(transient))
+
+    captured = CapturedGraph(lambda inputs: body(inputs, workspace), example_inputs, wrap=wrap, bound=bound,
+                             lent=lent, written=[position for _, position in write_back], buffers=buffers,
+                             ordering=ordering, private=private, lenders=lenders, warm_up=warm_up if regions else None)
+    compiled.loaded = True
+    return captured
+
+
+def _lent_memory(compiled, inputs: Sequence[torch.Tensor], positions: Sequence[int]) -> tuple[dict, list]:
+    """Of the `inputs` at `positions`, those a capture of `compiled` may reuse after reading
+    them: contiguous private outputs of live graphs whose last replay no saved_tensors_hooks
+    saw, one per memory, by input slot; and their lenders."""
+    regions, lenders, seen = {}, [], set()
+    for k in positions:
+        tensor, slot = inputs[k], compiled.inputs[k]
+        lender = private_lender(tensor) if tensor.is_contiguous() else None
+        if (lender is None or lender.retired or lender.saved_under_hooks or tensor.data_ptr() in seen
+                or slot in regions):
+            continue
+        seen.add(tensor.data_ptr())
+        regions[slot] = tensor
+        if lender not in lenders:
+            lenders.append(lender)
+    return regions, lenders

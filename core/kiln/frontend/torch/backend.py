@@ -70,7 +70,7 @@ from kiln.passes import PassContext, UpdateInPlace, optimize
 from kiln.passes.instruments import DumpGraph
 from kiln.passes.tf32 import permissions
 from kiln.runtime.compiled_graph import CompiledGraph
-from kiln.runtime.cuda_graph import capture, moved_inputs, same_addresses, stays_put
+from kiln.runtime.cuda_graph import capture, keeps_graph, moved_inputs, same_addresses, stays_put
 from kiln.settings import Settings, applied
 from kiln.tensor import Tensor, from_torch, recording_reads, symbol
 
@@ -487,20 +487,21 @@ class KilnFunction:
         """The CompiledRun of `compiled` (from `graph` where it was traced here), replayed as a
         CUDA graph where the settings say so and its inputs are on CUDA."""
         return compiled_run(compiled, record, args, self.settings.use_cuda_graph, graph, self.static_inputs,
-                            self._constant_positions)
+                            self._constant_positions,
+                            consumes_saved=self.lent_from == 0 and self.settings.reuse_saved_memory)
 
 
 def compiled_run(compiled: CompiledGraph, record: RunRecord, args, use_cuda_graph: bool,
                  graph: FlowGraph | None = None, static_inputs=frozenset(),
-                 constant_positions=()) -> CompiledRun:
+                 constant_positions=(), consumes_saved: bool = False) -> CompiledRun:
     """The CompiledRun of `compiled` for calls like `args` (the graph's arguments, of which those
     at `constant_positions` are its constants), captured as a CUDA graph on them where
-    `use_cuda_graph` and its inputs are on CUDA."""
+    `use_cuda_graph` and its inputs are on CUDA; `consumes_saved`: see CompiledRun."""
     examples = [args[p].to(record.moves[j]) if j in record.moves else args[p]
                 for j, p in enumerate(record.positions)]
     on_cuda = bool(examples) and all(t.is_cuda for t in examples)
     return CompiledRun(compiled, record, examples if use_cuda_graph and on_cuda else None, graph, static_inputs,
-                       {k: args[k] for k in constant_positions})
+                       {k: args[k] for k in constant_positions}, consumes_saved)
 
 
 class CompiledRun:
@@ -535,6 +536,10 @@ class CompiledRun:
     that lent them are retired (`CapturedGraph.retire`: their memory is freed but for what the
     callers hold) before the next capture allocates a second set of saved values.
 
+    With `consumes_saved` (a training backward, the `reuse_saved_memory` setting), a capture
+    made while autograd keeps no graph puts gradients and intermediates in the memory of the
+    forward's saved values after reading them (`kiln.runtime.cuda_graph.capture`).
+
     Where no output is at `lent` (inference: a training graph's captures would each hold its
     saved values), the first LENDING_CAPTURES captures lend the caller every output the graph
     allocates: a call hands out the CUDA graph's own output memory, with no copy, and
@@ -555,8 +560,10 @@ class CompiledRun:
     LENDING_CAPTURES = 2
 
     def __init__(self, compiled: CompiledGraph, record: RunRecord, cuda_examples=None,
-                 graph: FlowGraph | None = None, static_inputs=frozenset(), constants: dict | None = None):
+                 graph: FlowGraph | None = None, static_inputs=frozenset(), constants: dict | None = None,
+                 consumes_saved: bool = False):
         self.compiled = compiled
+        self.consumes_saved = consumes_saved
         self.graph = graph
         self.record = record
         self.constants = constants or {}
@@ -579,7 +586,8 @@ class CompiledRun:
         theirs = {t.untyped_storage().data_ptr() for t in self.constants.values()}
         self.held_outputs = [k for k, slot in enumerate(compiled.outputs) if _held(compiled, slot, theirs)]
         # a training forward lends its user outputs too, until a call finds them alive (class doc)
-        self.lends_user_outputs = bool(self.lent) and len(self.lent) < len(self.returned)
+        self.saves_for_backward = bool(self.lent) and len(self.lent) < len(self.returned)
+        self.lends_user_outputs = self.saves_for_backward
         self._lending: weakref.WeakSet = weakref.WeakSet()    # captures lending outputs beyond `lent`
         self.captures: OrderedDict | None = None
         # a graph whose steps all have no elements launches nothing: no CUDA graph to capture
@@ -609,8 +617,12 @@ class CompiledRun:
             with self._captures_lock:
                 lend = (self.lends_user_outputs if self.lent else
                         sum(map(self._lends_results, self.captures.values())) < self.LENDING_CAPTURES)
+        # a training forward's saved values are private: the backward takes their memory once
+        # it read them (`kiln.runtime.cuda_graph.capture`), where autograd is done with them
+        consumes = self.consumes_saved and not keeps_graph()
         captured = capture(self.compiled, inputs, write_back=self.write_back,
-                           lent=self.returned if lend else self.lent, bound=bound, copied_out=True)
+                           lent=self.returned if lend else self.lent, bound=bound, copied_out=True,
+                           private=self.lent if self.saves_for_backward else (), reused=bound if consumes else ())
         if set(captured.lent) - set(self.lent):
             self._lending.add(captured)
         with self._captures_lock:

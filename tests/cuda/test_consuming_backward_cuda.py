@@ -1,0 +1,126 @@
+"""A training backward's CUDA graph puts its gradients and intermediates in the memory of the
+values the forward saved for it, once it has read them (`kiln.runtime.cuda_graph.capture`,
+`reused`), where autograd is done with them: gradients equal eager's step after step, and a
+saved_tensors_hooks that keeps the saved values, or gradients kept alive into the next step,
+leave those values alone. (A retained graph never reaches it: AOTAutograd refuses
+retain_graph=True for a backward with donated buffers, as a consuming backward's saved values are.)"""
+import copy
+import gc
+
+import pytest
+import torch
+
+from kiln.frontend.torch.backend import KilnFunction
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.LayerNorm(256),
+                               torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 32)).cuda()
+
+
+def _graph_captures(model_functions, backward: bool) -> list:
+    gc.collect()
+    return [c for f in KilnFunction.live() if f not in model_functions and (f.lent_from == 0) == backward
+            for run in f.graphs.values() if run.captures for c in run.captures.values()]
+
+
+def _assert_same_gradients(model, reference, factor=1.0):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad * factor, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def _inside(tensor, memory) -> bool:
+    return memory.data_ptr() <= tensor.data_ptr() < memory.data_ptr() + memory.untyped_storage().nbytes()
+
+
+@pytest.fixture
+def earlier():
+    gc.collect()
+    return set(KilnFunction.live())
+
+
+def test_gradients_go_into_the_saved_values_memory(earlier):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
+    for step in range(4):
+        x = torch.randn(512, 64, device="cuda")
+        for m, opt in zip((compiled, reference), optimizers):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+        for opt in optimizers:
+            opt.step()
+        if step == 0:       # the forward's first capture moved to the backward's larger workspace
+            continue
+        [backward] = _graph_captures(earlier, True)
+        [forward] = _graph_captures(earlier, False)
+        assert set(backward.lenders) == {forward}, "the backward consumes the forward's saved values"
+        saved = [t for t in forward.static_outputs if t is not None and t.data_ptr() in forward.private_addresses]
+        assert any(_inside(p.grad, s) for p in model.parameters() for s in saved), \
+            "some gradient lies in the memory of a saved value"
+        assert forward.busy(), "the forward's saved memory holds gradients the parameters still hold"
+
+
+def test_saved_values_a_hook_keeps_are_left_alone(earlier):
+    """A saved_tensors_hooks pack hook that keeps the saved tensors sees them unchanged after the
+    backward; the steps without hooks around it still consume."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    for step in range(4):
+        x = torch.randn(512, 64, device="cuda")
+        kept, copies = [], []
+
+        def pack(t):
+            kept.append(t)
+            copies.append(t.detach().clone())
+            return t
+
+        for m in (compiled, reference):
+            m.zero_grad()
+            if step == 2:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    loss = m(x).square().mean()
+            else:
+                loss = m(x).square().mean()
+            loss.backward()
+        _assert_same_gradients(model, reference)
+        for t, c in zip(kept, copies):
+            torch.testing.assert_close(t, c, atol=0, rtol=0)
+    assert any(c.lenders for c in _graph_captures(earlier, True))
+
+
+def test_gradients_kept_into_the_next_steps(earlier):
+    """Gradients accumulated without zero_grad may sit in a forward capture's saved memory:
+    that capture is busy while they live, and every step's gradients add up as eager's do."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    for step in range(5):
+        x = torch.randn(512, 64, device="cuda")
+        for m in (compiled, reference):
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+    assert len(_graph_captures(earlier, False)) <= 2, "the captures settle"
+
+
+def test_off_by_default(earlier):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kiln")
+    for _ in range(2):
+        x = torch.randn(512, 64, device="cuda")
+        for m in (compiled, reference):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        _assert_same_gradients(model, reference)
+    assert not any(c.lenders for c in _graph_captures(earlier, True))
