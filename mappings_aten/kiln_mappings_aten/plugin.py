@@ -3,11 +3,11 @@ RULE_MODULES."""
 from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
-from kiln_mappings_aten import (attention, common, creation, decompositions, elementwise, fft, indexing, linalg,
-                                nn, reduce, rnn, shape)
+from kiln_mappings_aten import (attention, common, creation, decompositions, elementwise, embedding, fft, indexing,
+                                linalg, nn, reduce, rnn, shape)
 
-RULE_MODULES = (attention, common, creation, decompositions, elementwise, indexing, linalg, nn, reduce, rnn,
-                shape, fft)
+RULE_MODULES = (attention, common, creation, decompositions, elementwise, embedding, indexing, linalg, nn, reduce,
+                rnn, shape, fft)
 
 
 @hookimpl

@@ -1,6 +1,7 @@
 """Scatter operators: scatter, scatter_reduce (and scatter_add), index_add, index_copy,
 index_fill, index_put and masked_scatter; checked_count, which fails where a mask selects
-other than the number of positions a scatter expects.
+other than the number of positions a scatter expects; embedding_backward, the gradient of an
+embedding's table.
 
 Each is written from the output's side, so it is one parallel compute with no atomics and a
 deterministic result: output element p gathers the candidates (source elements whose index
@@ -347,6 +348,41 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
     """x with source[.., j, ..] combined into x[.., index[j], ..] along `dim` by `reduce`
     ('prod', 'mean', 'amax' or 'amin')."""
     return _gathered(x, *_index_reduce(x, dim, index, source, reduce, include_self))
+
+
+@operator("embedding_backward")
+def embedding_backward(grad, indices, num_weights: int, padding_idx: int = -1):
+    """The gradient of an embedding's table of `num_weights` rows (aten.embedding_dense_backward
+    without scale_grad_by_freq), for token gradients `grad` [T, D] and their rows `indices`
+    [T]: row v is the sum of the grad rows whose index is v, accumulated in float32 for 16-bit
+    grads (PyTorch's opmath type: as torch's float32 scatter into zeros), rounded once to grad's
+    dtype; the row `padding_idx` (where it is one, in [0, num_weights)) is 0. An index outside
+    [0, num_weights) fails the kernel.
+
+    The result is made in grad's dtype directly: on CUDA the template `embedding_grad` sorts
+    the tokens and sums each index's rows in float32 scratch of O(T * D), never a float32 table.
+    Written, as the other scatters, from the output's side: O(num_weights * T * D)."""
+    op = "embedding_backward"
+    if grad.ndim != 2 or indices.ndim != 1 or indices.shape[0] != grad.shape[0]:
+        raise OperatorError(f"{op}: expected grad [T, D] and indices [T], got shapes {grad.shape} and {indices.shape}")
+    if not grad.dtype.is_float:
+        raise OperatorError(f"{op}: grad must be floating-point, got {grad.dtype}")
+    _check_index(op, indices)
+    if not isinstance(num_weights, int) or num_weights < 0:
+        raise OperatorError(f"{op}: num_weights must be a non-negative int, got {num_weights!r}")
+    tokens = indices.shape[0]
+    acc = accumulator_type(grad.dtype)
+    message = f"{op}: index {{value}} is out of range for a weight of {num_weights} rows"
+    padding = padding_idx if isinstance(padding_idx, int) and 0 <= padding_idx < num_weights else None
+
+    def element(v, d):
+        total = reduce([tokens], lambda t: select(ir.eq(checked_index(indices[t], num_weights, message), v),
+                                                  cast(grad[t, d], acc), cast(0, acc)), dtype=acc)
+        if padding is not None:
+            total = select(ir.eq(v, padding), cast(0, acc), total)
+        return cast(total, grad.dtype)
+
+    return compute([num_weights, grad.shape[1]], element)
 
 
 _REDUCING = {"scatter_add": _scatter_add, "scatter_reduce": _scatter_reduce, "index_add": _index_add,

@@ -144,7 +144,8 @@ def test_index_reduce(dtype, how, include_self):
 
 
 def test_compiled_embedding_gradient():
-    """An embedding trained through torch.compile: its gradient is an accumulating index_put."""
+    """An embedding trained through torch.compile: its gradient is embedding_backward's (the
+    embedding_grad template; tests/cuda/test_embedding_grad_cuda.py tests it further)."""
     embedding = torch.nn.Embedding(500, 32).to(DEVICE)
     ids = (_hot(500, (16, 128)) % 500).to(DEVICE)
     compiled = torch.compile(lambda t: embedding(t).square().sum(), backend="kiln")

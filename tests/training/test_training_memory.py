@@ -224,8 +224,15 @@ def test_the_embedding_gradient_is_scattered_into_its_zero_fill(model_class, mon
     untied embedding) or is added to the LM head's (tied, as GPT-2), and its workspace is no
     larger (smaller by about the gradient's bytes for the untied one; for the tied one the
     backward's peak, in `in_memory_order`, is elsewhere). Repeated indices: the accumulation
-    matters."""
+    matters. Kiln's own decomposition now makes the gradient with no zero fill at all
+    (embedding_backward: tests/training/test_embedding_gradient.py); this test takes it away, so
+    that the backward scatters as torch's decomposition does (as it still does with
+    scale_grad_by_freq)."""
     import kiln.graph.compile as compile_module
+    from kiln.frontend.torch.registry import MappingRegistry
+    table = MappingRegistry.decompositions
+    monkeypatch.setattr(MappingRegistry, "decompositions", lambda self: {
+        op: fn for op, fn in table(self).items() if op != torch.ops.aten.embedding_dense_backward.default})
     vocab, dim = 2000, 32
     grad_bytes = vocab * dim * 4
     torch.manual_seed(0)
