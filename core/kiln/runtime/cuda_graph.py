@@ -132,11 +132,15 @@ def hosted_view(piece: torch.Tensor) -> torch.Tensor:
     """`piece` (bytes of a graph's lent output) as a tensor with a storage of its own, which keeps
     the lent output's memory alive: the lender's `busy` counts aliases of its lent outputs by
     their storages' use counts, and tells this storage's holds on its memory from a caller's."""
-    from torch.multiprocessing.reductions import StorageWeakRef
     view = torch.from_dlpack(piece)
     with _hosted_lock:
-        _hosted.setdefault(piece.untyped_storage().data_ptr(), []).append(StorageWeakRef(view.untyped_storage()))
+        _hosted.setdefault(piece.untyped_storage().data_ptr(), []).append(_weak(view.untyped_storage()))
     return view
+
+
+def _weak(storage):
+    from torch.multiprocessing.reductions import StorageWeakRef
+    return StorageWeakRef(storage)
 
 
 def _hosting(storage) -> int:
@@ -300,7 +304,7 @@ class CapturedGraph:
         self.guests: weakref.WeakSet = weakref.WeakSet()
         for lender in lenders:
             lender.guests.add(self)
-        self._guest = (held, list(self._lent_storages)) if lenders else ([], [])
+        self._guest = [_weak(storage) for storage, _ in self._lent_storages] if lenders else []
         if self.lent or self.bound:
             _holders.add(self)
 
@@ -312,12 +316,11 @@ class CapturedGraph:
 
     def guest_busy(self) -> bool:
         """Whether a caller holds an output of a replay of this consuming backward, which may be
-        in its lenders' memory (retired or not: the outputs stay where they are). A retired one
-        found idle lets go of them."""
-        busy = any(_use_count(storage) > own for storage, own in self._guest[1])
-        if not busy and self.retired:
-            self._guest = ([], [])
-        return busy
+        in its lenders' memory (retired or not: the outputs stay where they are; once retired,
+        whatever holds their storages is a caller)."""
+        if self.retired:
+            return any(not ref.expired() for ref in self._guest)
+        return bool(self._guest) and self.busy()
 
     def stale(self) -> bool:
         """Whether the shared workspace it was captured on serves no new captures any more."""
@@ -332,10 +335,9 @@ class CapturedGraph:
                 return
             self.retired = True
             self.fn = self.graph = self.static_inputs = self.static_outputs = None
-            self._lent_storages = []    # (`_guest` keeps its tensors while a caller holds them)
+            self._lent_storages = []
             self._order = Ordering(self._order.last_stream)
             guests = list(self.guests)
-        self.guest_busy()
         for guest in guests:            # their captures read this one's memory: they never bind again
             guest.retire()
 
