@@ -490,15 +490,21 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
 def _lent_memory(compiled, inputs: Sequence[torch.Tensor], positions: Sequence[int]) -> tuple[dict, list]:
     """Of the `inputs` at `positions`, those a capture of `compiled` may reuse after reading
     them: contiguous private outputs of live graphs whose last replay no saved_tensors_hooks
-    saw, one per memory, by input slot; and their lenders."""
-    regions, lenders, seen = {}, [], set()
+    saw, whose memory no other input shares, by input slot; and their lenders."""
+    def memory(t):
+        start = t.untyped_storage().data_ptr()
+        return start, start + t.untyped_storage().nbytes()
+
+    spans = [memory(t) if isinstance(t, torch.Tensor) else None for t in inputs]
+    regions, lenders = {}, []
     for k in positions:
         tensor, slot = inputs[k], compiled.inputs[k]
         lender = private_lender(tensor) if tensor.is_contiguous() else None
-        if (lender is None or lender.retired or lender.saved_under_hooks or tensor.data_ptr() in seen
-                or slot in regions):
+        # memory another input also views is read through that input too: left alone
+        start, end = spans[k]
+        if (lender is None or lender.retired or lender.saved_under_hooks or slot in regions
+                or any(j != k and span is not None and span[0] < end and start < span[1] for j, span in enumerate(spans))):
             continue
-        seen.add(tensor.data_ptr())
         regions[slot] = tensor
         if lender not in lenders:
             lenders.append(lender)
