@@ -21,6 +21,15 @@ def _model():
                                torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 32)).cuda()
 
 
+def _compiled(reuse: bool = True):
+    """A model, its eager copy and the model compiled by Kiln (with the consuming backward where
+    `reuse`; None: the default)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = _model()
+    options = {} if reuse is None else {"reuse_saved_memory": reuse}
+    return model, copy.deepcopy(model), torch.compile(model, backend="kiln", options=options)
+
+
 def _graph_captures(model_functions, backward: bool) -> list:
     gc.collect()
     return [c for f in KilnFunction.live() if f not in model_functions and (f.lent_from == 0) == backward
@@ -43,10 +52,7 @@ def earlier():
 
 
 def test_gradients_go_into_the_saved_values_memory(earlier):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = _model()
-    reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    model, reference, compiled = _compiled()
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference)]
     for step in range(4):
         x = torch.randn(512, 64, device="cuda")
@@ -70,10 +76,7 @@ def test_gradients_go_into_the_saved_values_memory(earlier):
 def test_saved_values_a_hook_keeps_are_left_alone(earlier):
     """A saved_tensors_hooks pack hook that keeps the saved tensors sees them unchanged after the
     backward; the steps without hooks around it still consume."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = _model()
-    reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    model, reference, compiled = _compiled()
     for step in range(4):
         x = torch.randn(512, 64, device="cuda")
         kept, copies = [], []
@@ -100,10 +103,7 @@ def test_saved_values_a_hook_keeps_are_left_alone(earlier):
 def test_gradients_kept_into_the_next_steps(earlier):
     """Gradients accumulated without zero_grad may sit in a forward capture's saved memory:
     that capture is busy while they live, and every step's gradients add up as eager's do."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = _model()
-    reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="kiln", options={"reuse_saved_memory": True})
+    model, reference, compiled = _compiled()
     for step in range(5):
         x = torch.randn(512, 64, device="cuda")
         for m in (compiled, reference):
@@ -113,10 +113,7 @@ def test_gradients_kept_into_the_next_steps(earlier):
 
 
 def test_off_by_default(earlier):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = _model()
-    reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="kiln")
+    model, reference, compiled = _compiled(reuse=None)
     for _ in range(2):
         x = torch.randn(512, 64, device="cuda")
         for m in (compiled, reference):
