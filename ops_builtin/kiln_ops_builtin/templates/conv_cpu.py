@@ -18,7 +18,8 @@ tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 
 the rows are the real pixels, each panel within one output row, read in place too: no extra
 columns; and where the input is laid out as its planes would be (float32, stride 1, no
 padding, the planes its size: a 1x1 convolution's), the planes are the input itself, not a
-copy (`ConvCpu.input_is_planes`). Otherwise, where the planes' extra columns would add a
+copy (`ConvCpu.input_is_planes`; with virtual pixels, whose last panel reads past an image's
+planes, every image's but the last's). Otherwise, where the planes' extra columns would add a
 quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
 stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
 handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
