@@ -46,7 +46,7 @@ from kiln.template import (CDialect, CpuProgram, Emitter, KernelArgs, Load, Task
 from kiln_ops_builtin.common import int_tuple
 from kiln_ops_builtin.conv import conv2d
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
+from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, calls_libm, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.own_task import same_reduction
 
 # The device code (`cpu/*.h`): the planes, which pixels the rows are, `gemm_cpu`'s micro-kernel,
@@ -317,7 +317,7 @@ def render(task, **knobs) -> CpuProgram:
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
                "PLANE_TAIL": (kw - 1) * c.dilation[1] // c.stride[1] + 16, "INPUT_PLANES": KernelArgs.input(c.x_input),
                "INPUT_PLANES_OK": int(c.input_is_planes),
-               "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
+               "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1, "EPILOGUE_LIBM": int(calls_libm(task)),
                **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
     # K blocks of whole input channels: `cpu/micro.h` reads a channel's taps at fixed offsets
     defines["KC"] = max(kh * kw, defines["KC"] // (kh * kw) * (kh * kw))

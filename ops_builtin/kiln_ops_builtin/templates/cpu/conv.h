@@ -70,8 +70,10 @@ static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, in
         const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
         const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
         if (valid == MR)    /* a constant count: whole vectors, not a call of memcpy */
-            for (int64_t j = 0; j < cols; ++j)
+            for (int64_t j = 0; j < cols; ++j) {
+                KILN_ROW_BY_ROW();
                 kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, MR, by_channel + j * MRP);
+            }
         else
             for (int64_t j = 0; valid && j < cols; ++j)
                 kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
