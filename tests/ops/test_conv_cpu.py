@@ -369,6 +369,9 @@ def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     ((1, 36, 7, 9), (42, 12, 1, 1), dict(groups=3), ["-mno-avx512f"]),
     ((2, 200, 14, 14), (64, 200, 1, 1), {}, []),                                             # read in place
     ((1, 200, 12, 12), (64, 200, 1, 1), {}, ["-mno-avx512f"]),                               # AVX2's 6 rows
+    ((3, 200, 14, 14), (64, 200, 1, 1), {}, ["-mno-avx512f"]),             # in place but the last image (virtual pixels)
+    ((3, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), ["-mno-avx512f"]),
+    ((3, 5, 9, 12), (7, 5, 3, 3), {}, ["-mno-avx512f"]),
     ((2, 8, 14, 14), (12, 4, 1, 1), dict(groups=2), []),
     ((1, 5, 16, 15), (9, 5, 3, 2), {}, []),
     ((2, 5, 9, 6), (7, 5, 3, 3), {}, []),

@@ -34,6 +34,8 @@ CASES = [
     ((1, 20, 17, 18), (33, 20, 3, 3), dict(padding=0)),
     ((1, 16, 15, 31), (40, 16, 3, 3), dict(padding=2)),
     ((1, 24, 12, 40), (17, 24, 3, 3), dict(padding="same")),     # 20 tiles a row: blocks of 14 computed whole
+    ((3, 16, 14, 14), (20, 16, 3, 3), dict(padding=1)),         # blocks spanning tile rows and images, the last partial
+    ((3, 16, 7, 7), (64, 16, 3, 3), dict(padding=1)),           # more output channels than tiles: one chunk a thread
 ]
 
 
@@ -53,6 +55,30 @@ def test_weight_laid_out_once(xs, ws, kw):
     prepared([x, w, b, form], [out])
     assert prepared.program.entry == "kiln_kernel_prepared"
     assert_close(out, _reference(x, w, b, **kw), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 30000])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_and_threads(monkeypatch, chunk_bytes, threads):
+    """Each thread's share of the blocks in chunks of one block or several (the last partial),
+    by 1 to 3 threads: the bits of the one-chunk kernel on one thread, and the float64 values."""
+    x, w, b = rand((2, 24, 15, 13)), rand((40, 24, 3, 3)), rand((40,))
+    task = _task(x, w, b, padding=1)
+    whole = CpuKernel(conv_winograd_cpu.render(task))
+    monkeypatch.setattr(conv_winograd_cpu, "CHUNK_BYTES", chunk_bytes)
+    chunked = CpuKernel(conv_winograd_cpu.render(task))
+    assert chunked.program.source != whole.program.source
+    want, got = (torch.empty(_reference(x, w, b, padding=1).shape) for _ in range(2))
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        whole([x, w, b], [want])
+        torch.set_num_threads(threads)
+        chunked([x, w, b], [got])
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(got, want)
+    assert_close(got, _reference(x, w, b, padding=1), atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -130,7 +156,9 @@ int main(int argc, char** argv) {
 
 @pytest.mark.parametrize("xs, ws, isa", [((2, 17, 19, 23), (21, 17, 3, 3), []),
                                          ((1, 16, 13, 22), (40, 16, 3, 3), ["-mno-avx512f"]),
-                                         ((1, 16, 11, 17), (20, 16, 3, 3), ["-mno-avx"])])
+                                         ((1, 16, 11, 17), (20, 16, 3, 3), ["-mno-avx"]),
+                                         ((3, 16, 14, 14), (20, 16, 3, 3), ["-mno-avx512f"]),
+                                         ((3, 16, 7, 7), (64, 16, 3, 3), [])])
 def test_clean_under_address_sanitizer(tmp_path, xs, ws, isa):
     x = ((torch.arange(torch.Size(xs).numel()) % 13).float() * 0.1 - 0.6).reshape(xs)
     w = ((torch.arange(torch.Size(ws).numel()) % 7).float() * 0.1 - 0.3).reshape(ws)

@@ -194,6 +194,9 @@ def test_mlp_epilogues_fuse_into_the_template():
     capture, _ = compile_and_compare(model, torch.randn(5, 33))
     fused = _fused_nodes(capture)
     assert len(fused) == 2 and all(gemm_cpu.MATMUL.applies(n.task) for n in fused)
+    # GELU's erf calls libm: the loop over a tile's rows is left for GCC to vectorize (`cpu/common.h`'s
+    # KILN_ROW_BY_ROW), ReLU's max does not
+    assert ["#define EPILOGUE_LIBM 1" in gemm_cpu.render(n.task).source for n in fused] == [True, False]
 
 
 class _Residual(nn.Module):
@@ -214,6 +217,7 @@ def test_cnn_epilogues_fuse_into_the_template():
     capture, _ = compile_and_compare(_Residual().eval(), torch.randn(2, 3, 19, 17))
     convs = [n for n in _fused_nodes(capture) if n.task.name == "conv2d"]
     assert len(convs) == 2 and all(gemm_cpu.CONV.applies(n.task) for n in convs)
+    assert all("#define EPILOGUE_LIBM 0" in gemm_cpu.render_conv(n.task).source for n in convs)
 
 
 _ASAN_MAIN = r"""

@@ -18,7 +18,8 @@ tile's height divides the output's width (ResNet's and MobileNet's 112, 56, 28, 
 the rows are the real pixels, each panel within one output row, read in place too: no extra
 columns; and where the input is laid out as its planes would be (float32, stride 1, no
 padding, the planes its size: a 1x1 convolution's), the planes are the input itself, not a
-copy (`ConvCpu.input_is_planes`). Otherwise, where the planes' extra columns would add a
+copy (`ConvCpu.input_is_planes`; with virtual pixels, whose last panel reads past an image's
+planes, every image's but the last's). Otherwise, where the planes' extra columns would add a
 quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
 stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
 handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
@@ -45,7 +46,7 @@ from kiln.template import (CDialect, CpuProgram, Emitter, KernelArgs, Load, Task
 from kiln_ops_builtin.common import int_tuple
 from kiln_ops_builtin.conv import conv2d
 from kiln_ops_builtin.templates import gemm_cpu
-from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, render_epilogue_row, reports_failures
+from kiln_ops_builtin.templates.cpu_hooks import FACTOR_DTYPES, calls_libm, render_epilogue_row, reports_failures
 from kiln_ops_builtin.templates.own_task import same_reduction
 
 # The device code (`cpu/*.h`): the planes, which pixels the rows are, `gemm_cpu`'s micro-kernel,
@@ -316,7 +317,7 @@ def render(task, **knobs) -> CpuProgram:
                "ARGS": "TASK_ARGS, bpre, planes, koffs",
                "PLANE_TAIL": (kw - 1) * c.dilation[1] // c.stride[1] + 16, "INPUT_PLANES": KernelArgs.input(c.x_input),
                "INPUT_PLANES_OK": int(c.input_is_planes),
-               "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1,
+               "GATHER": int(c.gather), "N": cout // c.groups, "K": k, "B_BY_K": 1, "EPILOGUE_LIBM": int(calls_libm(task)),
                **gemm_cpu.block_knobs(knob, k), "MR_WIDE": row_height(c)}
     # K blocks of whole input channels: `cpu/micro.h` reads a channel's taps at fixed offsets
     defines["KC"] = max(kh * kw, defines["KC"] // (kh * kw) * (kh * kw))

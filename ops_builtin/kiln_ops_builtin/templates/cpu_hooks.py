@@ -28,10 +28,22 @@ import math
 from dataclasses import dataclass
 
 from kiln.template import (CDialect, Check, Compute, Const, Emitter, Expr, KernelArgs, Load, Reduce, SizeArgs, SizeVar,
-                           SymSize, Task, Var, cast, dtypes, gemm_factors, inline_task, row_major_strides, simplify, strip_cast,
-                           substitute, top_reduces, unravel_index, variables_of, walk)
+                           SymSize, Task, Unary, Var, cast, dtypes, gemm_factors, inline_task, row_major_strides, simplify,
+                           strip_cast, substitute, top_reduces, unravel_index, variables_of, walk)
 
 FACTOR_DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+# Unary operations whose C is a call of libm (`kiln.codegen`'s KILN_SIMD_FN functions), which GCC
+# vectorizes (glibc's vector variants) only in a loop it vectorizes, never in straight-line code
+LIBM_UNARY = frozenset({"exp", "exp_approx", "expm1", "log", "log1p", "log2", "sin", "cos", "tan", "tanh", "asin",
+                        "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf"})
+
+
+def calls_libm(task: Task) -> bool:
+    """Whether `task`'s outputs call libm per element (LIBM_UNARY: GELU's erf or tanh, SiLU's
+    exp): the CPU templates' `KILN_ROW_BY_ROW` (`cpu/common.h`) then lets GCC vectorize the loop
+    over a tile's rows, where the vector variants' lanes are rows."""
+    return any(isinstance(e, Unary) and e.op in LIBM_UNARY for out in inline_task(task).outputs for e in walk(out.value))
 
 
 @dataclass

@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 from kiln.template import CpuProgram, KernelArgs, Knobs, Preparation, SymSize, Template, c_template_source, device_code
 
-from kiln_ops_builtin.templates.cpu_hooks import gemm_form, match_cpu_gemm
+from kiln_ops_builtin.templates.cpu_hooks import calls_libm, gemm_form, match_cpu_gemm
 
 # The device code (`cpu/*.h`) of the GEMM-shaped CPU templates, in its order: vectors, shared
 # helpers and the micro-kernel; then A's side (the plain GEMM's `gemm_hooks.h`, or a template's
@@ -140,7 +140,7 @@ def _render(task, k: GemmKnobs, planes: bool) -> CpuProgram:
         blocks["NC"] = max(32, min(k.NC, ROWS_OUTER_BLOCK // blocks["KC"] // 32 * 32))
     defines = {"PARAMS": ", ".join(g.buffers + [BPRE] + sizes), "ARGS": ", ".join(args + ["bpre"] + size_args),
                **extents, **blocks, "MR_WIDE": row_tile(g.M) if fixed(g.M) else WIDE_ROWS[0], "A_DIRECT": 0,
-               "B_BY_K": int(g.b_by_k), "B_GROUPS": 1, "ROWS_OUTER": int(rows_outer)}
+               "B_BY_K": int(g.b_by_k), "B_GROUPS": 1, "ROWS_OUTER": int(rows_outer), "EPILOGUE_LIBM": int(calls_libm(task))}
     entries = entry_points(g.buffers, args, sizes, size_args, "kiln_main", "kiln_pack_panels")
     return CpuProgram(c_template_source([device_code(__package__, *KERNEL), entries], defines, g.hooks),
                       "kiln_kernel", tuple(args), sizes=g.sizes.values,

@@ -15,23 +15,27 @@
 /* planes offset of tap k = (c, i, j) */
 static inline int64_t kiln_koff(int64_t k) { return k / A_TAPS * A_CHANNEL + A_TAP(k % A_TAPS); }
 
-/* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS */
-static inline const float* kiln_group_planes(const float* planes, int64_t b) {
-    return planes + b / GROUPS * PLANE + b % GROUPS * (CIN / GROUPS) * PSH * PSW * HQ * WQ;
+/* the planes of GEMM batch b: image b / GROUPS, the input channels of group b % GROUPS (where
+   LAST_COPIED, planes holds the last image alone, the others are the input's) */
+static inline const float* kiln_group_planes(PARAMS, int64_t b) {
+    const int64_t image = b / GROUPS;
+    const float* at = !LAST_COPIED ? planes + image * PLANE
+                      : image < IMAGES - 1 ? (const float*)INPUT_PLANES + image * INPUT_IMAGE : planes;
+    return at + b % GROUPS * (CIN / GROUPS) * PSH * PSW * HQ * WQ;
 }
 
 /* A_DIRECT: A read in place from row k0 on (k0 a whole number of channels), the panel at m0 at
    the planes' pixel m0 (a real pixel where ALIGNED, its panel within one output row; else a
    virtual one); micro.h adds each tap's offset */
 static inline const float* kiln_a_rows(PARAMS, int64_t b, int64_t m0, int64_t k0) {
-    return kiln_group_planes(planes, b) + k0 / A_TAPS * A_CHANNEL + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
+    return kiln_group_planes(ARGS, b) + k0 / A_TAPS * A_CHANNEL + (ALIGNED ? m0 / OW * WQ + m0 % OW : m0);
 }
 
 /* real pixels, not ALIGNED (gather): A's rows m0 .. m0 + rows - 1 gathered tap by tap (the rows past them
    repeat pixel 0: computed, never stored) */
 static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                         float* __restrict__ dst) {
-    const float* src = kiln_group_planes(planes, b);
+    const float* src = kiln_group_planes(ARGS, b);
     const int64_t* __restrict__ off = koffs + k0;
     int64_t at[MR];
     for (int64_t i = 0; i < MR; ++i) at[i] = i < rows ? (m0 + i) / OW * WQ + (m0 + i) % OW : 0;
@@ -66,8 +70,10 @@ static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, in
         const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
         const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
         if (valid == MR)    /* a constant count: whole vectors, not a call of memcpy */
-            for (int64_t j = 0; j < cols; ++j)
+            for (int64_t j = 0; j < cols; ++j) {
+                KILN_ROW_BY_ROW();
                 kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, MR, by_channel + j * MRP);
+            }
         else
             for (int64_t j = 0; valid && j < cols; ++j)
                 kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));

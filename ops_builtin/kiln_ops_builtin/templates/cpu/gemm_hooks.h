@@ -18,9 +18,11 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
 static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
                                    const float* __restrict__ tile) {
     if (cols == NR)
-        for (int64_t i = 0; i < rows; ++i)
+        for (int64_t i = 0; i < rows; ++i) {
+            KILN_ROW_BY_ROW();
 #pragma GCC unroll 4
             for (int j = 0; j < NV; ++j) kiln_epilogue_row(ARGS, b, m0 + i, n0 + j * VW, VW, tile + i * NR + j * VW);
+        }
     else
         for (int64_t i = 0; i < rows; ++i) kiln_epilogue_row(ARGS, b, m0 + i, n0, cols, tile + i * NR);
 }

@@ -1,8 +1,16 @@
 /* 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) on micro.h's micro-kernel
    (kiln_ops_builtin.templates.conv_winograd_cpu tells the algorithm): the weight's transform U
-   (kiln_wino_weights), the input's V per block of MR tiles of a tile row (kiln_wino_input), the
-   16 products per panel of output channels, and the output's transform into the epilogue hook
-   (kiln_wino_output).
+   (kiln_wino_weights), the input's V per block of MR tiles (kiln_wino_input), the 16 products
+   per panel of output channels, and the output's transform into the epilogue hook
+   (kiln_wino_output). A block's tiles are MR consecutive ones of all the images' tiles, flat
+   over (image, tile row, tile): a block may span tile rows and images (in segments, each
+   within one tile row), so that no block computes tiles past a row's end (AVX2's 6-tile
+   blocks on 14 x 14 pixels, 7 tiles a row, computed 12 a row).
+
+   Each thread takes an equal share of the blocks, a chunk at a time: as many as CHUNK_BYTES of
+   V hold (a macro of the program; 0: all of the thread's blocks), at least one. The chunk's V
+   is made first, then the products panel by panel of output channels, so that a panel's U
+   (16 x CIN x NR floats) is read once a chunk, not once a block.
 
    The problem is conv.h's (COUT the output channels; the planes are two per channel, even and
    odd columns: strides (1, 2)); PARAMS is the task's buffers. Needs micro.h, planes.h and the
@@ -11,7 +19,8 @@
 enum {
     TILES_H = (OH + 1) / 2,
     TILES_W = (OW + 1) / 2,
-    TWQ = (TILES_W + MR - 1) / MR * MR,     /* tiles per row, those that a whole block adds included */
+    TILES = BATCH * TILES_H * TILES_W,      /* all the images' tiles */
+    BLOCKS = (TILES + MR - 1) / MR,
     MRP = (MR + VW - 1) / VW * VW,          /* MR rounded up to whole vectors */
     COUT_PANELS = (COUT + NR - 1) / NR,
     VSTRIDE = CIN * MR + VW,                /* a position's A panel, and room for a vector's overrun */
@@ -56,38 +65,59 @@ static int64_t kiln_wino_weights(PARAMS, float* dst) {
     return 16 * COUT_PANELS * CIN * NR;
 }
 
-/* V = B^T d B of tiles tw0 .. tw0 + MR - 1 of tile row th, every input channel, vectorized over
-   the tiles: A panels per position at v + p * VSTRIDE, [c][MR] */
-static void kiln_wino_input(const float* __restrict__ planes, int64_t th, int64_t tw0, float* __restrict__ v) {
-    for (int64_t c = 0; c < CIN; ++c)
-        for (int64_t i0 = 0; i0 < MR; i0 += VW) {
-            const float* even = planes + c * 2 * HQ * WQ + 2 * th * WQ + tw0 + i0;
-            const float* odd = even + HQ * WQ;
-            kiln_vf t[4][4];
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                const float* col = (j & 1 ? odd : even) + j / 2;
-                const kiln_vf d0 = *(const kiln_vfu*)col, d1 = *(const kiln_vfu*)(col + WQ);
-                const kiln_vf d2 = *(const kiln_vfu*)(col + 2 * WQ), d3 = *(const kiln_vfu*)(col + 3 * WQ);
-                t[0][j] = d0 - d2;
-                t[1][j] = d1 + d2;
-                t[2][j] = d2 - d1;
-                t[3][j] = d1 - d3;
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i) {
-                float* at = v + 4 * i * VSTRIDE + c * MR + i0;
-                *(kiln_vfu*)at = t[i][0] - t[i][2];
-                *(kiln_vfu*)(at + VSTRIDE) = t[i][1] + t[i][2];
-                *(kiln_vfu*)(at + 2 * VSTRIDE) = t[i][2] - t[i][1];
-                *(kiln_vfu*)(at + 3 * VSTRIDE) = t[i][1] - t[i][3];
-            }
-        }
+/* A block's tiles within one tile row: `len` tiles from tile tw of row th of image b, the
+   block's tiles at .. at + len - 1 */
+typedef struct { int64_t b, th, tw, at, len; } kiln_wino_segment;
+
+/* the segments of the block of tiles t0 .. t0 + MR - 1 (those past the last tile in none);
+   returns their number */
+static inline int kiln_wino_segments(int64_t t0, kiln_wino_segment* seg) {
+    int n = 0;
+    for (int64_t at = 0; at < MR && t0 + at < TILES;) {
+        const int64_t t = t0 + at, tw = t % TILES_W;
+        seg[n] = (kiln_wino_segment){t / (TILES_H * TILES_W), t / TILES_W % TILES_H, tw, at, KILN_MIN(MR - at, TILES_W - tw)};
+        at += seg[n++].len;
+    }
+    return n;
 }
 
-/* Y = A^T M A for MR tiles x NR output channels of panel q from the 16 products m[p][MR][NR],
-   then each output channel's runs of pixels through the epilogue hook */
-static void kiln_wino_output(PARAMS, int64_t b, int64_t th, int64_t tw0, int64_t q, const float* __restrict__ m,
+/* V = B^T d B of a block's tiles (segments seg[0 .. n - 1]), every input channel, vectorized
+   over each segment's tiles: A panels per position at v + p * VSTRIDE, [c][MR]. A vector
+   past a segment's end writes the rows of the next tiles or channel, which come later (the
+   channels outer, the segments in order); the last channel's into the panel's VW spare floats. */
+static void kiln_wino_input(const float* __restrict__ planes, const kiln_wino_segment* seg, int n,
+                            float* __restrict__ v) {
+    for (int64_t c = 0; c < CIN; ++c)
+        for (int s = 0; s < n; ++s)
+            for (int64_t i0 = 0; i0 < seg[s].len; i0 += VW) {
+                const float* even = planes + seg[s].b * PLANE + c * 2 * HQ * WQ + 2 * seg[s].th * WQ + seg[s].tw + i0;
+                const float* odd = even + HQ * WQ;
+                kiln_vf t[4][4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    const float* col = (j & 1 ? odd : even) + j / 2;
+                    const kiln_vf d0 = *(const kiln_vfu*)col, d1 = *(const kiln_vfu*)(col + WQ);
+                    const kiln_vf d2 = *(const kiln_vfu*)(col + 2 * WQ), d3 = *(const kiln_vfu*)(col + 3 * WQ);
+                    t[0][j] = d0 - d2;
+                    t[1][j] = d1 + d2;
+                    t[2][j] = d2 - d1;
+                    t[3][j] = d1 - d3;
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) {
+                    float* at = v + 4 * i * VSTRIDE + c * MR + seg[s].at + i0;
+                    *(kiln_vfu*)at = t[i][0] - t[i][2];
+                    *(kiln_vfu*)(at + VSTRIDE) = t[i][1] + t[i][2];
+                    *(kiln_vfu*)(at + 2 * VSTRIDE) = t[i][2] - t[i][1];
+                    *(kiln_vfu*)(at + 3 * VSTRIDE) = t[i][1] - t[i][3];
+                }
+            }
+}
+
+/* Y = A^T M A for a block's MR tiles x NR output channels of panel q from the 16 products
+   m[p][MR][NR], then, segment by segment (seg[0 .. n - 1]), each output channel's runs of
+   pixels through the epilogue hook */
+static void kiln_wino_output(PARAMS, const kiln_wino_segment* seg, int n, int64_t q, const float* __restrict__ m,
                              float* __restrict__ y, float* __restrict__ by_channel) {
     for (int64_t i = 0; i < MR; ++i)
 #pragma GCC unroll 4
@@ -120,19 +150,23 @@ static void kiln_wino_output(PARAMS, int64_t b, int64_t th, int64_t tw0, int64_t
                 for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (o * NR + g * VW + j) * MRP + i0) = r[j];
             }
     const kiln_vi lo = KILN_ZIP_LO, hi = KILN_ZIP_HI;
-    const int64_t n0 = q * NR, cols = KILN_MIN(NR, COUT - n0), ow0 = 2 * tw0, valid = KILN_MIN(2 * MR, OW - ow0);
-    for (int dy = 0; dy < 2 && 2 * th + dy < OH; ++dy)
-        for (int64_t j = 0; j < cols; ++j) {
-            float row[2 * MRP] __attribute__((aligned(64)));
-            const float* left = by_channel + ((dy * 2) * NR + j) * MRP;
-            const float* right = left + NR * MRP;
-            for (int64_t i0 = 0; i0 < MR; i0 += VW) {
-                const kiln_vf a = *(const kiln_vf*)(left + i0), c = *(const kiln_vf*)(right + i0);
-                *(kiln_vf*)(row + 2 * i0) = __builtin_shuffle(a, c, lo);
-                *(kiln_vf*)(row + 2 * i0 + VW) = __builtin_shuffle(a, c, hi);
+    const int64_t n0 = q * NR, cols = KILN_MIN(NR, COUT - n0);
+    for (int s = 0; s < n; ++s) {
+        const int64_t th = seg[s].th, ow0 = 2 * seg[s].tw, valid = KILN_MIN(2 * seg[s].len, OW - ow0);
+        for (int dy = 0; dy < 2 && 2 * th + dy < OH; ++dy)
+            for (int64_t j = 0; j < cols; ++j) {
+                float row[2 * MRP] __attribute__((aligned(64)));
+                /* the segment's tiles from its first on (past them: the next channel's, never stored) */
+                const float* left = by_channel + ((dy * 2) * NR + j) * MRP + seg[s].at;
+                const float* right = left + NR * MRP;
+                for (int64_t i0 = 0; i0 < seg[s].len; i0 += VW) {
+                    const kiln_vf a = *(const kiln_vfu*)(left + i0), c = *(const kiln_vfu*)(right + i0);
+                    *(kiln_vf*)(row + 2 * i0) = __builtin_shuffle(a, c, lo);
+                    *(kiln_vf*)(row + 2 * i0 + VW) = __builtin_shuffle(a, c, hi);
+                }
+                kiln_epilogue_row(ARGS, seg[s].b, n0 + j, (2 * th + dy) * OW + ow0, valid, row);
             }
-            kiln_epilogue_row(ARGS, b, n0 + j, (2 * th + dy) * OW + ow0, valid, row);
-        }
+    }
 }
 
 static void kiln_wino(PARAMS, const float* __restrict__ bpre) {
@@ -153,21 +187,36 @@ static void kiln_wino(PARAMS, const float* __restrict__ bpre) {
 #pragma omp single
         for (int64_t b = 0; b < BATCH; ++b)
             for (int64_t e = CIN * 2 * HQ * WQ; e < PLANE; ++e) planes[b * PLANE + e] = 0.f;
-        float* v = kiln_alloc(16 * VSTRIDE);
+        /* this thread's blocks a chunk at a time: their V made, then each panel of output channels
+           (its U, read once a chunk) over the chunk's blocks */
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int64_t lo = BLOCKS * t / T, hi = BLOCKS * (t + 1) / T;
+        const int64_t chunk = KILN_MIN(CHUNK_BYTES ? KILN_MAX(1, CHUNK_BYTES / (16 * VSTRIDE * 4)) : hi - lo, hi - lo);
+        float* v = kiln_alloc(chunk * 16 * VSTRIDE);
+        kiln_wino_segment (*seg)[MR] = malloc(chunk * sizeof *seg);
+        int* n = malloc(chunk * sizeof *n);
         float* m = kiln_alloc(16 * MR * NR);
         float* y = kiln_alloc(4 * MRP * NR);
-        float* by_channel = kiln_alloc(4 * NR * MRP);
-        for (int64_t e = 0; e < 4 * MRP * NR; ++e) y[e] = 0.f;    /* rows past MR: transposed, never stored */
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < BATCH * TILES_H * (TWQ / MR); ++blk) {
-            const int64_t b = blk / (TILES_H * (TWQ / MR)), th = blk / (TWQ / MR) % TILES_H, tw0 = blk % (TWQ / MR) * MR;
-            kiln_wino_input(planes + b * PLANE, th, tw0, v);
-            for (int64_t q = 0; q < COUT_PANELS; ++q) {
-                for (int p = 0; p < 16; ++p)
-                    kiln_micro(CIN, v + p * VSTRIDE, u + (p * COUT_PANELS + q) * CIN * NR, NULL, 0, m + p * MR * NR, NR, NULL, 0);
-                kiln_wino_output(ARGS, b, th, tw0, q, m, y, by_channel);
+        float* by_channel = kiln_alloc(4 * NR * MRP + MRP);      /* a segment's last vector may read MRP past */
+        /* rows past MR (transposed), and V's rows of tiles past the last (the last block's): never stored */
+        for (int64_t e = 0; e < 4 * MRP * NR; ++e) y[e] = 0.f;
+        for (int64_t e = 0; e < chunk * 16 * VSTRIDE; ++e) v[e] = 0.f;
+        for (int64_t c0 = lo; c0 < hi; c0 += chunk) {
+            const int64_t blocks = KILN_MIN(chunk, hi - c0);
+            for (int64_t g = 0; g < blocks; ++g) {
+                n[g] = kiln_wino_segments((c0 + g) * MR, seg[g]);
+                kiln_wino_input(planes, seg[g], n[g], v + g * 16 * VSTRIDE);
             }
+            for (int64_t q = 0; q < COUT_PANELS; ++q)
+                for (int64_t g = 0; g < blocks; ++g) {
+                    for (int p = 0; p < 16; ++p)
+                        kiln_micro(CIN, v + (g * 16 + p) * VSTRIDE, u + (p * COUT_PANELS + q) * CIN * NR, NULL, 0,
+                                   m + p * MR * NR, NR, NULL, 0);
+                    kiln_wino_output(ARGS, seg[g], n[g], q, m, y, by_channel);
+                }
         }
+        free(n);
+        free(seg);
         free(by_channel);
         free(y);
         free(m);
