@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kiln.frontend.torch.backend import KilnFunction
+from tests.cuda.training_graphs_support import assert_same_gradients
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -36,11 +37,6 @@ def _graph_captures(model_functions, backward: bool) -> list:
             for run in f.graphs.values() if run.captures for c in run.captures.values()]
 
 
-def _assert_same_gradients(model, reference, factor=1.0):
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad * factor, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
-
-
 def _inside(tensor, memory) -> bool:
     return memory.data_ptr() <= tensor.data_ptr() < memory.data_ptr() + memory.untyped_storage().nbytes()
 
@@ -59,7 +55,7 @@ def test_gradients_go_into_the_saved_values_memory(earlier):
         for m, opt in zip((compiled, reference), optimizers):
             opt.zero_grad()
             m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
         for opt in optimizers:
             opt.step()
         if step == 0:       # the forward's first capture moved to the backward's larger workspace
@@ -94,7 +90,7 @@ def test_saved_values_a_hook_keeps_are_left_alone(earlier):
             else:
                 loss = m(x).square().mean()
             loss.backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
         for t, c in zip(kept, copies):
             torch.testing.assert_close(t, c, atol=0, rtol=0)
     assert any(c.lenders for c in _graph_captures(earlier, True))
@@ -108,7 +104,7 @@ def test_gradients_kept_into_the_next_steps(earlier):
         x = torch.randn(512, 64, device="cuda")
         for m in (compiled, reference):
             m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
     assert len(_graph_captures(earlier, False)) <= 2, "the captures settle"
 
 
@@ -119,5 +115,5 @@ def test_off_by_default(earlier):
         for m in (compiled, reference):
             m.zero_grad()
             m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
     assert not any(c.lenders for c in _graph_captures(earlier, True))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction
+from tests.cuda.training_graphs_support import assert_same_gradients
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -49,11 +50,6 @@ def _forward_and_backward() -> tuple[list, list]:
     return forward[0], backward[0]
 
 
-def _assert_same_gradients(model, reference):
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
-
-
 def _backward_both(compiled, model, reference, optimizers):
     """The gradients of one random batch's loss through the compiled model and through the
     reference, each after its optimizer's zero_grad(), compared."""
@@ -61,7 +57,7 @@ def _backward_both(compiled, model, reference, optimizers):
     for m, opt in zip((compiled, reference), optimizers):
         opt.zero_grad()
         m(x).square().mean().backward()
-    _assert_same_gradients(model, reference)
+    assert_same_gradients(model, reference)
 
 
 def test_steps_lend_saved_values_and_read_them_in_place():
@@ -98,7 +94,7 @@ def test_parameters_are_read_in_place():
         for m in (compiled, reference):
             m.zero_grad()
             m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
         if step == 1:
             for m in (model, reference):
                 m[0].weight.data = m[0].weight.data * 0.5
@@ -123,7 +119,7 @@ def test_two_forwards_before_one_backward():
         a, b = torch.randn(48, 64, device="cuda"), torch.randn(48, 64, device="cuda")
         for m in (compiled, reference):
             (m(a).square().mean() + m(b).abs().mean()).backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
     forward, _ = _forward_and_backward()
     assert len(forward) == 2
 
@@ -149,7 +145,7 @@ def test_forwards_whose_saved_values_stay_alive(monkeypatch, most):
         reference.zero_grad()
         loss.backward()
         reference(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
     # the forward's captures moved to the backward's larger workspace: the next step captures anew
     again = [compiled(x).square().mean() for x in xs]
     torch.testing.assert_close(torch.stack(again), torch.stack(losses).detach())
@@ -178,7 +174,7 @@ def test_a_block_graph_called_for_each_layer_replays_from_the_second_step(caplog
                 for layer in model:
                     h = layer(h)
                 h.square().mean().backward()
-        _assert_same_gradients(layers, reference)
+        assert_same_gradients(layers, reference)
     assert "CUDA graph" not in caplog.text, "the last step replays the captures of the one before"
     assert sum(map(len, _captures(False))) == 6
 
@@ -217,7 +213,7 @@ def test_gradients_kept_alive_are_never_overwritten(keep):
                 m.zero_grad(set_to_none=False)
         for m in (compiled, reference):
             m(x).square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
     _, backward = _forward_and_backward()
     assert len(backward) == 2
 
@@ -283,7 +279,7 @@ def test_outputs_are_lent_until_a_caller_keeps_them_into_the_next_step():
             kept.append((out, out.detach().clone()))
         out.square().mean().backward()
         want.square().mean().backward()
-        _assert_same_gradients(model, reference)
+        assert_same_gradients(model, reference)
         for old, value in kept:
             torch.testing.assert_close(old, value, atol=0, rtol=0)
         del out, want

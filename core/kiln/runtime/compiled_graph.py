@@ -114,10 +114,15 @@ def plan_memory(sizes: dict[int, int], live: dict[int, tuple[int, int]],
     late buffers no hole among its small early ones (ResNet-50's workspace was 376 MB for 310 MB
     live at once at most, which the second reaches); the second alone is worse on some small
     graphs."""
-    by_first_use = sorted(sizes, key=lambda s: (live[s][0], -sizes[s], s))
-    by_size = sorted(sizes, key=lambda s: (-sizes[s], live[s][0], s))
-    return min((_greedy_plan(order, sizes, live, alignment) for order in (by_first_use, by_size)),
+    return min((_greedy_plan(order, sizes, live, alignment) for order in _orders(sizes, sizes, live)),
                key=lambda plan: plan.size)
+
+
+def _orders(slots, sizes: dict[int, int], live: dict[int, tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """`slots` in the two orders the greedy plans try: by first use (larger first among those
+    starting together), and largest first."""
+    return (sorted(slots, key=lambda s: (live[s][0], -sizes[s], s)),
+            sorted(slots, key=lambda s: (-sizes[s], live[s][0], s)))
 
 
 def _greedy_plan(order: list[int], sizes: dict[int, int], live: dict[int, tuple[int, int]],
@@ -171,20 +176,20 @@ def plan_with_regions(sizes: dict[int, int], live: dict[int, tuple[int, int]], r
         return k, offset - starts[k]
 
     in_regions: dict[int, int] = {}
-    for slot in sorted(outputs, key=lambda s: (-sizes[s], live[s][0], s)):
+    for slot in _orders(outputs, sizes, live)[1]:
         offset = _greedy_plan([slot], sizes, live, alignment, {**fixed, **in_regions}).offsets[slot]
         if offset + _align(sizes[slot], alignment) <= span:
             in_regions[slot] = offset
     fixed.update(in_regions)
-    rest = [s for s in sizes if s >= 0 and s not in set(outputs)]
+    outputs = set(outputs)
     best = None
-    for order in (sorted(rest, key=lambda s: (live[s][0], -sizes[s], s)), sorted(rest, key=lambda s: (-sizes[s], live[s][0], s))):
+    for order in _orders([s for s in sizes if s >= 0 and s not in outputs], sizes, live):
         plan = _greedy_plan(order, sizes, live, alignment, fixed)
         beyond = {s: plan.offsets[s] - span for s in order if plan.offsets[s] >= span}
         size = max([o + _align(sizes[s], alignment) for s, o in beyond.items()] + [0])
         if best is None or size < best[0].size:
             best = (MemoryPlan(beyond, size), {s: plan.offsets[s] for s in order if s not in beyond})
-    workspace, placed = best if best is not None else (MemoryPlan({}, 0), {})
+    workspace, placed = best
     placed.update(in_regions)
     return workspace, {s: region_of(o) for s, o in placed.items()}
 
@@ -272,13 +277,13 @@ class CompiledGraph:
             for device in dict.fromkeys(self.buffers[s].device for s in placed + outputs):
                 mine = [s for s in placed + outputs if self.buffers[s].device == device]
                 theirs = [s for s in regions if self.buffers[s].device == device]
-                sizes = {s: self.buffers[s].nbytes for s in mine}
                 if theirs:
                     plans[device], where = plan_with_regions(
-                        sizes, live, [(self.buffers[s].nbytes, live[s][1]) for s in theirs], outputs, ALIGNMENT)
+                        {s: self.buffers[s].nbytes for s in mine}, live,
+                        [(self.buffers[s].nbytes, live[s][1]) for s in theirs], outputs, ALIGNMENT)
                     self._placements[key].update({s: (theirs[k], offset) for s, (k, offset) in where.items()})
-                else:
-                    plans[device] = plan_memory({s: n for s, n in sizes.items() if s not in outputs}, live)
+                else:       # outputs go nowhere but into inputs' memory
+                    plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine if s not in outputs}, live)
             self._plans[key] = plans
         return self._plans[key]
 

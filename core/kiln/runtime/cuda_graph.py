@@ -158,6 +158,14 @@ def _hosting(storage) -> int:
         return len(live)
 
 
+def _held_beyond(storage, own: int) -> bool:
+    """Whether something holds `storage` beyond the `own` holds of its graph and the
+    `hosted_view`s over it (those are looked up only where the use count exceeds `own`: every
+    replay checks every lent output)."""
+    count = _use_count(storage)
+    return count > own and count > own + _hosting(storage)
+
+
 def keeps_graph() -> bool:
     """Whether autograd keeps the graph after the backward running now (`retain_graph`, a
     backward of a backward; True outside a backward): then a backward must not reuse the
@@ -311,7 +319,7 @@ class CapturedGraph:
     def busy(self) -> bool:
         """Whether an alias of a lent output of an earlier replay is still alive (a consuming
         backward's outputs in this graph's memory count too)."""
-        return (any(_use_count(storage) > own + _hosting(storage) for storage, own in self._lent_storages)
+        return (any(_held_beyond(storage, own) for storage, own in self._lent_storages)
                 or any(guest.guest_busy() for guest in list(self.guests)))
 
     def guest_busy(self) -> bool:
