@@ -6,6 +6,7 @@ leave those values alone. (A retained graph never reaches it: AOTAutograd refuse
 retain_graph=True for a backward with donated buffers, as a consuming backward's saved values are.)"""
 import copy
 import gc
+import logging
 
 import pytest
 import torch
@@ -69,10 +70,30 @@ def test_gradients_go_into_the_saved_values_memory(earlier):
         assert forward.busy(), "the forward's saved memory holds gradients the parameters still hold"
 
 
+def test_steps_after_the_first_capture_nothing(caplog):
+    """The first backward's larger workspace retires the first forward capture, so the first
+    consuming capture serves one replay; the next forward captures on that workspace, and from
+    then on each step replays (regression: the workspace was freed with the one-replay capture,
+    the next forward captured on a small one again, and every step captured both graphs anew)."""
+    model, reference, compiled = _compiled()
+    for step in range(6):
+        if step == 2:
+            caplog.set_level(logging.INFO, logger="kiln")
+            caplog.clear()
+        x = torch.randn(512, 64, device="cuda")
+        for m in (compiled, reference):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        assert_same_gradients(model, reference)
+    assert "capturing a CUDA graph" not in caplog.text
+
+
 def test_saved_values_a_hook_keeps_are_left_alone(earlier):
     """A saved_tensors_hooks pack hook that keeps the saved tensors sees them unchanged after the
-    backward; the steps without hooks around it still consume."""
+    backward, and the steps after it stay right. The steps before it consumed; the capture that
+    served the hooked step does not consume, and keeps serving the later steps."""
     model, reference, compiled = _compiled()
+    consumed = False
     for step in range(4):
         x = torch.randn(512, 64, device="cuda")
         kept, copies = [], []
@@ -93,7 +114,9 @@ def test_saved_values_a_hook_keeps_are_left_alone(earlier):
         assert_same_gradients(model, reference)
         for t, c in zip(kept, copies):
             torch.testing.assert_close(t, c, atol=0, rtol=0)
-    assert any(c.lenders for c in _graph_captures(earlier, True))
+        if step == 1:
+            consumed = any(c.lenders for c in _graph_captures(earlier, True))
+    assert consumed
 
 
 def test_gradients_kept_into_the_next_steps(earlier):

@@ -44,7 +44,12 @@ backward's views of that memory have storages of their own (`hosted_view`), so t
 tells their holds from a caller's. It replays only where autograd keeps no graph and no
 saved_tensors_hooks saw the values (`CapturedGraph.consumable`); its gradients there keep the
 forward `busy` while a caller holds them. Its warm-up runs on a workspace of its own, or not at
-all where an earlier capture of the graph loaded its kernels.
+all where an earlier capture of the graph loaded its kernels. A step that does not allow it (a
+retained graph, saved_tensors_hooks) captures a backward that does not consume, and that capture
+goes on serving the steps after it. The first consuming capture, made on a forward capture that
+its own larger workspace retired, serves one replay: the owner keeps that workspace
+(`CapturedGraph.workspace`), so that the next forward captures on it and the steps from then on
+replay.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
@@ -96,11 +101,12 @@ class SharedWorkspace(Ordering):
         self.users: weakref.WeakSet = weakref.WeakSet()     # the live graphs captured on it
 
     def supersede(self) -> None:
-        """Retire the graphs captured on this workspace, which a larger one replaces: once the
-        caller drops its own reference, the buffer is freed (before the larger one is allocated)."""
+        """Retire the graphs captured on this workspace, which a larger one replaces, and let go
+        of the buffer: it is freed before the larger one is allocated."""
         self.superseded = True
         for graph in list(self.users):
             graph.retire()
+        self.buffer = None
 
 
 _workspaces: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # device -> SharedWorkspace
@@ -115,7 +121,6 @@ def shared_workspace(device: torch.device, nbytes: int) -> SharedWorkspace:
         if current is None or current.buffer.numel() < nbytes:
             if current is not None:
                 current.supersede()
-                del current
             current = _workspaces[device] = SharedWorkspace(nbytes, device)
         return current
 
@@ -256,7 +261,9 @@ class CapturedGraph:
         stream = torch.cuda.Stream()
         self._order = ordering or Ordering(stream)
         self.retired = False
-        if isinstance(ordering, SharedWorkspace):
+        # the device's shared workspace it was captured on (None: a workspace of its own)
+        self.workspace = ordering if isinstance(ordering, SharedWorkspace) else None
+        if self.workspace is not None:
             ordering.users.add(self)
         with self._order.lock:
             current = torch.cuda.current_stream()
@@ -342,7 +349,7 @@ class CapturedGraph:
             if self.retired:
                 return
             self.retired = True
-            self.fn = self.graph = self.static_inputs = self.static_outputs = None
+            self.fn = self.graph = self.static_inputs = self.static_outputs = self.workspace = None
             self._lent_storages = []
             self._order = Ordering(self._order.last_stream)
             guests = list(self.guests)

@@ -599,6 +599,11 @@ class CompiledRun:
             self.written = {j for _, j in self.write_back}     # always bound: captured in place
             self.captures = OrderedDict()
             self._captures_lock = threading.Lock()
+            # the shared workspace of the last capture, kept past that capture: a consuming
+            # backward that superseded its forward's workspace retires after its one replay, and
+            # the next forward must capture on this larger one, not on a new small one that the
+            # backward would supersede again at every step
+            self.workspace = None
             # the copying capture first: its workspace, which holds its outputs too, serves the
             # lending ones (a larger one made after would leave it stale)
             for lend in [self.lends_user_outputs] if self.lent else [False] + [True] * self.LENDING_CAPTURES:
@@ -623,6 +628,7 @@ class CompiledRun:
         captured = capture(self.compiled, inputs, write_back=self.write_back,
                            lent=self.returned if lend else self.lent, bound=bound, copied_out=True,
                            private=self.lent if self.saves_for_backward else (), reused=bound if consumes else ())
+        self.workspace = captured.workspace
         if set(captured.lent) - set(self.lent):
             self._lending.add(captured)
         with self._captures_lock:
