@@ -10,10 +10,8 @@ which sums each row in float32 and rounds it once, as torch's does (on CUDA in s
 tokens' size, `kiln_ops_builtin.templates.embedding_grad`).
 
 Kiln's decomposition takes every call but those with `scale_grad_by_freq`, which keep torch's
-decomposition (a count of each index's tokens, then the same scatter in float32), and, until
-`CUDA` is set, those on CUDA: the CUDA template compiles with NVRTC but has not yet run on a GPU
-(tests/cuda/test_embedding_grad_cuda.py). Outside Kiln's traces (a partition handed to PyTorch)
-the operator runs PyTorch's own kernel.
+decomposition (a count of each index's tokens, then the same scatter in float32). Outside Kiln's
+traces (a partition handed to PyTorch) the operator runs PyTorch's own kernel.
 """
 from __future__ import annotations
 
@@ -24,9 +22,6 @@ from kiln import ops
 from kiln.frontend.torch import register_decomposition, register_function
 
 from kiln_mappings_aten.common import aten
-
-
-CUDA = False        # whether gradients on CUDA take Kiln's embedding_backward (see the module doc)
 
 
 @torch.library.custom_op("kiln::embedding_backward", mutates_args=())
@@ -46,8 +41,7 @@ def _(grad, indices, num_weights, padding_idx):
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     """Kiln's embedding_backward on the tokens flattened; with scale_grad_by_freq (or a grad
     that is not floating-point), torch's decomposition."""
-    if (scale_grad_by_freq or not grad_output.dtype.is_floating_point or indices.dim() + 1 != grad_output.dim()
-            or (grad_output.is_cuda and not CUDA)):
+    if scale_grad_by_freq or not grad_output.dtype.is_floating_point or indices.dim() + 1 != grad_output.dim():
         return decomposition_table[aten.embedding_dense_backward.default](
             grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
     width = grad_output.shape[-1]

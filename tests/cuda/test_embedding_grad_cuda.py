@@ -25,13 +25,6 @@ from tests.support import rand
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture(autouse=True)
-def _kiln_embedding_backward_on_cuda(monkeypatch):
-    """Training graphs on CUDA take Kiln's embedding_backward here (off by default until these
-    tests passed on a GPU: `kiln_mappings_aten.embedding.CUDA`)."""
-    from kiln_mappings_aten import embedding
-    monkeypatch.setattr(embedding, "CUDA", True)
-
 DEVICE = "cuda"
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 
