@@ -28,7 +28,11 @@ import collections
 import copy
 import gc
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -179,7 +183,12 @@ def main() -> None:
     parser.add_argument("--fp32-reference", action="store_true",
                         help="also train eagerly in float32 (autocast off, float32 weights) from the same "
                              "weights and report each backend's largest loss difference from that run")
+    parser.add_argument("--isolate", action="store_true",
+                        help="train each backend in a process of its own (peaks free of what earlier runs "
+                             "left allocated, or freed during a later one)")
     args = parser.parse_args()
+    if args.isolate:
+        return isolated(args)
     warnings.simplefilter("ignore", FutureWarning)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -238,6 +247,29 @@ def main() -> None:
         if args.json:       # after each case, so that a run cut short keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+def isolated(args) -> None:
+    """Each (case, backend) of `args` trained by this script in a process of its own; the rows
+    merged into `args.json`."""
+    rows = []
+    for name in args.cases:
+        row = {"case": name}
+        for label in args.backends:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "row.json")
+                subprocess.run([sys.executable, __file__, "--cases", name, "--backends", label, "--json", out,
+                                "--steps", str(args.steps), "--loss-steps", str(args.loss_steps)], check=False)
+                if os.path.exists(out):
+                    with open(out) as f:
+                        row.update({k: v for k, v in json.load(f)["rows"][0].items() if k != "case"})
+                else:
+                    row[f"{label}_error"] = "the process ended without a result"
+        rows.append(row)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "isolated": True,
+                           "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
