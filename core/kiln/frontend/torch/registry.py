@@ -36,7 +36,7 @@ from kiln.frontend.torch.errors import target_name
 from kiln.plugins import is_plugin_module, registry
 from kiln.tensor import Tensor, from_torch
 
-FUNCTION, METHOD, MODULE, DECOMPOSITION = "function", "method", "module", "decomposition"
+FUNCTION, METHOD, MODULE, DECOMPOSITION, REWRITE = "function", "method", "module", "decomposition", "rewrite"
 RULES_ATTRIBUTE = "__kiln_rules__"   # a module's own rules, in declaration order
 
 _order = itertools.count()
@@ -126,7 +126,7 @@ class MappingRegistry:
         """Remove the rules for `target` (of `kind`, or any kind; only those of `handler` if
         given) and return them; rules declared in this process are forgotten, plugins' rules
         come back on rediscovery."""
-        kinds = [kind] if kind else [FUNCTION, METHOD, MODULE, DECOMPOSITION]
+        kinds = [kind] if kind else [FUNCTION, METHOD, MODULE, DECOMPOSITION, REWRITE]
         removed = []
         for k in kinds:
             rules = self.rules.pop((k, rule_key(k, target)), [])
@@ -250,6 +250,15 @@ rule of their own use the rule of their out-of-place form."""
 register_module = _register(MODULE)
 register_module.__doc__ = """Declare a rule for nn.Module classes: the handler is a `KilnModule`
 subclass, built from the torch module and called with the module's forward arguments."""
+
+
+register_graph_rewrite = _register(REWRITE)
+register_graph_rewrite.__doc__ = """Declare a rewrite of the dynamo graphs that go through
+AOTAutograd (training): the handler receives each torch.fx Node calling one of `targets` (torch
+functions, or Tensor methods such as `torch.Tensor.softmax`), with the traced values in its
+`meta["example_value"]`, and returns True where it replaced the node's computation in the graph
+(`kiln.frontend.torch.graph_rewrites`). It runs before autograd is traced, so that it can
+change what the forward saves for the backward."""
 
 
 def register_decomposition(*targets, priority: int = 0):

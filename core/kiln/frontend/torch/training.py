@@ -21,6 +21,10 @@ The backend sends graphs that change tensors in place through views here too, wi
 grad mode: AOTAutograd's functionalization makes their ATen graph pure and copies the new
 values into the caller's inputs after each call.
 
+The plugins' graph rewrites (`register_graph_rewrite`) change the dynamo graph first: attention
+written out in torch operations becomes one `scaled_dot_product_attention`, whose backward
+recomputes the probabilities where a plugin's decomposition fuses it.
+
 Attention (`scaled_dot_product_attention`) that no plugin decomposes is traced through its
 math form, so that its backward is matmuls and a softmax rather than a PyTorch kernel's
 backward op.
@@ -47,6 +51,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx import GraphModule
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kiln.frontend.torch.graph_rewrites import rewrite_graph
 from kiln.frontend.torch.input_free import build_where_used, recompute_input_free
 from kiln.frontend.torch.layout_copies import recompute_layout_copies
 from kiln.frontend.torch.parameter_casts import recompute_parameter_casts
@@ -180,6 +185,7 @@ def compile_for_training(gm: GraphModule, example_inputs, compile_aten: Callable
 
     backend = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward, partition_fn=partition,
                            decompositions=decompositions())
+    rewrite_graph(gm)
     single = _returns_one_value(gm)
     if single:
         gm = _returning_tuple(gm)
