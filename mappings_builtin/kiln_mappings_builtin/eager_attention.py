@@ -3,7 +3,7 @@
 
     scores = matmul(q, k.transpose(-2, -1)) * scale     (or / d, or no scale)
     scores = scores + mask                               (optional)
-    p = softmax(scores, dim=-1, dtype=...).to(q.dtype)   (the .to optional)
+    p = softmax(scores, dim=-1, dtype=...).to(q.dtype)   (.to or .type, optional)
     p = dropout(p, p=0.0)                                (optional; only p == 0)
     out = matmul(p, v)
 
@@ -115,9 +115,9 @@ def eager_attention(softmax) -> bool:
     chain += producers
     node = softmax
     while (after := _only_user(node)) is not None and not _call(after, *MATMULS):
-        if _call(after, torch.Tensor.to) and len(after.args) == 2 and isinstance(after.args[1], torch.dtype):
-            pass
-        elif not (_call(after, F.dropout) and _dropped_nothing(after)):
+        cast = _call(after, torch.Tensor.to, torch.Tensor.type) and len(after.args) == 2 \
+            and isinstance(after.args[1], torch.dtype)
+        if not cast and not (_call(after, F.dropout) and _dropped_nothing(after)):
             return False
         chain.append(after)
         node = after
