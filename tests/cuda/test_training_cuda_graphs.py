@@ -286,3 +286,21 @@ def test_outputs_are_lent_until_a_caller_keeps_them_into_the_next_step():
     run = _forward_run()
     assert not run.lends_user_outputs
     assert len(run.captures) == 1, "the lending capture was retired"
+
+
+def test_dynamo_reset_frees_the_captures_memory():
+    """torch._dynamo.reset() releases the CUDA graphs of every live compiled graph (the
+    backward stays reachable through AOTAutograd): their saved values and workspace are freed."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(2048, 1024, device="cuda")
+    compiled = torch.compile(model, backend="kiln")
+    for _ in range(3):
+        compiled(x).square().mean().backward()
+        model.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch._dynamo.reset()
+    gc.collect()
+    assert torch.cuda.memory_allocated() <= held - 2048 * 4096 * 4, "a saved [2048, 4096] float32 value is freed"

@@ -103,6 +103,18 @@ def kiln_backend(gm: GraphModule, example_inputs, options: dict | None = None,
         return _lowered(gm, example_inputs, settings, unmapped, followed)
 
 
+def _release_every_graph() -> None:
+    """What `torch._dynamo.reset()` calls (a backend's `reset`): every live KilnFunction lets
+    go of its plans and CUDA graphs. Dynamo forgets its compiled code, but a function may stay
+    reachable (AOTAutograd's autograd.Function classes keep their compiled backward), and its
+    captures would keep their memory; called again, it plans again."""
+    for function in KilnFunction.live():
+        function.release()
+
+
+kiln_backend.reset = _release_every_graph
+
+
 def _left_for_aot(node) -> bool:
     """Whether `node` is one of what dynamo leaves in its graph for AOTAutograd to lower, which
     no torch-level rule maps: a call of numpy through `torch._numpy` (dynamo's wrappers),
@@ -367,6 +379,16 @@ class KilnFunction:
             if shared:
                 return self._run_in_pytorch(args, shared)
         return compiled(args)
+
+    def release(self) -> None:
+        """Forget every plan (a later call traces again, from the caches) and retire their CUDA
+        graphs: their memory is freed but for the outputs a caller still holds."""
+        runs = list(self.graphs.values())
+        self.graphs.clear()
+        self._constants_state.clear()
+        self._constant_storages.clear()
+        for run in runs:
+            run.release()
 
     def unchanged_runs(self) -> list[CompiledRun]:
         """Its runs whose constants still have the memory and versions they had when compiled
@@ -700,6 +722,17 @@ class CompiledRun:
                             self.captures.move_to_end(key)
                 return outs
         return None
+
+    def release(self) -> None:
+        """Retire every capture (`CapturedGraph.retire`) and forget them and the kept workspace."""
+        if self.captures is None:
+            return
+        with self._captures_lock:
+            captures = list(self.captures.values())
+            self.captures.clear()
+            self.workspace = None
+        for captured in captures:
+            captured.retire()
 
     def _drop(self, useless) -> None:
         """Forget the captures that are `useless` and not busy."""
