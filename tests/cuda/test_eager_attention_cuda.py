@@ -45,6 +45,6 @@ def test_eager_attention_trains_without_saved_probabilities():
     loss.backward()
     saved = [v.signature for f in KilnFunction.live() if f not in before and f.lent_from
              for m in graph_memory(f) for v in m.largest_saved]
-    assert saved and not [s for s in saved if s.endswith(f"{LENGTH}, {LENGTH}]")], saved
+    assert saved and not [s for s in saved if f"{LENGTH}, {LENGTH}]" in s], saved
     for (name, p), e, r in zip(model.named_parameters(), eager.parameters(), reference.parameters()):
         assert _error(p.grad, r.grad) <= 2 * _error(e.grad, r.grad) + 2e-3, name
