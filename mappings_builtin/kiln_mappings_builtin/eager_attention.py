@@ -55,6 +55,8 @@ def _scaled_scores(node):
     """(q, k, scale, the nodes from q @ k^T to `node`) where `node` is q @ k^T, times or divided
     by a number (or neither), read by nothing else."""
     scale, nodes = 1.0, [node]
+    if node.kwargs:             # torch.div's rounding_mode, an out= tensor
+        return None
     if _call(node, operator.mul, torch.mul) and len(node.args) == 2:
         number = [a for a in node.args if isinstance(a, (int, float))]
         if len(number) != 1:
@@ -121,7 +123,7 @@ def eager_attention(softmax) -> bool:
             return False
         chain.append(after)
         node = after
-    if after is None or after.args[0] is not node or len(after.args) != 2:
+    if after is None or after.args[0] is not node or len(after.args) != 2 or after.kwargs:
         return False
     v = after.args[1]
     values = [_value(t) for t in (q, k, v, after)]

@@ -88,6 +88,8 @@ LEFT_ALONE = {
     "dropout": lambda q, k, v, m: _attention(q, k, v, dropout=0.1),
     "scaled by a tensor": lambda q, k, v, m: torch.matmul(
         F.softmax(torch.matmul(q, k.transpose(-2, -1)) / torch.full([], 2.0), dim=-1), v),
+    "divided with rounding": lambda q, k, v, m: torch.matmul(
+        F.softmax(torch.div(torch.matmul(q, k.transpose(-2, -1)), 2, rounding_mode="floor"), dim=-1), v),
     "softmax over another dim": lambda q, k, v, m: torch.matmul(
         F.softmax(torch.matmul(q, k.transpose(-2, -1)), dim=-2), v),
 }
