@@ -21,10 +21,11 @@ padding, the planes its size: a 1x1 convolution's), the planes are the input its
 copy (`ConvCpu.input_is_planes`; with virtual pixels, whose last panel reads past an image's
 planes, every image's but the last's). Otherwise, where the planes' extra columns would add a
 quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
-stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
-handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
-folded by the passes, activations, residual adds: whatever fusion put there), so NCHW stores
-run along a row of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
+stride and dilation are any; the output's (pixel, channel) tiles are transposed in registers
+into a stage holding a B panel's channels over A's block of rows, which goes to the epilogue
+hook a channel at a time, along consecutive pixels (bias, batch norm folded by the passes,
+activations, residual adds: whatever fusion put there), so NCHW stores run along the output's
+rows (all of the block's where the rows are real pixels). The weight, a constant, is laid out in `gemm_cpu`'s panels once
 (`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
