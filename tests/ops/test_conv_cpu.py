@@ -193,8 +193,8 @@ def test_declines_what_it_does_not_compute():
     projection = lambda n, stride, side=28, dtype=torch.float32: _task(
         kiln.from_torch(rand((n, 512, side, side), dtype)), kiln.from_torch(rand((128, 512, 1, 1), dtype)), None, stride=stride)
     assert conv_cpu.TEMPLATE.applies(projection(1, 1))      # its input fits L2: copied into planes here
-    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place, channels under a page apart
-    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 56))    # a page apart or more: the plain GEMM's
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1, 56))  # read in place, its channels a page apart or more
     assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 28, torch.float16))   # 16-bit: copied, the plain GEMM's
     assert conv_cpu.TEMPLATE.applies(projection(2, 2))      # a strided one stays
     # a task named conv2d whose sum is not the convolution its attributes describe
