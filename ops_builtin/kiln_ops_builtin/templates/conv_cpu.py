@@ -25,8 +25,8 @@ stride and dilation are any; the output's (pixel, channel) tiles are transposed 
 into a stage holding a B panel's channels over A's block of rows, which goes to the epilogue
 hook a channel at a time, along consecutive pixels (bias, batch norm folded by the passes,
 activations, residual adds: whatever fusion put there), so NCHW stores run along the output's
-rows (all of the block's where the rows are real pixels). The weight, a constant, is laid out in `gemm_cpu`'s panels once
-(`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
+rows (all of the block's where the rows are real pixels). The weight, a constant, is laid out
+in `gemm_cpu`'s panels once (`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its

@@ -11,10 +11,10 @@ planes' zeros or the next row and not stored). Blocks are staged, up to 4096 flo
 output rows, which go through the epilogue hook as one run (bias, folded batch norm, ReLU6,
 residual add: whatever fusion put there): MobileNetV2's rows of 7 and 14 pixels, handed over a
 row at a time, left most of their pixels to the hook's scalar code (its model 0.91x the time at
-one thread on an AVX2 EPYC with the stage). 16-bit inputs
-are converted to float32 as the planes are filled, and accumulate in float32. Sizes are fixed,
-as `conv_cpu`'s. The device code is `cpu/depthwise.h`; its knob DW_MAX swaps the weighted sum
-for a max, so that `pool_cpu` runs max-pools on it.
+one thread on an AVX2 EPYC with the stage). 16-bit inputs are converted to float32 as the planes
+are filled, and accumulate in float32. Sizes are fixed, as `conv_cpu`'s. The device code is
+`cpu/depthwise.h`; its knob DW_MAX swaps the weighted sum for a max, so that `pool_cpu` runs
+max-pools on it.
 """
 from __future__ import annotations
 
