@@ -25,6 +25,9 @@ void kiln_kernel(TASK_PARAMS) {
 #pragma omp parallel num_threads(threads)
     {
         float* planes = kiln_alloc(PLANE);
+        /* a block's vectors are stored whole: the lanes past a row's end are the next row's
+           first, which its own blocks overwrite later, or the slack past the last row */
+        float* __restrict__ stage = kiln_alloc(DW_ROWS * OW + DW_COLS);
         for (int64_t e = PSH * PSW * HQ * WQ; e < PLANE; ++e) planes[e] = 0.f;
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < BATCH * CIN; ++u) {
@@ -37,9 +40,6 @@ void kiln_kernel(TASK_PARAMS) {
 #endif
             kiln_fill(TASK_ARGS, b, c, planes);
             for (int64_t oh0 = 0; oh0 < OH; oh0 += DW_ROWS) {
-                /* a block's vectors stored whole: the lanes past a row's end are the next row's
-                   first, which its own blocks overwrite later, or the slack of the last */
-                float stage[DW_ROWS * OW + DW_COLS] __attribute__((aligned(64)));
                 const int64_t rows = KILN_MIN(DW_ROWS, OH - oh0);
                 for (int64_t oh = oh0; oh < oh0 + rows; ++oh)
                     for (int64_t ow0 = 0; ow0 < OW; ow0 += DW_COLS) {
@@ -60,6 +60,7 @@ void kiln_kernel(TASK_PARAMS) {
                 kiln_epilogue_row(ARGS, b, c, oh0 * OW, rows * OW, stage);
             }
         }
+        free(stage);
         free(planes);
     }
 }
