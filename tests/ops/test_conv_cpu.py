@@ -193,8 +193,8 @@ def test_declines_what_it_does_not_compute():
     projection = lambda n, stride, side=28, dtype=torch.float32: _task(
         kiln.from_torch(rand((n, 512, side, side), dtype)), kiln.from_torch(rand((128, 512, 1, 1), dtype)), None, stride=stride)
     assert conv_cpu.TEMPLATE.applies(projection(1, 1))      # its input fits L2: copied into planes here
-    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place, channels under a page apart
-    assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 56))    # a page apart or more: the plain GEMM's
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1))      # larger, read in place
+    assert conv_cpu.TEMPLATE.applies(projection(2, 1, 56))  # read in place, its channels a page apart or more
     assert not conv_cpu.TEMPLATE.applies(projection(2, 1, 28, torch.float16))   # 16-bit: copied, the plain GEMM's
     assert conv_cpu.TEMPLATE.applies(projection(2, 2))      # a strided one stays
     # a task named conv2d whose sum is not the convolution its attributes describe
@@ -211,6 +211,8 @@ DEPTHWISE = [
     ((1, 7, 6, 71), (7, 1, 3, 2), dict(padding="same")),
     ((1, 3, 10, 8), (3, 1, 2, 3), dict(stride=3)),
     ((1, 6, 9, 21), (6, 1, 1, 1), {}),                                       # a per-channel scale
+    ((1, 3, 70, 66), (3, 1, 3, 3), dict(padding=1)),                         # rows staged twice
+    ((1, 2, 3, 4200), (2, 1, 3, 3), dict(padding=1)),                        # a row longer than a stage
     ((1, 4, 9, 20), (4, 1, 1, 3), dict(stride=2, padding=(0, 1))),           # one phase along h
 ]
 
@@ -352,6 +354,7 @@ def _pattern(shape, mod, scale, shift):
 @pytest.mark.parametrize("xs, ws, kw, isa", [
     ((2, 5, 13, 21), (5, 1, 3, 3), dict(stride=2, padding=1, dilation=(1, 2), groups=5), []),
     ((1, 3, 7, 40), (3, 1, 3, 3), dict(padding=1, groups=3), ["-mno-avx512f"]),
+    ((1, 2, 5, 1500), (2, 1, 3, 3), dict(padding=1, groups=2), ["-mno-avx512f"]),     # staged 2, 2 and 1 rows
 ])
 def test_depthwise_is_clean_under_address_sanitizer(tmp_path, xs, ws, kw, isa):
     _sanitized(tmp_path, conv_depthwise_cpu, xs, ws, kw, isa)

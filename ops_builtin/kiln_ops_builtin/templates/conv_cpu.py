@@ -21,11 +21,12 @@ padding, the planes its size: a 1x1 convolution's), the planes are the input its
 copy (`ConvCpu.input_is_planes`; with virtual pixels, whose last panel reads past an image's
 planes, every image's but the last's). Otherwise, where the planes' extra columns would add a
 quarter or more, the rows are real pixels and A's panels are gathered tap by tap. Padding,
-stride and dilation are any; the output's (pixel, channel) tile is transposed in registers and
-handed to the epilogue hook a channel at a time, along consecutive pixels (bias, batch norm
-folded by the passes, activations, residual adds: whatever fusion put there), so NCHW stores
-run along a row of the output. The weight, a constant, is laid out in `gemm_cpu`'s panels once
-(`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
+stride and dilation are any; the output's (pixel, channel) tiles are transposed in registers
+into a stage holding a B panel's channels over A's block of rows, which goes to the epilogue
+hook a channel at a time, along consecutive pixels (bias, batch norm folded by the passes,
+activations, residual adds: whatever fusion put there), so NCHW stores run along the output's
+rows (all of the block's where the rows are real pixels). The weight, a constant, is laid out
+in `gemm_cpu`'s panels once (`gemm_cpu.preparation`). 1x1 convolutions are plain GEMMs, `gemm_cpu.CONV`'s, except where
 their output channels fill panels better than their pixels (`one_by_one_pays`).
 
 The template takes a task only where its sum is exactly the conv2d definition's on two of its
@@ -191,29 +192,27 @@ def applies(task) -> bool:
     return c is not None and not c.depthwise and (c.weight.shape[2:] != (1, 1) or c.groups > 1 or one_by_one_pays(c))
 
 
-PAGE_BYTES = 4096       # the memory pages the CPU's TLB maps
-
-
 def one_by_one_pays(c: ConvCpu) -> bool:
     """Whether a 1x1 convolution goes here rather than to the plain GEMM, whose columns are its
     pixels in panels of 32 (AVX-512's): where it has at least 192 input channels (the tile's
-    transposition and the epilogue's short runs along an output row are paid per output
-    element, whatever K) and its output channels pad whole panels less than its pixels do.
-    Measured on MobileNetV2's layers with their fused epilogues: its projections to 7 x 7 and
-    14 x 14 (K of 192 to 960) 1.25-1.6x faster here, its expansions (K of 64 to 160) 1.15-1.6x
-    slower. Not where the plain GEMM writes its planes with A's panels outer (at stride 1, planes
-    of at least `gemm_cpu.ROWS_OUTER_PIXELS`) from an input larger than L2 (`gemm_cpu.L2_BYTES`),
-    unless this template reads that input in place (`ConvCpu.input_is_planes`) with its channels
-    less than a page (PAGE_BYTES) apart: A's consecutive rows of k are consecutive channels, and
-    a page apart or more each is a page of its own (ResNet-50 b8's 512 -> 128 at 28 x 28 goes
-    here, its 256 -> 64 at 56 x 56 to the plain GEMM)."""
+    transposition and the epilogue are paid per output element, whatever K) and its output
+    channels pad whole panels no more than its pixels do. Measured on MobileNetV2's layers with
+    their fused epilogues: its projections to 7 x 7 and 14 x 14 (K of 192 to 960) 1.25-1.6x
+    faster here, its expansions (K of 64 to 160) 1.15-1.6x slower. Not where the plain GEMM writes
+    its planes with A's panels outer (at stride 1, planes of at least
+    `gemm_cpu.ROWS_OUTER_PIXELS`) from an input larger than L2 (`gemm_cpu.L2_BYTES`) that this
+    template would copy into planes (not `ConvCpu.input_is_planes`: a 16-bit one). With the
+    tiles staged (a block's runs through the epilogue at once), an input read in place goes here
+    even with its channels a page apart or more (each a page of its own): ResNet-50 b8's
+    256 -> 64 and 256 -> 128 at 56 x 56, whose planes of 32 x 98 pixels pad no panel (one thread
+    on an AVX2 EPYC: 13.4 -> 10.6 and 22.2 -> 19.6 ms); its 128 -> 512 at 28 x 28 (K 128) stays
+    with the plain GEMM (9.4 ms there, 10.2 here)."""
     padded = lambda n: -(-n // 32) * 32 / n
     plane = c.out_shape[2] * c.out_shape[3]
     large = plane >= gemm_cpu.ROWS_OUTER_PIXELS and math.prod(c.x.shape) * 4 > gemm_cpu.L2_BYTES
-    near = c.input_is_planes and c.x.shape[2] * c.x.shape[3] * 4 < PAGE_BYTES
-    if c.stride == (1, 1) and large and not near:
+    if c.stride == (1, 1) and large and not c.input_is_planes:
         return False
-    return c.x.shape[1] // c.groups >= 192 and padded(c.out_shape[1] // c.groups) < padded(plane)
+    return c.x.shape[1] // c.groups >= 192 and padded(c.out_shape[1] // c.groups) <= padded(plane)
 
 
 def _hooks(c: ConvCpu) -> str:

@@ -9,7 +9,7 @@
    tap's offset in them (kiln_koff: what kiln_pack_a gathers; micro.h reads A in place at conv_rows.h's
    A_TAP offsets). TASK_PARAMS are the task's buffers (TASK_ARGS passes them).
 
-   Defines gemm.h's kiln_pack_a and kiln_store_tile, so it comes ahead of gemm.h; needs
+   Defines gemm.h's kiln_pack_a and its staging of tiles, so it comes ahead of gemm.h; needs
    conv_rows.h, micro.h and the hooks ahead of it. */
 
 /* planes offset of tap k = (c, i, j) */
@@ -44,39 +44,51 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
         for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = src[off[k] + at[i]];
 }
 
-/* a finished tile of virtual pixels m0 .. m0 + rows - 1 and channels n0 .. n0 + cols - 1 of
-   GEMM batch b (of its group's output channels):
-   transposed VW x VW in registers (vector stores, which the epilogue's vector loads can take
-   forwarded: element-wise stores could not), then each channel's run of real pixels within an
-   output row through the epilogue hook */
-enum { MRP = (MR + VW - 1) / VW * VW };    /* MR rounded up to whole vectors */
+/* Finished tiles are staged (gemm.h's STAGED_TILES): a B panel's tiles over A's block, transposed
+   into a row of STAGE_ROW floats for each of the panel's channels, then each channel's runs of
+   real pixels through the epilogue hook at once. A run is the block's rows of an output row (of
+   virtual pixels), or all of them (real pixels, consecutive in the output): handed a tile at a
+   time, a run was a few pixels (AVX2's 6-row tile), computed by the hook's scalar code
+   (ResNet-50 b8's 1x1 convolutions with a residual add: a quarter of their time). */
+#define STAGED_TILES 1
+enum {
+    STAGE_ROW = (MCB + VW - 1) / VW * VW + VW,    /* a block's rows, whole vectors, and a vector of slack */
+    STAGE_FLOATS = NR * STAGE_ROW,
+};
 
-static inline void kiln_store_tile(PARAMS, int64_t b, int64_t m0, int64_t n0, int64_t rows, int64_t cols,
-                                   const float* __restrict__ tile) {
-    float by_channel[NR * MRP] __attribute__((aligned(64)));
+/* a finished tile, row r of the block its first, into the stage: transposed VW x VW in registers,
+   each vector stored whole (vector stores, which the epilogue's vector loads can take forwarded:
+   element-wise stores could not; lanes past MR hold zeros, which the block's next tile
+   overwrites, or the slack) */
+static inline void kiln_stage_tile(int64_t r, const float* __restrict__ tile, float* __restrict__ stage) {
 #pragma GCC unroll 2
     for (int64_t i0 = 0; i0 < MR; i0 += VW)
 #pragma GCC unroll 4
         for (int g = 0; g < NV; ++g) {
-            kiln_vf r[VW];
+            kiln_vf v[VW];
 #pragma GCC unroll 16
-            for (int i = 0; i < VW; ++i) r[i] = i0 + i < MR ? *(const kiln_vf*)(tile + (i0 + i) * NR + g * VW) : (kiln_vf){0};
-            kiln_vtranspose(r);
+            for (int i = 0; i < VW; ++i) v[i] = i0 + i < MR ? *(const kiln_vf*)(tile + (i0 + i) * NR + g * VW) : (kiln_vf){0};
+            kiln_vtranspose(v);
 #pragma GCC unroll 16
-            for (int j = 0; j < VW; ++j) *(kiln_vf*)(by_channel + (g * VW + j) * MRP + i0) = r[j];
+            for (int j = 0; j < VW; ++j) *(kiln_vfu*)(stage + (g * VW + j) * STAGE_ROW + r + i0) = v[j];
         }
-    for (int64_t v = m0, end = m0 + rows; v < end;) {
-        const int64_t oh = v / ROW, ow = v % ROW;
-        const int64_t run = end - v < ROW - ow ? end - v : ROW - ow;
-        const int64_t valid = ow >= OW ? 0 : run < OW - ow ? run : OW - ow;
-        if (valid == MR)    /* a constant count: whole vectors, not a call of memcpy */
-            for (int64_t j = 0; j < cols; ++j) {
-                KILN_ROW_BY_ROW();
-                kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, MR, by_channel + j * MRP);
-            }
+}
+
+/* the stage of the rows ic .. ic + mc - 1 and channels n0 .. n0 + cols - 1 of GEMM batch b (of its
+   group's output channels): each channel's runs of real pixels through the epilogue hook */
+static inline void kiln_store_stage(PARAMS, int64_t b, int64_t ic, int64_t mc, int64_t n0, int64_t cols,
+                                    const float* __restrict__ stage) {
+    for (int64_t j = 0; j < cols; ++j) {
+        KILN_ROW_BY_ROW();
+        const float* row = stage + j * STAGE_ROW;
+        const int64_t m = b % GROUPS * N + n0 + j;
+        if (ROW == OW)
+            kiln_epilogue_row(ARGS, b / GROUPS, m, ic, mc, row);
         else
-            for (int64_t j = 0; valid && j < cols; ++j)
-                kiln_epilogue_row(ARGS, b / GROUPS, b % GROUPS * N + n0 + j, oh * OW + ow, valid, by_channel + j * MRP + (v - m0));
-        v += run;
+            for (int64_t v = ic, end = ic + mc; v < end;) {
+                const int64_t oh = v / ROW, ow = v % ROW, run = KILN_MIN(end - v, ROW - ow);
+                if (ow < OW) kiln_epilogue_row(ARGS, b / GROUPS, m, oh * OW + ow, KILN_MIN(run, OW - ow), row + (v - ic));
+                v += run;
+            }
     }
 }

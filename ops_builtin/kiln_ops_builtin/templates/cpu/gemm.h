@@ -18,9 +18,17 @@
    functions (ARGS passes it on): the task's buffers, `bpre` (B's panels laid out once, or NULL
    to pack them here), what the template adds, and the sizes.
 
-   Needs micro.h, kiln_pack_a and kiln_store_tile (gemm_hooks.h or the template's own), B's
-   hooks, and kiln_a_rows where A_DIRECT (A's rows from k0 on, a whole number of micro.h's
-   A_TAPS; KC then a multiple of them), ahead of it. */
+   Needs micro.h, kiln_pack_a, the store of finished tiles (gemm_hooks.h or the template's own),
+   B's hooks, and kiln_a_rows where A_DIRECT (A's rows from k0 on, a whole number of micro.h's
+   A_TAPS; KC then a multiple of them), ahead of it. The store: STAGED_TILES 0 and
+   kiln_store_tile (PARAMS, b, m0, n0, rows, cols, tile), a tile at a time; or STAGED_TILES 1
+   (B panels outer only), kiln_stage_tile (r, tile, stage) into a stage of STAGE_FLOATS floats
+   (r: the tile's first row less the block's), then kiln_store_stage (PARAMS, b, ic, mc, n0,
+   cols, stage) once a B panel's tiles over A's block of rows ic .. ic + mc - 1 are all staged. */
+
+#if STAGED_TILES && ROWS_OUTER
+#error "staged tiles need B's panels outer"
+#endif
 
 /* B's columns n0 .. n0 + cols - 1 (zeros past them) for k0 .. k0 + kc - 1, as one k-major NR-wide panel */
 static void kiln_pack_b(PARAMS, int64_t b, int64_t n0, int64_t cols, int64_t k0, int64_t kc,
@@ -92,6 +100,9 @@ static void kiln_pack_b_block(PARAMS, int64_t b, int64_t n0, int64_t cols, int64
    for each of the batches */
 static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi,
                        float* __restrict__ apack, float* __restrict__ bpack, float* __restrict__ ws_all) {
+#if STAGED_TILES
+    float stage[STAGE_FLOATS] __attribute__((aligned(64)));
+#endif
     for (int64_t jc = n_lo; jc < n_hi; jc += NC)
     for (int64_t pc = 0; pc < K; pc += KC)
     for (int64_t b = b_lo; b < b_hi; ++b) {
@@ -108,10 +119,10 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
             for (int64_t p = 0; p < mpanels && !A_DIRECT; ++p)
                 kiln_pack_a(ARGS, b, ic + p * MR, KILN_MIN(MR, M - ic - p * MR), pc, kc, apack + p * MR * kc);
 #if ROWS_OUTER
-            for (int64_t ip = 0; ip < mpanels; ++ip)
+            for (int64_t ip = 0; ip < mpanels; ++ip) {
                 for (int64_t jp = 0; jp < npanels; ++jp) {
 #else
-            for (int64_t jp = 0; jp < npanels; ++jp)
+            for (int64_t jp = 0; jp < npanels; ++jp) {
                 for (int64_t ip = 0; ip < mpanels; ++ip) {
 #endif
                     float tile[MR * NR] __attribute__((aligned(64)));
@@ -141,11 +152,19 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
 #endif
                                to_ws ? w : tile, to_ws ? N : NR, ahead, lines);
                     if (last)
+#if STAGED_TILES
+                        kiln_stage_tile(m0 - ic, tile, stage);
+#else
                         kiln_store_tile(ARGS, b, m0, n0, rows, cols, tile);
+#endif
                     else if (!full)
                         for (int64_t i = 0; i < rows; ++i)
                             for (int64_t j = 0; j < cols; ++j) ws[(m0 + i) * N + n0 + j] = tile[i * NR + j];
                 }
+#if STAGED_TILES
+                if (last) kiln_store_stage(ARGS, b, ic, mc, jc + jp * NR, KILN_MIN(NR, N - jc - jp * NR), stage);
+#endif
+            }
         }
     }
 }

@@ -12,6 +12,8 @@ static void kiln_pack_a(PARAMS, int64_t b, int64_t m0, int64_t rows, int64_t k0,
             dst[k * MR + i] = i < rows ? kiln_a(ARGS, b, m0 + i, k0 + k) : 0.f;
 }
 
+#define STAGED_TILES 0    /* gemm.h: each tile stored when it is finished */
+
 /* a finished tile: its rows through the epilogue hook (full rows a vector at a time, a constant
    count, which the hook's loop then takes in one vector: not a call of memcpy, nor GCC's inline
    `rep movs` for a constant 32 floats) */
