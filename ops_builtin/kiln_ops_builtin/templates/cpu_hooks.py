@@ -242,6 +242,9 @@ def render_epilogue_row(lowered, out, index: dict, var_names: dict, params: str,
     em.scopes[0][top_reduces(value)[0].key()] = "acc[n - n0]"
     stored = d.store(out.dtype, em.emit(value))
     em.line(f"{KernelArgs.output(0)}[{em.emit(flat)}] = {stored};")
+    # a loop calling libm is vectorized over n, a lane a column, with glibc's vector variants
+    # (else GCC unrolls a constant count and calls the scalar function column by column)
+    simd = "    #pragma omp simd\n" if any(isinstance(e, Unary) and e.op in LIBM_UNARY for e in walk(value)) else ""
     return (f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
             f"int64_t count, const float* __restrict__ acc) {{\n"
-            f"    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
+            f"{simd}    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")
