@@ -11,7 +11,8 @@ the median over rounds of each round's median, wall-clock and CPU time (all thre
 process).
 
 Other processes skew CPU timings, so each round also records the CPU time the whole machine
-spent beyond this process (/proc/stat), as a share of its cores: `other_cpu_share`, the largest
+spent beyond this process, and the time a hypervisor gave other guests (/proc/stat), as a share
+of its cores: `other_cpu_share`, the largest
 over the rounds of a case. A run whose share exceeds QUIET_SHARE is marked `"quiet": false`
 and is not a record.
 
@@ -178,14 +179,15 @@ CASES = {
 
 def _machine_busy_seconds() -> float:
     """CPU seconds all processes of the machine have spent (user, nice, system and interrupt
-    time of /proc/stat), or NaN where there is no /proc/stat."""
+    time of /proc/stat), plus the time a hypervisor gave other guests (steal), or NaN where
+    there is no /proc/stat."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()[1:]
     except OSError:
         return math.nan
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn, inputs, repeats: int) -> tuple[float, float, float]:
