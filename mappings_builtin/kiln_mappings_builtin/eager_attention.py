@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.frontend.torch import register_graph_rewrite
-from kiln.frontend.torch.graph_rewrites import constant_value, erase_unused
+from kiln.frontend.torch.graph_rewrites import ancestors, called, constant_value, erase_unused
 
 MATMULS = (torch.matmul, operator.matmul)
 MASKED_BELOW = torch.finfo(torch.float16).min
@@ -34,9 +34,7 @@ def _value(node):
 
 
 def _call(node, *targets) -> bool:
-    return isinstance(node, torch.fx.Node) and (
-        node.op == "call_function" and node.target in targets
-        or node.op == "call_method" and any(getattr(torch.Tensor, node.target, None) is t for t in targets))
+    return isinstance(node, torch.fx.Node) and any(called(node) is t for t in targets)
 
 
 def _only_user(node):
@@ -141,15 +139,6 @@ def eager_attention(softmax) -> bool:
     graph.erase_node(after)
     erase_unused(chain)
     if mask is not None and not mask.users:
-        erase_unused(_ancestors(mask))
+        erase_unused(ancestors(mask))
     return True
 
-
-def _ancestors(node) -> list:
-    seen, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.append(n)
-            stack.extend(n.all_input_nodes)
-    return seen

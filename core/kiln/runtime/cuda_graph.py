@@ -261,8 +261,6 @@ class CapturedGraph:
         stream = torch.cuda.Stream()
         self._order = ordering or Ordering(stream)
         self.retired = False
-        # the device's shared workspace it was captured on (None: a workspace of its own)
-        self.workspace = ordering if isinstance(ordering, SharedWorkspace) else None
         if self.workspace is not None:
             ordering.users.add(self)
         with self._order.lock:
@@ -323,6 +321,12 @@ class CapturedGraph:
         if self.lent or self.bound:
             _holders.add(self)
 
+    @property
+    def workspace(self) -> SharedWorkspace | None:
+        """The device's shared workspace it was captured on (None: a workspace of its own, or
+        retired)."""
+        return self._order if isinstance(self._order, SharedWorkspace) else None
+
     def busy(self) -> bool:
         """Whether an alias of a lent output of an earlier replay is still alive (a consuming
         backward's outputs in this graph's memory count too)."""
@@ -349,7 +353,7 @@ class CapturedGraph:
             if self.retired:
                 return
             self.retired = True
-            self.fn = self.graph = self.static_inputs = self.static_outputs = self.workspace = None
+            self.fn = self.graph = self.static_inputs = self.static_outputs = None
             self._lent_storages = []
             self._order = Ordering(self._order.last_stream)
             guests = list(self.guests)

@@ -43,7 +43,11 @@ def calls_libm(task: Task) -> bool:
     """Whether `task`'s outputs call libm per element (LIBM_UNARY: GELU's erf or tanh, SiLU's
     exp): the CPU templates' `KILN_ROW_BY_ROW` (`cpu/common.h`) then lets GCC vectorize the loop
     over a tile's rows, where the vector variants' lanes are rows."""
-    return any(isinstance(e, Unary) and e.op in LIBM_UNARY for out in inline_task(task).outputs for e in walk(out.value))
+    return any(_calls_libm(out.value) for out in inline_task(task).outputs)
+
+
+def _calls_libm(value: Expr) -> bool:
+    return any(isinstance(e, Unary) and e.op in LIBM_UNARY for e in walk(value))
 
 
 @dataclass
@@ -244,7 +248,7 @@ def render_epilogue_row(lowered, out, index: dict, var_names: dict, params: str,
     em.line(f"{KernelArgs.output(0)}[{em.emit(flat)}] = {stored};")
     # a loop calling libm is vectorized over n, a lane a column, with glibc's vector variants
     # (else GCC unrolls a constant count and calls the scalar function column by column)
-    simd = "    #pragma omp simd\n" if any(isinstance(e, Unary) and e.op in LIBM_UNARY for e in walk(value)) else ""
+    simd = "    #pragma omp simd\n" if _calls_libm(value) else ""
     return (f"static inline void kiln_epilogue_row({params}, int64_t b, int64_t m, int64_t n0, "
             f"int64_t count, const float* __restrict__ acc) {{\n"
             f"{simd}    for (int64_t n = n0; n < n0 + count; ++n) {{\n" + "\n".join(em.lines) + "\n    }\n}\n")

@@ -21,11 +21,8 @@ def rewrite_graph(gm: GraphModule) -> int:
     registry = mapping_registry()
     done = 0
     for node in gm.graph.nodes:         # skips the nodes erased on the way
-        if not node.users:
-            continue
-        target = (node.target if node.op == "call_function" else
-                  getattr(torch.Tensor, node.target, None) if node.op == "call_method" else None)
-        if target is None:
+        target = called(node)
+        if not node.users or target is None:
             continue
         rule = next((r for r in _rules(registry, target) if r.handler(node)), None)
         if rule is not None:
@@ -35,6 +32,24 @@ def rewrite_graph(gm: GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def called(node: Node):
+    """The torch function a node calls, or the Tensor method (`torch.Tensor.<name>`); else None."""
+    if node.op == "call_function":
+        return node.target
+    return getattr(torch.Tensor, node.target, None) if node.op == "call_method" else None
+
+
+def ancestors(node: Node) -> set[Node]:
+    """`node` and every node it is computed from."""
+    found, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in found:
+            found.add(n)
+            stack.extend(n.all_input_nodes)
+    return found
 
 
 def _rules(registry, target) -> list:
@@ -47,18 +62,12 @@ def _rules(registry, target) -> list:
 def constant_value(node: Node):
     """The value of `node` where the graph computes it from no input, parameter or module
     attribute (only from constants: `arange`, `full`, ...), else None."""
-    ancestors, stack = {}, [node]
-    while stack:
-        n = stack.pop()
-        if n in ancestors:
-            continue
-        if n.op not in ("call_function", "call_method"):
-            return None
-        ancestors[n] = None
-        stack.extend(n.all_input_nodes)
+    computed_from = ancestors(node)
+    if any(n.op not in ("call_function", "call_method") for n in computed_from):
+        return None
     graph, copies = Graph(), {}
     for n in node.graph.nodes:          # in the graph's order: producers first
-        if n in ancestors:
+        if n in computed_from:
             copies[n] = graph.node_copy(n, lambda a: copies[a])
     graph.output(copies[node])
     with torch.no_grad():
