@@ -13,7 +13,9 @@ pair on CUDA: the output and a log-sum-exp per row). The mask must be a value th
 from constants (`constant_value`), and either all zeros (no mask) or causal: 0 at and below
 the diagonal, at most float16's lowest (-65504) above it, where softmax gives those scores weight
 0 as `is_causal` does. A mask from an input (padding) leaves the graph as it is, as does any
-intermediate read by something else (the probabilities returned to the caller).
+intermediate read by something else (the probabilities returned to the caller). Under autocast,
+where q and k may be float32 (a float32 rotary embedding) while the matmuls compute in the
+autocast dtype, q, k and v are cast to that dtype before the attention.
 """
 from __future__ import annotations
 
@@ -94,6 +96,22 @@ def _dropped_nothing(node) -> bool:
     return isinstance(p, (int, float)) and (p == 0 or training is False)
 
 
+def _matmul_dtype(values):
+    """The dtype the two matmuls compute in, given q, k, v and the output: their one dtype, or
+    under autocast (the graph runs only under the autocast state it was traced in, as dynamo
+    guards it) the autocast dtype where the output has it (q and k may be float32 after a
+    float32 rotary embedding, v not); else None."""
+    dtypes = {t.dtype for t in values}
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    device = values[0].device.type
+    output = values[-1].dtype
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == output \
+            and all(t.is_floating_point() for t in values):
+        return output
+    return None
+
+
 @register_graph_rewrite(F.softmax, torch.softmax, torch.Tensor.softmax)
 def eager_attention(softmax) -> bool:
     """The attention around `softmax` as one scaled_dot_product_attention (module doc)."""
@@ -125,13 +143,15 @@ def eager_attention(softmax) -> bool:
         return False
     v = after.args[1]
     values = [_value(t) for t in (q, k, v, after)]
-    if any(t is None or t.dim() != 4 for t in values) or len({t.dtype for t in values}) != 1:
+    if any(t is None or t.dim() != 4 for t in values):
         return False
+    dtype = _matmul_dtype(values)
     kind = _mask_kind(mask, values[0].shape[-2], values[1].shape[-2])
-    if kind is None:
+    if dtype is None or kind is None:
         return False
     graph = softmax.graph
     with graph.inserting_before(after):
+        q, k, v = (t if _value(t).dtype == dtype else graph.call_method("to", (t, dtype)) for t in (q, k, v))
         attention = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                         {"is_causal": kind == "causal", "scale": scale})
     attention.meta = dict(after.meta)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kiln.frontend.torch.backend import KilnFunction
+from kiln.runtime import cuda
 from tests.cuda.training_graphs_support import assert_same_gradients
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
@@ -86,6 +87,22 @@ def test_steps_after_the_first_capture_nothing(caplog):
             m(x).square().mean().backward()
         assert_same_gradients(model, reference)
     assert "capturing a CUDA graph" not in caplog.text
+
+
+def test_the_first_consuming_capture_runs_nothing_before_it(caplog):
+    """Where the driver loads kernels inside a capture, the first consuming capture makes no
+    run on a workspace of its own before it (regression: that run put a second workspace and a
+    second set of gradients on top of the first step's memory, ResNet-50's peak)."""
+    assert cuda.loads_kernels_in_capture(), "this driver is older than CUDA 12.3"
+    caplog.set_level(logging.DEBUG, logger="kiln")
+    model, reference, compiled = _compiled()
+    for _ in range(3):
+        x = torch.randn(512, 64, device="cuda")
+        for m in (compiled, reference):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        assert_same_gradients(model, reference)
+    assert "a run on a workspace of its own" not in caplog.text
 
 
 def test_saved_values_a_hook_keeps_are_left_alone(earlier):

@@ -130,6 +130,38 @@ def test_a_llama_with_eager_attention_trains_with_eagers_gradients(monkeypatch):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_llama_under_autocast_is_rewritten_with_casts(monkeypatch):
+    """Under bfloat16 autocast the rotary embedding leaves q and k float32 and v bfloat16: the
+    attention takes the three cast to bfloat16 (the matmuls' dtype under autocast), and the
+    gradients stay within twice autocast eager's error against float64 (plus 1e-2)."""
+    transformers = pytest.importorskip("transformers")
+    rewrites = []
+
+    def counted(gm):
+        rewrites.append(graph_rewrites.rewrite_graph(gm))
+        return rewrites[-1]
+    monkeypatch.setattr(training, "rewrite_graph", counted)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                      attn_implementation="eager", use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    reference, eager = copy.deepcopy(model).double(), copy.deepcopy(model)
+    ids = torch.randint(0, 300, (2, 13))
+    weights = torch.randn(2, 13, 300, dtype=torch.float64)
+    (reference(ids).logits * weights).sum().backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln")
+    for m in (compiled, eager):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m(ids).logits
+        (logits.double() * weights).sum().backward()
+    assert rewrites == [2]
+    error = lambda g, w: ((g.double() - w).norm() / w.norm()).item()
+    for (name, p), e, r in zip(model.named_parameters(), eager.parameters(), reference.parameters()):
+        assert error(p.grad, r.grad) <= 2 * error(e.grad, r.grad) + 1e-2, name
+
+
 def test_a_bfloat16_llama_trains_through_the_fused_pair_without_saved_probabilities(monkeypatch):
     """The rewrite's whole path, with the fused pair enabled on the CPU (as the GPU has it by
     default): no [B, H, L, L] value is saved, and the gradients' errors against float64 are at

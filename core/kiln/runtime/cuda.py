@@ -305,6 +305,14 @@ def device_info(index: int) -> dict:
             "sm_count": props.multi_processor_count, "max_smem": int(smem)}
 
 
+@functools.lru_cache(maxsize=None)
+def loads_kernels_in_capture() -> bool:
+    """Whether the driver loads a kernel that is first launched inside a CUDA graph capture (CUDA
+    12.3 and later): a capture then needs no run before it to load what it launches."""
+    driver, _ = _bindings()
+    return _check(driver.cuDriverGetVersion(), "cuDriverGetVersion") >= 12030
+
+
 _modules: dict[tuple[str, int], object] = {}
 """(cubin path, device index) -> its module, loaded once a process (a cubin's path is its
 content's key in the kernel cache: one path, one binary); guarded by `_lock`."""

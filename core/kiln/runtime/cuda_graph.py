@@ -64,6 +64,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from kiln.log import logger
+from kiln.runtime import cuda
 
 _capturing = threading.Lock()
 
@@ -494,9 +496,12 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
 
     def warm_up(inputs):
         # the run that loads the kernels must leave the lent memory alone (the replay after the
-        # capture reads it) and the shared workspace too (it holds the static inputs); kernels
-        # an earlier capture of the graph loaded need no run
-        if not compiled.loaded:
+        # capture reads it) and the shared workspace too (it holds the static inputs), so it
+        # takes a workspace of its own, as large as the plan without the lent memory: a driver
+        # that loads kernels inside the capture, or kernels an earlier capture of the graph
+        # loaded, need no run
+        if not compiled.loaded and not cuda.loads_kernels_in_capture():
+            logger.debug("a run on a workspace of its own before a capture reusing lent memory")
             body(inputs, compiled.workspace_set(transient))
 
     captured = CapturedGraph(lambda inputs: body(inputs, workspace), example_inputs, wrap=wrap, bound=bound,
