@@ -95,7 +95,7 @@ BACKENDS = {    # label: torch.compile's keywords (None: the model run eagerly)
     "inductor_cg": {"backend": "inductor", "mode": "reduce-overhead"},
     "kiln": {"backend": "kiln"},
     "kiln_nocg": {"backend": "kiln", "options": {"use_cuda_graph": False}},
-    "kiln_reuse_saved": {"backend": "kiln", "options": {"reuse_saved_memory": True}},
+    "kiln_keep_saved": {"backend": "kiln", "options": {"reuse_saved_memory": False}},
 }
 
 

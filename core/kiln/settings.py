@@ -90,12 +90,11 @@ class Settings:
     nvrtc_check: tuple[str, ...] = setting((), env="KILN_NVRTC_CHECK", parse=_names, keyed=False)
     """GPU architectures ('sm_80', ...) to compile every CPU-built task's CUDA programs for with
     NVRTC, as a check (`kiln.schedule.choose.check_nvrtc`)."""
-    reuse_saved_memory: bool = setting(False, env="KILN_REUSE_SAVED_MEMORY", parse=_unless_zero, option=True,
+    reuse_saved_memory: bool = setting(True, env="KILN_REUSE_SAVED_MEMORY", parse=_unless_zero, option=True,
                                        keyed=False)
     """A training backward's CUDA graph puts its gradients and intermediates in the memory of the
     values saved for it once it has read them, where autograd is done with them
-    (`kiln.runtime.cuda_graph.capture`). Off by default: on an H200 it raised the peaks of the
-    first steps (benchmarks/RESULTS.md, third session of 2026-12-01)."""
+    (`kiln.runtime.cuda_graph.capture`)."""
     dependent_launch: bool = setting(True, env="KILN_DEPENDENT_LAUNCH", parse=_unless_zero)
     """Launch kernels on sm_90 and later as programmatic dependents (`kiln.runtime.dependent_launch`)."""
     dump_dir: str | None = setting(None, env="KILN_DUMP_DIR", keyed=False)

@@ -148,12 +148,13 @@ def test_gradients_kept_into_the_next_steps(earlier):
     assert len(_graph_captures(earlier, False)) <= 2, "the captures settle"
 
 
-def test_off_by_default(earlier):
-    model, reference, compiled = _compiled(reuse=None)
+@pytest.mark.parametrize("reuse", [None, False])
+def test_on_by_default_and_off_by_the_option(earlier, reuse):
+    model, reference, compiled = _compiled(reuse=reuse)
     for _ in range(2):
         x = torch.randn(512, 64, device="cuda")
         for m in (compiled, reference):
             m.zero_grad()
             m(x).square().mean().backward()
         assert_same_gradients(model, reference)
-    assert not any(c.lenders for c in _graph_captures(earlier, True))
+    assert any(c.lenders for c in _graph_captures(earlier, True)) == (reuse is None)

@@ -198,15 +198,24 @@ def test_gradients_are_lent_to_the_parameters():
 
 
 @pytest.mark.parametrize("keep", ["accumulate", "zero_in_place"])
-def test_gradients_kept_alive_are_never_overwritten(keep):
+def test_gradients_kept_alive_are_never_overwritten(keep, monkeypatch):
     """Gradients accumulated over steps (no zero_grad) or zeroed in place (set_to_none=False)
-    keep the first capture's lent outputs alive as `.grad`: the next backward replays a second
-    capture and accumulates into them, as eager does."""
+    keep the first capture's lent outputs alive as `.grad`: later backwards replay other
+    captures and accumulate into them, as eager does, and from the third step on nothing is
+    captured again."""
+    import kiln.frontend.torch.backend as backend
+    original, made = backend.capture, []
+
+    def counted(*args, **kwargs):
+        made.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(backend, "capture", counted)
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _model()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend="kiln")
-    for step in range(4):
+    captures_by_step = []
+    for step in range(6):
         x = torch.randn(48, 64, device="cuda")
         for m in (model, reference):
             if keep == "zero_in_place" and step % 2 == 0:
@@ -214,8 +223,8 @@ def test_gradients_kept_alive_are_never_overwritten(keep):
         for m in (compiled, reference):
             m(x).square().mean().backward()
         assert_same_gradients(model, reference)
-    _, backward = _forward_and_backward()
-    assert len(backward) == 2
+        captures_by_step.append(len(made))
+    assert captures_by_step[-1] == captures_by_step[2], f"captures made by the end of each step: {captures_by_step}"
 
 
 def test_parameters_at_new_memory_every_step_are_copied_in(monkeypatch):
