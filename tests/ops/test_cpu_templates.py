@@ -149,6 +149,28 @@ def test_blockings_of_m_n_and_k(knobs):
     assert_close(out, F.linear(x, w, b), atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mr", [6, 8, 14])
+@pytest.mark.parametrize("k", [300, 1000])
+def test_last_panels_of_few_rows(mr, k):
+    """M's last panel with 1 .. MR - 1 rows: up to 4 rows a tile of its own with its k dealt out
+    to several sets of accumulators (`cpu/micro.h`'s kiln_micro_short), K in one block and in
+    several (the tile then added to the float32 workspace), the weight packed per block and laid
+    out once; N not whole panels."""
+    from kiln.runtime.cpu import CpuKernel
+    w, b = rand((45, k)), rand((45,))
+    for m in range(2 * mr + 1, 3 * mr + 1):
+        x = rand((m, k))
+        task = _task("linear", kiln.from_torch(x), kiln.from_torch(w), kiln.from_torch(b))
+        kernel = CpuKernel(gemm_cpu.render(task, MR=mr))
+        plain, laid_out = torch.empty(m, 45), torch.empty(m, 45)
+        kernel([x, w, b], [plain])
+        prepared, form = kernel.prepare([None, w, None])
+        prepared([x, w, b, form], [laid_out])
+        want = F.linear(x.double(), w.double(), b.double()).float()
+        assert_close(plain, want, atol=1e-3, rtol=1e-4)
+        assert_close(laid_out, want, atol=1e-3, rtol=1e-4)
+
+
 def test_row_tile_pads_m_least():
     assert [gemm_cpu.row_tile(m) for m in (128, 140, 132, 1024, 197, 5)] == [8, 14, 12, 8, 8, 8]
 

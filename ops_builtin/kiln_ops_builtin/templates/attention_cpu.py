@@ -6,8 +6,8 @@ The threads share out (flat batch, block of BM queries) items. An item copies it
 into a float32 buffer [BM][D], then walks the keys BN at a time (causal attention stops at its
 last query's diagonal): it copies the block's keys transposed into [D][BN] and its values into
 [BN][DVP] (float32, zero-padded to whole vectors), computes the scores with a register-blocked
-micro-kernel (`kiln_product`: MR queries by 2 vectors of keys, the query element broadcast
-against the keys' vectors), scales them, applies the mask (`kiln_mask`, rendered by the core from whatever
+micro-kernel (`kiln_product`: MR queries by 2 vectors of keys, 8 with AVX-512, else 6, the
+query element broadcast against the keys' vectors), scales them, applies the mask (`kiln_mask`, rendered by the core from whatever
 computes it: a bool keeps, a float adds), the causal edge and the key count, and runs the
 online softmax per query row (running maximum and sum in float32, `kiln_vexp` on whole
 vectors, the row's accumulated output rescaled where the maximum moves); then the same
@@ -43,7 +43,8 @@ DTYPES = {dtypes.float32: ("float", "kiln_f32"), dtypes.float16: ("uint16_t", "k
 @dataclass(frozen=True)
 class AttentionKnobs(Knobs):
     """BM queries and BN keys per block: BM a multiple of 8, BN of 64 (whole micro-tiles on
-    every vector width). One setting at every level (CPU templates are not timed)."""
+    every vector width; a block's queries are computed in whole micro-tiles, AVX2's 6 queries
+    tall: 64 as 66). One setting at every level (CPU templates are not timed)."""
 
     BM: int = 64
     BN: int = 64

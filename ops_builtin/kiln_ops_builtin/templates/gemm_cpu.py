@@ -15,7 +15,9 @@ out once and is larger than a batch's A (M < N: a convolution's small late plane
 share its weight), inside each block of B, so that B is read into the caches once. The
 micro-kernel, a function of its own (inlined into the block's loops, GCC runs out of registers for
 the 14-row tile and spills), uses GCC vector extensions on the host's widest vectors (`cpu/simd.h`;
-AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8). A tile is added
+AVX-512: 14, 12 or 8 x 32 by M's last panel, AVX2: 6 x 16, else 128-bit 8 x 8; M's last panel, where
+it has at most 4 rows and fewer than the tile, a tile of its own rows, whose padding rows the
+full tile would compute: BERT's 128 rows are 22 panels of 6). A tile is added
 into a float32 workspace (K blocks before the last; K up to WHOLE_K is one block) or handed to the
 epilogue hook, which applies whatever fusion put there (bias, activation, residual, cast) and
 stores.

@@ -9,9 +9,10 @@
    kiln_epilogue_row, and kiln_q, kiln_k, kiln_v (an operand of flat batch bh) ahead of it. */
 
 enum {
-    MR = VW == 16 ? 8 : 4,          /* queries per micro-tile */
+    MR = VW == 16 ? 8 : 6,          /* queries per micro-tile: 12 accumulators or more, which hide the FMA's latency */
     NR = 2 * VW,                    /* keys (scores) or value columns (P V) per micro-tile */
     DVP = (DV + NR - 1) / NR * NR,  /* value columns, whole micro-tiles */
+    BMP = (BM + MR - 1) / MR * MR,  /* a block's queries, whole micro-tiles */
 };
 
 static inline float kiln_f32(float x) { return x; }     /* ELEM_FLOAT of float32 operands */
@@ -31,7 +32,10 @@ static inline void kiln_product(const float* __restrict__ a, int64_t lda, const 
                 acc[r][1] = add ? *(const kiln_vf*)(c + (i + r) * ldc + j + VW) : (kiln_vf){0};
             }
             for (int64_t k = 0; k < depth; ++k) {
-                const kiln_vf b0 = *(const kiln_vf*)(b + k * ldb + j), b1 = *(const kiln_vf*)(b + k * ldb + j + VW);
+                kiln_vf b0 = *(const kiln_vf*)(b + k * ldb + j), b1 = *(const kiln_vf*)(b + k * ldb + j + VW);
+                /* in registers: GCC otherwise reads them again as an operand of every multiply-add,
+                   and the loads, not the multiply-adds, bound the loop */
+                __asm__("" : "+x"(b0), "+x"(b1));
 #pragma GCC unroll 16
                 for (int r = 0; r < MR; ++r) {
                     const float x = a[(i + r) * lda + k];
@@ -122,16 +126,16 @@ void kiln_kernel(PARAMS) {
     const int threads = (double)BATCH * LQ * LK * (D + DV) > 65536.0 ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
     {
-        float* qb = kiln_alloc(BM * D);
+        float* qb = kiln_alloc(BMP * D);
         float* kt = kiln_alloc(D * BN);
         float* vb = kiln_alloc(BN * DVP);
-        float* s = kiln_alloc(BM * BN);
-        float* o = kiln_alloc(BM * DVP);
-        float* stats = kiln_alloc(2 * BM);
+        float* s = kiln_alloc(BMP * BN);
+        float* o = kiln_alloc(BMP * DVP);
+        float* stats = kiln_alloc(2 * BMP);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < items; ++u) {
             const int64_t bh = u / blocks, i0 = u % blocks * BM;
-            kiln_attend(ARGS, bh, i0, KILN_MIN(BM, LQ - i0), qb, kt, vb, s, o, stats, stats + BM);
+            kiln_attend(ARGS, bh, i0, KILN_MIN(BM, LQ - i0), qb, kt, vb, s, o, stats, stats + BMP);
         }
         free(stats);
         free(o);

@@ -145,12 +145,17 @@ static void kiln_block(PARAMS, int64_t b_lo, int64_t b_hi, int64_t m_lo, int64_t
                             for (int64_t j = 0; j < cols; ++j) tile[i * NR + j] = ws[(m0 + i) * N + n0 + j];
                     const float* cin = first ? NULL : full ? w : tile;
                     const int to_ws = full && !last;
+                    float* const out = to_ws ? w : tile;
+                    const int64_t ldin = full ? N : NR, ldout = to_ws ? N : NR;
 #if A_DIRECT
-                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0, pc), bpanels + jp * bstride, cin, full ? N : NR,
+                    kiln_micro(kc, kiln_a_rows(ARGS, b, m0, pc), bpanels + jp * bstride, cin, ldin, out, ldout, ahead, lines);
 #else
-                    kiln_micro(kc, apack + ip * MR * kc, bpanels + jp * bstride, cin, full ? N : NR,
+                    const float* const apanel = apack + ip * MR * kc;
+                    if (rows < MR && rows <= KILN_SHORT_ROWS)    /* not full: cin (where not NULL) and out are the tile */
+                        kiln_micro_short(rows, kc, apanel, bpanels + jp * bstride, cin, NR, tile, NR, ahead, lines);
+                    else
+                        kiln_micro(kc, apanel, bpanels + jp * bstride, cin, ldin, out, ldout, ahead, lines);
 #endif
-                               to_ws ? w : tile, to_ws ? N : NR, ahead, lines);
                     if (last)
 #if STAGED_TILES
                         kiln_stage_tile(m0 - ic, tile, stage);
