@@ -108,7 +108,14 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
             restore = [x.shape[2 + d] - ((grad.shape[2 + d] - 1) * stride[d] - 2 * padding[d]
                                          + dilation[d] * (kernel[d] - 1) + 1) for d in range(nd)]
             border = [dilation[d] * (kernel[d] - 1) - padding[d] for d in range(nd)]
-            if min(border) >= 0:
+            if all(k == 1 for k in kernel) and not any(padding):
+                # a 1x1 convolution maps each position to itself: its input gradient is the
+                # stride-1 transpose's result spread out, rather than that convolution of the
+                # spread gradient (a ResNet shortcut's at stride 2: a quarter of the products, and
+                # no zero-filled gradient of the output's channels at the input's size)
+                grad_input = _spread(_conv(nd)(grad, _flipped_transpose(weight, groups), None, 1, [0] * nd,
+                                               dilation, groups), stride, restore)
+            elif min(border) >= 0:
                 grad_input = _conv(nd)(_spread(grad, stride, restore), _flipped_transpose(weight, groups),
                                        None, 1, border, dilation, groups)
             else:

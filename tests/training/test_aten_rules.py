@@ -168,3 +168,12 @@ def test_depthwise_conv2d_weight_gradient(multiplier):
     c = 48
     x, w, b = transposed(2, c, 9, 11), torch.randn(c * multiplier, 1, 3, 3), torch.randn(c * multiplier)
     check(lambda x, w, b: F.conv2d(x, w, b, 2, 1, 1, c), x, w, b)
+
+
+@pytest.mark.parametrize("stride,dilation,groups", [(2, 1, 1), (3, 1, 2), ((2, 1), 2, 1)])
+def test_strided_1x1_conv2d(stride, dilation, groups):
+    """A 1x1 convolution's input gradient is its stride-1 transpose spread out (ResNet's
+    projecting shortcuts): odd sizes leave zeros after the last strided position."""
+    torch.manual_seed(0)
+    x, w, b = transposed(2, 6, 11, 9), torch.randn(4, 6 // groups, 1, 1), torch.randn(4)
+    check(lambda x, w, b: F.conv2d(x, w, b, stride, 0, dilation, groups), x, w, b)

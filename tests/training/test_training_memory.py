@@ -1,7 +1,11 @@
 """Memory of training graphs (`kiln.frontend.torch.memory`): no large constants (fills are
 computed where they are used), cross-entropy's forward saves the logits and one statistic a row
 rather than float32 log-probabilities, and a small GPT-2's forward saves less for the backward
-than eager does; values and gradients match eager's."""
+than eager does, and a ResNet's backward writes no float32 copy of a gradient that two batch
+norms read, nor a strided 1x1 convolution's spread gradient; values and gradients match eager's."""
+
+import copy
+import math
 
 import pytest
 import torch
@@ -310,3 +314,81 @@ def test_a_saved_values_copy_in_another_layout_is_made_again_by_the_backward(sha
     torch.testing.assert_close(loss, want_loss)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w)
+
+
+class _Bottleneck(nn.Module):
+    """ResNet's bottleneck block, with a projecting shortcut where `project`."""
+
+    def __init__(self, channels: int, width: int, project: bool):
+        super().__init__()
+        out = 4 * width
+        self.body = nn.Sequential(nn.Conv2d(channels, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(), nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out))
+        self.shortcut = (nn.Sequential(nn.Conv2d(channels, out, 1, bias=False), nn.BatchNorm2d(out))
+                         if project else nn.Identity())
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def test_a_gradient_two_batch_norms_read_is_written_in_bfloat16():
+    """Issue 32: in a ResNet stage's first block, the gradient at the block's output (the next
+    block's first convolution's input gradient plus its residual's, the ReLU mask applied) is
+    read in float32 by the backwards of two batch norms, the block's last and its shortcut's:
+    five readers of its float32 cast. That convolution wrote the cast (ResNet-50 at batch 32 in
+    bfloat16: 103 MB at the backward's peak, where the bfloat16 value is 51 MB); now it writes
+    the bfloat16 value and each reader casts it (`recompute_cheap_producers`). Gradients match
+    eager's under the same autocast."""
+    from kiln.settings import patch
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                          _Bottleneck(16, 8, project=True), _Bottleneck(32, 8, project=False),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 9, 11).to(memory_format=torch.channels_last)
+    block_output = 2 * 9 * 11 * 32
+
+    def step(m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x).float().square().mean()
+        loss.backward()
+        return loss.detach()
+    earlier = set(KilnFunction.live())
+    with patch(channels_last="always", graph_cache=False):
+        loss = step(torch.compile(model, backend="kiln"))
+    [backward] = [run for f in KilnFunction.live() if f not in earlier and f.lent_from == 0 for run in f.graphs.values()]
+    compiled = backward.compiled
+    written = [compiled.buffers[s] for kernel in compiled.steps for s in kernel.outputs]
+    assert any(b.dtype == torch.bfloat16 and math.prod(b.shape) == block_output for b in written)
+    assert not [b for b in written if b.dtype == torch.float32 and math.prod(b.shape) == block_output]
+    torch.testing.assert_close(loss, step(reference), rtol=2e-2, atol=1e-3)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-3)
+
+
+def test_a_strided_1x1_convolutions_input_gradient_spreads_its_result():
+    """Issue 32: the input gradient of a 1x1 convolution at stride 2 (ResNet's projecting
+    shortcuts) was the stride-1 convolution of the output's gradient spread out with zeros to the
+    input's size: four times the products, and on CUDA a buffer of the output's channels at the
+    input's size (ResNet-50 at batch 32: 103 MB at the backward's peak). Now the convolution
+    reads the gradient as it is and its result is spread (`convolution_backward`); gradients
+    match eager's."""
+    from kiln.settings import patch
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 24, 1, stride=2, bias=False), nn.ReLU()).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 8, 10, 14).to(memory_format=torch.channels_last).requires_grad_()
+    earlier = set(KilnFunction.live())
+    with patch(channels_last="always", graph_cache=False):
+        torch.compile(model, backend="kiln")(x).square().mean().backward()
+    got, x.grad = x.grad, None
+    reference(x).square().mean().backward()
+    [backward] = [run for f in KilnFunction.live() if f not in earlier and f.lent_from == 0 for run in f.graphs.values()]
+    convolved = [t for n in backward.graph.nodes for m in getattr(n, "fused_graph", n).nodes
+                 if "conv2d" in m.definition.name for t in m.inputs[:1]]
+    assert convolved and not [t for t in convolved if t.numel() == 2 * 24 * 10 * 14], \
+        "a convolution of the gradient spread to the input's size"
+    torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)

@@ -43,13 +43,15 @@ read them: the forward marks those lent outputs `private` (only autograd sees th
 backward's views of that memory have storages of their own (`hosted_view`), so that the forward
 tells their holds from a caller's. It replays only where autograd keeps no graph and no
 saved_tensors_hooks saw the values (`CapturedGraph.consumable`); its gradients there keep the
-forward `busy` while a caller holds them. Its warm-up runs on a workspace of its own, or not at
-all where an earlier capture of the graph loaded its kernels. A step that does not allow it (a
-retained graph, saved_tensors_hooks) captures a backward that does not consume, and that capture
-goes on serving the steps after it. The first consuming capture, made on a forward capture that
-its own larger workspace retired, serves one replay: the owner keeps that workspace
-(`CapturedGraph.workspace`), so that the next forward captures on it and the steps from then on
-replay.
+forward `busy` while a caller holds them. Its warm-up runs on a workspace of its own (the plan
+that reuses no saved memory, its gradients beside it), freed before the shared workspace grows
+to the capture's size, or not at all where the driver loads kernels inside a capture (CUDA 12.3
+and later) or an earlier capture of the graph loaded its kernels.
+A step that does not allow it (a retained graph, saved_tensors_hooks) captures a backward that
+does not consume, and that capture goes on serving the steps after it. The first consuming
+capture, made on a forward capture that its own larger workspace retired, serves one replay:
+the owner keeps that workspace (`CapturedGraph.workspace`), so that the next forward captures
+on it and the steps from then on replay.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
@@ -472,16 +474,6 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
             kept.add(slot)
     transient = frozenset(compiled.transient_slots(inputs=copied, outputs=transient_outputs) - kept)
     regions, lenders = _lent_memory(compiled, example_inputs, [k for k in reused if k in bound[len(write_back):]])
-    plans = compiled.plans_with(transient, frozenset(regions))
-    ordering = None
-    if len(plans) == 1 and next(iter(plans)).type == "cuda":
-        [(device, plan)] = plans.items()
-        ordering = shared_workspace(device, plan.size)
-        workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer}, reused=regions,
-                                           hosted=hosted_view)
-    else:
-        workspace = compiled.workspace_set(transient, reused=regions, hosted=hosted_view)
-    buffers = {k: workspace.slots[compiled.inputs[k]] for k in copied if compiled.inputs[k] in transient}
 
     def body(inputs, workspace):
         outs = compiled.run(inputs, workspace)
@@ -494,21 +486,36 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
                 inputs[position].copy_(outs[out])
         return [t for k, t in enumerate(outs) if k not in written]
 
-    def warm_up(inputs):
+    written_positions = [position for _, position in write_back]
+    if regions and not compiled.loaded and not cuda.loads_kernels_in_capture():
         # the run that loads the kernels must leave the lent memory alone (the replay after the
-        # capture reads it) and the shared workspace too (it holds the static inputs), so it
-        # takes a workspace of its own, as large as the plan without the lent memory: a driver
-        # that loads kernels inside the capture, or kernels an earlier capture of the graph
-        # loaded, need no run
-        if not compiled.loaded and not cuda.loads_kernels_in_capture():
-            logger.debug("a run on a workspace of its own before a capture reusing lent memory")
-            body(inputs, compiled.workspace_set(transient))
+        # capture reads it) and the shared workspace too (it holds the static inputs): it runs on
+        # a workspace of its own, freed before the shared workspace grows to this capture's size,
+        # which would otherwise be allocated beside it. A driver that loads kernels inside the
+        # capture needs no such run.
+        logger.debug("a run on a workspace of its own before a capture reusing lent memory")
+        body(warm_up_inputs(example_inputs, written_positions), compiled.workspace_set(transient))
+        compiled.loaded = True
+    plans = compiled.plans_with(transient, frozenset(regions))
+    ordering = None
+    if len(plans) == 1 and next(iter(plans)).type == "cuda":
+        [(device, plan)] = plans.items()
+        ordering = shared_workspace(device, plan.size)
+        workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer}, reused=regions,
+                                           hosted=hosted_view)
+    else:
+        workspace = compiled.workspace_set(transient, reused=regions, hosted=hosted_view)
+    buffers = {k: workspace.slots[compiled.inputs[k]] for k in copied if compiled.inputs[k] in transient}
 
     captured = CapturedGraph(lambda inputs: body(inputs, workspace), example_inputs, wrap=wrap, bound=bound,
-                             lent=lent, written=[position for _, position in write_back], buffers=buffers,
-                             ordering=ordering, private=private, lenders=lenders, warm_up=warm_up if regions else None)
+                             lent=lent, written=written_positions, buffers=buffers, ordering=ordering,
+                             private=private, lenders=lenders, warm_up=_loaded if regions else None)
     compiled.loaded = True
     return captured
+
+
+def _loaded(inputs) -> None:
+    """The warm-up of a consuming capture, whose kernels are loaded already: nothing to run."""
 
 
 def _lent_memory(compiled, inputs: Sequence[torch.Tensor], positions: Sequence[int]) -> tuple[dict, list]:
