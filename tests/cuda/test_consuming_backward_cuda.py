@@ -33,6 +33,16 @@ def _compiled(reuse: bool = True):
     return model, copy.deepcopy(model), torch.compile(model, backend="kiln", options=options)
 
 
+def _step(model, reference, compiled):
+    """One step of a random batch through the compiled model and its eager copy, each after
+    zero_grad: their gradients compared."""
+    x = torch.randn(512, 64, device="cuda")
+    for m in (compiled, reference):
+        m.zero_grad()
+        m(x).square().mean().backward()
+    assert_same_gradients(model, reference)
+
+
 def _graph_captures(model_functions, backward: bool) -> list:
     gc.collect()
     return [c for f in KilnFunction.live() if f not in model_functions and (f.lent_from == 0) == backward
@@ -81,11 +91,7 @@ def test_steps_after_the_first_capture_nothing(caplog):
         if step == 2:
             caplog.set_level(logging.INFO, logger="kiln")
             caplog.clear()
-        x = torch.randn(512, 64, device="cuda")
-        for m in (compiled, reference):
-            m.zero_grad()
-            m(x).square().mean().backward()
-        assert_same_gradients(model, reference)
+        _step(model, reference, compiled)
     assert "capturing a CUDA graph" not in caplog.text
 
 
@@ -97,11 +103,7 @@ def test_the_first_consuming_capture_runs_nothing_before_it(caplog):
     caplog.set_level(logging.DEBUG, logger="kiln")
     model, reference, compiled = _compiled()
     for _ in range(3):
-        x = torch.randn(512, 64, device="cuda")
-        for m in (compiled, reference):
-            m.zero_grad()
-            m(x).square().mean().backward()
-        assert_same_gradients(model, reference)
+        _step(model, reference, compiled)
     assert "a run on a workspace of its own" not in caplog.text
 
 
@@ -181,9 +183,5 @@ def test_gradients_kept_into_the_next_steps(earlier):
 def test_on_by_default_and_off_by_the_option(earlier, reuse):
     model, reference, compiled = _compiled(reuse=reuse)
     for _ in range(2):
-        x = torch.randn(512, 64, device="cuda")
-        for m in (compiled, reference):
-            m.zero_grad()
-            m(x).square().mean().backward()
-        assert_same_gradients(model, reference)
+        _step(model, reference, compiled)
     assert any(c.lenders for c in _graph_captures(earlier, True)) == (reuse is None)

@@ -105,19 +105,29 @@ def test_left_alone(case):
     assert [n.target for n in gm.graph.nodes] == before
 
 
-def test_a_llama_with_eager_attention_trains_with_eagers_gradients(monkeypatch):
-    transformers = pytest.importorskip("transformers")
+def _counted_rewrites(monkeypatch) -> list[int]:
+    """The number of rewrites of each graph compiled for training from now on."""
     rewrites = []
 
     def counted(gm):
         rewrites.append(graph_rewrites.rewrite_graph(gm))
         return rewrites[-1]
     monkeypatch.setattr(training, "rewrite_graph", counted)
+    return rewrites
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                                       attn_implementation="eager", use_cache=False)
-    model = transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_a_llama_with_eager_attention_trains_with_eagers_gradients(monkeypatch):
+    rewrites = _counted_rewrites(monkeypatch)
+    model = _tiny_llama()
     reference = copy.deepcopy(model)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="kiln")
@@ -134,18 +144,8 @@ def test_a_llama_under_autocast_is_rewritten_with_casts(monkeypatch):
     """Under bfloat16 autocast the rotary embedding leaves q and k float32 and v bfloat16: the
     attention takes the three cast to bfloat16 (the matmuls' dtype under autocast), and the
     gradients stay within twice autocast eager's error against float64 (plus 1e-2)."""
-    transformers = pytest.importorskip("transformers")
-    rewrites = []
-
-    def counted(gm):
-        rewrites.append(graph_rewrites.rewrite_graph(gm))
-        return rewrites[-1]
-    monkeypatch.setattr(training, "rewrite_graph", counted)
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                                      attn_implementation="eager", use_cache=False)
-    model = transformers.LlamaForCausalLM(config)
+    rewrites = _counted_rewrites(monkeypatch)
+    model = _tiny_llama()
     reference, eager = copy.deepcopy(model).double(), copy.deepcopy(model)
     ids = torch.randint(0, 300, (2, 13))
     weights = torch.randn(2, 13, 300, dtype=torch.float64)
