@@ -151,7 +151,8 @@ def eager_attention(softmax) -> bool:
         return False
     graph = softmax.graph
     with graph.inserting_before(after):
-        q, k, v = (t if _value(t).dtype == dtype else graph.call_method("to", (t, dtype)) for t in (q, k, v))
+        q, k, v = (t if value.dtype == dtype else graph.call_method("to", (t, dtype))
+                   for t, value in zip((q, k, v), values))
         attention = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                         {"is_causal": kind == "causal", "scale": scale})
     attention.meta = dict(after.meta)

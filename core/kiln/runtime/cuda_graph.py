@@ -46,12 +46,12 @@ saved_tensors_hooks saw the values (`CapturedGraph.consumable`); its gradients t
 forward `busy` while a caller holds them. Its warm-up runs on a workspace of its own (the plan
 that reuses no saved memory, its gradients beside it), freed before the shared workspace grows
 to the capture's size, or not at all where the driver loads kernels inside a capture (CUDA 12.3
-and later) or an earlier capture of the graph loaded its kernels.
-A step that does not allow it (a retained graph, saved_tensors_hooks) captures a backward that
-does not consume, and that capture goes on serving the steps after it. The first consuming
-capture, made on a forward capture that its own larger workspace retired, serves one replay:
-the owner keeps that workspace (`CapturedGraph.workspace`), so that the next forward captures
-on it and the steps from then on replay.
+and later) or an earlier capture of the graph loaded its kernels. A step that does not allow it
+(a retained graph, saved_tensors_hooks) captures a backward that does not consume, and that
+capture goes on serving the steps after it. The first consuming capture, made on a forward
+capture that its own larger workspace retired, serves one replay: the owner keeps that workspace
+(`CapturedGraph.workspace`), so that the next forward captures on it and the steps from then on
+replay.
 
 A graph has one set of static buffers, so its replays are serialized: one thread at a time
 copies in, replays and copies out, all on the caller's current stream (of the graph's device);
@@ -495,7 +495,6 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
         # capture needs no such run.
         logger.debug("a run on a workspace of its own before a capture reusing lent memory")
         body(warm_up_inputs(example_inputs, written_positions), compiled.workspace_set(transient))
-        compiled.loaded = True
     plans = compiled.plans_with(transient, frozenset(regions))
     ordering = None
     if len(plans) == 1 and next(iter(plans)).type == "cuda":
