@@ -156,15 +156,19 @@ def floor_divide(input, other):
 @operator("pow", traits=Traits(implements=python.pow))
 def pow_(input, other):
     """x ** y (an integer base with a negative Python int exponent is an error, as in PyTorch).
-    A Python exponent of 2 is x * x, as PyTorch computes it (exact, where the math library's
-    pow is not, and an order of magnitude cheaper: RMSNorm's mean of squares)."""
+    A Python exponent of 2 or 3 is x * x or x * x * x, as PyTorch computes them (exact where the
+    math library's pow is not, and an order of magnitude cheaper: RMSNorm's mean of squares,
+    GELU's tanh approximation)."""
     t = result_type(input, other, op="pow")
     if isinstance(other, int) and other < 0 and not t.is_float:
         raise OperatorError(f"pow: integers to negative integer powers are not allowed "
                             f"(result type {t}, exponent {other})")
-    if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 2:
-        return elementwise_compute("pow", (input, other), lambda a, b: a * a, NUMERIC)
+    if isinstance(other, (int, float)) and not isinstance(other, bool) and other in _POWERS_AS_PRODUCTS:
+        return elementwise_compute("pow", (input, other), _POWERS_AS_PRODUCTS[other], NUMERIC)
     return elementwise_compute("pow", (input, other), lambda a, b: a ** b, NUMERIC)
+
+
+_POWERS_AS_PRODUCTS = {2: lambda a, b: a * a, 3: lambda a, b: a * a * a}
 
 
 remainder = _binary("remainder", _integer_divisor("remainder", lambda a, b: a % b),

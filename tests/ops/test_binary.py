@@ -188,14 +188,17 @@ def test_binary_errors(call, message):
         call()
 
 
-@pytest.mark.parametrize("exponent", [2, 2.0])
+@pytest.mark.parametrize("exponent", [2, 2.0, 3, 3.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
-def test_squares_are_products_as_in_pytorch(exponent, dtype):
-    """x ** 2 is x * x, bit for bit PyTorch's (pow's math library call is neither exact nor
-    cheap); the program holds no pow call."""
+def test_squares_and_cubes_are_products_as_in_pytorch(exponent, dtype):
+    """x ** 2 and x ** 3 are x * x and x * x * x, bit for bit PyTorch's (pow's math library call
+    is neither exact nor cheap); the program holds no pow call. A bfloat16 cube is the float
+    product rounded once, as PyTorch's CUDA kernel computes it (its CPU kernel rounds x * x too)."""
     from kiln.schedule.choose import choose
     x = rand((5, 37), dtype)
     symbol = kiln.symbol((5, 37), str(dtype)[6:], "cpu")
     graph = kiln.trace_from(kiln.ops.pow(symbol, exponent), [symbol])
-    assert "pow" not in choose(graph.nodes[0].task, "cpu").source.split("void kiln_kernel")[-1]
-    torch.testing.assert_close(graph(x).torch(), torch.pow(x, exponent), rtol=0, atol=0)
+    for target in ("cpu", "cuda"):
+        assert "pow" not in choose(graph.nodes[0].task, target).source.split("kiln_max_i64")[-1]
+    expected = (x.float() ** 3).to(dtype) if dtype == torch.bfloat16 and exponent == 3 else torch.pow(x, exponent)
+    torch.testing.assert_close(graph(x).torch(), expected, rtol=0, atol=0)
