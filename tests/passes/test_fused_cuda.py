@@ -78,3 +78,20 @@ def test_prologue_epilogue_and_softmax_match_on_gpu():
     v = torch.randn(4, 8, device="cuda")
     expected = torch.exp(torch.softmax(torch.relu((-v * 0.5) @ w + 1.0), -1))
     torch.testing.assert_close(opt(v).torch(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vocabulary", [50, 64])
+def test_a_weights_cast_is_written_as_the_weight_lies_and_the_gemm_reads_its_transpose(vocabulary):
+    """A linear under autocast, cast(w).t() @ ..: the cast alone writes w's layout (a row
+    kernel, not a strided transpose) and the transpose joins the matmul as the prologue its
+    TMA template reads, instead of the cast writing the transpose for the GEMM to stage back
+    (GPT-2's LM head: 142 + 75 us before a GEMM three times slower, on the H200)."""
+    from kiln.schedule.choose import choose
+    x = kiln.symbol([4, 16, 32], "bfloat16", "cuda")
+    w = kiln.symbol([vocabulary, 32], "float32", "cuda")
+    y = ops.matmul(x, ops.permute(ops.cast(w, "bfloat16"), [1, 0]))
+    cast, fused = kiln.graph.optimize(kiln.trace_from([y], [x, w])).nodes
+    assert cast.name == "Cast" and tuple(cast.outputs[0].shape) == (vocabulary, 32)
+    assert repr(fused.fused_graph) == "FlowGraph(Permute, Matmul)"
+    assert choose(fused.task, "cuda", 90).kernel_names == ["kiln_matmul_sm90"]
+    assert choose(cast.task, "cuda", 90).kernel_names != ["kiln_transpose"]

@@ -11,7 +11,9 @@ Which templates would schedule a task the pass asks its compile session
   has no other user and is not a graph output; then, likewise, an anchor-free group joins the
   group producing an input that only its members read (a chain that fans out from the input and
   meets again, such as GELU written out; a sum of several values whose first addition grouped
-  apart, such as a residual stream's R + A + F after F's linear);
+  apart, such as a residual stream's R + A + F after F's linear); but a view of an anchor-free
+  group's result that a template would read through waits for the prologue step (the transpose
+  of a weight's bfloat16 cast before a linear: the cast is written as the weight lies);
 - prologue: an injective node joins the group that uses all of its outputs (none of them a
   graph output), unless that group's anchor is template-scheduled, the node computes anything
   and the anchor reads it (a view, such as the slices and head permutes before attention, joins
@@ -212,7 +214,8 @@ class _Groups:
         return False
 
     def fuse_epilogues(self) -> None:
-        """Each injective node joins the group producing an input only it reads."""
+        """Each injective node joins the group producing an input only it reads, but a view
+        that a template reads through (`left_to_prologue`)."""
         for node in self.nodes:
             if id(node) in self.anchor_nodes:
                 continue
@@ -220,11 +223,29 @@ class _Groups:
                 p = self.producer.get(id(t))
                 if (p is not None and id(t) not in self.outputs
                         and self.users[id(t)] == [node]
+                        and not self.left_to_prologue(p, [node])
                         and self.merge(self.group[id(p)], self.group[id(node)])):
                     break
 
+    def left_to_prologue(self, producer: Operator, members: list[Operator]) -> bool:
+        """Whether `members` are one view of what an anchor-free group (`producer`'s) computes,
+        whose readers are all one group, whose anchor's template reads views and takes the view as
+        its prologue: the transpose of a weight's cast to bfloat16 before a linear is then read
+        by the GEMM as it lies, the cast written in the weight's layout, instead of the cast
+        writing the transpose (a strided copy) for the GEMM to read."""
+        if len(members) != 1 or self.anchors[self.group[id(producer)]]:
+            return False
+        node = members[0]
+        readers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())}
+        if len(readers) != 1 or not moves_data(node) or any(id(t) in self.outputs for t in node.outputs):
+            return False
+        c = next(iter(readers))
+        return (c in self.templated and self.reads_views(c)
+                and self.fused(self.members[c] + [node]) is not None)
+
     def fuse_group_epilogues(self) -> None:
-        """Each anchor-free group joins the group producing an input that only its members read."""
+        """Each anchor-free group joins the group producing an input that only its members read,
+        but a view that a template reads through (`left_to_prologue`)."""
         for g in list(self.members):
             if g not in self.members or self.anchors[g] or g in self.frozen:
                 continue
@@ -233,6 +254,7 @@ class _Groups:
                 p = self.producer.get(id(t))
                 if (p is not None and id(p) not in inside and id(t) not in self.outputs
                         and all(id(u) in inside for u in self.users[id(t)])
+                        and not self.left_to_prologue(p, self.members[g])
                         and self.merge(self.group[id(p)], g)):
                     break
 
