@@ -97,6 +97,7 @@ class _Groups:
         # a topological order of the groups (the nodes' to begin with), kept one through merges
         # (`_reorder`): a path between two groups visits only groups placed between them
         self.position = {k: k for k in range(len(self.nodes))}
+        self._fused: dict[frozenset, FusedOperator | None] = {}     # `fused`'s answers, by member set
 
     def reads_views(self, g: int) -> bool:
         """Whether the best template of group g's anchor reads views fused before it."""
@@ -233,15 +234,20 @@ class _Groups:
         its prologue: the transpose of a weight's cast to bfloat16 before a linear is then read
         by the GEMM as it lies, the cast written in the weight's layout, instead of the cast
         writing the transpose (a strided copy) for the GEMM to read."""
-        if len(members) != 1 or self.anchors[self.group[id(producer)]]:
+        if len(members) != 1 or self.anchors[self.group[id(producer)]] or not moves_data(members[0]):
             return False
-        node = members[0]
+        c = self.reading_group(members[0])
+        return (c is not None and c in self.templated and self.reads_views(c)
+                and self.fused(self.members[c] + members) is not None)
+
+    def reading_group(self, node: Operator) -> int | None:
+        """The one group, besides `node`'s own, that reads `node`'s outputs, where none of them is
+        a graph output; else None."""
+        if any(id(t) in self.outputs for t in node.outputs):
+            return None
         readers = {self.group[id(u)] for t in node.outputs for u in self.users.get(id(t), ())}
-        if len(readers) != 1 or not moves_data(node) or any(id(t) in self.outputs for t in node.outputs):
-            return False
-        c = next(iter(readers))
-        return (c in self.templated and self.reads_views(c)
-                and self.fused(self.members[c] + [node]) is not None)
+        readers.discard(self.group[id(node)])
+        return next(iter(readers)) if len(readers) == 1 else None
 
     def fuse_group_epilogues(self) -> None:
         """Each anchor-free group joins the group producing an input that only its members read,
@@ -267,14 +273,11 @@ class _Groups:
         reductions (`fuse_row_reductions`) takes a prologue that leaves it one."""
         for node in reversed(self.nodes):
             g = self.group[id(node)]
-            if self.anchors[g] or any(id(t) in self.outputs for t in node.outputs):
+            c = None if self.anchors[g] else self.reading_group(node)
+            if c is None:
                 continue
-            readers = [u for t in node.outputs for u in self.users.get(id(t), ())]
-            consumers = {self.group[id(u)] for u in readers} - {g}
-            if len(consumers) != 1:
-                continue
-            c = next(iter(consumers))
-            if (c not in self.templated or {id(u) for u in readers} <= self.epilogue(c)
+            readers = {id(u) for t in node.outputs for u in self.users.get(id(t), ())}
+            if (c not in self.templated or readers <= self.epilogue(c)
                     or self.reads_views(c) and all(map(moves_data, self.members[g]))):
                 self.merge(c, g, rows=self.anchors[c] > 1)
 
@@ -322,7 +325,15 @@ class _Groups:
 
     def fused(self, members: list[Operator]) -> FusedOperator | None:
         """The FusedOperator of `members` (in any order), or None where fusing would cost the
-        anchor its template."""
+        anchor its template; built once for each set of members (`left_to_prologue` asks it of
+        the group that the prologue step's merge asks it of again, and every merge of the group
+        the pass then builds)."""
+        key = frozenset(map(id, members))
+        if key not in self._fused:
+            self._fused[key] = self._fuse(members)
+        return self._fused[key]
+
+    def _fuse(self, members: list[Operator]) -> FusedOperator | None:
         members = sorted(members, key=lambda n: self.index[id(n)])
         inside = {id(t) for n in members for t in n.outputs}
         member_ids = {id(n) for n in members}
