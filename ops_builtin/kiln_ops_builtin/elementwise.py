@@ -153,6 +153,9 @@ def floor_divide(input, other):
     return _rounded_div("floor_divide", input, other, "floor")
 
 
+_POWERS_AS_PRODUCTS = {2: lambda a, b: a * a, 3: lambda a, b: a * a * a}
+
+
 @operator("pow", traits=Traits(implements=python.pow))
 def pow_(input, other):
     """x ** y (an integer base with a negative Python int exponent is an error, as in PyTorch).
@@ -166,9 +169,6 @@ def pow_(input, other):
     if isinstance(other, (int, float)) and not isinstance(other, bool) and other in _POWERS_AS_PRODUCTS:
         return elementwise_compute("pow", (input, other), _POWERS_AS_PRODUCTS[other], NUMERIC)
     return elementwise_compute("pow", (input, other), lambda a, b: a ** b, NUMERIC)
-
-
-_POWERS_AS_PRODUCTS = {2: lambda a, b: a * a, 3: lambda a, b: a * a * a}
 
 
 remainder = _binary("remainder", _integer_divisor("remainder", lambda a, b: a % b),
