@@ -20,8 +20,19 @@ for every row) is a *stream* (`kiln.schedule.cuda_streams`), read as one aligned
 values (16 bytes for the narrowest type); the output is written the same way. Streams the
 statistics read are loaded once, at the start of the row, into registers when they fit in
 ROW_CACHE_BYTES a thread, so the input comes from DRAM once; other loads (broadcasts,
-transposed reads) stay scalar. V is 1 where the row length or an offset is not a multiple of
-the vector width; vector kernels ask the runtime for aligned pointers (`CudaProgram.alignment`).
+transposed reads) stay scalar. Vector kernels ask the runtime for aligned pointers
+(`CudaProgram.alignment`).
+
+A row of at least PEEL_ROW elements whose length or offsets are not multiples of the vector
+width (GPT-2's 50,257 logits a row) is *peeled* where its loads share the output's phase (see
+`kiln.schedule.cuda_streams`): `kiln_shift` is the row's offset modulo V, chunk `c` of a thread
+starts at row element `(c * lanes + lane) * V - kiln_shift` (an aligned pack), and the elements
+of a chunk before the row or past its end are skipped: they add nothing to the statistics, read
+no scalar load, and are not written (a chunk the row does not fill is stored element by
+element, its neighbours belonging to other rows). A task that writes one value a row
+(cross-entropy's log-sum-exp over a vocabulary) walks its statistics' reductions as the row
+(`run_of_reductions`), in the phase most of their loads share. Otherwise V is 1 where the row
+length or an offset is not a multiple of the vector width.
 
 The output phase does as little arithmetic as it can (16-bit rows stay memory-bound): what is
 the same for the whole row is computed once a row (a division by a statistic becomes a
@@ -37,16 +48,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.codegen.cuda import CudaDialect
+from kiln import dtypes
 from kiln.codegen.emitter import reduce_init
-from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, top_reduces, walk
+from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, top_reduces, walk
 from kiln.ir.inline import Lowered
+from kiln.ir.simplify import simplify
 from kiln.ir.size import SymSize
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
                                        reduce_extent, symbolic_extent)
-from kiln.schedule.cuda_streams import MAX_VECTOR, find_streams, pack_alignment, pack_type, read_pack
+from kiln.schedule.cuda_streams import (MAX_VECTOR, candidate_bases, find_streams, pack_alignment, pack_type,
+                                        read_pack)
 from kiln.schedule.rows import (elementwise_prefix, reciprocals, row_form, row_task, row_uniform_parts,
-                               shared_parts)
+                               run_of_reductions, shared_parts)
 
 ROW_WARP_PACKS = 8       # a warp takes rows of up to 32 * this many packs, a block longer ones
 ROW_BLOCK_PACKS = 2      # a block per row has about this many packs per thread (<= 1024 threads)
@@ -58,18 +72,21 @@ SHORT_ROW = 8192         # unless each is this short: one block then writes a ro
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 ELEMENTWISE_THREADS = 32768  # an element-wise task of too few rows for this many threads a warp each
                              # gives each row a block
+PEEL_ROW = 1024          # rows this long at least are read in packs of their loads' phase (see the module doc)
 
 
 @dataclass(frozen=True)
 class RowPlan:
     """How a row kernel covers a row: `lanes` threads (a warp or a block), `vector` elements
-    a pack, `chunks` packs a thread; `cached`: the statistics' streams stay in registers."""
+    a pack, `chunks` packs a thread; `cached`: the statistics' streams stay in registers;
+    `peeled`: the row's packs start `kiln_shift` elements before it (see the module doc)."""
 
     row_len: int
     vector: int
     lanes: int
     chunks: int
     cached: bool
+    peeled: bool = False
 
     @property
     def warp(self) -> bool:
@@ -83,20 +100,23 @@ class RowPlan:
     def guarded(self) -> bool:
         """Whether some chunk of some thread lies past the row's end (at some length, for a
         symbolic one)."""
-        return isinstance(self.row_len, SymSize) or self.row_len % (self.lanes * self.vector) != 0
+        return (self.peeled or isinstance(self.row_len, SymSize)
+                or self.row_len % (self.lanes * self.vector) != 0)
 
 
-def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, reduced: int = 0) -> RowPlan:
+def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, reduced: int = 0,
+             peeled: bool = False) -> RowPlan:
     """The plan for rows of `row_len` elements in packs of `vector`; `cached_bytes` is what one
     pack of every stream the statistics read takes in registers; a row gets `min_lanes` threads
     at least where it has that many packs, and a block where its statistics reduce more than
     a warp's share of elements (`reduced`: the longest reduction; a log-sum-exp over a
     vocabulary writes one value a row). A symbolic length's plan depends on its value only
-    through the choice of a warp or a block (see the module doc)."""
+    through the choice of a warp or a block (see the module doc). A `peeled` row spans one
+    pack more where its shift takes its last elements into another."""
     if isinstance(row_len, SymSize):
         lanes = 32 if row_len <= 32 * ROW_WARP_PACKS else BLOCK
         return RowPlan(row_len, 1, lanes, (row_len + lanes - 1) // lanes, False)
-    packs = -(-row_len // vector)
+    packs = -(-(row_len + (vector - 1 if peeled else 0)) // vector)
     if packs <= 32 * ROW_WARP_PACKS:
         lanes = 32
     else:
@@ -109,7 +129,7 @@ def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, 
     threads = BLOCK if lanes == 32 else lanes
     budget = min(ROW_CACHE_BYTES, 2 * 65536 // threads)     # half the registers a thread may have
     cached = chunks * cached_bytes <= budget and chunks * vector <= ROW_UNROLL_MAX
-    return RowPlan(row_len, vector, lanes, chunks, cached)
+    return RowPlan(row_len, vector, lanes, chunks, cached, peeled)
 
 
 class RowEmitter(CudaEmitter):
@@ -156,7 +176,8 @@ class RowEmitter(CudaEmitter):
         plan = self.plan
         self.line("#pragma unroll" if plan.cached else "#pragma unroll 2")
         self.open(f"for (int kiln_c = 0; kiln_c < {self.size(plan.chunks)}; ++kiln_c)")
-        self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector};")
+        shift = " - kiln_shift" if plan.peeled else ""
+        self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector}{shift};")
         if plan.guarded:
             self.open(f"if (kiln_eb < {self.size(plan.row_len)})")
         self.packs = {}
@@ -171,11 +192,26 @@ class RowEmitter(CudaEmitter):
             self.close()
         self.close()
 
+    def begin_row(self, anchor: Expr | None) -> None:
+        """Start the row: a peeled plan's `kiln_shift`, the phase of `anchor` (the flat offset
+        of the row's element 0 in the output, or in the loads' tensors)."""
+        if self.plan.peeled:
+            self.line(f"const int kiln_shift = (int)(({self.emit(anchor)}) & {self.plan.vector - 1});")
+
     def open_element(self) -> None:
-        """Open the loop over the chunk's elements, binding `e`."""
+        """Open the loop over the chunk's elements, binding `e` (in a peeled row, to the
+        elements of the row only)."""
         self.line("#pragma unroll")
         self.open(f"for (int kiln_j = 0; kiln_j < {self.plan.vector}; ++kiln_j)")
-        self.line(f"const int64_t {self.names[id(self.e)]} = kiln_eb + kiln_j;")
+        e = self.names[id(self.e)]
+        self.line(f"const int64_t {e} = kiln_eb + kiln_j;")
+        if self.plan.peeled:
+            self.open(f"if ((uint64_t){e} < (uint64_t){self.size(self.plan.row_len)})")
+
+    def close_element(self) -> None:
+        if self.plan.peeled:
+            self.close()
+        self.close()
 
     def needed(self, e: Expr) -> list:
         """The streams `e` reads, in order of first read."""
@@ -232,7 +268,7 @@ class RowEmitter(CudaEmitter):
             self.close()
         else:
             self.add_partial(partial, r.op, t, acc, v)
-        self.close()
+        self.close_element()
         self.close_chunk()
         self.close_partial(partial, acc)
         self._combine_lanes(r.op, t, acc, pos if arg else None)
@@ -246,10 +282,16 @@ class RowEmitter(CudaEmitter):
         for part in row_uniform_parts(value, self.e):
             self.emit(part)
 
-    def store_row(self, value: Expr, out, out_name: str) -> None:
+    def store_row(self, value: Expr, out, out_name: str, one: bool = False) -> None:
         """Write the output row: each chunk's values packed into one store (a final rounding
-        to the output's 16-bit type is the store's own)."""
+        to the output's 16-bit type is the store's own); a chunk a peeled row does not fill,
+        element by element. `one`: the output holds one value a row, the row's first thread
+        writes it."""
         d, plan = self.dialect, self.plan
+        if one:
+            v = self.emit(value)
+            self.line(f"if ({plan.lane} == 0) {out_name}[o] = {d.store(out.dtype, v)};")
+            return
         self.hoist(value)
         self.reuse = True
         self.open_chunk(self.needed(value))
@@ -260,9 +302,19 @@ class RowEmitter(CudaEmitter):
         else:
             v = self.emit(value)
         self.line(f"kiln_st.v[kiln_j] = {d.store(out.dtype, v)};")
-        self.close()
-        target = f"{out_name} + o * {self.size(plan.row_len)} + kiln_eb"
-        self.line(f"*reinterpret_cast<{self.pack_type(out.dtype)}*>({target}) = kiln_st;")
+        self.close_element()
+        length = self.size(plan.row_len)
+        target = f"{out_name} + o * {length} + kiln_eb"
+        store = f"*reinterpret_cast<{self.pack_type(out.dtype)}*>({target}) = kiln_st;"
+        if plan.peeled:
+            self.line(f"if (kiln_eb >= 0 && kiln_eb + {plan.vector} <= {length}) {{ {store} }}")
+            self.open("else")
+            self.line("#pragma unroll")
+            self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) "
+                      f"if ((uint64_t)(kiln_eb + kiln_j) < (uint64_t){length}) ({target})[kiln_j] = kiln_st.v[kiln_j];")
+            self.close()
+        else:
+            self.line(store)
         self.close_chunk()
 
 
@@ -284,7 +336,21 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     rows, row_len, o, e, stats = form.rows, form.row_len, form.o, form.e, form.stats
     names.update({id(o): "o", id(e): "e"})
     result = reciprocals(form.result, e)
-    vector, streams = find_streams(stats + [result], strides, e, (o,), row_len, (out.dtype,))
+    run = run_of_reductions(form, PEEL_ROW)
+    one = run is not None         # one value a row: the statistics' reductions are the row walked
+    if one:
+        e, stats, result = run
+        row_len = e.extent
+        names[id(e)] = "e"
+    packed = () if one else (out.dtype,)
+    vector, streams = find_streams(stats + [result], strides, e, (o,), row_len, packed)
+    anchor = None
+    if not isinstance(row_len, SymSize) and row_len >= PEEL_ROW:
+        anchors = candidate_bases(stats, strides, e, (o,)) if one else [simplify(o * as_expr(row_len, dtypes.int64))]
+        for at in anchors:
+            v, found = find_streams(stats + [result], strides, e, (o,), row_len, packed, anchor=at)
+            if v > vector and len(found) >= (len(streams) if vector > 1 else 0) and (found or not one):
+                anchor, vector, streams = at, v, found
     read_by_stats = []
     for value in stats:
         for x in walk(value):
@@ -295,9 +361,10 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
                   default=0)
     few = not isinstance(rows, SymSize) and rows < MIN_ROWS         # short rows (SHORT_ROW): a block each
     plan = plan_row(row_len, vector, pack_bytes, (BLOCK if few else 32) if stats else ELEMENTWISE_THREADS // rows,
-                    reduced)
+                    reduced, peeled=anchor is not None)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
     em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
+    em.begin_row(anchor)
     em.load_cache()
     if plan.cached:
         shared = shared_parts(stats, result, e)
@@ -309,12 +376,12 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
         em.scopes[-1][Load(scalar, ()).key()] = held
         if written:
             em.line(f"if ({plan.lane} == 0) {names[id(t)]}[o] = {d.store(t.dtype, held)};")
-    em.store_row(result, out, names[id(out)])
+    em.store_row(result, out, names[id(out)], one)
     threads = BLOCK if plan.warp else plan.lanes
     source, used = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows,
                                     "\n".join(em.lines), auto.sizes)
     launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=int(rows),
                     per_block=threads // 32 if plan.warp else 1, waves=64, narrows=plan.warp)
-    tensors = [s.tensor for s in streams.values()] + [out]
+    tensors = [s.tensor for s in streams.values()] + ([] if one else [out])
     return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=pack_alignment(tensors, vector),
                        sizes=auto.sizes.values)

@@ -57,13 +57,36 @@ def stream_offset(load: Load, strides: dict, e: Var, fixed: tuple[Var, ...]) -> 
     return base, math.gcd(const, *(k for _, k in rest))
 
 
+def phase_multiple(base: Expr, anchor: Expr) -> int:
+    """The largest g such that `base - anchor` is a multiple of g for every value of its
+    variables (0 where they are equal)."""
+    terms, const = linear_terms(simplify(base - anchor))
+    merged: dict = {}
+    for t, k in terms:
+        merged[t.key()] = merged.get(t.key(), 0) + k
+    return math.gcd(const, *merged.values())
+
+
+def candidate_bases(values: list[Expr], strides: dict, e: Var, fixed: tuple[Var, ...]) -> list[Expr]:
+    """The bases of the loads in `values` that read element base + e of their tensor (see
+    `stream_offset`), in order of first read: the anchors a phased run may take."""
+    found = {}
+    for value in values:
+        for x in walk(value):
+            if isinstance(x, Load) and x.key() not in found:
+                found[x.key()] = stream_offset(x, strides, e, fixed)
+    return [offset[0] for offset in found.values() if offset is not None]
+
+
 def find_streams(values: list[Expr], strides: dict, e: Var, fixed: tuple[Var, ...], length,
-                 packed=(), whole: bool = False) -> tuple[int, dict]:
+                 packed=(), whole: bool = False, anchor: Expr | None = None) -> tuple[int, dict]:
     """The pack width V and the streams (load key -> Stream) of the loads in `values`, over a
     run of `length` elements `e` (a multiple of V; V is 1 for a symbolic length); `packed`:
     the types of the kernel's other accesses in packs of V (a row kernel's output). Loads
     whose offset is not a multiple of V stay scalar; with `whole`, none may: V halves until
-    every load that depends on `e` is a stream (down to 1, and no streams)."""
+    every load that depends on `e` is a stream (down to 1, and no streams). With an `anchor`
+    (see the module doc), V is the widest pack whatever the length, and the streams are the
+    loads whose base is in phase with the anchor."""
     found = {}
     for value in values:
         for x in walk(value):
@@ -73,7 +96,7 @@ def find_streams(values: list[Expr], strides: dict, e: Var, fixed: tuple[Var, ..
     narrowest = min([x.tensor.dtype.nbytes for x, _ in candidates.values()] + [t.nbytes for t in packed],
                     default=PACK_BYTES)
     vector = 1 if isinstance(length, SymSize) else min(MAX_VECTOR, max(1, PACK_BYTES // narrowest))
-    while length % vector:
+    while anchor is None and length % vector:
         vector //= 2
     if whole:
         along = [offset for x, offset in found.values() if any(i is e for i in walk(x))]
@@ -83,6 +106,8 @@ def find_streams(values: list[Expr], strides: dict, e: Var, fixed: tuple[Var, ..
         return 1, {}
     streams, keys = {}, {}
     for key, (load, (base, multiple)) in candidates.items():
+        if anchor is not None:
+            multiple = phase_multiple(base, anchor)
         if multiple % vector == 0:
             streams[key] = keys.setdefault((id(load.tensor), base.key()), Stream(load.tensor, base))
     return vector, streams

@@ -21,7 +21,7 @@ from kiln import dtypes
 from kiln.codegen.emitter import numel
 from kiln.codegen.hooks import unravel_index
 from kiln.ir.compute import Compute, TensorInput
-from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, walk
+from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, top_reduces, walk
 from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
 from kiln.ir.size import SymSize
 from kiln.ir.simplify import simplify
@@ -353,3 +353,26 @@ def shared_parts(stats: list[Expr], result: Expr, e: Var) -> list[Expr]:
 def _reads(x: Expr) -> bool:
     """Whether `x` reads memory (a load or a reduction)."""
     return any(isinstance(y, (Load, Reduce)) for y in walk(x))
+
+
+def run_of_reductions(form: RowForm, min_len: int) -> tuple[Var, list[Expr], Expr] | None:
+    """For a row task that writes one value a row (a log-sum-exp over a vocabulary, kept as a
+    size-1 dim) whose statistics' top reductions all reduce one static number L >= `min_len`
+    of elements: (e', stats, result), with e' the element of a run of L, each such reduction
+    rewritten as a reduction over e' (as `row_form` does over a row), and the result at the
+    row's one element; else None."""
+    if form.row_len != 1:
+        return None
+    reduces = [r for value in form.stats for r in top_reduces(value)]
+    extents = {numel([a.extent for a in r.axes]) if all(isinstance(a.extent, int) for a in r.axes) else None
+               for r in reduces}
+    if not reduces or len(extents) != 1:
+        return None
+    (length,) = extents
+    if length is None or length < min_len:
+        return None
+    run = Var("e", length)
+    stats = [simplify(_row_reduces(value, run, length)) for value in form.stats]
+    result = simplify(substitute(form.result, {id(form.e): Const(0, dtypes.int64)}))
+    return run, stats, result
+

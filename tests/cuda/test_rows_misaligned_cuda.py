@@ -1,0 +1,130 @@
+"""Row kernels over rows that are not whole 16-byte packs (`kiln.schedule.cuda_rows`, peeled
+rows): GPT-2's 50,257-logit rows, rows of 1027 (every row starts at another phase mod 8), a
+few rows of 9, slices at odd offsets. Kiln's results against float64, at most twice eager
+PyTorch's own error (plus a small absolute slack); both the kiln ops and torch.compile."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from tests.support import rand
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
+ops = kiln.ops
+
+DTYPES = (torch.float32, torch.bfloat16)
+SHAPES = ((64, 1027), (64, 50257), (3, 9), (70, 5003))
+
+
+def _err(got, want):
+    return (got.double() - want).abs().max().item()
+
+
+def _check(got, eager, want, slack=1e-5):
+    """Kiln's error against the float64 `want` within twice eager's, plus `slack` of |want|."""
+    top = want.abs().max().item()
+    assert got.dtype == eager.dtype and tuple(got.shape) == tuple(want.shape)
+    assert not torch.isnan(got).any()
+    assert _err(got, want) <= 2 * _err(eager, want) + slack * max(top, 1.0), (_err(got, want), _err(eager, want))
+
+
+def _f32(x):
+    """`x` in float32, or float64 for the reference."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _ids(d):
+    return str(d).replace("torch.", "")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("op", ("log_softmax", "softmax"))
+def test_softmaxes_over_odd_rows(op, shape, dtype):
+    torch.manual_seed(0)
+    x = (rand(shape, dtype) * 4).cuda()
+    got = getattr(ops, op)(kiln.from_torch(x), -1).torch()
+    _check(got, getattr(torch, op)(x, -1), getattr(torch, op)(x.double(), -1))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_log_sum_exp_of_a_row_over_odd_rows(shape, dtype):
+    """One value a row (cross-entropy's forward statistic)."""
+    torch.manual_seed(0)
+    x = (rand(shape, dtype) * 4).cuda()
+    xk = kiln.from_torch(x)
+    xf = ops.cast(xk, torch.float32)
+    high = ops.amax(xf, [1], True)
+    got = ops.add(ops.log(ops.sum(ops.exp(ops.sub(xf, high)), [1], True)), high).torch()
+    _check(got, torch.logsumexp(x.float(), 1, keepdim=True), torch.logsumexp(x.double(), 1, keepdim=True))
+
+
+@pytest.mark.parametrize("keep", (True, False))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_sum_and_amax_along_odd_rows(shape, dtype, keep):
+    torch.manual_seed(0)
+    x = rand(shape, dtype).cuda()
+    xk = kiln.from_torch(x)
+    _check(ops.sum(xk, [1], keep).torch(), x.sum(1, keep), x.double().sum(1, keep), slack=1e-4)
+    _check(ops.amax(xk, [1], keep).torch(), x.amax(1, keep), x.double().amax(1, keep))
+
+
+@pytest.mark.parametrize("shape", ((64, 50257), (64, 1027), (3, 9), (96, 5003)), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_cross_entropy_and_its_gradient_over_odd_rows(shape, dtype):
+    """torch.compile of cross_entropy(reduction='sum') over logits of odd rows, and d(logits)
+    (a row task reading the logits, writing a tensor of the same odd rows)."""
+    torch.manual_seed(0)
+    logits = (rand(shape, dtype) * 4).cuda()
+    target = torch.randint(0, shape[1], (shape[0],), device="cuda")
+
+    def loss_of(x):
+        return F.cross_entropy(_f32(x), target, reduction="sum")
+
+    def run(fn, x):
+        x = x.detach().requires_grad_()
+        loss = fn(x)
+        (g,) = torch.autograd.grad(loss, x)
+        return loss.detach(), g
+
+    want = run(loss_of, logits.double())
+    eager = run(loss_of, logits)
+    got = run(torch.compile(loss_of, backend="kiln"), logits)
+    for g, e, w in zip(got, eager, want):
+        _check(g, e, w, slack=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("start, width", ((1, 1028), (8, 1035), (3, 50260)))
+def test_softmaxes_of_slices_at_odd_offsets(start, width, dtype):
+    """x[:, start:] inside a compiled function: the rows' loads start at another phase than the
+    output's (start 1, 3) or the same one (start 8)."""
+    torch.manual_seed(0)
+    x = (rand((64, width), dtype) * 4).cuda()
+
+    def fn(t):
+        v = t[:, start:]
+        return torch.log_softmax(v, -1), torch.softmax(v, -1), _f32(v).sum(-1)
+
+    want = fn(x.double())
+    eager = fn(x)
+    got = torch.compile(fn, backend="kiln")(x)
+    for g, e, w in zip(got, eager, want):
+        _check(g, e, w, slack=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_kiln_ops_on_views_at_odd_offsets(dtype):
+    """The kiln ops on a view whose rows start at odd offsets (the runtime copies inputs that
+    are not aligned to the program's packs) and on one at an aligned, in-phase offset."""
+    torch.manual_seed(0)
+    base = (rand((64, 1028), dtype) * 4).cuda()
+    for view in (base[:, 1:], base.view(-1)[5:5 + 64 * 1027].view(64, 1027)):
+        got = ops.log_softmax(kiln.from_torch(view), -1).torch()
+        _check(got, torch.log_softmax(view, -1), torch.log_softmax(view.double(), -1))
+    xk = kiln.symbol((64, 1028), dtype, "cuda")
+    graph = kiln.trace_from(ops.softmax(ops.slice(xk, 1, 1, None), -1), [xk])
+    (got,) = graph.run([base])
+    _check(got.torch(), torch.softmax(base[:, 1:], -1), torch.softmax(base[:, 1:].double(), -1))
