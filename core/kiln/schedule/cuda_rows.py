@@ -59,8 +59,8 @@ from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, Cuda
                                        reduce_extent, symbolic_extent)
 from kiln.schedule.cuda_streams import (MAX_VECTOR, candidate_bases, find_streams, pack_alignment, pack_type,
                                         read_pack)
-from kiln.schedule.rows import (elementwise_prefix, reciprocals, row_form, row_task, row_uniform_parts,
-                               run_of_reductions, shared_parts)
+from kiln.schedule.rows import (elementwise_prefix, online_sums, reciprocals, row_form, row_task,
+                               row_uniform_parts, run_of_reductions, shared_parts)
 
 ROW_WARP_PACKS = 8       # a warp takes rows of up to 32 * this many packs, a block longer ones
 ROW_BLOCK_PACKS = 2      # a block per row has about this many packs per thread (<= 1024 threads)
@@ -171,10 +171,11 @@ class RowEmitter(CudaEmitter):
             self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {array}[kiln_c][kiln_j] = {value};")
         self.close_chunk()
 
-    def open_chunk(self, needed: list) -> None:
-        """Open the loop over this thread's chunks; load the packs of `needed` streams not cached."""
+    def open_chunk(self, needed: list, unrolled: bool = False) -> None:
+        """Open the loop over this thread's chunks (fully unrolled for a cached plan, or where
+        `unrolled`); load the packs of `needed` streams not cached."""
         plan = self.plan
-        self.line("#pragma unroll" if plan.cached else "#pragma unroll 2")
+        self.line("#pragma unroll" if plan.cached or unrolled else "#pragma unroll 2")
         self.open(f"for (int kiln_c = 0; kiln_c < {self.size(plan.chunks)}; ++kiln_c)")
         shift = " - kiln_shift" if plan.peeled else ""
         self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector}{shift};")
@@ -276,6 +277,82 @@ class RowEmitter(CudaEmitter):
         self.scopes[-1][key] = result
         return result
 
+    def online_statistic(self, high: Reduce, total: Reduce, scalar) -> str:
+        """Emit the maximum `high` over the row together with the sum of exponentials `total`
+        that reads it (`kiln.schedule.rows.online_sums`), in one pass over the row: each thread
+        keeps its running maximum m and its sum s of exp(x - m), rescaling s where m grows, and
+        the lanes fold their (m, s) pairs alike. The sum is taken where `total`'s shift c
+        (read of the maximum, bound to `scalar`) equals the finite maximum; elsewhere (an
+        infinite or NaN maximum, another shift) `total` is reduced again from the row. Returns
+        the maximum's C name; `total` is bound to the sum's."""
+        d, plan = self.dialect, self.plan
+        m, s = self.fresh("hi"), self.fresh("tot")
+        self.line(f"float {m} = -INFINITY, {s} = 0.0f;")
+        self.open_chunk(self.needed(high.body), unrolled=plan.chunks * plan.vector <= ROW_UNROLL_MAX)
+        xs = self.fresh("kiln_xs")
+        self.line(f"float {xs}[{plan.vector}];")
+        self.line("#pragma unroll")
+        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {xs}[kiln_j] = -INFINITY;")
+        self.open_element()
+        self.line(f"{xs}[kiln_j] = {self.emit(high.body)};")
+        self.close_element()
+        part = self.fresh("ph")
+        self.line(f"float {part} = {xs}[0];")
+        self.line("#pragma unroll")
+        self.line(f"for (int kiln_j = 1; kiln_j < {plan.vector}; ++kiln_j) {d.combine('max', high.dtype, part, f'{xs}[kiln_j]')}")
+        self.line(d.combine("max", high.dtype, part, m))
+        self.open(f"if ({part} != -INFINITY)")
+        self.line(f"{s} *= {_exp(f'{m} - {part}')};")
+        self.line("#pragma unroll")
+        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {s} += {_exp(f'{xs}[kiln_j] - {part}')};")
+        self.line(f"{m} = {part};")
+        self.close()
+        self.close_chunk()
+        self._combine_online(m, s)
+        self.scopes[-1][Load(scalar, ()).key()] = m
+        shift = self.emit(total.body.a.b)
+        result = self.fresh("tot")
+        self.line(f"float {result};")
+        self.open(f"if ({shift} == {m} && fabsf({m}) != INFINITY)")
+        self.line(f"{result} = {s};")
+        self.close()
+        self.open("else")
+        self.line(f"{result} = {self._parallel_reduce(total, total.key())};")
+        self.close()
+        self.scopes[-1][total.key()] = result
+        return m
+
+    def _combine_online(self, m: str, s: str) -> None:
+        """Fold every lane's (maximum, sum of exp(x - maximum)) pair into every lane's."""
+
+        def fold(om: str, os: str) -> None:
+            both = self.fresh("hm")
+            self.line(f"float {both} = {m};")
+            self.line(self.dialect.combine("max", dtypes.float32, both, om))
+            self.open(f"if ({both} != -INFINITY)")
+            # unfused products: two lanes folding each other's pairs get the same sum
+            self.line(f"{s} = __fmul_rn({s}, {_exp(f'{m} - {both}')}) + __fmul_rn({os}, {_exp(f'{om} - {both}')});")
+            self.line(f"{m} = {both};")
+            self.close()
+
+        self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
+        om, os = self.fresh("om"), self.fresh("os")
+        self.line(f"const float {om} = __shfl_xor_sync(0xffffffffu, {m}, kiln_m);")
+        self.line(f"const float {os} = __shfl_xor_sync(0xffffffffu, {s}, kiln_m);")
+        fold(om, os)
+        self.close()
+        if self.plan.warp:
+            return
+        sm, ss = self.fresh("shm"), self.fresh("shs")
+        self.line(f"__shared__ float {sm}[32], {ss}[32];")
+        self.line("__syncthreads();")
+        self.line(f"if ((threadIdx.x & 31) == 0) {{ {sm}[threadIdx.x >> 5] = {m}; {ss}[threadIdx.x >> 5] = {s}; }}")
+        self.line("__syncthreads();")
+        self.line(f"{m} = {sm}[0]; {s} = {ss}[0];")
+        self.open("for (int kiln_w = 1; kiln_w < (int)(blockDim.x >> 5); ++kiln_w)")
+        fold(f"{sm}[kiln_w]", f"{ss}[kiln_w]")
+        self.close()
+
     def hoist(self, value: Expr) -> None:
         """Emit here (once a row) the largest parts of `value` that are the same for every
         element of the row and read no memory but the row statistics."""
@@ -316,6 +393,18 @@ class RowEmitter(CudaEmitter):
         else:
             self.line(store)
         self.close_chunk()
+
+
+def _exp(x: str) -> str:
+    """The C expression of the float32 exponential of `x`, as the dialect writes it."""
+    return CudaDialect().unary("exp", dtypes.float32, x, dtypes.float32)
+
+
+def _online_row(plan: RowPlan) -> bool:
+    """Whether a row of `plan` that its statistics read from memory twice (not cached) takes a
+    maximum and its sum of exponentials in one pass: a static length whose lanes sum
+    PARTIAL_LENGTH values at most each (the online sum has no partial sums)."""
+    return not isinstance(plan.row_len, SymSize) and plan.chunks * plan.vector <= PARTIAL_LENGTH
 
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
@@ -369,8 +458,9 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     if plan.cached:
         shared = shared_parts(stats, result, e)
         em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
-    for t, scalar, value, written in zip(form.statistics, form.scalars, stats, form.written):
-        v = em.emit(value)
+    online = {} if plan.cached or not _online_row(plan) else online_sums(stats, form.scalars, e)
+    for k, (t, scalar, value, written) in enumerate(zip(form.statistics, form.scalars, stats, form.written)):
+        v = em.online_statistic(value, online[k], scalar) if k in online else em.emit(value)
         held = em.fresh("row")
         em.line(f"const {d.value_type(t.dtype)} {held} = {v};")
         em.scopes[-1][Load(scalar, ()).key()] = held

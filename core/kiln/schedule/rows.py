@@ -376,3 +376,35 @@ def run_of_reductions(form: RowForm, min_len: int) -> tuple[Var, list[Expr], Exp
     result = simplify(substitute(form.result, {id(form.e): Const(0, dtypes.int64)}))
     return run, stats, result
 
+
+def online_sums(stats: list[Expr], scalars: list[TensorInput], e: Var) -> dict[int, Reduce]:
+    """The statistics a kernel may compute in one pass over the row with the sum of
+    exponentials that follows them (online softmax): {k: the sum}, where `stats[k]` is the
+    float32 maximum over the row of some x and a later statistic holds the float32 sum over
+    the row of exp(x - c), c the same for the whole row and read of the maximum (`scalars[k]`;
+    softmax's and log-sum-exp's c is the maximum itself, or 0 where it is infinite)."""
+    found = {}
+    for k, high in enumerate(stats):
+        if not (isinstance(high, Reduce) and high.op == "max" and high.axes == (e,)
+                and high.body.dtype == dtypes.float32):
+            continue
+        mine = Load(scalars[k], ()).key()
+        unknown = {Load(t, ()).key() for t in scalars[k + 1:]}       # not yet computed with the maximum
+        for later in stats[k + 1:]:
+            total = next((r for r in top_reduces(later) if _exp_of_shifted(r, high.body, mine, unknown, e)), None)
+            if total is not None:
+                found[k] = total
+                break
+    return found
+
+
+def _exp_of_shifted(r: Reduce, x: Expr, high_key, unknown: set, e: Var) -> bool:
+    """Whether `r` is the float32 sum over the row `e` of exp(x - c), c row-uniform, reading
+    the load of key `high_key` (a statistic's scalar) and none of keys `unknown`."""
+    body = r.body
+    if not (r.op == "sum" and r.axes == (e,) and isinstance(body, Unary) and body.op == "exp"
+            and body.dtype == dtypes.float32 and isinstance(body.a, Binary) and body.a.op == "sub"):
+        return False
+    shift = body.a.b
+    reads = {y.key() for y in walk(shift) if isinstance(y, Load)}
+    return body.a.a.key() == x.key() and row_uniform(shift, e) and high_key in reads and not reads & unknown
