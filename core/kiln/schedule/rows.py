@@ -210,7 +210,7 @@ def row_form(lowered: Lowered, out: Compute, p: int) -> RowForm:
 
     def value_of(buf) -> Expr:
         value = substitute(buf.value, row_index(buf))
-        return simplify(_scalar_loads(_row_reduces(value, e, row_len), scalars))
+        return simplify(_one_hot_sums(_scalar_loads(_row_reduces(value, e, row_len), scalars), e, row_len))
 
     outputs = {id(t) for t in lowered.outputs}
     return RowForm(rows, row_len, o, e, stats, [scalars[id(t)] for t in stats],
@@ -243,6 +243,65 @@ def _row_reduces(value: Expr, e: Var, row_len: int) -> Expr:
         return memo[id(x)]
 
     return visit(value)
+
+
+def _one_hot_sums(value: Expr, e: Var, row_len: int) -> Expr:
+    """`value` with each sum over the row of select((e == k) and r, a, b), with k, r, a and b
+    the same for every element of the row (a one-hot row, as the backward of a gather or of
+    nll_loss writes), in closed form: a + (n - 1) * b where r holds and 0 <= k < n, n * b
+    elsewhere (n the row's length) -- no loop over the row."""
+    memo = {}
+
+    def closed(r: Reduce) -> Expr:
+        body = r.body
+        if not (r.op == "sum" and r.axes == (e,) and isinstance(body, Select) and body.dtype == r.dtype
+                and body.dtype.is_float and _free_of(body.a, e) and _free_of(body.b, e)):
+            return r
+        terms = _conjuncts(body.cond)
+        hits = [t for t in terms if isinstance(t, Binary) and t.op == "eq" and _one_side_is(t, e)]
+        if len(hits) != 1 or not all(_free_of(t, e) for t in terms if t is not hits[0]):
+            return r
+        k = hits[0].b if hits[0].a is e else hits[0].a
+        if not k.dtype.is_integer:
+            return r
+        n = Const(int(row_len), k.dtype)
+        hit = Binary("and", Binary("ge", k, Const(0, k.dtype), dtypes.boolean),
+                     Binary("lt", k, n, dtypes.boolean), dtypes.boolean)
+        for t in terms:
+            if t is not hits[0]:
+                hit = Binary("and", hit, t, dtypes.boolean)
+        t = body.dtype
+        return Select(hit, Binary("add", body.a, Binary("mul", body.b, Const(float(row_len - 1), t), t), t),
+                      Binary("mul", body.b, Const(float(row_len), t), t))
+
+    def visit(x):
+        if id(x) not in memo:
+            if isinstance(x, Reduce):
+                memo[id(x)] = closed(x)
+            elif isinstance(x, (Var, Load)) or not x.children():
+                memo[id(x)] = x
+            else:
+                memo[id(x)] = rebuild_expr(x, [visit(k) for k in own_children(x)])
+        return memo[id(x)]
+
+    return value if isinstance(row_len, SymSize) else visit(value)
+
+
+def _free_of(x: Expr, e: Var) -> bool:
+    """Whether `x` is the same for every element `e` of the row (it may read memory)."""
+    return not any(y is e or isinstance(y, Reduce) for y in walk(x))
+
+
+def _conjuncts(cond: Expr) -> list[Expr]:
+    """The terms of a tree of logical ands."""
+    if isinstance(cond, Binary) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _one_side_is(t: Binary, e: Var) -> bool:
+    """Whether one operand of `t` is `e` and the other the same for every element."""
+    return (t.a is e and _free_of(t.b, e)) or (t.b is e and _free_of(t.a, e))
 
 
 def _scalar_loads(value: Expr, scalars: dict) -> Expr:
