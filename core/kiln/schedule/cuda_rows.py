@@ -21,7 +21,10 @@ values (16 bytes for the narrowest type); the output is written the same way. St
 statistics read are loaded once, at the start of the row, into registers when they fit in
 ROW_CACHE_BYTES a thread, so the input comes from DRAM once; other loads (broadcasts,
 transposed reads) stay scalar. Vector kernels ask the runtime for aligned pointers
-(`CudaProgram.alignment`).
+(`CudaProgram.alignment`). Where they do not fit, a maximum over the row and the sum of
+exp(x - maximum) that follows it (softmax's, log-sum-exp's: `kiln.schedule.rows.online_sums`)
+take one pass over the row together (online softmax: each thread's sum is rescaled as its
+maximum grows), for rows of a static length whose lanes sum PARTIAL_LENGTH values at most.
 
 A row of at least PEEL_ROW elements whose length or offsets are not multiples of the vector
 width (GPT-2's 50,257 logits a row) is *peeled* where its loads share the output's phase (see

@@ -9,7 +9,9 @@ rule (`kiln.schedule.cpu_rows`) and the CUDA rule (`kiln.schedule.cuda_rows`) sh
 here: recognising the task (`row_task`) and its row form (`row_form`), in which every value
 is an expression of the row `o` and the element `e` of the row, and each statistic a scalar.
 A statistic may be an output of the task too (layer_norm's mean and rstd, which training saves
-for the backward): the kernel writes it from the row's reduction results, one value a row.
+for the backward): the kernel writes it from the row's reduction results, one value a row. A
+sum over the row of a one-hot row (nll_loss's gradient, summed by log-softmax's backward) takes
+its closed form in the row form: no loop over the row.
 An element-wise task (`elementwise_prefix`) is a row task with no statistics: the same kernels
 write it a pack of elements at a time, its index arithmetic once a row.
 """
