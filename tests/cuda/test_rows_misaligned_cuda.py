@@ -128,3 +128,55 @@ def test_kiln_ops_on_views_at_odd_offsets(dtype):
     graph = kiln.trace_from(ops.softmax(ops.slice(xk, 1, 1, None), -1), [xk])
     (got,) = graph.run([base])
     _check(got.torch(), torch.softmax(base[:, 1:], -1), torch.softmax(base[:, 1:].double(), -1))
+
+
+def _causal_lm_loss(logits, labels):
+    """transformers' ForCausalLMLoss: logits upcast, labels shifted left with -100, the mean
+    cross-entropy over the tokens not ignored."""
+    labels = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    return F.cross_entropy(_f32(logits).view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("rows, vocab", ((512, 50257), (72, 50257), (2048, 1027), (136, 1027)), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_causal_lm_loss_and_its_gradient(rows, vocab, dtype):
+    """GPT-2's loss graph and its backward (log-sum-exp in one pass over each row, the
+    log-softmax backward in packs): loss and d(logits) against float64."""
+    torch.manual_seed(0)
+    logits = (rand((rows // 8, 8, vocab), dtype) * 4).cuda()
+    labels = torch.randint(0, vocab, (rows // 8, 8), device="cuda")
+    labels[0, 3] = -100
+
+    def run(fn, x):
+        x = x.detach().requires_grad_()
+        loss = fn(x, labels)
+        (g,) = torch.autograd.grad(loss, x)
+        return loss.detach(), g
+
+    want = run(_causal_lm_loss, logits.double())
+    eager = run(_causal_lm_loss, logits)
+    got = run(torch.compile(_causal_lm_loss, backend="kiln"), logits)
+    for g, e, w in zip(got, eager, want):
+        _check(g, e, w, slack=1e-4)
+
+
+@pytest.mark.parametrize("width", (1027, 50257, 65536))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_log_sum_exp_and_softmax_of_rows_with_infinities(width, dtype):
+    """Rows with -inf entries, a row all -inf, rows holding +inf or NaN: where the online pass
+    over a row meets a maximum that is not finite, the sum is taken again from the row (NaN
+    where eager gives NaN, the same values elsewhere)."""
+    torch.manual_seed(0)
+    x = (rand((96, width), dtype) * 4).cuda()
+    x[:, ::7] = float("-inf")
+    x[5] = float("-inf")
+    x[9, 100] = float("inf")
+    x[13, 3] = float("nan")
+
+    def fn(t):
+        return torch.logsumexp(_f32(t), -1), torch.softmax(_f32(t), -1)
+
+    got, eager = torch.compile(fn, backend="kiln")(x), fn(x)
+    for g, e in zip(got, eager):
+        assert torch.equal(torch.isnan(g), torch.isnan(e))
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, equal_nan=True)
