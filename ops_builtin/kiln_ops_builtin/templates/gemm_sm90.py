@@ -50,13 +50,15 @@ class GemmKnobs(EngineKnobs):
     def space(cls, level: int) -> list[GemmKnobs]:
         """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
         consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
-        multicast, epilogues storing by TMA and split-K (2: and epilogue fetch depths other than
-        the default)."""
+        multicast, epilogues storing by TMA or packing in registers, early ping-pong hand-offs and
+        split-K (2: and epilogue fetch depths other than the default)."""
         if level == 0:
             return [CLUSTERED]
         out = [GemmKnobs(**t.knobs) for t in FIT_TILES]
         out += [_k(128, 2, 2, 4), replace(COOPERATIVE, SPLIT=2), replace(COOPERATIVE, CLUSTER=2), CLUSTERED]
         out += [replace(k, TMA_STORE=1) for k in (COOPERATIVE, CLUSTERED, PING_PONG, _k(64, 1, 1, 8))]
+        out += [replace(k, PACKED=1) for k in (COOPERATIVE, CLUSTERED, _k(128, 3, 1, 4))]
+        out += [replace(k, HANDOFF=1) for k in (CLUSTERED, PING_PONG)] + [replace(CLUSTERED, PACKED=1, HANDOFF=1)]
         if level == 2:
             out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
                     _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), replace(PING_PONG, FETCH=1),
