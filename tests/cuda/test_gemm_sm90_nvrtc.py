@@ -121,6 +121,21 @@ def test_tma_store_maps_dense_16bit_outputs_only():
     assert _output_map(_task("linear", (1000, 776), (4104, 776)), **COOPERATIVE) is None
 
 
+def test_packed_epilogue_where_tma_could_store():
+    """PACKED (GemmKnobs' default) packs 16-bit outputs that `output_map` describes at tiles of a
+    multiple of 64 columns, and only where TMA_STORE does not store them; elsewhere the epilogue
+    stages float32 accumulators as with PACKED = 0."""
+    linear = _task("linear", (1000, 776), (4104, 776), (4104,))
+    source = lambda task, **knobs: gemm_sm90.render(task, **dict(COOPERATIVE, **knobs)).source
+    assert "PACKED = 1" in source(linear) and "out_at" in source(linear) and "TMA_STORE = 0" in source(linear)
+    assert "PACKED = 0" in source(linear, PACKED=0)
+    assert "PACKED = 0" in source(linear, TMA_STORE=1) and "TMA_STORE = 1" in source(linear, TMA_STORE=1)
+    assert "PACKED = 0" in source(linear, BN=96) and "PACKED = 1" in source(linear, BN=192, PP=1)
+    assert "PACKED = 0" in source(_task("linear", (1000, 776), (4100, 776)))          # rows of 8200 bytes
+    assert "PACKED = 0" in source(_tf32_task("linear", (1000, 776), (4104, 776)))      # float32 outputs
+    assert "PACKED = 0" in source(_task("linear", (64, 4096), (4104, 4096)), SPLIT=4)
+
+
 @pytest.mark.parametrize("items,max_clusters,grid", [(136, None, 132), (136, 60, 120), (6, 60, 6), (2, 1, 2)])
 def test_cluster_launches_cover_whole_clusters_that_fit_at_once(items, max_clusters, grid):
     launch = rt.Launch("k", (), (384, 1, 1), items=items, per_block=1, waves=1, cluster=2)

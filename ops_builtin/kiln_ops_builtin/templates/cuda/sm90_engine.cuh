@@ -19,7 +19,8 @@
 //   NSRC, SRC_BYTES        epilogue source tiles staged by TMA and the bytes of one buffer of them
 //   FETCHES, VEC, TMA_STORE, PACKED   whether the epilogue fetches what it reads ahead of its stores,
 //                          the vector hook's width (0: pairs), whether outputs are packed to 16 bits
-//                          in registers and stored by TMA (TMA_STORE) or by 16-byte lane stores (PACKED)
+//                          in registers and stored by TMA (TMA_STORE) or else by 16-byte lane stores
+//                          (PACKED)
 //   HANDOFF                with PP: whether a consumer lets the other start once its last MMAs are
 //                          issued (1) or once they have completed (0)
 //   Maps                   the kernel's tensor maps (pointers to its __grid_constant__ parameters)
