@@ -41,13 +41,12 @@ class GemmKnobs(EngineKnobs):
     """The engine's knobs (`sm90_engine.EngineKnobs`), every one of them open to the GEMM. The
     defaults are level 0, `CLUSTERED`: ping-pong 64 x 256 tiles, five stages, in clusters of two
     CTAs sharing B by multicast; and, whatever the tile, 16-bit outputs packed in registers
-    (PACKED) and ping-pong consumers handing over early (HANDOFF, which only ping-pong reads)."""
+    (PACKED)."""
 
     STAGES: int = 5
     PP: int = 1
     CLUSTER: int = 2
     PACKED: int = 1
-    HANDOFF: int = 1
 
     @classmethod
     def space(cls, level: int) -> list[GemmKnobs]:

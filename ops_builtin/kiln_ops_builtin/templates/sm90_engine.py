@@ -37,9 +37,7 @@ BM x BN tiles by TMA, issued by the producer after the tile's operands into one 
 with their own full and empty mbarriers (`staged_stages`: the ring is made shallower where
 shared memory needs it). With PP = 1 (ping-pong) the
 two consumers take whole 64*MI x BN tiles in turn instead of sharing one: named barriers let
-one consumer at a time run its main loop, and its epilogue overlaps the other's MMA; with
-HANDOFF = 1 (GemmKnobs' default) a consumer lets the other start once its last MMAs are issued,
-not completed (CUTLASS's order), so that the tensor cores find the next MMAs queued. Tiles are
+one consumer at a time run its main loop, and its epilogue overlaps the other's MMA. Tiles are
 taken by a persistent grid of at most one CTA per SM, in groups of GROUP tile rows (grouped
 rasterization) for L2 reuse. Split-K (SPLIT > 1) makes work units (tile, split) and sums the
 float32 partials in `split_k`'s kernel. With CLUSTER = 2 the CTAs run in thread-block clusters
@@ -141,9 +139,8 @@ class EngineKnobs(Knobs):
     ahead (0: `fetch_depth`'s choice); clusters of CLUSTER (1 or 2) CTAs sharing B by multicast;
     TMA_STORE = 1 storing 16-bit outputs by TMA where `output_map` can describe them (BN a
     multiple of 64), else PACKED = 1 packing them in registers as TMA_STORE does and storing them
-    from the lanes, 16 bytes each, where it can and BN is a multiple of 64 (no float32 staging);
-    with ping-pong, HANDOFF = 1 letting a consumer's main loop start once the other's last MMAs are
-    issued rather than completed (CUTLASS's order). Valid where the setting fits shared memory and the consumers' registers
+    from the lanes, 16 bytes each, where it can and BN is a multiple of 64 (no float32 staging).
+    Valid where the setting fits shared memory and the consumers' registers
     beside a producer of `producer_regs()` registers. The defaults: 128 x 256 tiles on two
     consumers, four stages."""
 
@@ -158,7 +155,6 @@ class EngineKnobs(Knobs):
     CLUSTER: int = 1
     TMA_STORE: int = 0
     PACKED: int = 0
-    HANDOFF: int = 0
 
     @classmethod
     def tile(cls, bn: int, cw: int, mi: int, stages: int, pp: int = 0, **others) -> EngineKnobs:
@@ -179,7 +175,7 @@ class EngineKnobs(Knobs):
         return (self.BN % 32 == 0 and 32 <= self.BN <= 256 and self.CW >= 1 and self.MI >= 1 and self.STAGES >= 2
                 and self.SPLIT >= 1 and self.PP in (0, 1) and self.GROUP >= 1 and self.FETCH >= 0
                 and self.CLUSTER in (1, 2) and self.TMA_STORE in (0, 1) and (not self.TMA_STORE or self.BN % 64 == 0)
-                and self.PACKED in (0, 1) and self.HANDOFF in (0, 1)
+                and self.PACKED in (0, 1)
                 and self.fits(self.producer_regs()))
 
     def source_bytes(self, sources: tuple[EpilogueSource, ...]) -> int:
@@ -353,7 +349,7 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
         "TMA_BYTES": producer.tma_bytes, "PRODUCER_REGS": producer.regs,
         "CONSUMER_REGS": consumer_registers(ring.CW, producer.regs), "NSRC": len(sources),
         "SRC_BYTES": ring.source_bytes(sources), "FETCHES": int(fetches), "VEC": vec,
-        "TMA_STORE": int(tma_store), "PACKED": int(packed), "HANDOFF": ring.HANDOFF,
+        "TMA_STORE": int(tma_store), "PACKED": int(packed),
         **producer.enums,
     }
     if tma_store:

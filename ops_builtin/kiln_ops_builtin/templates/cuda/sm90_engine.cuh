@@ -21,8 +21,6 @@
 //                          the vector hook's width (0: pairs), whether outputs are packed to 16 bits
 //                          in registers and stored by TMA (TMA_STORE) or else by 16-byte lane stores
 //                          (PACKED)
-//   HANDOFF                with PP: whether a consumer lets the other start once its last MMAs are
-//                          issued (1) or once they have completed (0)
 //   Maps                   the kernel's tensor maps (pointers to its __grid_constant__ parameters)
 //   Gather(tid, m0, KERNEL_ARGS)  a producer thread's state for the tile at row m0, its call
 //                          (as, k0, bar, KERNEL_ARGS) filling slot `as` at k0 and arriving on bar
@@ -184,6 +182,18 @@ static __device__ __forceinline__ void store_packed(PARAMS, const unsigned char*
     }
 }
 
+// The accumulators pinned here: no instruction that reads or writes them moves across. A wgmma's
+// asm names them as operands at its issue while the tensor cores use them until the wait, so that
+// without this the compiler may move the epilogue's first reads above the wait (and ptxas then
+// serializes every wgmma of the kernel).
+template <int SLABS, int PER_SLAB>
+static __device__ __forceinline__ void fence_accumulators(float (&acc)[SLABS][PER_SLAB]) {
+#pragma unroll
+    for (int i = 0; i < SLABS; ++i)
+#pragma unroll
+        for (int j = 0; j < PER_SLAB; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
 template <class P>
 static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps) {
     constexpr int BM = P::BM, BN = P::BN, BK = P::BK, KB = P::KB, EPI_LD = P::EPI_LD, CW = P::CW, MI = P::MI;
@@ -295,6 +305,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+        fence_accumulators(acc);
         int held = -1;
         for (int kt = kt0; kt < kt1; ++kt) {
             kiln_bar_wait(&full[stage], parity);
@@ -314,13 +325,10 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
             held = stage;
             if (++stage == STAGES) { stage = 0; parity ^= 1; }
         }
-        // ping-pong: the other consumer may start its main loop (HANDOFF: already while the tensor
-        // cores finish this one's, so that its first MMAs queue behind them)
-        const bool hands_over = PP && unit + gridDim.x / CLUSTER < units;
-        if (hands_over && P::HANDOFF) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        fence_accumulators(acc);
         if (held >= 0) release<P>(&empty[held], lane, rank);
-        if (hands_over && !P::HANDOFF) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
+        if (PP && unit + gridDim.x / CLUSTER < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         const int sb = local % 2;
         if constexpr (P::NSRC) kiln_bar_wait(&src_full[sb], (local / 2) & 1);
         const unsigned char* tiles = srcs + sb * SRC_BYTES;   // the staged source tiles
