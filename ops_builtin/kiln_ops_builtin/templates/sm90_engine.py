@@ -26,10 +26,11 @@ the accumulators through `kiln_epilogue2_packed` into a 128-byte-swizzled 2 KB t
 memory (the staging area, free then) and stores it with one TMA copy, which clips what lies past
 M and N: nothing staged in float32, and the stores leave the load/store pipeline. Else, with
 PACKED = 1 (GemmKnobs' default) where TMA could so store the output, the warp packs the same tile
-and reads it back a 128-byte row per 8 lanes for 16-byte stores: a 16 x 64 block costs the
-load/store pipeline a third of what float32 staging and the vector hook's per-row reads do, which
-on a short main loop showed even where ping-pong hides the epilogue (the epilogue's shared
-memory and L1 traffic competes with the other consumer's TMA loads and MMAs). The packing reads
+and reads it back a 128-byte row per 8 lanes for 16-byte stores: a 16 x 64 block then takes
+about a third of the shared-memory wavefronts that float32 staging (with its 2-way bank conflicts)
+and the vector hook's per-row loads take. On short main loops that paid even with ping-pong,
+whose epilogue overlaps the other consumer's main loop: its shared-memory and L1 traffic slows
+that main loop's TMA writes and wgmma reads (H200, GPT-2's linears: 1.01-1.12x). The packing reads
 what the hook reads at the last row and column in range for places past M and N (their stores are
 dropped), so the calls of rows r and r + 8 share their loads of a bias. What the
 epilogue reads per element at m * row_stride + n (a residual: the match's `sources`) comes as

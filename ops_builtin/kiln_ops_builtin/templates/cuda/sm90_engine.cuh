@@ -183,9 +183,8 @@ static __device__ __forceinline__ void store_packed(PARAMS, const unsigned char*
 }
 
 // The accumulators pinned here: no instruction that reads or writes them moves across. A wgmma's
-// asm names them as operands at its issue while the tensor cores use them until the wait, so that
-// without this the compiler may move the epilogue's first reads above the wait (and ptxas then
-// serializes every wgmma of the kernel).
+// asm names them at its issue while the tensor cores use them until the wait; an instruction that
+// touches them in between makes ptxas serialize every wgmma of the kernel (its warning C7514).
 template <int SLABS, int PER_SLAB>
 static __device__ __forceinline__ void fence_accumulators(float (&acc)[SLABS][PER_SLAB]) {
 #pragma unroll
