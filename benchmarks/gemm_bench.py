@@ -140,6 +140,14 @@ def cases():
             yield ("linear", f"{M}x{K}x{N} x@W.T+b", "linear",
                    (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
     for K, N in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+        # GPT-2 small's training step at 8 x 512 tokens: forward and dX (its dW reads dY transposed, a
+        # view that only a compiled graph hands the template)
+        M, dtype = 4096, torch.bfloat16
+        yield ("gpt2", f"{M}x{K}x{N} x@W.T+b", "linear",
+               (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
+        yield ("gpt2", f"{M}x{N}x{K} dY@W", "matmul", (_r(M, N, dtype=dtype), _r(N, K, dtype=dtype)), torch.matmul,
+               2 * M * N * K)
+    for K, N in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
         M, dtype = 1576, torch.float16      # ViT-B/16 at batch 8: 197 tokens an image
         yield ("vit", f"{M}x{K}x{N} x@W.T+b", "linear",
                (_r(M, K, dtype=dtype), _r(N, K, dtype=dtype), _r(N, dtype=dtype)), lin, 2 * M * N * K)
@@ -163,7 +171,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--sweep", default="", help="groups whose shapes also time every gemm_sm90 knob setting")
-    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, vit, decode, tf32, fp32, batched")
+    parser.add_argument("--only", default="", help="comma-separated groups: square, linear, gpt2, vit, decode, tf32, fp32, "
+                                                   "batched")
     opts = parser.parse_args()
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}, torch {torch.__version__}", flush=True)

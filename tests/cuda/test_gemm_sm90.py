@@ -1,8 +1,8 @@
 """The Hopper GEMM engine (`gemm_sm90`) on the GPU: every knob setting of its level-1 space and
-its suggestions, both B layouts (x @ W and x @ W.T), a column-major A (a transpose fused into
-the matmul), batched matmuls with broadcasting, odd M and N, fused bias; float16 and bfloat16,
-and float32 on TF32 tensor cores (K-major operands, `allow_tf32`), against a float64
-reference on fresh random inputs, into NaN-poisoned outputs."""
+its suggestions and the packed epilogues, both B layouts (x @ W and x @ W.T), a column-major A
+(a transpose fused into the matmul), batched matmuls with broadcasting, odd M and N, fused bias;
+float16 and bfloat16, and float32 on TF32 tensor cores (K-major operands, `allow_tf32`), against
+a float64 reference on fresh random inputs, into NaN-poisoned outputs."""
 import pytest
 import torch
 
@@ -59,6 +59,24 @@ def _check(out, expected):
 
 @pytest.mark.parametrize("call,dtype,knobs", list(_programs()))
 def test_gemm_sm90_matches_float64(call, dtype, knobs):
+    _run(call, dtype, knobs)
+
+
+PACKED_SETTINGS = [{"PACKED": 0}, {"BN": 128, "CW": 2, "MI": 2, "STAGES": 6, "PP": 1, "CLUSTER": 1},
+                   {"BN": 192, "CW": 2, "MI": 1, "STAGES": 5, "PP": 1, "CLUSTER": 1}]
+
+
+@pytest.mark.parametrize("knobs", PACKED_SETTINGS, ids=lambda k: "-".join(f"{a}{v}" for a, v in k.items()))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("call", list(CALLS))
+def test_packed_epilogue(call, dtype, knobs):
+    """Packed epilogues on tiles of two slabs a consumer and of 192 columns, and the float32-staged
+    one, over GemmKnobs' defaults (clustered ping-pong, packed): odd M and N, batches, bias."""
+    _run(call, dtype, knobs)
+
+
+def _run(call, dtype, knobs):
+    """`call` at `dtype` by gemm_sm90 at the setting `knobs`, against float64."""
     from kiln.runtime.backend import backend_for
     from kiln.runtime.cuda import arch_number, device_info
     from kiln_ops_builtin.templates import gemm_sm90

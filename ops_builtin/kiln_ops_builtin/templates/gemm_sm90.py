@@ -40,23 +40,26 @@ from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Pro
 class GemmKnobs(EngineKnobs):
     """The engine's knobs (`sm90_engine.EngineKnobs`), every one of them open to the GEMM. The
     defaults are level 0, `CLUSTERED`: ping-pong 64 x 256 tiles, five stages, in clusters of two
-    CTAs sharing B by multicast."""
+    CTAs sharing B by multicast; and, whatever the tile, 16-bit outputs packed in registers
+    (PACKED)."""
 
     STAGES: int = 5
     PP: int = 1
     CLUSTER: int = 2
+    PACKED: int = 1
 
     @classmethod
     def space(cls, level: int) -> list[GemmKnobs]:
         """Level 0: what large GEMMs take (`CLUSTERED`); 1 and 2 add other tiles (128 x 256 on two
         consumer warpgroups first), depths, ping-pong consumers, clusters of two CTAs sharing B by
-        multicast, epilogues storing by TMA and split-K (2: and epilogue fetch depths other than
-        the default)."""
+        multicast, epilogues storing by TMA or staging float32 accumulators (PACKED = 0) and
+        split-K (2: and epilogue fetch depths other than the default)."""
         if level == 0:
             return [CLUSTERED]
         out = [GemmKnobs(**t.knobs) for t in FIT_TILES]
         out += [_k(128, 2, 2, 4), replace(COOPERATIVE, SPLIT=2), replace(COOPERATIVE, CLUSTER=2), CLUSTERED]
         out += [replace(k, TMA_STORE=1) for k in (COOPERATIVE, CLUSTERED, PING_PONG, _k(64, 1, 1, 8))]
+        out += [replace(k, PACKED=0) for k in (COOPERATIVE, CLUSTERED, _k(128, 3, 1, 4))]
         if level == 2:
             out += [_k(256, 2, 1, 3), _k(128, 2, 1, 4), _k(128, 2, 2, 3), _k(128, 1, 2, 6), _k(256, 1, 1, 4),
                     _k(192, 2, 1, 4), _k(192, 1, 1, 6), _k(64, 3, 1, 6), replace(PING_PONG, FETCH=1),
@@ -142,7 +145,8 @@ matmuls), whose time goes to writing the output, store it by TMA (`TMA_STORE`) w
 COOPERATIVE, CLUSTERED or PING_PONG. On an H200 (three alternating rounds, each setting against the
 same without) that made 32 x 1024 x 128 x 1024 1.30x faster with CLUSTERED (1.013 of cuBLAS)
 and 96 x 128 x 64 x 128 1.21x with PING_PONG; on the squares it was 0.88-0.96x with CLUSTERED and
-on ViT's linears 0.86-0.99x, so longer main loops keep their register-staged stores."""
+on ViT's linears 0.86-0.99x, so longer main loops pack their outputs in registers (PACKED,
+gemm_ab.py on an H200: 1.01-1.12x of the float32-staged epilogue on GPT-2's linears)."""
 WAVE_TILES = [((128, 256), COOPERATIVE, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]

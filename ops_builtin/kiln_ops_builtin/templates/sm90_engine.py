@@ -24,7 +24,15 @@ core's vector hook (`kiln_epilogue_v`). With TMA_STORE = 1, where the output is 
 matrix TMA can describe (`output_map`), each warp instead packs its 16 x 64 blocks straight from
 the accumulators through `kiln_epilogue2_packed` into a 128-byte-swizzled 2 KB tile of shared
 memory (the staging area, free then) and stores it with one TMA copy, which clips what lies past
-M and N: nothing staged in float32, and the stores leave the load/store pipeline. What the
+M and N: nothing staged in float32, and the stores leave the load/store pipeline. Else, with
+PACKED = 1 (GemmKnobs' default) where TMA could so store the output, the warp packs the same tile
+and reads it back a 128-byte row per 8 lanes for 16-byte stores: a 16 x 64 block then takes
+about a third of the shared-memory wavefronts that float32 staging (with its 2-way bank conflicts)
+and the vector hook's per-row loads take. On short main loops that paid even with ping-pong,
+whose epilogue overlaps the other consumer's main loop: its shared-memory and L1 traffic slows
+that main loop's TMA writes and wgmma reads (H200, GPT-2's linears: 1.01-1.12x). The packing reads
+what the hook reads at the last row and column in range for places past M and N (their stores are
+dropped), so the calls of rows r and r + 8 share their loads of a bias. What the
 epilogue reads per element at m * row_stride + n (a residual: the match's `sources`) comes as
 BM x BN tiles by TMA, issued by the producer after the tile's operands into one of two buffers
 with their own full and empty mbarriers (`staged_stages`: the ring is made shallower where
@@ -115,6 +123,12 @@ PACK2 = """\
         return kiln_epilogue2_packed(ARGS, b, m, n, v0, v1);
     }
 """
+# ... and with PACKED, an output's address
+OUT_AT = """\
+    static __device__ __forceinline__ void* out_at(PARAMS, int64_t b, int64_t m, int64_t n) {{
+        return &{out}[b * {sb}LL + m * {sm}LL + n];
+    }}
+"""
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,9 @@ class EngineKnobs(Knobs):
     grouped rasterization of GROUP tile rows; the epilogue fetching what it reads FETCH blocks
     ahead (0: `fetch_depth`'s choice); clusters of CLUSTER (1 or 2) CTAs sharing B by multicast;
     TMA_STORE = 1 storing 16-bit outputs by TMA where `output_map` can describe them (BN a
-    multiple of 64). Valid where the setting fits shared memory and the consumers' registers
+    multiple of 64), else PACKED = 1 packing them in registers as TMA_STORE does and storing them
+    from the lanes, 16 bytes each, where it can and BN is a multiple of 64 (no float32 staging).
+    Valid where the setting fits shared memory and the consumers' registers
     beside a producer of `producer_regs()` registers. The defaults: 128 x 256 tiles on two
     consumers, four stages."""
 
@@ -139,6 +155,7 @@ class EngineKnobs(Knobs):
     FETCH: int = 0
     CLUSTER: int = 1
     TMA_STORE: int = 0
+    PACKED: int = 0
 
     @classmethod
     def tile(cls, bn: int, cw: int, mi: int, stages: int, pp: int = 0, **others) -> EngineKnobs:
@@ -159,6 +176,7 @@ class EngineKnobs(Knobs):
         return (self.BN % 32 == 0 and 32 <= self.BN <= 256 and self.CW >= 1 and self.MI >= 1 and self.STAGES >= 2
                 and self.SPLIT >= 1 and self.PP in (0, 1) and self.GROUP >= 1 and self.FETCH >= 0
                 and self.CLUSTER in (1, 2) and self.TMA_STORE in (0, 1) and (not self.TMA_STORE or self.BN % 64 == 0)
+                and self.PACKED in (0, 1)
                 and self.fits(self.producer_regs()))
 
     def source_bytes(self, sources: tuple[EpilogueSource, ...]) -> int:
@@ -300,7 +318,8 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
     adjacent tiles together, and `producer` fills both CTAs' slots of what they share (by TMA
     multicast, rank `rank` of the pair issuing its half): each slot is then released by the
     consumers of both CTAs. With TMA_STORE = 1 the epilogue stores its outputs by TMA where
-    `output_map` can describe them (else it stores as without)."""
+    `output_map` can describe them, else with PACKED = 1 (and BN a multiple of 64) packed from the
+    lanes there; elsewhere it stores as without."""
     if knobs.CLUSTER > 1 and producer.threads > 1:
         raise ValueError(f"{kernel}: CLUSTER={knobs.CLUSTER}; the engine runs clusters of 2 only where the "
                          "producer loads by TMA alone")
@@ -316,8 +335,10 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
     gathered = producer.threads > 1
     maps = {**producer.maps, **_source_maps(sources, p.M, p.N, ring.BM, ring.BN)}
     vec, vector_hook = _vector_epilogue(p, knobs.SPLIT, sources)
-    out_map = output_map(p) if knobs.TMA_STORE and knobs.SPLIT == 1 and not sources else None
-    if out_map:
+    packs = knobs.TMA_STORE or (knobs.PACKED and knobs.BN % 64 == 0)
+    out_map = output_map(p) if packs and knobs.SPLIT == 1 and not sources else None
+    tma_store, packed = bool(out_map) and bool(knobs.TMA_STORE), bool(out_map) and not knobs.TMA_STORE
+    if tma_store:
         maps["O"] = out_map
     fetches = bool(sources) or knobs.SPLIT == 1
     enums = {
@@ -328,10 +349,11 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
         "FULL_ARRIVALS": producer.threads + 1 if gathered else 1,
         "TMA_BYTES": producer.tma_bytes, "PRODUCER_REGS": producer.regs,
         "CONSUMER_REGS": consumer_registers(ring.CW, producer.regs), "NSRC": len(sources),
-        "SRC_BYTES": ring.source_bytes(sources), "FETCHES": int(fetches), "VEC": vec, "TMA_STORE": int(bool(out_map)),
+        "SRC_BYTES": ring.source_bytes(sources), "FETCHES": int(fetches), "VEC": vec,
+        "TMA_STORE": int(tma_store), "PACKED": int(packed),
         **producer.enums,
     }
-    if out_map:
+    if tma_store:
         enums["O_BATCHED"] = int(len(out_map.dims) > 2)
     members = (producer.members + LOAD.format(body=" ".join(load.call() for load in producer.loads))
                + _source_members(sources, ring, fetches))
@@ -339,6 +361,9 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
         members += STORE_V.format(tiles=", at, " + _source_tiles(sources, ring) if sources else "")
     if out_map:
         members += PACK2
+    if packed:
+        members += OUT_AT.format(out=out_map.param, sm=out_map.strides[1],
+                                 sb=out_map.strides[2] if len(out_map.strides) > 2 else 0)
     rendered = PROGRAM.format(enums=", ".join(f"{name} = {v}" for name, v in enums.items()),
                               maps=", ".join(f"*{name}" for name in maps), members=members,
                               threads=128 * (ring.CW + 1), kernel=kernel,

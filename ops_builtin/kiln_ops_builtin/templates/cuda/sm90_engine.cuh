@@ -17,8 +17,10 @@
 //                          the producer threads, whether they gather by cp.async, a full
 //                          barrier's arrivals and transaction bytes, the warpgroups' registers
 //   NSRC, SRC_BYTES        epilogue source tiles staged by TMA and the bytes of one buffer of them
-//   FETCHES, VEC, TMA_STORE   whether the epilogue fetches what it reads ahead of its stores, the
-//                          vector hook's width (0: pairs), whether outputs are stored by TMA
+//   FETCHES, VEC, TMA_STORE, PACKED   whether the epilogue fetches what it reads ahead of its stores,
+//                          the vector hook's width (0: pairs), whether outputs are packed to 16 bits
+//                          in registers and stored by TMA (TMA_STORE) or else by 16-byte lane stores
+//                          (PACKED)
 //   Maps                   the kernel's tensor maps (pointers to its __grid_constant__ parameters)
 //   Gather(tid, m0, KERNEL_ARGS)  a producer thread's state for the tile at row m0, its call
 //                          (as, k0, bar, KERNEL_ARGS) filling slot `as` at k0 and arriving on bar
@@ -30,8 +32,9 @@
 //   load_sources(tiles, bar, m0, n0, maps)                thread 0's copies of the source tiles
 //   fetch(KERNEL_ARGS, tiles, b, m, n, f, at)      what the stores will read of a row pair, into f
 //   store_v(KERNEL_ARGS, tiles, b, m, n, v, at)    VEC outputs through the vector hook
-//   O_BATCHED, pack2(KERNEL_ARGS, b, m, n, v0, v1)   with TMA_STORE: whether the output map has a batch
-//                          dimension, and the packing of an output pair
+//   pack2(KERNEL_ARGS, b, m, n, v0, v1)   with TMA_STORE or PACKED: the packing of an output pair
+//   O_BATCHED              with TMA_STORE: whether the output map has a batch dimension
+//   out_at(KERNEL_ARGS, b, m, n)   with PACKED: the address of output (b, m, n)
 // (`tiles`: the buffer of staged source tiles; `at`: the element's place in a tile).
 
 extern __shared__ unsigned char kiln_smem_raw[];   // the ring, the source tiles, the barriers, the staging blocks
@@ -133,6 +136,61 @@ static __device__ __forceinline__ void release(uint64_t* bar, int lane, int rank
 template <class P>
 static __device__ __forceinline__ void stage_block(float* staged, const float* acc, int q, int lane) {
     for (int jj = 0; jj < 4; ++jj) for (int h = 0; h < 2; ++h) *(float2*)&staged[(lane / 4 + h * 8) * P::EPI_LD + jj * 8 + (lane % 4) * 2] = make_float2(acc[(q * 4 + jj) * 4 + h * 2], acc[(q * 4 + jj) * 4 + h * 2 + 1]); __syncwarp();
+}
+
+// A warp's 16 x 64 block of outputs at row m0, column n0, from the accumulators `v` of its first
+// column pair (16 x 8 column group jj at v[jj * 4]), packed by the hook into the 128-byte-swizzled
+// rows of `packed` (row r's 16-byte chunk j at r * 128 + (j ^ r % 8) * 16). Places past M and N are
+// packed from the last row and column pair in range instead (their stores are clipped), so that
+// every call reads in bounds and the calls of rows r and r + 8 read the same columns.
+template <class P>
+static __device__ __forceinline__ void pack_block(PARAMS, unsigned char* packed, const float* v, int bz, int64_t m0,
+                                                  int64_t n0, int lane) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = lane / 4 + h * 8, col = jj * 8 + (lane % 4) * 2;
+            const int64_t m = min(m0 + row, (int64_t)(M) - 1), n = min(n0 + col, (int64_t)(N) - 2);
+            *(uint32_t*)(packed + row * 128 + ((jj ^ (row & 7)) * 16) + (lane % 4) * 4) =
+                P::pack2(KERNEL_ARGS, bz, m, n, v[jj * 4 + h * 2], v[jj * 4 + h * 2 + 1]);
+        }
+}
+
+// A warp's store of the block pack_block packed at row m0, column n0: a 128-byte row per 8 lanes,
+// 16 bytes a lane (the pairs before N where a row's last 8 columns cross it).
+template <class P>
+static __device__ __forceinline__ void store_packed(PARAMS, const unsigned char* packed, int bz, int64_t m0, int64_t n0,
+                                                    int lane) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int row = r * 4 + lane / 8, chunk = lane % 8;
+        const uint4 v = *(const uint4*)(packed + row * 128 + ((chunk ^ (row & 7)) * 16));
+        const int64_t m = m0 + row, n = n0 + chunk * 8;
+        if (m < M && n < N) {
+            void* out = P::out_at(KERNEL_ARGS, bz, m, n);
+            if (n + 8 <= N) {
+                asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" :: "l"(out), "r"(v.x), "r"(v.y), "r"(v.z),
+                             "r"(v.w) : "memory");
+            } else {
+                const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    if (n + 2 * k < N) ((uint32_t*)out)[k] = words[k];
+            }
+        }
+    }
+}
+
+// The accumulators pinned here: no instruction that reads or writes them moves across. A wgmma's
+// asm names them at its issue while the tensor cores use them until the wait; an instruction that
+// touches them in between makes ptxas serialize every wgmma of the kernel (its warning C7514).
+template <int SLABS, int PER_SLAB>
+static __device__ __forceinline__ void fence_accumulators(float (&acc)[SLABS][PER_SLAB]) {
+#pragma unroll
+    for (int i = 0; i < SLABS; ++i)
+#pragma unroll
+        for (int j = 0; j < PER_SLAB; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
 template <class P>
@@ -246,6 +304,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < BN / 2; ++j) acc[i][j] = 0.f;
+        fence_accumulators(acc);
         int held = -1;
         for (int kt = kt0; kt < kt1; ++kt) {
             kiln_bar_wait(&full[stage], parity);
@@ -266,6 +325,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
             if (++stage == STAGES) { stage = 0; parity ^= 1; }
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        fence_accumulators(acc);
         if (held >= 0) release<P>(&empty[held], lane, rank);
         if (PP && unit + gridDim.x / CLUSTER < units) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - c) : "memory");
         const int sb = local % 2;
@@ -276,31 +336,32 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
         // what the epilogue reads per row (a residual) is loaded FETCH blocks ahead of the block
         // being stored, so that that many blocks' loads are in flight at once
         float* staged = epi + (c * 4 + w) * 16 * EPI_LD;
-        if constexpr (P::TMA_STORE) {
+        if constexpr (P::TMA_STORE || P::PACKED) {
             // each warp packs its 16 x 64 blocks of outputs into a 128-byte-swizzled 2 KB tile (in
-            // the staging area, unused here) and stores it by TMA, which clips what lies past M and N
-            unsigned char* packed = (unsigned char*)(((uint64_t)epi + 1023) & ~(uint64_t)1023) + (c * 4 + w) * 2048;
+            // the staging area, unused here) and stores it by TMA, which clips what lies past M and
+            // N, or (PACKED) reads it back and stores it from the lanes
+            // (an offset from kiln_smem_raw, by which the compiler knows the tile lies in shared memory)
+            const int64_t tile_at = (((uint64_t)epi + 1023) & ~(uint64_t)1023) - (uint64_t)kiln_smem_raw;
+            unsigned char* packed = kiln_smem_raw + tile_at + (c * 4 + w) * 2048;
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
 #pragma unroll
                 for (int q = 0; q < BN / 64; ++q) {
-                    if (lane == 0) kiln_bulk_wait_read<0>();      // the tile's last store has read it
+                    const int64_t m = m0 + (SLAB + i) * 64 + w * 16, n = n0 + q * 64;
+                    if constexpr (P::TMA_STORE)
+                        if (lane == 0) kiln_bulk_wait_read<0>();      // the tile's last store has read it
                     __syncwarp();
-#pragma unroll
-                    for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int row = lane / 4 + h * 8, col = q * 64 + jj * 8 + (lane % 4) * 2;
-                            const int64_t m = m0 + (SLAB + i) * 64 + w * 16 + row, n = n0 + col;
-                            const float* v = &acc[i][(q * 8 + jj) * 4 + h * 2];
-                            *(uint32_t*)(packed + row * 128 + ((jj ^ (row & 7)) * 16) + (lane % 4) * 4) =
-                                m < M && n + 1 < N ? P::pack2(KERNEL_ARGS, bz, m, n, v[0], v[1]) : 0u;
+                    pack_block<P>(KERNEL_ARGS, packed, &acc[i][q * 32], bz, m, n, lane);
+                    if constexpr (P::TMA_STORE) {
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        __syncwarp();
+                        if (lane == 0) {
+                            store_tile<P>(maps.O, packed, (int)n, (int)m, bz);
+                            kiln_bulk_commit();
                         }
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    __syncwarp();
-                    if (lane == 0) {
-                        store_tile<P>(maps.O, packed, (int)(n0 + q * 64), (int)(m0 + (SLAB + i) * 64 + w * 16), bz);
-                        kiln_bulk_commit();
+                    } else {
+                        __syncwarp();
+                        store_packed<P>(KERNEL_ARGS, packed, bz, m, n, lane);
                     }
                 }
             }
