@@ -392,3 +392,33 @@ def test_a_strided_1x1_convolutions_input_gradient_spreads_its_result():
     torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-5)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_max_pool_saves_int8_offsets_and_not_its_input():
+    """A ResNet stem (convolution, batch norm, ReLU, max pool): the forward saves the pool's
+    maxima as int8 offsets within their windows, and not the ReLU output the pool reads, which
+    the backward recomputes from the convolution's output it saves anyway for the batch norm.
+    Before, it saved int64 positions and the ReLU output (ResNet-50 at batch 32: 103 MB of
+    1,397). Gradients are eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.MaxPool2d(3, 2, 1), nn.Conv2d(16, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 64, 64)
+
+    def step(m):
+        loss = m(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    saved, (loss, grads) = saved_in_a_compiled_step(model, step)
+    signatures = [signature for _, signature in saved]
+    assert not any(s.startswith("int64") for s in signatures)
+    assert "int8[2, 16, 16, 16][cpu]" in signatures
+    pre_pool = [s for s in signatures if s == "float32[2, 16, 32, 32][cpu]"]
+    assert len(pre_pool) == 1, "the convolution's output alone, not the ReLU's too"
+    want_loss = reference(x).square().mean()
+    want_loss.backward()
+    torch.testing.assert_close(loss, want_loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads, [p.grad for p in reference.parameters()], rtol=1e-4, atol=1e-5)
