@@ -29,14 +29,12 @@ def _pair(v) -> list[int]:
     return [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
 
 
-def _grid(offsets_shape, kernel_size, stride, padding, dilation, device):
-    """The row and column of each window's first element (one per output), and the kernel's
-    (height, width) and dilations."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    oh, ow = offsets_shape[-2:]
+def _window_starts(pooled_shape, stride, padding, device):
+    """The row (as a column) and the column (as a row) of each window's first element."""
+    (oh, ow), (sh, sw), (ph, pw) = pooled_shape[-2:], stride, padding
     rows = (torch.arange(oh, device=device) * sh - ph).view(-1, 1)
     cols = (torch.arange(ow, device=device) * sw - pw).view(1, -1)
-    return rows, cols, (kh, kw), (dh, dw)
+    return rows, cols
 
 
 @torch.library.custom_op("kiln::max_pool2d_with_offsets", mutates_args=())
@@ -44,8 +42,8 @@ def max_pool2d_with_offsets(x: torch.Tensor, kernel_size: list[int], stride: lis
                             dilation: list[int], ceil_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(max_pool2d's values, the int8 offset of each maximum within its window, row-major)."""
     values, indices = aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)
-    rows, cols, (_, kw), (dh, dw) = _grid(indices.shape, kernel_size, stride, padding, dilation, x.device)
-    width = x.shape[-1]
+    rows, cols = _window_starts(indices.shape, stride, padding, x.device)
+    (_, kw), (dh, dw), width = kernel_size, dilation, x.shape[-1]
     offsets = ((indices // width - rows) // dh) * kw + (indices % width - cols) // dw
     return values, offsets.to(torch.int8)
 
@@ -61,7 +59,8 @@ def max_pool2d_offsets_backward(grad: torch.Tensor, offsets: torch.Tensor, input
                                 kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int],
                                 ceil_mode: bool) -> torch.Tensor:
     """The input gradient of `max_pool2d_with_offsets`'s values."""
-    rows, cols, (_, kw), (dh, dw) = _grid(offsets.shape, kernel_size, stride, padding, dilation, grad.device)
+    rows, cols = _window_starts(offsets.shape, stride, padding, grad.device)
+    (_, kw), (dh, dw) = kernel_size, dilation
     o = offsets.long()
     indices = (rows + o // kw * dh) * input_size[-1] + cols + o % kw * dw
     x = grad.new_empty(input_size)
