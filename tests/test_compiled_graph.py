@@ -8,7 +8,7 @@ import torch
 import kiln
 from kiln.graph import optimize, run_task
 from kiln.graph.compile import copies_input
-from kiln.runtime.compiled_graph import ALIGNMENT, plan_memory, plan_with_regions
+from kiln.runtime.compiled_graph import ALIGNMENT, lent_layout, plan_memory, plan_with_regions
 from tests.support import assert_close
 
 
@@ -269,7 +269,7 @@ def test_buffers_in_freed_inputs_never_overlap_live_memory(seed):
     for s in sizes:
         first = rng.randrange(30)
         live[s] = (first, first + rng.randrange(10))
-    regions = [(rng.randrange(100, 9000), rng.randrange(30)) for _ in range(rng.randrange(1, 6))]
+    regions = [[(0, rng.randrange(100, 9000), rng.randrange(30))] for _ in range(rng.randrange(1, 6))]
     outputs = [s for s in sizes if rng.random() < 0.3]
     for s in outputs:
         live[s] = (live[s][0], 40)
@@ -278,7 +278,7 @@ def test_buffers_in_freed_inputs_never_overlap_live_memory(seed):
     assert set(plan.offsets) | set(placed) == set(sizes) - (set(outputs) - set(placed))
     where = {s: ("workspace", o) for s, o in plan.offsets.items()} | {s: r for s, r in placed.items()}
     for s, (region, offset) in placed.items():
-        nbytes, last = regions[region]
+        [(_, nbytes, last)] = regions[region]
         assert live[s][0] > last and offset % ALIGNMENT == 0 and offset + sizes[s] <= nbytes
     for a in sizes:
         for b in sizes:
@@ -296,13 +296,76 @@ def test_a_run_puts_values_in_an_input_it_has_read():
     x = torch.randn(64, 64)
     expected = compiled.run([x.clone()])[0]
     slot, cpu = compiled.inputs[0], torch.device("cpu")
-    placed = compiled.placed_in_inputs(frozenset(), frozenset({slot}))
+    layout = lent_layout({slot: x})
+    placed = compiled.placed_in_inputs(frozenset(), layout)
     assert compiled.outputs[0] in placed and len(placed) >= 2
     out_bytes = 64 * 64 * 4
-    assert compiled.plans_with(frozenset(), frozenset({slot}))[cpu].size < compiled.plans[cpu].size + out_bytes
+    assert compiled.plans_with(frozenset(), layout)[cpu].size < compiled.plans[cpu].size + out_bytes
     workspace = compiled.workspace_set(reused={slot: x})
     out = compiled.run([x], workspace)[0]
     assert_close(out, expected)
     assert x.data_ptr() <= out.data_ptr() < x.data_ptr() + x.nbytes
     x.copy_(torch.randn(64, 64))
     assert_close(compiled.run([x.clone()])[0], compiled.run([x], workspace)[0])
+
+
+def test_parts_of_a_region_free_at_once_hold_a_buffer_larger_than_each():
+    """`plan_with_regions`: two inputs side by side in one stretch of memory (a forward's saved
+    values allocated together), once both are read, hold a buffer larger than either; an input
+    read later keeps its part, and bytes between parts are never given out."""
+    part = 4 * ALIGNMENT
+    sizes, live = {0: 2 * part, 1: part}, {0: (5, 9), 1: (2, 9)}
+    # parts at 0 and `part` read by steps 3 and 4; a gap of one part, then a part read at step 8
+    region = [(0, part, 3), (part, part, 4), (3 * part, part, 8)]
+    plan, placed = plan_with_regions(sizes, live, [region], outputs=[0])
+    assert placed[0] == (0, 0)
+    # slot 1, written at step 2 while the first two parts are still read, and barred from the
+    # gap and the part read later, goes to the workspace
+    assert 1 in plan.offsets and 1 not in placed
+    # apart, the two parts could not hold slot 0
+    _, apart = plan_with_regions(sizes, live, [[(0, part, 3)], [(0, part, 4)]], outputs=[0])
+    assert 0 not in apart
+
+
+def test_outputs_allocated_together_lie_side_by_side_in_write_order():
+    """`workspace_set(together=...)`: a run allocates those outputs as views of one block, in
+    the order it writes them, and computes the same values."""
+    x = kiln.symbol((64, 64), "float32", "cpu")
+    a = kiln.ops.tanh(x)
+    b = kiln.ops.mul(a, 0.5)
+    c = kiln.ops.add(b, 1.0)
+    compiled = kiln.trace_from([c, a, b], [x]).compile()
+    inp = torch.randn(64, 64)
+    expected = compiled.run([inp])
+    workspace = compiled.workspace_set(together=compiled.outputs)
+    got = compiled.run([inp], workspace)
+    for g, e in zip(got, expected):
+        assert_close(g, e)
+    storages = {t.untyped_storage().data_ptr() for t in got}
+    assert len(storages) == 1
+    # written a, then b, then c
+    assert got[1].data_ptr() < got[2].data_ptr() < got[0].data_ptr()
+    assert all(t.data_ptr() % ALIGNMENT == 0 for t in got)
+
+
+def test_a_run_puts_a_value_across_two_inputs_that_lie_side_by_side():
+    """Inputs that are slices of one block (`lent_layout`: a training forward's saved values
+    allocated together) give a run their memory as one stretch once both are read: an output
+    twice the size of each goes there, and the results are unchanged."""
+    x = kiln.symbol((32, 64), "float32", "cpu")
+    y = kiln.symbol((32, 64), "float32", "cpu")
+    s = kiln.ops.add(kiln.ops.tanh(x), kiln.ops.tanh(y))
+    out = kiln.ops.tanh(kiln.ops.concat([s, s], 0))
+    compiled = kiln.trace_from(out, [x, y]).compile()
+    block = torch.randn(2 * 32 * 64)
+    a, b = block[:32 * 64].view(32, 64), block[32 * 64:].view(32, 64)
+    expected = compiled.run([a.clone(), b.clone()])[0]
+    reused = dict(zip(compiled.inputs, [a, b]))
+    placed = compiled.placed_in_inputs(frozenset(), lent_layout(reused))
+    assert compiled.outputs[0] in placed
+    # apart (each its own storage), neither input holds the output
+    apart = {slot: t.clone() for slot, t in reused.items()}
+    assert compiled.outputs[0] not in compiled.placed_in_inputs(frozenset(), lent_layout(apart))
+    got = compiled.run([a, b], compiled.workspace_set(reused=reused))[0]
+    assert_close(got, expected)
+    assert block.data_ptr() <= got.data_ptr() < block.data_ptr() + block.nbytes

@@ -4,10 +4,10 @@ from kiln.frontend.torch import rules_of
 from kiln.plugins import hookimpl
 
 from kiln_mappings_aten import (attention, common, creation, decompositions, elementwise, embedding, fft, indexing,
-                                linalg, nn, reduce, rnn, shape)
+                                linalg, nn, pool_offsets, reduce, rnn, shape)
 
-RULE_MODULES = (attention, common, creation, decompositions, elementwise, embedding, indexing, linalg, nn, reduce,
-                rnn, shape, fft)
+RULE_MODULES = (attention, common, creation, decompositions, elementwise, embedding, indexing, linalg, nn,
+                pool_offsets, reduce, rnn, shape, fft)
 
 
 @hookimpl

@@ -47,10 +47,12 @@ def _pooled(x, lead, out_spatial, element):
 
 
 class _Windows:
-    """The sliding windows of a pool: sizes checked and output extents computed as torch does."""
+    """The sliding windows of a pool over an input of leading dims `lead` and spatial dims `size`:
+    sizes checked and output extents computed as torch does."""
 
-    def __init__(self, op, x, nd, integers, kernel_size, stride, padding, dilation, ceil_mode):
-        self.lead, self.size = _split(op, x, nd, integers)
+    def __init__(self, op, lead, size, kernel_size, stride, padding, dilation, ceil_mode):
+        self.lead, self.size = tuple(lead), tuple(size)
+        nd = len(self.size)
         self.kernel = int_tuple(op, "kernel_size", kernel_size, nd)
         self.stride = self.kernel if stride in (None, (), []) else int_tuple(op, "stride", stride, nd)
         self.padding = int_tuple(op, "padding", padding, nd)
@@ -69,7 +71,7 @@ class _Windows:
                 o -= 1
             self.out.append(o)
         if min(self.out) < 1:
-            raise OperatorError(f"{op}: input of shape {x.shape} is too small for kernel_size "
+            raise OperatorError(f"{op}: input of shape {self.lead + self.size} is too small for kernel_size "
                                 f"{self.kernel} (output {tuple(self.out)})")
 
     def start(self, o, d):
@@ -82,14 +84,14 @@ class _Windows:
 
 
 def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode):
-    w = _Windows(op, x, nd, True, kernel_size, stride, padding, dilation, ceil_mode)
+    w = _Windows(op, *_split(op, x, nd, True), kernel_size, stride, padding, dilation, ceil_mode)
     low = _lowest(x.dtype)
     return _pooled(x, w.lead, w.out, lambda lead, o: reduce(
         w.kernel, lambda *r: w.read(x, lead, o, r, low), op="max"))
 
 
 def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    w = _Windows(op, x, nd, False, kernel_size, stride, padding, 1, ceil_mode)
+    w = _Windows(op, *_split(op, x, nd, False), kernel_size, stride, padding, 1, ceil_mode)
     if divisor_override is not None and (not isinstance(divisor_override, int) or divisor_override == 0):
         raise OperatorError(f"{op}: divisor_override must be a non-zero int, got {divisor_override!r}")
     acc = accumulator_type(x.dtype)

@@ -54,6 +54,14 @@ def max_pool_backward_args(dtype, dev):
     return (rand(values.shape, dtype).to(dev), x, [3, 3], [2, 2], [1, 1], [1, 1], False, indices), {}
 
 
+def max_pool_offsets_backward_args(dtype, dev):
+    """The gradient of a 3 x 3, stride 2 max pool through int8 offsets within the windows."""
+    x = rand((2, 3, 11, 10), dtype).to(dev)
+    pool = ([3, 3], [2, 2], [1, 1], [1, 1], False)
+    values, offsets = torch.ops.kiln.max_pool2d_with_offsets(x, *pool)
+    return (rand(values.shape, dtype).to(dev), offsets, list(x.shape), *pool), {}
+
+
 CASES = [
     Case("relu", "relu", unary((33, 65)), torch.relu, FLOAT),
     Case("gelu_tanh", "gelu", args(_r(7, 300), approximate="tanh"), F.gelu, FLOAT),
@@ -121,6 +129,11 @@ CASES = [
          lambda *a: F.max_pool2d(*a, return_indices=True), FLOAT),
     Case("max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward", max_pool_backward_args,
          torch.ops.aten.max_pool2d_with_indices_backward, FLOAT),
+    Case("max_pool2d_with_offsets", "max_pool2d_with_offsets",
+         args(_r(2, 3, 11, 10), [3, 3], [2, 2], [1, 1], [1, 1], False),
+         lambda *a: torch.ops.kiln.max_pool2d_with_offsets(*a), FLOAT),
+    Case("max_pool2d_offsets_backward", "max_pool2d_offsets_backward", max_pool_offsets_backward_args,
+         lambda *a: torch.ops.kiln.max_pool2d_offsets_backward(*a), FLOAT),
     Case("avg_pool2d", "avg_pool2d", args(_r(2, 3, 10, 10), 2), F.avg_pool2d),
     Case("adaptive_avg_pool2d", "adaptive_avg_pool2d", args(_r(2, 3, 10, 7), (3, 4)), F.adaptive_avg_pool2d),
     Case("interpolate_bilinear", "interpolate", args(_r(1, 2, 5, 6), scale_factor=2, mode="bilinear",

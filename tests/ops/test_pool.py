@@ -168,3 +168,26 @@ def test_max_pool_with_indices_through_torch_compile():
 
     for actual, expected in zip(torch.compile(pools, backend="kiln")(x), pools(x)):
         assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("nd, shape, kw", [
+    (2, (2, 3, 11, 10), dict(kernel_size=3, stride=2, padding=1)),
+    (2, (1, 2, 9, 12), dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0), dilation=(2, 1), ceil_mode=True)),
+    (1, (2, 3, 10), dict(kernel_size=4, stride=3, padding=2, ceil_mode=True)),
+    (3, (1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0))),
+])
+def test_max_pool_with_offsets_and_its_backward(nd, shape, kw):
+    """The int8 offsets name, within each window, the positions max_pool_with_indices gives, and
+    the gradient through them, from the input's size alone, is the one through the positions."""
+    x = rand(shape)
+    x[..., :3] = x[..., :3].round()        # ties within windows
+    x[..., 0, :2] = float("-inf")          # windows over the padding holding only -inf
+    args = (kw["kernel_size"], kw.get("stride", []), kw.get("padding", 0), kw.get("dilation", 1),
+            kw.get("ceil_mode", False))
+    values, indices = [t.torch() for t in getattr(kiln.ops, f"max_pool{nd}d_with_indices")(x, *args)]
+    got_values, offsets = [t.torch() for t in getattr(kiln.ops, f"max_pool{nd}d_with_offsets")(x, *args)]
+    assert torch.equal(got_values, values) and offsets.dtype == torch.int8
+    grad = rand(values.shape)
+    expected = getattr(kiln.ops, f"max_pool{nd}d_with_indices_backward")(grad, x, *args, indices).torch()
+    actual = getattr(kiln.ops, f"max_pool{nd}d_offsets_backward")(grad, offsets, list(x.shape), *args).torch()
+    assert torch.equal(actual, expected)

@@ -150,24 +150,43 @@ def _greedy_plan(order: list[int], sizes: dict[int, int], live: dict[int, tuple[
     return MemoryPlan({slot: int(o) for slot, o in zip(slots, offsets)}, size)
 
 
-def plan_with_regions(sizes: dict[int, int], live: dict[int, tuple[int, int]], regions: Sequence[tuple[int, int]],
-                      outputs: Sequence[int] = (), alignment: int = ALIGNMENT) -> tuple[MemoryPlan, dict]:
-    """`plan_memory` where some buffers may take memory that a run no longer needs: `regions`
-    lists (bytes, last step) of memory that is the run's from after that step on (an input
-    nobody reads afterwards). The buffers `outputs` (live to the run's end) go into regions or
-    nowhere, largest first; the others into regions or the workspace. Returns the workspace's
-    plan (of the buffers not in regions, and of no output) and, for each buffer in a region,
-    (the region's position in `regions`, its byte offset there)."""
-    # the regions side by side, each followed by a wall live at every step that no buffer can
-    # straddle; the workspace after the last wall
-    end = max([b for _, b in live.values()] + [last for _, last in regions] + [0])
+def plan_with_regions(sizes: dict[int, int], live: dict[int, tuple[int, int]],
+                      regions: Sequence[Sequence[tuple[int, int, int]]], outputs: Sequence[int] = (),
+                      alignment: int = ALIGNMENT) -> tuple[MemoryPlan, dict]:
+    """`plan_memory` where some buffers may take memory that a run no longer needs: each of
+    `regions` is one stretch of memory, listed as its parts (byte offset, bytes, last step),
+    each the run's from after that step on (an input nobody reads afterwards); bytes of the
+    stretch in no part are never the run's. Parts of one region that are free at once make one
+    free span (a training forward's saved values, laid out side by side, as its backward reads
+    them). The buffers `outputs` (live to the run's end) go into regions or nowhere, largest
+    first; the others into regions or the workspace. Returns the workspace's plan (of the
+    buffers not in regions, and of no output) and, for each buffer in a region, (the region's
+    position in `regions`, its byte offset there)."""
+    # the regions side by side, each part held by a buffer live up to its last step, the bytes
+    # between parts and a wall after each region live at every step (no buffer straddles two
+    # regions); the workspace after the last wall
+    end = max([b for _, b in live.values()] + [last for parts in regions for _, _, last in parts] + [0])
     fixed, starts, at = {}, [], 0
     sizes, live = dict(sizes), dict(live)
-    for k, (nbytes, last) in enumerate(regions):
-        usable = nbytes // alignment * alignment
+
+    def hold(offset: int, nbytes: int, last: int) -> None:
+        key = -1 - len(fixed)
+        sizes[key], live[key], fixed[key] = nbytes, (0, last), at + offset
+
+    for parts in regions:
         starts.append(at)
-        sizes[-1 - 2 * k], live[-1 - 2 * k], fixed[-1 - 2 * k] = usable, (0, last), at
-        sizes[-2 - 2 * k], live[-2 - 2 * k], fixed[-2 - 2 * k] = alignment, (0, end), at + usable
+        usable = max(offset + nbytes for offset, nbytes, _ in parts) // alignment * alignment
+        covered = 0
+        for offset, nbytes, last in sorted(parts):
+            first, stop = offset // alignment * alignment, min(_align(offset + nbytes, alignment), usable)
+            if first > covered:
+                hold(covered, first - covered, end)
+            if stop > max(first, covered):
+                hold(max(first, covered), stop - max(first, covered), last)
+            covered = max(covered, stop)
+        if usable > covered:
+            hold(covered, usable - covered, end)
+        hold(usable, alignment, end)
         at += usable + alignment
     span = at
 
@@ -194,13 +213,31 @@ def plan_with_regions(sizes: dict[int, int], live: dict[int, tuple[int, int]], r
     return workspace, {s: region_of(o) for s, o in placed.items()}
 
 
+def lent_layout(reused: dict[int, torch.Tensor]) -> frozenset:
+    """Where the inputs a run may take after their last read (`reused`: input slot -> its
+    tensor) lie, as `CompiledGraph.plans_with` reads it: (slot, block, byte offset) for each,
+    the inputs sharing a storage one block (numbered by their first slot), offsets from the
+    block's lowest input."""
+    blocks: dict[int, list[int]] = {}
+    for slot in sorted(reused):
+        blocks.setdefault(reused[slot].untyped_storage().data_ptr(), []).append(slot)
+    layout = set()
+    for slots in blocks.values():
+        start = {s: reused[s].data_ptr() for s in slots}
+        low = min(start.values())
+        layout.update((s, slots[0], start[s] - low) for s in slots)
+    return frozenset(layout)
+
+
 @dataclass(frozen=True)
 class WorkspaceSet:
     """Workspaces by device, and each slot's tensor (views into them, and the constants);
-    `transient` the input and output slots placed in the workspaces too."""
+    `transient` the input and output slots placed in the workspaces too; `together` the output
+    slots each run allocates side by side in one block (`CompiledGraph.workspace_set`)."""
     workspaces: dict
     slots: list
     transient: frozenset = frozenset()
+    together: tuple = ()
 
 
 class CompiledGraph:
@@ -257,7 +294,8 @@ class CompiledGraph:
     def plans_with(self, transient: frozenset, reused: frozenset = frozenset()) -> dict[torch.device, MemoryPlan]:
         """The memory plan of each device's workspace holding the intermediates and the
         `transient` input and output slots (see the module doc), less what goes into the memory
-        of the `reused` input slots after their last read (`placed_in_inputs`)."""
+        of the reused input slots after their last read (`reused`: their `lent_layout`;
+        `placed_in_inputs`)."""
         key = (transient, reused)
         if key not in self._plans:
             end = len(self.steps) - 1
@@ -268,20 +306,26 @@ class CompiledGraph:
                 if slot in self.inputs and slot in self.outputs:
                     live[slot] = (0, end)
             placed = self._intermediates + sorted(transient)
-            regions = [s for s in self.inputs if s in reused and s in self.lifetimes]
+            blocks: dict[int, list[tuple[int, int]]] = {}
+            for slot, block, offset in sorted(reused):
+                if slot in self.inputs and slot in self.lifetimes:
+                    blocks.setdefault(block, []).append((slot, offset))
             outputs = [s for s in self.allocated_outputs
-                       if s not in transient and s not in self.views and s in live] if regions else []
+                       if s not in transient and s not in self.views and s in live] if blocks else []
             for slot in outputs:
                 live[slot] = (live[slot][0], end)
             plans, self._placements[key] = {}, {}
             for device in dict.fromkeys(self.buffers[s].device for s in placed + outputs):
                 mine = [s for s in placed + outputs if self.buffers[s].device == device]
-                theirs = [s for s in regions if self.buffers[s].device == device]
+                theirs = [parts for parts in blocks.values() if self.buffers[parts[0][0]].device == device]
                 if theirs:
+                    # each region as its parts, from its lowest input, which anchors the placements
+                    theirs = [sorted(parts, key=lambda p: p[1]) for parts in theirs]
                     plans[device], where = plan_with_regions(
                         {s: self.buffers[s].nbytes for s in mine}, live,
-                        [(self.buffers[s].nbytes, live[s][1]) for s in theirs], outputs, ALIGNMENT)
-                    self._placements[key].update({s: (theirs[k], offset) for s, (k, offset) in where.items()})
+                        [[(offset - parts[0][1], self.buffers[s].nbytes, live[s][1]) for s, offset in parts]
+                         for parts in theirs], outputs, ALIGNMENT)
+                    self._placements[key].update({s: (theirs[k][0][0], offset) for s, (k, offset) in where.items()})
                 else:       # outputs go nowhere but into inputs' memory
                     plans[device] = plan_memory({s: self.buffers[s].nbytes for s in mine if s not in outputs}, live)
             self._plans[key] = plans
@@ -289,8 +333,9 @@ class CompiledGraph:
 
     def placed_in_inputs(self, transient: frozenset, reused: frozenset) -> dict[int, tuple[int, int]]:
         """The slots that a run planned with `plans_with(transient, reused)` puts in the memory
-        of a `reused` input after the last step reading it, each as (the input's slot, byte
-        offset there): intermediates, and outputs (which then need no allocation of their own)."""
+        of a reused input after the last step reading it, each as (an input's slot, byte offset
+        from its start): intermediates, and outputs (which then need no allocation of their
+        own)."""
         self.plans_with(transient, reused)
         return self._placements[(transient, reused)]
 
@@ -305,7 +350,8 @@ class CompiledGraph:
 
     def workspace_set(self, transient: frozenset = frozenset(), buffers: dict | None = None,
                       reused: dict[int, torch.Tensor] | None = None,
-                      hosted: Callable[[torch.Tensor], torch.Tensor] = lambda piece: piece) -> "WorkspaceSet":
+                      hosted: Callable[[torch.Tensor], torch.Tensor] = lambda piece: piece,
+                      together: Sequence[int] = ()) -> "WorkspaceSet":
         """A new set of workspaces (one per device) and the slot tensors viewing into them,
         owned by whoever asked: `run(inputs, workspace=...)` uses it instead of the pool (a
         captured CUDA graph keeps one for its replays). The workspaces hold the `transient`
@@ -313,9 +359,14 @@ class CompiledGraph:
         outputs itself), and are `buffers` (uint8 tensors by device, of at least
         `plans_with(transient)`'s sizes) where given. With `reused` (input slot -> the
         contiguous tensor every run binds there), slots go into those inputs' memory after their
-        last read (`placed_in_inputs`), each a view of `hosted(bytes of the input)`."""
+        last read (`placed_in_inputs`), each a view of `hosted(bytes of the input)`. The output
+        slots `together` (one device's) that a run allocates are allocated as one block, side by
+        side in the order the run writes them: a training forward's saved values, whose memory
+        its backward, reading them in about the reverse order, then takes back in long stretches
+        (`plan_with_regions`)."""
         reused = reused or {}
-        plans = self.plans_with(frozenset(transient), frozenset(reused))
+        layout = lent_layout(reused)
+        plans = self.plans_with(frozenset(transient), layout)
         if buffers is None:
             workspaces = {device: torch.empty(plan.size, dtype=torch.uint8, device=device)
                           for device, plan in plans.items()}
@@ -326,7 +377,7 @@ class CompiledGraph:
             for slot, offset in plan.offsets.items():
                 b = self.buffers[slot]
                 slots[slot] = workspaces[device][offset:offset + b.nbytes].view(b.dtype).view(b.shape)
-        placed = self.placed_in_inputs(frozenset(transient), frozenset(reused)) if reused else {}
+        placed = self.placed_in_inputs(frozenset(transient), layout) if reused else {}
         for slot, (region, offset) in placed.items():
             b, lender = self.buffers[slot], reused[region]
             # the bytes as a tensor of the input's storage that is no view (a view would keep
@@ -341,7 +392,10 @@ class CompiledGraph:
             if slots[base] is not None:
                 slots[view] = slots[base].view(self.buffers[view].shape)
         # outputs in reused memory are the set's, as transient ones are: the run allocates neither
-        return WorkspaceSet(workspaces, slots, frozenset(transient) | {s for s in placed if s in self.outputs})
+        transient = frozenset(transient) | {s for s in placed if s in self.outputs}
+        allocated = [s for s in dict.fromkeys(together) if s in self.allocated_outputs and s not in transient
+                     and s not in self.views]
+        return WorkspaceSet(workspaces, slots, transient, tuple(sorted(allocated, key=lambda s: self.lifetimes[s][0])))
 
     def _pool_key(self) -> tuple:
         """The current stream of each CUDA device with a workspace (CPU workspaces need none)."""
@@ -382,14 +436,15 @@ class CompiledGraph:
         if len(inputs) != len(self.inputs):
             raise ValueError(f"the compiled graph takes {len(self.inputs)} inputs, got {len(inputs)}")
         if workspace is not None:
-            return self._run(inputs, list(workspace.slots), workspace.transient)
+            return self._run(inputs, list(workspace.slots), workspace.transient, workspace.together)
         key, taken = self._checkout()
         try:
-            return self._run(inputs, list(taken.slots), taken.transient)
+            return self._run(inputs, list(taken.slots), taken.transient, taken.together)
         finally:
             self._checkin(key, taken)
 
-    def _run(self, inputs: Sequence[torch.Tensor], slots: list, transient: frozenset) -> list[torch.Tensor]:
+    def _run(self, inputs: Sequence[torch.Tensor], slots: list, transient: frozenset,
+             together: tuple = ()) -> list[torch.Tensor]:
         for slot, tensor in zip(self.inputs, inputs):
             if slot in transient:
                 if slots[slot] is not tensor:
@@ -399,14 +454,27 @@ class CompiledGraph:
         for slot, tensor in self._strided.items():
             slots[slot] = tensor.contiguous()
         for slot in self.allocated_outputs:
-            if slot not in transient:
+            if slot not in transient and slot not in together:
                 b = self.buffers[slot]
                 slots[slot] = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+        if together:
+            self._allocate_together(slots, together)
         for view in self._run_views:
             slots[view] = slots[self.views[view]].view(self.buffers[view].shape)
         for step in self.steps:
             step.kernel([slots[s] for s in step.inputs], [slots[s] for s in step.outputs])
         return [slots[s] for s in self.outputs]
+
+    def _allocate_together(self, slots: list, together: tuple) -> None:
+        """The output slots `together` as views of one new block, each at an aligned offset."""
+        offsets, size = [], 0
+        for slot in together:
+            offsets.append(size)
+            size += _align(self.buffers[slot].nbytes, ALIGNMENT)
+        block = torch.empty(size, dtype=torch.uint8, device=self.buffers[together[0]].device)
+        for slot, offset in zip(together, offsets):
+            b = self.buffers[slot]
+            slots[slot] = block[offset:offset + b.nbytes].view(b.dtype).view(b.shape)
 
     def __repr__(self) -> str:
         return (f"CompiledGraph({len(self.steps)} steps, workspace {self.workspace_bytes} bytes "

@@ -68,6 +68,7 @@ import torch
 
 from kiln.log import logger
 from kiln.runtime import cuda
+from kiln.runtime.compiled_graph import lent_layout
 
 _capturing = threading.Lock()
 
@@ -298,7 +299,8 @@ class CapturedGraph:
                 self.static_outputs[k] = None
         self.lent = sorted(set(lent))
         held = [self.static_outputs[k] for k in self.lent if self.static_outputs[k] is not None]
-        storages = [t.untyped_storage() for t in held]
+        # one storage may hold several lent outputs (`_side_by_side`)
+        storages = list({t.untyped_storage().data_ptr(): t.untyped_storage() for t in held}.values())
         # what the graph's own tensors count, before any alias is handed out
         self._lent_storages = [(storage, _use_count(storage)) for storage in storages]
         self.lent_addresses = {t.data_ptr() for t in held}
@@ -474,6 +476,7 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
             kept.add(slot)
     transient = frozenset(compiled.transient_slots(inputs=copied, outputs=transient_outputs) - kept)
     regions, lenders = _lent_memory(compiled, example_inputs, [k for k in reused if k in bound[len(write_back):]])
+    together = _side_by_side(compiled, returned, [j for j in private if j in lent])
 
     def body(inputs, workspace):
         outs = compiled.run(inputs, workspace)
@@ -495,15 +498,15 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
         # capture needs no such run.
         logger.debug("a run on a workspace of its own before a capture reusing lent memory")
         body(warm_up_inputs(example_inputs, written_positions), compiled.workspace_set(transient))
-    plans = compiled.plans_with(transient, frozenset(regions))
+    plans = compiled.plans_with(transient, lent_layout(regions))
     ordering = None
     if len(plans) == 1 and next(iter(plans)).type == "cuda":
         [(device, plan)] = plans.items()
         ordering = shared_workspace(device, plan.size)
         workspace = compiled.workspace_set(transient, buffers={device: ordering.buffer}, reused=regions,
-                                           hosted=hosted_view)
+                                           hosted=hosted_view, together=together)
     else:
-        workspace = compiled.workspace_set(transient, reused=regions, hosted=hosted_view)
+        workspace = compiled.workspace_set(transient, reused=regions, hosted=hosted_view, together=together)
     buffers = {k: workspace.slots[compiled.inputs[k]] for k in copied if compiled.inputs[k] in transient}
 
     captured = CapturedGraph(lambda inputs: body(inputs, workspace), example_inputs, wrap=wrap, bound=bound,
@@ -517,11 +520,30 @@ def _loaded(inputs) -> None:
     """The warm-up of a consuming capture, whose kernels are loaded already: nothing to run."""
 
 
+def _side_by_side(compiled, returned: Sequence[int], private: Sequence[int]) -> list[int]:
+    """The slots of the `private` outputs (positions in `returned`, the output positions a capture
+    hands out) that a capture allocates side by side in one block (`workspace_set(together=...)`):
+    those on the first one's device whose memory no other output views."""
+    def base(slot):
+        while slot in compiled.views:
+            slot = compiled.views[slot]
+        return slot
+
+    positions = {returned[j] for j in private}
+    others = {base(s) for k, s in enumerate(compiled.outputs) if k not in positions}
+    slots = [s for s in dict.fromkeys(compiled.outputs[k] for k in sorted(positions))
+             if s not in compiled.views and s not in others]
+    device = compiled.buffers[slots[0]].device if slots else None
+    return [s for s in slots if compiled.buffers[s].device == device]
+
+
 def _lent_memory(compiled, inputs: Sequence[torch.Tensor], positions: Sequence[int]) -> tuple[dict, list]:
     """Of the `inputs` at `positions`, those a capture of `compiled` may reuse after reading
     them: contiguous private outputs of live graphs whose last replay no saved_tensors_hooks
     saw, whose memory no other input shares, by input slot; and their lenders."""
     def memory(t):
+        if t.is_contiguous():     # the bytes it spans (lent outputs may lie side by side in one storage)
+            return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
         start = t.untyped_storage().data_ptr()
         return start, start + t.untyped_storage().nbytes()
 
