@@ -150,7 +150,7 @@ def test_tensor_map_arg_rejects_bad_strides():
 
 
 @pytest.mark.parametrize("m,k,n,first", [
-    (4096, 4096, 4096, CLUSTERED), (8192, 2048, 8192, CLUSTERED),
+    (4096, 4096, 4096, dict(CLUSTERED, PACKED=0)), (8192, 2048, 8192, dict(CLUSTERED, PACKED=0)),
     (4096, 768, 3072, CLUSTERED), (1576, 768, 2304, COOPERATIVE),
     (4096, 768, 2304, _tile(BN=128, CW=3)),
     (1024, 768, 3072, _tile(BN=192, STAGES=5, PP=1)),

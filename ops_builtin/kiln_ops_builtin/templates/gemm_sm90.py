@@ -147,6 +147,13 @@ same without) that made 32 x 1024 x 128 x 1024 1.30x faster with CLUSTERED (1.01
 and 96 x 128 x 64 x 128 1.21x with PING_PONG; on the squares it was 0.88-0.96x with CLUSTERED and
 on ViT's linears 0.86-0.99x, so longer main loops pack their outputs in registers (PACKED,
 gemm_ab.py on an H200: 1.01-1.12x of the float32-staged epilogue on GPT-2's linears)."""
+PACKED_PING_PONG_K_TILES = 16
+"""Ping-pong tiles pack their 16-bit outputs in registers (PACKED) only for main loops of at most
+this many k-tiles: on longer ones the other consumer's main loop hides the float32-staged
+epilogue, and packing was slower (gemm_ab.py, H200, three alternating rounds, ratio to cuBLAS
+with CLUSTERED: 8192 x 2048 x 8192 1.11 -> 1.02, 4096 x 4096 x 4096 1.04 -> 1.01-1.04; at K = 768
+0.92 -> 1.01)."""
+
 WAVE_TILES = [((128, 256), COOPERATIVE, 1.0), ((192, 128), _k(128, 3, 1, 4), 0.93),
               ((64, 192), _k(192, 2, 1, 5, 1), 0.8), ((64, 128), PING_PONG, 0.7),
               ((64, 128), _k(128, 1, 1, 8), 0.6), ((64, 64), _k(64, 1, 1, 8), 0.4)]
@@ -161,8 +168,9 @@ def suggest(task, sm_count: int) -> list[dict]:
     `WAVE_TILES` entry of least estimated time: waves (rounded up: a partial wave costs a whole
     one) x tile area x (K + a pipeline fill of two k-tiles) / rate; with epilogue sources (a
     residual) and a short main loop, only the entries that can stage them (`staged_stages`);
-    16-bit operands without sources in grids of many waves take clusters (`CLUSTER_WAVES`), and
-    short main loops store by TMA (`TMA_STORE_K_TILES`).
+    16-bit operands without sources in grids of many waves take clusters (`CLUSTER_WAVES`),
+    short main loops store by TMA (`TMA_STORE_K_TILES`), and ping-pong tiles with long main loops
+    stage their outputs in float32 (`PACKED_PING_PONG_K_TILES`).
     Smaller grids take 64 x 64, split over K up to a wave (at least four k-tiles per split).
     Symbolic sizes count as their bucket (`split_k.bucket`: the power of two at or above the
     value), so that the sizes of a bucket take the same knobs and share one source, built once."""
@@ -180,6 +188,8 @@ def suggest(task, sm_count: int) -> list[dict]:
             first = CLUSTERED
         if k_tiles <= TMA_STORE_K_TILES and first in (COOPERATIVE, CLUSTERED, PING_PONG):
             first = replace(first, TMA_STORE=1)
+        if first.PP and k_tiles > PACKED_PING_PONG_K_TILES:
+            first = replace(first, PACKED=0)
     else:
         first = _k(64, 1, 1, 8)
         split = min(-(-sm_count // tiles(64, 64)), k_tiles // 4)
