@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kiln.template import CpuProgram, Template
 
-from kiln_ops_builtin.pool import _Windows, max_pool2d
+from kiln_ops_builtin.pool import _split, _Windows, max_pool2d
 from kiln_ops_builtin.templates import conv_depthwise_cpu
 from kiln_ops_builtin.templates.conv_cpu import ConvCpu, windowed
 from kiln_ops_builtin.templates.own_task import same_reduction
@@ -33,7 +33,7 @@ def match_max_pool(task) -> ConvCpu | None:
     arguments = {name: task.attrs[name] for name in ATTRIBUTES}
     try:
         ref = max_pool2d.definition(x=x, **arguments)
-        w = _Windows("max_pool2d", x, 2, True, *arguments.values())
+        w = _Windows("max_pool2d", *_split("max_pool2d", x, 2, True), *arguments.values())
     except (ValueError, TypeError):      # an OperatorError is a ValueError
         return None
     out = lowered.outputs[0]
