@@ -188,42 +188,47 @@ class CudaEmitter(Emitter):
     def _combine_lanes(self, op: str, t, acc: str, pos: str | None) -> None:
         """Leave the combination of every lane's (acc, pos) in every lane."""
         d = self.dialect
-        vt = d.value_type(t)
 
-        def fold(other: str, other_pos: str | None) -> None:
+        def fold(others: list[str]) -> None:
             if pos is None:
-                self.line(d.combine(op, t, acc, other))
+                self.line(d.combine(op, t, acc, others[0]))
                 return
+            other, other_pos = others
             better = d.arg_better(op, t, other, acc)
             tie = d.arg_tie(t, other, acc)
             self.open(f"if ({better} || ({tie} && {other_pos} < {pos}))")
             self.line(f"{acc} = {other}; {pos} = {other_pos};")
             self.close()
 
+        self.fold_lanes([(acc, t, "sh")] + ([(pos, dtypes.int64, "sp")] if pos is not None else []), fold)
+
+    def fold_lanes(self, values: list[tuple[str, dtypes.DataType, str]], fold) -> None:
+        """Leave in every lane the fold of every lane's `values` ((C name, type, the stem of its
+        shared array's name) triples): `fold(others)` emits the statements folding `others` (the
+        C expressions of another lane's values, in the same order) into the names; across a warp
+        by shuffles, then across a block's warps through shared memory."""
+        d = self.dialect
         self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
-        other = self.fresh("o")
-        self.line(f"const {vt} {other} = {d.shuffle_xor(t, acc, 'kiln_m')};")
-        other_pos = None
-        if pos is not None:
-            other_pos = self.fresh("op")
-            self.line(f"const int64_t {other_pos} = __shfl_xor_sync(0xffffffffu, {pos}, kiln_m);")
-        fold(other, other_pos)
+        others = []
+        for name, t, _ in values:
+            other = self.fresh("o")
+            self.line(f"const {d.value_type(t)} {other} = {d.shuffle_xor(t, name, 'kiln_m')};")
+            others.append(other)
+        fold(others)
         self.close()
         if self.mode != "block":
             return
-        sh = self.fresh("sh")
-        self.line(f"__shared__ {vt} {sh}[32];")
-        sp = None
-        if pos is not None:
-            sp = self.fresh("sp")
-            self.line(f"__shared__ int64_t {sp}[32];")
+        shared = []
+        for _, t, stem in values:
+            shared.append(self.fresh(stem))
+            self.line(f"__shared__ {d.value_type(t)} {shared[-1]}[32];")
         self.line("__syncthreads();")
-        store = f"{sh}[threadIdx.x >> 5] = {acc};" + (f" {sp}[threadIdx.x >> 5] = {pos};" if sp else "")
-        self.line(f"if ((threadIdx.x & 31) == 0) {{ {store} }}")
+        stores = " ".join(f"{sh}[threadIdx.x >> 5] = {name};" for sh, (name, _, _) in zip(shared, values))
+        self.line(f"if ((threadIdx.x & 31) == 0) {{ {stores} }}")
         self.line("__syncthreads();")
-        self.line(f"{acc} = {sh}[0];" + (f" {pos} = {sp}[0];" if sp else ""))
+        self.line(" ".join(f"{name} = {sh}[0];" for sh, (name, _, _) in zip(shared, values)))
         self.open("for (int kiln_w = 1; kiln_w < (int)(blockDim.x >> 5); ++kiln_w)")
-        fold(f"{sh}[kiln_w]", f"{sp}[kiln_w]" if sp else None)
+        fold([f"{sh}[kiln_w]" for sh in shared])
         self.close()
 
 

@@ -305,9 +305,9 @@ class RowEmitter(CudaEmitter):
         self.line(f"for (int kiln_j = 1; kiln_j < {plan.vector}; ++kiln_j) {d.combine('max', high.dtype, part, f'{xs}[kiln_j]')}")
         self.line(d.combine("max", high.dtype, part, m))
         self.open(f"if ({part} != -INFINITY)")
-        self.line(f"{s} *= {_exp(f'{m} - {part}')};")
+        self.line(f"{s} *= {self._exp(f'{m} - {part}')};")
         self.line("#pragma unroll")
-        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {s} += {_exp(f'{xs}[kiln_j] - {part}')};")
+        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {s} += {self._exp(f'{xs}[kiln_j] - {part}')};")
         self.line(f"{m} = {part};")
         self.close()
         self.close_chunk()
@@ -328,33 +328,23 @@ class RowEmitter(CudaEmitter):
     def _combine_online(self, m: str, s: str) -> None:
         """Fold every lane's (maximum, sum of exp(x - maximum)) pair into every lane's."""
 
-        def fold(om: str, os: str) -> None:
+        def fold(others: list[str]) -> None:
+            om, os = others
             both = self.fresh("hm")
             self.line(f"float {both} = {m};")
             self.line(self.dialect.combine("max", dtypes.float32, both, om))
             self.open(f"if ({both} != -INFINITY)")
             # unfused products: two lanes folding each other's pairs get the same sum
-            self.line(f"{s} = __fmul_rn({s}, {_exp(f'{m} - {both}')}) + __fmul_rn({os}, {_exp(f'{om} - {both}')});")
+            mine, theirs = self._exp(f"{m} - {both}"), self._exp(f"{om} - {both}")
+            self.line(f"{s} = __fmul_rn({s}, {mine}) + __fmul_rn({os}, {theirs});")
             self.line(f"{m} = {both};")
             self.close()
 
-        self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
-        om, os = self.fresh("om"), self.fresh("os")
-        self.line(f"const float {om} = __shfl_xor_sync(0xffffffffu, {m}, kiln_m);")
-        self.line(f"const float {os} = __shfl_xor_sync(0xffffffffu, {s}, kiln_m);")
-        fold(om, os)
-        self.close()
-        if self.plan.warp:
-            return
-        sm, ss = self.fresh("shm"), self.fresh("shs")
-        self.line(f"__shared__ float {sm}[32], {ss}[32];")
-        self.line("__syncthreads();")
-        self.line(f"if ((threadIdx.x & 31) == 0) {{ {sm}[threadIdx.x >> 5] = {m}; {ss}[threadIdx.x >> 5] = {s}; }}")
-        self.line("__syncthreads();")
-        self.line(f"{m} = {sm}[0]; {s} = {ss}[0];")
-        self.open("for (int kiln_w = 1; kiln_w < (int)(blockDim.x >> 5); ++kiln_w)")
-        fold(f"{sm}[kiln_w]", f"{ss}[kiln_w]")
-        self.close()
+        self.fold_lanes([(m, dtypes.float32, "shm"), (s, dtypes.float32, "shs")], fold)
+
+    def _exp(self, x: str) -> str:
+        """The C expression of the float32 exponential of `x`, as the dialect writes it."""
+        return self.dialect.unary("exp", dtypes.float32, x, dtypes.float32)
 
     def hoist(self, value: Expr) -> None:
         """Emit here (once a row) the largest parts of `value` that are the same for every
@@ -396,11 +386,6 @@ class RowEmitter(CudaEmitter):
         else:
             self.line(store)
         self.close_chunk()
-
-
-def _exp(x: str) -> str:
-    """The C expression of the float32 exponential of `x`, as the dialect writes it."""
-    return CudaDialect().unary("exp", dtypes.float32, x, dtypes.float32)
 
 
 def _online_row(plan: RowPlan) -> bool:
