@@ -522,8 +522,9 @@ def _loaded(inputs) -> None:
 
 def _side_by_side(compiled, returned: Sequence[int], private: Sequence[int]) -> list[int]:
     """The slots of the `private` outputs (positions in `returned`, the output positions a capture
-    hands out) that a capture allocates side by side in one block (`workspace_set(together=...)`):
-    those on the first one's device whose memory no other output views."""
+    hands out) that a capture allocates side by side in one block (`workspace_set(together=...)`,
+    which leaves out views and what it does not allocate): those on the first one's device whose
+    memory no other output views."""
     def base(slot):
         while slot in compiled.views:
             slot = compiled.views[slot]
@@ -531,8 +532,7 @@ def _side_by_side(compiled, returned: Sequence[int], private: Sequence[int]) -> 
 
     positions = {returned[j] for j in private}
     others = {base(s) for k, s in enumerate(compiled.outputs) if k not in positions}
-    slots = [s for s in dict.fromkeys(compiled.outputs[k] for k in sorted(positions))
-             if s not in compiled.views and s not in others]
+    slots = [s for s in dict.fromkeys(compiled.outputs[k] for k in sorted(positions)) if s not in others]
     device = compiled.buffers[slots[0]].device if slots else None
     return [s for s in slots if compiled.buffers[s].device == device]
 
