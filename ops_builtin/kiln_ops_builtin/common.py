@@ -2,6 +2,7 @@
 from kiln import dtypes
 from kiln.graph import OperatorError
 from kiln.ir import TensorNode, cast, compute, exp, exp_approx, maximum, minimum, reciprocal_approx
+from kiln.ir.size import distinct
 
 
 def broadcast_shape(op: str, *shapes) -> tuple[int, ...]:
@@ -9,7 +10,7 @@ def broadcast_shape(op: str, *shapes) -> tuple[int, ...]:
     rank = max(len(s) for s in shapes)
     out = []
     for k in range(rank):
-        dims = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
+        dims = [d for d in distinct(s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0) if d != 1]
         if len(dims) > 1:
             raise OperatorError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} "
                                 "cannot be broadcast together")

@@ -48,12 +48,12 @@ class SizeArgs:
 
     def param(self, var: SizeVar) -> str:
         """The parameter holding `var`."""
-        key = (var.name, var.value)
+        key = (var.name, var.traced)
         found = self._params.get(key)
         if found is None:
             if any(name == var.name for name, _ in self._params):
                 raise ValueError(f"size {var.name} has two values in one kernel: "
-                                 f"{[v for n, v in self._params if n == var.name]} and {var.value}")
+                                 f"{[v for n, v in self._params if n == var.name]} and {var.traced}")
             found = self._params[key] = KernelArgs.size(len(self._params))
         return found
 
@@ -75,7 +75,9 @@ class SizeArgs:
 
     @property
     def values(self) -> tuple[int, ...]:
-        return tuple(value for _, value in self._params)
+        """The sizes' values in the trace, each as the SymSize of its variable (bound to other
+        values where a plan is reused, `kiln.runtime.plan_binding`)."""
+        return tuple(SymSize.named(name, value) for name, value in self._params)
 
     @property
     def names(self) -> list[str]:

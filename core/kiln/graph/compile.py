@@ -19,6 +19,7 @@ from kiln.graph.in_place import is_store
 from kiln.graph.operator import Operator, compiled_task
 from kiln.ir import Compute, Const, Load
 from kiln.ir.expr import walk
+from kiln.ir.size import as_dim
 from kiln.runtime.backend import DeviceKernel
 from kiln.runtime.compiled_graph import Buffer, CompiledGraph, ViewKernel
 from kiln.runtime.plan import Plan
@@ -137,7 +138,7 @@ def graph_slots(graph) -> tuple[list, list[Buffer], list[int], list[int], dict]:
 
     def new_slot(t: Tensor) -> int:
         slots[id(t)] = len(buffers)
-        buffers.append(Buffer(tuple(map(int, t.shape)), t.dtype.torch_dtype, t.device.torch()))
+        buffers.append(Buffer(tuple(map(as_dim, t.shape)), t.dtype.torch_dtype, t.device.torch()))
         return slots[id(t)]
 
     def existing(t: Tensor) -> int:

@@ -30,7 +30,8 @@ import torch
 from kiln.device import Device, device as as_device
 from kiln.graph.traits import Traits
 from kiln.ir.compute import Task, TensorInput, TensorNode
-from kiln.ir.size import size_key
+from kiln.ir import size_reads
+from kiln.ir.size import SymSize, size_key
 from kiln.log import current_record
 from kiln.runtime import folds
 from kiln.schedule import build_task
@@ -72,9 +73,14 @@ def tracing():
 
 
 def _recorded_generated(task: Task) -> bool:
-    """Whether a generated result of `task` is recorded rather than computed now."""
-    size = sum(math.prod(o.shape) * o.dtype.nbytes for o in task.outputs)
-    return _tracing.get() and size > GENERATED_BYTES_HELD
+    """Whether a generated result of `task` is recorded rather than computed now: while
+    tracing, where it is large or of a symbolic shape (held as a constant, it would tie the
+    graph's plan to one size: `kiln.runtime.plan_binding`)."""
+    if not _tracing.get():
+        return False
+    if any(isinstance(d, SymSize) for o in task.outputs for d in o.shape):
+        return True
+    return sum(math.prod(o.shape) * o.dtype.nbytes for o in task.outputs) > GENERATED_BYTES_HELD
 
 
 class Recent:
@@ -89,7 +95,11 @@ class Recent:
         return len(self._entries)
 
     def get(self, key):
-        """The value of `key` (now the most recently used), or None."""
+        """The value of `key` (now the most recently used), or None. While symbolic sizes'
+        reads are recorded (`kiln.ir.size_reads`), only what the recording put."""
+        recorded = size_reads.current()
+        if recorded is not None:
+            return recorded.cache(self).get(key)
         with self._lock:
             found = self._entries.get(key)
             if found is not None:
@@ -97,7 +107,12 @@ class Recent:
             return found
 
     def put(self, key, value) -> None:
-        """Keep `value` under `key`, dropping the least recently used entries beyond the limit."""
+        """Keep `value` under `key`, dropping the least recently used entries beyond the limit
+        (while reads are recorded, in the recording)."""
+        recorded = size_reads.current()
+        if recorded is not None:
+            recorded.cache(self)[key] = value
+            return
         with self._lock:
             self._entries[key] = value
             self._entries.move_to_end(key)

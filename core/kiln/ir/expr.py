@@ -15,6 +15,7 @@ import torch
 
 from kiln import dtypes
 from kiln.dtypes import DataType
+from kiln.ir import size_reads
 from kiln.ir.opcodes import ARG_REDUCTIONS, COMPARISONS, LOGICAL, BinaryOp, ReduceOp, UnaryOp, op_of
 
 _ids = itertools.count()
@@ -92,17 +93,24 @@ class Var(Expr):
 
 class SizeVar(Expr):
     """A size that is a kernel argument: the int64 `name`, whose value is `value` in the trace
-    that made it (see `kiln.ir.size`)."""
+    that made it (see `kiln.ir.size`; reading it is a read of the size's value, see
+    `kiln.ir.size_reads`; `traced` is that value, for what tells sizes apart without deciding
+    on it: keys, kernel arguments)."""
 
-    __slots__ = ("name", "value")
+    __slots__ = ("name", "traced")
 
     def __init__(self, name: str, value: int):
         super().__init__(dtypes.int64)
         self.name = name
-        self.value = int(value)
+        self.traced = int.__int__(value)
+
+    @property
+    def value(self) -> int:
+        size_reads.note_read(f"the value of size {self.name}")
+        return self.traced
 
     def _make_key(self):
-        return ("size", self.name, self.value)
+        return ("size", self.name, self.traced)
 
 
 class Const(Expr):

@@ -18,6 +18,7 @@ import math
 from kiln.ir.expr import Binary, Cast, Check, Const, Expr, Select, SizeVar, Var
 from kiln.ir.opcodes import BinaryOp
 from kiln.ir.rewrite import rewrite
+from kiln.ir.size import SymSize, as_dim
 
 
 def bounds(e: Expr) -> tuple[int, int] | None:
@@ -25,9 +26,10 @@ def bounds(e: Expr) -> tuple[int, int] | None:
     if isinstance(e, Const) and e.dtype.is_integer:
         return (e.value, e.value)
     if isinstance(e, Var):
-        return (0, int(e.extent) - 1) if isinstance(e.extent, int) else None
+        return (0, as_dim(e.extent) - 1) if isinstance(e.extent, int) else None
     if isinstance(e, SizeVar):
-        return (e.value, e.value)
+        size = SymSize.named(e.name, e.traced)
+        return (size, size)
     if isinstance(e, Cast) and e.dtype.is_integer and e.a.dtype.is_integer:
         return bounds(e.a)
     if isinstance(e, Check):

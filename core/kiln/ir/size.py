@@ -23,6 +23,7 @@ import operator
 from typing import Iterable
 
 from kiln import dtypes
+from kiln.ir import size_reads
 from kiln.ir.expr import Binary, Const, Expr, SizeVar, Var
 from kiln.ir.opcodes import BinaryOp
 
@@ -92,14 +93,16 @@ def _split(p: tuple, q: tuple) -> tuple[tuple, tuple]:
     return _normal(quotient), tuple(rest)
 
 
-def _atom_value(atom: tuple) -> int:
+def _atom_value(atom: tuple, values: dict[str, int] | None) -> int:
     if atom[0] == "size":
-        return atom[2]
-    return _ATOM_OPS[atom[0]][1](_value(atom[1]), _value(atom[2]))
+        return atom[2] if values is None else values[atom[1]]
+    return _ATOM_OPS[atom[0]][1](_value(atom[1], values), _value(atom[2], values))
 
 
-def _value(p: tuple) -> int:
-    return sum(c * math.prod(_atom_value(a) for a in m) for m, c in p)
+def _value(p: tuple, values: dict[str, int] | None = None) -> int:
+    """The value of polynomial `p`: in its own trace, or with the size variables at `values`
+    (name -> int)."""
+    return sum(c * math.prod(_atom_value(a, values) for a in m) for m, c in p)
 
 
 def _floordiv(p: tuple, q: tuple) -> tuple:
@@ -124,11 +127,14 @@ def _mod(p: tuple, q: tuple) -> tuple:
     return (((("mod", rest, q),), 1),)
 
 
+_int = int.__int__      # a value as int computes with it: no read of a SymSize's value (`size_reads`)
+
+
 def _polynomial(x) -> tuple | None:
     if isinstance(x, SymSize):
         return x.polynomial
     if isinstance(x, int):
-        return _constant(int(x))
+        return _constant(_int(x))
     return None
 
 
@@ -151,16 +157,65 @@ def _binary(name: str, combine):
     def forward(self, other):
         q = _polynomial(other)
         if q is None:
-            return forward_int(int(self), other)
-        return _make(forward_int(int(self), int(other)), combine(self.polynomial, q))
+            size_reads.note_read(f"{name} with {type(other).__name__}")
+            return forward_int(_int(self), other)
+        return _make(forward_int(_int(self), _int(other)), combine(self.polynomial, q))
 
     def backward(self, other):
         p = _polynomial(other)
         if p is None:
-            return backward_int(int(self), other)
-        return _make(forward_int(int(other), int(self)), combine(p, self.polynomial))
+            size_reads.note_read(f"{name} with {type(other).__name__}")
+            return backward_int(_int(self), other)
+        return _make(forward_int(_int(other), _int(self)), combine(p, self.polynomial))
 
     return forward, backward
+
+
+def _comparison(name: str):
+    """int's comparison `name` on a SymSize, kept as a guard (`size_reads`) where the other
+    side is an int; against anything else, a read of the value."""
+    compare = getattr(int, f"__{name}__")
+
+    def method(self, other):
+        answer = compare(self, other)
+        q = _polynomial(other)
+        if q is None:
+            if not isinstance(other, _NOT_NUMBERS):
+                size_reads.note_read(f"{name} with {type(other).__name__}")
+        elif answer is not NotImplemented:
+            size_reads.note_guard(name, self.polynomial, q, answer)
+        return answer
+
+    return method
+
+
+def _value_read(name: str):
+    """int's method `name` on a SymSize, noted as a read of the value (`size_reads`)."""
+    method = getattr(int, name)
+
+    def read(self, *args):
+        size_reads.note_read(name)
+        return method(self, *args)
+
+    return read
+
+
+_NOT_NUMBERS = (type(None), str, bytes, tuple, list, dict, set, frozenset)
+"""What a SymSize compares unequal to without reading its value."""
+
+_COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+                "gt": operator.gt, "ge": operator.ge}
+
+
+def guards_hold(guards, values: dict[str, int]) -> bool:
+    """Whether every guard of `guards` (`size_reads.SizeReads.guards`) answers as it did with
+    the size variables at `values` (name -> int; all of the guards' variables)."""
+    return all(_COMPARISONS[op](_value(p, values), _value(q, values)) == answer for op, p, q, answer in guards)
+
+
+def value_at(size, values: dict[str, int]) -> int:
+    """`size` (an int, or a SymSize) with the size variables at `values` (name -> int)."""
+    return _value(size.polynomial, values) if isinstance(size, SymSize) else size
 
 
 class SymSize(int):
@@ -176,7 +231,7 @@ class SymSize(int):
     @classmethod
     def named(cls, name: str, value: int) -> SymSize:
         """The run-time size `name`, of `value` in this trace."""
-        return cls(value, (((("size", name, int(value)),), 1),))
+        return cls(_int(value), (((("size", name, _int(value)),), 1),))
 
     def size_expr(self) -> Expr:
         """The int64 IR expression computing this size from `SizeVar`s."""
@@ -191,13 +246,29 @@ class SymSize(int):
     __mod__, __rmod__ = _binary("mod", _mod)
 
     def __neg__(self):
-        return _make(-int(self), _scale(self.polynomial, -1))
+        return _make(-_int(self), _scale(self.polynomial, -1))
 
     def __pos__(self):
         return self
 
+    __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_comparison(name) for name in _COMPARISONS)
+
+    def __bool__(self):
+        return self != 0
+
+    (__int__, __index__, __float__, __hash__, __str__, __repr__, __format__, __truediv__, __rtruediv__,
+     __pow__, __rpow__, __and__, __rand__, __or__, __ror__, __xor__, __rxor__, __lshift__, __rlshift__,
+     __rshift__, __rrshift__, __invert__, __abs__, __divmod__, __rdivmod__, __round__, __trunc__, __floor__,
+     __ceil__, bit_length, bit_count, to_bytes, as_integer_ratio, conjugate) = (
+        _value_read(name) for name in (
+            "__int__", "__index__", "__float__", "__hash__", "__str__", "__repr__", "__format__", "__truediv__",
+            "__rtruediv__", "__pow__", "__rpow__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+            "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__invert__", "__abs__",
+            "__divmod__", "__rdivmod__", "__round__", "__trunc__", "__floor__", "__ceil__", "bit_length",
+            "bit_count", "to_bytes", "as_integer_ratio", "conjugate"))
+
     def __reduce__(self):       # pickled as its value
-        return (int, (int(self),))
+        return (int, (_int(self),))
 
     def __copy__(self):
         return self
@@ -257,7 +328,7 @@ def scaled_variable(term: Expr) -> tuple[Var, int] | None:
     variables = [f for f in factors if isinstance(f, Var)]
     if len(variables) != 1 or any(not isinstance(f, (Var, SizeVar)) for f in factors):
         return None
-    return variables[0], math.prod((SymSize.named(f.name, f.value) for f in factors if isinstance(f, SizeVar)), start=1)
+    return variables[0], math.prod((SymSize.named(f.name, f.traced) for f in factors if isinstance(f, SizeVar)), start=1)
 
 
 def as_dim(size) -> int:
@@ -288,11 +359,21 @@ def slice_extent(start, end, step: int, n) -> tuple:
     return first, count
 
 
+def distinct(values) -> list:
+    """`values` (sizes, or tuples of them) without repeats, in order, told apart by `!=`: a
+    SymSize compares as a guard where hashing it would read its value (`size_reads`)."""
+    out = []
+    for v in values:
+        if all(v != w for w in out):
+            out.append(v)
+    return out
+
+
 def size_key(value):
     """`value` (a size, or a list or tuple holding sizes) as a hashable key that tells a
     SymSize from an int of the same value, and SymSizes of different expressions apart."""
     if isinstance(value, SymSize):
-        return ("symsize", int(value), value.polynomial)
+        return ("symsize", _int(value), value.polynomial)
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(size_key(v) for v in value))
     return value

@@ -50,10 +50,9 @@ MAX_COPIES = 4
 
 
 def _elements(t) -> int:
-    """The number of elements of `t` in this trace, a plain int: the pass only compares counts,
-    which for symbolic sizes compare by value (`kiln.ir.size`), and a product of plain ints builds
-    no size expression."""
-    return math.prod(map(int, t.shape))
+    """The number of elements of `t`, a SymSize where its shape is symbolic: the pass only
+    compares counts (guards, `kiln.ir.size_reads`)."""
+    return math.prod(t.shape)
 
 
 def _bytes_per_element(node: Operator) -> tuple[int, int]:
@@ -76,7 +75,7 @@ def _row_reduction(node: Operator) -> bool:
     once a row (`kiln.schedule.rows`)."""
     if node.task.is_injective or len(node.outputs) != 1 or not node.inputs:
         return False
-    kept, shape = _elements(node.outputs[0]), tuple(map(int, node.inputs[0].shape))
+    kept, shape = _elements(node.outputs[0]), tuple(node.inputs[0].shape)
     return any(math.prod(shape[:j]) == kept for j in range(len(shape)))
 
 

@@ -21,20 +21,25 @@ import torch
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.runtime import cpu, cuda
+from kiln.runtime.plan_binding import bound
 
 
 class DeviceKernel:
     """A loaded kernel (`kernel`, a backend's: `kernel(inputs, outputs)` with torch tensors) on
-    one device; a call whose outputs are all empty launches nothing."""
+    one device; a call whose outputs are all empty launches nothing. `traced` is the program as
+    its schedule made it, symbolic sizes as SymSizes (`kiln.runtime.plan_binding`), where it
+    was loaded from one."""
 
-    def __init__(self, device: Device, kernel):
+    def __init__(self, device: Device, kernel, traced=None):
         self.device = device
         self.kernel = kernel
+        self.traced = traced
 
     @property
     def program(self):
-        """The program the kernel was built from (`kiln.runtime.cpu.CpuProgram`, ...)."""
-        return self.kernel.program
+        """The program the kernel was built from (`kiln.runtime.cpu.CpuProgram`, ...): as its
+        schedule made it where that is known (`traced`)."""
+        return self.kernel.program if self.traced is None else self.traced
 
     def prepared(self, constants: list[torch.Tensor | None],
                  threads: int | None = None) -> tuple[DeviceKernel, torch.Tensor] | None:
@@ -48,7 +53,7 @@ class DeviceKernel:
         if found is None:
             return None
         kernel = copy.copy(self)
-        kernel.kernel = found[0]
+        kernel.kernel, kernel.traced = found[0], None
         return kernel, found[1]
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -63,8 +68,8 @@ class DeviceKernel:
 class CompiledTask(DeviceKernel):
     """A loaded kernel computing one Task on one device: call it with torch tensors."""
 
-    def __init__(self, task: Task, device: Device, kernel):
-        super().__init__(device, kernel)
+    def __init__(self, task: Task, device: Device, kernel, traced=None):
+        super().__init__(device, kernel, traced)
         self.task = task
 
     def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -108,8 +113,10 @@ class Backend:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def load(self, program, device: Device):
-        """The loaded kernel of `program` on `device`: the one already loaded while anything
-        still uses it, else compiled (through the on-disk cache) and loaded now."""
+        """The loaded kernel of `program` on `device` (its symbolic sizes at their values in its
+        trace, `kiln.runtime.plan_binding`): the one already loaded while anything still uses
+        it, else compiled (through the on-disk cache) and loaded now."""
+        program = bound(program, None)
         if not isinstance(program, self.program_type):
             raise TypeError(f"the {self.kind} runtime runs a {self.program_type.__name__}, got "
                             f"{type(program).__name__}")

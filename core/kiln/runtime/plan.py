@@ -29,6 +29,7 @@ from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.runtime import serialize
 from kiln.runtime.kernel_errors import KernelCheck
+from kiln.runtime.plan_binding import bound
 from kiln.runtime.threads import threads_for
 
 
@@ -56,7 +57,7 @@ class Plan:
         `load_kernels`), each constant a kernel lays out once prepared now for it (one more
         constant slot that the step reads; several prepared at once, see `_each_prepared`)."""
         kernels = self.load_kernels() if kernels is None else kernels
-        buffers, constants, steps = list(self.buffers), dict(self.constants), []
+        buffers, constants, steps = list(bound(self.buffers, None)), dict(self.constants), []
         found = _each_prepared(kernels, [[self.constants.get(s) for s in ins] for ins, _ in self.steps])
         for kernel, (ins, outs), prepared in zip(kernels, self.steps, found):
             if prepared is not None:

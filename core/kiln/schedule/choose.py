@@ -167,7 +167,7 @@ def build_task(task: Task, device: Device, settings: Settings | None = None) -> 
         check_nvrtc(task, settings.nvrtc_check)
     program = choose(task, device.kind, backend.arch(device),
                      lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space))
-    return CompiledTask(task, device, backend.load(program, device))
+    return CompiledTask(task, device, backend.load(program, device), program)
 
 
 def check_nvrtc(task: Task, archs) -> None:

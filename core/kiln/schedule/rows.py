@@ -25,7 +25,7 @@ from kiln.codegen.hooks import unravel_index
 from kiln.ir.compute import Compute, TensorInput
 from kiln.ir.expr import Binary, Const, Expr, Load, Reduce, Select, Unary, Var, top_reduces, walk
 from kiln.ir.inline import Lowered, own_children, rebuild_expr, substitute
-from kiln.ir.size import SymSize
+from kiln.ir.size import SymSize, distinct
 from kiln.ir.simplify import simplify
 
 
@@ -101,10 +101,10 @@ def _row_prefix(lowered: Lowered, out: Compute, min_rows: int, short_row: int) -
     stats = statistics(lowered, out)
     if not any(_top_reduces(t.value) for t in stats) or _top_reduces(out.value):
         return None
-    counts = {numel(t.shape[:_statistic_prefix(t.shape)]) for t in stats}
+    counts = distinct(numel(t.shape[:_statistic_prefix(t.shape)]) for t in stats)
     if len(counts) != 1:
         return None
-    rows = counts.pop()
+    rows, = counts
     p = _row_axes(out.shape, rows)
     if p is None or p == 0 or p >= len(out.shape):
         return None
@@ -136,7 +136,7 @@ def permuted_rows(lowered: Lowered, out: Compute, p: int) -> list[Expr] | None:
     indices, a permutation of the rows; else None."""
     stats = statistics(lowered, out)
     temps = {id(t): _statistic_prefix(t.shape) for t in stats}
-    shapes = {tuple(t.shape[:temps[id(t)]]) for t in stats}
+    shapes = distinct(tuple(t.shape[:temps[id(t)]]) for t in stats)
     reads = {tuple(i.key() for i in e.indices[:temps[id(e.tensor)]]): e.indices[:temps[id(e.tensor)]]
              for e in walk(out.value) if isinstance(e, Load) and id(e.tensor) in temps}
     if len(lowered.outputs) != 1 or len(shapes) != 1 or len(reads) != 1:

@@ -37,6 +37,7 @@ a plan for each value it has seen; other graphs never read it.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
@@ -57,6 +58,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.indices import used_only_as_index
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
+from kiln.frontend.torch.plan_reuse import ReusablePlan, size_values
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.run_record import Output, RunRecord
@@ -64,6 +66,7 @@ from kiln.frontend.torch.sizes import input_sizes, reads_value
 from kiln.frontend.torch.summary import compile_summary, left_to_pytorch, publish
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, in_memory_order, trace_from
+from kiln.ir import size_reads
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
 from kiln.passes import PassContext, UpdateInPlace, optimize
@@ -316,6 +319,10 @@ class KilnFunction:
                         for n in placeholders]
         self._names = [source or n.name for source, n in zip(self.sources, placeholders)]
         self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
+        # plans traced at symbolic sizes that other sizes may reuse (`plan_reuse`), each with
+        # the state of the constants it was traced with (`_constants_state`)
+        self._reusable: list[tuple[ReusablePlan, tuple]] = []
+        self._records_sizes = True      # until a trace at symbolic sizes read a value (`plan_reuse`)
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
         self.compile_id = torch._guards.CompileContext.current_compile_id()
         self.constant_ids: set[int] = set()
@@ -385,6 +392,7 @@ class KilnFunction:
         graphs: their memory is freed but for the outputs a caller still holds."""
         runs = list(self.graphs.values())
         self.graphs.clear()
+        self._reusable.clear()
         self._constants_state.clear()
         self._constant_storages.clear()
         for run in runs:
@@ -423,6 +431,11 @@ class KilnFunction:
             return self._run(*self.saved.served(key, args, inputs), args)
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
+        values = size_values(sizes)
+        if values:
+            reused = self._reused(args, values, key, settings)
+            if reused is not None:
+                return reused
         cached = key is not None and graph_cache.used(settings)
         if cached:
             with stage("graph cache"):
@@ -442,10 +455,45 @@ class KilnFunction:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
         return run
 
+    def _reused(self, args, values: dict[str, int], key, settings: Settings) -> CompiledRun | None:
+        """The CompiledRun of a plan traced at other sizes bound to the call `args`, whose size
+        variables are at `values` (`plan_reuse`), or None where none was traced with these
+        constants or holds there."""
+        constants = [args[k] for k in self._constant_positions]
+        for reusable, state in reversed(self._reusable):
+            if not _unchanged(constants, state):
+                continue
+            with stage("reuse"):
+                record = reusable.for_call(values, settings, key)
+                if record is not None:
+                    logger.info("the plan traced at sizes %s serves sizes %s", size_values(
+                        reusable.record.plan.buffers[s].shape for s in reusable.record.plan.inputs), values)
+                    return self._run(record.plan.assemble(), record, args)
+        return None
+
     def _trace_and_build(self, args, sizes, key, folder, settings: Settings):
         """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
         CompiledRun, for the call `args` of input `sizes` under `settings` (the compile's
-        whole-graph `key` kept in its record); each pass's graph written to `folder`."""
+        whole-graph `key` kept in its record); each pass's graph written to `folder`. Where
+        sizes are symbolic, a plan that other sizes may reuse is kept (`plan_reuse`)."""
+        recorded = bool(size_values(sizes)) and self._records_sizes
+        with size_reads.recording() if recorded else contextlib.nullcontext() as reads:
+            traced, traced_values, graph, compiled, record = self._trace(args, sizes, key, folder, settings)
+        if recorded:
+            reusable = ReusablePlan.of(record, reads, settings)
+            if reusable is None:
+                # a later size would most likely read the same: its trace records nothing
+                self._records_sizes = False
+                logger.info("the plan of sizes %s serves no other sizes: %s", size_values(sizes),
+                            reads.read or "it holds constants of symbolic shapes")
+            else:
+                constants = [args[k] for k in self._constant_positions]
+                self._reusable = [*self._reusable[1 - SIGNATURES_KEPT:], (reusable, _constants_state(constants))]
+        return traced, traced_values, graph, self._run(compiled, record, args, graph)
+
+    def _trace(self, args, sizes, key, folder, settings: Settings):
+        """`_trace_and_build`'s work: the traced FlowGraph, the fx nodes' values, the optimized
+        FlowGraph, the CompiledGraph and the RunRecord."""
         values, inputs, positions = [], [], []
         # a CPU scalar input of a graph on a GPU is read there, as PyTorch combines them, and
         # so is a CPU tensor that only indexes others, as PyTorch's indexing copies it there
@@ -487,7 +535,7 @@ class KilnFunction:
         record = RunRecord(compiled.plan, positions, structure, writeback, moves,
                            _leaves_from(result, self.lent_from), tuple(sorted(permissions(traced))), key,
                            self._values_read(compiled.plan, args, reads))
-        return traced, traced_values, graph, self._run(compiled, record, args, graph)
+        return traced, traced_values, graph, compiled, record
 
     def _values_read(self, plan, args, reads: set[int]) -> list[int]:
         """The positions of the constants whose values a compile of `args` read (`reads`: see

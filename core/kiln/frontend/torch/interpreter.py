@@ -45,6 +45,7 @@ from torch.fx.node import map_aggregate, map_arg
 from kiln.frontend.torch.autocast import REGION_CALLS, Regions
 from kiln.frontend.torch.complex import SUPPORTED, ComplexTensor, unsupported_complex
 from kiln.frontend.torch.errors import UnmappedOperator, target_name
+from kiln.frontend.torch.sizes import symbolic_size
 from kiln.frontend.torch.registry import FUNCTION, METHOD, MODULE, MappingRegistry, mapping_registry
 from kiln.graph import Role, tracing
 from kiln.plugins import registry as plugin_registry
@@ -181,12 +182,19 @@ def _expected_meta(node: Node):
 
 def _concrete(size, bindings: dict):
     """An int for a dimension of dynamo's metadata (a SymInt resolved through `bindings`, the
-    run's sizes by symbol), or None where it cannot be resolved."""
+    run's sizes by symbol: a SymSize where `kiln.frontend.torch.sizes` reads its expression),
+    or None where it cannot be resolved."""
     if isinstance(size, int):
         return size
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    if expr is None:
+        return None
+    found = symbolic_size(expr, {str(symbol): value for symbol, value in bindings.items()})
+    if found is not None:
+        return found
     try:
-        value = size.node.expr.xreplace(bindings)
-    except (AttributeError, TypeError):
+        value = expr.xreplace(bindings)
+    except TypeError:
         return None
     if isinstance(value, int):      # the expression was one symbol, replaced by its int
         return value
@@ -316,7 +324,7 @@ class Interpreter:
         for size, actual in pairs:
             expr = getattr(getattr(size, "node", None), "expr", None)
             if expr is not None and expr.is_symbol:
-                self._bindings[expr] = int(actual)
+                self._bindings[expr] = int.__int__(actual)     # an int sympy takes, not a read (`_concrete`)
 
     def _attribute(self, path: str):
         value = self.gm

@@ -30,9 +30,9 @@ def _symbol_name(size) -> str | None:
     return str(expr) if expr is not None and getattr(expr, "is_Symbol", False) else None
 
 
-def _convert(expr, values: dict[str, int]):
-    """The SymSize (or int) of a sympy size expression over symbols of known `values`, or
-    None where it holds anything else."""
+def symbolic_size(expr, values: dict[str, int]):
+    """The SymSize (or int) of a sympy size expression over symbols of known `values` (by
+    name), or None where it holds anything else."""
     if expr.is_Integer:
         return int(expr)
     if expr.is_Symbol:
@@ -41,7 +41,7 @@ def _convert(expr, values: dict[str, int]):
     combine = _COMBINE.get(type(expr).__name__) or _BINARY.get(type(expr).__name__)
     if combine is None or (type(expr).__name__ in _BINARY and len(expr.args) != 2):
         return None
-    parts = [_convert(a, values) for a in expr.args]
+    parts = [symbolic_size(a, values) for a in expr.args]
     if any(p is None for p in parts):
         return None
     return functools.reduce(combine, parts)
@@ -52,7 +52,7 @@ def _size(meta, actual: int, values: dict[str, int]) -> int:
     expr = getattr(getattr(meta, "node", None), "expr", None)
     if expr is None:
         return actual
-    found = _convert(expr, values)
+    found = symbolic_size(expr, values)
     return found if found is not None and int(found) == actual else actual
 
 

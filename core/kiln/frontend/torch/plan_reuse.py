@@ -1,0 +1,76 @@
+"""A new size of a symbolic graph served by the plan traced at an earlier size (issue 33).
+
+A KilnFunction traces its graph again at each new input signature. Where the graph's sizes are
+symbolic (`kiln.ir.size.SymSize`), the trace records what it read of their values
+(`kiln.ir.size_reads`): the comparisons, as guards, and whether anything else read a value.
+A trace that read no value but through its guards, whose plan holds no constant of a symbolic
+shape (`kiln.runtime.plan_binding.binds_elsewhere`), made every decision as it would make it at
+any sizes where the guards answer the same: its plan, with its sizes evaluated there
+(`kiln.runtime.plan_binding.bound`), is what a trace there would plan. `ReusablePlan` keeps such
+a plan; `for_call` binds it to a call's sizes where its guards hold, under the same settings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kiln.frontend.torch.run_record import RunRecord
+from kiln.ir.size import SymSize, guards_hold
+from kiln.ir.size_reads import SizeReads
+from kiln.runtime.plan import Plan
+from kiln.runtime.plan_binding import binds_elsewhere, bound
+from kiln.settings import Settings
+
+
+def size_values(sizes) -> dict[str, int]:
+    """The value of each size variable in `sizes` (input sizes as `input_sizes` gives them:
+    shapes and ints, symbolic ones as SymSizes), by name."""
+    values = {}
+    for size in sizes:
+        for d in size if isinstance(size, tuple) else (size,):
+            if isinstance(d, SymSize):
+                values.update((atom[1], atom[2]) for monomial, _ in d.polynomial for atom in _atoms(monomial))
+    return values
+
+
+@dataclass
+class ReusablePlan:
+    """A plan traced at symbolic sizes (`record.plan`, sizes as SymSizes) that read their values
+    only through `guards`, made under `settings`."""
+
+    record: RunRecord
+    guards: frozenset
+    settings: Settings
+
+    @classmethod
+    def of(cls, record: RunRecord, reads: SizeReads, settings: Settings) -> ReusablePlan | None:
+        """The ReusablePlan of a trace's `record` whose size reads were `reads`, or None where
+        the trace read a value otherwise or the plan holds constants of symbolic shapes."""
+        if reads.read is not None or not binds_elsewhere(record.plan):
+            return None
+        return cls(record, frozenset(reads.guards), settings)
+
+    def for_call(self, values: dict[str, int], settings: Settings, key: str | None) -> RunRecord | None:
+        """The record of this plan bound to the size variables at `values` for a call whose
+        whole-graph key is `key`, or None where a guard answers otherwise there, a guard's size
+        is not among `values`, or the settings differ."""
+        if settings != self.settings or not _named(self.guards, values) or not guards_hold(self.guards, values):
+            return None
+        plan: Plan = bound(self.record.plan, values)
+        return replace(self.record, plan=plan, key=key)
+
+
+def _named(guards, values: dict[str, int]) -> bool:
+    """Whether every size variable that `guards` read is one of `values`."""
+    return all(atom[1] in values for _, p, q, _ in guards for poly in (p, q) for monomial, _ in poly
+               for atom in _atoms(monomial))
+
+
+def _atoms(monomial):
+    """The size atoms of a monomial, those inside floor divisions and remainders included."""
+    for atom in monomial:
+        if atom[0] == "size":
+            yield atom
+        else:
+            for poly in atom[1:]:
+                for inner, _ in poly:
+                    yield from _atoms(inner)

@@ -1,0 +1,81 @@
+"""What a computation read of the values of its symbolic sizes (`kiln.ir.size.SymSize`).
+
+Inside `recording()`, each comparison of a SymSize with an int or another SymSize is kept as a
+guard: the operator, the two sides as polynomials and the answer (`kiln.ir.size.guards_hold`
+asks them again at other sizes). Any other read of a value (`int()`, hashing, formatting,
+`/`, bit operations, a comparison with a float, a size variable's value in the IR) marks the
+record as `read`, naming where: what was computed may then depend on the value itself, and
+holds at that value only. A computation that read nothing but through its guards takes the
+same decisions at every size where the guards answer the same.
+
+Reads that Python does not route through the SymSize's methods (C code taking it as an int:
+an index into a list, `range()`, a torch or ctypes argument) are not seen: the code a
+recording covers passes sizes to C only where the kernel or tensor it makes is size-checked
+again where it is used (`kiln.runtime.plan_binding`).
+
+Caches that outlive one computation hold what an earlier one decided, whose reads this record
+never saw: while recording, `kiln.graph.operator.Recent` keeps its entries in the record
+(`SizeReads.cache`), so that a recorded computation decides everything again itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+
+_current: contextvars.ContextVar[SizeReads | None] = contextvars.ContextVar("kiln_size_reads", default=None)
+
+
+class SizeReads:
+    """The guards a recorded computation took (a set of (operator name, polynomial, polynomial,
+    answer)), where it first read a value otherwise (`read`, None if nowhere) and the caches it
+    filled (by the id of their owner)."""
+
+    def __init__(self):
+        self.guards: set[tuple] = set()
+        self.read: str | None = None
+        self.caches: dict[int, dict] = {}
+
+    def cache(self, owner) -> dict:
+        """The entries of the cache `owner` that this recording filled."""
+        return self.caches.setdefault(id(owner), {})
+
+
+@contextlib.contextmanager
+def recording():
+    """A new SizeReads, filled by what the block (in this context) reads of symbolic sizes."""
+    reads = SizeReads()
+    token = _current.set(reads)
+    try:
+        yield reads
+    finally:
+        _current.reset(token)
+
+
+def current() -> SizeReads | None:
+    """The SizeReads being recorded in this context, or None."""
+    return _current.get()
+
+
+def note_guard(op: str, p: tuple, q: tuple, answer: bool) -> None:
+    """Record the comparison `p op q` of two polynomials, answered `answer`."""
+    reads = _current.get()
+    if reads is not None:
+        reads.guards.add((op, p, q, answer))
+
+
+def note_read(what: str) -> None:
+    """Record a read of a size's value other than a comparison (`what`: how it was read)."""
+    reads = _current.get()
+    if reads is not None and reads.read is None:
+        reads.read = f"{what} at {_caller()}"
+
+
+def _caller() -> str:
+    """The innermost frame outside kiln.ir.size and this module, as 'file:line in function'."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith(("/ir/size.py", "/ir/size_reads.py")):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
