@@ -32,6 +32,7 @@ from kiln.graph.traits import Traits
 from kiln.ir.compute import Task, TensorInput, TensorNode
 from kiln.ir import size_reads
 from kiln.ir.size import SymSize, size_key
+from kiln.ir.specialize import has_symbolic_sizes
 from kiln.log import current_record
 from kiln.runtime import folds
 from kiln.schedule import build_task
@@ -74,13 +75,12 @@ def tracing():
 
 def _recorded_generated(task: Task) -> bool:
     """Whether a generated result of `task` is recorded rather than computed now: while
-    tracing, where it is large or of a symbolic shape (held as a constant, it would tie the
-    graph's plan to one size: `kiln.runtime.plan_binding`)."""
+    tracing, where it is large or computed from symbolic sizes (held as a constant, it would
+    tie the graph's plan to one size: `kiln.frontend.torch.plan_reuse`)."""
     if not _tracing.get():
         return False
-    if any(isinstance(d, SymSize) for o in task.outputs for d in o.shape):
-        return True
-    return sum(math.prod(o.shape) * o.dtype.nbytes for o in task.outputs) > GENERATED_BYTES_HELD
+    return (has_symbolic_sizes(task)
+            or sum(math.prod(o.shape) * o.dtype.nbytes for o in task.outputs) > GENERATED_BYTES_HELD)
 
 
 class Recent:
@@ -298,6 +298,9 @@ def run_task(task: Task, device: Device, inputs: list[torch.Tensor]) -> list[tor
             raise OperatorError(f"{task.name}: input '{spec.name}' has shape {tuple(t.shape)}, "
                                 f"the compiled task expects {spec.shape}")
     kernel = compiled_task(task, device)
+    if any(isinstance(s, SymSize) for s in getattr(kernel.program, "sizes", ())):
+        # the values computed now are those of the traced sizes (C code reads them unseen)
+        size_reads.note_read(f"{task.name} computed while tracing, of symbolic sizes")
     outputs = kernel([t.contiguous() for t in inputs])
     folds.record(kernel.program, device, inputs, outputs)
     return outputs

@@ -8,10 +8,12 @@ record as `read`, naming where: what was computed may then depend on the value i
 holds at that value only. A computation that read nothing but through its guards takes the
 same decisions at every size where the guards answer the same.
 
-Reads that Python does not route through the SymSize's methods (C code taking it as an int:
-an index into a list, `range()`, a torch or ctypes argument) are not seen: the code a
-recording covers passes sizes to C only where the kernel or tensor it makes is size-checked
-again where it is used (`kiln.runtime.plan_binding`).
+Reads that Python does not route through the SymSize's methods are not seen: C code taking it
+as an int (an index into a list, `range()`, an argument of torch or ctypes). Those a compile
+makes are a kernel run while tracing, which `kiln.graph.operator.run_task` notes as a read, and
+torch tensors made from sizes while tracing, whose shapes the torch frontend's check of each
+node against dynamo's symbolic shapes compares with the symbolic sizes (guards that hold at the
+traced value only).
 
 Caches that outlive one computation hold what an earlier one decided, whose reads this record
 never saw: while recording, `kiln.graph.operator.Recent` keeps its entries in the record
