@@ -128,8 +128,11 @@ class Settings:
 
     def keyed(self) -> dict:
         """The settings that may change a compiled plan, by name."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["keyed"]}
+        return {name: getattr(self, name) for name in KEYED}
 
+
+KEYED = tuple(f.name for f in fields(Settings) if f.metadata["keyed"])
+"""The settings that may change a compiled plan."""
 
 OPTIONS = tuple(f.name for f in fields(Settings) if f.metadata["option"])
 """The settings torch.compile's `options` and `kiln.torch.dynamo_config` set."""

@@ -29,7 +29,6 @@ from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.runtime import serialize
 from kiln.runtime.kernel_errors import KernelCheck
-from kiln.runtime.plan_binding import bound
 from kiln.runtime.threads import threads_for
 
 
@@ -57,7 +56,9 @@ class Plan:
         `load_kernels`), each constant a kernel lays out once prepared now for it (one more
         constant slot that the step reads; several prepared at once, see `_each_prepared`)."""
         kernels = self.load_kernels() if kernels is None else kernels
-        buffers, constants, steps = list(bound(self.buffers, None)), dict(self.constants), []
+        # a plan traced at symbolic sizes runs at the sizes of its trace (`kiln.runtime.plan_binding`)
+        buffers = [Buffer(tuple(map(int.__int__, b.shape)), b.dtype, b.device) for b in self.buffers]
+        constants, steps = dict(self.constants), []
         found = _each_prepared(kernels, [[self.constants.get(s) for s in ins] for ins, _ in self.steps])
         for kernel, (ins, outs), prepared in zip(kernels, self.steps, found):
             if prepared is not None:

@@ -17,7 +17,7 @@ from kiln.frontend.torch.run_record import RunRecord
 from kiln.ir.size import SymSize, guards_hold
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
-from kiln.runtime.plan_binding import binds_elsewhere, bound
+from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
 from kiln.settings import Settings
 
 
@@ -40,6 +40,8 @@ class ReusablePlan:
     record: RunRecord
     guards: frozenset
     settings: Settings
+    symbolic: set[int]      # what binding looks into (`plan_binding.symbolic_parts`)
+    names: frozenset        # the size variables the guards read
 
     @classmethod
     def of(cls, record: RunRecord, reads: SizeReads, settings: Settings) -> ReusablePlan | None:
@@ -47,22 +49,18 @@ class ReusablePlan:
         the trace read a value otherwise or the plan holds constants of symbolic shapes."""
         if reads.read is not None or not binds_elsewhere(record.plan):
             return None
-        return cls(record, frozenset(reads.guards), settings)
+        names = frozenset(atom[1] for _, p, q, _ in reads.guards for poly in (p, q) for monomial, _ in poly
+                          for atom in _atoms(monomial))
+        return cls(record, frozenset(reads.guards), settings, symbolic_parts(record.plan), names)
 
     def for_call(self, values: dict[str, int], settings: Settings, key: str | None) -> RunRecord | None:
         """The record of this plan bound to the size variables at `values` for a call whose
         whole-graph key is `key`, or None where a guard answers otherwise there, a guard's size
         is not among `values`, or the settings differ."""
-        if settings != self.settings or not _named(self.guards, values) or not guards_hold(self.guards, values):
+        if settings != self.settings or not self.names <= values.keys() or not guards_hold(self.guards, values):
             return None
-        plan: Plan = bound(self.record.plan, values)
+        plan: Plan = bound(self.record.plan, values, self.symbolic)
         return replace(self.record, plan=plan, key=key)
-
-
-def _named(guards, values: dict[str, int]) -> bool:
-    """Whether every size variable that `guards` read is one of `values`."""
-    return all(atom[1] in values for _, p, q, _ in guards for poly in (p, q) for monomial, _ in poly
-               for atom in _atoms(monomial))
 
 
 def _atoms(monomial):
