@@ -14,7 +14,8 @@ Data types
 Reading a task (the compute IR)
     What `applies` and the matchers inspect: `Task`, `Compute`, `TensorInput`, the expression
     nodes `Expr`, `Var`, `Const`, `Load`, `Select`, `Binary`, `Unary`, `Cast`, `Reduce`,
-    `Check`, `SizeVar`, symbolic sizes `SymSize`; building and rewriting expressions: `cast`,
+    `Check`, `SizeVar`, symbolic sizes `SymSize` (`as_dim`: a size for a launch or a temporary, kept
+    symbolic so that a plan binds it to other sizes); building and rewriting expressions: `cast`,
     `as_expr`, `walk`, `rewrite`, `substitute`, `simplify`, `linear_terms`, `unravel`;
     `inline_task` (a task with its buffers inlined into its outputs); `top_reduces` (the
     outermost reductions of an expression).
@@ -70,7 +71,7 @@ from kiln.codegen.sizes import SizeArgs
 from kiln.codegen.vector_epilogue import render_vector_epilogue, vector_stores
 from kiln.dtypes import DataType
 from kiln.ir import (Binary, Cast, Check, Compute, Const, Expr, Load, Reduce, Select, SizeVar, SymSize, Task,
-                     TensorInput, Unary, Var, as_expr, cast, inline_task, rewrite, simplify, substitute, unravel)
+                     TensorInput, Unary, Var, as_dim, as_expr, cast, inline_task, rewrite, simplify, substitute, unravel)
 from kiln.ir.expr import top_reduces, walk
 from kiln.ir.simplify import linear_terms
 from kiln.runtime.cpu import CpuProgram, Preparation
@@ -84,7 +85,7 @@ __all__ = [
     "dtypes", "DataType",
     # reading a task
     "Task", "Compute", "TensorInput", "Expr", "Var", "Const", "Load", "Select", "Binary", "Unary", "Cast", "Reduce",
-    "Check", "SizeVar", "SymSize", "cast", "as_expr", "walk", "rewrite", "substitute", "simplify", "linear_terms",
+    "Check", "SizeVar", "SymSize", "as_dim", "cast", "as_expr", "walk", "rewrite", "substitute", "simplify", "linear_terms",
     "unravel", "inline_task", "top_reduces",
     # matching contractions
     "match_contraction", "Contraction", "Operand", "match_hooked_gemm", "HookedGemm", "gemm_factors", "strip_cast",

@@ -34,7 +34,7 @@ from kiln.ir.compute import Compute, TensorInput
 from kiln.ir.expr import Expr, Reduce, SizeVar, Var, as_expr, top_reduces, walk
 from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
-from kiln.ir.size import SymSize
+from kiln.ir.size import SymSize, as_dim
 from kiln.runtime.cuda import CudaProgram, Launch
 
 BLOCK = 256
@@ -56,7 +56,7 @@ def reduce_extent(r: Reduce) -> int:
     for axis in r.axes:
         if isinstance(axis.extent, Expr):
             b = bounds(axis.extent)
-            n *= max(int(b[1]), 1) if b is not None else 1 << 20
+            n *= max(b[1], 1) if b is not None else 1 << 20
         else:
             n *= axis.extent
     return n
@@ -305,9 +305,9 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
     source, used = item_loop_kernel(kernel_name, BLOCK, args, mode, items, body, sizes)
     names = tuple(n for n, _, _ in args) + used
     if split:
-        launch = Launch(kernel_name, names, (BLOCK, 1, 1), grid=(int(items), split[0], 1))
+        launch = Launch(kernel_name, names, (BLOCK, 1, 1), grid=(as_dim(items), split[0], 1))
     else:
-        launch = Launch(kernel_name, names, (BLOCK, 1, 1), items=int(items),
+        launch = Launch(kernel_name, names, (BLOCK, 1, 1), items=as_dim(items),
                         per_block=per_block, waves=THREAD_WAVES if mode == "thread" else 64)
     return Kernel(source, launch)
 
@@ -346,7 +346,7 @@ class AutoProgram:
         self.lowered = lowered
         self.names = KernelArgs.names(lowered.inputs, lowered.outputs, lowered.temporaries)
         self.strides = {id(t): row_major_strides(t.shape) for t in lowered.inputs + lowered.buffers}
-        self.temporaries = [(tuple(map(int, t.shape)), t.dtype) for t in lowered.temporaries]
+        self.temporaries = [(tuple(map(as_dim, t.shape)), t.dtype) for t in lowered.temporaries]
         self.available = [(self.names[id(t)], t, True) for t in lowered.inputs]
         self.kernels: list[Kernel] = []
         self.sizes = SizeArgs()
@@ -356,7 +356,7 @@ class AutoProgram:
         t = TensorInput(KernelArgs.temporary(len(self.temporaries)), shape, dtype)
         self.names[id(t)] = t.name
         self.strides[id(t)] = row_major_strides(shape)
-        self.temporaries.append((tuple(map(int, shape)), dtype))
+        self.temporaries.append((tuple(map(as_dim, shape)), dtype))
         return t
 
     def write(self, n: int, buf: Compute, out_name: str | None = None) -> None:

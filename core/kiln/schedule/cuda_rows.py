@@ -56,7 +56,7 @@ from kiln.codegen.emitter import reduce_init
 from kiln.ir.expr import Cast, Const, Expr, Load, Reduce, Var, as_expr, top_reduces, walk
 from kiln.ir.inline import Lowered
 from kiln.ir.simplify import simplify
-from kiln.ir.size import SymSize
+from kiln.ir.size import SymSize, as_dim
 from kiln.runtime.cuda import CudaProgram, Launch
 from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
                                        reduce_extent, symbolic_extent)
@@ -458,7 +458,7 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     threads = BLOCK if plan.warp else plan.lanes
     source, used = item_loop_kernel("kiln_row", threads, args, "warp" if plan.warp else "block", rows,
                                     "\n".join(em.lines), auto.sizes)
-    launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=int(rows),
+    launch = Launch("kiln_row", tuple(n for n, _, _ in args) + used, (threads, 1, 1), items=as_dim(rows),
                     per_block=threads // 32 if plan.warp else 1, waves=64, narrows=plan.warp)
     tensors = [s.tensor for s in streams.values()] + ([] if one else [out])
     return CudaProgram(d.prelude + "\n" + source, [launch], [], alignment=pack_alignment(tensors, vector),

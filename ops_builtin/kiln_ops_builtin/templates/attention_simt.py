@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import CudaProgram, Knobs, Launch, Template, device_code, dtypes, template_source
+from kiln.template import CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, template_source
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.split_k import bucket
 
@@ -94,7 +94,7 @@ def render(task, **knobs) -> CudaProgram:
                               device_code(__package__, "cuda/attention_simt.cuh")],
                              {**a.device_defines(), "M_BLOCKS": a.int_text(m_blocks)}, a.hooks, ())
     launch = Launch("kiln_attention_simt", tuple(a.args.split(", ")), (k.NW * 32, 1, 1),
-                    grid=(int(m_blocks * a.batch_count), 1, 1), smem=smem_bytes(k, a.D))
+                    grid=(as_dim(m_blocks * a.batch_count), 1, 1), smem=smem_bytes(k, a.D))
     return CudaProgram(source, [launch], alignment=16, sizes=a.sizes.values)
 
 

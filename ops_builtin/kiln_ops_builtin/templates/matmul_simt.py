@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kiln.template import (Contraction, CudaProgram, HookedGemm, Knobs, Launch, Operand, Template, device_code, dtypes,
+from kiln.template import (Contraction, CudaProgram, HookedGemm, Knobs, Launch, Operand, Template, as_dim, device_code, dtypes,
                            match_contraction, match_hooked_gemm, ptx, template_source)
 from kiln_ops_builtin.templates import split_k
 
@@ -262,8 +262,8 @@ def render(task, **knobs) -> CudaProgram:
     defines = {"M": g.text(g.M), "N": g.text(g.N), "K": g.text(g.K), "ARGS": g.args, **sk.defines}
     program = PROGRAM.format(bm=k.BM, bn=k.BN, bk=k.BK, wm=k.WM, wn=k.WN, min_blocks=k.MIN_BLOCKS, stages=k.STAGES,
                              frag=k.FRAG, a_kind=kinds[0], b_kind=kinds[1], a=operands[0], b=operands[1])
-    tiles = int(-(-g.M // k.BM) * -(-g.N // k.BN))
-    launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, k.SPLIT, int(batch)))
+    tiles = as_dim(-(-g.M // k.BM) * -(-g.N // k.BN))
+    launch = Launch("kiln_matmul_simt", names + sk.args, (NT, 1, 1), grid=(tiles, k.SPLIT, as_dim(batch)))
     source = template_source([device_code(__package__, "cuda/matmul_simt.cuh"), program, sk.stores,
                               device_code(__package__, "cuda/matmul_simt_kernel.cuh"), sk.source], defines, hooks,
                              (ptx.CP_ASYNC,))

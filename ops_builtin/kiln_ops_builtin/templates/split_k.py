@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kiln.template import KernelArgs, Launch, SymSize, device_code, dtypes
+from kiln.template import KernelArgs, Launch, SymSize, as_dim, device_code, dtypes
 
 PROGRAM = "struct kiln_split_k_program {{ enum {{ SPLIT = {split}, FLOAT2_PAIRS = {pairs} }}; }};\n"
 
@@ -89,8 +89,8 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
         return SplitK(defines, program + device_code(__package__, "cuda/split_k_direct.cuh"))
     defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws", "KERNEL_ARGS": "ARGS, kiln_ws"})
     workspace = KernelArgs.temporary(len(temporaries))
-    temporaries.append(((split, int(batch), int(M), int(N)), dtypes.float32))
-    total = int(batch * M * -(-N // 2))
+    temporaries.append(((split, as_dim(batch), as_dim(M), as_dim(N)), dtypes.float32))
+    total = as_dim(batch * M * -(-N // 2))
     launch = Launch("kiln_split_k_sum", args + (workspace,), (256, 1, 1), items=total, per_block=256, waves=8)
     return SplitK(defines, program + device_code(__package__, "cuda/split_k.cuh"),
                   device_code(__package__, "cuda/split_k_sum.cuh"), (workspace,), [launch])
@@ -142,8 +142,14 @@ def splits(tile: Tile, M: int, N: int, K: int, batch: int, sm_count: int) -> lis
 def bucket(size) -> int:
     """The size a knob choice takes for `size`: a fixed size itself, a symbolic one
     (`kiln.ir.size.SymSize`) the power of two at or above its value, so that every size of a
-    bucket chooses alike and the sizes share one kernel."""
-    return 1 << (int(size) - 1).bit_length() if isinstance(size, SymSize) else size
+    bucket chooses alike and the sizes share one kernel (found by comparisons, which a plan
+    reused at another size asks again: `kiln.ir.size_reads`)."""
+    if not isinstance(size, SymSize):
+        return size
+    power = 1
+    while power < size:
+        power *= 2
+    return power
 
 
 def rank(tiles: list[Tile], M: int, N: int, K: int, batch: int, sm_count: int, elem_bytes: int,
