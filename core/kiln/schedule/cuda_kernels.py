@@ -329,7 +329,7 @@ def injective_kernel(lowered_names: dict, strides: dict, args: list, bufs: list[
         guard = "" if sizes.text(count) == sizes.text(items) else f"if (o < {sizes.text(count)}) "
         parts.append(f"        {guard}{{\n{lines}\n        }}")
     source, used = item_loop_kernel(kernel_name, BLOCK, args, "thread", items, "\n".join(parts), sizes)
-    launch = Launch(kernel_name, tuple(n for n, _, _ in args) + used, (BLOCK, 1, 1), items=int(items),
+    launch = Launch(kernel_name, tuple(n for n, _, _ in args) + used, (BLOCK, 1, 1), items=as_dim(items),
                     per_block=BLOCK, waves=THREAD_WAVES)
     return Kernel(source, launch)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kiln.template import Contraction, CudaProgram, Operand, Template, TensorMapArg, dtypes, match_contraction
+from kiln.template import Contraction, CudaProgram, Operand, Template, TensorMapArg, as_dim, dtypes, match_contraction
 from kiln_ops_builtin.templates import split_k
 from kiln_ops_builtin.templates.sm90_engine import BK, EngineKnobs, Problem, Producer, TmaLoad, k_block, program
 
@@ -99,15 +99,15 @@ def _operand_load(c: Contraction, operand: Operand, rows: int, extent: int, name
     if batch is None:
         return None
     dims = tuple((c.text(d), c.text(s)) for d, s, _ in batch)
-    bdims, bstrides = tuple(int(s) for _, s, _ in batch), tuple(int(st) for _, _, st in batch)
-    K, extent = int(c.K), int(extent)
+    bdims, bstrides = tuple(as_dim(s) for _, s, _ in batch), tuple(as_dim(st) for _, _, st in batch)
+    K, extent = as_dim(c.K), as_dim(extent)
     if operand.k_stride == 1:
         part = rows // parts
-        arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, int(operand.x_stride)) + bstrides,
+        arg = TensorMapArg(operand.param, operand.dtype, (K, extent) + bdims, (1, as_dim(operand.x_stride)) + bstrides,
                            (k_block(operand.dtype), part) + (1,) * len(batch))
         return TmaLoad(name, arg, part, 0, parts, dims)
     if operand.x_stride == 1 and operand.dtype.is_16bit_float and rows // 64 % parts == 0:
-        arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, int(operand.k_stride)) + bstrides,
+        arg = TensorMapArg(operand.param, operand.dtype, (extent, K) + bdims, (1, as_dim(operand.k_stride)) + bstrides,
                            (64, BK) + (1,) * len(batch))
         return TmaLoad(name, arg, rows // 64 // parts, 1, parts, dims)
     return None

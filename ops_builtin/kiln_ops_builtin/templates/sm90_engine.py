@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kiln.template import (Const, CudaDialect, CudaProgram, DataType, EpilogueOutput, EpilogueSource, Knobs,
-                           KernelArgs, Launch, SizeArgs, TensorMapArg, Var, device_code, dtypes, linear_terms, ptx,
+                           KernelArgs, Launch, SizeArgs, TensorMapArg, Var, as_dim, device_code, dtypes, linear_terms, ptx,
                            render_vector_epilogue, row_major_strides, simplify, template_source, vector_stores)
 from kiln_ops_builtin.templates import split_k
 
@@ -375,7 +375,7 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
                               sk.stores, device_code(__package__, "cuda/tma_batch.cuh", "cuda/sm90_engine.cuh"),
                               rendered, sk.source],
                              defines, p.epilogue + vector_hook, ptx=groups)
-    units = int(-(-p.M // (ring.BM * ring.CLUSTER)) * -(-p.N // ring.BN) * p.batch * ring.SPLIT)
+    units = as_dim(-(-p.M // (ring.BM * ring.CLUSTER)) * -(-p.N // ring.BN) * p.batch * ring.SPLIT)
     launches = [Launch(kernel, args + sk.args + tuple(maps.values()), (128 * (ring.CW + 1), 1, 1),
                        items=units * ring.CLUSTER, per_block=1, waves=1, smem=ring.smem_bytes(sources),
                        cluster=ring.CLUSTER)] + sk.launches
@@ -392,7 +392,7 @@ def output_map(p: Problem) -> TensorMapArg | None:
     if (o is None or o.out.dtype.nbytes != 2 or p.sizes.values or not all(isinstance(x, int) for x in (p.M, p.N))
             or p.N % 2):
         return None
-    b, m, n = Var("b", max(int(p.batch), 1)), Var("m", p.M), Var("n", p.N)
+    b, m, n = Var("b", max(as_dim(p.batch), 1)), Var("m", p.M), Var("n", p.N)
     index = o.index_of(b, m, n)
     flat = sum((index[id(a)] * s for a, s in zip(o.out.axes, row_major_strides(o.out.shape))), Const(0, dtypes.int64))
     terms, const = linear_terms(simplify(flat))
@@ -404,7 +404,7 @@ def output_map(p: Problem) -> TensorMapArg | None:
     batched = p.batch > 1 and sb
     if not sm or sm * 2 % 16 or (batched and sb * 2 % 16):
         return None
-    dims = (p.N, p.M) + ((int(p.batch),) if batched else ())
+    dims = (p.N, p.M) + ((as_dim(p.batch),) if batched else ())
     strides = (1, sm) + ((sb,) if batched else ())
     return TensorMapArg(KernelArgs.output(0), o.out.dtype, dims, strides, (64, 16) + (1,) * (len(dims) - 2))
 
@@ -413,7 +413,7 @@ def output_map(p: Problem) -> TensorMapArg | None:
 
 def _source_maps(sources: tuple[EpilogueSource, ...], M: int, N: int, bm: int, bn: int) -> dict[str, TensorMapArg]:
     """Tensor maps S0, S1, .. of the sources as M x N matrices, a box a bm x bn tile (unswizzled)."""
-    return {f"S{k}": TensorMapArg(s.param, s.dtype, (int(N), int(M)), (1, int(s.row_stride)), (bn, bm), swizzle=0)
+    return {f"S{k}": TensorMapArg(s.param, s.dtype, (as_dim(N), as_dim(M)), (1, as_dim(s.row_stride)), (bn, bm), swizzle=0)
             for k, s in enumerate(sources)}
 
 
