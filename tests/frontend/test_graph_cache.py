@@ -230,7 +230,8 @@ def test_graphs_with_symbolic_sizes_hit_at_each_size(graph_cache, caplog):
         with torch.no_grad():
             for x in inputs:
                 torch.testing.assert_close(function(x), model(x), atol=1e-5, rtol=1e-5)
-    assert events(caplog) == ["miss", "miss", "hit", "hit"]
+    # the second size runs the first's plan (`plan_reuse`), stored for the later process
+    assert events(caplog) == ["miss", "hit", "hit"]
 
 
 @pytest.mark.parametrize("off", ["KILN_GRAPH_CACHE=0", "dynamo_config", "options"])

@@ -102,6 +102,9 @@ def test_a_new_size_at_every_call_keeps_what_the_process_holds_bounded(monkeypat
     loaded_before = len(loaded)
     definitions = {name: c.item for name, c in kiln.plugins.registry().operators.items()}
     tasks_before = {name: len(d._tasks) for name, d in definitions.items()}
+    # a trace at symbolic sizes fills caches of its own (`kiln.ir.size_reads`), and a size that
+    # runs another's plan fills none: what earlier tests left stays until the next put
+    kept_before = max(8, len(operators._compiled)), max(8, len(groups._composed))
     for n in range(2, 202):
         x = torch.randn(3, n)
         torch.testing.assert_close(compiled(x), fn(x))
@@ -109,8 +112,7 @@ def test_a_new_size_at_every_call_keeps_what_the_process_holds_bounded(monkeypat
     function, = [f for f in KilnFunction.live() if id(f) not in before and f.graphs]
     used = {id(step.kernel.kernel) for run in function.graphs.values() for step in run.compiled.steps}
     assert len(function.graphs) == SIGNATURES_KEPT
-    assert len(operators._compiled) <= 8
-    assert len(groups._composed) <= 8
+    assert len(operators._compiled) <= kept_before[0] and len(groups._composed) <= kept_before[1]
     tasks = {name: len(d._tasks) for name, d in definitions.items() if len(d._tasks) != tasks_before[name]}
     assert all(n <= 8 for n in tasks.values()), tasks
     assert len(loaded) - loaded_before <= SIGNATURES_KEPT + 8

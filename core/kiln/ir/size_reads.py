@@ -74,9 +74,10 @@ def note_read(what: str) -> None:
 
 
 def _caller() -> str:
-    """The innermost frame outside kiln.ir.size and this module, as 'file:line in function'."""
+    """The innermost frame outside the modules that note reads (kiln.ir.size, kiln.ir.expr and
+    this one), as 'file:line in function'."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.endswith(("/ir/size.py", "/ir/size_reads.py")):
+    while frame is not None and frame.f_code.co_filename.endswith(("/ir/size.py", "/ir/expr.py", "/ir/size_reads.py")):
         frame = frame.f_back
     if frame is None:
         return "?"

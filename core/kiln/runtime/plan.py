@@ -29,6 +29,7 @@ from kiln.runtime.cpu import CpuProgram, Preparation
 from kiln.runtime.cuda import CudaProgram, Launch, TensorMapArg
 from kiln.runtime import serialize
 from kiln.runtime.kernel_errors import KernelCheck
+from kiln.runtime.plan_binding import bound
 from kiln.runtime.threads import threads_for
 
 
@@ -109,8 +110,9 @@ SAFE_CLASSES = (Plan, Buffer, Device, DataType, CpuProgram, Preparation, KernelC
 
 def dumps(record) -> bytes:
     """`record` (a Plan, or plain containers holding plans, tensors and plain values) as bytes
-    (`kiln.runtime.serialize`: its tensors as raw bytes)."""
-    return serialize.dumps(record)
+    (`kiln.runtime.serialize`: its tensors as raw bytes), symbolic sizes as their values in the
+    trace (`kiln.runtime.plan_binding`)."""
+    return serialize.dumps(bound(record, None))
 
 
 def loads(data, classes: Sequence[type] = ()):

@@ -58,7 +58,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.indices import used_only_as_index
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
-from kiln.frontend.torch.plan_reuse import ReusablePlan, size_values
+from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, size_values
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.run_record import Output, RunRecord
@@ -320,8 +320,9 @@ class KilnFunction:
         self._names = [source or n.name for source, n in zip(self.sources, placeholders)]
         self.graphs: OrderedDict[tuple, CompiledRun] = OrderedDict()
         # plans traced at symbolic sizes that other sizes may reuse (`plan_reuse`), each with
-        # the state of the constants it was traced with (`_constants_state`)
-        self._reusable: list[tuple[ReusablePlan, tuple]] = []
+        # what the call must share with its trace (`_reuse_key`) and the state of the constants
+        # it was traced with (`_constants_state`)
+        self._reusable: list[tuple[ReusablePlan, tuple, tuple]] = []
         self._records_sizes = True      # until a trace at symbolic sizes read a value (`plan_reuse`)
         self.frame = str(gm.meta.get("dynamo_compile_id", "")).split("/")[0]
         self.compile_id = torch._guards.CompileContext.current_compile_id()
@@ -432,11 +433,13 @@ class KilnFunction:
         logger.info("compiling a graph of %d fx nodes for inputs %s", len(self.gm.graph.nodes),
                     ", ".join(described))
         values = size_values(sizes)
-        if values:
-            reused = self._reused(args, values, key, settings)
-            if reused is not None:
-                return reused
         cached = key is not None and graph_cache.used(settings)
+        if values:
+            reused = self._reused(args, sizes, values, key, settings)
+            if reused is not None:
+                if cached:      # for later processes, which trace no plan to reuse
+                    graph_cache.store(reused.record, reused.constants)
+                return reused
         if cached:
             with stage("graph cache"):
                 record = graph_cache.lookup(key, args)
@@ -455,13 +458,21 @@ class KilnFunction:
             print(correctness_report(self.gm, list(args), traced_values, traced, graph))
         return run
 
-    def _reused(self, args, values: dict[str, int], key, settings: Settings) -> CompiledRun | None:
-        """The CompiledRun of a plan traced at other sizes bound to the call `args`, whose size
-        variables are at `values` (`plan_reuse`), or None where none was traced with these
-        constants or holds there."""
+    def _reuse_key(self, args, sizes) -> tuple:
+        """What a call `args` of input `sizes` must share with the trace of a plan it reuses:
+        its inputs but their symbolic sizes' values (`plan_reuse.fixed_part`) and the values
+        the graph reads of its one-element inputs."""
+        return (fixed_part(args, sizes, self._input_positions)
+                + tuple(args[k].item() for k in self._read_positions))
+
+    def _reused(self, args, sizes, values: dict[str, int], key, settings: Settings) -> CompiledRun | None:
+        """The CompiledRun of a plan traced at other sizes bound to the call `args` of input
+        `sizes`, whose size variables are at `values` (`plan_reuse`), or None where none was
+        traced with these constants and inputs or holds there."""
         constants = [args[k] for k in self._constant_positions]
-        for reusable, state in reversed(self._reusable):
-            if not _unchanged(constants, state):
+        fixed = self._reuse_key(args, sizes)
+        for reusable, same, state in reversed(self._reusable):
+            if same != fixed or not _unchanged(constants, state):
                 continue
             with stage("reuse"):
                 record = reusable.for_call(values, settings, key)
@@ -488,7 +499,8 @@ class KilnFunction:
                             reads.read or "it holds constants of symbolic shapes")
             else:
                 constants = [args[k] for k in self._constant_positions]
-                self._reusable = [*self._reusable[1 - SIGNATURES_KEPT:], (reusable, _constants_state(constants))]
+                self._reusable = [*self._reusable[1 - SIGNATURES_KEPT:],
+                                  (reusable, self._reuse_key(args, sizes), _constants_state(constants))]
         return traced, traced_values, graph, self._run(compiled, record, args, graph)
 
     def _trace(self, args, sizes, key, folder, settings: Settings):

@@ -13,12 +13,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from kiln.frontend.torch.run_record import RunRecord
-from kiln.ir.size import SymSize, guards_hold
+from kiln.ir.size import SymSize, guards_hold, size_text
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
 from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
 from kiln.settings import Settings
+
+
+def fixed_part(args, sizes, positions) -> tuple:
+    """What tells the calls `args` (of input `sizes`, see `input_sizes`) apart at `positions`
+    but their symbolic sizes' values: a tensor's dtype, device and shape with each symbolic
+    dimension as its expression (`size_text`), any other argument as its symbolic size's
+    expression or as it is. A plan serves another call only where this is the same."""
+    def fixed(size):
+        return ("size", size_text(size)) if isinstance(size, SymSize) else size
+
+    return tuple((a.dtype, a.device, tuple(map(fixed, s))) if isinstance(a, torch.Tensor) else fixed(s)
+                 for a, s in ((args[k], sizes[k]) for k in positions))
 
 
 def size_values(sizes) -> dict[str, int]:

@@ -1,0 +1,102 @@
+"""A new size of a graph dynamo traced with symbolic sizes runs the plan traced at an earlier size
+(`kiln.frontend.torch.plan_reuse`), on the CPU: the same plan and the same outputs as a fresh
+trace at that size; a rule's decision that flips with the size, or a read of a size's value,
+makes the size trace anew."""
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+import kiln
+from kiln.frontend.torch import register_function
+from kiln.frontend.torch.backend import KilnFunction
+from kiln.runtime.plan_binding import bound
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The sizes (the graph's symbolic input sizes, by name) of each trace since."""
+    sizes = []
+    trace = KilnFunction._trace
+
+    def counted(self, args, input_sizes, *rest):
+        sizes.append(_values(input_sizes))
+        return trace(self, args, input_sizes, *rest)
+    monkeypatch.setattr(KilnFunction, "_trace", counted)
+    return sizes
+
+
+def _values(sizes) -> dict:
+    from kiln.frontend.torch.plan_reuse import size_values
+    return size_values(sizes)
+
+
+@pytest.fixture
+def rule():
+    """Register a rule for F.silu (removed after the test)."""
+    registry, added = kiln.torch.mapping_registry(), []
+
+    def register(handler):
+        register_function(F.silu, priority=1000)(handler)
+        added.append(handler)
+    yield register
+    for handler in added:
+        registry.remove(F.silu, handler=handler)
+
+
+def _same_plan(a, b) -> bool:
+    a, b = bound(a, None), bound(b, None)
+    return (a.kernels == b.kernels and a.steps == b.steps and a.buffers == b.buffers and a.inputs == b.inputs
+            and a.outputs == b.outputs and a.constants.keys() == b.constants.keys()
+            and all(torch.equal(a.constants[k], b.constants[k]) for k in a.constants))
+
+
+def test_new_lengths_of_gpt2_run_the_first_symbolic_plan_as_a_fresh_trace_would(traced):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    compiled = torch.compile(model, backend="kiln", options={"graph_cache": False})
+    lengths, outputs = (5, 8, 11, 30, 9), {}
+    with torch.no_grad():
+        for length in lengths:
+            ids = torch.randint(0, 64, (2, length))
+            outputs[length] = (ids, compiled(ids, use_cache=False).logits)
+            torch.testing.assert_close(outputs[length][1], model(ids, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+        assert len([s for s in traced if s]) == 1, traced     # the first symbolic length's trace serves the others
+        function, = [f for f in KilnFunction.live() if f._reusable]
+        plans = {length: run.record.plan for length, run in zip(lengths[1:], function.graphs.values())}
+        for length in lengths[2:]:
+            function.release()
+            ids, reused = outputs[length]
+            assert torch.equal(compiled(ids, use_cache=False).logits, reused)
+            fresh, = function.graphs.values()
+            assert _same_plan(fresh.record.plan, plans[length])
+    assert len([s for s in traced if s]) == 1 + len(lengths[2:])
+
+
+def test_a_decision_that_flips_with_the_size_is_not_reused_across_the_flip(traced, rule):
+    """A rule that computes silu on rows longer than 8 and doubles shorter ones: each side of 8
+    has its plan, and a size is served by the plan of its own side."""
+    def by_width(x, inplace=False):
+        return kiln.ops.silu(x) if x.shape[-1] > 8 else kiln.ops.mul(x, 2.0)
+    rule(by_width)
+    compiled = torch.compile(lambda x: F.silu(x) + 1, backend="kiln", dynamic=True)
+    for width in (10, 12, 5, 6, 20, 3, 9, 8):
+        x = torch.randn(3, width)
+        want = (F.silu(x) if width > 8 else x * 2) + 1
+        torch.testing.assert_close(compiled(x), want)
+    assert [sorted(s.values()) for s in traced] == [[3, 10], [3, 5]]
+
+
+def test_a_size_whose_value_the_trace_read_traces_every_new_size(traced, rule):
+    """A rule that scales by the row length as a float (a read of the size's value, not a
+    comparison): no plan serves another size."""
+    def scaled(x, inplace=False):
+        return kiln.ops.mul(x, float(x.shape[-1]))
+    rule(scaled)
+    compiled = torch.compile(lambda x: F.silu(x) + 1, backend="kiln", dynamic=True)
+    for width in (10, 12, 5):
+        x = torch.randn(3, width)
+        torch.testing.assert_close(compiled(x), x * width + 1)
+    assert [sorted(s.values()) for s in traced] == [[3, 10], [3, 12], [3, 5]]
