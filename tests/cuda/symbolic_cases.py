@@ -4,7 +4,8 @@ GPU test runs them against PyTorch.
 
 `SymbolicCase.graph(n, device)` traces and optimizes the case's graph at s0 = n; `inputs(n,
 device)` makes fresh random inputs (scaled so that 16-bit results stay well inside their
-range) and `reference(*inputs)` computes the expected outputs in float32.
+range) and `reference(*inputs)` computes the expected outputs in float32. `gpt_block(n)` is
+a GPT-2-like model's optimized graph at s0 = n.
 """
 from __future__ import annotations
 
@@ -113,3 +114,23 @@ CASES = [
                  lambda x, w: [kiln.ops.conv2d_channels_last(x, w, None, padding=1, groups=64)],
                  lambda x, w: [_conv_reference(x, w, groups=64)], shared=(3, 5, 7)),
 ]
+
+
+def gpt_block(length: int, device: str = "cuda", vocab: int = 512, d: int = 128, heads: int = 2):
+    """A GPT-2-like model over token ids [2, length] (its parameters graph inputs after the
+    ids): token and position embeddings, a pre-norm block (fused qkv linear, causal attention
+    over [B, L, H, D] views, projection, tanh-GELU MLP, residuals), a final norm and the head."""
+    s = SymSize.named("s0", length)
+    h = lambda *shape: symbol(shape, "float16", device)
+    idx, pos = symbol((2, s), "int64", device), symbol((s,), "int64", device)
+    wte, wpe, ln, qkv, qkv_b, proj, fc, out, head = (h(vocab, d), h(512, d), h(d), h(3 * d, d), h(3 * d), h(d, d),
+                                                     h(4 * d, d), h(d, 4 * d), h(vocab, d))
+    x = kiln.ops.embedding(idx, wte) + kiln.ops.embedding(pos, wpe)
+    q, k, v = kiln.ops.split(kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), qkv, qkv_b), d, 2)
+    split = lambda t: kiln.ops.permute(kiln.ops.reshape(t, (2, s, heads, d // heads)), (0, 2, 1, 3))
+    a = kiln.ops.attention(split(q), split(k), split(v), is_causal=True)
+    x = x + kiln.ops.linear(kiln.ops.reshape(kiln.ops.permute(a, (0, 2, 1, 3)), (2, s, d)), proj, ln)
+    mlp = kiln.ops.gelu(kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), fc), approximate="tanh")
+    x = x + kiln.ops.linear(mlp, out, ln)
+    logits = kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), head)
+    return optimize(trace_from([logits], [idx, pos, wte, wpe, ln, qkv, qkv_b, proj, fc, out, head]))

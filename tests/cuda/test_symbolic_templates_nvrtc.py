@@ -15,7 +15,7 @@ from kiln.schedule.choose import choose, schedules_for
 from kiln.tensor import symbol
 from kiln_ops_builtin.templates import gemm_sm90, split_k
 
-from tests.cuda.symbolic_cases import CASES
+from tests.cuda.symbolic_cases import CASES, gpt_block
 
 needs_nvrtc = pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc "
                                  "not installed: pip install 'kiln-core[cuda]'")
@@ -98,26 +98,6 @@ def test_knob_choices_bucket_symbolic_sizes_by_powers_of_two():
 
 
 LENGTHS = (9, 13, 21, 27, 33)
-
-
-def gpt_block(length: int, device: str = "cuda", vocab: int = 512, d: int = 128, heads: int = 2):
-    """A GPT-2-like model over token ids [2, length] (its parameters graph inputs after the
-    ids): token and position embeddings, a pre-norm block (fused qkv linear, causal attention
-    over [B, L, H, D] views, projection, tanh-GELU MLP, residuals), a final norm and the head."""
-    s = SymSize.named("s0", length)
-    h = lambda *shape: symbol(shape, "float16", device)
-    idx, pos = symbol((2, s), "int64", device), symbol((s,), "int64", device)
-    wte, wpe, ln, qkv, qkv_b, proj, fc, out, head = (h(vocab, d), h(512, d), h(d), h(3 * d, d), h(3 * d), h(d, d),
-                                                     h(4 * d, d), h(d, 4 * d), h(vocab, d))
-    x = kiln.ops.embedding(idx, wte) + kiln.ops.embedding(pos, wpe)
-    q, k, v = kiln.ops.split(kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), qkv, qkv_b), d, 2)
-    split = lambda t: kiln.ops.permute(kiln.ops.reshape(t, (2, s, heads, d // heads)), (0, 2, 1, 3))
-    a = kiln.ops.attention(split(q), split(k), split(v), is_causal=True)
-    x = x + kiln.ops.linear(kiln.ops.reshape(kiln.ops.permute(a, (0, 2, 1, 3)), (2, s, d)), proj, ln)
-    mlp = kiln.ops.gelu(kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), fc), approximate="tanh")
-    x = x + kiln.ops.linear(mlp, out, ln)
-    logits = kiln.ops.linear(kiln.ops.layer_norm(x, (d,), ln, ln), head)
-    return optimize(trace_from([logits], [idx, pos, wte, wpe, ln, qkv, qkv_b, proj, fc, out, head]))
 
 
 @needs_nvrtc

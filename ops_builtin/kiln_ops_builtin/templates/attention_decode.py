@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import CudaProgram, Knobs, Launch, Template, device_code, dtypes, ptx, template_source
+from kiln.template import CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, ptx, template_source
 from kiln_ops_builtin.templates.attention_flash import (CODE, HEAD_DIMS, MAX_SMEM, PAD, UNSPLIT, program,
                                                         split_kv, strides)
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
@@ -169,7 +169,7 @@ def render(task, **knobs) -> CudaProgram:
                                             bh="bh * GROUP + r / LQ", ok="r < GROUP * LQ"),
                               device_code(__package__, "cuda/attention_decode.cuh"), *kernels], defines, a.hooks,
                              (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    blocks = int(k.SPLIT * row_blocks * (a.batch_count // a.group))
+    blocks = as_dim(k.SPLIT * row_blocks * (a.batch_count // a.group))
     launches.insert(0, Launch("kiln_attention_decode", args, (k.NW * 32, 1, 1), grid=(blocks, 1, 1),
                               smem=k.smem_bytes(a.D)))
     return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values,

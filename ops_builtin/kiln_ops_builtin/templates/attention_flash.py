@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kiln.template import CudaProgram, KernelArgs, Knobs, Launch, Template, device_code, dtypes, ptx, template_source
+from kiln.template import CudaProgram, KernelArgs, Knobs, Launch, Template, as_dim, device_code, dtypes, ptx, template_source
 from kiln_ops_builtin.templates import attention_softmax
 from kiln_ops_builtin.templates.attention_match import Attention, match_attention
 from kiln_ops_builtin.templates.matmul_tc import ELEMENTS
@@ -154,10 +154,10 @@ def split_kv(a: Attention, split: int, params: str, args: tuple) -> SplitKV:
     maximum and the sum, and `kiln_attention_combine` stores the merged rows through the
     epilogue hooks."""
     part, stats = KernelArgs.temporary(0), KernelArgs.temporary(1)
-    rows = (split, int(a.batch_count), int(a.Lq))
+    rows = (split, as_dim(a.batch_count), as_dim(a.Lq))
     temporaries = [(rows + (a.D,), dtypes.float32), (rows + (2,), dtypes.float32)]
     args = args + (part, stats)
-    combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=int(a.batch_count * a.Lq * a.D // 2),
+    combine = Launch("kiln_attention_combine", args, (256, 1, 1), items=as_dim(a.batch_count * a.Lq * a.D // 2),
                      per_block=256, waves=8)
     kernels = [COMBINE.format(split=split, d=a.D), device_code(__package__, "cuda/attention_combine.cuh")]
     return SplitKV(params + f", float* __restrict__ {part}, float* __restrict__ {stats}", args, temporaries,
@@ -206,7 +206,7 @@ def render(task, **knobs) -> CudaProgram:
     source = template_source([CODE, program("kiln_attention_flash_program", a, enums),
                               device_code(__package__, "cuda/attention_flash_kernel.cuh"), *kernels], defines, a.hooks,
                              (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA, ptx.CVT_EX2))
-    blocks = int(k.SPLIT * m_blocks * a.batch_count)
+    blocks = as_dim(k.SPLIT * m_blocks * a.batch_count)
     launches.insert(0, Launch("kiln_attention_flash", args, (nt, 1, 1), grid=(blocks, 1, 1),
                               smem=smem_bytes(k.BM, k.BN, a.D)))
     return CudaProgram(source, launches, temporaries, alignment=16, sizes=a.sizes.values)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import CudaProgram, Knobs, Launch, Template, TensorMapArg, device_code, dtypes, ptx, template_source
+from kiln.template import CudaProgram, Knobs, Launch, Template, TensorMapArg, as_dim, device_code, dtypes, ptx, template_source
 from kiln_ops_builtin.templates import attention_softmax
 from kiln_ops_builtin.templates.attention_match import Attention, Strided, match_attention
 from kiln_ops_builtin.templates.sm90_engine import MAX_SMEM, SWIZZLE_ATOM, consumer_registers
@@ -205,7 +205,7 @@ def render(task, **knobs) -> CudaProgram:
     defines = {**a.device_defines(), "M_BLOCKS": a.int_text(m_blocks)}
     source = template_source(kernels, defines, a.hooks, (ptx.MBARRIER, ptx.TMA, ptx.WGMMA, ptx.CVT_EX2))
     launch = Launch("kiln_attention_sm90", tuple(a.args.split(", ")) + tuple(arg for _, arg, _ in maps),
-                    (128 * (k.CW + 1), 1, 1), grid=(int(m_blocks * a.batch_count), 1, 1), smem=k.smem_bytes(dp))
+                    (128 * (k.CW + 1), 1, 1), grid=(as_dim(m_blocks * a.batch_count), 1, 1), smem=k.smem_bytes(dp))
     return CudaProgram(source, [launch], arch_suffix="a", min_arch=90, alignment=16, sizes=a.sizes.values)
 
 

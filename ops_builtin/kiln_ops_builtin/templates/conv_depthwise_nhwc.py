@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Knobs, Launch, SizeArgs, Template, device_code,
+from kiln.template import (CudaDialect, CudaProgram, KernelArgs, Knobs, Launch, SizeArgs, Template, as_dim, device_code,
                            dtypes, inline_task, render_vector_epilogue, template_source, top_reduces, unravel_index,
                            vector_stores)
 from kiln_ops_builtin.templates.conv_nhwc import ConvNHWC, match_conv_nhwc
@@ -268,7 +268,7 @@ def render(task, **knobs) -> CudaProgram:
                              store_s="(v)" if raw else load, load_s=load if raw else "(v)")
     # the epilogue hook's (the kernel reads them too)
     defines = {"PARAMS": ", ".join(decl), "ARGS": ", ".join(args)}
-    grid = (int(conv.batch * tiles_y * tiles_x) * -(-conv.channels // k["CB"]), 1, 1)
+    grid = (as_dim(conv.batch * tiles_y * tiles_x) * -(-conv.channels // k["CB"]), 1, 1)
     launch = Launch("kiln_conv_depthwise_nhwc", tuple(args), (k["NT"], 1, 1), grid=grid, smem=k["smem"])
     kernels = [device_code(__package__, "cuda/conv_depthwise.cuh"), program,
                device_code(__package__, "cuda/conv_depthwise_nhwc_kernel.cuh")]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import (CudaProgram, Knobs, Launch, Template, device_code, dtypes, match_hooked_gemm, ptx,
+from kiln.template import (CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, match_hooked_gemm, ptx,
                            template_source)
 
 from kiln_ops_builtin.templates import split_k
@@ -147,7 +147,7 @@ def render(task, **knobs) -> CudaProgram:
     source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/conv_tc.cuh"), sk.stores, kernel,
                               sk.source], defines, g.hooks, (ptx.LDMATRIX, ptx.MMA))
     launch = Launch("kiln_conv_tc", tuple(g.args.split(", ")) + sk.args, (nt, 1, 1),
-                    grid=(int(_tiles(g.M, g.N, (BM, BN))), split, 1))
+                    grid=(as_dim(_tiles(g.M, g.N, (BM, BN))), split, 1))
     return CudaProgram(source, [launch] + sk.launches, temporaries, alignment=16, sizes=g.sizes.values)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, device_code, dtypes, match_contraction,
+from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, match_contraction,
                            ptx, template_source)
 from kiln_ops_builtin.templates import split_k
 
@@ -145,7 +145,7 @@ def stream_program(c: Contraction, name: str, device: str, kernel: str, steps: i
     args, temporaries = tuple(c.args.split(", ")), []
     sk = split_k.plan(split, c.M, c.N, steps, 1, c.batch_count, c.params, args, temporaries, text=c.text)
     defines = {"M": int(c.M), "N": c.text(c.N), "ARGS": c.args, **sk.defines}     # what split_k's code reads
-    launch = Launch(name, args + sk.args, (32 * warps, 1, 1), grid=(int(-(-c.N // columns)), split, int(c.batch_count)))
+    launch = Launch(name, args + sk.args, (32 * warps, 1, 1), grid=(as_dim(-(-c.N // columns)), split, as_dim(c.batch_count)))
     source = template_source([device_code(__package__, device), sk.stores, kernel, sk.source], defines, c.epilogue,
                              (*wrappers, ptx.PRIOR_GRIDS, ptx.PREFETCH_L2))
     launches = [launch, *sk.launches]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, device_code, dtypes, match_contraction,
+from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, match_contraction,
                            ptx, template_source)
 from kiln_ops_builtin.templates import split_k
 
@@ -143,8 +143,8 @@ def render(task, **knobs) -> CudaProgram:
     source = template_source([device_code(__package__, "cuda/mma_sync.cuh", "cuda/matmul_tc.cuh"), program, sk.stores,
                               device_code(__package__, "cuda/matmul_tc_kernel.cuh"), sk.source], defines, c.epilogue,
                              (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.MMA))
-    tiles = int(-(-c.M // k.BM) * -(-c.N // k.BN))
-    launch = Launch("kiln_matmul_tc", args + sk.args, (k.threads, 1, 1), grid=(tiles, k.SPLIT, int(c.batch_count)),
+    tiles = as_dim(-(-c.M // k.BM) * -(-c.N // k.BN))
+    launch = Launch("kiln_matmul_tc", args + sk.args, (k.threads, 1, 1), grid=(tiles, k.SPLIT, as_dim(c.batch_count)),
                     smem=smem_bytes(k.BM, k.BN, k.BK, k.STAGES))
     return CudaProgram(source, [launch, *sk.launches], temporaries, alignment=16, sizes=c.sizes.values)
 

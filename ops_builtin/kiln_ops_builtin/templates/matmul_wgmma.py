@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, device_code, dtypes, match_contraction,
+from kiln.template import (Contraction, CudaProgram, Knobs, Launch, Template, as_dim, device_code, dtypes, match_contraction,
                            ptx, template_source)
 from kiln_ops_builtin.templates import split_k, stage
 
@@ -122,10 +122,10 @@ def render(task, **knobs) -> CudaProgram:
     kernels = [ptx.wgmma_m64k16(k.BN, c.a.dtype), a.source, b.source, sk.stores, program,
                device_code(__package__, "cuda/matmul_wgmma.cuh"), sk.source]
     source = template_source(kernels, defines, c.epilogue, (ptx.CP_ASYNC, ptx.LDMATRIX, ptx.WGMMA))
-    tiles = int(-(-c.M // k.BM) * -(-c.N // k.BN))
+    tiles = as_dim(-(-c.M // k.BM) * -(-c.N // k.BN))
     launches = [s.launch for s in (a, b) if s.launch]
     launches.append(Launch("kiln_matmul_wgmma", args + sk.args + (a.arg, b.arg), (128 * k.WG, 1, 1),
-                           grid=(tiles, k.SPLIT, int(c.batch_count)), smem=k.smem_bytes()))
+                           grid=(tiles, k.SPLIT, as_dim(c.batch_count)), smem=k.smem_bytes()))
     launches += sk.launches
     return CudaProgram(source, launches, temporaries, arch_suffix="a", min_arch=90, alignment=16,
                        sizes=c.sizes.values)

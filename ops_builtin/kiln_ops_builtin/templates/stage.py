@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.template import Contraction, KernelArgs, Launch, Operand, device_code
+from kiln.template import Contraction, KernelArgs, Launch, Operand, as_dim, device_code
 
 KERNEL = """
 extern "C" __global__ void __launch_bounds__(256) {name}(const uint16_t* __restrict__ src,
@@ -55,12 +55,12 @@ def stage(c: Contraction, operand: Operand, rows, name: str, temporaries: list) 
         return Staged(operand.param, f"(int64_t){c.text(operand.x_stride)}", c.batch_offset(operand, "bz"))
     kp = padded_k(c)
     tmp = KernelArgs.temporary(len(temporaries))
-    temporaries.append(((int(c.batch_count), int(rows), int(kp)), operand.dtype))
+    temporaries.append(((as_dim(c.batch_count), as_dim(rows), as_dim(kp)), operand.dtype))
     source = KERNEL.format(
         name=name, size_params="".join(f", {d}" for d in c.sizes.declarations()), batch=c.batch_offset(operand, "z"),
         x=c.text(rows), k=c.text(c.K), kp=c.text(kp), x_stride=c.text(operand.x_stride),
         k_stride=c.text(operand.k_stride))
     launch = Launch(name, (operand.param, tmp, *c.sizes.names), (32, 8, 1),
-                    grid=(int(-(-rows // 32)), int(-(-kp // 32)), int(c.batch_count)))
+                    grid=(as_dim(-(-rows // 32)), as_dim(-(-kp // 32)), as_dim(c.batch_count)))
     return Staged(tmp, f"(int64_t){c.text(kp)}", f"bz * (int64_t){c.text(rows * kp)}",
                   device_code(__package__, "cuda/stage.cuh") + source, launch)

@@ -1,0 +1,36 @@
+"""A CUDA plan traced at one sequence length serves others (`kiln.frontend.torch.plan_reuse`),
+without a GPU: a GPT-2-like model's plan (programs, buffers, steps) traced at s0 = 40 reads its
+size's value only through guards; bound to each length where they hold it is the plan traced
+fresh there, kernel sources and launches alike; the guards fail from 64 on and at 32 and below
+(thresholds and power-of-two buckets of the templates' choices): at 200, the plan traced there
+differs."""
+from kiln.graph.compile import graph_slots, is_view
+from kiln.ir.size import guards_hold
+from kiln.ir.size_reads import recording
+from kiln.runtime.compiled_graph import View
+from kiln.runtime.plan_binding import bound
+from kiln.schedule.choose import choose
+
+from tests.cuda.symbolic_cases import gpt_block
+
+
+def _plan(length: int):
+    """The size reads and the plan (each node's program, then `graph_slots`) of `gpt_block`
+    traced at `length` for an sm_90 GPU."""
+    with recording() as reads:
+        graph = gpt_block(length)
+        programs = [View() if is_view(node, graph) else choose(node.task, "cuda", 90) for node in graph.nodes]
+        return reads, (programs, *graph_slots(graph))
+
+
+def test_a_cuda_plan_traced_at_one_length_is_the_fresh_plan_wherever_its_guards_hold():
+    reads, plan = _plan(40)
+    assert reads.read is None
+    names = {type(p).__name__ for p in plan[0]}
+    assert "CudaProgram" in names
+    for length in (33, 47, 63):
+        assert guards_hold(reads.guards, {"s0": length})
+        assert bound(plan, {"s0": length}) == bound(_plan(length)[1], None)
+    crossed = [length for length in (17, 32, 64, 200) if not guards_hold(reads.guards, {"s0": length})]
+    assert crossed == [17, 32, 64, 200]
+    assert bound(plan, {"s0": 200}) != bound(_plan(200)[1], None)
