@@ -6,7 +6,10 @@ is computed from run-time sizes, as a polynomial over atoms (a `SizeVar` such as
 floor division or remainder of polynomials), normalized so that equal expressions
 compare equal (`(s0 * 16) // 16` is s0). Python arithmetic on SymSizes (+, -, *, //, %) keeps
 both; anything else (a comparison, `int()`, `/`) sees the value. A result whose expression is a
-constant is a plain int.
+constant is a plain int. What sees the value is recorded where a computation asks
+(`kiln.ir.size_reads`): a comparison with an int or SymSize as a guard, which `guards_hold`
+asks again with the size variables at other values (`value_at` evaluates a size there), and
+anything else as a read of the value.
 
 Code generation that opts in (`kiln.codegen.emitter.SizeArgs`) writes the expression instead of
 the value and takes the sizes as kernel arguments, so that the kernels of two sizes have the
@@ -200,6 +203,13 @@ def _value_read(name: str):
     return read
 
 
+_VALUE_READS = ("__int__", "__index__", "__float__", "__str__", "__repr__", "__format__", "__truediv__",
+                "__rtruediv__", "__pow__", "__rpow__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
+                "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__invert__", "__abs__",
+                "__divmod__", "__rdivmod__", "__round__", "__trunc__", "__floor__", "__ceil__", "bit_length",
+                "bit_count", "to_bytes", "as_integer_ratio", "conjugate")
+"""The methods of int through which a SymSize's value is read (`_value_read`)."""
+
 _NOT_NUMBERS = (type(None), str, bytes, tuple, list, dict, set, frozenset)
 """What a SymSize compares unequal to without reading its value."""
 
@@ -256,16 +266,7 @@ class SymSize(int):
     def __bool__(self):
         return self != 0
 
-    (__int__, __index__, __float__, __hash__, __str__, __repr__, __format__, __truediv__, __rtruediv__,
-     __pow__, __rpow__, __and__, __rand__, __or__, __ror__, __xor__, __rxor__, __lshift__, __rlshift__,
-     __rshift__, __rrshift__, __invert__, __abs__, __divmod__, __rdivmod__, __round__, __trunc__, __floor__,
-     __ceil__, bit_length, bit_count, to_bytes, as_integer_ratio, conjugate) = (
-        _value_read(name) for name in (
-            "__int__", "__index__", "__float__", "__hash__", "__str__", "__repr__", "__format__", "__truediv__",
-            "__rtruediv__", "__pow__", "__rpow__", "__and__", "__rand__", "__or__", "__ror__", "__xor__",
-            "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__invert__", "__abs__",
-            "__divmod__", "__rdivmod__", "__round__", "__trunc__", "__floor__", "__ceil__", "bit_length",
-            "bit_count", "to_bytes", "as_integer_ratio", "conjugate"))
+    __hash__ = _value_read("__hash__")     # set here: a class defining __eq__ has none
 
     def __reduce__(self):       # pickled as its value
         return (int, (_int(self),))
@@ -275,6 +276,10 @@ class SymSize(int):
 
     def __deepcopy__(self, memo):
         return self
+
+
+for _name in _VALUE_READS:
+    setattr(SymSize, _name, _value_read(_name))
 
 
 def _atom_expr(atom: tuple) -> Expr:

@@ -21,6 +21,11 @@ eager updates them (in PyTorch, with a warning, only where AOTAutograd fails on 
 where an input the graph changes in place shares memory with another input (`f(a, a[0])`) runs
 in PyTorch, with a warning.
 
+A new input signature that differs from one traced before only in the values of symbolic sizes
+runs that trace's plan, its sizes bound to the call's, where every decision the trace made on
+those sizes holds at the new values (`kiln.frontend.torch.plan_reuse`); the plan is stored in
+the whole-graph cache as a traced one is.
+
 Before it traces a graph for an input signature, a KilnFunction asks the whole-graph cache
 (`kiln.frontend.torch.graph_cache`) for the plan compiled before for the same graph, inputs,
 settings and code: a hit skips mapping, graph passes, scheduling and rendering. A graph the
@@ -247,9 +252,12 @@ already built where its sizes are symbolic)."""
 class KilnFunction:
     """One dynamo graph compiled by Kiln: a FlowGraph per input signature, traced on first use.
 
-    A graph dynamo traced with symbolic sizes is traced by Kiln again at each new size, with
-    its sizes as `kiln.ir.size.SymSize`s: kernels that take sizes as arguments are built once
-    and serve every size (see `kiln.schedule.choose`).
+    A graph dynamo traced with symbolic sizes is traced by Kiln with its sizes as
+    `kiln.ir.size.SymSize`s: kernels that take sizes as arguments are built once and serve every
+    size (see `kiln.schedule.choose`). A new size runs the plan traced at an earlier one where
+    that trace read the sizes' values only through comparisons that answer the same at the new
+    ones (`kiln.frontend.torch.plan_reuse`); else it is traced again (and once a trace read a
+    value otherwise, the later ones record nothing).
 
     `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
     `constant_ids` holds the ids of the parameters and buffers it was called with (how
@@ -477,8 +485,7 @@ class KilnFunction:
             with stage("reuse"):
                 record = reusable.for_call(values, settings, key)
                 if record is not None:
-                    logger.info("the plan traced at sizes %s serves sizes %s", size_values(
-                        reusable.record.plan.buffers[s].shape for s in reusable.record.plan.inputs), values)
+                    logger.info("a plan traced at other sizes serves sizes %s", values)
                     return self._run(record.plan.assemble(), record, args)
         return None
 
