@@ -220,7 +220,13 @@ _COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": o
 def guards_hold(guards, values: dict[str, int]) -> bool:
     """Whether every guard of `guards` (`size_reads.SizeReads.guards`) answers as it did with
     the size variables at `values` (name -> int; all of the guards' variables)."""
-    return all(_COMPARISONS[op](_value(p, values), _value(q, values)) == answer for op, p, q, answer in guards)
+    found: dict[tuple, int] = {}       # guards share sides: each polynomial evaluated once
+
+    def value(p: tuple) -> int:
+        if p not in found:
+            found[p] = _value(p, values)
+        return found[p]
+    return all(_COMPARISONS[op](value(p), value(q)) == answer for op, p, q, answer in guards)
 
 
 def value_at(size, values: dict[str, int]) -> int:
