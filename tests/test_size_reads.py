@@ -10,7 +10,7 @@ import torch
 
 from kiln.graph.operator import Recent
 from kiln.ir import SizeVar, SymSize
-from kiln.ir.size import distinct, guards_hold, value_at
+from kiln.ir.size import distinct, guards_hold, value_at, variables
 from kiln.ir.size_reads import current, recording
 from kiln.runtime.compiled_graph import Buffer
 from kiln.runtime.cuda import Launch
@@ -46,6 +46,7 @@ def test_arithmetic_distinct_sizes_and_keys_read_no_value():
     with recording() as reads:
         n = math.prod((s, 3, s // 2)) - s % 5 + (-s)
         assert value_at(n, {"s0": 10}) == 10 * 3 * 5 - 0 - 10
+        assert variables((s * 3 + SymSize.named("s1", 7) // s).polynomial) == {"s0": 96, "s1": 7}
         assert distinct([s, 96, s * 1, 3]) == [s, 3]
         SizeVar("s0", s).key()
         assert s != None and s != "s0"      # noqa: E711: comparing with what is not a number

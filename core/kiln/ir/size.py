@@ -229,6 +229,20 @@ def guards_hold(guards, values: dict[str, int]) -> bool:
     return all(_COMPARISONS[op](value(p), value(q)) == answer for op, p, q, answer in guards)
 
 
+def variables(polynomial: tuple) -> dict[str, int]:
+    """The size variables `polynomial` (a SymSize's, a guard's side) reads, with their values
+    in its trace, by name (those inside floor divisions and remainders included)."""
+    found = {}
+    for monomial, _ in polynomial:
+        for atom in monomial:
+            if atom[0] == "size":
+                found[atom[1]] = atom[2]
+            else:
+                found.update(variables(atom[1]))
+                found.update(variables(atom[2]))
+    return found
+
+
 def value_at(size, values: dict[str, int]) -> int:
     """`size` (an int, or a SymSize) with the size variables at `values` (name -> int)."""
     return _value(size.polynomial, values) if isinstance(size, SymSize) else size

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kiln.frontend.torch.run_record import RunRecord
-from kiln.ir.size import SymSize, guards_hold, size_text
+from kiln.ir.size import SymSize, guards_hold, size_text, variables
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
 from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
@@ -42,7 +42,7 @@ def size_values(sizes) -> dict[str, int]:
     for size in sizes:
         for d in size if isinstance(size, tuple) else (size,):
             if isinstance(d, SymSize):
-                values.update((atom[1], atom[2]) for monomial, _ in d.polynomial for atom in _atoms(monomial))
+                values.update(variables(d.polynomial))
     return values
 
 
@@ -63,8 +63,7 @@ class ReusablePlan:
         the trace read a value otherwise or the plan holds constants of symbolic shapes."""
         if reads.read is not None or not binds_elsewhere(record.plan):
             return None
-        names = frozenset(atom[1] for _, p, q, _ in reads.guards for poly in (p, q) for monomial, _ in poly
-                          for atom in _atoms(monomial))
+        names = frozenset(name for _, p, q, _ in reads.guards for side in (p, q) for name in variables(side))
         return cls(record, frozenset(reads.guards), settings, symbolic_parts(record.plan), names)
 
     def for_call(self, values: dict[str, int], settings: Settings, key: str | None) -> RunRecord | None:
@@ -75,14 +74,3 @@ class ReusablePlan:
             return None
         plan: Plan = bound(self.record.plan, values, self.symbolic)
         return replace(self.record, plan=plan, key=key)
-
-
-def _atoms(monomial):
-    """The size atoms of a monomial, those inside floor divisions and remainders included."""
-    for atom in monomial:
-        if atom[0] == "size":
-            yield atom
-        else:
-            for poly in atom[1:]:
-                for inner, _ in poly:
-                    yield from _atoms(inner)
