@@ -3,7 +3,8 @@ without a GPU: a GPT-2-like model's plan (programs, buffers, steps) traced at s0
 size's value only through guards; bound to each length where they hold it is the plan traced
 fresh there, kernel sources and launches alike; the guards fail from 64 on and at 32 and below
 (thresholds and power-of-two buckets of the templates' choices): at 200, the plan traced there
-differs."""
+differs. Traced at 160, where attention takes the Hopper template (more than 128 keys), the
+plan again reads nothing but guards and serves 129 to 255."""
 from kiln.graph.compile import graph_slots, is_view
 from kiln.ir.size import guards_hold
 from kiln.ir.size_reads import recording
@@ -34,3 +35,15 @@ def test_a_cuda_plan_traced_at_one_length_is_the_fresh_plan_wherever_its_guards_
     crossed = [length for length in (17, 32, 64, 200) if not guards_hold(reads.guards, {"s0": length})]
     assert crossed == [17, 32, 64, 200]
     assert bound(plan, {"s0": 200}) != bound(_plan(200)[1], None)
+
+
+def test_a_plan_with_hopper_attention_serves_the_lengths_of_its_bucket():
+    # the template's tensor maps once took their strides with int(), a read of the size's value:
+    # on the H200, GPT-2 traced at 160 then served no other length
+    reads, plan = _plan(160)
+    assert reads.read is None
+    assert any("kiln_attention_sm90" in p.source for p in plan[0] if type(p).__name__ == "CudaProgram")
+    for length in (129, 200, 255):
+        assert guards_hold(reads.guards, {"s0": length})
+        assert bound(plan, {"s0": length}) == bound(_plan(length)[1], None)
+    assert not guards_hold(reads.guards, {"s0": 128})

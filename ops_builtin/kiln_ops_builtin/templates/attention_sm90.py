@@ -135,9 +135,9 @@ def _tensor_map(a: Attention, x: Strided, rows, box_rows: int) -> tuple[TensorMa
         raise ValueError(f"{len(axes)} batch dims (TMA takes ranks up to 5)")
     if not x.row_stride:
         raise ValueError("rows at stride 0 (a single key, or keys broadcast along the sequence)")
-    strides, extents = (tuple(int(axis[k]) for axis in axes) for k in (3, 4))
-    arg = TensorMapArg(x.param, x.dtype, (a.D, int(rows)) + extents, (1, int(x.row_stride)) + strides,
-                       (BOX, box_rows) + (1,) * len(axes), offset=int(x.offset))
+    strides, extents = (tuple(as_dim(axis[k]) for axis in axes) for k in (3, 4))
+    arg = TensorMapArg(x.param, x.dtype, (a.D, as_dim(rows)) + extents, (1, as_dim(x.row_stride)) + strides,
+                       (BOX, box_rows) + (1,) * len(axes), offset=as_dim(x.offset))
     return arg, axes
 
 
