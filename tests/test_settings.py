@@ -49,6 +49,8 @@ def test_settings_are_validated():
         Settings(search_space=3)
     with pytest.raises(ValueError, match="channels_last"):
         Settings(channels_last="yes")
+    with pytest.raises(ValueError, match="plan_ahead must be one of auto, always, never"):
+        Settings(plan_ahead=True)
 
 
 def test_a_pass_context_config_changes_the_settings_its_passes_read():

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
 
 LEVELS = ("0", "1", "2")
-CHANNELS_LAST = ("auto", "always", "never")
+MODES = ("auto", "always", "never")
+"""The values of the settings that are on, off, or decided per graph."""
 OFF = ("0", "off", "false", "no")
 
 
@@ -95,6 +96,11 @@ class Settings:
     """A training backward's CUDA graph puts its gradients and intermediates in the memory of the
     values saved for it once it has read them, where autograd is done with them
     (`kiln.runtime.cuda_graph.capture`)."""
+    plan_ahead: str = setting("auto", option=True, keyed=False)
+    """After a trace at symbolic sizes whose plan serves other sizes, trace the sizes just past
+    its thresholds too (`kiln.frontend.torch.plan_reuse.neighbours`), so that a later call there
+    binds a plan instead of tracing and building kernels: "auto" for graphs with CUDA inputs,
+    "always" or "never"."""
     dependent_launch: bool = setting(True, env="KILN_DEPENDENT_LAUNCH", parse=_unless_zero)
     """Launch kernels on sm_90 and later as programmatic dependents (`kiln.runtime.dependent_launch`)."""
     dump_dir: str | None = setting(None, env="KILN_DUMP_DIR", keyed=False)
@@ -116,9 +122,9 @@ class Settings:
     def __post_init__(self):
         if self.search_space not in (0, 1, 2):
             raise ValueError(f"search_space must be 0, 1 or 2, got {self.search_space!r}")
-        if self.channels_last not in CHANNELS_LAST:
-            raise ValueError(f"channels_last must be one of {', '.join(CHANNELS_LAST)}, "
-                             f"got {self.channels_last!r}")
+        for name in ("channels_last", "plan_ahead"):
+            if getattr(self, name) not in MODES:
+                raise ValueError(f"{name} must be one of {', '.join(MODES)}, got {getattr(self, name)!r}")
 
     @staticmethod
     def from_environment() -> Settings:

@@ -107,3 +107,41 @@ def test_a_size_whose_value_the_trace_read_traces_every_new_size(traced, rule):
         x = torch.randn(3, width)
         torch.testing.assert_close(compiled(x), x * width + 1)
     assert [sorted(s.values()) for s in traced] == [[3, 10], [3, 12], [3, 5]]
+
+
+def test_planning_ahead_traces_the_sizes_past_a_flip_with_the_first_symbolic_trace(traced, rule):
+    """With `plan_ahead`, the first trace (width 12, rows fixed) traces the width next to the
+    rule's flip too (8, a multiple of 12's power-of-two divisor 4): every later width, on
+    either side, binds one of the two plans."""
+    def by_width(x, inplace=False):
+        return kiln.ops.silu(x) if x.shape[-1] > 8 else kiln.ops.mul(x, 2.0)
+    rule(by_width)
+    compiled = torch.compile(lambda x: F.silu(x) + 1, backend="kiln", options={"plan_ahead": "always"})
+    for width in (12, 10, 5, 6, 20, 3, 9, 8):
+        x = torch.randn(3, width)
+        torch._dynamo.mark_dynamic(x, 1)
+        want = (F.silu(x) if width > 8 else x * 2) + 1
+        torch.testing.assert_close(compiled(x), want)
+    assert [list(s.values()) for s in traced] == [[12], [8]]
+
+
+def test_the_neighbours_of_a_plan_are_the_nearest_sizes_its_guards_refuse():
+    from kiln.frontend.torch.plan_reuse import ReusablePlan, neighbours
+    from kiln.ir.size import SymSize
+    from kiln.ir.size_reads import recording
+    with recording() as reads:
+        s = SymSize.named("s0", 96)
+        assert s > 64 and not s > 128 and (s * 3) % 2 == 0
+    plan = ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({"s0"}))
+    assert neighbours(plan, {"s0": 96}) == [{"s0": 64}, {"s0": 144}]     # steps of 16
+    assert neighbours(plan, {"s0": 100}) == [{"s0": 64}, {"s0": 132}]    # steps of 4
+    assert neighbours(plan, {"s0": 96, "s1": 3}) == []
+
+
+def test_sizes_moved_to_other_values_keep_their_expressions():
+    from kiln.frontend.torch.plan_reuse import sizes_at
+    from kiln.ir.size import SymSize, size_text
+    s, t = SymSize.named("s0", 10), SymSize.named("s1", 3)
+    moved = sizes_at([(2, s * t, (s + 1) // 2), s, "other"], {"s0": 7})
+    assert [int(d) for d in moved[0]] == [2, 21, 4] and int(moved[1]) == 7 and moved[2] == "other"
+    assert [size_text(d) for d in moved[0]] == [size_text(d) for d in (2, s * t, (s + 1) // 2)]

@@ -248,6 +248,23 @@ def value_at(size, values: dict[str, int]) -> int:
     return _value(size.polynomial, values) if isinstance(size, SymSize) else size
 
 
+def moved_to(size, values: dict[str, int]):
+    """`size` (an int, or a SymSize) as it would be in a trace where the size variables are at
+    `values` (name -> int; the others keep theirs): the same expression, of its value there."""
+    if not isinstance(size, SymSize):
+        return size
+    polynomial = _moved(size.polynomial, values)
+    return _make(_value(polynomial), polynomial)
+
+
+def _moved(p: tuple, values: dict[str, int]) -> tuple:
+    def atom(a: tuple) -> tuple:
+        if a[0] == "size":
+            return ("size", a[1], _int(values.get(a[1], a[2])))
+        return (a[0], _moved(a[1], values), _moved(a[2], values))
+    return _normal((tuple(sorted(atom(a) for a in m)), c) for m, c in p)
+
+
 class SymSize(int):
     """A size known by its value in this trace and by its expression over run-time sizes
     (see the module doc). `SymSize.named(name, value)` makes the size variable itself."""

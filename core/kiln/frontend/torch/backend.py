@@ -63,7 +63,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.indices import used_only_as_index
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
-from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, size_values
+from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, neighbours, size_values, sizes_at
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.run_record import Output, RunRecord
@@ -505,10 +505,37 @@ class KilnFunction:
                 logger.info("the plan of sizes %s serves no other sizes: %s", size_values(sizes),
                             reads.read or "it holds constants of symbolic shapes")
             else:
-                constants = [args[k] for k in self._constant_positions]
-                self._reusable = [*self._reusable[1 - SIGNATURES_KEPT:],
-                                  (reusable, self._reuse_key(args, sizes), _constants_state(constants))]
+                self._keep(reusable, args, sizes)
+                if settings.plan_ahead == "always" or (settings.plan_ahead == "auto" and any(
+                        isinstance(a, torch.Tensor) and a.is_cuda for a in args)):
+                    self._plan_ahead(args, sizes, reusable, settings)
         return traced, traced_values, graph, self._run(compiled, record, args, graph)
+
+    def _keep(self, reusable: ReusablePlan, args, sizes) -> None:
+        """Keep `reusable`, traced for the call `args` of input `sizes`, for later sizes."""
+        constants = [args[k] for k in self._constant_positions]
+        self._reusable = [*self._reusable[1 - SIGNATURES_KEPT:],
+                          (reusable, self._reuse_key(args, sizes), _constants_state(constants))]
+
+    def _plan_ahead(self, args, sizes, reusable: ReusablePlan, settings: Settings) -> None:
+        """Trace the graph at the sizes next to those that `reusable` (traced for the call
+        `args` of input `sizes`) serves, where no kept plan serves them
+        (`plan_reuse.neighbours`), and keep the plans that serve other sizes: a call there
+        later binds one, its kernels already built."""
+        fixed = self._reuse_key(args, sizes)
+        for values in neighbours(reusable, size_values(sizes)):
+            if any(same == fixed and kept.serves(values, settings) for kept, same, _ in self._reusable):
+                continue
+            ahead_sizes = sizes_at(sizes, values)
+            with stage("plan ahead", str(values)), size_reads.recording() as reads:
+                try:
+                    record = self._trace(args, ahead_sizes, None, None, settings)[-1]
+                except Exception as error:     # a size no call asked for: a call there traces again
+                    logger.info("planning ahead at sizes %s failed: %s", values, error)
+                    continue
+            ahead = ReusablePlan.of(record, reads, settings)
+            if ahead is not None:
+                self._keep(ahead, args, ahead_sizes)
 
     def _trace(self, args, sizes, key, folder, settings: Settings):
         """`_trace_and_build`'s work: the traced FlowGraph, the fx nodes' values, the optimized

@@ -8,15 +8,21 @@ shape (`kiln.runtime.plan_binding.binds_elsewhere`), made every decision as it w
 any sizes where the guards answer the same: its plan, with its sizes evaluated there
 (`kiln.runtime.plan_binding.bound`), is what a trace there would plan. `ReusablePlan` keeps such
 a plan; `for_call` binds it to a call's sizes where its guards hold, under the same settings.
+
+A size just outside the sizes a plan serves (past a template's threshold or power-of-two
+bucket) needs a trace of its own. `neighbours` finds the nearest such sizes below and above a
+plan of one size variable, so that the backend can trace them ahead (`Settings.plan_ahead`),
+at sizes given by `sizes_at`, where no call is waiting on it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from kiln.frontend.torch.run_record import RunRecord
-from kiln.ir.size import SymSize, guards_hold, size_text, variables
+from kiln.ir.size import SymSize, guards_hold, moved_to, size_text, variables
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
 from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
@@ -33,6 +39,13 @@ def fixed_part(args, sizes, positions) -> tuple:
 
     return tuple((a.dtype, a.device, tuple(map(fixed, s))) if isinstance(a, torch.Tensor) else fixed(s)
                  for a, s in ((args[k], sizes[k]) for k in positions))
+
+
+def sizes_at(sizes, values: dict[str, int]) -> list:
+    """Input `sizes` (as `input_sizes` gives them) as they would be in a call with the size
+    variables at `values`."""
+    return [tuple(moved_to(d, values) for d in size) if isinstance(size, tuple) else moved_to(size, values)
+            for size in sizes]
 
 
 def size_values(sizes) -> dict[str, int]:
@@ -66,11 +79,52 @@ class ReusablePlan:
         names = frozenset(name for _, p, q, _ in reads.guards for side in (p, q) for name in variables(side))
         return cls(record, frozenset(reads.guards), settings, symbolic_parts(record.plan), names)
 
+    def serves(self, values: dict[str, int], settings: Settings) -> bool:
+        """Whether a trace with the size variables at `values` under `settings` would make
+        this plan: the settings are the same and every guard answers as it did."""
+        return settings == self.settings and self.names <= values.keys() and guards_hold(self.guards, values)
+
     def for_call(self, values: dict[str, int], settings: Settings, key: str | None) -> RunRecord | None:
         """The record of this plan bound to the size variables at `values` for a call whose
         whole-graph key is `key`, or None where a guard answers otherwise there, a guard's size
         is not among `values`, or the settings differ."""
-        if settings != self.settings or not self.names <= values.keys() or not guards_hold(self.guards, values):
+        if not self.serves(values, settings):
             return None
         plan: Plan = bound(self.record.plan, values, self.symbolic)
         return replace(self.record, plan=plan, key=key)
+
+
+ALIGNMENT_KEPT = 16
+"""`neighbours` looks at sizes that share the traced size's largest power-of-two divisor up to
+this: past a threshold, a size of the same alignment stands for more sizes than an odd one."""
+
+
+def neighbours(plan: ReusablePlan, values: dict[str, int], least: int = 2) -> list[dict[str, int]]:
+    """The sizes next to the class of sizes that `plan`, traced at `values`, serves: for a plan
+    whose guards read the one size variable there is, the nearest values below (not under
+    `least`: dynamo specializes 0 and 1) and above where a guard answers otherwise, each as
+    values. Sizes are stepped by the traced value's power-of-two divisor (up to
+    ALIGNMENT_KEPT), first doubling the step, then halving it back to the edge."""
+    if len(values) != 1 or plan.names != values.keys():
+        return []
+    (name, value), = values.items()
+    unit = math.gcd(value, ALIGNMENT_KEPT)
+
+    def served(k: int) -> bool:
+        return guards_hold(plan.guards, {name: value + k * unit})
+
+    found = []
+    for direction in (-1, 1):
+        limit = (value - least) // unit if direction < 0 else 2 ** 31 // unit
+        near, far = 0, 1        # near is served (0: the trace itself)
+        while far <= limit and served(direction * far):
+            near, far = far, 2 * far
+        if far > limit:
+            if limit <= near or served(direction * limit):
+                continue
+            far = limit
+        while far - near > 1:   # far is not served: close in on the edge
+            middle = (near + far) // 2
+            near, far = (middle, far) if served(direction * middle) else (near, middle)
+        found.append({name: value + direction * far * unit})
+    return found
