@@ -47,3 +47,20 @@ def test_a_plan_with_hopper_attention_serves_the_lengths_of_its_bucket():
         assert guards_hold(reads.guards, {"s0": length})
         assert bound(plan, {"s0": length}) == bound(_plan(length)[1], None)
     assert not guards_hold(reads.guards, {"s0": 128})
+
+
+def test_the_lengths_next_to_a_plans_thresholds_plan_the_neighbouring_lengths():
+    """`plan_reuse.neighbours` of the plan traced at 96 (what `Settings.plan_ahead` traces after
+    it): 64, the first length below 96's bucket, and 144, past the 128-key threshold of the
+    Hopper attention. The plans traced there serve 64 alone (a template takes 64 rows or more)
+    and 129-255, as fresh traces would."""
+    from kiln.frontend.torch.plan_reuse import ReusablePlan, neighbours
+    reads, plan = _plan(96)
+    reusable = ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({"s0"}))
+    assert neighbours(reusable, {"s0": 96}) == [{"s0": 64}, {"s0": 144}]
+    for ahead, served in ((64, (64,)), (144, (129, 160, 200, 255))):
+        reads, plan = _plan(ahead)
+        assert reads.read is None
+        for length in served:
+            assert guards_hold(reads.guards, {"s0": length})
+            assert bound(plan, {"s0": length}) == bound(_plan(length)[1], None)
