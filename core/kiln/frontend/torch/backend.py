@@ -257,7 +257,8 @@ class KilnFunction:
     size (see `kiln.schedule.choose`). A new size runs the plan traced at an earlier one where
     that trace read the sizes' values only through comparisons that answer the same at the new
     ones (`kiln.frontend.torch.plan_reuse`); else it is traced again (and once a trace read a
-    value otherwise, the later ones record nothing).
+    value otherwise, the later ones record nothing). After a trace whose plan serves other sizes,
+    the sizes just past its thresholds are traced ahead where `Settings.plan_ahead` says so.
 
     `graphs` maps each input signature seen (the last SIGNATURES_KEPT) to its `CompiledRun`;
     `constant_ids` holds the ids of the parameters and buffers it was called with (how
