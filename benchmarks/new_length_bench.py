@@ -11,7 +11,8 @@ milliseconds of a later call, and for Kiln the kernels it built during that firs
 `TORCHINDUCTOR_CACHE_DIR` pointing at new folders) to see what a user's first run costs.
 
     python benchmarks/new_length_bench.py [--lengths 128 96 160 200 64 256 320] [--dtype float16]
-        [--backends inductor kiln] [--device cuda] [--layers 12] [--json out.json]
+        [--backends inductor kiln] [--device cuda] [--layers 12] [--kiln-option plan_ahead=never]
+        [--json out.json]
 """
 from __future__ import annotations
 
@@ -61,6 +62,15 @@ def first_and_later(fn, ids) -> tuple[float, float]:
     return first, (time.perf_counter() - start) / 10 * 1e3
 
 
+def _option(text: str) -> tuple:
+    """('name', value) of a NAME=VALUE argument, the value read as JSON where it is JSON."""
+    name, _, value = text.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 96, 160, 200, 64, 256, 320])
@@ -68,8 +78,11 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["inductor", "kiln"], choices=["inductor", "kiln"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--kiln-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="an option of Kiln's compile (a JSON value, else a string), e.g. plan_ahead=never")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
+    kiln_options = dict(_option(text) for text in args.kiln_option)
     warnings.simplefilter("ignore")
     config, model = gpt2(getattr(torch, args.dtype), args.device, args.layers)
     builds = _Builds()
@@ -80,7 +93,7 @@ def main() -> None:
     with torch.no_grad():
         for backend in args.backends:
             torch._dynamo.reset()
-            compiled = torch.compile(model, backend=backend)
+            compiled = torch.compile(model, backend=backend, options=kiln_options if backend == "kiln" else None)
             for length in args.lengths:
                 ids = torch.randint(0, config.vocab_size, (1, length), device=args.device)
                 built = builds.count
@@ -95,7 +108,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-                       "torch": torch.__version__, "dtype": args.dtype, "layers": args.layers, "rows": rows},
+                       "torch": torch.__version__, "dtype": args.dtype, "layers": args.layers,
+                       "kiln_options": kiln_options, "rows": rows},
                       f, indent=1)
 
 
