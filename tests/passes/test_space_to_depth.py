@@ -122,7 +122,8 @@ def test_a_symbolic_batch():
             x = torch.randn(batch, 3, 20, 18)
             torch._dynamo.mark_dynamic(x, 0)
             torch.testing.assert_close(compiled_model(x), model(x), atol=1e-4, rtol=1e-4)
-    graphs = [entry.graph for fn in capture.compiled for entry in fn.graphs.values()]
+    # a batch served by the plan of an earlier one (`plan_reuse`) has no graph of its own
+    graphs = [entry.graph for fn in capture.compiled for entry in fn.graphs.values() if entry.graph is not None]
     assert any(isinstance(g.inputs[0].shape[0], SymSize) for g in graphs)      # one took the batch symbolic
     assert all([c.inputs[1].shape for c in convolutions(g)] == [(8, 4, 4, 16)] for g in graphs)
 
