@@ -145,3 +145,16 @@ def test_sizes_moved_to_other_values_keep_their_expressions():
     moved = sizes_at([(2, s * t, (s + 1) // 2), s, "other"], {"s0": 7})
     assert [int(d) for d in moved[0]] == [2, 21, 4] and int(moved[1]) == 7 and moved[2] == "other"
     assert [size_text(d) for d in moved[0]] == [size_text(d) for d in (2, s * t, (s + 1) // 2)]
+
+
+def test_neighbours_are_looked_for_within_a_factor_of_the_traced_size():
+    from kiln.frontend.torch.plan_reuse import REACH, ReusablePlan, neighbours
+    from kiln.ir.size import SymSize
+    from kiln.ir.size_reads import recording
+    with recording() as reads:
+        s = SymSize.named("s0", 64)
+        assert s * 4096 < 2 ** 31 and s > 4
+    plan = ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({"s0"}))
+    assert neighbours(plan, {"s0": 64}) == []          # 4 is below 64 / REACH, 2 ** 19 above 64 * REACH
+    assert neighbours(plan, {"s0": 12}) == [{"s0": 4}]
+    assert neighbours(plan, {"s0": 2 ** 16}) == [{"s0": 2 ** 19}] and 2 ** 19 <= 2 ** 16 * REACH

@@ -98,13 +98,18 @@ ALIGNMENT_KEPT = 16
 """`neighbours` looks at sizes that share the traced size's largest power-of-two divisor up to
 this: past a threshold, a size of the same alignment stands for more sizes than an odd one."""
 
+REACH = 8
+"""`neighbours` looks no further than this factor from the traced size: a threshold far away
+(int32 indexing, a memory limit) is left to a call that gets there."""
+
 
 def neighbours(plan: ReusablePlan, values: dict[str, int], least: int = 2) -> list[dict[str, int]]:
     """The sizes next to the class of sizes that `plan`, traced at `values`, serves: for a plan
     whose guards read the one size variable there is, the nearest values below (not under
-    `least`: dynamo specializes 0 and 1) and above where a guard answers otherwise, each as
-    values. Sizes are stepped by the traced value's power-of-two divisor (up to
-    ALIGNMENT_KEPT), first doubling the step, then halving it back to the edge."""
+    `least`: dynamo specializes 0 and 1) and above where a guard answers otherwise, within a
+    factor REACH of the traced value, each as values. Sizes are stepped by the traced value's
+    power-of-two divisor (up to ALIGNMENT_KEPT), first doubling the step, then halving it back
+    to the edge."""
     if len(values) != 1 or plan.names != values.keys():
         return []
     (name, value), = values.items()
@@ -115,7 +120,7 @@ def neighbours(plan: ReusablePlan, values: dict[str, int], least: int = 2) -> li
 
     found = []
     for direction in (-1, 1):
-        limit = (value - least) // unit if direction < 0 else 2 ** 31 // unit
+        limit = (value - max(least, value // REACH) if direction < 0 else value * (REACH - 1)) // unit
         near, far = 0, 1        # near is served (0: the trace itself)
         while far <= limit and served(direction * far):
             near, far = far, 2 * far
