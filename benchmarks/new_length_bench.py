@@ -6,8 +6,8 @@ GPT-2 small (transformers, random weights, `--dtype` float16 by default) at batc
 at the first length of `--lengths`, then called at each of the others in turn: dynamo traces
 again with symbolic sizes at the second length, and each backend compiles what it needs. Reported
 per backend and length: the seconds of the first call at that length (synchronized), the
-milliseconds of a later call, and for Kiln the kernels it built during that first call (the
-`kiln` log's kernel cache misses). Run it with empty caches (`KILN_CACHE_DIR` and
+milliseconds of a later call, the largest difference of the logits from eager's, and for Kiln
+the kernels it built during that first call (the `kiln` log's kernel cache misses). Run it with empty caches (`KILN_CACHE_DIR` and
 `TORCHINDUCTOR_CACHE_DIR` pointing at new folders) to see what a user's first run costs.
 
     python benchmarks/new_length_bench.py [--lengths 128 96 160 200 64 256 320] [--dtype float16]
@@ -98,13 +98,16 @@ def main() -> None:
                 ids = torch.randint(0, config.vocab_size, (1, length), device=args.device)
                 built = builds.count
                 first, later = first_and_later(lambda x: compiled(x).logits, ids)
-                row = {"backend": backend, "length": length, "first_call_s": first, "call_ms": later}
+                # a plan bound to a new length computes what eager does there
+                difference = (compiled(ids).logits.float() - model(ids).logits.float()).abs().max().item()
+                row = {"backend": backend, "length": length, "first_call_s": first, "call_ms": later,
+                       "max_abs_diff_vs_eager": difference}
                 if backend == "kiln":
                     row["kernels_built"] = builds.count - built
                 rows.append(row)
                 extra = f"  {row['kernels_built']} kernels built" if "kernels_built" in row else ""
-                print(f"{backend:<9} length {length:4d}  first call {first:7.3f} s  later {later:8.3f} ms{extra}",
-                      flush=True)
+                print(f"{backend:<9} length {length:4d}  first call {first:7.3f} s  later {later:8.3f} ms{extra}"
+                      f"  max |diff| vs eager {difference:.2e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
