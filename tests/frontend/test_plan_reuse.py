@@ -158,3 +158,28 @@ def test_neighbours_are_looked_for_within_a_factor_of_the_traced_size():
     assert neighbours(plan, {"s0": 64}) == []          # 4 is below 64 / REACH, 2 ** 19 above 64 * REACH
     assert neighbours(plan, {"s0": 12}) == [{"s0": 4}]
     assert neighbours(plan, {"s0": 2 ** 16}) == [{"s0": 2 ** 19}] and 2 ** 19 <= 2 ** 16 * REACH
+
+
+def test_neighbours_stay_within_the_sizes_dynamos_graph_takes():
+    """dynamo's guards bound a size (here 5-99: a branch on it and a slice to 100); a neighbour
+    outside would be traced for a graph dynamo never calls with it."""
+    from kiln.frontend.torch.plan_reuse import ReusablePlan, neighbours
+    from kiln.frontend.torch.sizes import size_ranges
+    from kiln.ir.size import SymSize
+    from kiln.ir.size_reads import recording
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    x = torch.randn(2, 8)
+    torch._dynamo.mark_dynamic(x, 1)
+    torch.compile(lambda x: x[:, :100].sum(1) if x.shape[1] > 4 else x, backend=capture)(x)
+    ranges = size_ranges(graphs[0])
+    assert list(ranges.values()) == [(5, 99)]
+    name, = ranges
+    with recording() as reads:
+        assert SymSize.named(name, 12) > 4
+    plan = ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({name}))
+    assert neighbours(plan, {name: 12}) == [{name: 4}]
+    assert neighbours(plan, {name: 12}, ranges) == []

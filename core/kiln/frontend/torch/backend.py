@@ -67,7 +67,7 @@ from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, neighbours,
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.run_record import Output, RunRecord
-from kiln.frontend.torch.sizes import input_sizes, reads_value
+from kiln.frontend.torch.sizes import input_sizes, reads_value, size_ranges
 from kiln.frontend.torch.summary import compile_summary, left_to_pytorch, publish
 from kiln.frontend.torch.training import compile_for_training, needs_autograd
 from kiln.graph import FlowGraph, in_memory_order, trace_from
@@ -524,7 +524,7 @@ class KilnFunction:
         (`plan_reuse.neighbours`), and keep the plans that serve other sizes: a call there
         later binds one, its kernels already built."""
         fixed = self._reuse_key(args, sizes)
-        for values in neighbours(reusable, size_values(sizes)):
+        for values in neighbours(reusable, size_values(sizes), size_ranges(self.gm)):
             if any(same == fixed and kept.serves(values, settings) for kept, same, _ in self._reusable):
                 continue
             ahead_sizes = sizes_at(sizes, values)

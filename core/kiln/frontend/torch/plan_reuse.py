@@ -103,16 +103,19 @@ REACH = 8
 (int32 indexing, a memory limit) is left to a call that gets there."""
 
 
-def neighbours(plan: ReusablePlan, values: dict[str, int], least: int = 2) -> list[dict[str, int]]:
+def neighbours(plan: ReusablePlan, values: dict[str, int], ranges: dict | None = None) -> list[dict[str, int]]:
     """The sizes next to the class of sizes that `plan`, traced at `values`, serves: for a plan
-    whose guards read the one size variable there is, the nearest values below (not under
-    `least`: dynamo specializes 0 and 1) and above where a guard answers otherwise, within a
-    factor REACH of the traced value, each as values. Sizes are stepped by the traced value's
+    whose guards read the one size variable there is, the nearest values below and above where
+    a guard answers otherwise, within its range in `ranges` (name -> (least, most), None where
+    unbounded: those dynamo's graph takes, `sizes.size_ranges`; never under 2, as dynamo
+    specializes 0 and 1) and within a factor REACH of the traced value, each as values. Sizes are stepped by the traced value's
     power-of-two divisor (up to ALIGNMENT_KEPT), first doubling the step, then halving it back
     to the edge."""
     if len(values) != 1 or plan.names != values.keys():
         return []
     (name, value), = values.items()
+    least, most = (ranges or {}).get(name, (None, None))
+    least, most = max(least or 2, 2, value // REACH), min(most or value * REACH, value * REACH)
     unit = math.gcd(value, ALIGNMENT_KEPT)
 
     def served(k: int) -> bool:
@@ -120,7 +123,7 @@ def neighbours(plan: ReusablePlan, values: dict[str, int], least: int = 2) -> li
 
     found = []
     for direction in (-1, 1):
-        limit = (value - max(least, value // REACH) if direction < 0 else value * (REACH - 1)) // unit
+        limit = (value - least if direction < 0 else most - value) // unit
         near, far = 0, 1        # near is served (0: the trace itself)
         while far <= limit and served(direction * far):
             near, far = far, 2 * far

@@ -84,6 +84,25 @@ def input_sizes(gm: GraphModule, args) -> list:
     return out
 
 
+def size_ranges(gm: GraphModule) -> dict[str, tuple[int, int | None]]:
+    """The least and greatest value (None: unbounded) that dynamo's guards let each size
+    variable of `gm`'s inputs take, by name: at other values dynamo traces another graph."""
+    found = {}
+    for meta in map(_meta, gm.graph.find_nodes(op="placeholder")):
+        dims = meta.shape if isinstance(meta, torch.Tensor) else (meta,) if isinstance(meta, torch.SymInt) else ()
+        for size in dims:
+            name = _symbol_name(size)
+            known = size.node.shape_env.var_to_range.get(size.node.expr) if name is not None else None
+            if known is not None:
+                found[name] = (_finite(known.lower), _finite(known.upper))
+    return found
+
+
+def _finite(bound) -> int | None:
+    """A bound of dynamo's value ranges as an int, None where infinite (`int_oo`)."""
+    return int(bound) if bound.is_Integer else None
+
+
 def reads_value(placeholder) -> bool:
     """Whether a graph reads the value of its input `placeholder` as a number: through
     `.item()`, or where dynamo took a size from it while tracing (the input's example is a
