@@ -478,17 +478,21 @@ class KilnFunction:
         """The CompiledRun of a plan traced at other sizes bound to the call `args` of input
         `sizes`, whose size variables are at `values` (`plan_reuse`), or None where none was
         traced with these constants and inputs or holds there."""
-        constants = [args[k] for k in self._constant_positions]
-        fixed = self._reuse_key(args, sizes)
-        for reusable, same, state in reversed(self._reusable):
-            if same != fixed or not _unchanged(constants, state):
-                continue
+        for reusable in self._kept_for(args, sizes):
             with stage("reuse"):
                 record = reusable.for_call(values, settings, key)
                 if record is not None:
                     logger.info("a plan traced at other sizes serves sizes %s", values)
                     return self._run(record.plan.assemble(), record, args)
         return None
+
+    def _kept_for(self, args, sizes) -> list[ReusablePlan]:
+        """The kept plans traced with the constants and inputs of the call `args` of input
+        `sizes` but their symbolic sizes' values (`_reuse_key`), the newest first."""
+        constants = [args[k] for k in self._constant_positions]
+        fixed = self._reuse_key(args, sizes)
+        return [reusable for reusable, same, state in reversed(self._reusable)
+                if same == fixed and _unchanged(constants, state)]
 
     def _trace_and_build(self, args, sizes, key, folder, settings: Settings):
         """The traced FlowGraph, the fx nodes' values in it, the optimized FlowGraph and its
@@ -523,9 +527,8 @@ class KilnFunction:
         `args` of input `sizes`) serves, where no kept plan serves them
         (`plan_reuse.neighbours`), and keep the plans that serve other sizes: a call there
         later binds one, its kernels already built."""
-        fixed = self._reuse_key(args, sizes)
         for values in neighbours(reusable, size_values(sizes), size_ranges(self.gm)):
-            if any(same == fixed and kept.serves(values, settings) for kept, same, _ in self._reusable):
+            if any(kept.serves(values, settings) for kept in self._kept_for(args, sizes)):
                 continue
             ahead_sizes = sizes_at(sizes, values)
             with stage("plan ahead", str(values)), size_reads.recording() as reads:

@@ -115,7 +115,8 @@ def neighbours(plan: ReusablePlan, values: dict[str, int], ranges: dict | None =
         return []
     (name, value), = values.items()
     least, most = (ranges or {}).get(name, (None, None))
-    least, most = max(least or 2, 2, value // REACH), min(most or value * REACH, value * REACH)
+    least = max(least or 0, 2, value // REACH)
+    most = value * REACH if most is None else min(most, value * REACH)
     unit = math.gcd(value, ALIGNMENT_KEPT)
 
     def served(k: int) -> bool:
