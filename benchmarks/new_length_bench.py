@@ -10,15 +10,21 @@ milliseconds of a later call, the largest difference of the logits from eager's,
 the kernels it built during that first call (the `kiln` log's kernel cache misses). Run it with empty caches (`KILN_CACHE_DIR` and
 `TORCHINDUCTOR_CACHE_DIR` pointing at new folders) to see what a user's first run costs.
 
+Backend `kiln_static` compiles with `dynamic=False`: a plan traced at each length, with kernels
+for that length's sizes, the baseline a reused plan's latency is held to. With `--rounds N`, the
+later calls are timed again after every backend has seen every length, N rounds alternating
+backends, and `call_ms` is the median of the rounds (a same-run A/B).
+
     python benchmarks/new_length_bench.py [--lengths 128 96 160 200 64 256 320] [--dtype float16]
-        [--backends inductor kiln] [--device cuda] [--layers 12] [--kiln-option plan_ahead=never]
-        [--json out.json]
+        [--backends inductor kiln kiln_static] [--device cuda] [--layers 12]
+        [--kiln-option plan_ahead=never] [--rounds 5] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import statistics
 import time
 import warnings
 
@@ -44,22 +50,30 @@ def gpt2(dtype, device: str, layers: int):
     return config, GPT2LMHeadModel(config).to(device, dtype).eval()
 
 
-def first_and_later(fn, ids) -> tuple[float, float]:
-    """(seconds of the first call, milliseconds of a later one) of `fn(ids)`."""
-    synchronize = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
-    synchronize()
-    start = time.perf_counter()
-    fn(ids)
-    synchronize()
-    first = time.perf_counter() - start
+def _synchronize(ids) -> None:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+
+
+def later_ms(fn, ids, calls: int = 10) -> float:
+    """Milliseconds of a call of `fn(ids)`, averaged over `calls` after three warm ones."""
     for _ in range(3):
         fn(ids)
-    synchronize()
+    _synchronize(ids)
     start = time.perf_counter()
-    for _ in range(10):
+    for _ in range(calls):
         fn(ids)
-    synchronize()
-    return first, (time.perf_counter() - start) / 10 * 1e3
+    _synchronize(ids)
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def first_and_later(fn, ids) -> tuple[float, float]:
+    """(seconds of the first call, milliseconds of a later one) of `fn(ids)`."""
+    _synchronize(ids)
+    start = time.perf_counter()
+    fn(ids)
+    _synchronize(ids)
+    return time.perf_counter() - start, later_ms(fn, ids)
 
 
 def _option(text: str) -> tuple:
@@ -75,11 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 96, 160, 200, 64, 256, 320])
     parser.add_argument("--dtype", default="float16")
-    parser.add_argument("--backends", nargs="+", default=["inductor", "kiln"], choices=["inductor", "kiln"])
+    parser.add_argument("--backends", nargs="+", default=["inductor", "kiln"], choices=["inductor", "kiln", "kiln_static"])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--kiln-option", action="append", default=[], metavar="NAME=VALUE",
                         help="an option of Kiln's compile (a JSON value, else a string), e.g. plan_ahead=never")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="time every backend's later calls again in this many alternating rounds")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     kiln_options = dict(_option(text) for text in args.kiln_option)
@@ -89,25 +105,43 @@ def main() -> None:
     kiln_log = logging.getLogger("kiln")
     kiln_log.addHandler(builds)
     kiln_log.setLevel(logging.INFO)
+    # every backend keeps its entries for every length, so that the rounds alternate without recompiling
+    torch._dynamo.config.cache_size_limit = torch._dynamo.config.accumulated_cache_size_limit = 256
     rows = []
+    inputs = {length: torch.randint(0, config.vocab_size, (1, length), device=args.device) for length in args.lengths}
+    calls = {}
     with torch.no_grad():
+        torch._dynamo.reset()
         for backend in args.backends:
-            torch._dynamo.reset()
-            compiled = torch.compile(model, backend=backend, options=kiln_options if backend == "kiln" else None)
-            for length in args.lengths:
-                ids = torch.randint(0, config.vocab_size, (1, length), device=args.device)
+            kiln = backend.startswith("kiln")
+            compiled = torch.compile(model, backend="kiln" if kiln else backend,
+                                     dynamic=False if backend == "kiln_static" else None,
+                                     options=kiln_options if kiln else None)
+            calls[backend] = lambda x, compiled=compiled: compiled(x).logits
+            for length, ids in inputs.items():
                 built = builds.count
-                first, later = first_and_later(lambda x: compiled(x).logits, ids)
+                first, later = first_and_later(calls[backend], ids)
                 # a plan bound to a new length computes what eager does there
                 difference = (compiled(ids).logits.float() - model(ids).logits.float()).abs().max().item()
                 row = {"backend": backend, "length": length, "first_call_s": first, "call_ms": later,
                        "max_abs_diff_vs_eager": difference}
-                if backend == "kiln":
+                if kiln:
                     row["kernels_built"] = builds.count - built
                 rows.append(row)
                 extra = f"  {row['kernels_built']} kernels built" if "kernels_built" in row else ""
                 print(f"{backend:<9} length {length:4d}  first call {first:7.3f} s  later {later:8.3f} ms{extra}"
                       f"  max |diff| vs eager {difference:.2e}", flush=True)
+        if args.rounds:
+            timings = {(row["backend"], row["length"]): [] for row in rows}
+            for _ in range(args.rounds):
+                for (backend, length), times in timings.items():
+                    times.append(later_ms(calls[backend], inputs[length], calls=50))
+            for row in rows:
+                row["call_ms_rounds"] = timings[row["backend"], row["length"]]
+                row["call_ms"] = statistics.median(row["call_ms_rounds"])
+            for length in args.lengths:
+                print(f"length {length:4d}  median ms of {args.rounds} rounds: " + "  ".join(
+                    f"{backend} {statistics.median(timings[backend, length]):.3f}" for backend in args.backends))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
