@@ -9,6 +9,7 @@ import pytest
 import kiln
 from kiln.graph import optimize, trace_from
 from kiln.ir import SymSize
+from kiln.ir.size_reads import recording
 from kiln.runtime import cuda as rt
 from kiln.schedule import tuner
 from kiln.schedule.choose import choose, schedules_for
@@ -106,3 +107,24 @@ def test_a_gpt2_like_model_has_one_source_per_kernel_for_five_lengths():
     assert all(found == sources[LENGTHS[0]] for found in sources.values())
     names = [name for name, _ in sources[LENGTHS[0]]]
     assert "gemm_sm90" in names and "attention_flash" in names
+
+
+
+@needs_nvrtc
+def test_a_symbolic_row_count_keeps_the_packed_epilogue():
+    """gemm_sm90 over a symbolic M packs its 16-bit outputs in registers (PACKED) as it does at
+    a fixed M, reading no size's value: the output's row stride is fixed. It once fell back to
+    staging accumulators wherever a size was symbolic, so a plan reused at a new length ran
+    slower GEMMs than that length's own plan (GPT-2 on the H200)."""
+    def program(length):
+        x, w, b = symbol((1, length, 768), "float16", "cuda"), symbol((2304, 768), "float16", "cuda"), \
+            symbol((2304,), "float16", "cuda")
+        task = optimize(trace_from([kiln.ops.linear(x, w, b)], [x, w, b])).nodes[0].task
+        return gemm_sm90.render(task, **gemm_sm90.suggest(task, 132)[0])
+
+    with recording() as reads:
+        symbolic = program(SymSize.named("s0", 128))
+    assert reads.read is None and symbolic.sizes == (128,)
+    for source in (symbolic.source, program(128).source):
+        assert "PACKED = 1" in source and "out_at" in source
+    _compile([symbolic])

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 
 from kiln.template import (Const, CudaDialect, CudaProgram, DataType, EpilogueOutput, EpilogueSource, Knobs,
                            KernelArgs, Launch, SizeArgs, TensorMapArg, Var, as_dim, device_code, dtypes, linear_terms, ptx,
-                           render_vector_epilogue, row_major_strides, simplify, template_source, vector_stores)
+                           SymSize, render_vector_epilogue, row_major_strides, simplify, template_source, vector_stores)
 from kiln_ops_builtin.templates import split_k
 
 BK = 64              # 16-bit units in a stage's row: 128 bytes, the swizzle's width
@@ -386,13 +386,12 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
 def output_map(p: Problem) -> TensorMapArg | None:
     """The output as a tensor map of 16 x 64 boxes (128-byte swizzled), with a batch dimension
     where the batch has a stride (`kiln::sm90::store_tile` stores a box),
-    where the output is 16-bit, its element (b, m, n) at b * sb + m * sm + n for fixed sizes, N
-    even and the strides multiples of 16 bytes; else None."""
+    where the output is 16-bit, its element (b, m, n) at b * sb + m * sm + n for fixed strides
+    (M and the batch may be symbolic), N even and the strides multiples of 16 bytes; else None."""
     o = p.output
-    if (o is None or o.out.dtype.nbytes != 2 or p.sizes.values or not all(isinstance(x, int) for x in (p.M, p.N))
-            or p.N % 2):
+    if o is None or o.out.dtype.nbytes != 2 or isinstance(p.N, SymSize) or p.N % 2:    # rows of N apart: N fixed
         return None
-    b, m, n = Var("b", max(as_dim(p.batch), 1)), Var("m", p.M), Var("n", p.N)
+    b, m, n = Var("b", max(as_dim(p.batch), 1)), Var("m", as_dim(p.M)), Var("n", as_dim(p.N))
     index = o.index_of(b, m, n)
     flat = sum((index[id(a)] * s for a, s in zip(o.out.axes, row_major_strides(o.out.shape))), Const(0, dtypes.int64))
     terms, const = linear_terms(simplify(flat))
