@@ -8,7 +8,8 @@ extern "C" __global__ void __launch_bounds__(256) kiln_split_k_sum(PARAMS) {
     using P = kiln_split_k_program;
     const int64_t pairs = (N + 1) / 2, total = (int64_t)BATCH * M * pairs, slice = (int64_t)BATCH * M * N;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256) {
-        const int64_t row = i / pairs, n = i % pairs * 2, b = row / M, m = row % M;
+        // one batch needs no division by M, a 64-bit one where M is a run-time size
+        const int64_t row = i / pairs, n = i % pairs * 2, b = BATCH == 1 ? 0 : row / M, m = BATCH == 1 ? row : row % M;
         const float* p = kiln_ws + row * N + n;
         float v0 = 0.f, v1 = 0.f;
         if (n + 1 < N) {
