@@ -6,19 +6,27 @@ known before the graph runs: a constant, or, past `kiln.graph.GENERATED_BYTES_HE
 [8, 1, 512, 512] mask), a generated value the graph computes where it is used
 (`kiln.graph.known_value` computes it now). Such a mask may keep key j for query i exactly
 where j <= i, or keep every key. Read through a mask, the fused kernels run every tile and test every score; with the
-causal flag they skip the tiles above the diagonal. The rewrite applies to `attention_forward`
-and `attention_backward` (which take `is_causal` with top-left alignment, as PyTorch does).
+causal flag they skip the tiles above the diagonal. The rewrite applies to `attention`,
+`attention_forward` and `attention_backward` (which take `is_causal` with top-left alignment, as
+PyTorch does).
+
+A mask whose sizes are symbolic is known at the traced sizes only, and computing it there reads
+the sizes, so the plan then serves those sizes alone (`kiln.frontend.torch.plan_reuse`). The
+training operators pay that (the causal flag saves most of the attention backward, and training
+seldom changes length); inference `attention`, whose graph meets a new length with every prompt,
+keeps such a mask.
 """
 from __future__ import annotations
 
 import torch
 
 from kiln.graph import known_value
+from kiln.ir import SymSize
 from kiln.passes.edit import arguments_of, rebuild, remake
 from kiln.passes.graph_pass import GraphPass
 from kiln.tensor import Tensor
 
-ATTENTION = frozenset({"attention_forward", "attention_backward"})
+ATTENTION = frozenset({"attention", "attention_forward", "attention_backward"})
 
 
 def implied_causality(mask: torch.Tensor, queries: int, keys: int) -> bool | None:
@@ -31,15 +39,21 @@ def implied_causality(mask: torch.Tensor, queries: int, keys: int) -> bool | Non
     return True if bool((m == causal).all()) else None
 
 
+def _symbolic(*tensors: Tensor) -> bool:
+    """Whether a size of `tensors` is symbolic (known at run time)."""
+    return any(isinstance(d, SymSize) for t in tensors for d in t.shape)
+
+
 def _rewrite(node, inputs):
     if node.definition.name not in ATTENTION:
         return None
     args = arguments_of(node)
-    mask = args.get("mask")
-    values = known_value(mask) if isinstance(mask, Tensor) else None
+    mask, q, k = args.get("mask"), args["q"], args["k"]
+    if not isinstance(mask, Tensor) or (node.definition.name == "attention" and _symbolic(mask, q, k)):
+        return None
+    values = known_value(mask)
     if values is None:
         return None
-    q, k = args["q"], args["k"]
     causal = implied_causality(values, q.shape[-2], k.shape[-2])
     if causal is None:
         return None

@@ -1,0 +1,63 @@
+"""Inference attention under a mask built in the graph from positions alone
+(kiln_ops_builtin.passes.causal_masks), on the CPU: at fixed sizes a mask equal to the causal
+pattern becomes the `is_causal` flag and one keeping every key goes, while any other stays; at
+symbolic sizes the mask stays, so that computing it reads no size and later lengths reuse the
+plan. Outputs match eager's either way."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.frontend.torch.backend import KilnFunction
+from tests.passes.test_layout import members
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+class PositionMasked(nn.Module):
+    """Attention of 2 heads over x [B, n, 32] under the mask keeping key j for query i where
+    j <= i + shift (transformers' causal comparison, shifted)."""
+
+    def __init__(self, shift=0):
+        super().__init__()
+        self.shift = shift
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        pos = torch.arange(n, device=x.device)
+        keep = pos[None, :] <= pos[:, None] + self.shift
+        q, k, v = (t.view(b, n, 2, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(b, n, 32)
+
+
+def _attention_nodes(model, lengths, dynamic):
+    """The attention nodes of the graphs Kiln traced for `model` called at each of `lengths`,
+    after asserting its outputs match eager's."""
+    torch.manual_seed(0)
+    before = set(KilnFunction.live())
+    compiled = torch.compile(model, backend="kiln", dynamic=dynamic, options={"graph_cache": False})
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(2, n, 32)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    graphs = [run.graph for f in KilnFunction.live() if f not in before for run in f.graphs.values()
+              if run.graph is not None]
+    return [n for g in graphs for n in members(g) if n.definition.name == "attention"]
+
+
+@pytest.mark.parametrize("shift, causal", [(0, True), (1000, False), (1, None)])
+def test_a_positional_mask_at_fixed_sizes_becomes_the_causal_flag(shift, causal):
+    (node,) = _attention_nodes(PositionMasked(shift).eval(), [7], dynamic=False)
+    masks = [t for t in node.inputs if t.dtype.is_bool]
+    assert node.attrs["is_causal"] is bool(causal) and len(masks) == (causal is None)
+
+
+def test_a_positional_mask_at_symbolic_sizes_stays_and_the_plan_serves_other_lengths(monkeypatch):
+    traces = []
+    trace = KilnFunction._trace
+    monkeypatch.setattr(KilnFunction, "_trace", lambda self, *a: traces.append(1) or trace(self, *a))
+    nodes = _attention_nodes(PositionMasked(0).eval(), [7, 9, 12], dynamic=True)
+    assert len(traces) == 1      # 9 and 12 bind the plan traced at 7
+    (node,) = nodes
+    assert not node.attrs["is_causal"] and any(t.dtype.is_bool for t in node.inputs)
