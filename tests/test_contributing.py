@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "CONTRIBUTING.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
-FILE_LINE = re.compile(r"`([\w./-]+\.(?:py|toml))`:\s*$")
+FILE_LINE = re.compile(r"`([\w./-]+\.(?:py|toml|cuh))`:\s*$")
 
 
 def blocks(text: str) -> list[dict]:
