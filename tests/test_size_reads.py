@@ -10,8 +10,8 @@ import torch
 
 from kiln.graph.operator import Recent
 from kiln.ir import SizeVar, SymSize
-from kiln.ir.size import distinct, guards_hold, value_at, variables
-from kiln.ir.size_reads import current, recording
+from kiln.ir.size import distinct, guard_variables, guards_hold, value_at, variables
+from kiln.ir.size_reads import current, note_check, recording
 from kiln.runtime.compiled_graph import Buffer
 from kiln.runtime.cuda import Launch
 from kiln.runtime.plan import Plan
@@ -28,6 +28,24 @@ def test_comparisons_are_guards_that_answer_again_at_other_sizes():
     assert not guards_hold(reads.guards, {"s0": 60, "s1": 7})      # s0 * 4 >= 256 flips
     assert not guards_hold(reads.guards, {"s0": 100, "s1": 7})     # s0 % 8 == 0 flips
     assert not guards_hold(reads.guards, {"s0": 96, "s1": 96})     # s0 != s1 flips
+
+
+def test_a_check_is_a_guard_that_computes_again_at_other_sizes():
+    """A decision on values computed from sizes (`note_check`) holds where its check says so,
+    with the comparisons, and names the variables it reads."""
+    s = SymSize.named("s0", 12)
+    asked = []
+
+    def check(values):
+        asked.append(values["s0"])
+        return values["s0"] % 3 == 0
+    with recording() as reads:
+        assert s > 4
+        note_check(check, {"s0"})
+    assert reads.read is None
+    assert guards_hold(reads.guards, {"s0": 9}) and not guards_hold(reads.guards, {"s0": 10})
+    assert not guards_hold(reads.guards, {"s0": 3}) and asked == [9, 10]     # comparisons first: 3 is not > 4
+    assert set().union(*map(guard_variables, reads.guards)) == {"s0"}
 
 
 @pytest.mark.parametrize("read", [int, float, hash, str, format, lambda s: s / 2, lambda s: s & 1,

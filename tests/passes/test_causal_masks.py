@@ -1,8 +1,8 @@
 """Inference attention under a mask built in the graph from positions alone
-(kiln_ops_builtin.passes.causal_masks), on the CPU: at fixed sizes a mask equal to the causal
-pattern becomes the `is_causal` flag and one keeping every key goes, while any other stays; at
-symbolic sizes the mask stays, so that computing it reads no size and later lengths reuse the
-plan. Outputs match eager's either way."""
+(kiln_ops_builtin.passes.causal_masks), on the CPU: a mask equal to the causal pattern becomes
+the `is_causal` flag and one keeping every key goes, while any other stays; at symbolic sizes
+the decision is a check, computed again where the plan is reused: later lengths reuse it where
+the mask is causal there too, and trace anew where it is not. Outputs match eager's always."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,17 +16,20 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 class PositionMasked(nn.Module):
     """Attention of 2 heads over x [B, n, 32] under the mask keeping key j for query i where
-    j <= i + shift (transformers' causal comparison, shifted)."""
+    j <= i + shift (transformers' causal comparison, shifted), and every key for the queries
+    from `open_from` on."""
 
-    def __init__(self, shift=0):
+    def __init__(self, shift=0, open_from=None):
         super().__init__()
-        self.shift = shift
+        self.shift, self.open_from = shift, open_from
         self.qkv = nn.Linear(32, 96)
 
     def forward(self, x):
         b, n, _ = x.shape
         pos = torch.arange(n, device=x.device)
         keep = pos[None, :] <= pos[:, None] + self.shift
+        if self.open_from is not None:
+            keep = keep | (pos[:, None] >= self.open_from)
         q, k, v = (t.view(b, n, 2, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(b, n, 32)
 
@@ -53,11 +56,25 @@ def test_a_positional_mask_at_fixed_sizes_becomes_the_causal_flag(shift, causal)
     assert node.attrs["is_causal"] is bool(causal) and len(masks) == (causal is None)
 
 
-def test_a_positional_mask_at_symbolic_sizes_stays_and_the_plan_serves_other_lengths(monkeypatch):
-    traces = []
+@pytest.fixture
+def traces(monkeypatch):
+    """The number of traces Kiln makes (a reused plan makes none)."""
+    made = []
     trace = KilnFunction._trace
-    monkeypatch.setattr(KilnFunction, "_trace", lambda self, *a: traces.append(1) or trace(self, *a))
-    nodes = _attention_nodes(PositionMasked(0).eval(), [7, 9, 12], dynamic=True)
+    monkeypatch.setattr(KilnFunction, "_trace", lambda self, *a: made.append(1) or trace(self, *a))
+    return made
+
+
+def test_a_causal_mask_at_symbolic_sizes_becomes_the_flag_and_the_plan_serves_other_lengths(traces):
+    (node,) = _attention_nodes(PositionMasked(0).eval(), [7, 9, 12], dynamic=True)
     assert len(traces) == 1      # 9 and 12 bind the plan traced at 7
-    (node,) = nodes
-    assert not node.attrs["is_causal"] and any(t.dtype.is_bool for t in node.inputs)
+    assert node.attrs["is_causal"] and not any(t.dtype.is_bool for t in node.inputs)
+
+
+def test_a_mask_causal_at_the_traced_size_only_is_checked_at_each_reuse(traces):
+    """Causal for fewer than 10 queries, open to every key from query 10 on: the plan traced at
+    7 serves 9, and at 12 the mask is computed again and found otherwise, so 12 traces anew
+    (with its mask). Reused at 12, the causal flag would drop keys eager keeps."""
+    nodes = _attention_nodes(PositionMasked(0, open_from=10).eval(), [7, 9, 12], dynamic=True)
+    assert len(traces) == 2
+    assert sorted(n.attrs["is_causal"] for n in nodes) == [False, True]

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kiln.graph.flow_graph import FlowGraph, format_graph, in_memory_order, known_value, trace_from
+from kiln.graph.flow_graph import FlowGraph, format_graph, in_memory_order, known_value, known_value_at, trace_from
 from kiln.graph.operator import (GENERATED_BYTES_HELD, Operator, OperatorDef, OperatorError, operator,
                                  run_task, tracing)
 from kiln.graph.traits import TF32, Layout, Role, Traits, Update
 
 __all__ = ["FlowGraph", "GENERATED_BYTES_HELD", "Layout", "Operator", "OperatorDef", "OperatorError", "Role",
-           "TF32", "Traits", "Update", "format_graph", "in_memory_order", "known_value", "operator", "optimize",
+           "TF32", "Traits", "Update", "format_graph", "in_memory_order", "known_value", "known_value_at", "operator", "optimize",
            "run_task", "trace_from", "tracing", "use_pipeline"]
 
 _pipeline: Callable | None = None

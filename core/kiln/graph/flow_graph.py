@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from kiln.graph.compile import compile_graph
 from kiln.graph.operator import Operator, OperatorError
+from kiln.ir import size_reads
+from kiln.ir.size import guards_hold
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graph import CapturedGraph, capture
+from kiln.runtime.plan_binding import bound
 from kiln.tensor import Tensor, from_torch
 
 
@@ -276,3 +279,27 @@ def known_value(t: Tensor) -> torch.Tensor | None:
     if not t.generated:
         return None
     return trace_from(t, []).run([])[0].torch()
+
+
+def known_value_at(t: Tensor) -> Callable[[dict | None], torch.Tensor | None] | None:
+    """Where the values of `t` are known before its graph runs (`known_value`), for a shape that
+    may be symbolic: a function of the size variables' values (name -> int; None: this trace's)
+    giving them there, without reading a size's value in this trace. A generated tensor's graph
+    is built once, its sizes kernel arguments, reading them through comparisons only; at sizes
+    where one of those answers otherwise the function gives None. None where `t` depends on the
+    graph's inputs, or building its graph read a size's value."""
+    if not t.is_symbolic:
+        value = t.torch()
+        return lambda values=None: value
+    if not t.generated:
+        return None
+    with size_reads.recording() as reads:
+        plan = trace_from(t, []).compile().plan
+    if reads.read is not None:
+        return None
+
+    def at(values: dict | None = None) -> torch.Tensor | None:
+        if values is not None and not guards_hold(reads.guards, values):
+            return None
+        return bound(plan, values).assemble().run([])[0]
+    return at

@@ -219,14 +219,23 @@ _COMPARISONS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": o
 
 def guards_hold(guards, values: dict[str, int]) -> bool:
     """Whether every guard of `guards` (`size_reads.SizeReads.guards`) answers as it did with
-    the size variables at `values` (name -> int; all of the guards' variables)."""
+    the size variables at `values` (name -> int; all of the guards' variables): comparisons
+    first, then checks (`size_reads.note_check`), which may compute."""
     found: dict[tuple, int] = {}       # guards share sides: each polynomial evaluated once
 
     def value(p: tuple) -> int:
         if p not in found:
             found[p] = _value(p, values)
         return found[p]
-    return all(_COMPARISONS[op](value(p), value(q)) == answer for op, p, q, answer in guards)
+    checks = [(p, answer) for op, p, _, answer in guards if op == "check"]
+    return (all(_COMPARISONS[op](value(p), value(q)) == answer for op, p, q, answer in guards if op != "check")
+            and all(bool(check(values)) == answer for check, answer in checks))
+
+
+def guard_variables(guard: tuple) -> set[str]:
+    """The names of the size variables a guard of `size_reads.SizeReads.guards` reads."""
+    op, p, q, _ = guard
+    return set(q) if op == "check" else set(variables(p)) | set(variables(q))
 
 
 def variables(polynomial: tuple) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 Inside `recording()`, each comparison of a SymSize with an int or another SymSize is kept as a
 guard: the operator, the two sides as polynomials and the answer (`kiln.ir.size.guards_hold`
-asks them again at other sizes). Any other read of a value (`int()`, hashing, formatting,
+asks them again at other sizes); a decision on values computed from sizes alone is kept as a
+check that computes them again at other sizes (`note_check`). Any other read of a value (`int()`, hashing, formatting,
 `/`, bit operations, a comparison with a float, a size variable's value in the IR) marks the
 record as `read`, naming where: what was computed may then depend on the value itself, and
 holds at that value only. A computation that read nothing but through its guards takes the
@@ -64,6 +65,16 @@ def note_guard(op: str, p: tuple, q: tuple, answer: bool) -> None:
     reads = _current.get()
     if reads is not None:
         reads.guards.add((op, p, q, answer))
+
+
+def note_check(check, names) -> None:
+    """Record a decision that comparisons of sizes do not capture (a property of values computed
+    from the sizes alone, such as a mask a graph builds from positions): `check(values)` (name ->
+    int, the size variables `names`) says whether the decision made here would be made at
+    `values` too. `kiln.ir.size.guards_hold` calls it with the other guards."""
+    reads = _current.get()
+    if reads is not None:
+        reads.guards.add(("check", check, tuple(sorted(names)), True))
 
 
 def note_read(what: str) -> None:

@@ -10,18 +10,19 @@ causal flag they skip the tiles above the diagonal. The rewrite applies to `atte
 `attention_forward` and `attention_backward` (which take `is_causal` with top-left alignment, as
 PyTorch does).
 
-A mask whose sizes are symbolic is known at the traced sizes only, and computing it there reads
-the sizes, so the plan then serves those sizes alone (`kiln.frontend.torch.plan_reuse`). The
-training operators pay that (the causal flag saves most of the attention backward, and training
-seldom changes length); inference `attention`, whose graph meets a new length with every prompt,
-keeps such a mask.
+A mask of symbolic sizes is computed at the traced sizes without reading them
+(`kiln.graph.known_value_at`), and the decision is kept as a check
+(`kiln.ir.size_reads.note_check`): a plan reused at other sizes (`kiln.frontend.torch.plan_reuse`)
+computes the mask there and serves them only where it says the same.
 """
 from __future__ import annotations
 
 import torch
 
-from kiln.graph import known_value
+from kiln.graph import known_value_at
 from kiln.ir import SymSize
+from kiln.ir.size import value_at, variables
+from kiln.ir.size_reads import note_check
 from kiln.passes.edit import arguments_of, rebuild, remake
 from kiln.passes.graph_pass import GraphPass
 from kiln.tensor import Tensor
@@ -39,24 +40,27 @@ def implied_causality(mask: torch.Tensor, queries: int, keys: int) -> bool | Non
     return True if bool((m == causal).all()) else None
 
 
-def _symbolic(*tensors: Tensor) -> bool:
-    """Whether a size of `tensors` is symbolic (known at run time)."""
-    return any(isinstance(d, SymSize) for t in tensors for d in t.shape)
-
-
 def _rewrite(node, inputs):
     if node.definition.name not in ATTENTION:
         return None
     args = arguments_of(node)
-    mask, q, k = args.get("mask"), args["q"], args["k"]
-    if not isinstance(mask, Tensor) or (node.definition.name == "attention" and _symbolic(mask, q, k)):
+    mask, lq, lk = args.get("mask"), args["q"].shape[-2], args["k"].shape[-2]
+    at = known_value_at(mask) if isinstance(mask, Tensor) else None
+    if at is None:
         return None
-    values = known_value(mask)
-    if values is None:
-        return None
-    causal = implied_causality(values, q.shape[-2], k.shape[-2])
+
+    def causality(values: dict | None):
+        """`implied_causality` with the size variables at `values` (None: this trace's)."""
+        mask_values = at(values)
+        size = (lambda d: int.__int__(d)) if values is None else (lambda d: value_at(d, values))
+        return None if mask_values is None else implied_causality(mask_values, size(lq), size(lk))
+
+    causal = causality(None)
     if causal is None:
         return None
+    names = {name for d in (*mask.shape, lq, lk) if isinstance(d, SymSize) for name in variables(d.polynomial)}
+    if names:
+        note_check(lambda values: causality(values) is causal, names)
     return remake(node, inputs, mask=None, is_causal=args["is_causal"] or causal)
 
 

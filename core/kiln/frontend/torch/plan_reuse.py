@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kiln.frontend.torch.run_record import RunRecord
-from kiln.ir.size import SymSize, guards_hold, moved_to, size_text, variables
+from kiln.ir.size import SymSize, guard_variables, guards_hold, moved_to, size_text, variables
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
 from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
@@ -76,7 +76,7 @@ class ReusablePlan:
         the trace read a value otherwise or the plan holds constants of symbolic shapes."""
         if reads.read is not None or not binds_elsewhere(record.plan):
             return None
-        names = frozenset(name for _, p, q, _ in reads.guards for side in (p, q) for name in variables(side))
+        names = frozenset(name for guard in reads.guards for name in guard_variables(guard))
         return cls(record, frozenset(reads.guards), settings, symbolic_parts(record.plan), names)
 
     def serves(self, values: dict[str, int], settings: Settings) -> bool:
