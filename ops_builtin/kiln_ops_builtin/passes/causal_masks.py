@@ -44,6 +44,8 @@ def _rewrite(node, inputs):
     if node.definition.name not in ATTENTION:
         return None
     args = arguments_of(node)
+    if "is_causal" not in args:     # a plugin's attention operator of another signature
+        return None
     mask, lq, lk = args.get("mask"), args["q"].shape[-2], args["k"].shape[-2]
     at = known_value_at(mask) if isinstance(mask, Tensor) else None
     if at is None:
