@@ -37,6 +37,30 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def no_nvrtc_check(monkeypatch):
+    """No NVRTC check of the CUDA programs of CPU builds: it renders every template at every
+    knob of level 1, whose choices compare sizes too (guards that hold in fewer sizes), so a
+    test of which sizes a plan serves takes it (with `usefixtures`)."""
+    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The sizes (the graph's symbolic input sizes, by name; empty for fixed sizes) of each
+    trace Kiln's torch backend makes during the test: a plan reused makes none."""
+    from kiln.frontend.torch.backend import KilnFunction
+    from kiln.frontend.torch.plan_reuse import size_values
+    sizes = []
+    trace = KilnFunction._trace
+
+    def counted(self, args, input_sizes, *rest):
+        sizes.append(size_values(input_sizes))
+        return trace(self, args, input_sizes, *rest)
+    monkeypatch.setattr(KilnFunction, "_trace", counted)
+    return sizes
+
+
 @pytest.fixture(autouse=True)
 def float32_convolutions():
     """cuDNN's TF32 flag (`torch.backends.cudnn.allow_tf32`, True by default) off around each

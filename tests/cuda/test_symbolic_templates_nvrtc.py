@@ -109,7 +109,6 @@ def test_a_gpt2_like_model_has_one_source_per_kernel_for_five_lengths():
     assert "gemm_sm90" in names and "attention_flash" in names
 
 
-
 @needs_nvrtc
 def test_a_symbolic_row_count_keeps_the_packed_epilogue():
     """gemm_sm90 over a symbolic M packs its 16-bit outputs in registers (PACKED) as it does at

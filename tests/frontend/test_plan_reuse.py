@@ -11,32 +11,7 @@ import kiln
 from kiln.frontend.torch import register_function
 from kiln.frontend.torch.backend import KilnFunction
 from kiln.runtime.plan_binding import bound
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-@pytest.fixture(autouse=True)
-def no_nvrtc_check(monkeypatch):
-    """No NVRTC check of the CUDA programs of CPU builds: it renders every template at every
-    knob of level 1, whose choices compare sizes too (guards that hold in fewer sizes)."""
-    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
-
-
-@pytest.fixture
-def traced(monkeypatch):
-    """The sizes (the graph's symbolic input sizes, by name) of each trace since."""
-    sizes = []
-    trace = KilnFunction._trace
-
-    def counted(self, args, input_sizes, *rest):
-        sizes.append(_values(input_sizes))
-        return trace(self, args, input_sizes, *rest)
-    monkeypatch.setattr(KilnFunction, "_trace", counted)
-    return sizes
-
-
-def _values(sizes) -> dict:
-    from kiln.frontend.torch.plan_reuse import size_values
-    return size_values(sizes)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo", "no_nvrtc_check")
 
 
 @pytest.fixture

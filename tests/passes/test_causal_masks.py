@@ -11,14 +11,7 @@ from torch import nn
 from kiln.frontend.torch.backend import KilnFunction
 from tests.passes.test_layout import members
 
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-@pytest.fixture(autouse=True)
-def no_nvrtc_check(monkeypatch):
-    """No NVRTC check of the CUDA programs of CPU builds: it renders every template at every
-    knob of level 1, whose choices compare sizes too (guards that hold in fewer sizes)."""
-    monkeypatch.delenv("KILN_NVRTC_CHECK", raising=False)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo", "no_nvrtc_check")
 
 
 class PositionMasked(nn.Module):
@@ -63,25 +56,16 @@ def test_a_positional_mask_at_fixed_sizes_becomes_the_causal_flag(shift, causal)
     assert node.attrs["is_causal"] is bool(causal) and len(masks) == (causal is None)
 
 
-@pytest.fixture
-def traces(monkeypatch):
-    """The number of traces Kiln makes (a reused plan makes none)."""
-    made = []
-    trace = KilnFunction._trace
-    monkeypatch.setattr(KilnFunction, "_trace", lambda self, *a: made.append(1) or trace(self, *a))
-    return made
-
-
-def test_a_causal_mask_at_symbolic_sizes_becomes_the_flag_and_the_plan_serves_other_lengths(traces):
+def test_a_causal_mask_at_symbolic_sizes_becomes_the_flag_and_the_plan_serves_other_lengths(traced):
     (node,) = _attention_nodes(PositionMasked(0).eval(), [7, 9, 12], dynamic=True)
-    assert len(traces) == 1      # 9 and 12 bind the plan traced at 7
+    assert len(traced) == 1      # 9 and 12 bind the plan traced at 7
     assert node.attrs["is_causal"] and not any(t.dtype.is_bool for t in node.inputs)
 
 
-def test_a_mask_causal_at_the_traced_size_only_is_checked_at_each_reuse(traces):
+def test_a_mask_causal_at_the_traced_size_only_is_checked_at_each_reuse(traced):
     """Causal for fewer than 10 queries, open to every key from query 10 on: the plan traced at
     7 serves 9, and at 12 the mask is computed again and found otherwise, so 12 traces anew
     (with its mask). Reused at 12, the causal flag would drop keys eager keeps."""
     nodes = _attention_nodes(PositionMasked(0, open_from=10).eval(), [7, 9, 12], dynamic=True)
-    assert len(traces) == 2
+    assert len(traced) == 2
     assert sorted(n.attrs["is_causal"] for n in nodes) == [False, True]

@@ -21,10 +21,11 @@ import torch
 
 from kiln.graph import known_value_at
 from kiln.ir import SymSize
-from kiln.ir.size import value_at, variables
+from kiln.ir.size import variables
 from kiln.ir.size_reads import note_check
 from kiln.passes.edit import arguments_of, rebuild, remake
 from kiln.passes.graph_pass import GraphPass
+from kiln.runtime.plan_binding import bound
 from kiln.tensor import Tensor
 
 ATTENTION = frozenset({"attention", "attention_forward", "attention_backward"})
@@ -54,8 +55,7 @@ def _rewrite(node, inputs):
     def causality(values: dict | None):
         """`implied_causality` with the size variables at `values` (None: this trace's)."""
         mask_values = at(values)
-        size = (lambda d: int.__int__(d)) if values is None else (lambda d: value_at(d, values))
-        return None if mask_values is None else implied_causality(mask_values, size(lq), size(lk))
+        return None if mask_values is None else implied_causality(mask_values, bound(lq, values), bound(lk, values))
 
     causal = causality(None)
     if causal is None:
