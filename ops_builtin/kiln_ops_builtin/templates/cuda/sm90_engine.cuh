@@ -98,15 +98,26 @@ struct Unit {
     int kt0, kt1;
 };
 
+// {x / d, x % d} for a d in [1, D] that every thread of the CTA shares: one uniform branch per
+// divisor, each a division by a constant (a run-time division would sit on the path to each
+// unit's first copy).
+template <int D>
+static __device__ __forceinline__ int2 divmod_upto(int x, int d) {
+    if constexpr (D > 1)
+        if (d != D) return divmod_upto<D - 1>(x, d);
+    return make_int2(x / D, x % D);
+}
+
 // Unit `unit` of CTA `rank` of its cluster: GROUP tile rows are walked column by column, each
 // work unit being CLUSTER vertically adjacent tiles (a split: kt_split k-tiles).
 template <class P>
-static __device__ __forceinline__ Unit unit_at(int unit, int tiles_m, int tiles_n, int per_batch, int k_tiles,
-                                               int kt_split, int rank) {
+static __device__ __forceinline__ Unit unit_at(int unit, int tiles_m, int tiles_n, int per_batch, int batches,
+                                               int k_tiles, int kt_split, int rank) {
     const int ks = unit % kiln_split_k_program::SPLIT, tile = unit / kiln_split_k_program::SPLIT;
-    const int bz = tile / per_batch, r = tile % per_batch;
+    const int bz = batches == 1 ? 0 : tile / per_batch, r = batches == 1 ? tile : tile % per_batch;
     const int band = P::GROUP * tiles_n, first_m = r / band * P::GROUP, rows = min(tiles_m - first_m, P::GROUP);
-    const int tm = (first_m + r % band % rows) * P::CLUSTER + rank, tn = r % band / rows;
+    const int2 in_band = divmod_upto<P::GROUP>(r % band, rows);
+    const int tm = (first_m + in_band.y) * P::CLUSTER + rank, tn = in_band.x;
     const int64_t m0 = (int64_t)tm * P::BM, n0 = (int64_t)tn * P::BN;
     const int kt0 = ks * kt_split, kt1 = min(k_tiles, kt0 + kt_split);
     return {ks, bz, m0, n0, kt0, kt1};
@@ -239,7 +250,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
         if (tid >= P::PRODUCERS) return;
         int local = 0;
         for (int unit = blockIdx.x / CLUSTER; unit < units; unit += gridDim.x / CLUSTER, ++local) {
-            const Unit u = unit_at<P>(unit, tiles_m, tiles_n, per_batch, k_tiles, KT_SPLIT, rank);
+            const Unit u = unit_at<P>(unit, tiles_m, tiles_n, per_batch, BATCH, k_tiles, KT_SPLIT, rank);
             const int bz = u.bz;
             const int64_t m0 = u.m0, n0 = u.n0;
             typename P::Gather gather(tid, m0, KERNEL_ARGS);
@@ -282,7 +293,7 @@ static __device__ __forceinline__ void run(PARAMS, const typename P::Maps& maps)
     float acc[MI][BN / 2];
     int local = 0;
     for (int unit = blockIdx.x / CLUSTER; unit < units; unit += gridDim.x / CLUSTER, ++local) {
-        const Unit u = unit_at<P>(unit, tiles_m, tiles_n, per_batch, k_tiles, KT_SPLIT, rank);
+        const Unit u = unit_at<P>(unit, tiles_m, tiles_n, per_batch, BATCH, k_tiles, KT_SPLIT, rank);
         const int ks = u.ks, bz = u.bz, kt0 = u.kt0, kt1 = u.kt1;
         const int64_t m0 = u.m0, n0 = u.n0;
         if (PP && local % CW != c) {        // the other consumer's tile: skip its stages
