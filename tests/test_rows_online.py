@@ -4,6 +4,8 @@ log-sum-exp over GPT-2's 50,257 logits) is read once for its maximum and its sum
 exp(x - maximum) together, and again only where the maximum is not finite. Without a GPU: which
 statistics pair up, the generated source, NVRTC compilation for sm_80 and sm_90;
 `tests/cuda/test_rows_misaligned_cuda.py` compares the results on a GPU."""
+import re
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ import kiln
 from kiln.ir.inline import inline_task
 from kiln.runtime import cuda as rt
 from kiln.schedule.choose import auto_program
+from kiln.schedule.cuda_kernels import BLOCK, TARGET_BLOCKS
+from kiln.schedule.cuda_rows import ONLINE_GROUP_PACKS, ONLINE_LANES, online_groups, online_plan, plan_row
 from kiln.schedule.rows import online_sums, row_form, row_task, run_of_reductions
 
 ops = kiln.ops
@@ -89,7 +93,7 @@ def test_a_vocabulary_log_sum_exp_reads_its_row_once_where_the_maximum_is_finite
     x, zero = kiln.symbol((4096, 50257), torch.bfloat16, "cuda"), _zero()
     src = _source(_log_sum_exp(x, zero), [x, zero])
     online, fallback = src.split("fabsf(hi2) != INFINITY)")
-    assert online.count("const kiln_pack<uint16_t, 8> ") == 1 and "in0[" not in online
+    assert online.count("*reinterpret_cast<const kiln_pack<uint16_t, 8>*>") == 1 and "in0[" not in online
     assert fallback.count("const kiln_pack<uint16_t, 8> ") == 1      # the sum again, for a maximum of +-inf/NaN
 
 
@@ -101,12 +105,14 @@ def test_rows_kept_in_registers_take_two_passes_over_them():
 
 def _online_cases():
     """Row tasks whose statistics take the online pass: bf16 and float32, a block a row (long
-    rows, peeled or not) and a warp a row (three streams do not fit the registers)."""
+    rows, peeled or not, few rows and many) and a warp a row (three streams do not fit the
+    registers)."""
     cases = []
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).replace("torch.", "")
-        x, zero = kiln.symbol((256, 50257), dtype, "cuda"), _zero()
-        cases.append((f"log_sum_exp_50257_{name}", _log_sum_exp(x, zero), [x, zero]))
+        for rows in (256, 4096):        # GPT-2's 4096 rows take narrower blocks (cuda_rows.online_plan)
+            x, zero = kiln.symbol((rows, 50257), dtype, "cuda"), _zero()
+            cases.append((f"log_sum_exp_{rows}x50257_{name}", _log_sum_exp(x, zero), [x, zero]))
         x = kiln.symbol((64, 65536), dtype, "cuda")
         cases.append((f"softmax_65536_{name}", ops.softmax(x, -1), [x]))
         x, y, z = (kiln.symbol((64, 1024), dtype, "cuda") for _ in range(3))
@@ -129,3 +135,51 @@ def test_online_rows_compile_with_nvrtc():
     jobs = [(auto_program(t, "cuda").source, f"{name}_{k}", arch) for name, outputs, inputs in CASES
             for k, t in enumerate(_tasks(outputs, inputs)) for arch in ("sm_80", "sm_90")]
     rt.compile_many(jobs, workers=2)
+
+
+def _group_pass(src):
+    """The online pass of a row kernel's source: (the group's loads, the group's reduction and
+    the lanes' fold), split where the group's values begin and where the row's pass ends."""
+    body = src[src.index("for (int kiln_g = 0;"):src.index("fabsf(hi")]
+    loads, rest = body.split("float kiln_xs", 1)
+    return loads, rest
+
+
+@pytest.mark.parametrize("name, outputs, inputs", CASES, ids=[c[0] for c in CASES])
+def test_the_online_pass_loads_a_group_of_packs_before_using_any(name, outputs, inputs):
+    """Each thread issues its group's 16-byte loads one after another, independent of each
+    other and of the running maximum, and reads no memory while it reduces them."""
+    loads, rest = _group_pass(_source(outputs, inputs))
+    assert re.search(r"kiln_pack<\w+, \d> pk\d+\[4\];", loads), loads
+    assert re.findall(r"pk\d+\[kiln_u\] = \*reinterpret_cast<const kiln_pack<", loads), loads
+    assert "expf(" not in loads and "kiln_max_f" not in loads
+    assert "reinterpret_cast" not in rest and "in0[" not in rest
+
+
+def test_a_block_folds_its_warps_online_pairs_as_a_warp():
+    """The (maximum, sum) pairs of a block's warps: five shuffle folds a warp, not a loop of
+    one fold a warp of the block (two exponentials each)."""
+    x, zero = kiln.symbol((4096, 50257), torch.bfloat16, "cuda"), _zero()
+    online = _source(_log_sum_exp(x, zero), [x, zero]).split("fabsf(hi")[0]
+    assert "kiln_w" not in online and online.count("for (int kiln_m = 16;") == 2
+    assert "? shm" in online
+
+
+@pytest.mark.parametrize("rows", (4096, 96))
+@pytest.mark.parametrize("row_len, vector, peeled", ((50257, 8, True), (50257, 4, True), (65536, 8, False)))
+def test_online_rows_make_whole_groups(rows, row_len, vector, peeled):
+    """A thread's chunks are whole groups of packs, over every pack of the row; many rows take
+    at most ONLINE_LANES threads each, few keep the lanes that fill the GPU."""
+    plan = plan_row(row_len, vector, 4 * vector, reduced=row_len, peeled=peeled)
+    fitted = online_plan(plan, rows)
+    packs = -(-(row_len + (vector - 1 if peeled else 0)) // vector)
+    assert not fitted.cached and fitted.guarded == (peeled or fitted.lanes * fitted.chunks * vector > row_len)
+    assert fitted.chunks % ONLINE_GROUP_PACKS == 0
+    assert fitted.lanes * fitted.chunks >= packs > fitted.lanes * (fitted.chunks - ONLINE_GROUP_PACKS)
+    assert online_groups(fitted) == (ONLINE_GROUP_PACKS, fitted.chunks // ONLINE_GROUP_PACKS)
+    assert fitted.lanes <= (ONLINE_LANES if rows * ONLINE_LANES >= TARGET_BLOCKS * BLOCK else plan.lanes)
+
+
+def test_a_warp_row_keeps_its_plan():
+    plan = plan_row(2048, 8, 96)
+    assert plan.warp and not plan.cached and online_plan(plan, 4096) is plan

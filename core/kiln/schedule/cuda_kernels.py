@@ -202,20 +202,28 @@ class CudaEmitter(Emitter):
 
         self.fold_lanes([(acc, t, "sh")] + ([(pos, dtypes.int64, "sp")] if pos is not None else []), fold)
 
-    def fold_lanes(self, values: list[tuple[str, dtypes.DataType, str]], fold) -> None:
+    def fold_lanes(self, values: list[tuple[str, dtypes.DataType, str]], fold,
+                   identities: list[str] | None = None) -> None:
         """Leave in every lane the fold of every lane's `values` ((C name, type, the stem of its
         shared array's name) triples): `fold(others)` emits the statements folding `others` (the
         C expressions of another lane's values, in the same order) into the names; across a warp
-        by shuffles, then across a block's warps through shared memory."""
+        by shuffles, then across a block's warps through shared memory: each warp folds the
+        warps' values in turn or, given the values' `identities` (C expressions), as a warp of
+        them (lane k takes warp k's), by shuffles again: five folds a warp instead of one a
+        warp of the block, for folds that cost much (the online softmax's exponentials)."""
         d = self.dialect
-        self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
-        others = []
-        for name, t, _ in values:
-            other = self.fresh("o")
-            self.line(f"const {d.value_type(t)} {other} = {d.shuffle_xor(t, name, 'kiln_m')};")
-            others.append(other)
-        fold(others)
-        self.close()
+
+        def across_warp() -> None:
+            self.open("for (int kiln_m = 16; kiln_m > 0; kiln_m >>= 1)")
+            others = []
+            for name, t, _ in values:
+                other = self.fresh("o")
+                self.line(f"const {d.value_type(t)} {other} = {d.shuffle_xor(t, name, 'kiln_m')};")
+                others.append(other)
+            fold(others)
+            self.close()
+
+        across_warp()
         if self.mode != "block":
             return
         shared = []
@@ -226,6 +234,12 @@ class CudaEmitter(Emitter):
         stores = " ".join(f"{sh}[threadIdx.x >> 5] = {name};" for sh, (name, _, _) in zip(shared, values))
         self.line(f"if ((threadIdx.x & 31) == 0) {{ {stores} }}")
         self.line("__syncthreads();")
+        if identities is not None:
+            warp = "(threadIdx.x & 31) < (blockDim.x >> 5)"
+            self.line(" ".join(f"{name} = {warp} ? {sh}[threadIdx.x & 31] : {identity};"
+                               for sh, (name, _, _), identity in zip(shared, values, identities)))
+            across_warp()
+            return
         self.line(" ".join(f"{name} = {sh}[0];" for sh, (name, _, _) in zip(shared, values)))
         self.open("for (int kiln_w = 1; kiln_w < (int)(blockDim.x >> 5); ++kiln_w)")
         fold([f"{sh}[kiln_w]" for sh in shared])

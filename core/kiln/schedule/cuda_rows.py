@@ -24,7 +24,10 @@ transposed reads) stay scalar. Vector kernels ask the runtime for aligned pointe
 (`CudaProgram.alignment`). Where they do not fit, a maximum over the row and the sum of
 exp(x - maximum) that follows it (softmax's, log-sum-exp's: `kiln.schedule.rows.online_sums`)
 take one pass over the row together (online softmax: each thread's sum is rescaled as its
-maximum grows), for rows of a static length whose lanes sum PARTIAL_LENGTH values at most.
+maximum grows), for rows of a static length whose lanes sum PARTIAL_LENGTH values at most. A
+thread reads its chunks there in groups of ONLINE_GROUP_PACKS packs, loaded before any is used,
+so that several loads are in flight while the group before is reduced (`online_plan`,
+`RowEmitter.online_statistic`).
 
 A row of at least PEEL_ROW elements whose length or offsets are not multiples of the vector
 width (GPT-2's 50,257 logits a row) is *peeled* where its loads share the output's phase (see
@@ -58,8 +61,8 @@ from kiln.ir.inline import Lowered
 from kiln.ir.simplify import simplify
 from kiln.ir.size import SymSize, as_dim
 from kiln.runtime.cuda import CudaProgram, Launch
-from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, AutoProgram, CudaEmitter, item_loop_kernel,
-                                       reduce_extent, symbolic_extent)
+from kiln.schedule.cuda_kernels import (BLOCK, PARTIAL_LENGTH, TARGET_BLOCKS, AutoProgram, CudaEmitter,
+                                       item_loop_kernel, reduce_extent, symbolic_extent)
 from kiln.schedule.cuda_streams import (MAX_VECTOR, candidate_bases, find_streams, pack_alignment, pack_type,
                                         read_pack)
 from kiln.schedule.rows import (elementwise_prefix, online_sums, reciprocals, row_form, row_task,
@@ -75,6 +78,8 @@ SHORT_ROW = 8192         # unless each is this short: one block then writes a ro
 ELEMENTWISE_ROW = 128    # an element-wise task's rows hold this many elements at least
 ELEMENTWISE_THREADS = 32768  # an element-wise task of too few rows for this many threads a warp each
                              # gives each row a block
+ONLINE_GROUP_PACKS = 4   # packs a thread loads at once in the one-pass maximum and sum (loads in flight)
+ONLINE_LANES = 512       # threads a row at most in that pass, where the rows fill the GPU without more
 PEEL_ROW = 1024          # rows this long at least are read in packs of their loads' phase (see the module doc)
 
 
@@ -104,7 +109,7 @@ class RowPlan:
         """Whether some chunk of some thread lies past the row's end (at some length, for a
         symbolic one)."""
         return (self.peeled or isinstance(self.row_len, SymSize)
-                or self.row_len % (self.lanes * self.vector) != 0)
+                or self.lanes * self.chunks * self.vector != self.row_len)
 
 
 def plan_row(row_len: int, vector: int, cached_bytes: int, min_lanes: int = 32, reduced: int = 0,
@@ -149,6 +154,8 @@ class RowEmitter(CudaEmitter):
         self.packs: dict = {}       # stream -> the C expression of its pack in the current chunk
         self.kept: dict = {}        # key -> register array of a value the statistics computed
         self.reuse = False          # whether emitting the output (which reads `kept`)
+        self.guarded = False        # whether the open chunk is bounded by the row's end
+        self.element_guard = False  # whether the open element is bounded by the row's ends
 
     def pack_type(self, t) -> str:
         return pack_type(self.dialect, t, self.plan.vector)
@@ -174,15 +181,24 @@ class RowEmitter(CudaEmitter):
             self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {array}[kiln_c][kiln_j] = {value};")
         self.close_chunk()
 
-    def open_chunk(self, needed: list, unrolled: bool = False) -> None:
-        """Open the loop over this thread's chunks (fully unrolled for a cached plan, or where
-        `unrolled`); load the packs of `needed` streams not cached."""
+    def open_chunk(self, needed: list, group: int = 0) -> None:
+        """Open the loop over this thread's chunks (fully unrolled for a cached plan) or, with
+        `group`, over the `group` chunks of the group `kiln_g` (see `online_statistic`: its
+        rows are short enough for 32-bit offsets); load the packs of `needed` streams not
+        cached."""
         plan = self.plan
-        self.line("#pragma unroll" if plan.cached or unrolled else "#pragma unroll 2")
-        self.open(f"for (int kiln_c = 0; kiln_c < {self.size(plan.chunks)}; ++kiln_c)")
         shift = " - kiln_shift" if plan.peeled else ""
-        self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector}{shift};")
-        if plan.guarded:
+        if group:
+            self.line("#pragma unroll")
+            self.open(f"for (int kiln_u = 0; kiln_u < {group}; ++kiln_u)")
+            self.line(f"const int kiln_c = kiln_g * {group} + kiln_u;")
+            self.line(f"const int kiln_eb = (kiln_c * {plan.lanes} + (int){plan.lane}) * {plan.vector}{shift};")
+        else:
+            self.line("#pragma unroll" if plan.cached else "#pragma unroll 2")
+            self.open(f"for (int kiln_c = 0; kiln_c < {self.size(plan.chunks)}; ++kiln_c)")
+            self.line(f"const int64_t kiln_eb = ((int64_t)kiln_c * {plan.lanes} + {plan.lane}) * {plan.vector}{shift};")
+        self.guarded = plan.guarded or (group and group * -(-plan.chunks // group) > plan.chunks)
+        if self.guarded:
             self.open(f"if (kiln_eb < {self.size(plan.row_len)})")
         self.packs = {}
         for stream in needed:
@@ -192,7 +208,7 @@ class RowEmitter(CudaEmitter):
                 self.packs[stream] = name
 
     def close_chunk(self) -> None:
-        if self.plan.guarded:
+        if self.guarded:
             self.close()
         self.close()
 
@@ -202,18 +218,19 @@ class RowEmitter(CudaEmitter):
         if self.plan.peeled:
             self.line(f"const int kiln_shift = (int)(({self.emit(anchor)}) & {self.plan.vector - 1});")
 
-    def open_element(self) -> None:
+    def open_element(self, whole: bool = False) -> None:
         """Open the loop over the chunk's elements, binding `e` (in a peeled row, to the
-        elements of the row only)."""
+        elements of the row only, unless the chunk is known to be `whole`ly in it)."""
         self.line("#pragma unroll")
         self.open(f"for (int kiln_j = 0; kiln_j < {self.plan.vector}; ++kiln_j)")
         e = self.names[id(self.e)]
         self.line(f"const int64_t {e} = kiln_eb + kiln_j;")
-        if self.plan.peeled:
+        self.element_guard = self.plan.peeled and not whole
+        if self.element_guard:
             self.open(f"if ((uint64_t){e} < (uint64_t){self.size(self.plan.row_len)})")
 
     def close_element(self) -> None:
-        if self.plan.peeled:
+        if self.element_guard:
             self.close()
         self.close()
 
@@ -283,34 +300,69 @@ class RowEmitter(CudaEmitter):
     def online_statistic(self, high: Reduce, total: Reduce, scalar) -> str:
         """Emit the maximum `high` over the row together with the sum of exponentials `total`
         that reads it (`kiln.schedule.rows.online_sums`), in one pass over the row: each thread
-        keeps its running maximum m and its sum s of exp(x - m), rescaling s where m grows, and
-        the lanes fold their (m, s) pairs alike. The sum is taken where `total`'s shift c
-        (read of the maximum, bound to `scalar`) equals the finite maximum; elsewhere (an
-        infinite or NaN maximum, another shift) `total` is reduced again from the row. Returns
-        the maximum's C name; `total` is bound to the sum's."""
+        reads its chunks in groups (`online_groups`), a group's packs all loaded before any is
+        used (independent loads in flight), takes the group's maximum and its sum of exp(x -
+        maximum) in registers, and folds that pair into its running maximum m and sum s of
+        exp(x - m) (rescaling s where m grows); the lanes fold their (m, s) pairs alike. A
+        peeled row's packs that lie wholly in the row skip the per-element bounds. The sum is
+        taken where `total`'s shift c (read of the maximum, bound to `scalar`) equals the
+        finite maximum; elsewhere (an infinite or NaN maximum, another shift) `total` is
+        reduced again from the row. Returns the maximum's C name; `total` is bound to the
+        sum's."""
         d, plan = self.dialect, self.plan
+        unroll, groups = online_groups(plan)
         m, s = self.fresh("hi"), self.fresh("tot")
         self.line(f"float {m} = -INFINITY, {s} = 0.0f;")
-        self.open_chunk(self.needed(high.body), unrolled=plan.chunks * plan.vector <= ROW_UNROLL_MAX)
+        self.line("#pragma unroll 1")
+        self.open(f"for (int kiln_g = 0; kiln_g < {groups}; ++kiln_g)")
+        packs = {}
+        for stream in self.needed(high.body):
+            packs[stream] = self.fresh("pk")
+            self.line(f"{self.pack_type(stream.tensor.dtype)} {packs[stream]}[{unroll}];")
+        self.open_chunk([], unroll)
+        for stream, array in packs.items():
+            self.line(f"{array}[kiln_u] = {self.pack_at(stream, 'kiln_eb')};")
+        self.close_chunk()
         xs = self.fresh("kiln_xs")
-        self.line(f"float {xs}[{plan.vector}];")
+        self.line(f"float {xs}[{unroll}][{plan.vector}];")
         self.line("#pragma unroll")
-        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {xs}[kiln_j] = -INFINITY;")
-        self.open_element()
-        self.line(f"{xs}[kiln_j] = {self.emit(high.body)};")
-        self.close_element()
-        part = self.fresh("ph")
-        self.line(f"float {part} = {xs}[0];")
+        self.line(f"for (int kiln_j = 0; kiln_j < {unroll * plan.vector}; ++kiln_j) "
+                  f"{xs}[kiln_j / {plan.vector}][kiln_j % {plan.vector}] = -INFINITY;")
+        self.open_chunk([], unroll)
+        self.packs = {stream: f"{array}[kiln_u]" for stream, array in packs.items()}
+        for whole in ((True, False) if plan.peeled else (False,)):
+            if plan.peeled:
+                self.open(f"if (kiln_eb >= 0 && kiln_eb + {plan.vector} <= {self.size(plan.row_len)})" if whole else "else")
+            self.open_element(whole)
+            self.line(f"{xs}[kiln_u][kiln_j] = {self.emit(high.body)};")
+            self.close_element()
+            if plan.peeled:
+                self.close()
+        self.close_chunk()
+        part, sums = self.fresh("ph"), self.fresh("gs")
+        self.line(f"float {part} = {m}, {sums}[{unroll}];")
         self.line("#pragma unroll")
-        self.line(f"for (int kiln_j = 1; kiln_j < {plan.vector}; ++kiln_j) {d.combine('max', high.dtype, part, f'{xs}[kiln_j]')}")
-        self.line(d.combine("max", high.dtype, part, m))
+        self.open(f"for (int kiln_u = 0; kiln_u < {unroll}; ++kiln_u)")
+        self.line(f"float kiln_h = {xs}[kiln_u][0];")
+        self.line("#pragma unroll")
+        self.line(f"for (int kiln_j = 1; kiln_j < {plan.vector}; ++kiln_j) "
+                  f"{d.combine('max', high.dtype, 'kiln_h', f'{xs}[kiln_u][kiln_j]')}")
+        self.line(d.combine("max", high.dtype, part, "kiln_h"))
+        self.close()
         self.open(f"if ({part} != -INFINITY)")
+        self.line("#pragma unroll")
+        self.open(f"for (int kiln_u = 0; kiln_u < {unroll}; ++kiln_u)")
+        self.line(f"{sums}[kiln_u] = 0.0f;")
+        self.line("#pragma unroll")
+        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) "
+                  f"{sums}[kiln_u] += {self._exp(f'{xs}[kiln_u][kiln_j] - {part}')};")
+        self.close()
         self.line(f"{s} *= {self._exp(f'{m} - {part}')};")
         self.line("#pragma unroll")
-        self.line(f"for (int kiln_j = 0; kiln_j < {plan.vector}; ++kiln_j) {s} += {self._exp(f'{xs}[kiln_j] - {part}')};")
+        self.line(f"for (int kiln_u = 0; kiln_u < {unroll}; ++kiln_u) {s} += {sums}[kiln_u];")
         self.line(f"{m} = {part};")
         self.close()
-        self.close_chunk()
+        self.close()
         self._combine_online(m, s)
         self.scopes[-1][Load(scalar, ()).key()] = m
         shift = self.emit(total.body.a.b)
@@ -340,7 +392,7 @@ class RowEmitter(CudaEmitter):
             self.line(f"{m} = {both};")
             self.close()
 
-        self.fold_lanes([(m, dtypes.float32, "shm"), (s, dtypes.float32, "shs")], fold)
+        self.fold_lanes([(m, dtypes.float32, "shm"), (s, dtypes.float32, "shs")], fold, ["-INFINITY", "0.0f"])
 
     def _exp(self, x: str) -> str:
         """The C expression of the float32 exponential of `x`, as the dialect writes it."""
@@ -388,11 +440,36 @@ class RowEmitter(CudaEmitter):
         self.close_chunk()
 
 
+def online_groups(plan: RowPlan) -> tuple[int, int]:
+    """(packs a group, groups) of a thread's chunks in the online pass: as few groups of at
+    most ONLINE_GROUP_PACKS packs as cover its chunks, as even as they can be."""
+    groups = -(-plan.chunks // ONLINE_GROUP_PACKS)
+    return -(-plan.chunks // groups), groups
+
+
 def _online_row(plan: RowPlan) -> bool:
     """Whether a row of `plan` that its statistics read from memory twice (not cached) takes a
     maximum and its sum of exponentials in one pass: a static length whose lanes sum
     PARTIAL_LENGTH values at most each (the online sum has no partial sums)."""
     return not isinstance(plan.row_len, SymSize) and plan.chunks * plan.vector <= PARTIAL_LENGTH
+
+
+def online_plan(plan: RowPlan, rows) -> RowPlan:
+    """The plan of a row whose statistics take the online pass (`_online_row`), refitted so
+    that each thread's chunks make whole groups of ONLINE_GROUP_PACKS (no group reads past the
+    row for nothing), a block at most ONLINE_LANES threads where the rows give the GPU
+    TARGET_BLOCKS blocks of BLOCK threads so: more rows a multiprocessor, whose folds and
+    barriers overlap each other's loads. A warp's row stays a warp's."""
+    if plan.warp:
+        return plan
+    packs = -(-(plan.row_len + (plan.vector - 1 if plan.peeled else 0)) // plan.vector)
+    most = plan.lanes
+    if not isinstance(rows, SymSize) and rows * ONLINE_LANES >= TARGET_BLOCKS * BLOCK:
+        most = min(most, ONLINE_LANES)
+    groups = -(-packs // (ONLINE_GROUP_PACKS * most))
+    lanes = -(-packs // (ONLINE_GROUP_PACKS * groups * 32)) * 32
+    fitted = RowPlan(plan.row_len, plan.vector, lanes, ONLINE_GROUP_PACKS * groups, False, plan.peeled)
+    return fitted if lanes > 32 and _online_row(fitted) else plan
 
 
 def schedule(lowered: Lowered) -> CudaProgram | None:
@@ -439,6 +516,9 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     few = not isinstance(rows, SymSize) and rows < MIN_ROWS         # short rows (SHORT_ROW): a block each
     plan = plan_row(row_len, vector, pack_bytes, (BLOCK if few else 32) if stats else ELEMENTWISE_THREADS // rows,
                     reduced, peeled=anchor is not None)
+    online = {} if plan.cached or not _online_row(plan) else online_sums(stats, form.scalars, e)
+    if online:
+        plan = online_plan(plan, rows)
     cache = {s: f"kiln_x{k}" for k, s in enumerate(read_by_stats)} if plan.cached else {}
     em = RowEmitter(d, names, strides, plan, e, streams, cache, auto.sizes)
     em.begin_row(anchor)
@@ -446,7 +526,6 @@ def schedule(lowered: Lowered) -> CudaProgram | None:
     if plan.cached:
         shared = shared_parts(stats, result, e)
         em.keep(shared[:ROW_KEEP_BYTES // (4 * plan.chunks * plan.vector)])
-    online = {} if plan.cached or not _online_row(plan) else online_sums(stats, form.scalars, e)
     for k, (t, scalar, value, written) in enumerate(zip(form.statistics, form.scalars, stats, form.written)):
         v = em.online_statistic(value, online[k], scalar) if k in online else em.emit(value)
         held = em.fresh("row")
