@@ -69,3 +69,30 @@ def test_a_mask_causal_at_the_traced_size_only_is_checked_at_each_reuse(traced):
     nodes = _attention_nodes(PositionMasked(0, open_from=10).eval(), [7, 9, 12], dynamic=True)
     assert len(traced) == 2
     assert sorted(n.attrs["is_causal"] for n in nodes) == [False, True]
+
+
+class Layered(nn.Module):
+    """Three layers of causal attention (PositionMasked's) under one mask built once."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(PositionMasked(0) for _ in range(3))
+
+    def forward(self, x):
+        n = x.shape[1]
+        pos = torch.arange(n, device=x.device)
+        keep = pos[None, :] <= pos[:, None]
+        for layer in self.layers:
+            q, k, v = (t.view(x.shape[0], n, 2, 16).transpose(1, 2) for t in layer.qkv(x).chunk(3, -1))
+            x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(x.shape)
+        return x
+
+
+def test_layers_sharing_a_mask_decide_once_a_trace_and_check_once_a_new_length(traced, monkeypatch):
+    from kiln_ops_builtin.passes import causal_masks
+    decisions = []
+    decide = causal_masks.implied_causality
+    monkeypatch.setattr(causal_masks, "implied_causality", lambda *a: decisions.append(a[1:]) or decide(*a))
+    nodes = _attention_nodes(Layered().eval(), [7, 9, 11], dynamic=True)
+    assert len(traced) == 1 and len(nodes) == 3 and all(n.attrs["is_causal"] for n in nodes)
+    assert [int(q) for q, _ in decisions] == [7, 9, 11]

@@ -41,16 +41,19 @@ def implied_causality(mask: torch.Tensor, queries: int, keys: int) -> bool | Non
     return True if bool((m == causal).all()) else None
 
 
-def _rewrite(node, inputs):
-    if node.definition.name not in ATTENTION:
-        return None
-    args = arguments_of(node)
-    if "is_causal" not in args:     # a plugin's attention operator of another signature
-        return None
-    mask, lq, lk = args.get("mask"), args["q"].shape[-2], args["k"].shape[-2]
-    at = known_value_at(mask) if isinstance(mask, Tensor) else None
+def _form(size) -> object:
+    """What identifies `size` without reading its value (a dict key a SymSize cannot be)."""
+    return size.polynomial if isinstance(size, SymSize) else size
+
+
+def _decide(mask: Tensor, lq, lk):
+    """Whether `mask` implies causality for lq queries and lk keys (see `implied_causality`;
+    None: the mask says more, or its values are not known before the graph runs), and for
+    symbolic sizes the check that the answer holds at other sizes with the size variables it
+    reads (None and no names for static ones)."""
+    at = known_value_at(mask)
     if at is None:
-        return None
+        return None, None, ()
 
     def causality(values: dict | None):
         """`implied_causality` with the size variables at `values` (None: this trace's)."""
@@ -58,11 +61,40 @@ def _rewrite(node, inputs):
         return None if mask_values is None else implied_causality(mask_values, bound(lq, values), bound(lk, values))
 
     causal = causality(None)
+    names = {name for d in (*mask.shape, lq, lk) if isinstance(d, SymSize) for name in variables(d.polynomial)}
+    if causal is None or not names:
+        return causal, None, ()
+    last = {}
+
+    def check(values: dict) -> bool:
+        key = tuple(sorted(values.items()))
+        if key not in last:
+            last.clear()
+            last[key] = causality(values) is causal
+        return last[key]
+    return causal, check, names
+
+
+def _rewrite(node, inputs, decided: dict):
+    """`node` without its mask where that mask implies causality or keeps every key; `decided`
+    holds the decisions taken on this graph, by mask and sizes: the layers of a model share one
+    mask, computed once, and one check (once a new size)."""
+    if node.definition.name not in ATTENTION:
+        return None
+    args = arguments_of(node)
+    if "is_causal" not in args:     # a plugin's attention operator of another signature
+        return None
+    mask, lq, lk = args.get("mask"), args["q"].shape[-2], args["k"].shape[-2]
+    if not isinstance(mask, Tensor):
+        return None
+    key = (id(mask), _form(lq), _form(lk))
+    if key not in decided:
+        decided[key] = _decide(mask, lq, lk)
+    causal, check, names = decided[key]
     if causal is None:
         return None
-    names = {name for d in (*mask.shape, lq, lk) if isinstance(d, SymSize) for name in variables(d.polynomial)}
-    if names:
-        note_check(lambda values: causality(values) is causal, names)
+    if check is not None:
+        note_check(check, names)
     return remake(node, inputs, mask=None, is_causal=args["is_causal"] or causal)
 
 
@@ -75,4 +107,5 @@ class CausalMasks(GraphPass):
     stage = "precision"     # after constant folding has made the masks constants
 
     def transform(self, graph, ctx):
-        return rebuild(graph, _rewrite)
+        decided = {}
+        return rebuild(graph, lambda node, inputs: _rewrite(node, inputs, decided))
