@@ -248,8 +248,13 @@ def launch_source(program: CudaProgram, arch: str) -> str:
     kernel waiting for the grids before it where they launch as programmatic dependents
     (`kiln.runtime.dependent_launch`)."""
     if dependent_launch.enabled(arch_number(arch)):
-        return dependent_launch.with_prior_grid_wait(program.source, program.waiting, program.streaming)
+        return _with_prior_grid_wait(program.source, program.waiting, program.streaming)
     return program.source
+
+
+# a new sequence length's plan loads programs whose sources an earlier length's had: their
+# edited sources are those again (an edit scans the whole source, a millisecond for a GEMM's)
+_with_prior_grid_wait = functools.lru_cache(maxsize=256)(dependent_launch.with_prior_grid_wait)
 
 
 def compile_many(jobs: Sequence[tuple[str, str, str]], workers: int | None = None) -> list[Path]:

@@ -511,13 +511,16 @@ def capture(compiled, example_inputs: Sequence[torch.Tensor], write_back: Sequen
 
     captured = CapturedGraph(lambda inputs: body(inputs, workspace), example_inputs, wrap=wrap, bound=bound,
                              lent=lent, written=written_positions, buffers=buffers, ordering=ordering,
-                             private=private, lenders=lenders, warm_up=_loaded if regions else None)
+                             private=private, lenders=lenders,
+                             warm_up=_loaded if regions or compiled.loaded else None)
     compiled.loaded = True
     return captured
 
 
 def _loaded(inputs) -> None:
-    """The warm-up of a consuming capture, whose kernels are loaded already: nothing to run."""
+    """The warm-up of a capture whose kernels are loaded already (a consuming capture, or one
+    after the first of its compiled graph, whose run loaded everything it launches): nothing to
+    run."""
 
 
 def _side_by_side(compiled, returned: Sequence[int], private: Sequence[int]) -> list[int]:
