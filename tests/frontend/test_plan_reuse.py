@@ -158,3 +158,47 @@ def test_neighbours_stay_within_the_sizes_dynamos_graph_takes():
     plan = ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({name}))
     assert neighbours(plan, {name: 12}) == [{name: 4}]
     assert neighbours(plan, {name: 12}, ranges) == []
+
+
+def test_a_neighbour_served_by_its_own_plan_alone_is_planned_with_its_sizes_compiled_in(traced, rule):
+    """Issue 33: a size whose plan serves no size next to it (GPT-2's 64 rows on an H200: the
+    GEMM template's least rows and a bucket's top) runs kernels with the size compiled in,
+    which the same plan with the size read at run time was 6.8% slower than. With `plan_ahead`,
+    the first trace (width 12) traces the rule's one special width (8) ahead, symbolically,
+    finds that its plan serves 8 alone, and traces 8 again with the sizes compiled in."""
+    from kiln.ir.size import SymSize
+    from kiln.runtime.plan_binding import symbolic_parts
+
+    def at_eight(x, inplace=False):
+        return kiln.ops.mul(x, 2.0) if x.shape[-1] == 8 else kiln.ops.silu(x)
+    rule(at_eight)
+    compiled = torch.compile(lambda x: F.silu(x) + 1, backend="kiln", options={"plan_ahead": "always"})
+    for width in (12, 8, 10, 8, 7, 9):
+        x = torch.randn(3, width)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(compiled(x), (x * 2 if width == 8 else F.silu(x)) + 1)
+    assert [list(s.values()) for s in traced] == [[12], [8], []]
+    function, = [f for f in KilnFunction.live() if f._reusable]
+    twelve, eight = [p for p, _, _ in function._reusable]
+    name, = eight.names
+    assert eight.serves({name: 8}, eight.settings) and not twelve.serves({name: 8}, twelve.settings)
+    assert not any(eight.serves({name: w}, eight.settings) for w in (7, 9, 12))
+    assert symbolic_parts(twelve.record.plan) and not symbolic_parts(eight.record.plan)
+    assert not any(isinstance(d, SymSize) for b in eight.record.plan.buffers for d in b.shape)
+
+
+def test_a_plan_serving_its_size_alone_is_told_from_one_serving_a_range():
+    from kiln.frontend.torch.plan_reuse import ReusablePlan
+    from kiln.ir.size import SymSize
+    from kiln.ir.size_reads import recording
+
+    def plan(check, value):
+        with recording() as reads:
+            check(SymSize.named("s0", value))
+        return ReusablePlan(None, frozenset(reads.guards), None, set(), frozenset({"s0"}))
+    assert plan(lambda s: s >= 64 and s <= 64, 64).serves_one_size({"s0": 64})
+    assert plan(lambda s: s >= 64 and s < 65, 64).serves_one_size({"s0": 64})
+    assert not plan(lambda s: s > 48 and not s > 64, 64).serves_one_size({"s0": 64})  # 63 too
+    assert not plan(lambda s: s > 32 and not s > 64, 64).serves_one_size({"s0": 64})  # 48 too
+    assert not plan(lambda s: s >= 64 and s % 2 == 0, 64).serves_one_size({"s0": 64})  # 80
+    assert not plan(lambda s: s == 64, 64).serves_one_size({"s0": 64, "s1": 3})

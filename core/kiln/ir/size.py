@@ -232,6 +232,12 @@ def guards_hold(guards, values: dict[str, int]) -> bool:
             and all(bool(check(values)) == answer for check, answer in checks))
 
 
+def pinned(name: str, value: int) -> tuple:
+    """The guard (as `size_reads.SizeReads.guards` holds them) that holds where the size
+    variable `name` is `value` and nowhere else."""
+    return ("eq", SymSize.named(name, value).polynomial, _constant(value), True)
+
+
 def guard_variables(guard: tuple) -> set[str]:
     """The names of the size variables a guard of `size_reads.SizeReads.guards` reads."""
     op, p, q, _ = guard

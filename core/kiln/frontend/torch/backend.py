@@ -63,7 +63,7 @@ from kiln.frontend.torch.errors import UnmappedOperatorError
 from kiln.frontend.torch.indices import used_only_as_index
 from kiln.frontend.torch.interpreter import Interpreter, MappingError, mutates
 from kiln.frontend.torch.partition import nodes_for_pytorch, split
-from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, neighbours, size_values, sizes_at
+from kiln.frontend.torch.plan_reuse import ReusablePlan, fixed_part, neighbours, size_values, sizes_at, sizes_fixed_at
 from kiln.frontend.torch.report import correctness_report, input_graph_table
 from kiln.frontend.torch.random import draws_random_numbers
 from kiln.frontend.torch.run_record import Output, RunRecord
@@ -526,7 +526,8 @@ class KilnFunction:
         """Trace the graph at the sizes next to those that `reusable` (traced for the call
         `args` of input `sizes`) serves, where no kept plan serves them
         (`plan_reuse.neighbours`), and keep the plans that serve other sizes: a call there
-        later binds one, its kernels already built."""
+        later binds one, its kernels already built. A plan that serves its own sizes alone
+        (`ReusablePlan.serves_one_size`) is traced again with them compiled in."""
         for values in neighbours(reusable, size_values(sizes), size_ranges(self.gm)):
             if any(kept.serves(values, settings) for kept in self._kept_for(args, sizes)):
                 continue
@@ -538,6 +539,11 @@ class KilnFunction:
                     logger.info("planning ahead at sizes %s failed: %s", values, error)
                     continue
             ahead = ReusablePlan.of(record, reads, settings)
+            if ahead is not None and ahead.serves_one_size(values):
+                logger.info("planning ahead at sizes %s: a plan for those alone, traced with them compiled in", values)
+                with stage("plan ahead", f"{values} compiled in"):
+                    record = self._trace(args, sizes_fixed_at(sizes, values), None, None, settings)[-1]
+                ahead = ReusablePlan.at_one_size(record, values, settings)
             if ahead is not None:
                 self._keep(ahead, args, ahead_sizes)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kiln.frontend.torch.run_record import RunRecord
-from kiln.ir.size import SymSize, guard_variables, guards_hold, moved_to, size_text, variables
+from kiln.ir.size import SymSize, guard_variables, guards_hold, moved_to, pinned, size_text, value_at, variables
 from kiln.ir.size_reads import SizeReads
 from kiln.runtime.plan import Plan
 from kiln.runtime.plan_binding import binds_elsewhere, bound, symbolic_parts
@@ -45,6 +45,13 @@ def sizes_at(sizes, values: dict[str, int]) -> list:
     """Input `sizes` (as `input_sizes` gives them) as they would be in a call with the size
     variables at `values`."""
     return [tuple(moved_to(d, values) for d in size) if isinstance(size, tuple) else moved_to(size, values)
+            for size in sizes]
+
+
+def sizes_fixed_at(sizes, values: dict[str, int]) -> list:
+    """Input `sizes` (as `input_sizes` gives them) as ints, the size variables at `values`: the
+    sizes of a trace that compiles them in."""
+    return [tuple(value_at(d, values) for d in size) if isinstance(size, tuple) else value_at(size, values)
             for size in sizes]
 
 
@@ -78,6 +85,24 @@ class ReusablePlan:
             return None
         names = frozenset(name for guard in reads.guards for name in guard_variables(guard))
         return cls(record, frozenset(reads.guards), settings, symbolic_parts(record.plan), names)
+
+    @classmethod
+    def at_one_size(cls, record: RunRecord, values: dict[str, int], settings: Settings) -> ReusablePlan:
+        """The ReusablePlan of a trace's `record` made with the sizes compiled in at `values`
+        (`sizes_fixed_at`), which serves those sizes alone."""
+        return cls(record, frozenset(pinned(name, value) for name, value in values.items()), settings, set(),
+                   frozenset(values))
+
+    def serves_one_size(self, values: dict[str, int]) -> bool:
+        """Whether this plan, traced with its one size variable at `values`, serves neither the
+        sizes next to it nor those a `neighbours` step away: a plan for that size alone, which
+        kernels with the size compiled in serve as well and faster."""
+        if len(values) != 1 or self.names != values.keys():
+            return False
+        (name, value), = values.items()
+        steps = {1, math.gcd(value, ALIGNMENT_KEPT)}
+        return not any(guards_hold(self.guards, {name: value + d}) for step in steps for d in (-step, step)
+                       if value + d >= 2)
 
     def serves(self, values: dict[str, int], settings: Settings) -> bool:
         """Whether a trace with the size variables at `values` under `settings` would make
