@@ -99,8 +99,8 @@ class Settings:
     plan_ahead: str = setting("auto", option=True, keyed=False)
     """After a trace at symbolic sizes whose plan serves other sizes, trace the sizes just past
     its thresholds too (`kiln.frontend.torch.plan_reuse.neighbours`), so that a later call there
-    binds a plan instead of tracing and building kernels: "auto" for graphs with CUDA inputs,
-    "always" or "never"."""
+    binds a plan instead of tracing and building kernels (a size whose plan serves it alone with
+    its sizes compiled in): "auto" for graphs with CUDA inputs, "always" or "never"."""
     dependent_launch: bool = setting(True, env="KILN_DEPENDENT_LAUNCH", parse=_unless_zero)
     """Launch kernels on sm_90 and later as programmatic dependents (`kiln.runtime.dependent_launch`)."""
     dump_dir: str | None = setting(None, env="KILN_DUMP_DIR", keyed=False)
