@@ -67,13 +67,17 @@ def operand_value(o, index, shape, dtype, compute_type=None):
     return cast(value, compute_type or dtype)
 
 
-def elementwise_compute(op: str, operands, fn, accepts=ANY, to_float: bool = False, dtype=None):
+def elementwise_compute(op: str, operands, fn, accepts=ANY, to_float: bool = False, dtype=None,
+                        exact_scalars: bool = False):
     """A broadcasting element-wise compute of `fn(*values)` over tensors and Python scalars.
 
     The operands promote to their result type t (`to_float`: integers and bool then go to
     float32), which must be one of the dtype set `accepts`. `fn` gets the values in t's
     arithmetic type (float32 for 16-bit floats, as PyTorch computes them); the value it returns
-    converts to `dtype`, by default t.
+    converts to `dtype`, by default t. A Python scalar is rounded to t first, except with
+    `exact_scalars` where t is a 16-bit float: then it enters in the arithmetic type, unrounded,
+    as PyTorch's CUDA kernels take the scalar of `x * 0.7978845608` (GELU's tanh form would
+    otherwise scale by bfloat16's 0.796875, a bias of 0.13%).
     """
     tensors = [o for o in operands if isinstance(o, TensorNode)]
     if not tensors:
@@ -87,8 +91,13 @@ def elementwise_compute(op: str, operands, fn, accepts=ANY, to_float: bool = Fal
         t = dtypes.float32
     ct = accumulator_type(t)
     shape = broadcast_shape(op, *[o.shape for o in tensors])
-    return compute(shape, lambda *i: fn(*[operand_value(o, i, shape, t, ct) for o in operands]),
-                   dtype=dtype or t)
+    exact = exact_scalars and t in (dtypes.float16, dtypes.bfloat16)
+
+    def value(o, i):
+        if exact and not isinstance(o, (TensorNode, bool)):
+            return cast(o, ct)
+        return operand_value(o, i, shape, t, ct)
+    return compute(shape, lambda *i: fn(*[value(o, i) for o in operands]), dtype=dtype or t)
 
 
 def normalize_dim(op: str, dim: int, ndim: int) -> int:

@@ -22,11 +22,13 @@ def _unary(name: str, fn, doc: str, accepts=NUMERIC, to_float: bool = False, dty
     return operator(name, traits=Traits(implements=implements))(definition)
 
 
-def _binary(name: str, fn, doc: str, accepts=ANY, to_float: bool = False, dtype=None, implements=None):
+def _binary(name: str, fn, doc: str, accepts=ANY, to_float: bool = False, dtype=None, implements=None,
+            exact_scalars: bool = False):
     """The operator `name(input, other)` computing `fn` of each pair of broadcast elements
-    (implementing the Python operator `implements`, if given)."""
+    (implementing the Python operator `implements`, if given; `exact_scalars`: see
+    `elementwise_compute`)."""
     def definition(input, other):
-        return elementwise_compute(name, (input, other), fn, accepts, to_float, dtype)
+        return elementwise_compute(name, (input, other), fn, accepts, to_float, dtype, exact_scalars)
     definition.__doc__ = doc
     return operator(name, traits=Traits(implements=implements))(definition)
 
@@ -84,14 +86,16 @@ def round_(input, decimals: int = 0):
 # ---------------------------------------------------------------- binary arithmetic
 
 def _scaled(name: str, combine, input, other, alpha):
-    """`combine(x, alpha * y)`; alpha takes the result type (a float alpha needs float operands)."""
+    """`combine(x, alpha * y)`; alpha takes the result type (a float alpha needs float operands).
+    With 16-bit floats, a Python scalar operand and alpha enter unrounded, in float32 (as
+    PyTorch's CUDA kernels take them; see `elementwise_compute`)."""
     t = result_type(input, other, op=name)
     if isinstance(alpha, float) and not t.is_float:
         raise OperatorError(f"{name}: alpha={alpha!r} is a float, but the operands are of type {t}")
     if alpha == 1:
-        return elementwise_compute(name, (input, other), combine)
-    scale = cast(cast(alpha, t), accumulator_type(t))
-    return elementwise_compute(name, (input, other), lambda a, b: combine(a, scale * b))
+        return elementwise_compute(name, (input, other), combine, exact_scalars=True)
+    scale = cast(alpha if t in (dtypes.float16, dtypes.bfloat16) else cast(alpha, t), accumulator_type(t))
+    return elementwise_compute(name, (input, other), lambda a, b: combine(a, scale * b), exact_scalars=True)
 
 
 @operator("add", traits=Traits(implements=python.add))
@@ -108,7 +112,9 @@ def sub(input, other, alpha=1):
     return _scaled("sub", lambda a, b: a - b, input, other, alpha)
 
 
-mul = _binary("mul", lambda a, b: a * b, "x * y (for bool: logical and).", implements=python.mul)
+mul = _binary("mul", lambda a, b: a * b, "x * y (for bool: logical and; a Python scalar times 16-bit floats "
+              "enters unrounded, in float32, as PyTorch's CUDA kernels take it).", implements=python.mul,
+              exact_scalars=True)
 
 
 def _integer_divisor(name: str, fn):
@@ -141,7 +147,7 @@ def div(input, other, rounding_mode=None):
     """x / y. rounding_mode None: true division (integers give float32); 'trunc': rounded toward
     zero; 'floor': rounded down (both keep the integer type)."""
     if rounding_mode is None:
-        return elementwise_compute("div", (input, other), lambda a, b: a / b, to_float=True)
+        return elementwise_compute("div", (input, other), lambda a, b: a / b, to_float=True, exact_scalars=True)
     if rounding_mode not in ("trunc", "floor"):
         raise OperatorError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
     return _rounded_div("div", input, other, rounding_mode)

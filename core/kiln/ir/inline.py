@@ -3,13 +3,25 @@
 A compute that reduces, or that is an output of the task, is *materialized* (written to a
 buffer). Every other compute is injective and is substituted into its consumers, so a chain of
 element-wise operators becomes one expression.
+
+A 16-bit float compute that is inlined keeps its float32 value where its consumer reads it as
+float32 (`float32_reads`): a chain of bfloat16 element-wise operators (GELU's tanh form and its
+gradient, under autocast) computes in float32 and rounds once, where it is stored, as
+torch.compile's Inductor does, instead of once per operator as eager PyTorch does. What is
+stored keeps its type; reductions (argmin/argmax too), comparisons, isnan/isinf and conversions
+to integers read values rounded after every operator, as eager's, so that a maximum and an
+equality test against it (a pool's or an argmax's gradient) see the same numbers, a float16
+overflow is still seen and a bin or an index computed in 16-bit arithmetic (histc) is eager's;
+and a compute that is written to a buffer is read back rounded.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+from kiln import dtypes
 from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
-from kiln.ir.expr import Expr, Load, Reduce, Var
+from kiln.ir.expr import Binary, Cast, Expr, Load, Reduce, Unary, Var
+from kiln.ir.opcodes import COMPARISONS, UnaryOp
 from kiln.ir.rewrite import rewrite
 # Re-exported: kiln.schedule's rewriters import them from here (they belong to kiln.ir.rewrite).
 from kiln.ir.rewrite import own_children, rebuild_expr  # noqa: F401,E402
@@ -50,6 +62,37 @@ def substitute(expr: Expr, mapping: dict[int, Expr], memo: dict | None = None,
     return rewrite(expr, post, pre, memo)
 
 
+ROUNDED = (dtypes.float16, dtypes.bfloat16)
+TESTS = frozenset({UnaryOp.ISNAN, UnaryOp.ISINF})       # predicates that read rounded values, as comparisons
+
+
+def unrounded(value: Expr) -> Expr | None:
+    """The float32 expression `value` rounds to a 16-bit float, where `value` is that rounding."""
+    if isinstance(value, Cast) and value.dtype in ROUNDED and value.a.dtype == dtypes.float32:
+        return value.a
+    return None
+
+
+def float32_reads(inlined_value: Callable[[Load], Expr | None], plain: Callable[[Expr], Expr]
+                  ) -> Callable[[Expr], Expr | None]:
+    """A `pre` rewriter (see `kiln.ir.rewrite`) for an inliner: `Cast(Load(c), float32)`, where
+    `inlined_value(load)` gives the inlined value of the 16-bit compute `c` at the load's index
+    (None where `c` is not inlined) and that value rounds a float32 expression, becomes that
+    expression. A reduction, a comparison, isnan/isinf and a conversion to an integer or bool
+    are rewritten by `plain`, the inliner without this rule anywhere below (each operator's
+    rounding kept, as eager computes), so that they decide on eager's values (see the module
+    doc)."""
+    def pre(e: Expr) -> Expr | None:
+        if (isinstance(e, Reduce) or (isinstance(e, Binary) and e.op in COMPARISONS)
+                or (isinstance(e, Unary) and e.op in TESTS) or (isinstance(e, Cast) and not e.dtype.is_float)):
+            return plain(e)
+        if isinstance(e, Cast) and e.dtype == dtypes.float32 and isinstance(e.a, Load) and e.a.dtype in ROUNDED:
+            value = inlined_value(e.a)
+            return None if value is None else unrounded(value)
+        return None
+    return pre
+
+
 class Lowered:
     """A task after inlining: materialized computes in order, each reading only task inputs
     and earlier materialized computes."""
@@ -82,16 +125,41 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
         return Load(inlined[id(t)], e.indices) if id(t) in inlined else e
 
     injective: dict[int, Expr] = {}
+    chain: list[Compute] = []           # the injective computes, in order
+    plain: dict[int, Expr] = {}         # their values with every rounding (for `float32_reads`' plain)
+    memo: dict = {}
+
+    def plain_loads(e: Expr) -> Expr:
+        if isinstance(e, Load) and isinstance(e.tensor, Compute) and id(e.tensor) in plain:
+            t = e.tensor
+            return substitute(plain[id(t)], {id(a): i for a, i in zip(t.axes, e.indices)})
+        return inlined_loads(e)
+
+    def plain_value(e: Expr) -> Expr:
+        for node in chain[len(plain):]:             # in order: each reads earlier ones only
+            plain[id(node)] = rewrite(node.value, plain_loads)
+        return rewrite(e, plain_loads)
+
+    def inlined_value(load: Load) -> Expr | None:
+        t = load.tensor
+        if not (isinstance(t, Compute) and id(t) in injective):
+            return None
+        indices = [rewrite(i, inlined_loads, wide, memo) for i in load.indices]
+        return substitute(injective[id(t)], {id(a): i for a, i in zip(t.axes, indices)})
+
+    wide = float32_reads(inlined_value, plain_value)
     for node in task.nodes():
         if not isinstance(node, Compute):
             continue
-        value = rewrite(node.value, inlined_loads)
+        memo = {}
+        value = rewrite(node.value, inlined_loads, wide, memo)
         if id(node) in keep or node.has_reduce:
             new = Compute(node.name, node.axes, simplify(value))
             inlined[id(node)] = new
             buffers.append(new)
         else:
             injective[id(node)] = value
+            chain.append(node)
     outputs = []
     for out in task.outputs:
         if isinstance(out, TensorInput):

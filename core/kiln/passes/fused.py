@@ -23,6 +23,7 @@ from typing import Sequence
 from kiln.graph import FlowGraph, Operator
 from kiln.graph.operator import Recent
 from kiln.ir import Compute, Expr, Load, Task, TensorInput, Var, rewrite, substitute
+from kiln.ir.inline import float32_reads
 from kiln.ir.expr import walk
 from kiln.ir.size import size_key
 from kiln.tensor import Tensor
@@ -49,28 +50,44 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
     would compute that reduction again for each of them, so the anchor stays a compute of its
     own, which the schedule computes once (see `kiln.schedule.rows`)."""
     found: dict[tuple, Expr] = {}
+    found_plain: dict[tuple, Expr] = {}
     memo: dict[int, tuple] = {}
-    anchor_reads: list[tuple] = []
+    anchor_reads: dict[tuple, tuple] = {}
 
-    def fold(e: Expr) -> Expr:
-        if not (isinstance(e, Load) and isinstance(e.tensor, Compute)):
-            return e
-        t = e.tensor
-        key = (id(t),) + tuple(i.key() for i in e.indices)
-        if key not in found:
-            if t is not anchor and t.has_reduce:
-                raise _NotFoldable
-            value = substitute(t.value, {id(a): i for a, i in zip(t.axes, e.indices)})
-            if t is anchor:
-                anchor_reads.append(e.indices)
-            found[key] = value if t is anchor else rewrite(value, fold, memo=memo)
-        return found[key]
+    def folder(cache: dict, inner):
+        def fold(e: Expr) -> Expr:
+            if not (isinstance(e, Load) and isinstance(e.tensor, Compute)):
+                return e
+            t = e.tensor
+            key = (id(t),) + tuple(i.key() for i in e.indices)
+            if key not in cache:
+                if t is not anchor and t.has_reduce:
+                    raise _NotFoldable
+                value = substitute(t.value, {id(a): i for a, i in zip(t.axes, e.indices)})
+                if t is anchor:
+                    anchor_reads[key] = e.indices
+                cache[key] = value if t is anchor else inner(value)
+            return cache[key]
+        return fold
+
+    fold = folder(found, lambda v: rewrite(v, fold, wide, memo))
+    fold_plain = folder(found_plain, lambda v: rewrite(v, fold_plain))
+
+    def inlined_value(load: Load) -> Expr | None:
+        t = load.tensor
+        if not isinstance(t, Compute) or t is anchor or t.has_reduce:
+            return None
+        return fold(Load(t, [rewrite(i, fold, wide, memo) for i in load.indices]))
+
+    # Element-wise members chained in 16-bit floats compute in float32 (`kiln.ir.inline`);
+    # the anchor's value stays as rounded as the anchor stores it.
+    wide = float32_reads(inlined_value, lambda e: rewrite(e, fold_plain))
 
     try:
-        value = rewrite(out.value, fold, memo=memo)
+        value = rewrite(out.value, fold, wide, memo)
     except _NotFoldable:
         return None
-    if len(anchor_reads) != 1 or not _one_to_one(out, anchor, anchor_reads[0]):
+    if len(anchor_reads) != 1 or not _one_to_one(out, anchor, next(iter(anchor_reads.values()))):
         return None
     return Compute(out.name, out.axes, value)
 
