@@ -52,6 +52,8 @@ boolean = DataType("bool", torch.bool, "bool", 1, "bool")
 
 ALL = (float64, float32, float16, bfloat16, int64, int32, int16, int8, uint8, boolean)
 FLOATS = (float64, float32, float16, bfloat16)
+HALF_FLOATS = (float16, bfloat16)
+"""The 16-bit floats, which PyTorch computes in float32 and rounds to store."""
 INTEGERS = (int64, int32, int16, int8, uint8)
 
 _BY_NAME = {d.name: d for d in ALL}

@@ -91,7 +91,7 @@ def elementwise_compute(op: str, operands, fn, accepts=ANY, to_float: bool = Fal
         t = dtypes.float32
     ct = accumulator_type(t)
     shape = broadcast_shape(op, *[o.shape for o in tensors])
-    exact = exact_scalars and t in (dtypes.float16, dtypes.bfloat16)
+    exact = exact_scalars and t in dtypes.HALF_FLOATS
 
     def value(o, i):
         if exact and not isinstance(o, (TensorNode, bool)):

@@ -94,7 +94,7 @@ def _scaled(name: str, combine, input, other, alpha):
         raise OperatorError(f"{name}: alpha={alpha!r} is a float, but the operands are of type {t}")
     if alpha == 1:
         return elementwise_compute(name, (input, other), combine, exact_scalars=True)
-    scale = cast(alpha if t in (dtypes.float16, dtypes.bfloat16) else cast(alpha, t), accumulator_type(t))
+    scale = cast(alpha if t in dtypes.HALF_FLOATS else cast(alpha, t), accumulator_type(t))
     return elementwise_compute(name, (input, other), lambda a, b: combine(a, scale * b), exact_scalars=True)
 
 

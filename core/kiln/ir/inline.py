@@ -62,13 +62,12 @@ def substitute(expr: Expr, mapping: dict[int, Expr], memo: dict | None = None,
     return rewrite(expr, post, pre, memo)
 
 
-ROUNDED = (dtypes.float16, dtypes.bfloat16)
 TESTS = frozenset({UnaryOp.ISNAN, UnaryOp.ISINF})       # predicates that read rounded values, as comparisons
 
 
 def unrounded(value: Expr) -> Expr | None:
     """The float32 expression `value` rounds to a 16-bit float, where `value` is that rounding."""
-    if isinstance(value, Cast) and value.dtype in ROUNDED and value.a.dtype == dtypes.float32:
+    if isinstance(value, Cast) and value.dtype in dtypes.HALF_FLOATS and value.a.dtype == dtypes.float32:
         return value.a
     return None
 
@@ -86,7 +85,7 @@ def float32_reads(inlined_value: Callable[[Load], Expr | None], plain: Callable[
         if (isinstance(e, Reduce) or (isinstance(e, Binary) and e.op in COMPARISONS)
                 or (isinstance(e, Unary) and e.op in TESTS) or (isinstance(e, Cast) and not e.dtype.is_float)):
             return plain(e)
-        if isinstance(e, Cast) and e.dtype == dtypes.float32 and isinstance(e.a, Load) and e.a.dtype in ROUNDED:
+        if isinstance(e, Cast) and e.dtype == dtypes.float32 and isinstance(e.a, Load) and e.a.dtype in dtypes.HALF_FLOATS:
             value = inlined_value(e.a)
             return None if value is None else unrounded(value)
         return None

@@ -31,7 +31,6 @@ from kiln.passes.provided import provided
 from kiln.tensor import Tensor
 
 ALIGN = 8                   # elements of 16 bits in 16 bytes
-SIXTEEN_BIT = (dtypes.float16, dtypes.bfloat16)
 DEVICES = ("cuda",)         # the kinds of device whose GEMMs want aligned rows
 
 
@@ -64,7 +63,7 @@ def _reads(t: Tensor, readers: dict) -> list[tuple] | None:
 
 def _candidate(t: Tensor, readers: dict) -> list[tuple] | None:
     """The matmul reads of `t` where padding it once pays (see the module doc), else None."""
-    if (t.ndim < 2 or t.dtype not in SIXTEEN_BIT or t.device.kind not in DEVICES
+    if (t.ndim < 2 or t.dtype not in dtypes.HALF_FLOATS or t.device.kind not in DEVICES
             or type(t.shape[-1]) is not int or t.shape[-1] % ALIGN == 0):
         return None
     found = _reads(t, readers)

@@ -41,18 +41,20 @@ def fixed_part(args, sizes, positions) -> tuple:
                  for a, s in ((args[k], sizes[k]) for k in positions))
 
 
+def _each_size(sizes, at) -> list:
+    return [tuple(at(d) for d in size) if isinstance(size, tuple) else at(size) for size in sizes]
+
+
 def sizes_at(sizes, values: dict[str, int]) -> list:
     """Input `sizes` (as `input_sizes` gives them) as they would be in a call with the size
     variables at `values`."""
-    return [tuple(moved_to(d, values) for d in size) if isinstance(size, tuple) else moved_to(size, values)
-            for size in sizes]
+    return _each_size(sizes, lambda d: moved_to(d, values))
 
 
 def sizes_fixed_at(sizes, values: dict[str, int]) -> list:
     """Input `sizes` (as `input_sizes` gives them) as ints, the size variables at `values`: the
     sizes of a trace that compiles them in."""
-    return [tuple(value_at(d, values) for d in size) if isinstance(size, tuple) else value_at(size, values)
-            for size in sizes]
+    return _each_size(sizes, lambda d: value_at(d, values))
 
 
 def size_values(sizes) -> dict[str, int]:
