@@ -7,18 +7,20 @@ vocabulary 151936, tied embeddings). A `--prompt`-token prompt runs eagerly, the
 compiles the one-token step and decodes `--tokens` tokens greedily over transformers'
 StaticCache, the way `generate()` does: the next position and token stay on the GPU, so the
 loop never waits for the host (`cache_position + 1`, `argmax`). Reported per model and batch:
-milliseconds per generated token (the whole loop, after a warm-up loop), the weights' bytes over
+milliseconds per generated token (the median over `--rounds` loops after a warm-up loop, each
+loop timed whole, every loop's time kept in the JSON), the weights' bytes over
 that time against the copy bandwidth measured in the same run, the first step's logits against
 eager's (relative error), and how many tokens equal eager's. Inductor is timed with
 mode="reduce-overhead" (CUDA graphs).
 
     python benchmarks/decode_bench.py [--models llama_1b qwen2_0_5b] [--batch 1 8] [--tokens 128]
-        [--prompt 32] [--dtype bfloat16] [--backends inductor_cg kiln] [--json out.json]
+        [--prompt 32] [--dtype bfloat16] [--backends inductor_cg kiln] [--rounds 3] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 import warnings
 
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--backends", nargs="+", default=["inductor_cg", "kiln"], choices=["inductor_cg", "kiln"],
                         help="compiled backends to time (eager always runs: it is the reference)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed decoding loops; the median is reported")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args()
     from transformers import StaticCache
@@ -121,16 +124,19 @@ def main() -> None:
                         start = time.perf_counter()
                         decode(model, step, cache, prompt, 4)                  # compile, warm up
                         row["compile_s"] = time.perf_counter() - start
-                        tokens, first, seconds = decode(model, step, cache, prompt, args.tokens)
+                        rounds = [decode(model, step, cache, prompt, args.tokens) for _ in range(args.rounds)]
                     except Exception as exc:   # report the failure and go on
                         print(f"{name} b{batch} {label:<12} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                         rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
                         continue
+                    tokens, first, _ = rounds[0]
                     if reference is None:
                         reference, reference_logits = tokens, first
-                    ms = seconds / args.tokens * 1e3
+                    rounds_ms = [seconds / args.tokens * 1e3 for _, _, seconds in rounds]
+                    ms = statistics.median(rounds_ms)
                     same = sum(a == b for t, r in zip(tokens, reference) for a, b in zip(t, r))
-                    row.update(ms_per_token=ms, weight_bytes=weight_bytes, copy_bandwidth=bandwidth,
+                    row.update(ms_per_token=ms, ms_per_token_rounds=rounds_ms, weight_bytes=weight_bytes,
+                               copy_bandwidth=bandwidth,
                                bandwidth_fraction=weight_bytes / (ms * 1e-3) / bandwidth,
                                first_logits_rel_err=float((first - reference_logits).norm() / reference_logits.norm()),
                                tokens_equal_to_eager=same, tokens=args.tokens * batch)
