@@ -219,7 +219,7 @@ offset in every CTA of the mask `ctas`, completing on the barrier at `bar`'s off
 
 def mma_m16n8k16(t: DataType) -> str:
     """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""
-    if t not in (dtypes.float16, dtypes.bfloat16):
+    if t not in dtypes.HALF_FLOATS:
         raise ValueError(f"mma.sync m16n8k16 takes float16 or bfloat16 operands, not {t.name}")
     return "kiln_mma_m16n8k16_" + ("f16" if t == dtypes.float16 else "bf16")
 

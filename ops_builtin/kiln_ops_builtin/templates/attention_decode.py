@@ -115,7 +115,7 @@ def applies(task) -> bool:
     """Attention tasks of at most MAX_QUERIES queries against at least MIN_KEYS keys that
     `attention_flash` would take (16-bit, its head dims, D == Dv)."""
     a = match_attention(task)
-    return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16)
+    return (a is not None and a.dtype in dtypes.HALF_FLOATS
             and a.q.dtype == a.k.dtype == a.v.dtype and a.D == a.Dv and a.D in HEAD_DIMS
             and a.Lq <= MAX_QUERIES and a.Lk >= MIN_KEYS)
 

@@ -166,7 +166,7 @@ def split_kv(a: Attention, split: int, params: str, args: tuple) -> SplitKV:
 
 def applies(task) -> bool:
     a = match_attention(task)
-    return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16)
+    return (a is not None and a.dtype in dtypes.HALF_FLOATS
             and a.q.dtype == a.k.dtype == a.v.dtype and a.D == a.Dv and a.D in HEAD_DIMS)
 
 

@@ -161,7 +161,7 @@ def applies(task) -> bool:
     keys (a symbolic length by its bucket), and operands TMA can read (unit column stride, the
     others whole 16 bytes, at most three batch dims)."""
     a = match_attention(task)
-    return (a is not None and a.dtype in (dtypes.float16, dtypes.bfloat16) and a.q.dtype == a.k.dtype == a.v.dtype
+    return (a is not None and a.dtype in dtypes.HALF_FLOATS and a.q.dtype == a.k.dtype == a.v.dtype
             and a.D == a.Dv and a.D in HEAD_DIMS and a.Lq >= MIN_QUERIES and bucket(a.Lk) >= MIN_KEYS
             and _maps(a, 128, 128) is not None)
 

@@ -181,7 +181,7 @@ def applies(task) -> bool:
     if conv is None:
         return False
     tf32 = conv.dtype == dtypes.float32 and bool(task.attrs.get("allow_tf32"))
-    return (conv.groups == 1 and (conv.dtype in (dtypes.float16, dtypes.bfloat16) or tf32)
+    return (conv.groups == 1 and (conv.dtype in dtypes.HALF_FLOATS or tf32)
             and conv.channels % _per_copy(conv.dtype) == 0
             and conv.gemm.acc_dtype == dtypes.float32 and max(conv.height, conv.width) < 2 ** 15
             and (conv.batch + 1) * conv.height * conv.width * conv.channels < 2 ** 31

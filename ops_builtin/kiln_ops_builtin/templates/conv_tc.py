@@ -118,7 +118,7 @@ def auto_split(blocks: int, k_steps: int) -> int:
 def _operand_dtype(task):
     """The one 16-bit float type of the task's inputs, or None."""
     found = {t.dtype for t in task.inputs}
-    return found.pop() if len(found) == 1 and found <= {dtypes.float16, dtypes.bfloat16} else None
+    return found.pop() if len(found) == 1 and found <= set(dtypes.HALF_FLOATS) else None
 
 
 def applies(task) -> bool:

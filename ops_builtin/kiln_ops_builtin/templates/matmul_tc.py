@@ -113,7 +113,7 @@ FIT_TILES = [split_k.Tile(k.as_dict(), k.BM, k.BN, k.BK, 1024)
 
 def applies(task) -> bool:
     c = match_contraction(task)
-    return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
+    return (c is not None and c.a.dtype in dtypes.HALF_FLOATS and c.a.dtype == c.b.dtype
             and c.a.k_contiguous and c.K % 8 == 0 and (c.b.k_contiguous or (c.b.x_contiguous and c.N % 8 == 0))
             and c.a.strides_multiple_of(8) and c.b.strides_multiple_of(8))
 

@@ -99,7 +99,7 @@ def suggest(task, sm_count: int) -> list[dict]:
 
 def applies(task) -> bool:
     c = match_contraction(task)
-    return (c is not None and c.a.dtype in (dtypes.float16, dtypes.bfloat16) and c.a.dtype == c.b.dtype
+    return (c is not None and c.a.dtype in dtypes.HALF_FLOATS and c.a.dtype == c.b.dtype
             and c.K > 0)
 
 
