@@ -11,13 +11,14 @@ around each step). Peak memory is `torch.cuda.max_memory_allocated` over all of 
 
     python benchmarks/train_bench.py [--cases gpt2_b8 ...] [--steps 10] [--loss-steps 20]
         [--backends eager inductor kiln] [--json out_train.json] [--profile N] [--kernels N]
-        [--fp32-reference]
+        [--fp32-reference] [--seeds 0 ...]
 
 `--profile N` prints the N kernels that take the most GPU time in two steps of each backend;
 `--kernels N` times each step of Kiln's forward and backward graphs in place (CUDA graphs off,
 `kernel_times.time_steps`) and prints the N heaviest with their operator and shapes.
-`--fp32-reference` also trains eagerly in float32 (autocast off) from the same weights: under
-16-bit autocast every backend's rounding differs from eager's by about eager's own error (on
+`--fp32-reference` also trains eagerly in float32 (autocast off) from the same weights
+(`--seeds`: each case runs once for each seed of its starting weights and batch, to tell a
+backend's rounding from one run's chaos): under 16-bit autocast every backend's rounding differs from eager's by about eager's own error (on
 the CPU a small ViT's bf16 logits are 5.3e-3 from float64's for eager and for Kiln, and 4.4e-3
 from each other), so a distance from eager's losses says less than one from float32's.
 """
@@ -183,6 +184,8 @@ def main() -> None:
     parser.add_argument("--fp32-reference", action="store_true",
                         help="also train eagerly in float32 (autocast off, float32 weights) from the same "
                              "weights and report each backend's largest loss difference from that run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="seeds of the starting weights and batch: each case runs once for each")
     parser.add_argument("--isolate", action="store_true",
                         help="train each backend in a process of its own (peaks free of what earlier runs "
                              "left allocated, or freed during a later one)")
@@ -194,11 +197,12 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = []
-    for name in args.cases:
-        torch.manual_seed(0)
+    for name, seed in [(name, seed) for name in args.cases for seed in args.seeds]:
+        torch.manual_seed(seed)
         model, loss_of, make_optimizer = CASES[name]()
         initial = copy.deepcopy(model.state_dict())
-        row = {"case": name}
+        row = {"case": name, "seed": seed}
+        tag = name if args.seeds == [0] else f"{name}/seed {seed}"
         for label in args.backends:
             model.load_state_dict(initial)
             torch._dynamo.reset()
@@ -209,11 +213,11 @@ def main() -> None:
                 r = train(model, loss_of, make_optimizer, compiled, args.loss_steps, args.steps, args.profile)
             except Exception as exc:   # report the failure and go on
                 row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"
-                print(f"{name:<16} {label:<9} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                print(f"{tag:<16} {label:<9} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 continue
             for key, value in r.items():
                 row[f"{label}_{key}"] = value
-            print(f"{name:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB "
+            print(f"{tag:<16} {label:<9} {r['ms']:9.2f} ms/step  peak {r['peak_gb']:6.2f} GB "
                   f"({r['peak_above_start_gb']:5.2f} above the start)  "
                   f"losses {r['losses'][0]:.5f} .. {r['losses'][-1]:.5f}", flush=True)
         if args.fp32_reference:
@@ -253,16 +257,17 @@ def isolated(args) -> None:
     """Each (case, backend) of `args` trained by this script in a process of its own; the rows
     merged into `args.json`."""
     rows = []
-    for name in args.cases:
-        row = {"case": name}
+    for name, seed in [(name, seed) for name in args.cases for seed in args.seeds]:
+        row = {"case": name, "seed": seed}
         for label in args.backends:
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "row.json")
                 subprocess.run([sys.executable, __file__, "--cases", name, "--backends", label, "--json", out,
-                                "--steps", str(args.steps), "--loss-steps", str(args.loss_steps)], check=False)
+                                "--steps", str(args.steps), "--loss-steps", str(args.loss_steps),
+                                "--seeds", str(seed)], check=False)
                 if os.path.exists(out):
                     with open(out) as f:
-                        row.update({k: v for k, v in json.load(f)["rows"][0].items() if k != "case"})
+                        row.update({k: v for k, v in json.load(f)["rows"][0].items() if k not in ("case", "seed")})
                 else:
                     row[f"{label}_error"] = "the process ended without a result"
         rows.append(row)
