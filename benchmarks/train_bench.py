@@ -18,9 +18,10 @@ around each step). Peak memory is `torch.cuda.max_memory_allocated` over all of 
 `kernel_times.time_steps`) and prints the N heaviest with their operator and shapes.
 `--fp32-reference` also trains eagerly in float32 (autocast off) from the same weights
 (`--seeds`: each case runs once for each seed of its starting weights and batch, to tell a
-backend's rounding from one run's chaos): under 16-bit autocast every backend's rounding differs from eager's by about eager's own error (on
-the CPU a small ViT's bf16 logits are 5.3e-3 from float64's for eager and for Kiln, and 4.4e-3
-from each other), so a distance from eager's losses says less than one from float32's.
+backend's rounding from one run's chaos): under 16-bit autocast every backend's rounding
+differs from eager's by about eager's own error (on the CPU a small ViT's bf16 logits are
+5.3e-3 from float64's for eager and for Kiln, and 4.4e-3 from each other), so a distance from
+eager's losses says less than one from float32's.
 """
 from __future__ import annotations
 
