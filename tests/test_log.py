@@ -24,7 +24,9 @@ with torch.no_grad():
 
 
 def _run(tmp_path, **env):
-    environment = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), **env}
+    """SCRIPT in a fresh process on an empty kernel cache, without `make test`'s NVRTC check
+    (which compiles every CUDA program of each CPU build: 15 s of such a process)."""
+    environment = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_NVRTC_CHECK": "", **env}
     return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           env=environment, timeout=600)
 
