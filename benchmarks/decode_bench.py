@@ -8,7 +8,7 @@ compiles the one-token step and decodes `--tokens` tokens greedily over transfor
 StaticCache, the way `generate()` does: the next position and token stay on the GPU, so the
 loop never waits for the host (`cache_position + 1`, `argmax`). Reported per model and batch:
 milliseconds per generated token (the median over `--rounds` loops after a warm-up loop, each
-loop timed whole, every loop's time kept in the JSON), the weights' bytes over
+loop timed whole, every loop's time kept in the JSON; eager's one loop), the weights' bytes over
 that time against the copy bandwidth measured in the same run, the first step's logits against
 eager's (relative error), and how many tokens equal eager's. Inductor is timed with
 mode="reduce-overhead" (CUDA graphs).
@@ -124,7 +124,8 @@ def main() -> None:
                         start = time.perf_counter()
                         decode(model, step, cache, prompt, 4)                  # compile, warm up
                         row["compile_s"] = time.perf_counter() - start
-                        rounds = [decode(model, step, cache, prompt, args.tokens) for _ in range(args.rounds)]
+                        timed = 1 if backend is None else args.rounds     # eager: the reference, timed once
+                        rounds = [decode(model, step, cache, prompt, args.tokens) for _ in range(timed)]
                     except Exception as exc:   # report the failure and go on
                         print(f"{name} b{batch} {label:<12} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                         rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
