@@ -6,6 +6,9 @@ else AVX2), and prints GFLOP/s. A model whose time is its GEMMs cannot run faste
 multiply-adds at this rate (issue 36: BERT's linear layers are 93% of its steps on the CPU).
 
     python benchmarks/cpu_peak.py [--isa avx512f|avx2] [--seconds 1]
+
+The default ISA is the widest this CPU reports in /proc/cpuinfo (an AMD EPYC of Zen 3 has no
+AVX-512: its program would die of an illegal instruction).
 """
 from __future__ import annotations
 
@@ -63,9 +66,18 @@ def peak_gflops(isa: str = "avx512f", seconds: float = 1.0) -> float:
                                     text=True).stdout.split()[0])
 
 
+def widest_isa() -> str:
+    """`avx512f` where this CPU's flags list it, else `avx2`."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "avx2"
+    return "avx512f" if "avx512f" in flags else "avx2"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--isa", default="avx512f", choices=["avx512f", "avx2"])
+    parser.add_argument("--isa", default=widest_isa(), choices=["avx512f", "avx2"])
     parser.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args()
     print(f"{args.isa}: {peak_gflops(args.isa, args.seconds):.1f} GFLOP/s float32 on one core")
