@@ -16,7 +16,9 @@ takes the updating member's place, so what computes the sources stays fused with
 StoreRows (the input with those elements stored), which the compiled graph runs on the input's
 own buffer (`kiln.graph.compile`): readers of the new value read the input's memory, and the
 output written back is the input itself, so no copy is made (`CompiledRun` skips it; a
-CUDA graph captures none). Then the UpdateRows groups of one step (a layer's keys and values)
+CUDA graph captures none). An output that an element-wise kernel computes from the input
+itself (a counter's `add_(1)`) is written into the input's buffer by that kernel instead
+(`kiln.passes.in_place_elements`). Then the UpdateRows groups of one step (a layer's keys and values)
 are made one kernel where the later reads nothing computed between them, and StoreRows nodes
 that follow each other one launch.
 
@@ -40,6 +42,7 @@ from kiln.graph.compile import is_view
 from kiln.graph.in_place import ROWS, is_store, store_rows, update_rows
 from kiln.passes.edit import reapply
 from kiln.passes.fused import FusedOperator
+from kiln.passes.in_place_elements import elements_in_place
 from kiln.passes.graph_pass import GraphPass
 from kiln.tensor import Tensor
 
@@ -60,6 +63,8 @@ class UpdateInPlace(GraphPass):
         self.in_place = []
         for out, position in self.written.items():
             updated = _in_place(graph, out, graph.inputs[position])
+            if updated is None:
+                updated = elements_in_place(graph, out, graph.inputs[position], ctx.session)
             if updated is not None:
                 graph = updated
                 self.in_place.append(out)
