@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 
+from kiln.graph.in_place import is_store, stored_into
 from support import rand
 from tests.frontend import test_in_place_elements as cpu
 from tests.frontend.in_place_support import in_place_outputs, new_runs, runs
@@ -43,6 +44,30 @@ def test_a_counter_is_advanced_in_place(dtype, shape):
 
 def test_a_cache_layer_writes_nothing_back():
     cpu.check_a_cache_layer_writes_nothing_back(DEVICE)
+
+
+def two_cache_layers(k0, c0, k1, c1, new):
+    return cpu.counted_cache_step(k0, c0, new) + cpu.counted_cache_step(k1, c1, new * 2)
+
+
+def test_the_counters_of_two_cache_layers_are_one_launch():
+    """Two StaticCache layers' steps compiled: their counters advance in one kernel
+    (`kiln.passes.horizontal`), in place; values and caches eager's at every replay."""
+    torch.manual_seed(11)
+    before = {id(r) for r in runs()}
+    f = torch.compile(two_cache_layers, backend="kiln")
+    args = [torch.randn(2, 9, 4, device=DEVICE), torch.tensor(1, device=DEVICE),
+            torch.randn(2, 9, 4, device=DEVICE), torch.tensor(1, device=DEVICE)]
+    want = [a.clone() for a in args]
+    for _ in range(4):
+        new = torch.randn(2, 1, 4, device=DEVICE)
+        torch.testing.assert_close(f(*args, new), two_cache_layers(*want, new))
+        for a, b in zip(args, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (run,) = new_runs(before)
+    assert len(in_place_outputs(run)) == len(run.writeback) == 4
+    counters = [n for n in run.graph.nodes if stored_into(n) and not is_store(n)]
+    assert len(counters) == 1 and len(stored_into(counters[0])) == 2
 
 
 def _qwen2(layers: int, dtype):
@@ -86,3 +111,5 @@ def test_qwen2_decoding_over_a_static_cache_is_eagers(dtype):
         torch.testing.assert_close(a.values[:, :, :8], b.values[:, :, :8], rtol=tolerance, atol=tolerance)
     (step,) = [r for r in new_runs(before) if r.writeback]
     assert len(in_place_outputs(step)) == len(step.writeback) == 3 * config.num_hidden_layers
+    counters = [n for n in step.graph.nodes if stored_into(n) and not is_store(n)]
+    assert len(counters) == 1, "the layers' counters advance in one launch (kiln.passes.horizontal)"
