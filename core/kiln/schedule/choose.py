@@ -169,8 +169,9 @@ def build_task(task: Task, device: Device, settings: Settings | None = None) -> 
         return CompiledTask(task, device, backend.load(store_program(task, device.kind), device))
     if device.kind == "cpu" and settings.nvrtc_check:
         check_nvrtc(task, settings.nvrtc_check)
-    program = choose(task, device.kind, backend.arch(device),
-                     lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space))
+    arch = backend.arch(device)
+    program = choose(task, device.kind, arch,
+                     lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space, arch))
     return CompiledTask(task, device, backend.load(program, device), program)
 
 

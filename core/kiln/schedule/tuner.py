@@ -89,14 +89,15 @@ def candidates(template, task: Task, sm_count: int, level: int, arch: int | None
     return out[:1] if level == 0 else out
 
 
-def tune(task: Task, template, device: Device, level: int) -> dict:
+def tune(task: Task, template, device: Device, level: int, arch: int | None = None) -> dict:
     """The best knobs of `template` (a `kiln.schedule.Template`) for `task` on `device` at
-    tuning `level` (cached on disk). Only CUDA templates are timed: a CPU template runs with
-    its level-0 knobs for the machine's core count."""
+    tuning `level` (cached on disk), of the settings that a GPU of architecture `arch` runs (any
+    when None: `candidates`). Only CUDA templates are timed: a CPU template runs with its level-0
+    knobs for the machine's core count."""
     if device.kind != "cuda":
         return candidates(template, task, os.cpu_count() or 1, 0)[0]
     info = rt.device_info(device.index)
-    space = candidates(template, task, info["sm_count"], level, rt.arch_number(info["arch"]))
+    space = candidates(template, task, info["sm_count"], level, arch)
     if len(space) == 1:
         return space[0]
     programs = [template.render(task, **knobs) for knobs in space]
