@@ -105,7 +105,7 @@ class GemvKnobs(Knobs):
 def clusters_valid(knobs: Knobs) -> bool:
     """Whether a `GemvKnobs` or `GemvTcKnobs` setting's CLUSTER is one the kernel runs: a
     cluster holds 2 to `split_k.MAX_CLUSTER` splits."""
-    return not knobs.CLUSTER or 1 < knobs.SPLIT <= split_k.MAX_CLUSTER
+    return not knobs.CLUSTER or split_k.clusters(knobs.SPLIT)
 
 
 def cluster_arch(knobs: Knobs) -> int:
@@ -117,7 +117,7 @@ def suggestions(first: Knobs) -> list[dict]:
     """`suggest`'s ranking around `first`, a `GemvKnobs` or `GemvTcKnobs` setting: the same in
     clusters where its split allows (which only sm_90 is offered), `first`, then the rest of its
     level-1 space."""
-    clustered = [replace(first, CLUSTER=True)] if 1 < first.SPLIT <= split_k.MAX_CLUSTER else []
+    clustered = [replace(first, CLUSTER=True)] if split_k.clusters(first.SPLIT) else []
     head = [k.as_dict() for k in (*clustered, first)]
     return head + [k for k in type(first).settings(1) if k not in head]
 

@@ -22,8 +22,8 @@ workspace and the second kernel (CLUSTER): the SPLIT blocks of a tile launch as 
 cluster along x (grid (tiles * SPLIT, 1, batch), SPLIT <= MAX_CLUSTER, the portable cluster
 size), each keeps its float32 partial of the tile in its shared memory, and after a cluster
 barrier each block adds the SPLIT partials of its slice of the tile through distributed shared
-memory, in the sum kernel's order (so the results are the same, bit for bit), and stores them
-through the epilogue hooks (the stores are `cuda/split_k_direct.cuh`'s).
+memory, the same additions in the same order as the sum kernel's, and stores them through the
+epilogue hooks (the stores are `cuda/split_k_direct.cuh`'s).
 `kiln_split_k_tiles<Rows, Columns>(n, part, store)` (`cuda/split_k_tiles.cuh`) runs such a
 block, either way: `part(tile, split, store)` computes a tile's partial over a split's k-tiles,
 `store(split, m, n, v)` is the template's call of `kiln_store`.
@@ -31,8 +31,9 @@ block, either way: `part(tile, split, store)` computes a tile's partial over a s
 The program renders `kiln_split_k_program` (SPLIT, FLOAT2_PAIRS: whether a pair of partials
 stores as one float2, and CLUSTER) and defines KT_SPLIT, BATCH, PARAMS (the kernel's
 parameters: the hooks', then the workspace) and KERNEL_ARGS; the template defines M, N, K and
-ARGS (the hooks' arguments). Symbolic sizes (`kiln.ir.size.SymSize`) are written by the template's `text` (its
-`kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their values.
+ARGS (the hooks' arguments). Symbolic sizes (`kiln.ir.size.SymSize`) are written by the
+template's `text` (its `kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their
+values.
 
 The templates' `suggest`: fitting a contraction's tile and split-K to its shape and the GPU.
 
@@ -81,6 +82,12 @@ class SplitK:
     launches: list[Launch] = field(default_factory=list)
 
 
+def clusters(split: int) -> bool:
+    """Whether `split` splits may meet in a thread-block cluster (`plan`'s `cluster`): 2 to
+    MAX_CLUSTER."""
+    return 1 < split <= MAX_CLUSTER
+
+
 def _digits(size) -> str:
     return str(int(size))
 
@@ -94,7 +101,7 @@ def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, a
     thread-block cluster instead (`kiln_split_k_tiles`): no workspace, no sum kernel. The device
     code is `cuda/split_k_direct.cuh` (SPLIT = 1, or `cluster`), or `cuda/split_k.cuh` and
     `cuda/split_k_sum.cuh`."""
-    if cluster and not 1 < split <= MAX_CLUSTER:
+    if cluster and not clusters(split):
         raise ValueError(f"split_k: a cluster takes 2 to {MAX_CLUSTER} splits, not {split}")
     k_tiles = -(-K // BK)
     per_split = f"((int)(({text(K)} + {BK - 1}) / {BK} + {split - 1}) / {split})" if isinstance(K, SymSize) \
