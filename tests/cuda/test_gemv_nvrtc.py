@@ -78,6 +78,21 @@ def test_a_cluster_split_is_one_launch(module, m):
     assert "CLUSTER = 1" in clustered.source and "CLUSTER = 0" in summed.source
 
 
+@pytest.mark.parametrize("k,n", [(2048, 2048), (5632, 2048), (4864, 896)])
+def test_decode_projections_at_batch_8_are_one_launch_on_sm90(k, n):
+    """Llama's o and down projections and Qwen2's down projection, their residual added, at batch
+    8 split K on 132 SMs: in a cluster, one launch, on sm_90 (and in a plan for any GPU); through
+    the sum kernel on sm_80."""
+    from kiln.graph import optimize
+    from kiln.schedule import choose
+    symbols = [symbol(shape, "bfloat16", "cuda") for shape in [(8, k), (n, k), (8, n)]]
+    (node,) = optimize(trace_from(kiln.ops.add(kiln.ops.linear(symbols[0], symbols[1]), symbols[2]), symbols)).nodes
+    for arch in (None, 90):
+        program = choose(node.task, "cuda", arch)
+        assert [l.kernel for l in program.launches] == ["kiln_gemv_tc"] and program.launches[0].cluster > 1
+    assert [l.kernel for l in choose(node.task, "cuda", 80).launches] == ["kiln_gemv_tc", "kiln_split_k_sum"]
+
+
 def test_a_cluster_holds_two_to_eight_splits():
     assert gemv.render(_task("linear", _ones(1, 64), _ones(8, 64)), KW=8, SPLIT=8, CLUSTER=True).launches[0].cluster == 8
     for module in (gemv, gemv_tc):
