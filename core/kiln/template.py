@@ -38,7 +38,8 @@ Writing kernel source
     `CudaDialect` and `CDialect` (types and math of each language), `template_source` (a CUDA
     program in its fixed order: prelude, PTX wrappers, defines, kernels), `c_template_source`
     (a CPU program in its fixed order: the C prelude, defines, hooks, device code), `ptx` (the
-    module of PTX wrappers: `cp.async`, `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA).
+    module of PTX wrappers: `cp.async`, `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA,
+    thread-block clusters).
 
 Programs and launches
     What `render` returns: `CudaProgram` (source, `Launch`es, temporaries, architecture,
