@@ -38,7 +38,8 @@ Writing kernel source
     `CudaDialect` and `CDialect` (types and math of each language), `template_source` (a CUDA
     program in its fixed order: prelude, PTX wrappers, defines, kernels), `c_template_source`
     (a CPU program in its fixed order: the C prelude, defines, hooks, device code), `ptx` (the
-    module of PTX wrappers: `cp.async`, `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA).
+    module of PTX wrappers: `cp.async`, `ldmatrix`, `mma.sync`, `wgmma`, mbarriers, TMA,
+    thread-block clusters).
 
 Programs and launches
     What `render` returns: `CudaProgram` (source, `Launch`es, temporaries, architecture,
@@ -122,10 +123,11 @@ class Knobs:
 
     Subclass it as a frozen dataclass whose fields are the knobs, each with a type and, as its
     default, the value of the level-0 setting (the one used without tuning); override `valid`
-    for the settings the kernel supports (constructing any other raises ValueError) and
-    `space` for the settings the tuner tries at each level (0: one, 1: a few, 2: many).
-    `Template` and the tuner exchange settings as dicts (`as_dict`, all fields), so the
-    template's `space` is `settings` and its `render(task, **knobs)` builds `cls(**knobs)`.
+    for the settings the kernel supports (constructing any other raises ValueError),
+    `space` for the settings the tuner tries at each level (0: one, 1: a few, 2: many) and
+    `min_arch` where some settings need a newer GPU than others. `Template` and the tuner
+    exchange settings as dicts (`as_dict`, all fields), so the template's `space` is `settings`,
+    its `knob_arch` is `setting_arch` and its `render(task, **knobs)` builds `cls(**knobs)`.
     """
 
     def __post_init__(self):
@@ -135,6 +137,16 @@ class Knobs:
     def valid(self) -> bool:
         """Whether the kernel supports this setting (every one, unless overridden)."""
         return True
+
+    def min_arch(self) -> int:
+        """The lowest GPU architecture this setting runs on (90: sm_90), 0 for any (unless
+        overridden)."""
+        return 0
+
+    @classmethod
+    def setting_arch(cls, setting: dict) -> int:
+        """`min_arch` of a setting given as a dict: a `Template`'s `knob_arch`."""
+        return cls(**setting).min_arch()
 
     @classmethod
     def space(cls, level: int) -> list[Knobs]:

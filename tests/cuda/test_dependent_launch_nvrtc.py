@@ -98,3 +98,25 @@ def test_waiting_sources_compile(monkeypatch):
     rt.compile_many(jobs)
     assert "kiln_wait_prior_grids" in rt.launch_source(programs[0], "sm_90")
     assert rt.launch_source(programs[0], "sm_80") == programs[0].source
+
+
+@needs_nvrtc
+def test_a_gemv_split_in_a_cluster_is_a_streaming_dependent(monkeypatch):
+    """gemv_tc splitting K in a cluster is one kernel (the runtime launches it with the cluster's
+    and the dependent launch's attributes together): it waits first and lets the next kernel launch
+    right after (streaming), or waits itself after its prefetches."""
+    from kiln_ops_builtin.templates import gemv_tc
+    definition = registry().operator("linear")
+    x, w = torch.randn(8, 1000).to(torch.bfloat16), torch.randn(777, 1000).to(torch.bfloat16)
+    task = definition.task(definition.bind([x, w], {}))[0]
+    monkeypatch.setenv("KILN_DEPENDENT_LAUNCH", "1")
+    jobs = []
+    for prefetch in (0, 1):
+        program = gemv_tc.render(task, KW=8, SPLIT=2, CLUSTER=True, PREFETCH=prefetch)
+        (launch,) = program.launches
+        assert launch.cluster == 2 and program.streaming == (launch.kernel,)
+        source = rt.launch_source(program, "sm_90")
+        assert source.count("{ kiln_wait_prior_grids(true);") == 1 - prefetch
+        assert source.count("kiln_wait_prior_grids(true);") == 2 - prefetch     # and the template's own
+        jobs.append((source, launch.kernel, "sm_90"))
+    rt.compile_many(jobs)

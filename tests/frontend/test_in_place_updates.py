@@ -111,7 +111,8 @@ def test_greedy_decoding_over_a_static_cache_updates_every_layer_in_place():
     assert len(store_nodes(run)) == config.num_hidden_layers, "a layer's keys and values store in one launch"
     assert len(row_nodes(run)) == config.num_hidden_layers, "a layer's rows and offsets come from one kernel"
     cache_bytes = got_cache.layers[0].keys.nbytes
-    assert len(in_place_outputs(run)) == 2 * config.num_hidden_layers
+    # each layer's keys, values and step counter (`kiln.passes.in_place_elements`): nothing written back
+    assert len(in_place_outputs(run)) == len(run.writeback) == 3 * config.num_hidden_layers
     assert not any(run.compiled.buffers[s].nbytes >= cache_bytes for step in run.compiled.steps
                    for s in step.outputs if s not in run.compiled.inputs)
 

@@ -1,5 +1,6 @@
 """PTX wrappers for CUDA templates: asynchronous copies, ldmatrix, mma.sync, wgmma, fences,
-mbarriers, TMA copies and shared-memory descriptors, each a device function (or macro) of CUDA C++ source.
+mbarriers, TMA copies, shared-memory descriptors and thread-block clusters, each a device
+function (or macro) of CUDA C++ source.
 
 A template passes the groups it uses to `kiln.codegen.cuda.template_source(..., ptx=...)`,
 which places them after the prelude. Every wrapper is `static __device__ __forceinline__`, so
@@ -194,7 +195,7 @@ the tensor are not written), in this thread's current bulk group; `kiln_tma(..)`
 the group, `kiln_bulk_wait_read<N>()` waits until at most N groups still read shared memory."""
 
 
-CLUSTER = r"""
+DSMEM = r"""
 // this CTA's rank in its cluster
 static __device__ __forceinline__ uint32_t kiln_cluster_rank() {
     uint32_t r; asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)); return r;
@@ -203,6 +204,21 @@ static __device__ __forceinline__ uint32_t kiln_cluster_rank() {
 static __device__ __forceinline__ void kiln_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// the float at `p`'s offset in the shared memory of CTA `cta` of the cluster
+static __device__ __forceinline__ float kiln_cluster_load(const float* p, uint32_t cta) {
+    float v;
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %1, %2;\nld.shared::cluster.f32 %0, [remote];\n}\n"
+                 : "=f"(v) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(cta) : "memory");
+    return v;
+}
+"""
+"""Thread-block clusters' distributed shared memory (sm_90; needs nothing before it):
+`kiln_cluster_rank()`, `kiln_cluster_sync()` (every thread of the cluster's CTAs, each warp
+converged), `kiln_cluster_load(p, cta)` (a float of CTA `cta`'s shared memory, at `p`'s offset in
+this CTA's: read it between two cluster syncs, so that it is written before and the CTA still
+runs)."""
+
+CLUSTER = r"""
 // an arrival on mbarrier `bar` of CTA `cta` of the cluster (`bar`: this CTA's barrier at the same offset)
 static __device__ __forceinline__ void kiln_bar_arrive_cta(uint64_t* bar, uint32_t cta) {
     asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
@@ -210,12 +226,12 @@ static __device__ __forceinline__ void kiln_bar_arrive_cta(uint64_t* bar, uint32
 }
 """ + _per_rank("kiln_tma_{r}d_multicast", "void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t ctas",
                 _LOAD + ".multicast::cluster [%0], [%1, {c}], [%2], %3", _TO_SHARED + ', "h"(ctas)', 4)
-"""Thread-block clusters (sm_90; needs MBARRIER before it): `kiln_cluster_rank()`,
-`kiln_cluster_sync()`, `kiln_bar_arrive_cta(bar, cta)` (an arrival, with the default
-release at CTA scope, on the barrier at `bar`'s offset in CTA `cta`), and
-`kiln_tma_{r}d_multicast(dst, map, bar, ctas, c0 ..)`: one box copy into shared memory at `dst`'s
-offset in every CTA of the mask `ctas`, completing on the barrier at `bar`'s offset in each
-(`kiln_tma_multicast(..)`: at the rank of the coordinates given)."""
+"""TMA and mbarriers across a thread-block cluster (sm_90; needs MBARRIER and DSMEM before it):
+`kiln_bar_arrive_cta(bar, cta)` (an arrival, with the default release at CTA scope, on the
+barrier at `bar`'s offset in CTA `cta`), and `kiln_tma_{r}d_multicast(dst, map, bar, ctas, c0
+..)`: one box copy into shared memory at `dst`'s offset in every CTA of the mask `ctas`,
+completing on the barrier at `bar`'s offset in each (`kiln_tma_multicast(..)`: at the rank of
+the coordinates given)."""
 
 def mma_m16n8k16(t: DataType) -> str:
     """The name of MMA's m16n8k16 product with operands of 16-bit float type `t`."""

@@ -5,7 +5,8 @@ operator's built kernel: a `kiln.runtime.plan.Plan`, which assembles the Compile
 kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight packed as its
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
 reads). A StoreRows node (in-place updates, `kiln.graph.in_place`) writes into its inputs'
-buffers: each output takes its input's slot. A node of an operator declaring the trait
+buffers: each output takes its input's slot, as does each output a pass marked stored into
+an input (`kiln.graph.in_place.stored_into`). A node of an operator declaring the trait
 `in_place` (`kiln.graph.Traits`) takes the slot of that argument where nothing reads it
 afterwards (`in_place_input`): a scatter into a zero fill updates the fill. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
-from kiln.graph.in_place import is_store
+from kiln.graph.in_place import stored_into
 from kiln.graph.operator import Operator, compiled_task
 from kiln.ir import Compute, Const, Load
 from kiln.ir.expr import walk
@@ -72,7 +73,7 @@ def in_place_input(graph, step: int, last_read: dict[int, int], aliased: set[int
         return None
     t, out = node.inputs[position], node.outputs[0]
     if (tuple(t.shape) != tuple(out.shape) or t.dtype != out.dtype or t.device != out.device
-            or t.trace is None or is_store(t.trace[0])):
+            or t.trace is None or t.trace[1] in stored_into(t.trace[0])):
         return None
     if (last_read[id(t)] != step or id(t) in aliased or sum(x is t for x in node.inputs) != 1
             or any(x is t for x in graph.outputs)):
@@ -80,27 +81,53 @@ def in_place_input(graph, step: int, last_read: dict[int, int], aliased: set[int
     return position if loads_own_elements(node.task, position) else None
 
 
-def loads_own_elements(task, position: int) -> bool:
-    """Whether `task`'s one output, a compute, loads its input at `position` only at its own
-    element (the output's index: `x[p]` for output element p), and no other compute of the task
-    loads that input: element p of the result may then overwrite the input's element p."""
-    if len(task.outputs) != 1 or not isinstance(task.outputs[0], Compute):
+def loads_own_elements(task, position: int, output: int = 0) -> bool:
+    """Whether `task`'s output `output`, a compute, loads its input at `position` only at its own
+    element (`x[p]` for output element p: in the output's value, or in a compute of the same
+    shape that it reads, directly or through others, only at its own element), and no compute
+    that another output reads loads that input: element p of the result may then overwrite the
+    input's element p."""
+    out, x = task.outputs[output], task.inputs[position]
+    if not isinstance(out, Compute):
         return False
-    out, x = task.outputs[0], task.inputs[position]
-    seen, stack = set(), [out]
+    reads = _reads(out)
+    own = {id(out)}
+    grown = True
+    while grown:        # the computes read only at their readers' own elements, from `out` down
+        grown = False
+        readers: dict[int, list] = {}
+        for reader, load in reads:
+            if isinstance(load.tensor, Compute) and id(load.tensor) not in own:
+                readers.setdefault(id(load.tensor), []).append((reader, load))
+        for key, found in readers.items():
+            if all(id(reader) in own and _at_own_index(load, reader)
+                   and tuple(load.tensor.shape) == tuple(reader.shape) for reader, load in found):
+                own.add(key)
+                grown = True
+    if not all(id(reader) in own and _at_own_index(load, reader) for reader, load in reads if load.tensor is x):
+        return False
+    return not any(load.tensor is x for k, t in enumerate(task.outputs) if k != output for _, load in _reads(t))
+
+
+def _reads(root) -> list[tuple[Compute, Load]]:
+    """Every load in `root` (a compute) and in the computes it reads, directly or through
+    others, with the compute whose value holds it."""
+    found, stack, seen = [], [root], set()
     while stack:
         node = stack.pop()
         if id(node) in seen or not isinstance(node, Compute):
             continue
         seen.add(id(node))
         for e in walk(node.value):
-            if not isinstance(e, Load):
-                continue
-            if e.tensor is x and (node is not out or len(e.indices) != len(out.axes)
-                                  or any(i is not axis for i, axis in zip(e.indices, out.axes))):
-                return False
-            stack.append(e.tensor)
-    return True
+            if isinstance(e, Load):
+                found.append((node, e))
+                stack.append(e.tensor)
+    return found
+
+
+def _at_own_index(load: Load, reader: Compute) -> bool:
+    """Whether `load`, in `reader`'s value, reads at `reader`'s own index."""
+    return len(load.indices) == len(reader.axes) and all(i is axis for i, axis in zip(load.indices, reader.axes))
 
 
 def build_kernels(graph, workers: int | None = None, settings=None) -> list:
@@ -163,13 +190,13 @@ def graph_slots(graph) -> tuple[list, list[Buffer], list[int], list[int], dict]:
             # the output updates its argument's buffer (Traits.in_place)
             slots[id(node.outputs[0])] = ins[updated]
             steps.append((ins, (ins[updated],)))
-        elif is_store(node):
-            # in-place updates (kiln.passes.in_place): each output is its input's buffer
-            stored = ins[:len(node.outputs)]
-            if not set(stored) <= set(inputs):
+        elif stored_into(node):
+            # in-place updates (kiln.passes.in_place): those outputs are their inputs' buffers
+            into = stored_into(node)
+            if not {ins[p] for p in into.values()} <= set(inputs):
                 raise ValueError("an in-place update stores into a tensor that is not an input of the graph")
-            slots.update(zip(map(id, node.outputs), stored))
-            steps.append((ins, stored))
+            slots.update((id(node.outputs[j]), ins[p]) for j, p in into.items())
+            steps.append((ins, tuple(ins[into[j]] if j in into else new_slot(t) for j, t in enumerate(node.outputs))))
         else:
             steps.append((ins, tuple(new_slot(t) for t in node.outputs)))
     outputs = [existing(t) for t in graph.outputs]

@@ -15,6 +15,12 @@ back into the caller's tensor) and nothing reads the input's old value afterward
   input's own buffer, and its kernel writes only the new elements there.
 
 Both are definitions of the core, not operators of a plugin (no registry knows them).
+
+Where an element-wise kernel computes the whole new value from the input itself (a counter's
+`add_(1)`), the pass keeps the node and marks it instead (`storing_into`: the node attribute
+STORED_INTO): the compiled graph gives that output its input's buffer, and the kernel writes
+each element where it read it. `stored_into(node)` says, for either kind, which outputs go
+into which inputs' buffers.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from kiln.graph.operator import Operator, OperatorDef, operator
 from kiln.ir import ReduceOp, TensorInput, cast, compute, eq, maximum, reduce, select, unravel
 from kiln.ir.compute import Task
 from kiln.schedule.store_rows import STORES_ROWS
+from kiln.tensor import Tensor
 
 
 def _no_definition(**arguments):
@@ -112,3 +119,29 @@ def update_rows(node: Operator) -> tuple[Operator, int] | None:
 def is_store(node: Operator) -> bool:
     """Whether `node` is a StoreRows node (its k-th output is its k-th input's buffer)."""
     return node.definition is store_rows and node.attrs.get(STORES_ROWS) is True
+
+
+STORED_INTO = "stored_into"
+"""The node attribute of a node whose outputs are stored into inputs' buffers (`storing_into`):
+((output position, input position), ...)."""
+
+
+def stored_into(node: Operator) -> dict[int, int]:
+    """The positions of the outputs of `node` that the compiled graph puts into the buffer of
+    one of its inputs, each with that input's position: every output of a StoreRows node
+    (into the input of its own position), the outputs `storing_into` marked."""
+    if is_store(node):
+        return {k: k for k in range(len(node.outputs))}
+    return dict(node.attrs.get(STORED_INTO, ()))
+
+
+def storing_into(node: Operator, output: int, position: int) -> Operator:
+    """A copy of `node` (a plain or a fused node, with outputs of its own) whose output `output`
+    the compiled graph puts into the buffer of its input at `position`, besides those `node`
+    stores so already. Only for a kernel that reads that input's element p where it writes the
+    output's element p, and nowhere else (`kiln.passes.in_place_elements`)."""
+    marked = object.__new__(type(node))
+    marked.__dict__.update(node.__dict__)
+    marked.attrs = {**node.attrs, STORED_INTO: tuple(sorted({**stored_into(node), output: position}.items()))}
+    marked.outputs = [Tensor(t.shape, t.dtype, node.device, trace=(marked, k)) for k, t in enumerate(node.outputs)]
+    return marked

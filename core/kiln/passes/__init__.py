@@ -11,6 +11,7 @@ from kiln.passes.fp16 import ConvertToFloat16
 from kiln.passes.fused import FusedOperator
 from kiln.passes.fusion import FuseOperators
 from kiln.passes.graph_pass import FunctionPass, GraphPass, Sequential, graph_pass
+from kiln.passes.horizontal import MergeIndependentKernels
 from kiln.passes.in_place import UpdateInPlace
 from kiln.passes.instruments import DumpGraph, PassInstrument, PassTiming, PrintGraph
 from kiln.passes.layout import PlanLayout
@@ -24,7 +25,7 @@ from kiln.passes.tf32 import AllowTF32
 __all__ = [
     "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
-    "GraphPass", "Match", "OpPattern", "PassContext", "PassInstrument", "PassTiming", "Pattern",
-    "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "UpdateInPlace", "Wildcard", "constant",
+    "GraphPass", "Match", "MergeIndependentKernels", "OpPattern", "PassContext", "PassInstrument",
+    "PassTiming", "Pattern", "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "UpdateInPlace", "Wildcard", "constant",
     "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
 ]

@@ -1,5 +1,6 @@
 """Editing helpers shared by the passes: the producer and the users of tensors, re-applying an
-operator to new inputs, and rebuilding a graph node by node."""
+operator to new inputs, and rebuilding a graph node by node (each node re-applied or replaced,
+or placed into the nodes so far by a function that may merge it into one of them)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -104,3 +105,29 @@ def _rebased(tensors: Sequence[Tensor], mapping: dict[int, Tensor], made: set[in
         return redone[id(t)]
 
     return [new(t) for t in tensors]
+
+
+def merging(graph: FlowGraph, place) -> FlowGraph:
+    """`graph` rebuilt node by node: each node, reading what earlier merges replaced, goes to
+    `place(nodes, node, readers)`, which appends it to `nodes` or merges it into one of them
+    and returns the replacements made (old tensor id -> new tensor); `readers()` gives the
+    tensors read after it (by later nodes and as outputs), as they are now."""
+    nodes: list[Operator] = []
+    mapping: dict[int, Tensor] = {}
+
+    def current(t: Tensor) -> Tensor:
+        while id(t) in mapping:
+            t = mapping[id(t)]
+        return t
+    for i, n in enumerate(graph.nodes):
+        inputs = [current(t) for t in n.inputs]
+        if any(a is not b for a, b in zip(inputs, n.inputs)):
+            outs = reapply(n, inputs)
+            mapping.update(zip(map(id, n.outputs), outs))
+            n = outs[0].trace[0]
+        later = graph.nodes[i + 1:]
+        mapping.update(place(nodes, n, lambda: [current(t) for m in later for t in m.inputs] +
+                             [current(t) for t in graph.outputs]))
+    if not mapping:
+        return graph
+    return FlowGraph([current(t) for t in graph.outputs], graph.inputs, nodes)

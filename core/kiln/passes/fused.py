@@ -10,6 +10,9 @@ through their hooks (`kiln.codegen.hooks`). The node keeps its members as a Flow
 
     x_1: float32[2, 2][cpu] = FusedMatmul(x, c, c_1, fused_graph=FlowGraph(Matmul, Add), anchor=0)
 
+`merged(first, second, readers)` makes one group of two nodes, plain or fused (the passes that
+merge kernels after fusion use it).
+
 Groups of the same structure share one Task (`group_key`): the layers of a transformer fuse
 into identical groups, whose members share their operators' Tasks
 (`kiln.graph.OperatorDef.task`), so the Task is composed once, and what is derived from it by
@@ -196,3 +199,43 @@ class FusedOperator(Operator):
         fused.outputs = [Tensor(t.shape, t.dtype, self.device, trace=(fused, k))
                          for k, t in enumerate(self.outputs)]
         return fused
+
+
+def merged(first: Operator, second: Operator, readers: list[Tensor]) -> tuple[Operator, list]:
+    """The group of `first`'s members and `second`'s (plain or fused nodes; `second` may read
+    `first`'s values, inside the group), with the outputs of `first` among `readers` and all of
+    `second`'s, and `first`'s anchor; and its output (None where dropped) for each output of
+    `first`, then of `second`."""
+    members, inner_inputs, inner_outputs, anchor = members_of(first)
+    outer_inputs = list(first.inputs)
+    inner = dict(zip(map(id, first.inputs), inner_inputs)) | dict(zip(map(id, first.outputs), inner_outputs))
+    second_members, second_inputs, second_outputs, _ = members_of(second)
+    swap: dict[int, Tensor] = {}
+    for outer, placeholder in zip(second.inputs, second_inputs):
+        if id(outer) not in inner:
+            inner[id(outer)] = placeholder
+            inner_inputs.append(placeholder)
+            outer_inputs.append(outer)
+        swap[id(placeholder)] = inner[id(outer)]
+    for m in second_members:
+        ins = [swap.get(id(t), t) for t in m.inputs]
+        if any(a is not b for a, b in zip(ins, m.inputs)):
+            new = Operator(m.definition, ins, m.attrs, m.task, m.device)
+            swap.update(zip(map(id, m.outputs), new.outputs))
+            m = new
+        members.append(m)
+    used = {id(t) for t in readers}
+    kept = [k for k, t in enumerate(first.outputs) if id(t) in used]
+    outputs = [inner_outputs[k] for k in kept] + [swap.get(id(t), t) for t in second_outputs]
+    node = FusedOperator(members, inner_inputs, outputs, anchor).with_inputs(outer_inputs)
+    position = dict(zip(kept, node.outputs))
+    return node, [position.get(k) for k in range(len(first.outputs))] + node.outputs[len(kept):]
+
+
+def members_of(node: Operator) -> tuple[list[Operator], list[Tensor], list[Tensor], int]:
+    """A node's members, inner inputs, inner outputs and anchor: a fused group's, or the node
+    as a group of one."""
+    if isinstance(node, FusedOperator):
+        g = node.fused_graph
+        return list(g.nodes), list(g.inputs), list(g.outputs), node.anchor
+    return [node], list(node.inputs), list(node.outputs), 0

@@ -16,7 +16,9 @@ takes the updating member's place, so what computes the sources stays fused with
 StoreRows (the input with those elements stored), which the compiled graph runs on the input's
 own buffer (`kiln.graph.compile`): readers of the new value read the input's memory, and the
 output written back is the input itself, so no copy is made (`CompiledRun` skips it; a
-CUDA graph captures none). Then the UpdateRows groups of one step (a layer's keys and values)
+CUDA graph captures none). An output that an element-wise kernel computes from the input
+itself (a counter's `add_(1)`) is written into the input's buffer by that kernel instead
+(`kiln.passes.in_place_elements`). Then the UpdateRows groups of one step (a layer's keys and values)
 are made one kernel where the later reads nothing computed between them, and StoreRows nodes
 that follow each other one launch.
 
@@ -38,8 +40,9 @@ from __future__ import annotations
 from kiln.graph import FlowGraph, Operator
 from kiln.graph.compile import is_view
 from kiln.graph.in_place import ROWS, is_store, store_rows, update_rows
-from kiln.passes.edit import reapply
-from kiln.passes.fused import FusedOperator
+from kiln.passes.edit import merging, reapply
+from kiln.passes.fused import FusedOperator, merged
+from kiln.passes.in_place_elements import elements_in_place
 from kiln.passes.graph_pass import GraphPass
 from kiln.tensor import Tensor
 
@@ -60,36 +63,12 @@ class UpdateInPlace(GraphPass):
         self.in_place = []
         for out, position in self.written.items():
             updated = _in_place(graph, out, graph.inputs[position])
+            if updated is None:
+                updated = elements_in_place(graph, out, graph.inputs[position], ctx.session)
             if updated is not None:
                 graph = updated
                 self.in_place.append(out)
         return _stores_merged(_row_groups_merged(graph))
-
-
-def _merging(graph: FlowGraph, place) -> FlowGraph:
-    """`graph` rebuilt node by node: each node, reading what earlier merges replaced, goes to
-    `place(nodes, node, readers)`, which appends it to `nodes` or merges it into one of them
-    and returns the replacements made (old tensor id -> new tensor); `readers()` gives the
-    tensors read after it (by later nodes and as outputs), as they are now."""
-    nodes: list[Operator] = []
-    mapping: dict[int, Tensor] = {}
-
-    def current(t: Tensor) -> Tensor:
-        while id(t) in mapping:
-            t = mapping[id(t)]
-        return t
-    for i, n in enumerate(graph.nodes):
-        inputs = [current(t) for t in n.inputs]
-        if any(a is not b for a, b in zip(inputs, n.inputs)):
-            outs = reapply(n, inputs)
-            mapping.update(zip(map(id, n.outputs), outs))
-            n = outs[0].trace[0]
-        later = graph.nodes[i + 1:]
-        mapping.update(place(nodes, n, lambda: [current(t) for m in later for t in m.inputs] +
-                             [current(t) for t in graph.outputs]))
-    if not mapping:
-        return graph
-    return FlowGraph([current(t) for t in graph.outputs], graph.inputs, nodes)
 
 
 def _row_groups_merged(graph: FlowGraph) -> FlowGraph:
@@ -104,9 +83,9 @@ def _row_groups_merged(graph: FlowGraph) -> FlowGraph:
             return {}
         first = nodes[last]
         between = [t for m in nodes[last + 1:] for t in m.inputs]
-        nodes[last], outputs = _merged(first, n, between + readers())
+        nodes[last], outputs = merged(first, n, between + readers())
         return {id(old): new for old, new in zip((*first.outputs, *n.outputs), outputs) if new is not None}
-    return _merging(graph, place)
+    return merging(graph, place)
 
 
 def _reads_before(node: Operator, group: Operator, before: list[Operator]) -> bool:
@@ -114,45 +93,6 @@ def _reads_before(node: Operator, group: Operator, before: list[Operator]) -> bo
     a constant or an output of `before`)."""
     ready = {id(t) for m in (group, *before) for t in m.outputs}
     return all(t.trace is None or id(t) in ready for t in node.inputs)
-
-
-def _merged(first: Operator, second: Operator, readers: list[Tensor]) -> tuple[Operator, list]:
-    """The group of `first`'s members and `second`'s, where `second` reads `first`'s values
-    inside it, with the outputs of `first` among `readers` and all of `second`'s; and its
-    output (None where dropped) for each output of `first`, then of `second`."""
-    members, inner_inputs, inner_outputs, anchor = _group(first)
-    outer_inputs = list(first.inputs)
-    inner = dict(zip(map(id, first.inputs), inner_inputs)) | dict(zip(map(id, first.outputs), inner_outputs))
-    second_members, second_inputs, second_outputs, _ = _group(second)
-    swap: dict[int, Tensor] = {}
-    for outer, placeholder in zip(second.inputs, second_inputs):
-        if id(outer) not in inner:
-            inner[id(outer)] = placeholder
-            inner_inputs.append(placeholder)
-            outer_inputs.append(outer)
-        swap[id(placeholder)] = inner[id(outer)]
-    for m in second_members:
-        ins = [swap.get(id(t), t) for t in m.inputs]
-        if any(a is not b for a, b in zip(ins, m.inputs)):
-            new = Operator(m.definition, ins, m.attrs, m.task, m.device)
-            swap.update(zip(map(id, m.outputs), new.outputs))
-            m = new
-        members.append(m)
-    used = {id(t) for t in readers}
-    kept = [k for k, t in enumerate(first.outputs) if id(t) in used]
-    outputs = [inner_outputs[k] for k in kept] + [swap.get(id(t), t) for t in second_outputs]
-    node = FusedOperator(members, inner_inputs, outputs, anchor).with_inputs(outer_inputs)
-    position = dict(zip(kept, node.outputs))
-    return node, [position.get(k) for k in range(len(first.outputs))] + node.outputs[len(kept):]
-
-
-def _group(node: Operator) -> tuple[list[Operator], list[Tensor], list[Tensor], int]:
-    """A node's members, inner inputs, inner outputs and anchor: a fused group's, or the node
-    as a group of one."""
-    if isinstance(node, FusedOperator):
-        g = node.fused_graph
-        return list(g.nodes), list(g.inputs), list(g.outputs), node.anchor
-    return [node], list(node.inputs), list(node.outputs), 0
 
 
 def _stores_merged(graph: FlowGraph) -> FlowGraph:
@@ -163,10 +103,10 @@ def _stores_merged(graph: FlowGraph) -> FlowGraph:
             nodes.append(n)
             return {}
         previous = nodes.pop()
-        merged = store_rows(*(_parts(previous, k) + _parts(n, k) for k in range(3)))
-        nodes.append(merged[0].trace[0])
-        return dict(zip(map(id, previous.outputs + n.outputs), merged))
-    return _merging(graph, place)
+        stored = store_rows(*(_parts(previous, k) + _parts(n, k) for k in range(3)))
+        nodes.append(stored[0].trace[0])
+        return dict(zip(map(id, previous.outputs + n.outputs), stored))
+    return merging(graph, place)
 
 
 def _parts(store: Operator, k: int) -> list[Tensor]:

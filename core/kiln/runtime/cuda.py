@@ -44,8 +44,9 @@ class Launch:
     `narrows`, the items are warps that the kernel finds through blockDim (the auto-scheduler's
     warp mode): where fewer than two blocks a multiprocessor would cover them, blocks take fewer
     warps (two at least), so that the work spreads over every multiprocessor. With `cluster`
-    > 1 the blocks launch in thread-block clusters of that many (consecutive blocks along x),
-    the grid a multiple of it.
+    > 1 the blocks launch in thread-block clusters of that many (consecutive blocks along x:
+    block x is rank x % cluster of its cluster), the grid's x a multiple of it; a grid of items
+    covers no more clusters than run at once.
     """
 
     kernel: str
@@ -444,7 +445,8 @@ class CudaRunner:
         self.kernels = {name: CudaKernel(cubin, name, device_index, smem[name], dependent, cluster[name])
                         for name in smem}
         self.shapes = [launch.shape_for(self.sm_count, self.kernels[launch.kernel].max_active_clusters(
-            launch.block, launch.smem) if launch.cluster > 1 else None) for launch in self.launches]
+            launch.block, launch.smem) if launch.cluster > 1 and launch.grid is None else None)
+            for launch in self.launches]
 
     def __call__(self, inputs: list, outputs: list) -> None:
         if not self.launches:

@@ -59,7 +59,10 @@ class Template:
     template's operator, as index arithmetic the template reads through. `suggest(task, sm_count)`, when given, ranks knob settings fitted to
     the task's shape on a GPU of `sm_count` multiprocessors (best guess first): tuning level 0
     takes its first instead of `space(0)`'s, and levels 1 and 2 time its first few alongside
-    `space(level)`. CPU templates are not timed: they run with their level-0 knobs.
+    `space(level)`. `knob_arch(knobs)` is the lowest GPU architecture a knob setting runs on
+    (0: any; a setting using thread-block clusters: 90): of the settings `suggest` and `space`
+    list, a GPU is offered only those it runs, so `suggest` may rank a newer GPU's setting
+    first. CPU templates are not timed: they run with their level-0 knobs.
     `symbolic` says that `applies` and `render` take tasks with symbolic sizes
     (`kiln.ir.size.SymSize` shapes, `SizeVar`s in expressions) and render kernels that take
     the sizes as arguments (`kiln.codegen.sizes.SizeArgs`), its `suggest` choosing alike for
@@ -78,6 +81,7 @@ class Template:
     space: Callable[[int], list[dict]] = field(default=lambda level: [{}])
     min_arch: int = 0
     suggest: Callable | None = None
+    knob_arch: Callable[[dict], int] = lambda knobs: 0
     reads_views: bool = False
     symbolic: bool = False
     fixed_sizes_only: bool = False
@@ -134,8 +138,8 @@ def auto_program(task: Task, target: str):
 
 def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | None = None):
     """The program computing `task` on `target`: the best template that takes it, rendered with
-    `knobs(template)` (its level-0 knobs for a GPU of DEFAULT_SM_COUNT multiprocessors when not
-    given), or the auto-scheduler's."""
+    `knobs(template)` (its level-0 knobs for a GPU of DEFAULT_SM_COUNT multiprocessors and
+    architecture `arch` when not given), or the auto-scheduler's."""
     templates = schedules_for(task, target, arch)
     if not templates:
         c = match_contraction(task) if target == "cuda" else None
@@ -146,7 +150,7 @@ def choose(task: Task, target: str, arch: int | None = None, knobs: Callable | N
         return auto_program(task, target)
     template = templates[0]
     subject = template.task_for(task)
-    chosen = knobs(template) if knobs else tuner.candidates(template, subject, DEFAULT_SM_COUNT, 0)[0]
+    chosen = knobs(template) if knobs else tuner.candidates(template, subject, DEFAULT_SM_COUNT, 0, arch)[0]
     return template.render(subject, **chosen)
 
 
@@ -165,8 +169,9 @@ def build_task(task: Task, device: Device, settings: Settings | None = None) -> 
         return CompiledTask(task, device, backend.load(store_program(task, device.kind), device))
     if device.kind == "cpu" and settings.nvrtc_check:
         check_nvrtc(task, settings.nvrtc_check)
-    program = choose(task, device.kind, backend.arch(device),
-                     lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space))
+    arch = backend.arch(device)
+    program = choose(task, device.kind, arch,
+                     lambda template: tuner.tune(template.task_for(task), template, device, settings.search_space, arch))
     return CompiledTask(task, device, backend.load(program, device), program)
 
 

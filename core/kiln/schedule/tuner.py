@@ -72,27 +72,32 @@ def _record_path(key: str):
     return folder / f"{key}.json"
 
 
-def candidates(template, task: Task, sm_count: int, level: int) -> list[dict]:
+def candidates(template, task: Task, sm_count: int, level: int, arch: int | None = None) -> list[dict]:
     """The knob settings to try at `level`: the template's first suggestions for `task` on a GPU
-    of `sm_count` multiprocessors, then its space (level 0: only the first of these)."""
-    suggested = template.suggest(task, sm_count)[:SUGGESTED[level]] if template.suggest else []
+    of `sm_count` multiprocessors, then its space (level 0: only the first of these); on a GPU of
+    architecture `arch` (90 for sm_90; any when None), only the settings it runs
+    (`Template.knob_arch`)."""
+    runs = lambda knobs: arch is None or template.knob_arch(knobs) <= arch
+    suggested = [k for k in template.suggest(task, sm_count) if runs(k)] if template.suggest else []
+    suggested = suggested[:SUGGESTED[level]]
     out, seen = [], set()
     for knobs in suggested + ([] if level == 0 and suggested else template.space(level)):
         key = tuple(sorted(knobs.items()))
-        if key not in seen:
+        if runs(knobs) and key not in seen:
             seen.add(key)
             out.append(dict(knobs))
     return out[:1] if level == 0 else out
 
 
-def tune(task: Task, template, device: Device, level: int) -> dict:
+def tune(task: Task, template, device: Device, level: int, arch: int | None = None) -> dict:
     """The best knobs of `template` (a `kiln.schedule.Template`) for `task` on `device` at
-    tuning `level` (cached on disk). Only CUDA templates are timed: a CPU template runs with
-    its level-0 knobs for the machine's core count."""
+    tuning `level` (cached on disk), of the settings that a GPU of architecture `arch` runs (any
+    when None: `candidates`). Only CUDA templates are timed: a CPU template runs with its level-0
+    knobs for the machine's core count."""
     if device.kind != "cuda":
         return candidates(template, task, os.cpu_count() or 1, 0)[0]
     info = rt.device_info(device.index)
-    space = candidates(template, task, info["sm_count"], level)
+    space = candidates(template, task, info["sm_count"], level, arch)
     if len(space) == 1:
         return space[0]
     programs = [template.render(task, **knobs) for knobs in space]

@@ -370,7 +370,7 @@ def program(kernel: str, p: Problem, producer: Producer, knobs: EngineKnobs) -> 
                               map_params=", ".join(f"const __grid_constant__ CUtensorMap tm{name}" for name in maps),
                               map_args=", ".join(f"&tm{name}" for name in maps))
     defines = {"M": p.sizes.text(p.M), "N": p.sizes.text(p.N), "K": p.sizes.text(p.K), "ARGS": p.args, **sk.defines}
-    groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA, ptx.CLUSTER]
+    groups = [ptx.CP_ASYNC] * gathered + [ptx.MBARRIER, ptx.TMA, ptx.DSMEM, ptx.CLUSTER]
     source = template_source([wgmma(ring.BN, p.dtype, producer.trans("A"), producer.trans("B")), producer.source,
                               sk.stores, device_code(__package__, "cuda/tma_batch.cuh", "cuda/sm90_engine.cuh"),
                               rendered, sk.source],

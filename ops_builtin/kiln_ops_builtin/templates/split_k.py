@@ -16,11 +16,24 @@ n .. n + 31) into L2. With SPLIT = 1 these are the core's epilogue hooks
 a workspace temporary [SPLIT][batch][M][N], and a second kernel, `kiln_split_k_sum`
 (`cuda/split_k_sum.cuh`), adds the SPLIT partials of each element in a fixed order
 (deterministic, no atomics) and applies the epilogue hooks, so fusion works the same either way.
-The program renders `kiln_split_k_program` (SPLIT, and FLOAT2_PAIRS: whether a pair of partials
-stores as one float2) and defines KT_SPLIT, BATCH, PARAMS (the kernel's parameters: the hooks',
-then the workspace) and KERNEL_ARGS; the template defines M, N, K and ARGS (the hooks'
-arguments). Symbolic sizes (`kiln.ir.size.SymSize`) are written by the template's `text` (its
-`kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their values.
+
+On sm_90 a template whose block owns a tile of Rows x Columns outputs may split K without the
+workspace and the second kernel (CLUSTER): the SPLIT blocks of a tile launch as one thread-block
+cluster along x (grid (tiles * SPLIT, 1, batch), SPLIT <= MAX_CLUSTER, the portable cluster
+size), each keeps its float32 partial of the tile in its shared memory, and after a cluster
+barrier each block adds the SPLIT partials of its slice of the tile through distributed shared
+memory, the same additions in the same order as the sum kernel's, and stores them through the
+epilogue hooks (the stores are `cuda/split_k_direct.cuh`'s).
+`kiln_split_k_tiles<Rows, Columns>(n, part, store)` (`cuda/split_k_tiles.cuh`) runs such a
+block, either way: `part(tile, split, store)` computes a tile's partial over a split's k-tiles,
+`store(split, m, n, v)` is the template's call of `kiln_store`.
+
+The program renders `kiln_split_k_program` (SPLIT, FLOAT2_PAIRS: whether a pair of partials
+stores as one float2, and CLUSTER) and defines KT_SPLIT, BATCH, PARAMS (the kernel's
+parameters: the hooks', then the workspace) and KERNEL_ARGS; the template defines M, N, K and
+ARGS (the hooks' arguments). Symbolic sizes (`kiln.ir.size.SymSize`) are written by the
+template's `text` (its `kiln.codegen.sizes.SizeArgs`), the workspace and grids sized by their
+values.
 
 The templates' `suggest`: fitting a contraction's tile and split-K to its shape and the GPU.
 
@@ -51,7 +64,8 @@ from dataclasses import dataclass, field
 
 from kiln.template import KernelArgs, Launch, SymSize, as_dim, device_code, dtypes
 
-PROGRAM = "struct kiln_split_k_program {{ enum {{ SPLIT = {split}, FLOAT2_PAIRS = {pairs} }}; }};\n"
+PROGRAM = "struct kiln_split_k_program {{ enum {{ SPLIT = {split}, FLOAT2_PAIRS = {pairs}, CLUSTER = {cluster} }}; }};\n"
+MAX_CLUSTER = 8      # blocks of a portable thread-block cluster
 
 
 @dataclass
@@ -68,23 +82,33 @@ class SplitK:
     launches: list[Launch] = field(default_factory=list)
 
 
+def clusters(split: int) -> bool:
+    """Whether `split` splits may meet in a thread-block cluster (`plan`'s `cluster`): 2 to
+    MAX_CLUSTER."""
+    return 1 < split <= MAX_CLUSTER
+
+
 def _digits(size) -> str:
     return str(int(size))
 
 
 def plan(split: int, M: int, N: int, K: int, BK: int, batch: int, params: str, args: tuple[str, ...],
-         temporaries: list, text=_digits) -> SplitK:
+         temporaries: list, text=_digits, cluster: bool = False) -> SplitK:
     """Split-K over `split` parts for a template computing a batch x M x N GEMM with k-tiles of
     BK; `params`/`args` are the epilogue hooks' parameters and arguments. The workspace is
     appended to `temporaries` (the program's list). `text(size)` writes a size (symbolic ones as
-    expressions). The device code is `cuda/split_k_direct.cuh` (SPLIT = 1), or `cuda/split_k.cuh`
-    and `cuda/split_k_sum.cuh`."""
+    expressions). With `cluster` (sm_90, 1 < `split` <= MAX_CLUSTER) the splits meet in a
+    thread-block cluster instead (`kiln_split_k_tiles`): no workspace, no sum kernel. The device
+    code is `cuda/split_k_direct.cuh` (SPLIT = 1, or `cluster`), or `cuda/split_k.cuh` and
+    `cuda/split_k_sum.cuh`."""
+    if cluster and not clusters(split):
+        raise ValueError(f"split_k: a cluster takes 2 to {MAX_CLUSTER} splits, not {split}")
     k_tiles = -(-K // BK)
     per_split = f"((int)(({text(K)} + {BK - 1}) / {BK} + {split - 1}) / {split})" if isinstance(K, SymSize) \
         else -(-k_tiles // split)
-    program = PROGRAM.format(split=split, pairs=int(N % 2 == 0 and not isinstance(N, SymSize)))
+    program = PROGRAM.format(split=split, pairs=int(N % 2 == 0 and not isinstance(N, SymSize)), cluster=int(cluster))
     defines = {"KT_SPLIT": per_split, "BATCH": text(batch)}
-    if split == 1:
+    if split == 1 or cluster:
         defines.update({"PARAMS": params, "KERNEL_ARGS": "ARGS"})
         return SplitK(defines, program + device_code(__package__, "cuda/split_k_direct.cuh"))
     defines.update({"PARAMS": f"{params}, float* __restrict__ kiln_ws", "KERNEL_ARGS": "ARGS, kiln_ws"})

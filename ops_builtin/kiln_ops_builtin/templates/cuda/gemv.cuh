@@ -8,8 +8,8 @@
 // waits for the grids before it with kiln_wait_prior_grids() -- at 0 the runtime's wait comes
 // first).
 // Run-time problem (kiln::gemv::Problem): N, K, the rows' strides, and the 16-byte vectors of
-// K that each blockIdx.y takes (split-K over blocks). Each finished column goes to
-// store(m, n, value), which the rendered kernel makes the core's epilogue hook.
+// K that each split takes (split-K over blocks). Each finished column goes to store(m, n, value),
+// which the rendered kernel makes split_k's (kiln_split_k_tiles: the epilogue hook, a partial).
 //
 // Needs the CUDA prelude (fixed-width integers, kiln_h2f, kiln_bf2f) and the PTX wrappers
 // PRIOR_GRIDS and PREFETCH_L2 ahead of it.
@@ -42,7 +42,7 @@ struct BF16 {
 struct Problem {
     int64_t n, k;                // output columns, reduction length (elements)
     int64_t a_stride, b_stride;  // elements from one row of a (m) to the next, of b (n)
-    int chunks_per_split;        // 16-byte vectors of K per blockIdx.y
+    int chunks_per_split;        // 16-byte vectors of K per split
 };
 
 // One 16-byte vector of neighbouring k of one row, as floats
@@ -55,17 +55,17 @@ static __device__ __forceinline__ void vector(const typename Elem::storage* p, f
     for (int i = 0; i < 4; ++i) Elem::unpack(w[i], f + i * per_word);
 }
 
-// The block's columns: blockIdx.x picks Cols * Warps / KWarps of them, blockIdx.y the split of
-// K. a and b point at this batch's operands (a: Rows x K, b: N x K, k contiguous).
+// The block's columns: tile picks Cols * Warps / KWarps of them, split the split of K. a and b
+// point at this batch's operands (a: Rows x K, b: N x K, k contiguous).
 template <typename Elem, int Rows, int Cols, int KWarps, int Warps, int Prefetch, typename Store>
 static __device__ __forceinline__ void run(const typename Elem::storage* a, const typename Elem::storage* b,
-                                           const Problem& p, Store store) {
+                                           const Problem& p, int64_t tile, int split, Store store) {
     constexpr int vec = 16 / sizeof(typename Elem::storage);
     __shared__ float partial[Warps][Rows][Cols];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp % KWarps;
-    const int64_t n0 = ((int64_t)blockIdx.x * (Warps / KWarps) + warp / KWarps) * Cols;
-    const int c1 = min((int)(p.k / vec), (int)(blockIdx.y + 1) * p.chunks_per_split);
-    const int c0 = blockIdx.y * p.chunks_per_split + kw * 32 + lane;
+    const int64_t n0 = (tile * (Warps / KWarps) + warp / KWarps) * Cols;
+    const int c1 = min((int)(p.k / vec), (split + 1) * p.chunks_per_split);
+    const int c0 = split * p.chunks_per_split + kw * 32 + lane;
     if constexpr (Prefetch > 0) {
 #pragma unroll
         for (int i = 0; i < Prefetch; ++i)

@@ -7,8 +7,9 @@
 // block splitting K), Warps (per block), Prefetch (steps of the k loop whose b vectors a thread
 // brings into L2 before it waits for the grids before it with kiln_wait_prior_grids() -- at 0
 // the runtime's wait comes first). Run-time problem (kiln::gemv_tc::Problem): N, K, the rows'
-// strides, and the 32-element groups of K that each blockIdx.y takes (split-K over blocks). Each finished element
-// goes to store(m, n, value), which the rendered kernel makes the core's epilogue hook.
+// strides, and the 32-element groups of K that each split takes (split-K over blocks). Each finished
+// element goes to store(m, n, value), which the rendered kernel makes split_k's (kiln_split_k_tiles:
+// the epilogue hook, a partial).
 //
 // Needs the CUDA prelude and the PTX wrappers MMA (kiln_mma_m16n8k16_f16, _bf16), PRIOR_GRIDS
 // and PREFETCH_L2 ahead of it.
@@ -30,7 +31,7 @@ struct BF16 {
 struct Problem {
     int64_t n, k;                // output columns, reduction length (elements, a multiple of 8)
     int64_t a_stride, b_stride;  // elements from one row of a (m) to the next, of b (n)
-    int64_t groups_per_split;    // 32-element groups of K per blockIdx.y
+    int64_t groups_per_split;    // 32-element groups of K per split
 };
 
 constexpr int UNROLL = 4;        // groups of K whose loads are in flight together
@@ -40,19 +41,20 @@ static __device__ __forceinline__ uint4 eight(const uint16_t* row, int64_t k, bo
     return inside ? __ldg((const uint4*)(row + k)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// The block's columns: blockIdx.x picks 16 * Warps / KWarps of them (16 a warp: the mma's rows),
-// blockIdx.y the split of K. a and b point at this batch's operands (a: Rows x K, b: N x K, k
+// The block's columns: tile picks 16 * Warps / KWarps of them (16 a warp: the mma's rows), split
+// the split of K. a and b point at this batch's operands (a: Rows x K, b: N x K, k
 // contiguous). The sum over k is order-free, so each lane's 16-byte vector of k (8c .. 8c + 7 of
 // a 32-element group, c = lane % 4) is its slice of two mma k-steps: elements 8c, 8c + 1 and
 // 8c + 2, 8c + 3 are the fragment's k = 2c, 2c + 1 and 2c + 8, 2c + 9 of the first step, the
 // next four those of the second, in a's fragments and b's alike.
 template <typename Elem, int Rows, int KWarps, int Warps, int Prefetch, typename Store>
-static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b, const Problem& p, Store store) {
+static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b, const Problem& p, int64_t tile,
+                                           int split, Store store) {
     constexpr int Tiles = (Rows + 7) / 8;
     __shared__ float partial[KWarps > 1 ? Warps : 1][Tiles][4][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, kw = warp % KWarps;
     const int g = lane / 4, c = lane % 4;
-    const int64_t n0 = ((int64_t)blockIdx.x * (Warps / KWarps) + warp / KWarps) * 16;
+    const int64_t n0 = (tile * (Warps / KWarps) + warp / KWarps) * 16;
     const bool has0 = n0 + g < p.n, has1 = n0 + g + 8 < p.n;
     const uint16_t* b0 = b + (has0 ? n0 + g : 0) * p.b_stride + 8 * c;
     const uint16_t* b1 = b + (has1 ? n0 + g + 8 : 0) * p.b_stride + 8 * c;
@@ -65,8 +67,8 @@ static __device__ __forceinline__ void run(const uint16_t* a, const uint16_t* b,
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
     const int64_t groups = (p.k + 31) / 32;
-    const int64_t q1 = min(groups, (int64_t)(blockIdx.y + 1) * p.groups_per_split);
-    const int64_t q0 = (int64_t)blockIdx.y * p.groups_per_split + kw;
+    const int64_t q1 = min(groups, (int64_t)(split + 1) * p.groups_per_split);
+    const int64_t q0 = (int64_t)split * p.groups_per_split + kw;
     if constexpr (Prefetch > 0) {
 #pragma unroll
         for (int u = 0; u < Prefetch * UNROLL; ++u) {

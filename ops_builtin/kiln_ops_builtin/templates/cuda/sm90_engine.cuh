@@ -5,7 +5,7 @@
 // to the epilogue hooks through split_k's stores, the vector hook (VEC) or TMA stores (TMA_STORE).
 // A program's rendered kernel calls it with its arguments and its tensor maps.
 //
-// Needs, ahead of it, the PTX wrappers MBARRIER, TMA and CLUSTER, tma_batch.cuh, the wgmma
+// Needs, ahead of it, the PTX wrappers MBARRIER, TMA, DSMEM and CLUSTER, tma_batch.cuh, the wgmma
 // product WGMMA(acc, da, db) (m64n{BN}k16, or m64n{BN}k8 for TF32), split_k's stores and the
 // macros M, N, K, KT_SPLIT, BATCH, PARAMS, ARGS, KERNEL_ARGS; and, ahead of a call, the program P
 // (sm90_engine.py renders it):
