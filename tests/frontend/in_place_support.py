@@ -9,7 +9,7 @@ import warnings
 import torch
 
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction
-from kiln.graph.in_place import ROWS, is_store
+from kiln.graph.in_place import ROWS, is_store, stored_into
 from kiln.ir.row_stores import row_stores
 
 
@@ -47,6 +47,12 @@ def store_nodes(run: CompiledRun) -> list:
     """The nodes of the run's FlowGraph that store rows into inputs (one launch each): its
     StoreRows nodes and the kernels that store the rows they compute."""
     return [n for n in run.graph.nodes if stored_rows(n)]
+
+
+def element_updates(nodes) -> list:
+    """The nodes among `nodes` writing element-wise updates of whole inputs into their memory
+    (`kiln.passes.in_place_elements`): stored into inputs, but storing no rows."""
+    return [n for n in nodes if stored_into(n) and not stored_rows(n)]
 
 
 def store_launches(run: CompiledRun) -> list:
