@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 
-from kiln.graph.in_place import is_store, stored_into
+from kiln.graph.in_place import stored_into
 from support import rand
 from tests.frontend import test_in_place_elements as cpu
-from tests.frontend.in_place_support import in_place_outputs, new_runs, runs
+from tests.frontend.in_place_support import element_updates, in_place_outputs, new_runs, runs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -66,7 +66,7 @@ def test_the_counters_of_two_cache_layers_are_one_launch():
             torch.testing.assert_close(a, b, rtol=0, atol=0)
     (run,) = new_runs(before)
     assert len(in_place_outputs(run)) == len(run.writeback) == 4
-    counters = [n for n in run.graph.nodes if stored_into(n) and not is_store(n)]
+    counters = element_updates(run.graph.nodes)
     assert len(counters) == 1 and len(stored_into(counters[0])) == 2
 
 
@@ -111,5 +111,5 @@ def test_qwen2_decoding_over_a_static_cache_is_eagers(dtype):
         torch.testing.assert_close(a.values[:, :, :8], b.values[:, :, :8], rtol=tolerance, atol=tolerance)
     (step,) = [r for r in new_runs(before) if r.writeback]
     assert len(in_place_outputs(step)) == len(step.writeback) == 3 * config.num_hidden_layers
-    counters = [n for n in step.graph.nodes if stored_into(n) and not is_store(n)]
+    counters = element_updates(step.graph.nodes)
     assert len(counters) == 1, "the layers' counters advance in one launch (kiln.passes.horizontal)"

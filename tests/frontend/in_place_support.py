@@ -9,7 +9,8 @@ import warnings
 import torch
 
 from kiln.frontend.torch.backend import CompiledRun, KilnFunction
-from kiln.graph.in_place import ROWS, is_store
+from kiln.graph.in_place import ROWS, is_store, stored_into
+from kiln.ir.row_stores import row_stores
 
 
 def runs() -> list[CompiledRun]:
@@ -23,9 +24,18 @@ def new_runs(before: set[int]) -> list[CompiledRun]:
 
 
 def stores(run: CompiledRun) -> list:
-    """The tensors the StoreRows nodes of the run's FlowGraph store into (one per in-place
-    update; a node stores several where updates follow each other)."""
-    return [t for n in store_nodes(run) for t in n.outputs]
+    """The tensors the run's FlowGraph stores new rows into (one per in-place update): those of
+    its StoreRows nodes (a node stores several where updates follow each other) and those its
+    kernels store the rows they compute into (`kiln.ir.row_stores`)."""
+    return [n.outputs[k] for n in store_nodes(run) for k in stored_rows(n)]
+
+
+def stored_rows(node) -> dict[int, int]:
+    """The outputs of `node` that it stores rows into, each with the position of the output
+    holding those rows (a StoreRows node's rows are its inputs: -1)."""
+    if is_store(node):
+        return dict.fromkeys(range(len(node.outputs)), -1)
+    return {s.output: s.rows for s in row_stores(node.task)}
 
 
 def row_nodes(run: CompiledRun) -> list:
@@ -34,7 +44,19 @@ def row_nodes(run: CompiledRun) -> list:
 
 
 def store_nodes(run: CompiledRun) -> list:
-    """The StoreRows nodes of the run's FlowGraph (one launch each)."""
+    """The nodes of the run's FlowGraph that store rows into inputs (one launch each): its
+    StoreRows nodes and the kernels that store the rows they compute."""
+    return [n for n in run.graph.nodes if stored_rows(n)]
+
+
+def element_updates(nodes) -> list:
+    """The nodes among `nodes` writing element-wise updates of whole inputs into their memory
+    (`kiln.passes.in_place_elements`): stored into inputs, but storing no rows."""
+    return [n for n in nodes if stored_into(n) and not stored_rows(n)]
+
+
+def store_launches(run: CompiledRun) -> list:
+    """The StoreRows nodes of the run's FlowGraph: launches of their own, after the rows'."""
     return [n for n in run.graph.nodes if is_store(n)]
 
 
@@ -46,17 +68,23 @@ def in_place_outputs(run: CompiledRun) -> list[int]:
 
 
 def bytes_written(run: CompiledRun) -> int:
-    """Bytes the steps of one call write: every step's outputs, and for a store into an input,
-    the rows it stores (its second input); write-back copies of outputs that are not the
-    input's own buffer count their bytes too."""
+    """Bytes the steps of one call write: every step's outputs, and for a store of rows into an
+    input, the rows it stores (a StoreRows node's rows input, or a kernel's rows output); an
+    element-wise update of a whole input counts the input; write-back copies of outputs that are
+    not the input's own buffer count their bytes too."""
     compiled = run.compiled
     total = 0
     inputs = set(compiled.inputs)
-    for step in compiled.steps:
-        if step.outputs and step.outputs[0] in inputs:
-            total += compiled.buffers[step.inputs[1]].nbytes
-        else:
-            total += sum(compiled.buffers[s].nbytes for s in step.outputs)
+    assert len(run.graph.nodes) == len(compiled.steps)
+    for node, step in zip(run.graph.nodes, compiled.steps):
+        rows = stored_rows(node)
+        for k, slot in enumerate(step.outputs):
+            if k not in rows:
+                total += compiled.buffers[slot].nbytes
+            elif rows[k] < 0:
+                total += compiled.buffers[step.inputs[len(step.outputs) + k]].nbytes
+            else:
+                total += compiled.buffers[step.outputs[rows[k]]].nbytes
     first = len(compiled.outputs) - len(run.writeback)
     total += sum(compiled.buffers[s].nbytes for s in compiled.outputs[first:] if s not in inputs)
     return total

@@ -15,7 +15,7 @@ import kiln
 from kiln.graph.in_place import is_store
 from kiln.passes import PassContext
 from tests.frontend.in_place_support import (bytes_written, cache_step, decode, in_place_outputs, new_runs, row_nodes,
-                                             runs, store_nodes, stores, tiny_llama, two_cache_step)
+                                             runs, store_launches, store_nodes, stores, tiny_llama, two_cache_step)
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -87,6 +87,7 @@ def test_keys_and_values_written_at_a_position_then_attended_to():
     assert len(stores(run)) == 2 and len(in_place_outputs(run)) == 2
     assert len(store_nodes(run)) == 1, "the two updates store in one launch"
     assert len(row_nodes(run)) == 1, "the two updates' rows and offsets come from one kernel"
+    assert store_nodes(run) == row_nodes(run) and not store_launches(run), "the kernel computing the rows stores them"
 
 
 @pytest.mark.slow
@@ -110,6 +111,7 @@ def test_greedy_decoding_over_a_static_cache_updates_every_layer_in_place():
     assert len(stores(run)) == 2 * config.num_hidden_layers
     assert len(store_nodes(run)) == config.num_hidden_layers, "a layer's keys and values store in one launch"
     assert len(row_nodes(run)) == config.num_hidden_layers, "a layer's rows and offsets come from one kernel"
+    assert store_nodes(run) == row_nodes(run) and not store_launches(run), "the kernel computing the rows stores them"
     cache_bytes = got_cache.layers[0].keys.nbytes
     # each layer's keys, values and step counter (`kiln.passes.in_place_elements`): nothing written back
     assert len(in_place_outputs(run)) == len(run.writeback) == 3 * config.num_hidden_layers

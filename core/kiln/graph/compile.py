@@ -6,7 +6,8 @@ kernel lays out a constant input once, `kiln.runtime.cpu.Preparation`: a weight 
 GEMM reads it, the prepared form is computed then and becomes one more constant the step
 reads). A StoreRows node (in-place updates, `kiln.graph.in_place`) writes into its inputs'
 buffers: each output takes its input's slot, as does each output a pass marked stored into
-an input (`kiln.graph.in_place.stored_into`). A node of an operator declaring the trait
+an input (`kiln.graph.in_place.stored_into`: an element-wise update's, or rows a kernel
+stores itself). A node of an operator declaring the trait
 `in_place` (`kiln.graph.Traits`) takes the slot of that argument where nothing reads it
 afterwards (`in_place_input`): a scatter into a zero fill updates the fill. The kernels are built in parallel threads (gcc and NVRTC builds release the GIL), each
 distinct task once.

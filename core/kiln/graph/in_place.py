@@ -14,7 +14,11 @@ back into the caller's tensor) and nothing reads the input's old value afterward
   marked STORES_ROWS (`kiln.schedule.store_rows`): the compiled graph gives each output its
   input's own buffer, and its kernel writes only the new elements there.
 
-Both are definitions of the core, not operators of a plugin (no registry knows them).
+Both are definitions of the core, not operators of a plugin (no registry knows them). An
+UpdateRows task whose offsets are distinct for any index values (every source dim longer than 1
+is a dim of the input, unmoved: a decoding step's one position) says so (its attribute
+DISTINCT_OFFSETS); the kernel computing its rows may then store them itself (`storing_rows`,
+`kiln.passes.row_stores`), and StoreRows has nothing left to do.
 
 Where an element-wise kernel computes the whole new value from the input itself (a counter's
 `add_(1)`), the pass keeps the node and marks it instead (`storing_into`: the node attribute
@@ -27,9 +31,10 @@ from __future__ import annotations
 import math
 
 from kiln import dtypes
-from kiln.graph.operator import Operator, OperatorDef, operator
-from kiln.ir import ReduceOp, TensorInput, cast, compute, eq, maximum, reduce, select, unravel
+from kiln.graph.operator import Operator, OperatorDef, Recent, operator
+from kiln.ir import ReduceOp, TensorInput, Var, cast, compute, eq, maximum, reduce, select, size_key, unravel
 from kiln.ir.compute import Task
+from kiln.ir.row_stores import ROW_STORES
 from kiln.schedule.store_rows import STORES_ROWS
 from kiln.tensor import Tensor
 
@@ -40,6 +45,10 @@ def _no_definition(**arguments):
 
 ROWS = OperatorDef("update_rows", _no_definition, display_name="UpdateRows")
 """The definition UpdateRows nodes carry (their tasks are made from another operator's trait)."""
+
+DISTINCT_OFFSETS = "distinct_offsets"
+"""The attribute (set True) of an UpdateRows task whose offsets are distinct, whatever its
+inputs hold."""
 
 
 def _row_major(shape) -> list[int]:
@@ -105,6 +114,9 @@ def update_rows(node: Operator) -> tuple[Operator, int] | None:
             or tuple(node.outputs[0].shape) != tuple(x.shape) or node.outputs[0].dtype != x.dtype):
         return None
     strides = _row_major(x.shape)
+    axes = [Var(f"s{k}", extent) for k, extent in enumerate(sources)]
+    place = update.position(axes)
+    distinct = all(extent == 1 or any(p is axis for p in place) for axis, extent in zip(axes, sources))
 
     def offset(*s):
         place = update.position(list(s))
@@ -112,7 +124,7 @@ def update_rows(node: Operator) -> tuple[Operator, int] | None:
 
     rows = compute(sources, lambda *s: cast(update.value(list(s)), x.dtype), name="new_rows")
     where = compute(sources, offset, name="row_offsets")
-    task = Task(ROWS.name, list(node.task.inputs), [rows, where], dict(node.task.attrs))
+    task = Task(ROWS.name, list(node.task.inputs), [rows, where], {**node.task.attrs, DISTINCT_OFFSETS: distinct})
     return Operator(ROWS, node.inputs, node.attrs, task, node.device), position
 
 
@@ -129,7 +141,7 @@ STORED_INTO = "stored_into"
 def stored_into(node: Operator) -> dict[int, int]:
     """The positions of the outputs of `node` that the compiled graph puts into the buffer of
     one of its inputs, each with that input's position: every output of a StoreRows node
-    (into the input of its own position), the outputs `storing_into` marked."""
+    (into the input of its own position), the outputs `storing_into` and `storing_rows` marked."""
     if is_store(node):
         return {k: k for k in range(len(node.outputs))}
     return dict(node.attrs.get(STORED_INTO, ()))
@@ -140,8 +152,41 @@ def storing_into(node: Operator, output: int, position: int) -> Operator:
     the compiled graph puts into the buffer of its input at `position`, besides those `node`
     stores so already. Only for a kernel that reads that input's element p where it writes the
     output's element p, and nowhere else (`kiln.passes.in_place_elements`)."""
+    return _copy(node, node.task, node.inputs, node.outputs, {**stored_into(node), output: position})
+
+
+def _copy(node: Operator, task: Task, inputs: list[Tensor], outputs: list[Tensor], into: dict[int, int]) -> Operator:
+    """A copy of `node` computing `task` from `inputs`, with new outputs like `outputs`, which
+    the compiled graph puts into the buffers of inputs as `into` says (output -> input)."""
     marked = object.__new__(type(node))
     marked.__dict__.update(node.__dict__)
-    marked.attrs = {**node.attrs, STORED_INTO: tuple(sorted({**stored_into(node), output: position}.items()))}
-    marked.outputs = [Tensor(t.shape, t.dtype, node.device, trace=(marked, k)) for k, t in enumerate(node.outputs)]
+    marked.task, marked.inputs = task, list(inputs)
+    marked.attrs = {**node.attrs, STORED_INTO: tuple(sorted(into.items()))}
+    marked.outputs = [Tensor(t.shape, t.dtype, node.device, trace=(marked, k)) for k, t in enumerate(outputs)]
     return marked
+
+
+STORED_TASKS_KEPT = 1024
+"""The most tasks with row stores kept for reuse (`storing_rows`): the layers of a model store
+their rows with one task."""
+
+_stored_tasks = Recent(lambda: STORED_TASKS_KEPT)
+
+
+def storing_rows(node: Operator, x: Tensor, rows: int, offsets: int) -> Operator:
+    """A copy of `node` (a plain or a fused node, its outputs `rows` and `offsets` an UpdateRows
+    node's, with DISTINCT_OFFSETS) that also stores those rows into `x`, a graph input, in its
+    kernel (`kiln.ir.row_stores`): it reads `x` as one more input, and its one more output is
+    `x` updated, which the compiled graph puts into `x`'s buffer. Only where nothing reads `x`
+    or a view of it in `node` or after it (`kiln.passes.row_stores`)."""
+    key = (id(node.task), rows, offsets, size_key(x.shape), x.dtype.name)
+    found = _stored_tasks.get(key)
+    if found is None:
+        task = node.task
+        into = TensorInput(f"in{len(task.inputs)}", x.shape, x.dtype)
+        stored = _stored(into, task.outputs[rows], task.outputs[offsets])
+        stores = (*task.attrs.get(ROW_STORES, ()), (len(task.outputs), rows, offsets))
+        found = (task, Task(task.name, [*task.inputs, into], [*task.outputs, stored], {**task.attrs, ROW_STORES: stores}))
+        _stored_tasks.put(key, found)
+    into = {**stored_into(node), len(node.outputs): len(node.inputs)}
+    return _copy(node, found[1], [*node.inputs, x], [*node.outputs, x], into)

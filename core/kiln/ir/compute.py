@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from kiln import dtypes
 from kiln.dtypes import DataType
 from kiln.ir.expr import Expr, Load, Reduce, Var, as_expr, cast, walk
+from kiln.ir.row_stores import computed_outputs
 from kiln.ir.size import as_dim
 
 _names = itertools.count()
@@ -115,7 +116,8 @@ class Task:
 
     @property
     def is_injective(self) -> bool:
-        """True when no compute of the task reduces (found once)."""
+        """True when no compute of the task reduces (found once); outputs it stores rows into
+        (`kiln.ir.row_stores`), which no kernel computes, do not count."""
         return self.derived(_is_injective)
 
     def __repr__(self) -> str:
@@ -125,6 +127,11 @@ class Task:
 
 
 def _nodes(task: Task) -> tuple[TensorNode, ...]:
+    return reachable(task.outputs)
+
+
+def reachable(outputs: Sequence[TensorNode]) -> tuple[TensorNode, ...]:
+    """The tensor nodes reachable from `outputs`, producers before consumers."""
     order, seen = [], set()
 
     def visit(node):
@@ -136,10 +143,10 @@ def _nodes(task: Task) -> tuple[TensorNode, ...]:
                 visit(p)
         order.append(node)
 
-    for out in task.outputs:
+    for out in outputs:
         visit(out)
     return tuple(order)
 
 
 def _is_injective(task: Task) -> bool:
-    return not any(isinstance(n, Compute) and n.has_reduce for n in task.nodes())
+    return not any(isinstance(n, Compute) and n.has_reduce for n in reachable(computed_outputs(task)))

@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from kiln import dtypes
-from kiln.ir.compute import Compute, Task, TensorInput, TensorNode
+from kiln.ir.compute import Compute, Task, TensorInput, TensorNode, reachable
 from kiln.ir.expr import Binary, Cast, Expr, Load, Reduce, Unary, Var
 from kiln.ir.opcodes import COMPARISONS, UnaryOp
 from kiln.ir.rewrite import rewrite
+from kiln.ir.row_stores import RowStore, computed_outputs, row_stores
 # Re-exported: kiln.schedule's rewriters import them from here (they belong to kiln.ir.rewrite).
 from kiln.ir.rewrite import own_children, rebuild_expr  # noqa: F401,E402
 from kiln.ir.simplify import simplify
@@ -94,7 +95,8 @@ def float32_reads(inlined_value: Callable[[Load], Expr | None], plain: Callable[
 
 class Lowered:
     """A task after inlining: materialized computes in order, each reading only task inputs
-    and earlier materialized computes."""
+    and earlier materialized computes. An output the task stores rows into
+    (`kiln.ir.row_stores`) is its compute as the task has it, and no buffer."""
 
     def __init__(self, task: Task, buffers: Sequence[Compute], outputs: Sequence[Compute]):
         self.task = task
@@ -107,9 +109,16 @@ class Lowered:
         outs = {id(o) for o in self.outputs}
         return [b for b in self.buffers if id(b) not in outs]
 
+    @property
+    def stores(self) -> tuple[RowStore, ...]:
+        """The task's row stores (`kiln.ir.row_stores`): positions among `outputs`."""
+        return row_stores(self.task)
+
 
 def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
-    """Inline every injective, non-output compute of `task`; simplify the index arithmetic."""
+    """Inline every injective, non-output compute of `task`; simplify the index arithmetic.
+    Outputs the task stores rows into (`kiln.ir.row_stores`) are not computed."""
+    stored = {s.output for s in row_stores(task)}
     keep = {id(o) for o in task.outputs} | {id(m) for m in materialize}
     inlined: dict[int, Compute] = {}   # original materialized compute -> rewritten one
     buffers: list[Compute] = []
@@ -147,7 +156,7 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
         return substitute(injective[id(t)], {id(a): i for a, i in zip(t.axes, indices)})
 
     wide = float32_reads(inlined_value, plain_value)
-    for node in task.nodes():
+    for node in (reachable(computed_outputs(task)) if stored else task.nodes()):
         if not isinstance(node, Compute):
             continue
         memo = {}
@@ -160,7 +169,10 @@ def inline_task(task: Task, materialize: Sequence[TensorNode] = ()) -> Lowered:
             injective[id(node)] = value
             chain.append(node)
     outputs = []
-    for out in task.outputs:
+    for k, out in enumerate(task.outputs):
+        if k in stored:
+            outputs.append(out)
+            continue
         if isinstance(out, TensorInput):
             raise ValueError(f"task '{task.name}' returns its input '{out.name}' unchanged; "
                              "an operator's outputs must be computed")

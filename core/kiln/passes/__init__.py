@@ -19,6 +19,7 @@ from kiln.passes.pattern import (
     Match, OpPattern, Pattern, RewritePattern, Wildcard, constant, op, rewrite_pattern, wildcard,
 )
 from kiln.passes.pipeline import default_pipeline, optimize
+from kiln.passes.row_stores import StoreRowsInKernels
 from kiln.passes.subgraph_rewrite import RewriteSubgraphs
 from kiln.passes.tf32 import AllowTF32
 
@@ -26,6 +27,6 @@ __all__ = [
     "AllowTF32", "ConvertToFloat16", "DumpGraph", "EliminateCommonSubexpressions",
     "EliminateDeadCode", "FoldConstants", "FunctionPass", "FuseOperators", "FusedOperator",
     "GraphPass", "Match", "MergeIndependentKernels", "OpPattern", "PassContext", "PassInstrument",
-    "PassTiming", "Pattern", "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "UpdateInPlace", "Wildcard", "constant",
+    "PassTiming", "Pattern", "PlanLayout", "PrintGraph", "RewritePattern", "RewriteSubgraphs", "Sequential", "StoreRowsInKernels", "UpdateInPlace", "Wildcard", "constant",
     "default_pipeline", "graph_pass", "op", "optimize", "rewrite_pattern", "wildcard",
 ]

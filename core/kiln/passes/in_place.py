@@ -20,7 +20,9 @@ CUDA graph captures none). An output that an element-wise kernel computes from t
 itself (a counter's `add_(1)`) is written into the input's buffer by that kernel instead
 (`kiln.passes.in_place_elements`). Then the UpdateRows groups of one step (a layer's keys and values)
 are made one kernel where the later reads nothing computed between them, and StoreRows nodes
-that follow each other one launch.
+that follow each other one launch. The torch backend then folds StoreRows nodes into the
+kernels computing their rows where that is safe (`kiln.passes.row_stores`: no launch of their
+own), after merging independent kernels on a GPU.
 
 Correctness rules:
 - StoreRows is placed right before the first node that reads the new value; a node after it

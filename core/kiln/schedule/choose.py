@@ -6,6 +6,10 @@ auto-scheduler's rules in order (`AUTO_RULES`: for CUDA column reductions, row k
 reductions, the general kernel; for the CPU row kernels, then one loop nest per buffer). `choose` returns the program of the
 first; `build_task` loads it on a device through the runtime backend of the device's kind.
 
+A task that stores rows into its inputs' buffers (`kiln.ir.row_stores`) goes to the last rule
+of its target's auto-scheduler, the general one, which writes those stores (templates and the
+other rules do not).
+
 A task with symbolic sizes (`kiln.ir.size`) goes as it is to the auto-scheduler, whose rules
 take sizes as kernel arguments, and to the templates that do (`Template.symbolic`), so that one
 build serves every size; every other template gets it specialized to the trace's sizes
@@ -21,6 +25,7 @@ from kiln.codegen.hooks import match_contraction
 from kiln.device import Device
 from kiln.ir.compute import Task
 from kiln.ir.inline import inline_task
+from kiln.ir.row_stores import row_stores
 from kiln.ir.specialize import has_symbolic_sizes, specialize
 from kiln.log import logger
 from kiln.plugins.registry import Registry, registry
@@ -120,16 +125,20 @@ def device_arch(device: Device) -> int | None:
 
 def schedules_for(task: Task, target: str, arch: int | None = None,
                   plugins: Registry | None = None) -> list[Template]:
-    """The templates that take `task` on `target` (see `templates_for`), highest priority first."""
+    """The templates that take `task` on `target` (see `templates_for`), highest priority first;
+    none for a task that stores rows (`kiln.ir.row_stores`)."""
+    if row_stores(task):
+        return []
     symbolic = has_symbolic_sizes(task)
     return [t for t in templates_for(task.name, target, arch, plugins)
             if not (symbolic and t.fixed_sizes_only) and t.applies(t.task_for(task))]
 
 
 def auto_program(task: Task, target: str):
-    """The auto-scheduler's program of `task` on `target`: its first rule's that applies."""
+    """The auto-scheduler's program of `task` on `target`: its first rule's that applies (the
+    last rule's for a task that stores rows)."""
     lowered = inline_task(task)
-    for rule in AUTO_RULES[target]:
+    for rule in AUTO_RULES[target][-1:] if lowered.stores else AUTO_RULES[target]:
         program = rule(lowered)
         if program is not None:
             return program

@@ -17,6 +17,11 @@ one vector register. A sum over a symbolic number of values is always cascaded, 
 kernel's source is the same at every size.
 
 Symbolic sizes (`kiln.ir.size`) are kernel arguments (`kiln.codegen.sizes`).
+
+A task's row stores (`kiln.ir.row_stores`) run after the loop nest of the later of their two
+buffers, one element after the other (where two offsets are equal the later element wins, as
+in `kiln.schedule.store_rows`), and only where no check of the kernel failed: an index out of
+range leaves the input as it was.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from kiln.ir.simplify import bounds, simplify
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.kernel_errors import KernelCheck
 from kiln.schedule.hoist import hoist_invariants
+from kiln.schedule.store_rows import row_store, stores_after
 
 PARALLEL_THRESHOLD = 1 << 15
 CASCADE_BLOCK = 128
@@ -167,6 +173,10 @@ def render_cpu(lowered: Lowered, kernel_name: str) -> tuple[str, list[KernelChec
                 f"{em.size(max(numel(t.shape), 1))} * sizeof({d.storage_type(t.dtype)}));")
     for buf in lowered.buffers:
         _loop_nest(em, buf, names[id(buf)])
+        for store in stores_after(lowered, buf):
+            em.open(f"if ({KernelArgs.STATUS}[0] == 0) for (int64_t i = 0; i < {em.size(numel(buf.shape))}; ++i)")
+            em.line(row_store(lowered, store, names, "i"))
+            em.close()
     for t in temps:
         em.line(f"free({names[id(t)]});")
     body = "\n".join(em.lines)

@@ -21,6 +21,11 @@ so that its error does not grow with the row's length (always, for a symbolic le
 
 Symbolic sizes are kernel arguments (`kiln.codegen.sizes`), shared by a program's kernels; each
 kernel declares those it reads, after its buffers.
+
+A task's row stores (`kiln.ir.row_stores`, offsets distinct) are written by `AutoProgram`'s
+kernels: the thread that writes element o of the later of a store's two buffers (the rows or
+the offsets) then copies rows[o] to offsets[o] in the store's output, both read back from what
+that thread or an earlier kernel wrote.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from kiln.ir.inline import Lowered, substitute
 from kiln.ir.simplify import bounds, simplify
 from kiln.ir.size import SymSize, as_dim
 from kiln.runtime.cuda import CudaProgram, Launch
+from kiln.schedule.store_rows import row_store, stores_after
 
 BLOCK = 256
 # where each thread's grid-stride loop over work items starts, and its step, by mode
@@ -289,9 +295,10 @@ def at_item(buf: Compute, value: Expr, names: dict) -> tuple[Expr, dict]:
 
 
 def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, out_name: str,
-                   kernel_name: str, sizes: SizeArgs, split: tuple[int, int] | None = None) -> Kernel:
+                   kernel_name: str, sizes: SizeArgs, split: tuple[int, int] | None = None, after: str = "") -> Kernel:
     """The kernel writing every element of `buf` (or, with `split` = (parts, extent), the
-    partial reductions of its single outermost reduction), its symbolic sizes in `sizes`."""
+    partial reductions of its single outermost reduction), its symbolic sizes in `sizes`;
+    `after`: statements run after each element's store, by the thread that stores it."""
     d = CudaDialect()
     items = numel(buf.shape)
     reduces = top_reduces(buf.value)
@@ -313,6 +320,8 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
         store = f"{out_name}[o * {split[0]} + blockIdx.y] = {d.store(value.dtype, v)};"
     else:
         store = f"{out_name}[o] = {d.store(buf.dtype, v)};"
+    if after:
+        store = f"{{ {store} {after} }}"
     if mode != "thread":
         store = f"if ({'(threadIdx.x & 31)' if mode == 'warp' else 'threadIdx.x'} == 0) {store}"
     body = "\n".join(em.lines) + f"\n        {store}"
@@ -327,19 +336,21 @@ def buffer_kernel(lowered_names: dict, strides: dict, args: list, buf: Compute, 
 
 
 def injective_kernel(lowered_names: dict, strides: dict, args: list, bufs: list[Compute], out_names: list[str],
-                     kernel_name: str, sizes: SizeArgs) -> Kernel:
+                     kernel_name: str, sizes: SizeArgs, after: list[str] | None = None) -> Kernel:
     """One kernel writing every element of each of `bufs`, injective computes none of which
     reads another: a thread per element of the largest, each buffer's element under its own
-    bound (their sizes are plain ints, or all the same symbolic size)."""
+    bound (their sizes are plain ints, or all the same symbolic size); `after[k]`: statements
+    run after each element's store of `bufs[k]`."""
     d = CudaDialect()
     counts = [numel(b.shape) for b in bufs]
     items = max(counts)
     parts = []
-    for buf, out_name, count in zip(bufs, out_names, counts):
+    for buf, out_name, count, then in zip(bufs, out_names, counts, after or [""] * len(bufs)):
         value, names = at_item(buf, buf.value, lowered_names)
         em = CudaEmitter(d, names, strides, "thread", indent=3, sizes=sizes)
         v = em.emit(value)
-        lines = "\n".join(em.lines + [f"            {out_name}[o] = {d.store(buf.dtype, v)};"])
+        lines = "\n".join(em.lines + [f"            {out_name}[o] = {d.store(buf.dtype, v)};"]
+                          + ([f"            {then}"] if then else []))
         guard = "" if sizes.text(count) == sizes.text(items) else f"if (o < {sizes.text(count)}) "
         parts.append(f"        {guard}{{\n{lines}\n        }}")
     source, used = item_loop_kernel(kernel_name, BLOCK, args, "thread", items, "\n".join(parts), sizes)
@@ -377,18 +388,33 @@ class AutoProgram:
         """Add the kernel writing every element of `buf`, the task's n-th buffer (to `out_name`,
         by default its own argument)."""
         out_name = out_name or self.names[id(buf)]
-        self.kernels.append(buffer_kernel(self.names, self.strides, self.available + [(out_name, buf, False)],
-                                          buf, out_name, f"kiln_k{n}", self.sizes))
+        stored, (after,) = self._row_stores([buf])
+        self.kernels.append(buffer_kernel(self.names, self.strides, self.available + [(out_name, buf, False)] + stored,
+                                          buf, out_name, f"kiln_k{n}", self.sizes, after=after))
         self.available = self.available + [(out_name, buf, True)]
 
     def write_together(self, n: int, bufs: list[Compute]) -> None:
         """Add one kernel writing the injective buffers `bufs` (the task's n-th and those after
         it), none of which reads another (`injective_kernel`)."""
         out_names = [self.names[id(b)] for b in bufs]
-        args = self.available + [(name, b, False) for name, b in zip(out_names, bufs)]
+        stored, after = self._row_stores(bufs)
+        args = self.available + [(name, b, False) for name, b in zip(out_names, bufs)] + stored
         self.kernels.append(injective_kernel(self.names, self.strides, args, bufs, out_names, f"kiln_k{n}",
-                                             self.sizes))
+                                             self.sizes, after))
         self.available = self.available + [(name, b, True) for name, b in zip(out_names, bufs)]
+
+    def _row_stores(self, bufs: list[Compute]) -> tuple[list, list[str]]:
+        """The kernel arguments (name, tensor, read-only) of the outputs that the row stores
+        (`kiln.ir.row_stores`) completed by writing `bufs` store into, and for each of `bufs`
+        the statements of those it completes (run by the thread writing its element o)."""
+        lowered, args, after = self.lowered, [], []
+        for buf in bufs:
+            stores = stores_after(lowered, buf)
+            for store in stores:
+                out = lowered.outputs[store.output]
+                args.append((self.names[id(out)], out, False))
+            after.append(" ".join(row_store(lowered, store, self.names, "o") for store in stores))
+        return args, after
 
     def program(self) -> CudaProgram:
         source = CudaDialect().prelude + "\n" + "\n".join(k.source for k in self.kernels)

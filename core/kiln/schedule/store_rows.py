@@ -15,13 +15,19 @@ not fixed.
 
 The task's own compute (what the operator of the graph layer defines) is the same update
 written as an output-side gather, for completeness; this kernel is what runs.
+
+A kernel that computes the rows and offsets may store them itself instead (a task's row
+stores, `kiln.ir.row_stores`): `row_store` is the statement that copies one element, which the
+auto-scheduler's general rules write once both of a store's buffers hold it (`stores_after`).
 """
 from __future__ import annotations
 
 import math
 
 from kiln.codegen.emitter import KernelArgs
-from kiln.ir.compute import Task
+from kiln.ir.compute import Compute, Task
+from kiln.ir.inline import Lowered
+from kiln.ir.row_stores import RowStore
 from kiln.runtime.cpu import CpuProgram
 from kiln.runtime.cuda import CudaProgram, Launch
 
@@ -76,3 +82,21 @@ def store_program(task: Task, kind: str) -> CpuProgram | CudaProgram:
         source = _CUDA_SOURCE.format(threads=THREADS, n=sum(sizes), params=params, body=body)
         return CudaProgram(source, [Launch("kiln_store_rows", args, (THREADS, 1, 1), items=sum(sizes), per_block=THREADS)])
     raise ValueError(f"no store of in-place updates for devices of kind {kind!r}")
+
+
+def stores_after(lowered: Lowered, buf: Compute) -> list[RowStore]:
+    """The row stores of `lowered` (`kiln.ir.row_stores`) whose rows and offsets are both
+    written once its buffer `buf` is: `buf` is the later of the two in `lowered.buffers`."""
+    if not lowered.stores:
+        return []
+    position = {id(b): k for k, b in enumerate(lowered.buffers)}
+    return [s for s in lowered.stores
+            if max(position[id(lowered.outputs[s.rows])], position[id(lowered.outputs[s.offsets])]) == position[id(buf)]]
+
+
+def row_store(lowered: Lowered, store: RowStore, names: dict[int, str], index: str) -> str:
+    """The C statement copying element `index` (a C expression) of `store`'s rows to its offset
+    in its output's buffer, each named by `names` (by tensor id), as raw elements: the rows
+    have the output's dtype."""
+    rows, offsets, out = (names[id(lowered.outputs[k])] for k in (store.rows, store.offsets, store.output))
+    return f"{out}[{offsets}[{index}]] = {rows}[{index}];"

@@ -74,7 +74,7 @@ from kiln.graph import FlowGraph, in_memory_order, trace_from
 from kiln.ir import size_reads
 from kiln.ir.size import SymSize
 from kiln.log import dump_folder, logger, recording, stage
-from kiln.passes import MergeIndependentKernels, PassContext, UpdateInPlace, optimize
+from kiln.passes import MergeIndependentKernels, PassContext, StoreRowsInKernels, UpdateInPlace, optimize
 from kiln.passes.graph_pass import target_of
 from kiln.passes.instruments import DumpGraph
 from kiln.passes.tf32 import permissions
@@ -947,11 +947,14 @@ def _optimize(graph: FlowGraph, folder=None, written: dict[int, int] | None = No
     instruments) and the settings in effect (the compile's); each stage written to `folder`. The
     outputs `written` (output position -> input position) are written back into inputs:
     those that update their input's elements are computed in place (`kiln.passes.in_place`).
-    Last, on a GPU, independent tiny element-wise kernels are merged (`kiln.passes.horizontal`)."""
+    Then, on a GPU, independent tiny element-wise kernels are merged (`kiln.passes.horizontal`);
+    last, the kernels computing the updates' rows store them themselves (`kiln.passes.row_stores`)."""
     instruments = [*PassContext.current().instruments, *([DumpGraph(str(folder / "passes"))] if folder else [])]
     with PassContext(instruments=instruments):
         graph = optimize(graph)
         # an in-place update is placed by the order it is decided on: such graphs keep theirs
         graph = UpdateInPlace(written)(graph) if written else in_memory_order(graph)
         # a launch costs microseconds on a GPU, where a CPU kernel is a call
-        return MergeIndependentKernels()(graph) if target_of(graph).is_cuda else graph
+        if target_of(graph).is_cuda:
+            graph = MergeIndependentKernels()(graph)
+        return StoreRowsInKernels()(graph) if written else graph
