@@ -114,9 +114,12 @@ def tiny_llama(layers: int = 2, dtype=torch.float32, device="cpu"):
     return config, transformers.LlamaForCausalLM(config).to(device, dtype).eval()
 
 
-def decode(model, config, step, prompt, steps: int, dtype=torch.float32, device="cpu", cache_len: int = 32):
+def decode(model, config, step, prompt, steps: int, dtype=torch.float32, device="cpu", cache_len: int = 32,
+           follow: list | None = None):
     """(logits of each step, the StaticCache after them): `prompt` run by the model, then
-    `steps` greedy steps by `step`."""
+    `steps` greedy steps by `step`. With `follow` (the logits of another decode), each step is
+    fed the token that decode chose, not its own: in 16 bits two logits a rounding apart can
+    make the two runs choose differently, and the steps after that are not comparable."""
     import transformers
     cache = transformers.StaticCache(config=config, max_batch_size=prompt.shape[0], max_cache_len=cache_len,
                                      dtype=dtype, device=device)
@@ -128,5 +131,5 @@ def decode(model, config, step, prompt, steps: int, dtype=torch.float32, device=
         for i in range(steps):
             logits = step(token, past_key_values=cache, cache_position=torch.tensor([n + i], device=device)).logits
             out.append(logits.float().clone())
-            token = logits[:, -1:].argmax(-1)
+            token = (follow[i] if follow else logits)[:, -1:].argmax(-1).to(device)
     return out, cache

@@ -27,19 +27,19 @@ def small_model(family: str, layers: int, head_dim: int, dtype, device="cpu"):
 
 
 def check_decoding(family: str, dtype, head_dim: int, device="cpu", layers: int = 3, steps: int = 5):
-    """Greedy steps of a `family` model compiled: logits and caches eager's (within `dtype`'s
-    rounding) and exactly those with the StoreRows launches kept; the decoding graph stores every
-    layer's keys and values from its rows' kernel. The decoding run."""
+    """Steps of a `family` model compiled, fed eager's greedy tokens: logits and caches eager's
+    (within `dtype`'s rounding) and exactly those with the StoreRows launches kept; the decoding
+    graph stores every layer's keys and values from its rows' kernel. The decoding run."""
     config, model = small_model(family, layers, head_dim, dtype, device)
     prompt = torch.randint(0, config.vocab_size, (1, 5), device=device)
     want, want_cache = decode(model, config, model, prompt, steps, dtype=dtype, device=device)
     with PassContext(disabled_passes={"store_rows_in_kernels"}):
         apart, apart_cache = decode(model, config, torch.compile(model.forward, backend="kiln"), prompt, steps,
-                                    dtype=dtype, device=device)
+                                    dtype=dtype, device=device, follow=want)
     torch._dynamo.reset()
     before = {id(r) for r in runs()}
     got, got_cache = decode(model, config, torch.compile(model.forward, backend="kiln"), prompt, steps,
-                            dtype=dtype, device=device)
+                            dtype=dtype, device=device, follow=want)
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     for a, b, c in zip(got, want, apart):
         torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
