@@ -135,9 +135,12 @@ def test_a_widening_cast_is_computed_by_any_number_of_readers():
     assert wide == []
     [conv_group] = [n for n in fused.nodes if "Conv2dChannelsLast" in n.name]
     assert [o.dtype for o in conv_group.outputs] == [kiln.dtypes.bfloat16]
-    values = [kiln.from_torch(torch.randn(*shape).bfloat16()) for _ in range(5)]
+    # The fused epilogue rounds conv + residual once, the graph twice (conv, then add): their
+    # gradients differ by bfloat16 steps of values near 4 (1/32), which a residual well above
+    # zero keeps from being magnified by s2 / s1 (each channel's s1 away from 0).
+    values = [kiln.from_torch((torch.randn(*shape) + (4 if k == 1 else 0)).bfloat16()) for k in range(5)]
     values += [kiln.from_torch(torch.randn(8)), kiln.from_torch(torch.randn(8))]
-    run_both(graph, fused, *values, atol=1e-2, rtol=1e-2)
+    run_both(graph, fused, *values, atol=0.1, rtol=1e-2)
 
 
 def test_values_a_reader_takes_part_of_are_computed_in_it():

@@ -28,11 +28,14 @@ def _folded(graph: FlowGraph, written: dict[int, int]) -> tuple[FlowGraph, FlowG
 
 def _check_values(graph: FlowGraph, opt: FlowGraph, written: dict[int, int], inputs: list[torch.Tensor]):
     """`opt` compiled and run updates its written inputs in place to `graph`'s outputs, and
-    returns `graph`'s other outputs."""
+    returns `graph`'s other outputs (16-bit ones within their rounding: a fused epilogue reads
+    its anchor's sum unrounded, where the graph rounds it before the next operator)."""
     want = [t.torch() for t in graph.run([x.clone() for x in inputs])]
     got = opt.compile().run(inputs)
     for k, w in enumerate(want):
-        torch.testing.assert_close(inputs[written[k]] if k in written else got[k], w, rtol=0, atol=0)
+        rounded = k not in written and w.dtype in (torch.bfloat16, torch.float16)
+        torch.testing.assert_close(inputs[written[k]] if k in written else got[k], w,
+                                   rtol=1.6e-2 if rounded else 0, atol=1e-2 if rounded else 0)
 
 
 def _keys_and_values(dtype="float32", heads=2, length=12, dim=6):

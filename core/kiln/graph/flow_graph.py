@@ -265,9 +265,10 @@ def _depths_and_readers(order: list[Operator]) -> tuple[dict[int, int], dict[int
 
 
 def _nbytes(t: Tensor) -> int:
-    """The bytes of `t` in this trace, a plain int (a symbolic size counts by its value: the
-    order only compares sizes, and a product of plain ints builds no size expression)."""
-    return math.prod(int(d) for d in t.shape) * t.dtype.nbytes
+    """The bytes of `t`: a symbolic size where its shape is one, so that comparing two such
+    counts records a guard (`kiln.ir.size_reads`), which a plan reused at other sizes checks,
+    not a read of a size's value, which would keep the plan from serving other sizes."""
+    return math.prod(t.shape) * t.dtype.nbytes
 
 
 def known_value(t: Tensor) -> torch.Tensor | None:

@@ -78,12 +78,13 @@ def fold_anchor(out: Compute, anchor: Compute) -> Compute | None:
 
     def inlined_value(load: Load) -> Expr | None:
         t = load.tensor
-        if not isinstance(t, Compute) or t is anchor or t.has_reduce:
+        if not isinstance(t, Compute) or (t.has_reduce and t is not anchor):
             return None
         return fold(Load(t, [rewrite(i, fold, wide, memo) for i in load.indices]))
 
-    # Element-wise members chained in 16-bit floats compute in float32 (`kiln.ir.inline`);
-    # the anchor's value stays as rounded as the anchor stores it.
+    # Element-wise members chained in 16-bit floats compute in float32 (`kiln.ir.inline`), and
+    # so does the anchor's value that they read: a bias added to a 16-bit matmul rounds once,
+    # as cuBLAS's bias epilogue does.
     wide = float32_reads(inlined_value, lambda e: rewrite(e, fold_plain))
 
     try:

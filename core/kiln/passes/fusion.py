@@ -216,17 +216,25 @@ class _Groups:
 
     def fuse_epilogues(self) -> None:
         """Each injective node joins the group producing an input only it reads, but a view
-        that a template reads through (`left_to_prologue`)."""
+        that a template reads through (`left_to_prologue`), a template-scheduled group's first:
+        a bias added to a 16-bit matmul joins the matmul's epilogue, which rounds the sum once,
+        rather than the bias's cast, after which a split would keep the two apart (GPT-2's
+        fused q, k, v projection)."""
         for node in self.nodes:
             if id(node) in self.anchor_nodes:
                 continue
-            for t in node.inputs:
+            for t in sorted(node.inputs, key=lambda t: not self.templated_result(t)):
                 p = self.producer.get(id(t))
                 if (p is not None and id(t) not in self.outputs
                         and self.users[id(t)] == [node]
                         and not self.left_to_prologue(p, [node])
                         and self.merge(self.group[id(p)], self.group[id(node)])):
                     break
+
+    def templated_result(self, t) -> bool:
+        """Whether a template-scheduled group computes `t`."""
+        p = self.producer.get(id(t))
+        return p is not None and self.group[id(p)] in self.templated
 
     def left_to_prologue(self, producer: Operator, members: list[Operator]) -> bool:
         """Whether `members` are one view of what an anchor-free group (`producer`'s) computes,
