@@ -46,6 +46,12 @@ def assert_close(actual, expected, atol=None, rtol=None):
                                rtol=default[1] if rtol is None else rtol, equal_nan=True)
 
 
+def relative_error(value, reference) -> float:
+    """The norm of `value`'s difference from `reference` (a float64 tensor), relative to the
+    reference's norm."""
+    return ((value.double() - reference).norm() / reference.norm()).item()
+
+
 def run_sanitized(folder, kernel_source: str, main_source: str, args, isa=()) -> None:
     """Build a CPU kernel's C source with `main_source` under AddressSanitizer (extra compiler
     flags `isa`, e.g. ["-mno-avx512f"] for narrower vectors), run it with `args` on two OpenMP

@@ -12,6 +12,7 @@ import torch
 import kiln
 from kiln.ir import Binary, Cast, Task, TensorInput, compute, inline_task
 from kiln.ir.expr import walk
+from tests.support import relative_error
 
 bf16 = torch.bfloat16
 
@@ -19,10 +20,6 @@ bf16 = torch.bfloat16
 def gelu_tanh(x):
     """transformers' NewGELUActivation."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-
-
-def _error(value, reference) -> float:
-    return ((value.double() - reference).norm() / reference.norm()).item()
 
 
 def _forward_backward(f, x, grad):
@@ -40,9 +37,10 @@ def test_gelu_tanh_and_its_gradient_round_once_in_bfloat16():
     torch._dynamo.reset()
     y, d = _forward_backward(torch.compile(gelu_tanh, backend="kiln"), x, grad)
     assert y.dtype == d.dtype == bf16
-    once_y, once_d = _error(y64.to(bf16), y64), _error(d64.to(bf16), d64)     # rounding the exact value once
-    errors = {"forward": (_error(y, y64), _error(y_eager, y64), once_y),
-              "backward": (_error(d, d64), _error(d_eager, d64), once_d)}
+    # rounding the exact value once
+    once_y, once_d = relative_error(y64.to(bf16), y64), relative_error(d64.to(bf16), d64)
+    errors = {"forward": (relative_error(y, y64), relative_error(y_eager, y64), once_y),
+              "backward": (relative_error(d, d64), relative_error(d_eager, d64), once_d)}
     for name, (kiln_error, eager_error, once) in errors.items():
         # eager rounds after each of its operators (4.1e-3 for the gradient, 1.5e-3 forward);
         # one rounding of float32's value is within a few percent of rounding float64's
@@ -69,8 +67,9 @@ def test_python_scalars_enter_unrounded(dtype):
         torch._dynamo.reset()
         got = torch.compile(f, backend="kiln")(x)
         assert got.dtype == dtype
-        assert torch.equal(got, exact(x.double()).to(dtype)) or _error(got, exact(x.double())) <= 1.05 * _error(
-            exact(x.double()).to(dtype), exact(x.double())), name
+        want = exact(x.double())
+        assert (torch.equal(got, want.to(dtype))
+                or relative_error(got, want) <= 1.05 * relative_error(want.to(dtype), want)), name
 
 
 def test_comparisons_read_the_rounded_values():

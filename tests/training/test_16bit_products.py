@@ -13,13 +13,10 @@ import torch
 
 import kiln
 from kiln.runtime import cuda as rt
+from tests.support import relative_error
 
 ops = kiln.ops
 SHAPES = [(64, 768, 2304), (37, 200, 99), (5, 33, 7)]
-
-
-def _error(value, reference) -> float:
-    return ((value.double() - reference).norm() / reference.norm()).item()
 
 
 def _run(make, values, device="cpu"):
@@ -42,10 +39,10 @@ def test_a_bias_rounds_once_with_its_product(dtype, m, k, n):
     assert [type(node).__name__ for node in graph.nodes] == ["FusedOperator"]
     # the cast bias enters the chain unrounded (kiln.ir.inline), as it does Inductor's
     exact = x.double() @ w.double() + b.double()
-    once, eager = _error(exact.to(dtype), exact), _error(torch.addmm(b.to(dtype), x, w), exact)
+    once, eager = relative_error(exact.to(dtype), exact), relative_error(torch.addmm(b.to(dtype), x, w), exact)
     # rounding the product and then the sum: 1.3x once's error (2.14e-3 against 1.65e-3 at 64 x 768 x 2304)
-    assert got.dtype == dtype and _error(got, exact) <= 1.02 * once, (_error(got, exact), once, eager)
-    assert _error(got, exact) <= 1.02 * eager
+    assert got.dtype == dtype and relative_error(got, exact) <= 1.02 * once, (relative_error(got, exact), once, eager)
+    assert relative_error(got, exact) <= 1.02 * eager
 
 
 @pytest.mark.parametrize("m, k, n", SHAPES)
@@ -55,7 +52,7 @@ def test_a_product_cast_to_float32_keeps_its_float32_sum(m, k, n):
     a, b, _ = _linear(torch.bfloat16, m, k, n)
     _, (got,) = _run(lambda a, b: [ops.cast(ops.matmul(a, b), torch.float32)], [a, b])
     exact = a.double() @ b.double()
-    assert got.dtype == torch.float32 and _error(got, exact) < 1e-5 < _error((a @ b).float(), exact)
+    assert got.dtype == torch.float32 and relative_error(got, exact) < 1e-5 < relative_error((a @ b).float(), exact)
 
 
 def _qkv(x, w, b):
@@ -74,7 +71,7 @@ def test_the_split_projection_rounds_once():
     exact = x.double() @ w.bfloat16().double() + b.double()
     want = [t.permute(0, 2, 1, 3) for t in exact.view(2, 33, 3, 3, 64).unbind(2)]
     for g, e in zip(got, want):
-        assert _error(g, e) <= 1.02 * _error(e.bfloat16(), e)
+        assert relative_error(g, e) <= 1.02 * relative_error(e.bfloat16(), e)
 
 
 @pytest.mark.skipif(not rt.nvrtc_available(), reason="cuda-bindings / nvidia-cuda-nvrtc not installed")
@@ -120,7 +117,7 @@ def _gradient_errors(device):
         loss, grads = _step(run, ids, True, device)
         grads = {k.removeprefix("_orig_mod."): g for k, g in grads.items()}
         errors.append((abs(loss.double() - loss64).item() / loss64.item(),
-                       sum(_error(grads[k], g) for k, g in grads64.items())))
+                       sum(relative_error(grads[k], g) for k, g in grads64.items())))
     return errors
 
 
